@@ -1,0 +1,43 @@
+"""RocketMQ semantics on Apache Kafka: transactional messages with back-check, and ordered
+consumption with queue locks. See DESIGN.md for the contract."""
+
+from rmq_semantics.consumer import Consumer
+from rmq_semantics.errors import (
+    BrokerUnavailableError,
+    ConfigError,
+    EmbeddedKafkaError,
+    IllegalTransitionError,
+    KafkaOperationError,
+    LockLostError,
+    MalformedRecordError,
+    RmqError,
+    RmqTimeoutError,
+    SelectorError,
+    SystemTopicError,
+)
+from rmq_semantics.message import Message, SendResult
+from rmq_semantics.producer import Producer
+from rmq_semantics.selector import MessageQueueSelector, SelectMessageQueueByHash
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
+
+__all__ = [
+    "DEFAULT_TOPIC_PREFIX",
+    "BrokerUnavailableError",
+    "ConfigError",
+    "Consumer",
+    "EmbeddedKafkaError",
+    "IllegalTransitionError",
+    "KafkaOperationError",
+    "LockLostError",
+    "MalformedRecordError",
+    "Message",
+    "MessageQueueSelector",
+    "Producer",
+    "RmqError",
+    "RmqTimeoutError",
+    "SelectMessageQueueByHash",
+    "SelectorError",
+    "SendResult",
+    "SystemTopicError",
+    "SystemTopics",
+]

@@ -1,0 +1,151 @@
+"""``Consumer``: a drop-in for ``confluent_kafka.Consumer`` that never yields system records."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaException
+
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    is_system_topic,
+    refuse_system_topics,
+    validate_prefix,
+)
+
+__all__ = ["Consumer"]
+
+log = logging.getLogger(__name__)
+
+
+def consumer_defaults(conf: dict) -> dict:
+    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
+        raise ConfigError("conf must be a dict with 'bootstrap.servers'")
+    out = dict(conf)
+    # Aborted Kafka transactions (the coordinator's) must never surface.
+    out.setdefault("isolation.level", "read_committed")
+    # librdkafka's log lines go to Python logging (the library never writes to stderr).
+    out.setdefault("logger", logging.getLogger("rmq_semantics.librdkafka"))
+    return out
+
+
+class Consumer:
+    """Drop-in for ``confluent_kafka.Consumer``: ``read_committed`` by default, and records
+    of the product's system topics (``<topic_prefix>_*``) are never returned, even when a
+    subscription pattern matches them. Subscribing to a system topic by name is an error.
+    """
+
+    def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
+        self.topic_prefix = validate_prefix(topic_prefix)
+        self._conf = consumer_defaults(conf)
+        try:
+            self._consumer = confluent_kafka.Consumer(self._conf)
+        except KafkaException as exc:
+            raise ConfigError(f"invalid consumer conf: {exc.args[0].str()}") from exc
+        #: Records of system topics that a pattern matched and this consumer dropped.
+        self.skipped_system_records = 0
+        self._closed = False
+
+    def _visible(self, msg: confluent_kafka.Message | None) -> bool:
+        if msg is None:
+            return False
+        topic = msg.topic()
+        if topic is not None and is_system_topic(topic, self.topic_prefix):
+            self.skipped_system_records += 1
+            return False
+        return True
+
+    # -- reading ---------------------------------------------------------------------------
+    def poll(self, timeout: float | None = None) -> confluent_kafka.Message | None:
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while True:
+            remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            msg = self._consumer.poll(remaining)
+            if msg is None or self._visible(msg):
+                return msg
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        return [m for m in self._consumer.consume(num_messages, timeout) if self._visible(m)]
+
+    def subscribe(self, topics: list[str], **kwargs: Any) -> None:
+        refuse_system_topics(list(topics), self.topic_prefix)
+        self._consumer.subscribe(list(topics), **kwargs)
+
+    def assign(self, partitions: list) -> None:
+        refuse_system_topics([tp.topic for tp in partitions], self.topic_prefix)
+        self._consumer.assign(partitions)
+
+    def incremental_assign(self, partitions: list) -> None:
+        refuse_system_topics([tp.topic for tp in partitions], self.topic_prefix)
+        self._consumer.incremental_assign(partitions)
+
+    # -- confluent_kafka.Consumer, delegated ------------------------------------------------
+    def unsubscribe(self) -> None:
+        self._consumer.unsubscribe()
+
+    def unassign(self) -> None:
+        self._consumer.unassign()
+
+    def incremental_unassign(self, partitions: list) -> None:
+        self._consumer.incremental_unassign(partitions)
+
+    def assignment(self) -> list:
+        return self._consumer.assignment()
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        return self._consumer.commit(*args, **kwargs)
+
+    def committed(self, *args: Any, **kwargs: Any) -> list:
+        return self._consumer.committed(*args, **kwargs)
+
+    def position(self, partitions: list) -> list:
+        return self._consumer.position(partitions)
+
+    def seek(self, partition: Any) -> None:
+        self._consumer.seek(partition)
+
+    def pause(self, partitions: list) -> None:
+        self._consumer.pause(partitions)
+
+    def resume(self, partitions: list) -> None:
+        self._consumer.resume(partitions)
+
+    def store_offsets(self, *args: Any, **kwargs: Any) -> None:
+        self._consumer.store_offsets(*args, **kwargs)
+
+    def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> Any:
+        return self._consumer.get_watermark_offsets(*args, **kwargs)
+
+    def offsets_for_times(self, *args: Any, **kwargs: Any) -> list:
+        return self._consumer.offsets_for_times(*args, **kwargs)
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        return self._consumer.list_topics(*args, **kwargs)
+
+    def consumer_group_metadata(self) -> Any:
+        return self._consumer.consumer_group_metadata()
+
+    def memberid(self) -> str | None:
+        return self._consumer.memberid()
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        self._consumer.set_sasl_credentials(username, password)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the group and release resources. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,374 @@
+"""The embedded broker: a single-node Apache Kafka (KRaft) from the official jars.
+
+The jars are resolved from Maven Central with Maven, using the pom in
+``rmq_semantics/kafka/pom.xml`` (which pins the version), into a cache outside the
+repository. The broker runs detached; its pid, ports and log live in the data dir, so
+``kafka stop`` and a later ``kafka start`` find it again and keep its data.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from rmq_semantics.errors import EmbeddedKafkaError
+from rmq_semantics.topics import admin_conf
+
+__all__ = ["EmbeddedKafka", "cache_dir", "kafka_classpath", "kafka_version"]
+
+log = logging.getLogger(__name__)
+
+# A cold JVM plus KRaft formatting and controller election takes 5-15 s on 2 cores.
+START_TIMEOUT_S = 90.0
+# Controlled shutdown flushes logs and resigns leadership; a few seconds on one node.
+STOP_TIMEOUT_S = 30.0
+# Resolving ~40 jars from Maven Central on a cold cache.
+MAVEN_TIMEOUT_S = 600.0
+DEFAULT_PORT = 9092
+DEFAULT_HEAP = "768m"
+
+
+def _pom() -> Path:
+    return Path(str(resources.files("rmq_semantics") / "kafka" / "pom.xml"))
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom().read_text())
+    if not match:
+        raise EmbeddedKafkaError(f"{_pom()} does not pin <kafka.version>")
+    return match.group(1)
+
+
+def cache_dir() -> Path:
+    """Where downloaded jars live: $RMQ_CACHE_DIR, else $XDG_CACHE_HOME/rmq-semantics."""
+    base = os.environ.get("RMQ_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "rmq-semantics"
+
+
+def resolve_maven_jars(pom: Path, target: Path, what: str) -> Path:
+    """Copy the runtime dependencies of ``pom`` into ``target`` once, atomically."""
+    if target.is_dir() and any(target.glob("*.jar")):
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise EmbeddedKafkaError(
+            f"Maven ('mvn') is not on PATH; it is needed once to resolve the {what} jars "
+            "from Maven Central (apt-get install maven)"
+        )
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    log.info("resolving %s jars from Maven Central into %s", what, target)
+    settings = Path(str(resources.files("rmq_semantics") / "kafka" / "maven-settings.xml"))
+    cmd = [mvn, "-q", "-B", "-s", str(settings), "-f", str(pom), "dependency:copy-dependencies",
+           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise EmbeddedKafkaError(f"Maven did not resolve the {what} jars within "
+                                 f"{MAVEN_TIMEOUT_S:.0f} s") from exc
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR" in ln]
+        detail = lines[0] if lines else (proc.stdout + proc.stderr).strip()[-300:]
+        raise EmbeddedKafkaError(f"Maven could not resolve the {what} jars: {detail}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(target)
+    partial.rename(target)
+    return target
+
+
+def kafka_classpath() -> str:
+    libs = resolve_maven_jars(_pom(), cache_dir() / f"kafka-{kafka_version()}" / "libs",
+                              "Apache Kafka")
+    return str(libs / "*")
+
+
+def java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise EmbeddedKafkaError("Java is not installed (no 'java' on PATH and no JAVA_HOME); "
+                                 "Kafka 4 needs Java 17 or newer")
+    return java
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the JVM's server socket does: connections in TIME_WAIT do not block a restart.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is dead for our purposes.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _pid_is_our_broker(pid: int, data_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return _pid_alive(pid)
+    return "kafka.Kafka" in cmdline and str(data_dir) in cmdline
+
+
+@dataclass
+class EmbeddedKafka:
+    """A single-node KRaft broker in ``data_dir`` listening on ``127.0.0.1:port``.
+
+    ``sasl_users`` (user -> password) adds a SASL_PLAINTEXT/PLAIN listener as the
+    bootstrap listener; the controller listener stays plaintext on loopback.
+    """
+
+    data_dir: Path
+    port: int | None = None
+    heap: str = DEFAULT_HEAP
+    sasl_users: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).expanduser().resolve()
+
+    # -- state kept in the data dir ------------------------------------------------------
+    @property
+    def _state_file(self) -> Path:
+        return self.data_dir / "broker.json"
+
+    @property
+    def _log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self._state_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise EmbeddedKafkaError(f"{self._state_file} is corrupt ({exc}); remove it "
+                                     "or choose another --data-dir") from exc
+
+    def running_pid(self) -> int | None:
+        pid = self._read_state().get("pid")
+        if pid and _pid_alive(pid) and _pid_is_our_broker(pid, self.data_dir):
+            return int(pid)
+        return None
+
+    @property
+    def bootstrap(self) -> str:
+        port = self.port or self._read_state().get("port") or DEFAULT_PORT
+        return f"127.0.0.1:{port}"
+
+    def client_conf(self) -> dict:
+        conf = {"bootstrap.servers": self.bootstrap}
+        if self.sasl_users:
+            user, password = next(iter(self.sasl_users.items()))
+            conf.update({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
+                         "sasl.username": user, "sasl.password": password})
+        return conf
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Start the broker (or find it running) and return its bootstrap address."""
+        state = self._read_state()
+        if self.running_pid() is not None:
+            self.port = state["port"]
+            return self.bootstrap
+        self.port = self.port or state.get("port") or DEFAULT_PORT
+        if not port_free(self.port):
+            raise EmbeddedKafkaError(f"port {self.port} on 127.0.0.1 is already in use; "
+                                     "stop whatever listens there or pass --port")
+        controller_port = state.get("controller_port")
+        if not controller_port or not port_free(controller_port):
+            controller_port = free_port()
+        java = java_executable()
+        classpath = kafka_classpath()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = self._write_properties(controller_port)
+        self._format_storage(java, classpath, props)
+
+        log_file = open(self.data_dir / "broker.out", "ab")  # noqa: SIM115 - handed to the child
+        log4j = resources.files("rmq_semantics") / "kafka" / "log4j2.properties"
+        cmd = [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
+               "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={self.data_dir}",
+               f"-Dlog4j2.configurationFile={log4j}",
+               "-cp", classpath, "kafka.Kafka", str(props)]
+        with log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self._state_file.write_text(json.dumps(
+            {"pid": proc.pid, "port": self.port, "controller_port": controller_port}))
+        try:
+            self._await_ready(proc, timeout_s)
+        except BaseException:
+            self._kill(proc.pid)
+            raise
+        return self.bootstrap
+
+    def _write_properties(self, controller_port: int) -> Path:
+        listener = "SASL_PLAINTEXT" if self.sasl_users else "PLAINTEXT"
+        lines = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+            "listeners": f"{listener}://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map":
+                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self._log_dir),
+            # One node: every internal topic has replication factor 1 and min ISR 1.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "10",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "num.partitions": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Tests shorten client session timeouts and need dead transactions aborted fast.
+            "group.min.session.timeout.ms": "1000",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+            "log.flush.interval.messages": "9223372036854775807",
+        }
+        if self.sasl_users:
+            users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            admin_user, admin_password = next(iter(self.sasl_users.items()))
+            lines["sasl.enabled.mechanisms"] = "PLAIN"
+            lines["sasl.mechanism.inter.broker.protocol"] = "PLAIN"
+            lines["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{admin_user}" password="{admin_password}" {users};')
+        path = self.data_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+        return path
+
+    def _format_storage(self, java: str, classpath: str, props: Path) -> None:
+        meta = self._log_dir / "meta.properties"
+        if self._log_dir.exists() and any(self._log_dir.iterdir()):
+            text = meta.read_text() if meta.exists() else ""
+            if "cluster.id" not in text:
+                raise EmbeddedKafkaError(
+                    f"data dir {self.data_dir} is not a usable Kafka data dir "
+                    f"({meta} is missing or has no cluster.id); remove it or choose "
+                    "another --data-dir")
+            return
+        # StorageTool wants a cluster id of 16 bytes in URL-safe base64.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
+               "-t", cluster_id, "-c", str(props), "--ignore-formatted"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise EmbeddedKafkaError(f"formatting {self._log_dir} failed: "
+                                     f"{detail[-1] if detail else proc.returncode}")
+
+    def _await_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        admin = AdminClient({**admin_conf(self.client_conf()),
+                             "socket.connection.setup.timeout.ms": 2000})
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise EmbeddedKafkaError(f"the broker exited with code {proc.returncode}: "
+                                         f"{self._last_error_line()}")
+            try:
+                meta = admin.list_topics(timeout=2.0)
+                if meta.brokers:
+                    return
+            except KafkaException:
+                pass
+        raise EmbeddedKafkaError(f"the broker did not answer a metadata request within "
+                                 f"{timeout_s:.0f} s; see {self.data_dir / 'broker.log'}")
+
+    def _last_error_line(self) -> str:
+        for name in ("broker.out", "broker.log"):
+            path = self.data_dir / name
+            if not path.exists():
+                continue
+            lines = path.read_text(errors="replace").splitlines()
+            for line in reversed(lines):
+                if "ERROR" in line or "Exception" in line:
+                    return line.strip()[:400]
+        return f"see {self.data_dir / 'broker.log'}"
+
+    # -- stop -----------------------------------------------------------------------------
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stop the broker gracefully (SIGTERM, then SIGKILL after ``timeout_s``).
+
+        Returns False when no broker of this data dir was running. Idempotent.
+        """
+        pid = self.running_pid()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if not self._wait_exit(pid, timeout_s):
+            log.warning("broker pid %d ignored SIGTERM for %.0f s; killing it", pid, timeout_s)
+            self._kill(pid)
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the broker (used by tests and on failed starts)."""
+        pid = self.running_pid()
+        if pid is not None:
+            self._kill(pid)
+
+    def _kill(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._wait_exit(pid, 10.0)
+
+    @staticmethod
+    def _wait_exit(pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not _pid_alive(pid):
+                return True
+            time.sleep(0.1)
+        return not _pid_alive(pid)

@@ -1,0 +1,106 @@
+"""The one error family of the product.
+
+Every exception raised by ``rmq_semantics`` and the coordinator derives from
+:class:`RmqError`; each carries a stable ``code`` and says whether retrying the same
+call can succeed (``retriable``). Subclasses also derive the matching builtin so callers
+can keep catching ``ValueError``/``TimeoutError``/``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError
+
+__all__ = [
+    "BrokerUnavailableError",
+    "ConfigError",
+    "EmbeddedKafkaError",
+    "IllegalTransitionError",
+    "KafkaOperationError",
+    "LockLostError",
+    "MalformedRecordError",
+    "RmqError",
+    "RmqTimeoutError",
+    "SelectorError",
+    "SystemTopicError",
+]
+
+
+class RmqError(Exception):
+    """Base of every error this product raises."""
+
+    code: str = "rmq_error"
+    retriable: bool = False
+
+
+class ConfigError(RmqError, ValueError):
+    """A setting is missing or out of range; the message names the field and the value."""
+
+    code = "config"
+
+
+class SystemTopicError(ConfigError):
+    """A business client was pointed at one of the product's system topics."""
+
+    code = "system_topic"
+
+
+class SelectorError(RmqError, ValueError):
+    """A MessageQueueSelector returned a partition the topic does not have."""
+
+    code = "selector"
+
+
+class MalformedRecordError(RmqError, ValueError):
+    """A record on a system topic could not be decoded."""
+
+    code = "malformed_record"
+
+
+class IllegalTransitionError(RmqError, RuntimeError):
+    """A lifecycle (half message, queue lock) was asked to make a move it does not allow."""
+
+    code = "illegal_transition"
+
+
+class RmqTimeoutError(RmqError, TimeoutError):
+    """A blocking call did not complete within its timeout."""
+
+    code = "timeout"
+    retriable = True
+
+
+class BrokerUnavailableError(RmqError, ConnectionError):
+    """No broker answered at the configured bootstrap servers."""
+
+    code = "broker_unavailable"
+    retriable = True
+
+
+class LockLostError(RmqError, RuntimeError):
+    """An orderly consumer no longer holds the queue lock it needs."""
+
+    code = "lock_lost"
+
+
+class EmbeddedKafkaError(RmqError, RuntimeError):
+    """The embedded broker could not be set up, started or stopped."""
+
+    code = "embedded_kafka"
+
+
+class KafkaOperationError(RmqError, RuntimeError):
+    """A Kafka client call failed; ``kafka_error`` keeps librdkafka's error."""
+
+    code = "kafka"
+
+    def __init__(self, message: str, kafka_error: KafkaError | None = None) -> None:
+        super().__init__(message)
+        self.kafka_error = kafka_error
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]
+        return bool(self.kafka_error is not None and self.kafka_error.retriable())
+
+    @classmethod
+    def wrap(cls, what: str, error: KafkaError) -> KafkaOperationError:
+        return cls(f"{what}: {error.str()} ({error.name()})", error)

@@ -1,0 +1,113 @@
+"""The message model shared by every client: ``Message`` and the ``rmq.*`` headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from rmq_semantics.errors import ConfigError
+
+__all__ = ["H", "Headers", "Message", "SendResult", "encode_bytes", "headers_dict"]
+
+Headers = list[tuple[str, bytes]]
+
+
+class H(StrEnum):
+    """Header names of half and promoted records (DESIGN.md, "Headers")."""
+
+    TXN_ID = "rmq.txn_id"
+    REAL_TOPIC = "rmq.real_topic"
+    REAL_PARTITION = "rmq.real_partition"
+    PRODUCER_GROUP = "rmq.producer_group"
+    BORN_TS = "rmq.born_ts"
+    CHECK_IMMUNITY_MS = "rmq.check_immunity_ms"
+    TAGS = "rmq.tags"
+    KEYS = "rmq.keys"
+    PROMOTED_FROM = "rmq.promoted_from"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
+PROMOTED_KEEPS = (H.TXN_ID.value, H.TAGS.value, H.KEYS.value)
+
+
+def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise ConfigError(f"{what} must be bytes or str, got {type(value).__name__}")
+
+
+def normalize_headers(headers: object) -> Headers:
+    """Accept a dict or a list of pairs (as confluent_kafka does); return list of pairs."""
+    if headers is None:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    out: Headers = []
+    for item in items:  # type: ignore[union-attr]
+        try:
+            name, value = item
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"headers must be (name, value) pairs, got {item!r}") from exc
+        out.append((str(name), encode_bytes(value, f"header {name!r}") or b""))
+    return out
+
+
+def headers_dict(headers: Headers | None) -> dict[str, bytes]:
+    """Last value per header name (Kafka allows repeats; ``rmq.*`` headers never repeat)."""
+    return {name: value for name, value in (headers or [])}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to send, or one handed to a listener.
+
+    ``value``/``key`` accept bytes or str (str is UTF-8 encoded); ``headers`` a dict or a
+    list of ``(name, value)`` pairs. ``partition=None`` places the record by key with the
+    Java client's partitioner. ``tags`` and ``keys`` are RocketMQ's, carried in
+    ``rmq.tags``/``rmq.keys``. ``check_immunity_ms`` delays the first back-check of a
+    transactional message. Listeners also see ``transaction_id``.
+    """
+
+    topic: str
+    value: bytes | str | None
+    key: bytes | str | None = None
+    headers: Headers | dict | None = None
+    partition: int | None = None
+    tags: str | None = None
+    keys: str | None = None
+    check_immunity_ms: int | None = None
+    transaction_id: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise ConfigError(f"Message.topic must be a non-empty str, got {self.topic!r}")
+        if self.partition is not None and (not isinstance(self.partition, int)
+                                           or self.partition < 0):
+            raise ConfigError(f"Message.partition must be an int >= 0, got {self.partition!r}")
+        if self.check_immunity_ms is not None and self.check_immunity_ms < 0:
+            raise ConfigError(
+                f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}")
+        object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
+        object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
+        object.__setattr__(self, "headers", normalize_headers(self.headers))
+        for name, _ in self.headers:  # type: ignore[union-attr]
+            if name.startswith("rmq."):
+                raise ConfigError(f"header {name!r}: the rmq.* header namespace is reserved")
+
+    def user_headers(self) -> Headers:
+        return list(self.headers or [])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """Where a sent record landed."""
+
+    topic: str
+    partition: int
+    offset: int

@@ -1,0 +1,70 @@
+"""Queue selection: ``MessageQueueSelector`` and Java-compatible key hashing (murmur2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from rmq_semantics.errors import SelectorError
+
+__all__ = ["MessageQueueSelector", "SelectMessageQueueByHash", "java_partition", "murmur2"]
+
+
+class MessageQueueSelector(Protocol):
+    """``(partitions, message, arg) -> partition``, as RocketMQ's ``select(mqs, msg, arg)``."""
+
+    def __call__(self, partitions: Sequence[int], message: Any, arg: Any) -> int: ...
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` (32-bit, seed 0x9747b28c), as a signed int."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    length4 = length // 4
+    for i in range(length4):
+        i4 = i * 4
+        k = (data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24))
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    extra = length % 4
+    index = length & ~3
+    if extra == 3:
+        h ^= data[index + 2] << 16
+    if extra >= 2:
+        h ^= data[index + 1] << 8
+    if extra >= 1:
+        h ^= data[index]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def java_partition(key: bytes, num_partitions: int) -> int:
+    """The partition Java's default partitioner picks for a non-null key."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+def SelectMessageQueueByHash(partitions: Sequence[int], message: Any, arg: Any) -> int:
+    """RocketMQ's stock selector: ``hash(arg) % len(partitions)`` (murmur2 of str(arg))."""
+    return partitions[java_partition(str(arg).encode(), len(partitions))]
+
+
+def apply_selector(selector: Callable[..., Any], partitions: Sequence[int], message: Any,
+                   arg: Any) -> int:
+    """Run a selector and check that it named a partition the topic has."""
+    chosen = selector(partitions, message, arg)
+    partition = getattr(chosen, "partition", chosen)
+    if isinstance(partition, bool) or not isinstance(partition, int) or (
+            partition not in partitions):
+        raise SelectorError(
+            f"selector returned {chosen!r} for topic {getattr(message, 'topic', '?')!r}, "
+            f"which has partitions 0..{len(partitions) - 1}")
+    return partition

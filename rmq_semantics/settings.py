@@ -1,0 +1,81 @@
+"""One settings table for Python kwargs, CLI ``--flag-name`` and env ``RMQ_FLAG_NAME``.
+
+A settings class is a frozen dataclass whose fields are declared with :func:`setting`;
+:func:`add_arguments` turns the fields into CLI flags and :func:`load` builds an instance
+from (in order of precedence) explicit values, environment variables and defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from rmq_semantics.errors import ConfigError
+
+__all__ = ["add_arguments", "env_name", "flag_name", "load", "setting"]
+
+T = TypeVar("T")
+
+
+def setting(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def env_name(field_name: str) -> str:
+    return "RMQ_" + field_name.upper()
+
+
+def _field_type(cls: type, field: dataclasses.Field) -> type:
+    hint = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    return {"int": int, "float": float, "bool": bool}.get(hint.split(" ")[0], str)
+
+
+def _convert(cls: type, field: dataclasses.Field, raw: Any, source: str) -> Any:
+    kind = _field_type(cls, field)
+    if not isinstance(raw, str) or kind is str:
+        return raw
+    try:
+        if kind is bool:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        return kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{field.name}={raw!r} (from {source}) is not a valid "
+                          f"{kind.__name__}") from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one ``--flag-name`` per settings field (defaults stay None: see :func:`load`)."""
+    for field in dataclasses.fields(cls):
+        help_text = f"{field.metadata.get('help', '')} (env {env_name(field.name)}; " \
+                    f"default {field.default!r})"
+        parser.add_argument(flag_name(field.name), dest=field.name, default=None,
+                            metavar=field.name.upper(), help=help_text)
+
+
+def load(cls: type[T], values: Mapping[str, Any] | argparse.Namespace | None = None,
+         env: Mapping[str, str] | None = None) -> T:
+    """Build ``cls`` from explicit ``values`` (kwargs or parsed CLI), then env, then defaults."""
+    from_cli = isinstance(values, argparse.Namespace)
+    values = dict(vars(values) if from_cli else (values or {}))
+    env = os.environ if env is None else env
+    unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+    if unknown and not from_cli:  # a parsed CLI also carries the other commands' args
+        raise ConfigError(f"unknown setting(s) {sorted(unknown)} for {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if values.get(field.name) is not None:
+            kwargs[field.name] = _convert(cls, field, values[field.name],
+                                          flag_name(field.name))
+        elif env_name(field.name) in env:
+            kwargs[field.name] = _convert(cls, field, env[env_name(field.name)],
+                                          env_name(field.name))
+    return cls(**kwargs)

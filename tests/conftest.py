@@ -1,0 +1,98 @@
+"""Session fixtures: one real Kafka broker for the whole run, and factories with unique names.
+
+Broker choice, in order: ``RMQ_BOOTSTRAP_SERVERS`` (an existing cluster); a testcontainers
+Kafka when a Docker engine answers; else the embedded Apache Kafka on a free port. The path
+taken is printed in pytest's header line ("kafka broker: ...").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.topics import ensure_topics
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # testcontainers' dependency
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+class Broker:
+    """What tests need to know about the broker; ``restart`` only for the embedded one."""
+
+    def __init__(self, bootstrap: str, kind: str, embedded: EmbeddedKafka | None = None):
+        self.bootstrap = bootstrap
+        self.kind = kind
+        self.embedded = embedded
+
+    def conf(self, **extra: object) -> dict:
+        conf: dict = {"bootstrap.servers": self.bootstrap}
+        if self.embedded is not None:
+            conf = self.embedded.client_conf()
+        conf.update(extra)
+        return conf
+
+
+_BROKER_KIND = "none"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
+        return f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}"
+    return "kafka broker: testcontainers if a Docker engine answers, else embedded Apache Kafka"
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
+        yield Broker(os.environ["RMQ_BOOTSTRAP_SERVERS"], "existing")
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
+            print("\nkafka broker: testcontainers", flush=True)
+            yield Broker(container.get_bootstrap_server(), "testcontainers")
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-kafka-"))
+    embedded = EmbeddedKafka(data_dir, port=free_port())
+    try:
+        embedded.start()
+        print(f"\nkafka broker: embedded Apache Kafka at {embedded.bootstrap}", flush=True)
+        yield Broker(embedded.bootstrap, "embedded", embedded)
+    finally:
+        embedded.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Unique names for topics, groups and prefixes, so tests never see each other's data."""
+
+    def make(stem: str) -> str:
+        return f"{stem}-{uuid.uuid4().hex[:10]}"
+
+    return make
+
+
+@pytest.fixture
+def make_topic(broker: Broker, unique: Callable[[str], str]) -> Callable[..., str]:
+    def make(stem: str = "t", partitions: int = 1, name: str | None = None) -> str:
+        topic = name or unique(stem)
+        ensure_topics(broker.conf(), {topic: (partitions, {})})
+        return topic
+
+    return make
