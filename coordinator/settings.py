@@ -1,0 +1,43 @@
+"""Coordinator settings: one frozen dataclass behind kwargs, CLI flags and ``RMQ_*`` env vars."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.settings import setting
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
+
+__all__ = ["CoordinatorSettings"]
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """Every tunable of the coordinator (and the defaults clients share with it)."""
+
+    transaction_timeout_ms: int = setting(
+        6000, "first back-check of a half message this long after it was born")
+    check_interval_ms: int = setting(60000, "interval between back-checks of one message")
+    check_max: int = setting(15, "answered UNKNOWN checks before a message is discarded")
+    lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
+    lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
+    topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
+    half_partitions: int = setting(8, "partitions of the half/op (and lock) topics")
+    check_partitions: int = setting(8, "partitions of the check-request topic")
+    instance_id: str = setting("", "stable id of this instance (default: random); reusing "
+                                   "it after a crash fences the old process at once")
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+        for name in ("transaction_timeout_ms", "check_interval_ms", "check_max",
+                     "lock_lease_ms", "lock_renew_ms", "half_partitions", "check_partitions"):
+            positive(name)
+        if not self.lock_renew_ms < self.lock_lease_ms:
+            raise ConfigError("need 0 < lock_renew_ms < lock_lease_ms, got "
+                              f"lock_renew_ms={self.lock_renew_ms}, "
+                              f"lock_lease_ms={self.lock_lease_ms}")
+        validate_prefix(self.topic_prefix)
