@@ -19,6 +19,12 @@ from rmq_semantics.message import Message, SendResult
 from rmq_semantics.producer import Producer
 from rmq_semantics.selector import MessageQueueSelector, SelectMessageQueueByHash
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
+from rmq_semantics.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -28,6 +34,7 @@ __all__ = [
     "EmbeddedKafkaError",
     "IllegalTransitionError",
     "KafkaOperationError",
+    "LocalTransactionState",
     "LockLostError",
     "MalformedRecordError",
     "Message",
@@ -40,4 +47,7 @@ __all__ = [
     "SendResult",
     "SystemTopicError",
     "SystemTopics",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
 ]

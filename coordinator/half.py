@@ -1,0 +1,75 @@
+"""Half messages: parsing a half record's headers and restoring the record to promote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.message import PROMOTED_KEEPS, H, Headers
+
+__all__ = ["HalfMessage", "parse_half"]
+
+_REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
+
+
+@dataclass(frozen=True)
+class HalfMessage:
+    """One record of the half topic, with its ``rmq.*`` headers parsed."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    txn_id: str
+    producer_group: str
+    real_topic: str
+    real_partition: int | None
+    born_ts: int
+    check_immunity_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+    @property
+    def where(self) -> str:
+        return f"half[{self.partition}]@{self.offset} txn={self.txn_id}"
+
+    def user_headers(self) -> Headers:
+        return [(k, v) for k, v in self.headers if not k.startswith("rmq.")]
+
+    def promoted_headers(self) -> Headers:
+        """User headers, the kept ``rmq.*`` ones, and ``rmq.promoted_from``."""
+        kept = [(k, v) for k, v in self.headers
+                if not k.startswith("rmq.") or k in PROMOTED_KEEPS]
+        kept.append((H.PROMOTED_FROM.value, f"{self.partition}:{self.offset}".encode()))
+        return kept
+
+    def first_check_ts(self, transaction_timeout_ms: int) -> int:
+        # A per-message immunity shorter than the transaction timeout is raised to it.
+        immunity = max(self.check_immunity_ms or 0, transaction_timeout_ms)
+        return self.born_ts + immunity
+
+
+def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+               value: bytes | None, headers: Headers | None) -> HalfMessage:
+    """Parse a half record; missing or unreadable ``rmq.*`` headers raise MalformedRecordError."""
+    found: dict[str, bytes] = {}
+    for name, raw in headers or []:
+        if name.startswith("rmq."):
+            found[name] = raw or b""
+    missing = [h.value for h in _REQUIRED if h.value not in found]
+    if missing:
+        raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
+    try:
+        real_partition = found.get(H.REAL_PARTITION.value)
+        immunity = found.get(H.CHECK_IMMUNITY_MS.value)
+        return HalfMessage(
+            partition=partition, offset=offset, timestamp_ms=timestamp_ms,
+            txn_id=found[H.TXN_ID.value].decode(),
+            producer_group=found[H.PRODUCER_GROUP.value].decode(),
+            real_topic=found[H.REAL_TOPIC.value].decode(),
+            real_partition=int(real_partition) if real_partition else None,
+            born_ts=int(found[H.BORN_TS.value]),
+            check_immunity_ms=int(immunity) if immunity else None,
+            key=key, value=value, headers=list(headers or []))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc

@@ -1,0 +1,83 @@
+"""Prometheus metrics of the coordinator (families ``rmq_*``), one registry per server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+__all__ = ["CoordinatorMetrics", "MetricsServer"]
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.promotions = Counter("rmq_promotions", "Committed half messages promoted", registry=r)
+        self.rollbacks = Counter("rmq_rollbacks", "Half messages rolled back", registry=r)
+        self.checks_issued = Counter("rmq_checks_issued", "Back-check requests sent", registry=r)
+        self.discarded = Counter("rmq_discarded", "Half messages discarded", ["reason"],
+                                 registry=r)
+        self.rejected = Counter("rmq_rejected_requests", "End requests rejected", ["reason"],
+                                registry=r)
+        self.conflicting = Counter("rmq_conflicting_decisions",
+                                   "Decisions after the first final one, ignored", ["kind"],
+                                   registry=r)
+        self.malformed = Counter("rmq_malformed_records", "Records skipped as malformed",
+                                 ["topic"], registry=r)
+        self.aborted = Counter("rmq_transactions_aborted",
+                               "Coordinator Kafka transactions aborted and replayed", registry=r)
+        self.pending = Gauge("rmq_pending_transactions", "Pending half messages", ["partition"],
+                             registry=r)
+        self.oldest_pending_age = Gauge("rmq_oldest_pending_age_seconds",
+                                        "Age of the oldest pending half message",
+                                        ["partition"], registry=r)
+        self.promotion_latency = Histogram(
+            "rmq_promotion_latency_seconds", "Half message born -> promoted",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r)
+        self.lock_events = Counter("rmq_lock_events", "Queue-lock grants/expiries/denials",
+                                   ["event"], registry=r)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("metrics http: " + format, *args)
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/healthz`` on 127.0.0.1:port in a daemon thread."""
+
+    def __init__(self, metrics: CoordinatorMetrics, port: int,
+                 health: Callable[[], dict]) -> None:
+        metrics_app = make_wsgi_app(metrics.registry)
+
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            if environ.get("PATH_INFO") == "/healthz":
+                status = health()
+                ok = status.get("status") == "ok"
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "application/json")])
+                return [json.dumps(status).encode()]
+            return metrics_app(environ, start_response)
+
+        self._server: WSGIServer = make_server("127.0.0.1", port, app,
+                                               handler_class=_QuietHandler)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.2},
+                                        name="rmq-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,191 @@
+"""The one Kafka transaction: promoted records, Op markers, check requests, discards and the
+coordinator's consumer offsets, committed atomically (exactly-once promotion)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.state import Action, Discard, Finish, IssueCheck, SaveCheckCounts, TxnState
+from rmq_semantics.errors import KafkaOperationError, RmqError
+from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.topics import SystemTopics
+
+__all__ = ["FatalCoordinatorError", "TransactionAborted", "TransactionWriter"]
+
+log = logging.getLogger(__name__)
+
+# Generous for a loaded 2-core broker; a commit normally takes a few ms.
+TXN_CALL_TIMEOUT_S = 30.0
+# A crashed coordinator's open transaction blocks read_committed readers until the broker
+# aborts it; keep that window short. Must exceed the longest batch we write.
+TRANSACTION_TIMEOUT_MS = 15000
+COMMIT_RETRIES = 5
+
+
+class TransactionAborted(RmqError, RuntimeError):
+    """The batch's transaction was aborted; replay from the committed offsets."""
+
+    code = "transaction_aborted"
+    retriable = True
+
+
+class FatalCoordinatorError(RmqError, RuntimeError):
+    """The transactional producer is fenced or broken; this instance must stop."""
+
+    code = "coordinator_fatal"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionWriter:
+    """Owns the coordinator's transactional producer."""
+
+    def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
+                 metrics: CoordinatorMetrics) -> None:
+        self.topics = topics
+        self.metrics = metrics
+        producer_conf = {
+            **conf,
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",  # Java's placement for keyed records
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            "linger.ms": 1,
+            "logger": logging.getLogger("rmq_semantics.librdkafka"),
+        }
+        self.producer = confluent_kafka.Producer(producer_conf)
+        self._call(self.producer.init_transactions, "initialising transactions")
+
+    def _call(self, fn, what: str, *args) -> None:
+        try:
+            fn(*args, TXN_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.fatal():
+                raise FatalCoordinatorError(f"{what}: {err.str()} (fatal; another coordinator "
+                                            "with the same instance id fenced this one?)") from exc
+            raise KafkaOperationError.wrap(what, err) from exc
+
+    def write(self, actions: Sequence[Action], offsets: list[TopicPartition],
+              group_metadata: object) -> None:
+        """Write ``actions`` and commit ``offsets`` in one transaction.
+
+        Raises TransactionAborted when the transaction had to be aborted (the caller
+        replays from committed offsets) and FatalCoordinatorError when it cannot go on.
+        """
+        try:
+            self.producer.begin_transaction()
+            for action in actions:
+                self._produce(action)
+            self.producer.send_offsets_to_transaction(offsets, group_metadata,
+                                                      TXN_CALL_TIMEOUT_S)
+            self._commit()
+        except KafkaException as exc:
+            self._triage(exc.args[0], exc)
+        self._count(actions)
+
+    def _commit(self) -> None:
+        for attempt in range(1, COMMIT_RETRIES + 1):
+            try:
+                self.producer.commit_transaction(TXN_CALL_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if not err.retriable() or attempt == COMMIT_RETRIES:
+                    raise
+                log.warning("commit_transaction failed (%s); retrying (%d/%d)", err.str(),
+                            attempt, COMMIT_RETRIES)
+
+    def _triage(self, err: KafkaError, exc: Exception) -> None:
+        if err.fatal():
+            raise FatalCoordinatorError(f"transactional producer failed: {err.str()}") from exc
+        log.warning("coordinator transaction failed (%s); aborting and replaying from "
+                    "committed offsets", err.str())
+        try:
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT_S)
+        except KafkaException as abort_exc:
+            abort_err: KafkaError = abort_exc.args[0]
+            if abort_err.fatal() or not abort_err.retriable():
+                raise FatalCoordinatorError(
+                    f"could not abort the transaction: {abort_err.str()}") from abort_exc
+        self.metrics.aborted.inc()
+        raise TransactionAborted(err.str()) from exc
+
+    def _op(self, partition: int, record_type: RecordType, body: dict) -> None:
+        self.producer.produce(self.topics.op, encode(record_type, body), partition=partition)
+
+    def _done(self, half, outcome: TxnState, checks_answered: int) -> None:
+        self._op(half.partition, RecordType.DONE_MARKER, {
+            "half_offset": half.offset, "txn_id": half.txn_id, "outcome": outcome.value,
+            "checks_answered": checks_answered, "ts": _now_ms()})
+
+    def _produce(self, action: Action) -> None:
+        half = action.half
+        if isinstance(action, Finish):
+            if action.outcome is TxnState.COMMITTED:
+                kwargs = {"key": half.key, "headers": half.promoted_headers()}
+                if half.real_partition is not None:
+                    kwargs["partition"] = half.real_partition
+                self.producer.produce(half.real_topic, half.value, **kwargs)
+            self._done(half, action.outcome, action.checks_answered)
+        elif isinstance(action, IssueCheck):
+            self.producer.produce(self.topics.check, encode(RecordType.CHECK_REQUEST, {
+                "txn_id": half.txn_id, "producer_group": half.producer_group,
+                "half_partition": half.partition, "half_offset": half.offset,
+                "check_seq": action.check_seq, "born_ts": half.born_ts,
+                "topic": half.real_topic, "partition": half.real_partition,
+                "key": half.key, "value": half.value,
+                "headers": [{"key": k, "value": v} for k, v in half.headers],
+                "ts": _now_ms()}), key=half.producer_group.encode())
+            self._marker(action)
+        elif isinstance(action, SaveCheckCounts):
+            self._marker(action)
+        elif isinstance(action, Discard):
+            headers = [*half.headers,
+                       ("rmq.half_partition", str(half.partition).encode()),
+                       ("rmq.half_offset", str(half.offset).encode()),
+                       ("rmq.check_count", str(action.checks_answered).encode()),
+                       ("rmq.discard_reason", action.reason.encode()),
+                       ("rmq.discarded_ts", str(_now_ms()).encode())]
+            self.producer.produce(self.topics.discard, half.value, key=half.key,
+                                  headers=headers)
+            self._done(half, TxnState.DISCARDED, action.checks_answered)
+
+    def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
+        self._op(action.half.partition, RecordType.CHECK_MARKER, {
+            "half_offset": action.half.offset, "txn_id": action.half.txn_id,
+            "checks_issued": action.checks_issued, "checks_answered": action.checks_answered,
+            "answered_seq": action.answered_seq, "next_check_ts": action.next_check_ts,
+            "ts": _now_ms()})
+
+    def _count(self, actions: Sequence[Action]) -> None:
+        now = time.time()
+        for action in actions:
+            where = action.half.where
+            if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
+                self.metrics.promotions.inc()
+                self.metrics.promotion_latency.observe(max(0.0, now - action.half.born_ts / 1000))
+                log.debug("%s promoted to %s", where, action.half.real_topic)
+            elif isinstance(action, Finish):
+                self.metrics.rollbacks.inc()
+                log.debug("%s rolled back", where)
+            elif isinstance(action, IssueCheck):
+                self.metrics.checks_issued.inc()
+                log.info("%s check #%d sent to producer group %s", where, action.check_seq,
+                         action.half.producer_group)
+            elif isinstance(action, Discard):
+                self.metrics.discarded.labels(
+                    "retention" if "retention" in action.reason else "check_max").inc()
+                log.warning("%s discarded: %s", where, action.reason)
+
+    def close(self) -> None:
+        self.producer.flush(TXN_CALL_TIMEOUT_S)

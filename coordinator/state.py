@@ -1,0 +1,330 @@
+"""Pending-transaction state of one half/op partition pair: pure, clock passed in.
+
+This is RocketMQ's ``TransactionalMessageServiceImpl.check`` reshaped for Kafka: the
+coordinator feeds half records and Op records in, and gets back :class:`Action` values to
+write in one Kafka transaction. It also computes the offsets to commit with them:
+``half_commit`` (RocketMQ's halfOffset, the lowest unresolved half offset) and
+``op_commit`` (opOffset, the lowest Op record still needed to rebuild this state).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+from coordinator.half import HalfMessage
+from rmq_semantics.errors import IllegalTransitionError
+
+__all__ = [
+    "Action",
+    "Discard",
+    "Finish",
+    "IssueCheck",
+    "PartitionState",
+    "SaveCheckCounts",
+    "TxnState",
+]
+
+# A deferred end request whose half offset is still unseen after this long, while the half
+# partition reports it is at its end, names an offset that does not exist.
+DEFER_GRACE_MS = 2000
+
+
+class TxnState(Enum):
+    """Lifecycle of a half message."""
+
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    DISCARDED = "DISCARDED"
+
+
+TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
+    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED}),
+    TxnState.COMMITTED: frozenset(),
+    TxnState.ROLLED_BACK: frozenset(),
+    TxnState.DISCARDED: frozenset(),
+}
+
+
+def transition(current: TxnState, target: TxnState) -> TxnState:
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransitionError(f"half message cannot go from {current.value} to "
+                                     f"{target.value}")
+    return target
+
+
+# -- actions -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finish:
+    """Write a done marker; for COMMITTED also promote the record to its real topic."""
+
+    half: HalfMessage
+    outcome: TxnState
+    checks_answered: int = 0
+
+
+@dataclass(frozen=True)
+class IssueCheck:
+    """Send a check request and persist the new counts in a check marker."""
+
+    half: HalfMessage
+    check_seq: int
+    checks_issued: int
+    checks_answered: int
+    answered_seq: int
+    next_check_ts: int
+
+
+@dataclass(frozen=True)
+class SaveCheckCounts:
+    """Persist counts after an answered-UNKNOWN check (no request goes out)."""
+
+    half: HalfMessage
+    checks_issued: int
+    checks_answered: int
+    answered_seq: int
+    next_check_ts: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Copy the half message to the discard topic and write a DISCARDED done marker."""
+
+    half: HalfMessage
+    reason: str
+    checks_answered: int
+
+
+Action = Finish | IssueCheck | SaveCheckCounts | Discard
+
+
+@dataclass
+class Pending:
+    half: HalfMessage
+    next_check_ts: int
+    checks_issued: int = 0
+    checks_answered: int = 0
+    answered_seq: int = 0
+    marker_op_offset: int | None = None  # latest check marker read back from Op
+    state: TxnState = TxnState.PENDING
+
+
+@dataclass(frozen=True)
+class EndRequest:
+    op_offset: int
+    txn_id: str
+    producer_group: str
+    half_offset: int
+    state: str  # COMMIT | ROLLBACK | UNKNOWN
+    from_check: bool
+    check_seq: int
+    received_ms: int
+
+
+@dataclass
+class PartitionState:
+    """All the coordinator knows about half partition ``p`` and Op partition ``p``."""
+
+    partition: int
+    transaction_timeout_ms: int
+    check_interval_ms: int
+    check_max: int
+    retention_ms: int | None = None
+    recovering: bool = True
+    half_position: int = 0  # next half offset to read
+    op_position: int = 0  # next op offset to read
+    pending: dict[int, Pending] = field(default_factory=dict)
+    # removeMap: half offset -> (op offset of its done marker or None if not read back yet,
+    # outcome), for half offsets at or above half_commit.
+    decided: dict[int, tuple[int | None, TxnState]] = field(default_factory=dict)
+    malformed_half: set[int] = field(default_factory=set)
+    deferred: list[EndRequest] = field(default_factory=list)
+    half_at_end: bool = False
+    op_at_end: bool = False
+    counters: Counter = field(default_factory=Counter)
+    # Rejected end requests with the reason, for the I/O layer to log and then clear.
+    rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
+    # Check markers read before their half record (op and half are consumed side by side).
+    early_markers: dict[int, tuple[int, int, int, int, int, int]] = field(default_factory=dict)
+    _schedule: list[tuple[int, int]] = field(default_factory=list)  # (due ts, half offset)
+
+    # -- inputs --------------------------------------------------------------------------
+    def start_at(self, half_offset: int, op_offset: int) -> None:
+        self.half_position = max(self.half_position, half_offset)
+        self.op_position = max(self.op_position, op_offset)
+
+    def on_half(self, offset: int, half: HalfMessage | None, now_ms: int) -> list[Action]:
+        """A half record (None: malformed, counted and never promoted)."""
+        self.half_position = max(self.half_position, offset + 1)
+        self.half_at_end = False
+        if half is None:
+            self.malformed_half.add(offset)
+            self.counters["malformed_half"] += 1
+        elif offset not in self.decided and offset not in self.pending:
+            self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms))
+            heapq.heappush(self._schedule, (self.pending[offset].next_check_ts, offset))
+            if offset in self.early_markers:
+                self.on_check_marker(*self.early_markers.pop(offset))
+        return self._drain_deferred(now_ms)
+
+    def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
+        self.op_position = max(self.op_position, op_offset + 1)
+        self.pending.pop(half_offset, None)
+        self.early_markers.pop(half_offset, None)
+        if half_offset >= self.half_commit or half_offset in self.decided:
+            self.decided[half_offset] = (op_offset, outcome)
+
+    def on_check_marker(self, op_offset: int, half_offset: int, checks_issued: int,
+                        checks_answered: int, answered_seq: int, next_check_ts: int) -> None:
+        self.op_position = max(self.op_position, op_offset + 1)
+        entry = self.pending.get(half_offset)
+        if entry is None:
+            if half_offset >= self.half_position and half_offset not in self.decided:
+                self.early_markers[half_offset] = (op_offset, half_offset, checks_issued,
+                                                   checks_answered, answered_seq, next_check_ts)
+            return
+        entry.marker_op_offset = op_offset
+        if checks_issued >= entry.checks_issued:
+            entry.checks_issued = checks_issued
+            entry.checks_answered = max(entry.checks_answered, checks_answered)
+            entry.answered_seq = max(entry.answered_seq, answered_seq)
+            entry.next_check_ts = next_check_ts
+            heapq.heappush(self._schedule, (next_check_ts, half_offset))
+
+    def on_malformed_op(self, op_offset: int) -> None:
+        self.op_position = max(self.op_position, op_offset + 1)
+        self.counters["malformed_op"] += 1
+
+    def on_end_request(self, request: EndRequest, now_ms: int) -> list[Action]:
+        self.op_position = max(self.op_position, request.op_offset + 1)
+        if self.recovering or request.half_offset >= self.half_position:
+            # Wait until every done marker before it (recovery) and the half record are read.
+            self.deferred.append(request)
+            return []
+        return self._apply_end(request, now_ms)
+
+    def on_eof(self, which: str, now_ms: int) -> list[Action]:
+        """The consumer reached the end of the half or op partition."""
+        if which == "half":
+            self.half_at_end = True
+        else:
+            self.op_at_end = True
+        if self.recovering and self.half_at_end and self.op_at_end:
+            self.recovering = False
+        return self._drain_deferred(now_ms)
+
+    # -- decisions -----------------------------------------------------------------------
+    def _drain_deferred(self, now_ms: int) -> list[Action]:
+        if self.recovering or not self.deferred:
+            return []
+        actions: list[Action] = []
+        still: list[EndRequest] = []
+        for request in self.deferred:
+            if request.half_offset < self.half_position:
+                actions.extend(self._apply_end(request, now_ms))
+            elif self.half_at_end and now_ms - request.received_ms >= DEFER_GRACE_MS:
+                self.counters["rejected_no_such_offset"] += 1
+                self._log_reject(request, "no half message at that offset")
+            else:
+                still.append(request)
+        self.deferred = still
+        return actions
+
+    def _log_reject(self, request: EndRequest, reason: str) -> None:
+        self.rejections.append((request, reason))
+
+    def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
+        offset = request.half_offset
+        entry = self.pending.get(offset)
+        if entry is None:
+            if offset in self.malformed_half:
+                self.counters["rejected_not_half"] += 1
+                self._log_reject(request, "the half record at that offset is malformed")
+            elif request.state == "UNKNOWN":
+                self.counters["late_unknown"] += 1
+            else:
+                outcome = self.decided.get(offset, (None, None))[1]
+                same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
+                    outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
+                self.counters["duplicate_decisions" if same else "conflicting_decisions"] += 1
+            return []
+        half = entry.half
+        if request.txn_id != half.txn_id or request.producer_group != half.producer_group:
+            self.counters["rejected_mismatch"] += 1
+            self._log_reject(request, f"does not match the half message (txn {half.txn_id}, "
+                                      f"group {half.producer_group})")
+            return []
+        if request.state == "COMMIT":
+            return [self._finish(offset, TxnState.COMMITTED)]
+        if request.state == "ROLLBACK":
+            return [self._finish(offset, TxnState.ROLLED_BACK)]
+        # UNKNOWN: only an answer to the latest check, answered once, counts.
+        if not request.from_check or request.check_seq != entry.checks_issued or (
+                request.check_seq <= entry.answered_seq):
+            self.counters["unknown_ignored"] += 1
+            return []
+        entry.checks_answered += 1
+        entry.answered_seq = request.check_seq
+        if entry.checks_answered >= self.check_max:
+            return [self._discard(offset, f"{entry.checks_answered} checks answered UNKNOWN")]
+        return [SaveCheckCounts(half, entry.checks_issued, entry.checks_answered,
+                                entry.answered_seq, entry.next_check_ts)]
+
+    def _finish(self, offset: int, outcome: TxnState) -> Finish:
+        entry = self.pending.pop(offset)
+        transition(entry.state, outcome)
+        self.decided[offset] = (None, outcome)
+        return Finish(entry.half, outcome, entry.checks_answered)
+
+    def _discard(self, offset: int, reason: str) -> Discard:
+        entry = self.pending.pop(offset)
+        transition(entry.state, TxnState.DISCARDED)
+        self.decided[offset] = (None, TxnState.DISCARDED)
+        return Discard(entry.half, reason, entry.checks_answered)
+
+    def due(self, now_ms: int) -> list[Action]:
+        """Checks (and retention discards) whose time has come. None while recovering."""
+        if self.recovering:
+            return []
+        actions: list[Action] = []
+        while self._schedule and self._schedule[0][0] <= now_ms:
+            due_ts, offset = heapq.heappop(self._schedule)
+            entry = self.pending.get(offset)
+            if entry is None or entry.next_check_ts != due_ts:
+                continue  # resolved, or rescheduled (a stale heap entry)
+            next_ts = now_ms + self.check_interval_ms
+            if self.retention_ms is not None and (
+                    next_ts >= entry.half.timestamp_ms + self.retention_ms):
+                actions.append(self._discard(offset, "would outlive the half topic's retention"))
+                continue
+            entry.checks_issued += 1
+            entry.next_check_ts = next_ts
+            heapq.heappush(self._schedule, (next_ts, offset))
+            actions.append(IssueCheck(entry.half, entry.checks_issued, entry.checks_issued,
+                                      entry.checks_answered, entry.answered_seq, next_ts))
+        return actions
+
+    def next_due_ms(self) -> int | None:
+        return self._schedule[0][0] if self._schedule else None
+
+    # -- offsets to commit ---------------------------------------------------------------
+    @property
+    def half_commit(self) -> int:
+        return min(self.pending) if self.pending else self.half_position
+
+    @property
+    def op_commit(self) -> int:
+        low = self.half_commit
+        for offset in [o for o in self.decided if o < low]:
+            del self.decided[offset]
+        self.malformed_half = {o for o in self.malformed_half if o >= low}
+        needed = [self.op_position]
+        needed += [op for op, _ in self.decided.values() if op is not None]
+        needed += [e.marker_op_offset for e in self.pending.values()
+                   if e.marker_op_offset is not None]
+        needed += [r.op_offset for r in self.deferred]
+        needed += [m[0] for m in self.early_markers.values()]
+        return min(needed)

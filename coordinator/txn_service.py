@@ -1,0 +1,287 @@
+"""The transactional side of the coordinator: owns half/op partition pairs through a
+consumer group, feeds records into :class:`PartitionState`, and writes what it decides
+with :class:`TransactionWriter`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from coordinator.half import parse_half
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.promote import TransactionAborted, TransactionWriter
+from coordinator.settings import CoordinatorSettings
+from coordinator.state import EndRequest, PartitionState, TxnState
+from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, admin_conf, ensure_topics
+
+__all__ = ["TransactionService", "system_topic_specs"]
+
+log = logging.getLogger(__name__)
+
+# First poll waits this long for a record, so due checks fire at most this late.
+POLL_WAIT_S = 0.05
+MAX_BATCH = 1000
+# Known business topics are trusted this long before the topic list is read again.
+TOPIC_CACHE_S = 10.0
+COMMITTED_TIMEOUT_S = 30.0
+
+
+def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
+    topics = SystemTopics(settings.topic_prefix)
+    horizon = settings.transaction_timeout_ms + settings.check_max * settings.check_interval_ms
+    retention = str(max(WEEK_MS, 2 * horizon))
+    return {
+        topics.half: (settings.half_partitions, {"retention.ms": retention}),
+        topics.op: (settings.half_partitions, {"retention.ms": retention}),
+        topics.check: (settings.check_partitions, {"retention.ms": str(24 * 3600 * 1000)}),
+        topics.discard: (1, {"retention.ms": "-1"}),
+    }
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionService:
+    def __init__(self, conf: dict, settings: CoordinatorSettings,
+                 metrics: CoordinatorMetrics | None = None) -> None:
+        self.conf = dict(conf)
+        self.settings = settings
+        self.metrics = metrics or CoordinatorMetrics()
+        self.topics = SystemTopics(settings.topic_prefix)
+        self.instance_id = settings.instance_id or uuid.uuid4().hex[:12]
+        self.states: dict[int, PartitionState] = {}
+        self._committed: dict[int, tuple[int, int]] = {}
+        self._retention_ms: int | None = None
+        self._known_topics: set[str] = set()
+        self._topics_read_at = 0.0
+        self._admin: AdminClient | None = None
+        self._consumer: confluent_kafka.Consumer | None = None
+        self.ready = threading.Event()
+
+    # -- setup ---------------------------------------------------------------------------
+    def _read_retention(self) -> int | None:
+        assert self._admin is not None
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topics.half)
+        try:
+            configs = self._admin.describe_configs([resource])[resource].result(ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("could not read retention of %s (%s); retention discard is off",
+                        self.topics.half, exc.args[0].str())
+            return None
+        value = int(configs["retention.ms"].value)
+        return None if value < 0 else value
+
+    def _topic_exists(self, topic: str) -> bool:
+        if topic in self._known_topics:
+            return True
+        if time.monotonic() - self._topics_read_at > 1.0:
+            assert self._admin is not None
+            self._topics_read_at = time.monotonic()
+            try:
+                self._known_topics = set(self._admin.list_topics(timeout=10).topics)
+            except KafkaException as exc:
+                log.warning("listing topics failed: %s", exc.args[0].str())
+        return topic in self._known_topics
+
+    # -- rebalance -----------------------------------------------------------------------
+    def _new_state(self, partition: int) -> PartitionState:
+        s = self.settings
+        return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms,
+                              s.check_max, self._retention_ms)
+
+    def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
+        for tp in committed:
+            state = self.states.setdefault(tp.partition, self._new_state(tp.partition))
+            offset = max(tp.offset, 0)
+            if tp.topic == self.topics.half:
+                state.start_at(offset, 0)
+            else:
+                state.start_at(0, offset)
+        for p in {tp.partition for tp in partitions}:
+            st = self.states[p]
+            self._committed[p] = (st.half_position, st.op_position)
+        log.info("assigned half/op partitions %s; recovering their pending state",
+                 sorted({tp.partition for tp in partitions}))
+
+    def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        for p in {tp.partition for tp in partitions}:
+            self.states.pop(p, None)
+            self._committed.pop(p, None)
+            for gauge in (self.metrics.pending, self.metrics.oldest_pending_age):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(str(p))
+        log.info("revoked half/op partitions %s", sorted({tp.partition for tp in partitions}))
+
+    # -- records -------------------------------------------------------------------------
+    def _dispatch(self, msg: confluent_kafka.Message, now: int) -> list:
+        topic, partition = msg.topic(), msg.partition()
+        state = self.states.get(partition)
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF and state is not None:
+                return state.on_eof("half" if topic == self.topics.half else "op", now)
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error on %s[%s]: %s", topic, partition, err.str())
+            return []
+        if state is None:
+            return []
+        offset = msg.offset()
+        where = f"{topic}[{partition}]@{offset}"
+        if topic == self.topics.half:
+            try:
+                half = parse_half(partition, offset, msg.timestamp()[1], msg.key(), msg.value(),
+                                  msg.headers())
+            except MalformedRecordError as exc:
+                self.metrics.malformed.labels(topic).inc()
+                log.warning("%s skipped: %s", where, exc)
+                half = None
+            return state.on_half(offset, half, now)
+        try:
+            record = decode(msg.value())
+        except MalformedRecordError as exc:
+            self.metrics.malformed.labels(topic).inc()
+            log.warning("%s skipped: %s", where, exc)
+            state.on_malformed_op(offset)
+            return []
+        body = record.body
+        if record.type is RecordType.DONE_MARKER:
+            state.on_done_marker(offset, body["half_offset"], TxnState(body["outcome"]))
+        elif record.type is RecordType.CHECK_MARKER:
+            state.on_check_marker(offset, body["half_offset"], body["checks_issued"],
+                                  body["checks_answered"], body["answered_seq"],
+                                  body["next_check_ts"])
+        elif record.type is RecordType.END_REQUEST:
+            return self._on_end(state, offset, body, where, now)
+        else:
+            self.metrics.malformed.labels(topic).inc()
+            log.warning("%s skipped: %s does not belong on the op topic", where, record.type.name)
+            state.on_malformed_op(offset)
+        return []
+
+    def _on_end(self, state: PartitionState, offset: int, body: dict, where: str,
+                now: int) -> list:
+        request = EndRequest(offset, body["txn_id"], body["producer_group"], body["half_offset"],
+                             body["state"], body["from_check"], body["check_seq"], now)
+        if body["half_partition"] != state.partition:
+            self.metrics.rejected.labels("wrong_partition").inc()
+            log.warning("%s txn=%s rejected: names half partition %d", where, request.txn_id,
+                        body["half_partition"])
+            state.on_malformed_op(offset)
+            return []
+        entry = state.pending.get(request.half_offset)
+        if (request.state == "COMMIT" and entry is not None and not state.recovering
+                and not self._topic_exists(entry.half.real_topic)):
+            # Not promotable yet; it stays pending and the back-check asks again later.
+            self.metrics.rejected.labels("unknown_topic").inc()
+            log.error("%s txn=%s: COMMIT for topic %r which does not exist; left pending",
+                      where, request.txn_id, entry.half.real_topic)
+            state.on_malformed_op(offset)
+            return []
+        return state.on_end_request(request, now)
+
+    def _publish_counters(self) -> None:
+        now = time.time()
+        for p, state in self.states.items():
+            for request, reason in state.rejections:
+                log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", self.topics.op,
+                            p, request.op_offset, request.txn_id, request.half_offset, reason)
+            state.rejections.clear()
+            for name, count in state.counters.items():
+                if name.startswith("rejected_"):
+                    self.metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)
+                elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
+                              "unknown_ignored"):
+                    self.metrics.conflicting.labels(name).inc(count)
+            state.counters.clear()
+            self.metrics.pending.labels(str(p)).set(len(state.pending))
+            oldest = min((e.half.born_ts for e in state.pending.values()), default=None)
+            self.metrics.oldest_pending_age.labels(str(p)).set(
+                0 if oldest is None else max(0.0, now - oldest / 1000))
+
+    def _offsets(self) -> tuple[list[TopicPartition], bool]:
+        """Offsets to commit for every owned partition, and whether any moved."""
+        changed = False
+        out = []
+        for p, state in self.states.items():
+            pair = (state.half_commit, state.op_commit)
+            changed |= self._committed.get(p) != pair
+            out.append(TopicPartition(self.topics.half, p, pair[0]))
+            out.append(TopicPartition(self.topics.op, p, pair[1]))
+        return out, changed
+
+    def _replay(self, consumer: confluent_kafka.Consumer) -> None:
+        """After an aborted transaction: forget in-memory state and re-read from commits."""
+        assignment = consumer.assignment()
+        self.states.clear()
+        self._committed.clear()
+        if not assignment:
+            return
+        self._on_assign(consumer, assignment)
+        for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
+            offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
+            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    # -- main loop -----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set; the transaction in progress always completes."""
+        ensure_topics(self.conf, system_topic_specs(self.settings))
+        self._admin = AdminClient(admin_conf(self.conf))
+        self._retention_ms = self._read_retention()
+        writer = TransactionWriter(
+            self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
+            self.metrics)
+        consumer = confluent_kafka.Consumer({
+            **self.conf,
+            "group.id": self.topics.coordinator_group,
+            "partition.assignment.strategy": "range",  # half p and op p to the same member
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "logger": logging.getLogger("rmq_semantics.librdkafka"),
+        })
+        self._consumer = consumer
+        consumer.subscribe([self.topics.half, self.topics.op], on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.ready.set()
+        log.info("transaction service %s running (prefix %s)", self.instance_id,
+                 self.settings.topic_prefix)
+        try:
+            while not stop.is_set():
+                self._step(consumer, writer)
+        finally:
+            consumer.close()
+            writer.close()
+            log.info("transaction service %s stopped", self.instance_id)
+
+    def _step(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:
+        first = consumer.poll(POLL_WAIT_S)
+        msgs = [first, *consumer.consume(MAX_BATCH - 1, 0)] if first is not None else []
+        now = _now_ms()
+        actions: list = []
+        for msg in msgs:
+            actions.extend(self._dispatch(msg, now))
+        for state in self.states.values():
+            actions.extend(state.due(now))
+        self._publish_counters()
+        offsets, moved = self._offsets()
+        if not actions and not moved:
+            return
+        try:
+            writer.write(actions, offsets, consumer.consumer_group_metadata())
+        except TransactionAborted:
+            self._replay(consumer)
+            return
+        for p, state in self.states.items():
+            self._committed[p] = (state.half_commit, state.op_commit)

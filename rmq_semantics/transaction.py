@@ -1,0 +1,331 @@
+"""Transactional messages: ``TransactionProducer`` and its ``TransactionListener``.
+
+The flow (DESIGN.md, "Transactional flow"): write the half message, run the local
+transaction, send an end-transaction request to the Op topic; answer the coordinator's
+back-checks for this producer group from a background check consumer and a bounded pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError
+
+from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
+from rmq_semantics.message import H, Message
+from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
+from rmq_semantics.records.codec import RecordType, decode, encode
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    SystemTopics,
+    admin_conf,
+    ensure_topics,
+    validate_prefix,
+)
+
+__all__ = [
+    "LocalTransactionState",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
+]
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's checkThreadPoolMinSize / checkRequestHoldMax defaults.
+CHECK_QUEUE_SIZE = 2000
+# Check consumer poll slice: bounds how long shutdown waits for the thread.
+POLL_SLICE_S = 0.2
+# Remember this many transactions' newest check, to skip superseded requests.
+SEEN_CHECKS = 100_000
+
+
+class LocalTransactionState(Enum):
+    """Outcome of a local transaction (RocketMQ's spelling; ``UNKNOWN`` is an alias)."""
+
+    COMMIT_MESSAGE = "COMMIT"
+    ROLLBACK_MESSAGE = "ROLLBACK"
+    UNKNOW = "UNKNOWN"
+    UNKNOWN = "UNKNOWN"
+
+
+class TransactionListener:
+    """Implement both methods; an exception or ``None`` counts as ``UNKNOW``."""
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        raise NotImplementedError
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """Where the half message went and what the local transaction said."""
+
+    transaction_id: str
+    local_transaction_state: LocalTransactionState
+    half_partition: int
+    half_offset: int
+    producer_group: str = ""
+
+
+def _as_state(value: Any) -> LocalTransactionState:
+    if isinstance(value, LocalTransactionState):
+        return value
+    return LocalTransactionState.UNKNOW
+
+
+class TransactionProducer:
+    """RocketMQ's ``TransactionMQProducer`` on Kafka.
+
+    ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
+    never mutated. Call :meth:`start` before sending; :meth:`shutdown` (or leaving the
+    ``with`` block) flushes and stops the check consumer. Idempotent.
+    """
+
+    def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
+                 topic_prefix: str = DEFAULT_TOPIC_PREFIX, half_partitions: int = 8,
+                 check_partitions: int = 8, check_queue_size: int = CHECK_QUEUE_SIZE,
+                 send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+        if not producer_group or not isinstance(producer_group, str):
+            raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
+        if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
+            raise ConfigError("listener must implement execute_local_transaction and "
+                              "check_local_transaction")
+        self.producer_group = producer_group
+        self.listener = listener
+        self.topics = SystemTopics(validate_prefix(topic_prefix))
+        self._conf = producer_defaults(conf)
+        self._half_partitions = half_partitions
+        self._check_partitions = check_partitions
+        self._send_timeout_s = send_timeout_s
+        self._checks: queue.Queue = queue.Queue(maxsize=check_queue_size)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._producer: confluent_kafka.Producer | None = None
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        self._started = False
+        self._closed = False
+        #: Check requests dropped because the check queue was full.
+        self.dropped_checks = 0
+        self.checks_answered = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> TransactionProducer:
+        if self._started:
+            return self
+        ensure_topics(self._conf, {
+            self.topics.half: (self._half_partitions, {}),
+            self.topics.op: (self._half_partitions, {}),
+            self.topics.check: (self._check_partitions, {}),
+        })
+        self._producer = confluent_kafka.Producer(self._conf)
+        consumer_conf = admin_conf(self._conf)
+        consumer_conf.update({
+            "group.id": self.topics.check_group(self.producer_group),
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 1000,
+        })
+        self._check_consumer = confluent_kafka.Consumer(consumer_conf)
+        self._check_consumer.subscribe([self.topics.check])
+        for name, target in (("rmq-check-consumer", self._consume_checks),
+                             ("rmq-check-worker", self._answer_checks)):
+            thread = threading.Thread(target=target, name=f"{name}-{self.producer_group}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._started = True
+        return self
+
+    def shutdown(self, timeout: float = SEND_TIMEOUT_S) -> None:
+        """Flush end requests, stop the check threads, leave the check group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._started:
+            self._check_consumer.close()
+            assert self._producer is not None
+            self._producer.flush(timeout)
+
+    def __enter__(self) -> TransactionProducer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- sending -------------------------------------------------------------------------
+    def _require_started(self) -> confluent_kafka.Producer:
+        if not self._started or self._closed or self._producer is None:
+            raise RmqError("TransactionProducer is not started (call start() or use 'with')")
+        return self._producer
+
+    def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        """Write ``msg`` as a half message, run the local transaction, send its outcome.
+
+        If the half write fails the local transaction is not run and the error is raised.
+        """
+        producer = self._require_started()
+        txn_id = uuid.uuid4().hex
+        headers = [*msg.user_headers(),
+                   (H.TXN_ID.value, txn_id.encode()),
+                   (H.REAL_TOPIC.value, msg.topic.encode()),
+                   (H.PRODUCER_GROUP.value, self.producer_group.encode()),
+                   (H.BORN_TS.value, str(int(time.time() * 1000)).encode())]
+        if msg.partition is not None:
+            headers.append((H.REAL_PARTITION.value, str(msg.partition).encode()))
+        if msg.check_immunity_ms is not None:
+            headers.append((H.CHECK_IMMUNITY_MS.value, str(msg.check_immunity_ms).encode()))
+        if msg.tags is not None:
+            headers.append((H.TAGS.value, msg.tags.encode()))
+        if msg.keys is not None:
+            headers.append((H.KEYS.value, msg.keys.encode()))
+        waiter = DeliveryWaiter()
+        producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
+                         on_delivery=waiter)
+        waiter.wait(producer, f"writing the half message of txn {txn_id}", self._send_timeout_s)
+        local_msg = Message(msg.topic, msg.value, key=msg.key, headers=msg.user_headers(),
+                            partition=msg.partition, tags=msg.tags, keys=msg.keys,
+                            check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
+        try:
+            state = _as_state(self.listener.execute_local_transaction(local_msg, arg))
+        except Exception:
+            log.exception("execute_local_transaction raised for txn %s (counts as UNKNOW)",
+                          txn_id)
+            state = LocalTransactionState.UNKNOW
+        result = TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
+                                       self.producer_group)
+        self._send_end(result, state, from_check=False, check_seq=0, wait=False)
+        return result
+
+    def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
+                        *, timeout: float | None = None) -> None:
+        """Send ``state`` for a transaction (e.g. one left UNKNOW) and wait for the ack."""
+        self._require_started()
+        self._send_end(result, state, from_check=False, check_seq=0, wait=True,
+                       timeout=timeout)
+
+    def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
+                  from_check: bool, check_seq: int, wait: bool,
+                  timeout: float | None = None) -> None:
+        producer = self._require_started()
+        body = {"txn_id": result.transaction_id, "producer_group": self.producer_group,
+                "half_partition": result.half_partition, "half_offset": result.half_offset,
+                "state": state.value, "from_check": from_check, "check_seq": check_seq,
+                "ts": int(time.time() * 1000)}
+        waiter = DeliveryWaiter() if wait else _log_failed_end
+        producer.produce(self.topics.op, encode(RecordType.END_REQUEST, body),
+                         partition=result.half_partition, on_delivery=waiter)
+        if isinstance(waiter, DeliveryWaiter):
+            waiter.wait(producer, f"ending txn {result.transaction_id}",
+                        timeout or self._send_timeout_s)
+        else:
+            producer.poll(0)
+
+    def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
+        """Wait for queued end requests; returns how many are still queued."""
+        return self._require_started().flush(timeout)
+
+    # -- back-checks ---------------------------------------------------------------------
+    def _superseded(self, txn_id: str, seq: int) -> bool:
+        newest = self._seen.get(txn_id, 0)
+        if seq <= newest:
+            return True
+        self._seen[txn_id] = seq
+        self._seen.move_to_end(txn_id)
+        while len(self._seen) > SEEN_CHECKS:
+            self._seen.popitem(last=False)
+        return False
+
+    def _consume_checks(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = self._check_consumer.consume(500, POLL_SLICE_S)
+            except Exception:
+                log.exception("check consumer failed; retrying")
+                continue
+            newest: dict[str, dict] = {}
+            for msg in msgs:
+                if msg.error() is not None:
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("check consumer: %s", msg.error().str())
+                    continue
+                try:
+                    record = decode(msg.value())
+                except MalformedRecordError as exc:
+                    log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
+                                msg.offset(), exc)
+                    continue
+                body = record.body
+                if record.type is not RecordType.CHECK_REQUEST or (
+                        body["producer_group"] != self.producer_group):
+                    continue
+                current = newest.get(body["txn_id"])
+                if current is None or body["check_seq"] > current["check_seq"]:
+                    newest[body["txn_id"]] = body
+            for body in newest.values():
+                if self._superseded(body["txn_id"], body["check_seq"]):
+                    continue
+                try:
+                    self._checks.put_nowait(body)
+                except queue.Full:
+                    self.dropped_checks += 1
+                    log.warning("check queue full (%d): dropping check #%d of txn %s; the "
+                                "coordinator will check it again", self._checks.maxsize,
+                                body["check_seq"], body["txn_id"])
+
+    def _answer_checks(self) -> None:
+        while not self._stop.is_set():
+            try:
+                body = self._checks.get(timeout=POLL_SLICE_S)
+            except queue.Empty:
+                continue
+            msg = Message(body["topic"], body["value"], key=body["key"],
+                          headers=[(h["key"], h["value"]) for h in body["headers"]
+                                   if not h["key"].startswith("rmq.")],
+                          partition=body["partition"], transaction_id=body["txn_id"],
+                          tags=_header(body, H.TAGS), keys=_header(body, H.KEYS))
+            try:
+                state = _as_state(self.listener.check_local_transaction(msg))
+            except Exception:
+                log.exception("check_local_transaction raised for txn %s (answering UNKNOW)",
+                              body["txn_id"])
+                state = LocalTransactionState.UNKNOW
+            result = TransactionSendResult(body["txn_id"], state, body["half_partition"],
+                                           body["half_offset"], self.producer_group)
+            try:
+                self._send_end(result, state, from_check=True, check_seq=body["check_seq"],
+                               wait=False)
+                self.checks_answered += 1
+            except (KafkaOperationError, BufferError) as exc:
+                log.warning("could not answer check of txn %s: %s", body["txn_id"], exc)
+
+
+def _header(body: dict, name: H) -> str | None:
+    for h in body["headers"]:
+        if h["key"] == name.value:
+            return h["value"].decode(errors="replace")
+    return None
+
+
+def _log_failed_end(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+    if err is not None:
+        # Not lost: the transaction stays pending and the back-check resolves it.
+        log.warning("end request to %s[%s] failed (%s); the back-check will resolve it",
+                    msg.topic(), msg.partition(), err.str())
+

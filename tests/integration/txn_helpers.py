@@ -1,0 +1,150 @@
+"""Shared helpers for transactional integration tests: a coordinator in a thread or a
+subprocess, listeners with scripted answers, and a read_committed reader of a topic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import TopicPartition
+
+from coordinator.server import Server
+from coordinator.settings import CoordinatorSettings
+from rmq_semantics import LocalTransactionState, TransactionListener
+
+REPO = Path(__file__).resolve().parents[2]
+# Short horizons so back-checks happen within a test.
+FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 1500, "check_max": 3,
+        "half_partitions": 4, "check_partitions": 2}
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
+             interval_s: float = 0.1) -> object:
+    """Poll ``condition`` until truthy; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class ThreadCoordinator:
+    """A coordinator Server running in a background thread of the test process."""
+
+    def __init__(self, conf: dict, **settings: object) -> None:
+        self.server = Server(conf, CoordinatorSettings(**{**FAST, **settings}))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.exit_code: int | None = None
+
+    def _run(self) -> None:
+        self.exit_code = self.server.run()
+
+    def __enter__(self) -> ThreadCoordinator:
+        self.thread.start()
+        wait_for(self.server.transactions.ready.is_set, 60, "the coordinator to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "coordinator did not stop"
+
+
+def spawn_coordinator(bootstrap: str, **settings: object) -> subprocess.Popen:
+    args = [sys.executable, "-m", "coordinator", "--bootstrap-servers", bootstrap]
+    for key, value in {**FAST, **settings}.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+class ScriptedListener(TransactionListener):
+    """Answers from dicts keyed by the message value; records every call."""
+
+    def __init__(self, execute: Callable[[bytes], LocalTransactionState | None],
+                 check: Callable[[bytes], LocalTransactionState | None]) -> None:
+        self.execute = execute
+        self.check = check
+        self.executed: list[bytes] = []
+        self.checked: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def execute_local_transaction(self, msg, arg):
+        with self.lock:
+            self.executed.append(msg.value)
+        return self.execute(msg.value)
+
+    def check_local_transaction(self, msg):
+        with self.lock:
+            self.checked.append(msg.value)
+        return self.check(msg.value)
+
+
+class TopicReader:
+    """A read_committed assign()-based reader of every partition of a topic."""
+
+    def __init__(self, conf: dict, topic: str, partitions: int) -> None:
+        self.consumer = RawConsumer({**conf, "group.id": "unused-reader",
+                                     "isolation.level": "read_committed",
+                                     "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.records: list = []
+
+    def read_until(self, condition: Callable[[list], bool], timeout_s: float, what: str) -> list:
+        deadline = time.monotonic() + timeout_s
+        while not condition(self.records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; have "
+                                     f"{len(self.records)} records")
+            for msg in self.consumer.consume(1000, 0.2):
+                if msg.error() is None:
+                    self.records.append(msg)
+        return self.records
+
+    def settle(self, quiet_s: float = 2.0) -> list:
+        """Read whatever else arrives until nothing new came for ``quiet_s``."""
+        last = time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            msgs = [m for m in self.consumer.consume(1000, 0.2) if m.error() is None]
+            if msgs:
+                self.records.extend(msgs)
+                last = time.monotonic()
+        return self.records
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def read_to_end(conf: dict, topic: str, partitions: int, timeout_s: float = 60.0) -> list:
+    """Every read_committed record of ``topic`` up to its last stable offset, as of now."""
+    reader = TopicReader(conf, topic, partitions)
+    try:
+        ends = {}
+        for p in range(partitions):
+            _, high = reader.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            ends[p] = high
+
+        def done(_records: list) -> bool:
+            positions = reader.consumer.position(
+                [TopicPartition(topic, p) for p in range(partitions)])
+            return all(ends[tp.partition] == 0 or tp.offset >= ends[tp.partition]
+                       for tp in positions)
+
+        return list(reader.read_until(done, timeout_s, f"the end of {topic}"))
+    finally:
+        reader.close()
+
+
+def no_pending(coordinator: ThreadCoordinator, partitions: int) -> bool:
+    states = coordinator.server.transactions.states
+    return len(states) == partitions and all(
+        not s.recovering and not s.pending and not s.deferred for s in states.values())
