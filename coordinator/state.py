@@ -289,7 +289,7 @@ class PartitionState:
         """Checks (and retention discards) whose time has come. None while recovering."""
         if self.recovering:
             return []
-        actions: list[Action] = []
+        actions: list[Action] = self._drain_deferred(now_ms)
         while self._schedule and self._schedule[0][0] <= now_ms:
             due_ts, offset = heapq.heappop(self._schedule)
             entry = self.pending.get(offset)

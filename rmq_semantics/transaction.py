@@ -242,12 +242,12 @@ class TransactionProducer:
         return self._require_started().flush(timeout)
 
     # -- back-checks ---------------------------------------------------------------------
-    def _superseded(self, txn_id: str, seq: int) -> bool:
-        newest = self._seen.get(txn_id, 0)
+    def _superseded(self, half_id: str, seq: int) -> bool:
+        newest = self._seen.get(half_id, 0)
         if seq <= newest:
             return True
-        self._seen[txn_id] = seq
-        self._seen.move_to_end(txn_id)
+        self._seen[half_id] = seq
+        self._seen.move_to_end(half_id)
         while len(self._seen) > SEEN_CHECKS:
             self._seen.popitem(last=False)
         return False
@@ -279,7 +279,9 @@ class TransactionProducer:
                 if current is None or body["check_seq"] > current["check_seq"]:
                     newest[body["txn_id"]] = body
             for body in newest.values():
-                if self._superseded(body["txn_id"], body["check_seq"]):
+                # A re-driven transaction is a new half record whose checks count from 1 again.
+                half_id = f'{body["txn_id"]}@{body["half_partition"]}:{body["half_offset"]}'
+                if self._superseded(half_id, body["check_seq"]):
                     continue
                 try:
                     self._checks.put_nowait(body)

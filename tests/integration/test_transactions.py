@@ -3,18 +3,28 @@ exactly-once promotion, back-check, discard)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
 
 import pytest
+from confluent_kafka import Producer as RawProducer
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
+from rmq_semantics.admin import list_discarded
+from rmq_semantics.records.codec import RecordType, encode
 from tests.integration.txn_helpers import (
     FAST,
+    REPO,
     ScriptedListener,
     ThreadCoordinator,
+    TopicReader,
     no_pending,
     read_to_end,
+    spawn_coordinator,
     wait_for,
 )
 
@@ -67,3 +77,202 @@ def test_rocketmq_matrix_promotes_only_committed_exactly_once(broker, make_topic
     # Decided inline: never checked. Always UNKNOWN: checked exactly check_max times.
     assert not [v for v in checks if _case(v) in (0, 1)]
     assert {checks[f"msg-{i}".encode()] for i in range(120) if i % 5 == 4} == {FAST["check_max"]}
+
+
+def _sample(coordinator, name: str, **labels: str) -> float:
+    value = coordinator.server.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def test_checks_that_never_resolve_are_discarded_listed_and_redriven(broker, make_topic, unique):
+    prefix = unique("d").replace("-", "")
+    topic = make_topic("discard")
+    answer = {"check": S.UNKNOW}
+    listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: answer["check"])
+    conf = broker.conf()
+    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
+            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"]) as producer:
+        result = producer.send_message_in_transaction(Message(topic, b"never-decided"))
+        discarded = wait_for(lambda: [t for t in list_discarded(conf, prefix)
+                                      if t.txn_id == result.transaction_id], 60,
+                             "the transaction to be discarded")
+        assert discarded[0].check_count == FAST["check_max"]
+        assert listener.checked == [b"never-decided"] * FAST["check_max"]
+        assert _sample(coordinator, "rmq_discarded_total", reason="check_max") == 1
+
+        cli = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "discarded",
+                              "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix],
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        assert result.transaction_id in cli.stdout and topic in cli.stdout
+
+        answer["check"] = S.COMMIT_MESSAGE
+        cli = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "redrive",
+                              result.transaction_id, "--bootstrap-servers", broker.bootstrap,
+                              "--topic-prefix", prefix],
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        wait_for(lambda: len(listener.checked) == FAST["check_max"] + 1, 30,
+                 "the re-driven transaction to be checked")
+        wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 30, "promotion")
+    records = read_to_end(conf, topic, 1)
+    assert [(m.value(), dict(m.headers())["rmq.txn_id"]) for m in records] == [
+        (b"never-decided", result.transaction_id.encode())]
+
+
+def test_producer_killed_before_end_request_is_resolved_by_another_producer(
+        broker, make_topic, unique, tmp_path):
+    prefix = unique("k").replace("-", "")
+    topic = make_topic("killed")
+    group = unique("pg")
+    db = tmp_path / "db"
+    db.mkdir()
+
+    def check(msg_value: bytes) -> S:
+        return S.UNKNOW  # replaced below by a lookup of the transaction id
+
+    class DbListener(ScriptedListener):
+        def check_local_transaction(self, msg):
+            self.checked.append(msg.value)
+            committed = (db / msg.transaction_id).exists()
+            return S.COMMIT_MESSAGE if committed else S.ROLLBACK_MESSAGE
+
+    conf = broker.conf()
+    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator:
+        for value, local in ((b"committed-locally", "commit"), (b"not-committed", "rollback")):
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.txn_producer_worker", broker.bootstrap,
+                 prefix, group, topic, str(db), local, value.decode()],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            line = worker.stdout.readline()
+            assert line.startswith("HALF_WRITTEN"), line
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(30)
+        listener = DbListener(lambda v: S.UNKNOW, check)
+        with TransactionProducer(conf, producer_group=group, listener=listener,
+                                 topic_prefix=prefix, half_partitions=FAST["half_partitions"]):
+            wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 90,
+                     "the surviving producer to answer both checks")
+        assert sorted(set(listener.checked)) == [b"committed-locally", b"not-committed"]
+    assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"committed-locally"]
+
+
+def _forge_end(conf: dict, prefix: str, result, **overrides) -> None:
+    body = {"txn_id": result.transaction_id, "producer_group": result.producer_group,
+            "half_partition": result.half_partition, "half_offset": result.half_offset,
+            "state": "COMMIT", "from_check": False, "check_seq": 0, "ts": 0, **overrides}
+    producer = RawProducer(conf)
+    producer.produce(f"{prefix}_op", encode(RecordType.END_REQUEST, body),
+                     partition=body["half_partition"])
+    assert producer.flush(10) == 0
+
+
+def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, unique):
+    prefix = unique("f").replace("-", "")
+    topic = make_topic("forged")
+    listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.UNKNOW)
+    conf = broker.conf()
+    # No back-check during this test: every decision comes from an explicit request.
+    with ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=600000) as c, \
+            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                topic_prefix=prefix, half_partitions=4) as producer:
+        first = producer.send_message_in_transaction(Message(topic, b"first"))
+        _forge_end(conf, prefix, first, producer_group="intruders")
+        _forge_end(conf, prefix, first, txn_id="not-the-txn-id")
+        producer.end_transaction(first, S.COMMIT_MESSAGE)
+        producer.end_transaction(first, S.COMMIT_MESSAGE)
+        second = producer.send_message_in_transaction(Message(topic, b"second"))
+        producer.end_transaction(second, S.ROLLBACK_MESSAGE)
+        producer.end_transaction(second, S.COMMIT_MESSAGE)
+        wait_for(lambda: no_pending(c, 4) and _sample(
+            c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1, 30,
+            "all requests to be processed")
+        assert _sample(c, "rmq_rejected_requests_total", reason="mismatch") == 2
+        assert _sample(c, "rmq_conflicting_decisions_total", kind="duplicate_decisions") == 1
+        assert _sample(c, "rmq_promotions_total") == 1
+    assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"first"]
+
+
+def test_malformed_input_is_counted_and_processing_goes_on(broker, make_topic, unique):
+    prefix = unique("x").replace("-", "")
+    topic = make_topic("malformed")
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.UNKNOW)
+    conf = broker.conf()
+    with ThreadCoordinator(conf, topic_prefix=prefix) as c, TransactionProducer(
+            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
+            half_partitions=4) as producer:
+        raw = RawProducer(conf)
+        raw.produce(f"{prefix}_half", b"no rmq headers", partition=0)
+        for p in range(4):
+            raw.produce(f"{prefix}_op", b"\x00garbage\xff", partition=p)
+        assert raw.flush(10) == 0
+        before = producer.send_message_in_transaction(Message(topic, b"before"))
+        _forge_end(conf, prefix, before, half_offset=10**9)
+        producer.send_message_in_transaction(Message(topic, b"after"))
+        wait_for(lambda: _sample(c, "rmq_rejected_requests_total", reason="no_such_offset") == 1
+                 and _sample(c, "rmq_promotions_total") == 2, 30, "the bad records to pass")
+        assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_half") == 1
+        assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_op") == 4
+        assert c.thread.is_alive()
+    assert sorted(m.value() for m in read_to_end(conf, topic, 1)) == [b"after", b"before"]
+
+
+def _send_all(producer, topic: str, count: int, sent: list) -> None:
+    for i in range(count):
+        producer.send_message_in_transaction(Message(topic, f"m{i}".encode(), key=f"k{i % 50}"))
+        sent.append(i)
+
+
+def test_coordinator_sigkill_mid_5000_commits_then_restart_promotes_each_once(
+        broker, make_topic, unique):
+    prefix = unique("c").replace("-", "")
+    topic = make_topic("crash", partitions=3)
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    conf = broker.conf()
+    total = 5000
+    instance = unique("coord")
+    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
+    reader = TopicReader(conf, topic, 3)
+    try:
+        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                 topic_prefix=prefix, half_partitions=4) as producer:
+            sent: list = []
+            sender = threading.Thread(target=_send_all, args=(producer, topic, total, sent))
+            sender.start()
+            reader.read_until(lambda r: len(r) >= 1000, 120, "the first promotions")
+            coordinator.send_signal(signal.SIGKILL)
+            coordinator.wait(30)
+            coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
+                                            instance_id=instance)
+            sender.join(300)
+            assert len(sent) == total
+            producer.flush(30)
+            reader.read_until(lambda r: len(r) >= total, 180, "every promotion")
+    finally:
+        coordinator.send_signal(signal.SIGTERM)
+        assert coordinator.wait(60) == 0
+        reader.close()
+    counts = Counter(m.value() for m in read_to_end(conf, topic, 3))
+    assert len(counts) == total and set(counts.values()) == {1}
+
+
+def test_two_coordinators_split_partitions_and_promote_each_once(broker, make_topic, unique):
+    prefix = unique("s").replace("-", "")
+    topic = make_topic("split", partitions=2)
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    conf = broker.conf()
+    with ThreadCoordinator(conf, topic_prefix=prefix) as one, \
+            ThreadCoordinator(conf, topic_prefix=prefix) as two:
+        wait_for(lambda: len(one.server.transactions.states) == 2
+                 and len(two.server.transactions.states) == 2, 60, "a split of 4 partitions")
+        assert not set(one.server.transactions.states) & set(two.server.transactions.states)
+        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                 topic_prefix=prefix, half_partitions=4) as producer:
+            _send_all(producer, topic, 500, [])
+        reader = TopicReader(conf, topic, 2)
+        reader.read_until(lambda r: len(r) >= 500, 60, "every promotion")
+        reader.close()
+        assert _sample(one, "rmq_promotions_total") > 0 and _sample(two, "rmq_promotions_total") > 0
+    counts = Counter(m.value() for m in read_to_end(conf, topic, 2))
+    assert len(counts) == 500 and set(counts.values()) == {1}

@@ -1,0 +1,241 @@
+"""``rmq-semantics txn pending|discarded|redrive``: look into the coordinator's topics.
+
+Pending transactions are rebuilt exactly as a new coordinator owner would: each half/op
+partition pair is read from the coordinator group's committed offsets to its end and fed
+into the same :class:`coordinator.state.PartitionState`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+import confluent_kafka
+from confluent_kafka import KafkaError, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.half import parse_half
+from coordinator.state import PartitionState, TxnState
+from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
+from rmq_semantics.message import H
+from rmq_semantics.producer import DeliveryWaiter, producer_defaults
+from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    SystemTopics,
+    admin_conf,
+    topic_partition_count,
+)
+
+__all__ = ["DiscardedTxn", "PendingTxn", "list_discarded", "list_pending", "redrive",
+           "register_cli"]
+
+# Reading a partition to its end on a local broker takes well under this.
+READ_TIMEOUT_S = 60.0
+DISCARD_HEADERS = ("rmq.half_partition", "rmq.half_offset", "rmq.check_count",
+                   "rmq.discard_reason", "rmq.discarded_ts")
+
+
+@dataclass(frozen=True)
+class PendingTxn:
+    txn_id: str
+    real_topic: str
+    producer_group: str
+    age_s: float
+    checks_issued: int
+    checks_answered: int
+    half_partition: int
+    half_offset: int
+
+
+@dataclass(frozen=True)
+class DiscardedTxn:
+    txn_id: str
+    real_topic: str
+    producer_group: str
+    check_count: int
+    reason: str
+    age_s: float
+    discard_offset: int
+    record: confluent_kafka.Message
+
+
+def _reader(conf: dict, group: str) -> confluent_kafka.Consumer:
+    return confluent_kafka.Consumer({**admin_conf(conf), "group.id": group,
+                                     "enable.auto.commit": False,
+                                     "enable.partition.eof": True,
+                                     "isolation.level": "read_committed"})
+
+
+def _read_to_eof(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]):
+    """Yield records of the assigned partitions until each reported its end."""
+    consumer.assign(tps)
+    waiting = {(tp.topic, tp.partition) for tp in tps}
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while waiting:
+        if time.monotonic() > deadline:
+            raise RmqTimeoutError(f"could not read {sorted(waiting)} to the end within "
+                                  f"{READ_TIMEOUT_S:.0f} s")
+        for msg in consumer.consume(1000, 0.5):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    waiting.discard((msg.topic(), msg.partition()))
+                elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise RmqError(f"{msg.topic()} does not exist (is the prefix right?)")
+                continue
+            yield msg
+
+
+def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[PendingTxn]:
+    topics = SystemTopics(topic_prefix)
+    partitions = topic_partition_count(conf, topics.half)
+    if partitions is None:
+        return []
+    consumer = _reader(conf, topics.coordinator_group)
+    out: list[PendingTxn] = []
+    now_ms = int(time.time() * 1000)
+    try:
+        tps = [TopicPartition(t, p) for p in range(partitions) for t in (topics.half, topics.op)]
+        committed = consumer.committed(tps, timeout=READ_TIMEOUT_S)
+        states = {p: PartitionState(p, 1, 1, 1 << 30) for p in range(partitions)}
+        start = [TopicPartition(tp.topic, tp.partition,
+                                tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING)
+                 for tp in committed]
+        for tp in committed:
+            offset = max(tp.offset, 0)
+            states[tp.partition].start_at(*((offset, 0) if tp.topic == topics.half else
+                                            (0, offset)))
+        for msg in _read_to_eof(consumer, start):
+            state = states[msg.partition()]
+            if msg.topic() == topics.half:
+                try:
+                    half = parse_half(msg.partition(), msg.offset(), msg.timestamp()[1],
+                                      msg.key(), msg.value(), msg.headers())
+                except MalformedRecordError:
+                    half = None
+                state.on_half(msg.offset(), half, now_ms)
+                continue
+            try:
+                record = decode(msg.value())
+            except MalformedRecordError:
+                continue
+            body = record.body
+            if record.type is RecordType.DONE_MARKER:
+                state.on_done_marker(msg.offset(), body["half_offset"],
+                                     TxnState(body["outcome"]))
+            elif record.type is RecordType.CHECK_MARKER:
+                state.on_check_marker(msg.offset(), body["half_offset"], body["checks_issued"],
+                                      body["checks_answered"], body["answered_seq"],
+                                      body["next_check_ts"])
+        for p, state in states.items():
+            for entry in state.pending.values():
+                half = entry.half
+                out.append(PendingTxn(half.txn_id, half.real_topic, half.producer_group,
+                                      (now_ms - half.born_ts) / 1000, entry.checks_issued,
+                                      entry.checks_answered, p, half.offset))
+    finally:
+        consumer.close()
+    return sorted(out, key=lambda t: -t.age_s)
+
+
+def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[DiscardedTxn]:
+    """Discarded transactions, the latest discard per transaction id."""
+    topics = SystemTopics(topic_prefix)
+    partitions = topic_partition_count(conf, topics.discard)
+    if partitions is None:
+        return []
+    consumer = _reader(conf, f"{topics.prefix}_admin")
+    latest: dict[str, DiscardedTxn] = {}
+    now_ms = int(time.time() * 1000)
+    try:
+        tps = [TopicPartition(topics.discard, p, confluent_kafka.OFFSET_BEGINNING)
+               for p in range(partitions)]
+        for msg in _read_to_eof(consumer, tps):
+            headers = {k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []}
+            txn_id = headers.get(H.TXN_ID.value)
+            if not txn_id:
+                continue
+            latest[txn_id] = DiscardedTxn(
+                txn_id, headers.get(H.REAL_TOPIC.value, "?"),
+                headers.get(H.PRODUCER_GROUP.value, "?"),
+                int(headers.get("rmq.check_count", "0") or 0),
+                headers.get("rmq.discard_reason", ""),
+                (now_ms - int(headers.get("rmq.discarded_ts", now_ms) or now_ms)) / 1000,
+                msg.offset(), msg)
+    finally:
+        consumer.close()
+    return list(latest.values())
+
+
+def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[int, int]:
+    """Write a discarded transaction back as a new half message, to be checked again.
+
+    Re-driving is not committing: the producer group's check decides. The new half record
+    keeps the transaction id and birth time (so it is checked at once) and names the
+    original in ``rmq.redrive_of``. Returns the new half (partition, offset).
+    """
+    found = {t.txn_id: t for t in list_discarded(conf, topic_prefix)}.get(txn_id)
+    if found is None:
+        raise ConfigError(f"no discarded transaction {txn_id!r} under prefix {topic_prefix!r}")
+    if any(p.txn_id == txn_id for p in list_pending(conf, topic_prefix)):
+        raise ConfigError(f"transaction {txn_id} is already pending again (re-driven before?)")
+    record = found.record
+    original = {k: v for k, v in record.headers() or []}
+    headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
+    headers.append(("rmq.redrive_of",
+                    f"{original.get('rmq.half_partition', b'?').decode()}:"
+                    f"{original.get('rmq.half_offset', b'?').decode()}".encode()))
+    producer = confluent_kafka.Producer(producer_defaults(admin_conf(conf)))
+    waiter = DeliveryWaiter()
+    producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
+                     headers=headers, on_delivery=waiter)
+    waiter.wait(producer, f"re-driving txn {txn_id}", READ_TIMEOUT_S)
+    return waiter.partition, waiter.offset
+
+
+def _cmd_txn(args: argparse.Namespace) -> int:
+    from coordinator.server import kafka_conf_from_args
+
+    conf = kafka_conf_from_args(args)
+    # Piped output keeps whole ids rather than wrapping them to 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 250)
+    if args.action == "pending":
+        table = Table("txn id", "real topic", "producer group", "age (s)", "checks",
+                      "answered", "half")
+        for t in list_pending(conf, args.topic_prefix):
+            table.add_row(t.txn_id, t.real_topic, t.producer_group, f"{t.age_s:.1f}",
+                          str(t.checks_issued), str(t.checks_answered),
+                          f"{t.half_partition}:{t.half_offset}")
+        console.print(table)
+    elif args.action == "discarded":
+        table = Table("txn id", "real topic", "producer group", "checks", "reason",
+                      "discarded (s ago)")
+        for t in list_discarded(conf, args.topic_prefix):
+            table.add_row(t.txn_id, t.real_topic, t.producer_group, str(t.check_count),
+                          t.reason, f"{t.age_s:.1f}")
+        console.print(table)
+    else:
+        partition, offset = redrive(conf, args.txn_id, args.topic_prefix)
+        console.print(f"re-driven {args.txn_id} as half {partition}:{offset}; it will be "
+                      "checked again")
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    from coordinator.server import add_kafka_arguments
+
+    txn = sub.add_parser("txn", help="list pending/discarded transactions, re-drive one")
+    actions = txn.add_subparsers(dest="action", required=True)
+    for name, help_text in (("pending", "transactions with no final decision yet"),
+                            ("discarded", "transactions given up after check_max checks"),
+                            ("redrive", "check a discarded transaction again")):
+        parser = actions.add_parser(name, help=help_text)
+        if name == "redrive":
+            parser.add_argument("txn_id", metavar="TXN_ID")
+        add_kafka_arguments(parser)
+        parser.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX)
+    txn.set_defaults(func=_cmd_txn)
