@@ -172,9 +172,10 @@ class PartitionState:
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
+        low = self.half_commit
         self.pending.pop(half_offset, None)
         self.early_markers.pop(half_offset, None)
-        if half_offset >= self.half_commit or half_offset in self.decided:
+        if half_offset >= low:
             self.decided[half_offset] = (op_offset, outcome)
 
     def on_check_marker(self, op_offset: int, half_offset: int, checks_issued: int,

@@ -1,0 +1,138 @@
+"""The pure pending-state machine: decisions, check counting, offsets to commit, recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.half import HalfMessage, parse_half
+from coordinator.state import (
+    Discard,
+    EndRequest,
+    Finish,
+    IssueCheck,
+    PartitionState,
+    SaveCheckCounts,
+    TxnState,
+    transition,
+)
+from rmq_semantics.errors import IllegalTransitionError, MalformedRecordError
+
+T0 = 1_000_000
+
+
+def half(offset: int, txn: str = "t", immunity: int | None = None) -> HalfMessage:
+    return HalfMessage(0, offset, T0, f"{txn}{offset}", "pg", "orders", None, T0, immunity,
+                       b"k", b"v", [("app", b"1"), ("rmq.txn_id", f"{txn}{offset}".encode()),
+                                    ("rmq.real_topic", b"orders"), ("rmq.tags", b"A")])
+
+
+def end(op: int, offset: int, state: str, *, txn: str | None = None, group: str = "pg",
+        from_check: bool = False, seq: int = 0) -> EndRequest:
+    return EndRequest(op, txn or f"t{offset}", group, offset, state, from_check, seq, T0)
+
+
+def live(**kw: int) -> PartitionState:
+    st = PartitionState(0, kw.get("timeout", 6000), kw.get("interval", 60000),
+                        kw.get("check_max", 3))
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    return st
+
+
+def test_commit_promotes_once_and_later_decisions_are_ignored():
+    st = live()
+    st.on_half(0, half(0), T0)
+    [action] = st.on_end_request(end(0, 0, "COMMIT"), T0)
+    assert isinstance(action, Finish) and action.outcome is TxnState.COMMITTED
+    assert st.on_end_request(end(1, 0, "COMMIT"), T0) == []
+    assert st.on_end_request(end(2, 0, "ROLLBACK"), T0) == []
+    assert st.counters["duplicate_decisions"] == 1
+    assert st.counters["conflicting_decisions"] == 1
+
+
+def test_mismatched_group_or_txn_id_is_rejected_and_stays_pending():
+    st = live()
+    st.on_half(0, half(0), T0)
+    assert st.on_end_request(end(0, 0, "COMMIT", group="evil"), T0) == []
+    assert st.on_end_request(end(1, 0, "COMMIT", txn="forged"), T0) == []
+    assert st.counters["rejected_mismatch"] == 2 and 0 in st.pending
+
+
+def test_checks_start_after_immunity_and_only_answered_checks_count():
+    st = live(timeout=6000, interval=1000, check_max=2)
+    st.on_half(0, half(0, immunity=100), T0)  # shorter immunity is raised to the timeout
+    assert st.due(T0 + 5999) == []
+    [check] = st.due(T0 + 6000)
+    assert isinstance(check, IssueCheck) and check.check_seq == 1
+    [again] = st.due(T0 + 7000)  # nobody answered: re-sent, not counted
+    assert again.check_seq == 2 and again.checks_answered == 0
+    assert st.on_end_request(end(0, 0, "UNKNOWN", from_check=True, seq=1), T0) == []  # stale
+    [saved] = st.on_end_request(end(1, 0, "UNKNOWN", from_check=True, seq=2), T0)
+    assert isinstance(saved, SaveCheckCounts) and saved.checks_answered == 1
+    [third] = st.due(T0 + 8000)
+    [discard] = st.on_end_request(end(2, 0, "UNKNOWN", from_check=True, seq=third.check_seq), T0)
+    assert isinstance(discard, Discard) and discard.checks_answered == 2
+    assert st.due(T0 + 100000) == []
+
+
+def test_retention_discards_before_the_record_would_be_deleted():
+    st = live(timeout=6000, interval=60000)
+    st.retention_ms = 30000
+    st.on_half(0, half(0), T0)
+    [action] = st.due(T0 + 6000)
+    assert isinstance(action, Discard) and "retention" in action.reason
+
+
+def test_commit_offsets_are_lowest_unresolved_half_and_lowest_needed_op():
+    st = live()
+    for o in range(3):
+        st.on_half(o, half(o), T0)
+    st.on_end_request(end(0, 1, "COMMIT"), T0)
+    assert st.half_commit == 0  # offset 0 still pending
+    st.on_done_marker(5, 1, TxnState.COMMITTED)
+    assert st.op_commit == 5  # the done marker of offset 1 is needed on replay
+    st.on_end_request(end(6, 0, "ROLLBACK"), T0)
+    st.on_end_request(end(7, 2, "COMMIT"), T0)
+    assert st.half_commit == 3
+    assert st.op_commit == 8
+
+
+def test_recovery_defers_end_requests_until_done_markers_are_known():
+    st = PartitionState(0, 6000, 60000, 3)
+    st.on_half(0, half(0), T0)
+    # A replayed end request, then the done marker it already produced before the crash.
+    assert st.on_end_request(end(3, 0, "COMMIT"), T0) == []
+    st.on_done_marker(4, 0, TxnState.COMMITTED)
+    st.on_eof("half", T0)
+    assert st.on_eof("op", T0) == []  # not promoted a second time
+    assert st.counters["duplicate_decisions"] == 1
+
+
+def test_recovery_restores_check_counts_even_when_markers_come_first():
+    st = PartitionState(0, 6000, 1000, 3)
+    st.on_check_marker(2, 0, checks_issued=2, checks_answered=2, answered_seq=2,
+                       next_check_ts=T0 + 9000)
+    st.on_half(0, half(0), T0)
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    [check] = st.due(T0 + 9000)
+    [discard] = st.on_end_request(end(3, 0, "UNKNOWN", from_check=True, seq=check.check_seq),
+                                  T0)
+    assert isinstance(discard, Discard) and discard.checks_answered == 3
+
+
+def test_lifecycle_rejects_illegal_moves():
+    assert transition(TxnState.PENDING, TxnState.COMMITTED) is TxnState.COMMITTED
+    with pytest.raises(IllegalTransitionError):
+        transition(TxnState.ROLLED_BACK, TxnState.COMMITTED)
+
+
+def test_promoted_headers_keep_user_and_allowed_rmq_headers():
+    h = half(7)
+    assert h.promoted_headers() == [("app", b"1"), ("rmq.txn_id", b"t7"), ("rmq.tags", b"A"),
+                                    ("rmq.promoted_from", b"0:7")]
+
+
+def test_half_without_rmq_headers_is_malformed():
+    with pytest.raises(MalformedRecordError, match="missing headers"):
+        parse_half(0, 1, T0, None, b"x", [("app", b"1")])
