@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +19,12 @@ import pytest
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.topics import ensure_topics
+
+
+# Spark's Python workers must be this interpreter (the venv has fastavro); the driver binds
+# to loopback only.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def _docker_answers() -> bool:

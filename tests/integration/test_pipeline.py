@@ -1,0 +1,104 @@
+"""Spark over promoted topics with a coordinator crash, and the demo end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+
+import fastavro
+import pytest
+
+from rmq_semantics import LocalTransactionState as S
+from rmq_semantics import Message, SystemTopicError, TransactionProducer
+from tests.integration.txn_helpers import (
+    REPO,
+    ScriptedListener,
+    TopicReader,
+    spawn_coordinator,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SCHEMA = {"type": "record", "name": "Payment", "fields": [
+    {"name": "id", "type": "int"}, {"name": "amount", "type": "double"}]}
+
+
+def _avro(record: dict) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(SCHEMA), record)
+    return out.getvalue()
+
+
+def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_restart(
+        broker, make_topic, unique, tmp_path):
+    from pyspark.sql import SparkSession
+
+    from spark.job import run_job
+
+    prefix = unique("p").replace("-", "")
+    topic = make_topic("payments", partitions=2)
+    total = 600
+    committed = {i for i in range(total) if i % 4 != 3}
+    listener = ScriptedListener(
+        lambda v: S.ROLLBACK_MESSAGE if fastavro.schemaless_reader(
+            io.BytesIO(v), fastavro.parse_schema(SCHEMA))["id"] % 4 == 3 else S.COMMIT_MESSAGE,
+        lambda v: S.UNKNOW)
+    conf = broker.conf()
+    instance = unique("coord")
+    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
+    reader = TopicReader(conf, topic, 2)
+    try:
+        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                 topic_prefix=prefix, half_partitions=4) as producer:
+            def send() -> None:
+                for i in range(total):
+                    producer.send_message_in_transaction(
+                        Message(topic, _avro({"id": i, "amount": i / 10}), key=str(i % 7)))
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            reader.read_until(lambda r: len(r) >= 100, 120, "the first promotions")
+            coordinator.send_signal(signal.SIGKILL)
+            coordinator.wait(30)
+            coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
+                                            instance_id=instance)
+            sender.join(300)
+            producer.flush(30)
+            reader.read_until(lambda r: len(r) >= len(committed), 180, "every promotion")
+    finally:
+        coordinator.send_signal(signal.SIGTERM)
+        coordinator.wait(60)
+        reader.close()
+
+    schema_file = tmp_path / "payment.avsc"
+    schema_file.write_text(json.dumps(SCHEMA))
+    output, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false") \
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    try:
+        for _ in range(2):  # the second run of the same checkpoint must add nothing
+            run_job(broker.bootstrap, topic, output, checkpoint=checkpoint,
+                    avro_schema=schema_file, available_now=True, spark=spark,
+                    topic_prefix=prefix)
+            ids = [r["id"] for r in spark.read.parquet(str(output)).select("id").collect()]
+            assert len(ids) == len(committed) and set(ids) == committed
+        with pytest.raises(SystemTopicError):
+            run_job(broker.bootstrap, f"^{prefix}_h.*", tmp_path / "never",
+                    available_now=True, spark=spark, topic_prefix=prefix)
+        with pytest.raises(SystemTopicError):
+            run_job(broker.bootstrap, "^__rmq_half$", tmp_path / "never", available_now=True,
+                    spark=spark)
+    finally:
+        spark.stop()
+
+
+def test_demo_prints_pass_and_exits_zero():
+    proc = subprocess.run([sys.executable, "-m", "rmq_semantics", "demo", "--orders", "30"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PASS" in proc.stdout
+    assert "orders committed (SQLite)" in proc.stdout
