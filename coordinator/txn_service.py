@@ -249,6 +249,8 @@ class TransactionService:
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            # End requests are latency-critical; don't let a fetch linger when data is there.
+            "fetch.wait.max.ms": 20,
             "logger": logging.getLogger("rmq_semantics.librdkafka"),
         })
         self._consumer = consumer

@@ -180,33 +180,69 @@ class TransactionProducer:
 
         If the half write fails the local transaction is not run and the error is raised.
         """
+        [(txn_id, waiter)] = self._write_halves([msg])
+        waiter.wait(self._require_started(), f"writing the half message of txn {txn_id}",
+                    self._send_timeout_s)
+        return self._run_local(msg, arg, txn_id, waiter)
+
+    def send_messages_in_transaction(self, msgs: list[Message],
+                                     arg: Any = None) -> list[TransactionSendResult]:
+        """Like :meth:`send_message_in_transaction` for many messages, with the half writes
+        pipelined: each message is still its own transaction with its own local transaction
+        and decision. A message whose half write failed is not executed; its result has
+        ``half_offset == -1`` and ``ROLLBACK_MESSAGE``, and the error is logged."""
         producer = self._require_started()
-        txn_id = uuid.uuid4().hex
-        headers = [*msg.user_headers(),
-                   (H.TXN_ID.value, txn_id.encode()),
-                   (H.REAL_TOPIC.value, msg.topic.encode()),
-                   (H.PRODUCER_GROUP.value, self.producer_group.encode()),
-                   (H.BORN_TS.value, str(int(time.time() * 1000)).encode())]
-        if msg.partition is not None:
-            headers.append((H.REAL_PARTITION.value, str(msg.partition).encode()))
-        if msg.check_immunity_ms is not None:
-            headers.append((H.CHECK_IMMUNITY_MS.value, str(msg.check_immunity_ms).encode()))
-        if msg.tags is not None:
-            headers.append((H.TAGS.value, msg.tags.encode()))
-        if msg.keys is not None:
-            headers.append((H.KEYS.value, msg.keys.encode()))
-        waiter = DeliveryWaiter()
-        producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
-                         on_delivery=waiter)
-        waiter.wait(producer, f"writing the half message of txn {txn_id}", self._send_timeout_s)
+        pending = self._write_halves(msgs)
+        deadline = time.monotonic() + self._send_timeout_s
+        while not all(w.done.is_set() for _, w in pending) and time.monotonic() < deadline:
+            producer.poll(0.01)
+        results = []
+        for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
+            if waiter.done.is_set() and waiter.error is None:
+                results.append(self._run_local(msg, arg, txn_id, waiter))
+                continue
+            reason = waiter.error.str() if waiter.error is not None else "timed out"
+            log.error("half message of txn %s to %s not written (%s); local transaction not "
+                      "run", txn_id, msg.topic, reason)
+            results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
+                                                 -1, -1, self.producer_group))
+        return results
+
+    def _write_halves(self, msgs: list[Message]) -> list[tuple[str, DeliveryWaiter]]:
+        producer = self._require_started()
+        born = str(int(time.time() * 1000)).encode()
+        out = []
+        for msg in msgs:
+            txn_id = uuid.uuid4().hex
+            headers = [*msg.user_headers(),
+                       (H.TXN_ID.value, txn_id.encode()),
+                       (H.REAL_TOPIC.value, msg.topic.encode()),
+                       (H.PRODUCER_GROUP.value, self.producer_group.encode()),
+                       (H.BORN_TS.value, born)]
+            if msg.partition is not None:
+                headers.append((H.REAL_PARTITION.value, str(msg.partition).encode()))
+            if msg.check_immunity_ms is not None:
+                headers.append((H.CHECK_IMMUNITY_MS.value, str(msg.check_immunity_ms).encode()))
+            if msg.tags is not None:
+                headers.append((H.TAGS.value, msg.tags.encode()))
+            if msg.keys is not None:
+                headers.append((H.KEYS.value, msg.keys.encode()))
+            waiter = DeliveryWaiter()
+            producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
+                             on_delivery=waiter)
+            out.append((txn_id, waiter))
+        return out
+
+    def _run_local(self, msg: Message, arg: Any, txn_id: str,
+                   waiter: DeliveryWaiter) -> TransactionSendResult:
         local_msg = Message(msg.topic, msg.value, key=msg.key, headers=msg.user_headers(),
                             partition=msg.partition, tags=msg.tags, keys=msg.keys,
                             check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
         try:
             state = _as_state(self.listener.execute_local_transaction(local_msg, arg))
         except Exception:
-            log.exception("execute_local_transaction raised for txn %s (counts as UNKNOW)",
-                          txn_id)
+            log.exception("%s[%d]@%d txn=%s: execute_local_transaction raised (counts as "
+                          "UNKNOW)", self.topics.half, waiter.partition, waiter.offset, txn_id)
             state = LocalTransactionState.UNKNOW
         result = TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
                                        self.producer_group)
