@@ -1,0 +1,274 @@
+"""Spark job transforms on static DataFrames: subscription guard, promoted filter, Avro."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from rmq_semantics.errors import ConfigError, SystemTopicError
+from spark.transforms import (
+    META_COLUMNS,
+    avro_spark_schema,
+    decode_avro,
+    decode_string,
+    drop_unpromoted,
+    guard_subscription,
+)
+
+pytestmark = pytest.mark.spark
+
+ORDER_SCHEMA = {
+    "type": "record", "name": "Order", "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "sku", "type": "string"},
+        {"name": "qty", "type": "int"},
+        {"name": "price", "type": ["null", "double"], "default": None},
+        {"name": "paid", "type": "boolean"},
+        {"name": "weight", "type": "float"},
+        {"name": "blob", "type": "bytes"},
+        {"name": "note", "type": ["string", "null"]},
+    ],
+}
+
+# The frame Spark's Kafka source yields with includeHeaders=true.
+KAFKA_SCHEMA = T.StructType([
+    T.StructField("key", T.BinaryType()),
+    T.StructField("value", T.BinaryType()),
+    T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()),
+    T.StructField("offset", T.LongType()),
+    T.StructField("timestamp", T.TimestampType()),
+    T.StructField("timestampType", T.IntegerType()),
+    T.StructField("headers", T.ArrayType(T.StructType([
+        T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
+])
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One small local session; built like the job's so a later Kafka test can share it."""
+    from rmq_semantics.errors import RmqError
+    from spark.job import build_session
+
+    conf = {"spark.default.parallelism": "2"}
+    try:
+        session = build_session("local[2]", "rmq-test-transforms", conf=conf)
+    except RmqError:  # Kafka source jars unavailable: transforms do not need them
+        import os
+        import sys
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        session = (SparkSession.builder.master("local[2]").appName("rmq-test-transforms")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    yield session
+    session.stop()
+
+
+def avro_bytes(record: dict, schema: dict = ORDER_SCHEMA) -> bytes:
+    import fastavro
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return buf.getvalue()
+
+
+def kafka_row(value: bytes | None, offset: int, headers: dict[str, str] | None = None,
+              key: str | None = "k") -> tuple:
+    hdrs = [(k, v.encode()) for k, v in (headers or {}).items()]
+    return (key.encode() if key else None, value, "orders", 0, offset,
+            datetime(2026, 1, 1, 12, 0, offset), 0, hdrs)
+
+
+def order(i: int, **extra: object) -> dict:
+    return {"id": i, "sku": f"sku-{i}", "qty": i * 2, "price": 9.5 if i % 2 else None,
+            "paid": bool(i % 2), "weight": 1.5, "blob": b"\x00\x01", "note": None, **extra}
+
+
+# ----------------------------------------------------------------------------- guard
+
+
+@pytest.mark.parametrize("topics", [
+    "__rmq_half", "__rmq_op", ["orders", "__rmq_check"], "orders,__rmq_lock",
+    "^__rmq.*", ".*", "^.*_half$", "^_", "orders-.*", "^(orders|__rmq_op)$", "^[_a-z]+$",
+    "^.{2}rmq", "(?i)^__RMQ", r"^\w+_half", "^[^o].*", "^x?__rmq_op$", "^__.*",
+])
+def test_guard_refuses_any_subscription_that_could_reach_a_system_topic(topics):
+    with pytest.raises(SystemTopicError) as info:
+        guard_subscription(topics)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("topics", "option", "value"), [
+    ("orders", "subscribe", "orders"),
+    ("orders, payments", "subscribe", "orders,payments"),
+    (["orders", "payments.v1"], "subscribe", "orders,payments.v1"),
+    ("^orders-.*", "subscribePattern", "^orders-.*"),
+    ("^(orders|payments)-[0-9]+$", "subscribePattern", "^(orders|payments)-[0-9]+$"),
+    (r"\Ashop\..*", "subscribePattern", r"\Ashop\..*"),
+    ("^[a-z].*", "subscribePattern", "^[a-z].*"),
+])
+def test_guard_accepts_business_topics_and_anchored_patterns(topics, option, value):
+    sub = guard_subscription(topics)
+    assert (sub.option, sub.value) == (option, value)
+
+
+def test_guard_follows_a_custom_prefix_and_still_refuses_the_default_one():
+    assert guard_subscription("^myapp-orders$", "myapp").value == "^myapp-orders$"
+    for topics in ("myapp_half", "^myapp.*", "^myapp_lock_reply$", "__rmq_op", "^m.*"):
+        with pytest.raises(SystemTopicError):
+            guard_subscription(topics, "myapp")
+
+
+def test_guard_refuses_a_regex_it_cannot_check_and_a_mix_of_names_and_regex():
+    with pytest.raises(SystemTopicError, match="cannot be checked"):
+        guard_subscription(r"^\p{Alpha}+$")
+    with pytest.raises(ConfigError, match="either one regex or a list"):
+        guard_subscription(["orders", "^pay.*"])
+    with pytest.raises(ConfigError):
+        guard_subscription([])
+
+
+# ----------------------------------------------------------------------------- filter
+
+
+def test_drop_unpromoted_keeps_only_rows_with_the_promoted_from_header(spark):
+    rows = [
+        kafka_row(b"a", 0, {"rmq.promoted_from": "3:17", "rmq.txn_id": "t-1"}),
+        kafka_row(b"b", 1, {"rmq.txn_id": "t-2"}),             # half-like, never promoted
+        kafka_row(b"c", 2),                                     # no headers at all
+        kafka_row(b"d", 3, {"app": "x", "rmq.promoted_from": "0:5"}),
+    ]
+    df = spark.createDataFrame(rows, KAFKA_SCHEMA)
+    df = df.union(spark.createDataFrame([(None, b"e", "orders", 0, 4, None, 0, None)],
+                                        KAFKA_SCHEMA))  # null headers array
+    kept = decode_string(drop_unpromoted(df)).orderBy("_offset").collect()
+    assert [(r.value, r._txn_id, r._promoted_from) for r in kept] == [
+        ("a", "t-1", "3:17"), ("d", None, "0:5")]
+    assert list(decode_string(df).columns) == ["value", *META_COLUMNS]
+
+
+# ----------------------------------------------------------------------------- Avro
+
+
+def test_decode_avro_decodes_fastavro_bytes_with_the_writer_schema(spark):
+    headers = {"rmq.promoted_from": "3:17", "rmq.txn_id": "txn-1"}
+    df = spark.createDataFrame([kafka_row(avro_bytes(order(1)), 0, headers),
+                                kafka_row(avro_bytes(order(2, note="hi")), 1, headers)],
+                               KAFKA_SCHEMA)
+    out = decode_avro(df, json.dumps(ORDER_SCHEMA))
+    assert out.columns == [f["name"] for f in ORDER_SCHEMA["fields"]] + [
+        "_decode_error", *META_COLUMNS]
+    assert out.schema["id"].dataType == T.LongType()
+    assert all(f.nullable for f in out.schema.fields)  # undecodable rows hold nulls
+    rows = out.orderBy("_offset").collect()
+    first = rows[0].asDict()
+    assert {k: first[k] for k in ("id", "sku", "qty", "price", "paid", "weight", "note")} == {
+        "id": 1, "sku": "sku-1", "qty": 2, "price": 9.5, "paid": True, "weight": 1.5,
+        "note": None}
+    assert bytes(first["blob"]) == b"\x00\x01"
+    assert (first["_decode_error"], first["_topic"], first["_partition"], first["_offset"],
+            first["_key"], first["_txn_id"], first["_promoted_from"]) == (
+        None, "orders", 0, 0, "k", "txn-1", "3:17")
+    assert (rows[1].id, rows[1].price, rows[1].note) == (2, None, "hi")
+
+
+def test_malformed_values_become_rows_with_null_fields_and_a_decode_error(spark):
+    good = avro_bytes(order(1))
+    df = spark.createDataFrame([kafka_row(b"\xff\xff\xff", 0), kafka_row(good + b"zz", 1),
+                                kafka_row(None, 2), kafka_row(good, 3)], KAFKA_SCHEMA)
+    rows = decode_avro(df, json.dumps(ORDER_SCHEMA)).orderBy("_offset").collect()
+    assert [r.id for r in rows] == [None, None, None, 1]
+    errors = [r._decode_error for r in rows]
+    assert all(errors[:3]) and errors[3] is None
+    assert "bytes left" in errors[1] and "null" in errors[2]
+
+
+def test_avro_logical_nested_and_collection_types_map_to_spark_types(spark):
+    schema = {"type": "record", "name": "Event", "fields": [
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "attrs", "type": {"type": "map", "values": "long"}},
+        {"name": "ship", "type": ["null", {"type": "record", "name": "Addr", "fields": [
+            {"name": "city", "type": "string"}]}]},
+        {"name": "bill", "type": "Addr"},
+    ]}
+    struct = avro_spark_schema(json.dumps(schema))
+    assert [f.dataType for f in struct.fields][:3] == [T.TimestampType(), T.DateType(),
+                                                       T.StringType()]
+    record = {"at": datetime(2026, 1, 2, 3, 4, 5), "day": datetime(2026, 1, 2).date(),
+              "kind": "B", "tags": ["x", "y"], "attrs": {"n": 7}, "ship": None,
+              "bill": {"city": "Hangzhou"}}
+    df = spark.createDataFrame([kafka_row(avro_bytes(record, schema), 0)], KAFKA_SCHEMA)
+    [row] = decode_avro(df, json.dumps(schema)).collect()
+    assert row._decode_error is None
+    assert (row.kind, row.tags, row.attrs, row.ship, row.bill.city) == (
+        "B", ["x", "y"], {"n": 7}, None, "Hangzhou")
+    assert row.day == record["day"]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "record", "name": "R", "fields": [{"name": "u", "type": ["int", "string"]}]},
+    {"type": "record", "name": "R", "fields": [{"name": "_topic", "type": "string"}]},
+    {"type": "record", "name": "N", "fields": [{"name": "next", "type": ["null", "N"]}]},
+    {"type": "string"},
+    "not json",
+])
+def test_unmappable_avro_schemas_are_config_errors(spark, schema):
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    df = spark.createDataFrame([], KAFKA_SCHEMA)
+    with pytest.raises(ConfigError):
+        decode_avro(df, text)
+
+
+# ----------------------------------------------------------------------------- job input
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"checkpoint": "OUT/_checkpoint"}, "lies inside output"),
+    ({"checkpoint": "OUT"}, "lies inside output"),
+    ({"kafka_options": {"kafka.isolation.level": "read_uncommitted"}}, "set by the job"),
+    ({"kafka_options": {"subscribePattern": ".*"}}, "set by the job"),
+    ({"sink": "delta"}, "sink='delta'"),
+    ({"avro_schema": "NOFILE"}, "cannot read the schema file"),
+    ({"avro_schema": '{"type": "record", "name": "R", "fields": [{"name": "u", '
+                     '"type": ["int", "string"]}]}'}, "union"),
+])
+def test_run_job_refuses_bad_input_before_starting_spark(monkeypatch, tmp_path, kwargs,
+                                                         message):
+    import spark.job as job
+
+    def no_spark(*args: object, **kw: object) -> None:
+        raise AssertionError("a Spark session was requested for refused input")
+
+    monkeypatch.setattr(job, "build_session", no_spark)
+    out = tmp_path / "out"
+    kwargs = {k: (v.replace("OUT", str(out)).replace("NOFILE", str(tmp_path / "x.avsc"))
+                  if isinstance(v, str) else v) for k, v in kwargs.items()}
+    with pytest.raises(ConfigError, match=message):
+        job.run_job("127.0.0.1:9", "orders", out, available_now=True, **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kafka_security_options_pass_through_and_the_checkpoint_sits_beside_the_output(
+        tmp_path):
+    from spark.job import _plan
+
+    sasl = {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.jaas.config": "x required;", "startingOffsets": "latest"}
+    plan = _plan("orders", tmp_path / "out", None, None, "parquet", "__rmq", sasl)
+    assert plan.checkpoint == f"{tmp_path / 'out'}.checkpoint"
+    assert plan.options == {"kafka.isolation.level": "read_committed", "includeHeaders": "true",
+                            "failOnDataLoss": "false", **sasl}
