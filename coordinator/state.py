@@ -262,8 +262,9 @@ class PartitionState:
             return [self._finish(offset, TxnState.COMMITTED)]
         if request.state == "ROLLBACK":
             return [self._finish(offset, TxnState.ROLLED_BACK)]
-        # UNKNOWN: only an answer to the latest check, answered once, counts.
-        if not request.from_check or request.check_seq != entry.checks_issued or (
+        # UNKNOWN: an answer counts once, and answers older than a counted one do not
+        # (a producer answering a late check and its re-sent successor counts both).
+        if not request.from_check or request.check_seq > entry.checks_issued or (
                 request.check_seq <= entry.answered_seq):
             self.counters["unknown_ignored"] += 1
             return []

@@ -209,6 +209,10 @@ class TransactionService:
             self.metrics.oldest_pending_age.labels(str(p)).set(
                 0 if oldest is None else max(0.0, now - oldest / 1000))
 
+    def committed_offsets(self, partition: int) -> tuple[int, int] | None:
+        """(half, op) offsets last committed for ``partition`` by this instance."""
+        return self._committed.get(partition)
+
     def _offsets(self) -> tuple[list[TopicPartition], bool]:
         """Offsets to commit for every owned partition, and whether any moved."""
         changed = False

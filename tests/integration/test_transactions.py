@@ -186,7 +186,7 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
         producer.end_transaction(second, S.ROLLBACK_MESSAGE)
         producer.end_transaction(second, S.COMMIT_MESSAGE)
         wait_for(lambda: no_pending(c, 4) and _sample(
-            c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1, 30,
+            c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1, 60,
             "all requests to be processed")
         assert _sample(c, "rmq_rejected_requests_total", reason="mismatch") == 2
         assert _sample(c, "rmq_conflicting_decisions_total", kind="duplicate_decisions") == 1
@@ -211,7 +211,7 @@ def test_malformed_input_is_counted_and_processing_goes_on(broker, make_topic, u
         _forge_end(conf, prefix, before, half_offset=10**9)
         producer.send_message_in_transaction(Message(topic, b"after"))
         wait_for(lambda: _sample(c, "rmq_rejected_requests_total", reason="no_such_offset") == 1
-                 and _sample(c, "rmq_promotions_total") == 2, 30, "the bad records to pass")
+                 and _sample(c, "rmq_promotions_total") == 2, 60, "the bad records to pass")
         assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_half") == 1
         assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_op") == 4
         assert c.thread.is_alive()

@@ -20,7 +20,7 @@ from rmq_semantics import LocalTransactionState, TransactionListener
 
 REPO = Path(__file__).resolve().parents[2]
 # Short horizons so back-checks happen within a test.
-FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 1500, "check_max": 3,
+FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 3,
         "half_partitions": 4, "check_partitions": 2}
 
 
@@ -145,6 +145,10 @@ def read_to_end(conf: dict, topic: str, partitions: int, timeout_s: float = 60.0
 
 
 def no_pending(coordinator: ThreadCoordinator, partitions: int) -> bool:
-    states = coordinator.server.transactions.states
+    """Every owned partition is resolved and its last decisions are committed to Kafka."""
+    service = coordinator.server.transactions
+    states = dict(service.states)
     return len(states) == partitions and all(
-        not s.recovering and not s.pending and not s.deferred for s in states.values())
+        not s.recovering and not s.pending and not s.deferred
+        and service.committed_offsets(p) == (s.half_commit, s.op_commit)
+        for p, s in states.items())

@@ -66,9 +66,10 @@ def test_checks_start_after_immunity_and_only_answered_checks_count():
     assert isinstance(check, IssueCheck) and check.check_seq == 1
     [again] = st.due(T0 + 7000)  # nobody answered: re-sent, not counted
     assert again.check_seq == 2 and again.checks_answered == 0
-    assert st.on_end_request(end(0, 0, "UNKNOWN", from_check=True, seq=1), T0) == []  # stale
     [saved] = st.on_end_request(end(1, 0, "UNKNOWN", from_check=True, seq=2), T0)
     assert isinstance(saved, SaveCheckCounts) and saved.checks_answered == 1
+    # An answer older than one already counted does not count.
+    assert st.on_end_request(end(0, 0, "UNKNOWN", from_check=True, seq=1), T0) == []
     [third] = st.due(T0 + 8000)
     [discard] = st.on_end_request(end(2, 0, "UNKNOWN", from_check=True, seq=third.check_seq), T0)
     assert isinstance(discard, Discard) and discard.checks_answered == 2
