@@ -1,0 +1,417 @@
+"""``rmq-semantics bench``: what the semantics cost, side by side with raw Kafka.
+
+Every case runs against one embedded broker, after a warm-up, repeated (median). Results go
+to one JSON file (with the machine's cores and versions) and PNG plots beside it.
+Benchmarks are scripts, not tests: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import TopicPartition
+
+from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
+from rmq_semantics.message import Message
+from rmq_semantics.topics import ensure_topics
+from rmq_semantics.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+)
+
+__all__ = ["BenchSettings", "register_cli", "run_bench"]
+
+# Any single case that has not finished by then is broken, not slow.
+CASE_TIMEOUT_S = 300.0
+TXN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    size: int = 1024
+    count: int = 100000
+    partitions: int = 4
+    rate: int = 1000
+    latency_seconds: float = 10.0
+    repeat: int = 3
+    check_messages: int = 300
+
+    @classmethod
+    def quick(cls) -> BenchSettings:
+        return cls(count=20000, latency_seconds=5.0, repeat=3, check_messages=100)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consumer:
+    consumer = confluent_kafka.Consumer({
+        **conf, "group.id": f"bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
+        "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    return consumer
+
+
+class Collector(threading.Thread):
+    """Consumes ``topic`` until ``want`` records came; notes when each txn id became visible."""
+
+    def __init__(self, conf: dict, topic: str, partitions: int, want: int) -> None:
+        super().__init__(daemon=True)
+        self.consumer = _consumer(conf, topic, partitions)
+        self.want = want
+        self.count = 0
+        self.first_at: float | None = None
+        self.done_at: float | None = None
+        self.visible: dict[bytes, float] = {}
+        self.ready = threading.Event()  # assigned and fetching: start the clock after this
+        self.deadline = time.monotonic() + CASE_TIMEOUT_S
+
+    def run(self) -> None:
+        try:
+            while self.count < self.want and time.monotonic() < self.deadline:
+                # Wait for one record, then take what is queued without waiting for more.
+                first = self.consumer.poll(0.05)
+                self.ready.set()
+                if first is None:
+                    continue
+                for msg in [first, *self.consumer.consume(999, 0)]:
+                    if msg.error() is not None:
+                        continue
+                    now = time.monotonic()
+                    self.first_at = self.first_at or now
+                    self.count += 1
+                    for name, value in msg.headers() or []:
+                        if name == "rmq.txn_id":
+                            self.visible[value] = now
+            self.done_at = time.monotonic()
+        finally:
+            self.consumer.close()
+
+
+def bench_baseline(conf: dict, s: BenchSettings) -> float:
+    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    collector = Collector(conf, topic, s.partitions, s.count)
+    collector.start()
+    collector.ready.wait(30)
+    producer = confluent_kafka.Producer({**conf, "enable.idempotence": True, "acks": "all",
+                                         "linger.ms": 5})
+    value = os.urandom(s.size)
+    start = time.monotonic()
+    for i in range(s.count):
+        while True:
+            try:
+                producer.produce(topic, value, key=str(i % 1000).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(60)
+    collector.join(CASE_TIMEOUT_S)
+    return s.count / ((collector.done_at or time.monotonic()) - start)
+
+
+class NoopListener(TransactionListener):
+    """Commits everything; records when each decision was taken and each check came."""
+
+    def __init__(self, answer: LocalTransactionState = LocalTransactionState.COMMIT_MESSAGE):
+        self.answer = answer
+        self.decided: dict[str, float] = {}
+        self.checked: dict[str, float] = {}
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        self.decided[msg.transaction_id or ""] = time.monotonic()
+        return self.answer
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        self.checked[msg.transaction_id or ""] = time.time()
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def _spawn_coordinator(bootstrap: str, prefix: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "coordinator", "--bootstrap-servers",
+                             bootstrap, "--topic-prefix", prefix, *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
+              rate: int | None = None) -> tuple[float, list[float], str]:
+    """Throughput (msgs/s) and commit-to-visible latencies (ms); ``rate`` paces the sends."""
+    topic = f"bench-txn-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    listener = NoopListener()
+    collector = Collector(conf, topic, s.partitions, count)
+    collector.start()
+    collector.ready.wait(30)
+    value = os.urandom(s.size)
+    with TransactionProducer({**conf, "linger.ms": 1}, producer_group="bench",
+                             listener=listener, topic_prefix=prefix,
+                             half_partitions=s.partitions) as producer:
+        start = time.monotonic()
+        if rate is None:
+            for i in range(0, count, TXN_BATCH):
+                producer.send_messages_in_transaction(
+                    [Message(topic, value, key=str(j % 1000)) for j in range(i, min(count,
+                                                                                 i + TXN_BATCH))])
+        else:
+            batch = max(1, rate // 100)  # a batch every 10 ms
+            for i in range(0, count, batch):
+                due = start + i / rate
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                producer.send_messages_in_transaction(
+                    [Message(topic, value, key=str(j % 1000)) for j in range(i, min(count,
+                                                                                 i + batch))])
+        producer.flush(60)
+        collector.join(CASE_TIMEOUT_S)
+    elapsed = (collector.done_at or time.monotonic()) - start
+    latencies = [(collector.visible[t.encode()] - at) * 1000
+                 for t, at in listener.decided.items() if t.encode() in collector.visible]
+    return collector.count / elapsed, latencies, topic
+
+
+def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
+    prefix = f"__rmqbenchchk{uuid.uuid4().hex[:6]}"
+    timeout_ms = 1000
+    coordinator = _spawn_coordinator(bootstrap, prefix, "--transaction-timeout-ms",
+                                     str(timeout_ms), "--check-interval-ms", "60000",
+                                     "--half-partitions", str(s.partitions))
+    topic = f"bench-chk-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    listener = NoopListener(LocalTransactionState.UNKNOW)
+    born: dict[str, float] = {}
+    try:
+        with TransactionProducer(conf, producer_group="bench-check", listener=listener,
+                                 topic_prefix=prefix, half_partitions=s.partitions) as producer:
+            for _ in range(0, s.check_messages, 10):
+                sent_at = time.time()
+                for r in producer.send_messages_in_transaction(
+                        [Message(topic, b"x") for _ in range(10)]):
+                    born[r.transaction_id] = sent_at
+                time.sleep(0.05)  # spread deadlines over time, as real traffic would
+            deadline = time.monotonic() + CASE_TIMEOUT_S
+            while len(listener.checked) < len(born) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        _stop(coordinator)
+    return [(listener.checked[t] - (b + timeout_ms / 1000)) * 1000
+            for t, b in born.items() if t in listener.checked]
+
+
+def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
+                work: Path) -> dict[str, float]:
+    from spark.job import build_session, run_job
+
+    conf = {"bootstrap.servers": bootstrap}
+    plain = f"bench-plain-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {plain: (s.partitions, {})})
+    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
+    value = os.urandom(s.size)
+    for i in range(s.count):
+        while True:
+            try:
+                producer.produce(plain, value, key=str(i).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    spark = build_session("local[2]")
+    rates: dict[str, list[float]] = {"promoted": [], "plain": []}
+    try:
+        run_job(bootstrap, plain, work / "warm", available_now=True, spark=spark,
+                require_promoted=False)
+        for n in range(s.repeat):
+            for name, topic, promoted in (("promoted", promoted_topic, True),
+                                          ("plain", plain, False)):
+                out = work / f"{name}-{n}"
+                started = time.monotonic()
+                result = run_job(bootstrap, topic, out, available_now=True, spark=spark,
+                                 require_promoted=promoted)
+                rates[name].append(result.rows_written / (time.monotonic() - started))
+    finally:
+        spark.stop()
+    promoted_rate = statistics.median(rates["promoted"])
+    plain_rate = statistics.median(rates["plain"])
+    return {"spark_promoted_rows_per_s": promoted_rate, "spark_plain_rows_per_s": plain_rate,
+            "spark_ratio": promoted_rate / plain_rate}
+
+
+def bench_orderly(conf: dict, s: BenchSettings) -> dict[str, float]:
+    try:
+        from rmq_semantics.bench_orderly import orderly_vs_plain
+    except ImportError:
+        return {}
+    return orderly_vs_plain(conf, s)
+
+
+def _median_of(fn: Callable[[], float], repeat: int) -> tuple[float, list[float]]:
+    fn()  # warm-up
+    runs = [fn() for _ in range(repeat)]
+    return statistics.median(runs), runs
+
+
+def plot(results: dict, latencies: dict[str, list[float]], lateness: list[float],
+         out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in latencies.items():
+        if values:
+            ax.hist(values, bins=60, alpha=0.6, label=name)
+    ax.set_xlabel("commit-to-visible latency (ms)")
+    ax.set_ylabel("messages")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("Transactional messages: local COMMIT -> visible on the real topic")
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency.png", dpi=110)
+    files.append("latency.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = {k: results[k] for k in ("baseline_msgs_per_s", "txn_msgs_per_s",
+                                    "plain_consumer_msgs_per_s", "orderly_msgs_per_s")
+            if isinstance(results.get(k), (int, float))}
+    ax.bar([k.removesuffix("_msgs_per_s") for k in bars], list(bars.values()),
+           color=["#888", "#c44", "#888", "#48c"][:len(bars)])
+    ax.set_ylabel("messages / s")
+    ax.set_title(f"Throughput, {results['settings']['size']} B values, "
+                 f"{results['machine']['cores']} cores")
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=110)
+    files.append("throughput.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(lateness, bins=40, color="#4a4")
+    ax.set_xlabel("check request after its deadline (ms)")
+    ax.set_ylabel("messages")
+    ax.set_title("Back-check lateness")
+    fig.tight_layout()
+    fig.savefig(out_dir / "check_lateness.png", dpi=110)
+    files.append("check_lateness.png")
+    plt.close("all")
+    return files
+
+
+def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -> dict:
+    import confluent_kafka as ck
+
+    work = Path(tempfile.mkdtemp(prefix="rmq-bench-"))
+    broker = EmbeddedKafka(work / "kafka", port=free_port())
+    bootstrap = broker.start()
+    conf = {"bootstrap.servers": bootstrap}
+    prefix = f"__rmqbench{uuid.uuid4().hex[:6]}"
+    results: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(), "kafka": kafka_version(),
+                    "confluent_kafka": ck.version()[0], "librdkafka": ck.libversion()[0]},
+        "settings": s.__dict__,
+    }
+    coordinator = _spawn_coordinator(bootstrap, prefix, "--half-partitions", str(s.partitions))
+    started = time.monotonic()
+    try:
+        log("baseline: raw idempotent producer -> consumer")
+        results["baseline_msgs_per_s"], results["baseline_runs"] = _median_of(
+            lambda: bench_baseline(conf, s), s.repeat)
+        log("transactional messages through the layer (saturation)")
+        txn_runs, saturation_latency, promoted_topic = [], [], ""
+        bench_txn(conf, prefix, s, min(s.count, 2000))  # warm-up
+        for _ in range(s.repeat):
+            rate, lat, promoted_topic = bench_txn(conf, prefix, s, s.count)
+            txn_runs.append(rate)
+            saturation_latency = lat
+        results["txn_msgs_per_s"] = statistics.median(txn_runs)
+        results["txn_runs"] = txn_runs
+        results["txn_ratio"] = results["txn_msgs_per_s"] / results["baseline_msgs_per_s"]
+        log(f"commit-to-visible latency at {s.rate} msgs/s")
+        _, fixed_latency, _ = bench_txn(conf, prefix, s, int(s.rate * s.latency_seconds),
+                                        rate=s.rate)
+        results["commit_to_visible_ms"] = {
+            "offered_msgs_per_s": s.rate, "p50": percentile(fixed_latency, 50),
+            "p99": percentile(fixed_latency, 99), "max": max(fixed_latency, default=0)}
+        results["commit_to_visible_saturation_ms"] = {
+            "p50": percentile(saturation_latency, 50), "p99": percentile(saturation_latency, 99),
+            "max": max(saturation_latency, default=0)}
+        log("back-check lateness")
+        lateness = bench_check_lateness(conf, bootstrap, s)
+        results["check_lateness_ms"] = {"p50": percentile(lateness, 50),
+                                        "p99": percentile(lateness, 99),
+                                        "max": max(lateness, default=0), "n": len(lateness)}
+        log("orderly consumer vs plain consumer")
+        results.update(bench_orderly(conf, s))
+        log("Spark job: promoted topic vs plain topic")
+        results.update(bench_spark(bootstrap, promoted_topic, s, work))
+    finally:
+        _stop(coordinator)
+        broker.stop()
+    results["elapsed_s"] = time.monotonic() - started
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results["plots"] = plot(results, {f"{s.rate} msgs/s": fixed_latency,
+                                      "saturation": saturation_latency}, lateness, out.parent)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    base = BenchSettings.quick() if args.quick else BenchSettings()
+    overrides = {k: v for k, v in (("size", args.size), ("count", args.count),
+                                   ("partitions", args.partitions), ("rate", args.rate),
+                                   ("repeat", args.repeat)) if v is not None}
+    settings = BenchSettings(**{**base.__dict__, **overrides})
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    results = run_bench(Path(args.out), settings)
+    keys = ("baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "commit_to_visible_ms",
+            "check_lateness_ms", "orderly_msgs_per_s", "plain_consumer_msgs_per_s",
+            "orderly_ratio", "takeover_s", "spark_ratio", "elapsed_s")
+    print(json.dumps({k: results.get(k) for k in keys}, indent=2, default=str))
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="measure the layer against raw Kafka")
+    bench.add_argument("--out", default="bench/results.json")
+    bench.add_argument("--quick", action="store_true", help="smaller run (about 5 minutes)")
+    bench.add_argument("--size", type=int, help="value size in bytes (default 1024)")
+    bench.add_argument("--count", type=int, help="messages per throughput run")
+    bench.add_argument("--partitions", type=int, help="partitions of every topic")
+    bench.add_argument("--rate", type=int, help="offered load for the latency case (msgs/s)")
+    bench.add_argument("--repeat", type=int, help="repetitions per case (median)")
+    bench.set_defaults(func=_cmd_bench)
