@@ -10,6 +10,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from rmq_semantics.errors import ConfigError
+
 __all__ = ["CoordinatorMetrics", "MetricsServer"]
 
 log = logging.getLogger(__name__)
@@ -52,10 +54,11 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """Serves ``/metrics`` and ``/healthz`` on 127.0.0.1:port in a daemon thread."""
+    """Serves ``/metrics`` and ``/healthz`` on host:port (loopback by default) in a daemon
+    thread. A port in use is a :class:`ConfigError`."""
 
     def __init__(self, metrics: CoordinatorMetrics, port: int,
-                 health: Callable[[], dict]) -> None:
+                 health: Callable[[], dict], host: str = "127.0.0.1") -> None:
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ: dict, start_response: Callable) -> list[bytes]:
@@ -67,8 +70,12 @@ class MetricsServer:
                 return [json.dumps(status).encode()]
             return metrics_app(environ, start_response)
 
-        self._server: WSGIServer = make_server("127.0.0.1", port, app,
-                                               handler_class=_QuietHandler)
+        try:
+            self._server: WSGIServer = make_server(host, port, app,
+                                                   handler_class=_QuietHandler)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} "
+                              f"({exc.strerror or exc}); pick a free port") from exc
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.2},

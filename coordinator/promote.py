@@ -170,7 +170,8 @@ class TransactionWriter:
     def _count(self, actions: Sequence[Action]) -> None:
         now = time.time()
         for action in actions:
-            where = action.half.where
+            half = action.half
+            where = f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
             if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
                 self.metrics.promotions.inc()
                 self.metrics.promotion_latency.observe(max(0.0, now - action.half.born_ts / 1000))

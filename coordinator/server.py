@@ -17,7 +17,7 @@ from coordinator.metrics import CoordinatorMetrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import ConfigError, RmqError
-from rmq_semantics.settings import add_arguments, load
+from rmq_semantics.settings import add_arguments, kafka_env_conf, load
 
 __all__ = ["Server", "kafka_conf_from_args", "register_cli"]
 
@@ -25,19 +25,23 @@ log = logging.getLogger(__name__)
 
 # How long shutdown waits for a service thread to finish its current transaction.
 JOIN_TIMEOUT_S = 60.0
+# Loopback by default (DESIGN.md); a container sets 0.0.0.0 so Prometheus can scrape it.
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 class Server:
     """Runs the transaction service (and the queue-lock service) until stopped."""
 
     def __init__(self, conf: dict, settings: CoordinatorSettings | None = None, *,
-                 metrics_port: int | None = None, **setting_values: Any) -> None:
+                 metrics_port: int | None = None, metrics_host: str = DEFAULT_METRICS_HOST,
+                 **setting_values: Any) -> None:
         if "bootstrap.servers" not in conf:
             raise ConfigError("conf needs 'bootstrap.servers'")
         self.conf = dict(conf)
         self.settings = settings or load(CoordinatorSettings, setting_values, env={})
         self.metrics = CoordinatorMetrics()
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
         self.stop_event = threading.Event()
         self.transactions = TransactionService(self.conf, self.settings, self.metrics)
         self._errors: list[BaseException] = []
@@ -73,9 +77,11 @@ class Server:
     def run(self) -> int:
         """Block until stopped; return the process exit code."""
         if self.metrics_port is not None:
-            self._http = MetricsServer(self.metrics, self.metrics_port, self.health)
+            self._http = MetricsServer(self.metrics, self.metrics_port, self.health,
+                                       host=self.metrics_host)
             self._http.start()
-            log.info("metrics on http://127.0.0.1:%d/metrics", self._http.port)
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", self.metrics_host,
+                     self._http.port)
         self._service_thread("rmq-transactions", self.transactions.run).start()
         locks = self._lock_service()
         if locks is not None:
@@ -95,6 +101,7 @@ class Server:
             exc = self._errors[0]
             log.error("coordinator stopped: %s", exc if isinstance(exc, RmqError) else repr(exc))
             return 1
+        log.info("coordinator stopped")
         return 0
 
     def stop(self) -> None:
@@ -109,17 +116,16 @@ class Server:
 
 
 def kafka_conf_from_args(args: argparse.Namespace) -> dict:
-    """bootstrap.servers plus ``--kafka-option key=value`` pairs (security settings etc.)."""
-    conf = {"bootstrap.servers": args.bootstrap_servers}
+    """The librdkafka conf of every client: ``RMQ_KAFKA_*`` env vars, then ``--kafka-option
+    KEY=VALUE`` pairs (which win), then ``--bootstrap-servers``. Security settings
+    (``security.protocol``, ``sasl.*``, ``ssl.*``) pass through untouched."""
+    conf = kafka_env_conf()
     for option in args.kafka_option or []:
         key, sep, value = option.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ConfigError(f"--kafka-option {option!r}: want KEY=VALUE")
         conf[key.strip()] = value
-    for key, value in os.environ.items():
-        # RMQ_KAFKA_SASL_PASSWORD -> sasl.password, so secrets need not be on the command line
-        if key.startswith("RMQ_KAFKA_"):
-            conf[key.removeprefix("RMQ_KAFKA_").lower().replace("_", ".")] = value
+    conf["bootstrap.servers"] = args.bootstrap_servers
     return conf
 
 
@@ -132,7 +138,8 @@ def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
     settings = load(CoordinatorSettings, args)
-    server = Server(kafka_conf_from_args(args), settings, metrics_port=args.metrics_port)
+    server = Server(kafka_conf_from_args(args), settings, metrics_port=args.metrics_port,
+                    metrics_host=args.metrics_host)
     interrupts = 0
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -153,7 +160,14 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("coordinator", help="run the sidecar coordinator")
     add_kafka_arguments(parser)
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve /metrics and /healthz on 127.0.0.1:N")
+    # Not settings fields, but they follow the same env convention (the image sets them).
+    parser.add_argument("--metrics-port", type=int,
+                        default=os.environ.get("RMQ_METRICS_PORT") or None, metavar="N",
+                        help="serve Prometheus /metrics and /healthz on port N "
+                             "(env RMQ_METRICS_PORT; default off)")
+    parser.add_argument("--metrics-host", default=os.environ.get("RMQ_METRICS_HOST")
+                        or DEFAULT_METRICS_HOST, metavar="ADDR",
+                        help="address the metrics server binds (env RMQ_METRICS_HOST; "
+                             f"default {DEFAULT_METRICS_HOST}; 0.0.0.0 in a container)")
     add_arguments(parser, CoordinatorSettings)
     parser.set_defaults(func=_cmd_coordinator)

@@ -144,7 +144,9 @@ class TransactionService:
                                   msg.headers())
             except MalformedRecordError as exc:
                 self.metrics.malformed.labels(topic).inc()
-                log.warning("%s skipped: %s", where, exc)
+                txn = next((v.decode(errors="replace") for k, v in msg.headers() or []
+                            if k == "rmq.txn_id" and v), "?")
+                log.warning("%s txn=%s skipped: %s", where, txn, exc)
                 half = None
             return state.on_half(offset, half, now)
         try:

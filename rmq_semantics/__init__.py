@@ -3,6 +3,7 @@ consumption with queue locks. See DESIGN.md for the contract."""
 
 from rmq_semantics.consumer import Consumer
 from rmq_semantics.errors import (
+    AuthenticationError,
     BrokerUnavailableError,
     ConfigError,
     EmbeddedKafkaError,
@@ -28,6 +29,7 @@ from rmq_semantics.transaction import (
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
+    "AuthenticationError",
     "BrokerUnavailableError",
     "ConfigError",
     "Consumer",

@@ -8,6 +8,7 @@ into the same :class:`coordinator.state.PartitionState`.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -201,6 +202,10 @@ def _cmd_txn(args: argparse.Namespace) -> int:
     from coordinator.server import kafka_conf_from_args
 
     conf = kafka_conf_from_args(args)
+    if not getattr(args, "verbose", False):
+        # A refused login or an unreachable broker becomes our one error line; librdkafka's
+        # own retry chatter about it only shows with -v.
+        logging.getLogger("rmq_semantics.librdkafka").setLevel(logging.CRITICAL)
     # Piped output keeps whole ids rather than wrapping them to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 250)
     if args.action == "pending":

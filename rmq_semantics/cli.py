@@ -52,7 +52,11 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
                            sasl_users=sasl)
     if args.action == "start":
         print(f"starting Apache Kafka in {broker.data_dir} ...", flush=True)
-        print(broker.start())
+        bootstrap = broker.start()
+        if sasl:
+            print(f"clients need: security.protocol=SASL_PLAINTEXT sasl.mechanisms=PLAIN "
+                  f"sasl.username={next(iter(sasl))} sasl.password=...")
+        print(bootstrap)
     elif args.action == "stop":
         print("stopped" if broker.stop() else f"no broker running in {broker.data_dir}")
     return 0

@@ -157,8 +157,9 @@ def _pid_is_our_broker(pid: int, data_dir: Path) -> bool:
 class EmbeddedKafka:
     """A single-node KRaft broker in ``data_dir`` listening on ``127.0.0.1:port``.
 
-    ``sasl_users`` (user -> password) adds a SASL_PLAINTEXT/PLAIN listener as the
-    bootstrap listener; the controller listener stays plaintext on loopback.
+    ``sasl_users`` (user -> password) makes the bootstrap listener SASL_PLAINTEXT with the
+    PLAIN mechanism for these users; the controller listener stays plaintext on loopback, and
+    the broker talks to itself (transaction markers) on the SASL listener as the first user.
     """
 
     data_dir: Path
@@ -168,6 +169,12 @@ class EmbeddedKafka:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
+        for user, password in (self.sasl_users or {}).items():
+            # They are written into a quoted JAAS string of server.properties.
+            if not user or not password or any(c in user + password for c in '"\\\n;='):
+                raise EmbeddedKafkaError(f"SASL user {user!r}: user and password must be "
+                                         "non-empty, without quotes, backslashes, ';', '=' "
+                                         "or newlines")
 
     # -- state kept in the data dir ------------------------------------------------------
     @property

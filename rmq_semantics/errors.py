@@ -11,6 +11,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaError
 
 __all__ = [
+    "AuthenticationError",
     "BrokerUnavailableError",
     "ConfigError",
     "EmbeddedKafkaError",
@@ -104,3 +105,17 @@ class KafkaOperationError(RmqError, RuntimeError):
     @classmethod
     def wrap(cls, what: str, error: KafkaError) -> KafkaOperationError:
         return cls(f"{what}: {error.str()} ({error.name()})", error)
+
+
+class AuthenticationError(KafkaOperationError):
+    """The broker refused the client's credentials (SASL) or its TLS handshake failed.
+
+    Retrying with the same settings cannot succeed: fix ``security.protocol``, ``sasl.*`` or
+    ``ssl.*`` (``--kafka-option`` / ``RMQ_KAFKA_*`` on the command line).
+    """
+
+    code = "authentication"
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]
+        return False

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["add_arguments", "env_name", "flag_name", "load", "setting"]
+__all__ = ["add_arguments", "env_name", "flag_name", "kafka_env_conf", "load", "setting"]
 
 T = TypeVar("T")
 
@@ -79,3 +79,11 @@ def load(cls: type[T], values: Mapping[str, Any] | argparse.Namespace | None = N
             kwargs[field.name] = _convert(cls, field, env[env_name(field.name)],
                                           env_name(field.name))
     return cls(**kwargs)
+
+
+def kafka_env_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka settings from ``RMQ_KAFKA_<KEY>`` env vars (``RMQ_KAFKA_SASL_PASSWORD`` ->
+    ``sasl.password``), so secrets need not be on a command line."""
+    env = os.environ if env is None else env
+    return {key.removeprefix("RMQ_KAFKA_").lower().replace("_", "."): value
+            for key, value in env.items() if key.startswith("RMQ_KAFKA_")}

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from rmq_semantics.errors import ConfigError, KafkaOperationError, SystemTopicError
+from rmq_semantics.errors import (
+    AuthenticationError,
+    ConfigError,
+    KafkaOperationError,
+    SystemTopicError,
+)
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
     "SystemTopics",
+    "admin_conf",
     "ensure_topics",
     "is_system_topic",
+    "list_topics",
 ]
 
 log = logging.getLogger(__name__)
@@ -23,6 +33,16 @@ DEFAULT_TOPIC_PREFIX = "__rmq"
 # Bounds every admin round trip; topic creation on a cold single-node broker takes ~1 s.
 ADMIN_TIMEOUT_S = 30.0
 WEEK_MS = 7 * 24 * 3600 * 1000
+# Metadata is asked in slices this long so a refused login (librdkafka reports it within
+# ~0.3 s, then retries forever) ends the call at once instead of after ADMIN_TIMEOUT_S.
+METADATA_SLICE_S = 1.0
+# Security settings without the sasl./ssl. prefix that every client must also get.
+_SECURITY_KEYS = ("security.protocol", "enable.ssl.certificate.verification",
+                  "enable.sasl.oauthbearer.unsecure.jwt", "oauth_cb", "https.ca.location",
+                  "https.ca.pem")
+_AUTH_CODES = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+# Pause between metadata reads while a new topic becomes visible.
+METADATA_POLL_S = 0.05
 
 
 def validate_prefix(prefix: str) -> str:
@@ -95,21 +115,77 @@ def refuse_system_topics(topics: list[str], prefix: str) -> None:
 
 
 def admin_conf(conf: dict) -> dict:
-    """The subset of a client conf an AdminClient accepts (bootstrap + security)."""
-    keep = ("bootstrap.servers", "security.protocol", "client.id")
+    """The subset of a client conf every internal client takes: bootstrap, client id and all
+    security settings (``security.protocol``, ``sasl.*``, ``ssl.*``), passed untouched."""
+    keep = ("bootstrap.servers", "client.id", *_SECURITY_KEYS)
     out = {k: v for k, v in conf.items() if k in keep or k.startswith(("sasl.", "ssl."))}
     # librdkafka's own log lines go to Python logging, not straight to stderr.
     out["logger"] = logging.getLogger("rmq_semantics.librdkafka")
     return out
 
 
+class _AuthWatch:
+    """``error_cb`` that keeps the first authentication or TLS failure librdkafka reports
+    (it only logs those and retries forever), then calls the caller's own ``error_cb``."""
+
+    def __init__(self, chained: Callable[[KafkaError], Any] | None) -> None:
+        self.error: KafkaError | None = None
+        self._chained = chained
+
+    def __call__(self, err: KafkaError) -> None:
+        if self.error is None and err.code() in _AUTH_CODES:
+            self.error = err
+        if self._chained is not None:
+            self._chained(err)
+
+    def raise_if_failed(self, conf: dict) -> None:
+        err = self.error
+        if err is None:
+            return
+        where = conf.get("bootstrap.servers", "?")
+        if err.code() == KafkaError._SSL:
+            hint = "check security.protocol and the ssl.* settings"
+        else:
+            hint = ("check security.protocol, sasl.mechanisms, sasl.username and sasl.password "
+                    "(--kafka-option KEY=VALUE or env RMQ_KAFKA_SASL_PASSWORD)")
+        raise AuthenticationError(f"Kafka authentication failed at {where}: {err.str()}; {hint}",
+                                  err)
+
+
+def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
+    watch = _AuthWatch(conf.get("error_cb"))
+    return AdminClient({**admin_conf(conf), "error_cb": watch}), watch
+
+
+def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,
+              topic: str | None = None, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetadata:
+    """``list_topics`` in short slices; raises AuthenticationError as soon as the broker
+    refuses the credentials, KafkaOperationError when nothing answered by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        slice_s = max(0.05, min(METADATA_SLICE_S, deadline - time.monotonic()))
+        try:
+            return admin.list_topics(topic=topic, timeout=slice_s)
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            watch.raise_if_failed(conf)
+            if time.monotonic() >= deadline:
+                raise KafkaOperationError.wrap(what, exc.args[0]) from exc
+
+
+def list_topics(conf: dict, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetadata:
+    """Cluster metadata via a short-lived AdminClient built from ``conf``'s bootstrap and
+    security settings. Wrong credentials raise :class:`AuthenticationError` within about a
+    second; no answer within ``timeout_s`` raises :class:`KafkaOperationError`."""
+    admin, watch = _admin(conf)
+    return _metadata(admin, watch, conf, "listing topics", timeout_s=timeout_s)
+
+
 def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]]) -> None:
-    """Create the topics in ``specs`` (name -> (partitions, configs)) that do not exist."""
-    admin = AdminClient(admin_conf(conf))
-    try:
-        existing = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
-    except KafkaException as exc:
-        raise KafkaOperationError.wrap("listing topics", exc.args[0]) from exc
+    """Create the topics in ``specs`` (name -> (partitions, configs)) that do not exist, and
+    return once the broker's metadata shows every one of them with all its partitions."""
+    admin, watch = _admin(conf)
+    existing = _metadata(admin, watch, conf, "listing topics").topics
     missing = [
         NewTopic(name, num_partitions=parts, replication_factor=-1, config=configs)
         for name, (parts, configs) in specs.items()
@@ -125,15 +201,41 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]]) -> N
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaOperationError.wrap(f"creating topic {name}", err) from exc
+    _await_visible(admin, watch, conf, {t.topic: specs[t.topic][0] for t in missing})
+
+
+def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
+                   topics: dict[str, int]) -> None:
+    """A created topic is in the controller's log before the broker's metadata cache has it
+    (KRaft applies it asynchronously); wait until every partition has a leader."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+    while True:
+        meta = _metadata(admin, watch, conf, "reading metadata of new topics").topics
+        waiting = [name for name, parts in topics.items()
+                   if name not in meta or meta[name].error is not None
+                   or len(meta[name].partitions) < parts
+                   or any(p.leader < 0 for p in meta[name].partitions.values())]
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            raise KafkaOperationError(f"topics {sorted(waiting)} were created but have no "
+                                      f"leader after {ADMIN_TIMEOUT_S:.0f} s")
+        time.sleep(METADATA_POLL_S)
 
 
 def topic_partition_count(conf: dict, topic: str) -> int | None:
     """Number of partitions of ``topic``, or None when it does not exist."""
-    admin = AdminClient(admin_conf(conf))
-    try:
-        meta = admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S).topics.get(topic)
-    except KafkaException as exc:
-        raise KafkaOperationError.wrap(f"reading metadata of {topic}", exc.args[0]) from exc
-    if meta is None or meta.error is not None:
-        return None
-    return len(meta.partitions)
+    admin, watch = _admin(conf)
+    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+    while True:
+        meta = _metadata(admin, watch, conf, f"reading metadata of {topic}",
+                         topic=topic).topics.get(topic)
+        if meta is None or (meta.error is not None
+                            and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if meta.error is None or meta.partitions:
+            return len(meta.partitions)
+        # e.g. LEADER_NOT_AVAILABLE: the topic exists, its partitions are being set up.
+        if not meta.error.retriable() or time.monotonic() >= deadline:
+            return None
+        time.sleep(METADATA_POLL_S)

@@ -202,8 +202,8 @@ class TransactionProducer:
                 results.append(self._run_local(msg, arg, txn_id, waiter))
                 continue
             reason = waiter.error.str() if waiter.error is not None else "timed out"
-            log.error("half message of txn %s to %s not written (%s); local transaction not "
-                      "run", txn_id, msg.topic, reason)
+            log.error("%s txn=%s: half message for %s not written (%s); local transaction "
+                      "not run", self.topics.half, txn_id, msg.topic, reason)
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
         return results
@@ -264,7 +264,9 @@ class TransactionProducer:
                 "half_partition": result.half_partition, "half_offset": result.half_offset,
                 "state": state.value, "from_check": from_check, "check_seq": check_seq,
                 "ts": int(time.time() * 1000)}
-        waiter = DeliveryWaiter() if wait else _log_failed_end
+        waiter = DeliveryWaiter() if wait else _log_failed_end(
+            f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
+            result.transaction_id, state)
         producer.produce(self.topics.op, encode(RecordType.END_REQUEST, body),
                          partition=result.half_partition, on_delivery=waiter)
         if isinstance(waiter, DeliveryWaiter):
@@ -323,9 +325,9 @@ class TransactionProducer:
                     self._checks.put_nowait(body)
                 except queue.Full:
                     self.dropped_checks += 1
-                    log.warning("check queue full (%d): dropping check #%d of txn %s; the "
-                                "coordinator will check it again", self._checks.maxsize,
-                                body["check_seq"], body["txn_id"])
+                    log.warning("%s txn=%s: check queue full (%d), dropping check #%d; the "
+                                "coordinator will check it again", self._half_where(body),
+                                body["txn_id"], self._checks.maxsize, body["check_seq"])
 
     def _answer_checks(self) -> None:
         while not self._stop.is_set():
@@ -341,8 +343,8 @@ class TransactionProducer:
             try:
                 state = _as_state(self.listener.check_local_transaction(msg))
             except Exception:
-                log.exception("check_local_transaction raised for txn %s (answering UNKNOW)",
-                              body["txn_id"])
+                log.exception("%s txn=%s: check_local_transaction raised (answering UNKNOW)",
+                              self._half_where(body), body["txn_id"])
                 state = LocalTransactionState.UNKNOW
             result = TransactionSendResult(body["txn_id"], state, body["half_partition"],
                                            body["half_offset"], self.producer_group)
@@ -351,7 +353,12 @@ class TransactionProducer:
                                wait=False)
                 self.checks_answered += 1
             except (KafkaOperationError, BufferError) as exc:
-                log.warning("could not answer check of txn %s: %s", body["txn_id"], exc)
+                log.warning("%s txn=%s: could not answer check #%d: %s", self._half_where(body),
+                            body["txn_id"], body["check_seq"], exc)
+
+    def _half_where(self, body: dict) -> str:
+        """``<half topic>[p]@o`` of the half record a check request is about."""
+        return f'{self.topics.half}[{body["half_partition"]}]@{body["half_offset"]}'
 
 
 def _header(body: dict, name: H) -> str | None:
@@ -361,9 +368,15 @@ def _header(body: dict, name: H) -> str | None:
     return None
 
 
-def _log_failed_end(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
-    if err is not None:
-        # Not lost: the transaction stays pending and the back-check resolves it.
-        log.warning("end request to %s[%s] failed (%s); the back-check will resolve it",
-                    msg.topic(), msg.partition(), err.str())
+def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):
+    """Delivery callback for an end request nobody waits for: log a failure."""
+
+    def on_delivery(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+        if err is not None:
+            # Not lost: the transaction stays pending and the back-check resolves it.
+            log.warning("%s txn=%s: %s end request to %s[%s] failed (%s); the back-check "
+                        "will resolve it", half_where, txn_id, state.value, msg.topic(),
+                        msg.partition(), err.str())
+
+    return on_delivery
 

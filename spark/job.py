@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rmq_semantics.errors import ConfigError, RmqError, RmqTimeoutError
+from rmq_semantics.settings import kafka_env_conf
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
     from spark.transforms import Subscription
 
-__all__ = ["JobResult", "SparkJobError", "build_session", "register_cli", "run_job"]
+__all__ = ["JobResult", "SparkJobError", "build_session", "register_cli", "run_job",
+           "spark_kafka_options"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +189,71 @@ def _source_options(kafka_options: Mapping[str, str] | None) -> dict[str, str]:
                               "are what make it read promoted records only)")
         options[key] = value
     return options
+
+
+_JAAS_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+# librdkafka security settings with a same-named Java client setting.
+_SAME_NAME = ("ssl.endpoint.identification.algorithm", "ssl.key.password")
+
+
+def _is_security_key(key: str) -> bool:
+    return key == "security.protocol" or key.startswith(("sasl.", "ssl."))
+
+
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_kafka_options(conf: Mapping[str, Any]) -> dict[str, str]:
+    """Spark Kafka source options (``kafka.*``) for the security settings of a librdkafka
+    conf, so the job reads with the same settings as the coordinator and the clients.
+
+    ``security.protocol`` -> ``kafka.security.protocol``; ``sasl.mechanisms`` (or
+    ``sasl.mechanism``) -> ``kafka.sasl.mechanism``; ``sasl.username`` + ``sasl.password`` ->
+    ``kafka.sasl.jaas.config`` (``PlainLoginModule`` for PLAIN, ``ScramLoginModule`` for
+    SCRAM-SHA-*); ``ssl.ca.location`` / ``ssl.ca.pem`` -> a PEM truststore. Settings that are
+    not about security (``bootstrap.servers``, tuning) are ignored; a security setting with no
+    Java equivalent here raises :class:`ConfigError` naming it (pass ``kafka.*`` instead).
+    """
+    out: dict[str, str] = {}
+    sec = {k: str(v) for k, v in conf.items() if _is_security_key(k)}
+    if "security.protocol" in sec:
+        out["kafka.security.protocol"] = sec.pop("security.protocol").upper()
+    mechanism = (sec.pop("sasl.mechanisms", None) or sec.pop("sasl.mechanism", None)
+                 or ("PLAIN" if "sasl.username" in sec else None))
+    sec.pop("sasl.mechanism", None)
+    if mechanism is not None:
+        out["kafka.sasl.mechanism"] = mechanism.upper()
+    user, password = sec.pop("sasl.username", None), sec.pop("sasl.password", None)
+    if (user is None) != (password is None):
+        raise ConfigError("sasl.username and sasl.password go together; got only "
+                          f"{'sasl.username' if user is not None else 'sasl.password'}")
+    if user is not None and password is not None:
+        module = _JAAS_MODULES.get((mechanism or "").upper())
+        if module is None:
+            raise ConfigError(f"sasl.mechanisms={mechanism!r}: only "
+                              f"{', '.join(_JAAS_MODULES)} map to a Spark JAAS config; pass "
+                              "kafka.sasl.jaas.config yourself")
+        out["kafka.sasl.jaas.config"] = (f"{module} required username={_jaas_quote(user)} "
+                                         f"password={_jaas_quote(password)};")
+    if "ssl.ca.location" in sec:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.location"] = sec.pop("ssl.ca.location")
+    elif "ssl.ca.pem" in sec:
+        out["kafka.ssl.truststore.type"] = "PEM"
+        out["kafka.ssl.truststore.certificates"] = sec.pop("ssl.ca.pem")
+    for key in _SAME_NAME:
+        if key in sec:
+            value = sec.pop(key)
+            # librdkafka says "none" where Java wants an empty string.
+            out[f"kafka.{key}"] = "" if value == "none" else value
+    if sec:
+        raise ConfigError(f"Kafka setting(s) {sorted(sec)} have no Spark Kafka source "
+                          "equivalent here; pass the Java client's kafka.* option instead "
+                          "(e.g. --kafka-option kafka.ssl.keystore.location=...)")
+    return out
 
 
 def _load_schema(avro_schema: str | Path) -> str:
@@ -394,8 +461,10 @@ def register_cli(sub: Any) -> None:
                      help="keep records without rmq.promoted_from (plain, non-RMQ topics)")
     cmd.add_argument("--kafka-option", action="append", type=_kafka_option, default=[],
                      metavar="KEY=VALUE",
-                     help="option for Spark's Kafka source, e.g. kafka.security.protocol="
-                          "SASL_SSL (repeatable)")
+                     help="option for Spark's Kafka source, e.g. maxOffsetsPerTrigger=1000 "
+                          "or kafka.security.protocol=SASL_SSL; librdkafka security settings "
+                          "as the coordinator takes them (security.protocol, sasl.*, ssl.*, "
+                          "also env RMQ_KAFKA_*) are translated (repeatable)")
     cmd.set_defaults(func=_cmd_spark)
 
 
@@ -404,7 +473,7 @@ def _cmd_spark(args: argparse.Namespace) -> int:
         import pyspark  # noqa: F401
     except ImportError as exc:
         raise ConfigError("PySpark is not installed: pip install 'rmq-semantics[spark]'") from exc
-    kafka_options = dict(args.kafka_option)
+    kafka_options = _cli_source_options(args.kafka_option)
     _plan(args.topics, args.output, args.checkpoint, args.avro_schema, args.sink,
           args.topic_prefix, kafka_options)  # refuse bad input before starting a JVM
     master = args.master or os.environ.get("RMQ_SPARK_MASTER", "local[*]")
@@ -426,6 +495,20 @@ def _cmd_spark(args: argparse.Namespace) -> int:
                       "dropped_unpromoted": result.dropped_unpromoted,
                       "decode_errors": result.decode_errors, "batches": result.batches}))
     return 0
+
+
+def _cli_source_options(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Source options from ``--kafka-option``: librdkafka-style security settings (as the
+    coordinator takes them, also from ``RMQ_KAFKA_*`` env vars) are translated with
+    :func:`spark_kafka_options`; everything else is a Spark source option and wins."""
+    librdkafka = {k: v for k, v in kafka_env_conf().items() if _is_security_key(k)}
+    source: dict[str, str] = {}
+    for key, value in pairs:
+        if _is_security_key(key):
+            librdkafka[key] = value
+        else:
+            source[key] = value
+    return {**spark_kafka_options(librdkafka), **source}
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:

@@ -20,7 +20,6 @@ import pytest
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.topics import ensure_topics
 
-
 # Spark's Python workers must be this interpreter (the venv has fastavro); the driver binds
 # to loopback only.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,0 +1,177 @@
+"""Security settings on a real SASL_PLAINTEXT/PLAIN broker: the whole transactional flow with
+credentials (coordinator process, TransactionProducer and its check consumer, Consumer,
+admin CLI, Spark source), and wrong credentials as one clear error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rmq_semantics import AuthenticationError, Consumer, Message, RmqError, TransactionProducer
+from rmq_semantics import LocalTransactionState as S
+from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.topics import ensure_topics
+from tests.integration.ops_helpers import START_TIMEOUT_S, CoordinatorProcess, health
+from tests.integration.txn_helpers import FAST, REPO, ScriptedListener, wait_for
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD = "alice", "alice-secret"
+# librdkafka reports a refused login within ~0.3 s; leave room for a loaded CI machine.
+AUTH_FAIL_WITHIN_S = 10.0
+CLI_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def sasl_broker() -> Iterator[EmbeddedKafka]:
+    """A second embedded broker whose only client listener is SASL_PLAINTEXT/PLAIN."""
+    data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-sasl-kafka-"))
+    broker = EmbeddedKafka(data_dir, port=free_port(),
+                           sasl_users={"admin": "admin-secret", USER: PASSWORD})
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def sasl_conf(broker: EmbeddedKafka, password: str = PASSWORD) -> dict:
+    return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "PLAIN", "sasl.username": USER, "sasl.password": password}
+
+
+# The CLI way: settings as --kafka-option, the secret in the environment.
+CLI_OPTIONS = ["--kafka-option", "security.protocol=SASL_PLAINTEXT",
+               "--kafka-option", "sasl.mechanisms=PLAIN",
+               "--kafka-option", f"sasl.username={USER}"]
+
+
+def run_cli(*args: str, password: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rmq_semantics", *args], capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO),
+                               "RMQ_KAFKA_SASL_PASSWORD": password})
+
+
+def read_promoted(conf: dict, topic: str, count: int, timeout_s: float = 60.0) -> list:
+    consumer = Consumer({**conf, "group.id": f"reader-{topic}", "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        records: list = []
+        deadline = time.monotonic() + timeout_s
+        while len(records) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                records.append(msg)
+        return records
+    finally:
+        consumer.close()
+
+
+def test_transactional_flow_with_sasl_credentials(sasl_broker, unique, tmp_path):
+    conf = sasl_conf(sasl_broker)
+    prefix = unique("sec").replace("-", "")
+    topic = unique("secure-orders")
+    ensure_topics(conf, {topic: (1, {})})
+    port = free_port()
+    coordinator = CoordinatorProcess(
+        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
+        "--metrics-port", str(port), env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD},
+        topic_prefix=prefix)
+    inline = {b"committed": S.COMMIT_MESSAGE, b"rolled-back": S.ROLLBACK_MESSAGE,
+              b"checked": S.UNKNOW}
+    # The back-check travels coordinator -> __check topic -> the producer's check consumer.
+    listener = ScriptedListener(lambda v: inline[v], lambda v: S.COMMIT_MESSAGE)
+    try:
+        wait_for(lambda: health(coordinator, port), START_TIMEOUT_S, "the coordinator")
+        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                 topic_prefix=prefix,
+                                 half_partitions=FAST["half_partitions"]) as producer:
+            for value in inline:
+                producer.send_message_in_transaction(Message(topic, value, key=value))
+            records = read_promoted(conf, topic, 2)
+        assert sorted(m.value() for m in records) == [b"checked", b"committed"]
+        assert all(dict(m.headers())["rmq.promoted_from"] for m in records)
+        assert listener.checked == [b"checked"]
+
+        cli = run_cli("txn", "pending", "--bootstrap-servers", sasl_broker.bootstrap,
+                      *CLI_OPTIONS, "--topic-prefix", prefix, password=PASSWORD)
+        assert cli.returncode == 0, cli.stderr
+        assert "txn id" in cli.stdout
+    finally:
+        code = coordinator.stop()
+    assert code == 0, coordinator.log
+    assert "authentication" not in coordinator.log.lower()
+
+
+def test_wrong_password_fails_start_at_once_with_an_authentication_error(sasl_broker, unique):
+    producer = TransactionProducer(sasl_conf(sasl_broker, password="wrong"),
+                                   producer_group=unique("pg"),
+                                   listener=ScriptedListener(lambda v: None, lambda v: None),
+                                   topic_prefix=unique("bad").replace("-", ""))
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError) as raised:
+        producer.start()
+    assert time.monotonic() - started < AUTH_FAIL_WITHIN_S
+    assert isinstance(raised.value, RmqError) and not raised.value.retriable
+    assert "authentication failed" in str(raised.value).lower()
+    assert "sasl.password" in str(raised.value)  # says what to change
+    producer.shutdown()
+
+
+def test_admin_cli_with_wrong_password_prints_one_error_line(sasl_broker):
+    started = time.monotonic()
+    cli = run_cli("txn", "pending", "--bootstrap-servers", sasl_broker.bootstrap, *CLI_OPTIONS,
+                  password="wrong")
+    assert time.monotonic() - started < CLI_TIMEOUT_S
+    assert cli.returncode != 0
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1, cli.stderr
+    assert lines[0].startswith("rmq-semantics: error: ")
+    assert "authentication" in lines[0].lower()
+    assert cli.stdout == ""
+
+
+def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
+        sasl_broker, unique, tmp_path):
+    coordinator = CoordinatorProcess(
+        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
+        env={"RMQ_KAFKA_SASL_PASSWORD": "wrong"}, topic_prefix=unique("bad").replace("-", ""))
+    try:
+        code = coordinator.proc.wait(START_TIMEOUT_S)
+    finally:
+        coordinator.stop()
+    assert code == 1
+    errors = [ln for ln in coordinator.log.splitlines() if "coordinator stopped" in ln]
+    assert len(errors) == 1 and "authentication failed" in errors[0].lower(), coordinator.log
+    assert "Traceback" not in coordinator.log
+
+
+@pytest.mark.spark
+def test_spark_source_reads_promoted_records_with_the_translated_credentials(
+        sasl_broker, unique, tmp_path):
+    pytest.importorskip("pyspark")
+    from confluent_kafka import Producer as RawProducer
+
+    from spark.job import run_job, spark_kafka_options
+
+    conf = sasl_conf(sasl_broker)
+    topic = unique("secure-spark")
+    ensure_topics(conf, {topic: (1, {})})
+    producer = RawProducer(conf)
+    for i in range(3):
+        producer.produce(topic, f"v{i}".encode(), headers=[("rmq.promoted_from", b"0:0")])
+    assert producer.flush(30) == 0
+    result = run_job(sasl_broker.bootstrap, topic, tmp_path / "out", available_now=True,
+                     kafka_options=spark_kafka_options(conf), master="local[1]",
+                     timeout_s=240)
+    assert result.rows_written == 3
