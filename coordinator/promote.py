@@ -14,6 +14,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import Action, Discard, Finish, IssueCheck, SaveCheckCounts, TxnState
 from rmq_semantics.errors import KafkaOperationError, RmqError
 from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
 
 __all__ = ["FatalCoordinatorError", "TransactionAborted", "TransactionWriter"]
@@ -25,7 +26,8 @@ TXN_CALL_TIMEOUT_S = 30.0
 # A crashed coordinator's open transaction blocks read_committed readers until the broker
 # aborts it; keep that window short. Must exceed the longest batch we write.
 TRANSACTION_TIMEOUT_MS = 15000
-COMMIT_RETRIES = 5
+# How long a retriable commit failure is retried before the batch is aborted and replayed.
+COMMIT_DEADLINE_S = 60.0
 
 
 class TransactionAborted(RmqError, RuntimeError):
@@ -94,16 +96,10 @@ class TransactionWriter:
         self._count(actions)
 
     def _commit(self) -> None:
-        for attempt in range(1, COMMIT_RETRIES + 1):
-            try:
+        # librdkafka's triage: a retriable commit error means "call commit again".
+        for attempt in retrying(COMMIT_DEADLINE_S):
+            with attempt:
                 self.producer.commit_transaction(TXN_CALL_TIMEOUT_S)
-                return
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                if not err.retriable() or attempt == COMMIT_RETRIES:
-                    raise
-                log.warning("commit_transaction failed (%s); retrying (%d/%d)", err.str(),
-                            attempt, COMMIT_RETRIES)
 
     def _triage(self, err: KafkaError, exc: Exception) -> None:
         if err.fatal():

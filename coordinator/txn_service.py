@@ -21,6 +21,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState, TxnState
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.retry import retrying
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, admin_conf, ensure_topics
 
 __all__ = ["TransactionService", "system_topic_specs"]
@@ -33,6 +34,7 @@ MAX_BATCH = 1000
 # Known business topics are trusted this long before the topic list is read again.
 TOPIC_CACHE_S = 10.0
 COMMITTED_TIMEOUT_S = 30.0
+STARTUP_DEADLINE_S = 120.0
 
 
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
@@ -241,7 +243,10 @@ class TransactionService:
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; the transaction in progress always completes."""
-        ensure_topics(self.conf, system_topic_specs(self.settings))
+        # A broker that is still starting is waited for; a wrong setting fails at once.
+        for attempt in retrying(STARTUP_DEADLINE_S, stop):
+            with attempt:
+                ensure_topics(self.conf, system_topic_specs(self.settings))
         self._admin = AdminClient(admin_conf(self.conf))
         self._retention_ms = self._read_retention()
         writer = TransactionWriter(
