@@ -35,9 +35,7 @@ def _avro(record: dict) -> bytes:
 
 def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_restart(
         broker, make_topic, unique, tmp_path):
-    from pyspark.sql import SparkSession
-
-    from spark.job import run_job
+    from spark.job import build_session, run_job
 
     prefix = unique("p").replace("-", "")
     topic = make_topic("payments", partitions=2)
@@ -77,8 +75,8 @@ def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_rest
     schema_file = tmp_path / "payment.avsc"
     schema_file.write_text(json.dumps(SCHEMA))
     output, checkpoint = tmp_path / "out", tmp_path / "ckpt"
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false") \
-        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    # Built with the Kafka source jars: the first session of the JVM fixes its classpath.
+    spark = build_session("local[2]")
     try:
         for _ in range(2):  # the second run of the same checkpoint must add nothing
             run_job(broker.bootstrap, topic, output, checkpoint=checkpoint,
