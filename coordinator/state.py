@@ -10,7 +10,7 @@ write in one Kafka transaction. It also computes the offsets to commit with them
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -30,6 +30,8 @@ __all__ = [
 # A deferred end request whose half offset is still unseen after this long, while the half
 # partition reports it is at its end, names an offset that does not exist.
 DEFER_GRACE_MS = 2000
+# How many decided offsets per partition are remembered for classifying late decisions.
+RECENT_OUTCOMES = 10_000
 
 
 class TxnState(Enum):
@@ -145,6 +147,9 @@ class PartitionState:
     half_at_end: bool = False
     op_at_end: bool = False
     counters: Counter = field(default_factory=Counter)
+    # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
+    # conflicting one after the offset left ``decided``.
+    outcomes: OrderedDict[int, TxnState] = field(default_factory=OrderedDict)
     # Rejected end requests with the reason, for the I/O layer to log and then clear.
     rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
     # Check markers read before their half record (op and half are consumed side by side).
@@ -177,6 +182,7 @@ class PartitionState:
         self.early_markers.pop(half_offset, None)
         if half_offset >= low:
             self.decided[half_offset] = (op_offset, outcome)
+        self.outcomes[half_offset] = outcome
 
     def on_check_marker(self, op_offset: int, half_offset: int, checks_issued: int,
                         checks_answered: int, answered_seq: int, next_check_ts: int) -> None:
@@ -247,7 +253,7 @@ class PartitionState:
             elif request.state == "UNKNOWN":
                 self.counters["late_unknown"] += 1
             else:
-                outcome = self.decided.get(offset, (None, None))[1]
+                outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
                     outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
                 self.counters["duplicate_decisions" if same else "conflicting_decisions"] += 1
@@ -275,16 +281,22 @@ class PartitionState:
         return [SaveCheckCounts(half, entry.checks_issued, entry.checks_answered,
                                 entry.answered_seq, entry.next_check_ts)]
 
+    def _remember(self, offset: int, outcome: TxnState) -> None:
+        self.decided[offset] = (None, outcome)
+        self.outcomes[offset] = outcome
+        while len(self.outcomes) > RECENT_OUTCOMES:
+            self.outcomes.popitem(last=False)
+
     def _finish(self, offset: int, outcome: TxnState) -> Finish:
         entry = self.pending.pop(offset)
         transition(entry.state, outcome)
-        self.decided[offset] = (None, outcome)
+        self._remember(offset, outcome)
         return Finish(entry.half, outcome, entry.checks_answered)
 
     def _discard(self, offset: int, reason: str) -> Discard:
         entry = self.pending.pop(offset)
         transition(entry.state, TxnState.DISCARDED)
-        self.decided[offset] = (None, TxnState.DISCARDED)
+        self._remember(offset, TxnState.DISCARDED)
         return Discard(entry.half, reason, entry.checks_answered)
 
     def due(self, now_ms: int) -> list[Action]:

@@ -79,6 +79,18 @@ def test_rocketmq_matrix_promotes_only_committed_exactly_once(broker, make_topic
     assert {checks[f"msg-{i}".encode()] for i in range(120) if i % 5 == 4} == {FAST["check_max"]}
 
 
+def _diagnose(coordinator) -> str:
+    from prometheus_client import generate_latest
+
+    service = coordinator.server.transactions
+    states = {p: (s.recovering, sorted(s.pending), s.deferred, s.half_position, s.op_position,
+                  service.committed_offsets(p), (s.half_commit, s.op_commit))
+              for p, s in dict(service.states).items()}
+    metrics = [line for line in generate_latest(coordinator.server.metrics.registry).decode()
+               .splitlines() if line.startswith("rmq_") and not line.endswith(" 0.0")]
+    return f"states={states} metrics={metrics}"
+
+
 def _sample(coordinator, name: str, **labels: str) -> float:
     value = coordinator.server.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
@@ -187,7 +199,7 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
         producer.end_transaction(second, S.COMMIT_MESSAGE)
         wait_for(lambda: no_pending(c, 4) and _sample(
             c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1, 60,
-            "all requests to be processed")
+            "all requests to be processed", details=lambda: _diagnose(c))
         assert _sample(c, "rmq_rejected_requests_total", reason="mismatch") == 2
         assert _sample(c, "rmq_conflicting_decisions_total", kind="duplicate_decisions") == 1
         assert _sample(c, "rmq_promotions_total") == 1

@@ -25,15 +25,16 @@ FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
-             interval_s: float = 0.1) -> object:
-    """Poll ``condition`` until truthy; fail with ``what`` after ``timeout_s``."""
+             interval_s: float = 0.1, details: Callable[[], str] | None = None) -> object:
+    """Poll ``condition`` until truthy; fail with ``what`` (and ``details()``) on timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    extra = f"; {details()}" if details else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}")
 
 
 class ThreadCoordinator:

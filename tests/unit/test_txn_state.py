@@ -50,6 +50,16 @@ def test_commit_promotes_once_and_later_decisions_are_ignored():
     assert st.counters["conflicting_decisions"] == 1
 
 
+def test_a_late_duplicate_is_told_from_a_conflict_after_the_offset_is_committed():
+    st = live()
+    st.on_half(0, half(0), T0)
+    st.on_end_request(end(0, 0, "COMMIT"), T0)
+    assert st.op_commit == 1  # offset 0 left the removeMap
+    st.on_end_request(end(1, 0, "COMMIT"), T0)
+    st.on_end_request(end(2, 0, "ROLLBACK"), T0)
+    assert (st.counters["duplicate_decisions"], st.counters["conflicting_decisions"]) == (1, 1)
+
+
 def test_mismatched_group_or_txn_id_is_rejected_and_stays_pending():
     st = live()
     st.on_half(0, half(0), T0)
