@@ -270,12 +270,143 @@ def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
             "spark_ratio": promoted_rate / plain_rate}
 
 
-def bench_orderly(conf: dict, s: BenchSettings) -> dict[str, float]:
+ORDERLY_BATCH = 32
+# Short leases so the takeover case finishes in seconds (recorded in the JSON).
+TAKEOVER_LEASE_MS, TAKEOVER_RENEW_MS, TAKEOVER_SESSION_MS = 6000, 1500, 6000
+ORDERLY_WORKER = """
+import sys, time
+from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+bootstrap, prefix, group, topic, lease, renew, session = sys.argv[1:8]
+def listener(msgs, context):
+    return ConsumeOrderlyStatus.SUCCESS
+c = OrderlyConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                     "session.timeout.ms": int(session), "auto.offset.reset": "earliest"},
+                    listener=listener, topic_prefix=prefix, lock_lease_ms=int(lease),
+                    lock_renew_ms=int(renew), batch_size=32)
+c.subscribe([topic]); c.start()
+while not any(st.locked for st in c.status().values()):
+    time.sleep(0.05)
+print("LOCKED", flush=True)
+time.sleep(3600)
+"""
+
+
+def _fill(conf: dict, topic: str, count: int, size: int) -> None:
+    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
+    value = os.urandom(size)
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, value, key=f"key-{i % 100}".encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def _plain_rate(conf: dict, topic: str, count: int) -> float:
+    consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
+                                         "auto.offset.reset": "earliest",
+                                         "isolation.level": "read_committed"})
+    consumer.subscribe([topic])
+    seen, first, deadline = 0, None, time.monotonic() + CASE_TIMEOUT_S
     try:
-        from rmq_semantics.bench_orderly import orderly_vs_plain
+        while seen < count and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.1):
+                if msg.error() is None:
+                    first = first or time.monotonic()
+                    seen += 1
+        return seen / (time.monotonic() - (first or time.monotonic()))
+    finally:
+        consumer.close()
+
+
+def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
+    from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+
+    lock = threading.Lock()
+    state = {"seen": 0, "first": None}
+
+    def listener(msgs: list, context: Any) -> ConsumeOrderlyStatus:
+        with lock:
+            state["first"] = state["first"] or time.monotonic()
+            state["seen"] += len(msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
+                                "auto.offset.reset": "earliest"}, listener=listener,
+                               topic_prefix=prefix, batch_size=ORDERLY_BATCH)
+    consumer.subscribe([topic])
+    consumer.start()
+    deadline = time.monotonic() + CASE_TIMEOUT_S
+    try:
+        while state["seen"] < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return state["seen"] / (time.monotonic() - (state["first"] or time.monotonic()))
+    finally:
+        consumer.shutdown()
+
+
+def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> float:
+    """Kill -9 the consumer holding every queue lock; time until a survivor consumes."""
+    from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+
+    topic = f"bench-takeover-{uuid.uuid4().hex[:8]}"
+    group = f"bench-takeover-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    victim = subprocess.Popen(
+        [sys.executable, "-c", ORDERLY_WORKER, bootstrap, prefix, group, topic,
+         str(TAKEOVER_LEASE_MS), str(TAKEOVER_RENEW_MS), str(TAKEOVER_SESSION_MS)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    got = threading.Event()
+    survivor = None
+    try:
+        if victim.stdout is None or not victim.stdout.readline().startswith("LOCKED"):
+            raise RuntimeError("the victim consumer never locked its queues")
+        killed_at = time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+
+        def listener(msgs: list, context: Any) -> ConsumeOrderlyStatus:
+            got.set()
+            return ConsumeOrderlyStatus.SUCCESS
+
+        survivor = OrderlyConsumer(
+            {**conf, "group.id": group, "session.timeout.ms": TAKEOVER_SESSION_MS,
+             "auto.offset.reset": "earliest"}, listener=listener, topic_prefix=prefix,
+            lock_lease_ms=TAKEOVER_LEASE_MS, lock_renew_ms=TAKEOVER_RENEW_MS)
+        survivor.subscribe([topic])
+        survivor.start()
+        _fill(conf, topic, 50, 100)
+        got.wait(CASE_TIMEOUT_S)
+        return time.monotonic() - killed_at
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        if survivor is not None:
+            survivor.shutdown()
+
+
+def bench_orderly(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> dict:
+    try:
+        import rmq_semantics.orderly  # noqa: F401 - the ordered-messages part may be absent
     except ImportError:
         return {}
-    return orderly_vs_plain(conf, s)
+    topic = f"bench-orderly-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    _fill(conf, topic, s.count, s.size)
+    plain_runs, orderly_runs = [], []
+    _plain_rate(conf, topic, s.count)  # warm-up
+    for _ in range(s.repeat):
+        plain_runs.append(_plain_rate(conf, topic, s.count))
+        orderly_runs.append(_orderly_rate(conf, prefix, topic, s.count))
+    plain, orderly = statistics.median(plain_runs), statistics.median(orderly_runs)
+    return {"plain_consumer_msgs_per_s": plain, "orderly_msgs_per_s": orderly,
+            "orderly_ratio": orderly / plain, "orderly_batch_size": ORDERLY_BATCH,
+            "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
+            "takeover_settings": {"lock_lease_ms": TAKEOVER_LEASE_MS,
+                                  "lock_renew_ms": TAKEOVER_RENEW_MS,
+                                  "session_timeout_ms": TAKEOVER_SESSION_MS}}
 
 
 def _median_of(fn: Callable[[], float], repeat: int) -> tuple[float, list[float]]:
@@ -375,7 +506,7 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -
                                         "p99": percentile(lateness, 99),
                                         "max": max(lateness, default=0), "n": len(lateness)}
         log("orderly consumer vs plain consumer")
-        results.update(bench_orderly(conf, s))
+        results.update(bench_orderly(conf, bootstrap, prefix, s))
         log("Spark job: promoted topic vs plain topic")
         results.update(bench_spark(bootstrap, promoted_topic, s, work))
     finally:
