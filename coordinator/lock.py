@@ -1,0 +1,240 @@
+"""The queue-lock table (RocketMQ's broker-side ``RebalanceLockManager``): pure, clock passed in.
+
+One entry per (consumer group, topic, partition). Its lifecycle is
+``FREE -> HELD(epoch) -> RELEASED | EXPIRED``, and a released or expired lock can be
+``HELD`` again with the next epoch. Decisions follow ``tryLockBatch``: the holder renews
+while its lease is live, any other client is denied, and a lapsed lease is taken over
+with ``epoch + 1``. Epochs only grow, so a consumer can fence its work with the epoch it
+was granted. Times are wall-clock milliseconds (``now_ms``) because the table outlives a
+coordinator process: it is restored from the compacted lock topic by the next owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from rmq_semantics.errors import ConfigError, IllegalTransitionError
+
+__all__ = [
+    "LockDecision",
+    "LockEntry",
+    "LockKey",
+    "LockState",
+    "LockTable",
+    "transition",
+]
+
+
+class LockState(Enum):
+    """Lifecycle of one queue lock."""
+
+    FREE = "FREE"
+    HELD = "HELD"
+    RELEASED = "RELEASED"
+    EXPIRED = "EXPIRED"
+
+
+#: The one transition table. HELD -> HELD is a renewal by the holder (same epoch); every
+#: other move into HELD is a new grant (epoch + 1). Nothing returns to FREE.
+TRANSITIONS: dict[LockState, frozenset[LockState]] = {
+    LockState.FREE: frozenset({LockState.HELD}),
+    LockState.HELD: frozenset({LockState.HELD, LockState.RELEASED, LockState.EXPIRED}),
+    LockState.RELEASED: frozenset({LockState.HELD}),
+    LockState.EXPIRED: frozenset({LockState.HELD}),
+}
+
+
+def transition(current: LockState, target: LockState) -> LockState:
+    """Return ``target`` if the lifecycle allows ``current -> target``, else raise."""
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransitionError(
+            f"queue lock cannot go from {current.value} to {target.value}")
+    return target
+
+
+@dataclass(frozen=True, order=True)
+class LockKey:
+    """(consumer group, topic, partition); its text form ``group/topic/partition`` is the
+    record key on the lock topics (topic names cannot contain ``/``, group ids can)."""
+
+    group: str
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.group}/{self.topic}/{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> LockKey:
+        parts = text.rsplit("/", 2)
+        if len(parts) == 3 and parts[0] and parts[1] and parts[2].isdigit():
+            return cls(parts[0], parts[1], int(parts[2]))
+        raise ConfigError(f"lock key {text!r}: want 'group/topic/partition'")
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """The state of one queue lock. ``expires_at_ms`` is meaningful while ``HELD``."""
+
+    key: LockKey
+    state: LockState = LockState.FREE
+    client_id: str = ""
+    epoch: int = 0
+    lease_ms: int = 0
+    acquired_at_ms: int = 0
+    expires_at_ms: int = 0
+    updated_at_ms: int = 0
+
+    def live(self, now_ms: int) -> bool:
+        """Held and the lease has not lapsed at ``now_ms``."""
+        return self.state is LockState.HELD and now_ms < self.expires_at_ms
+
+    def held_by(self, client_id: str, now_ms: int) -> bool:
+        return self.live(now_ms) and self.client_id == client_id
+
+    def remaining_ms(self, now_ms: int) -> int:
+        return max(0, self.expires_at_ms - now_ms) if self.live(now_ms) else 0
+
+    def moved(self, target: LockState, **changes: object) -> LockEntry:
+        """A copy in state ``target``; the one place an entry changes state."""
+        return replace(self, state=transition(self.state, target), **changes)
+
+
+@dataclass(frozen=True)
+class LockDecision:
+    """What a lock or unlock request got, and the entry to persist (None: unchanged).
+
+    ``granted`` is True when the requester holds the lock afterwards (lock) or released
+    it (unlock). For a denied lock, ``client_id``/``epoch``/``expires_at_ms`` describe the
+    current holder.
+    """
+
+    key: LockKey
+    granted: bool
+    reason: str
+    client_id: str
+    epoch: int
+    lease_ms: int
+    expires_at_ms: int
+    entry: LockEntry | None = None
+
+
+def _answer(entry: LockEntry, granted: bool, reason: str, changed: bool) -> LockDecision:
+    return LockDecision(entry.key, granted, reason, entry.client_id, entry.epoch,
+                        entry.lease_ms, entry.expires_at_ms, entry if changed else None)
+
+
+class LockTable:
+    """Lock entries by key, with the lock/renew/unlock decisions.
+
+    ``overlay()`` gives a child table that reads through to this one and records its own
+    changes, so a coordinator can stage a batch and ``absorb`` it only once the Kafka
+    transaction that persists it has committed.
+    """
+
+    def __init__(self, parent: LockTable | None = None) -> None:
+        self._entries: dict[LockKey, LockEntry] = {}
+        self._parent = parent
+
+    # -- storage ---------------------------------------------------------------------------
+    def get(self, key: LockKey) -> LockEntry:
+        entry = self._entries.get(key)
+        if entry is None and self._parent is not None:
+            entry = self._parent._lookup(key)
+        return entry if entry is not None else LockEntry(key)
+
+    def _lookup(self, key: LockKey) -> LockEntry | None:
+        entry = self._entries.get(key)
+        if entry is None and self._parent is not None:
+            return self._parent._lookup(key)
+        return entry
+
+    def _put(self, entry: LockEntry) -> None:
+        self._entries[entry.key] = entry
+
+    def __iter__(self) -> Iterator[LockEntry]:
+        """This table's own entries (an overlay: only what it changed)."""
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def overlay(self) -> LockTable:
+        return LockTable(parent=self)
+
+    def absorb(self, child: LockTable) -> None:
+        """Take over what an overlay changed (after its changes were persisted)."""
+        for entry in child:
+            self._put(entry)
+
+    def drop(self, keep: Callable[[LockKey], bool]) -> int:
+        """Forget entries whose key fails ``keep(key)`` (partitions this owner lost)."""
+        gone = [k for k in self._entries if not keep(k)]
+        for key in gone:
+            del self._entries[key]
+        return len(gone)
+
+    def restore(self, entry: LockEntry, now_ms: int, grace_ms: int) -> LockEntry:
+        """Load a persisted entry when taking over its partition.
+
+        A held lease is extended to at least ``now_ms + grace_ms``: this owner's clock is
+        not the previous owner's, so it never frees a lock earlier than a full lease after
+        it took over. An entry older than the one known is ignored (epochs only grow).
+        """
+        known = self._lookup(entry.key)
+        if known is not None and (known.epoch, known.updated_at_ms) > (entry.epoch,
+                                                                      entry.updated_at_ms):
+            return known
+        if entry.state is LockState.HELD:
+            entry = replace(entry, expires_at_ms=max(entry.expires_at_ms, now_ms + grace_ms))
+        self._put(entry)
+        return entry
+
+    # -- decisions -------------------------------------------------------------------------
+    def lock(self, key: LockKey, client_id: str, lease_ms: int, now_ms: int) -> LockDecision:
+        """Grant, renew or deny ``key`` for ``client_id`` (RocketMQ's ``tryLockBatch``)."""
+        if not client_id:
+            raise ConfigError("lock: client_id must be non-empty")
+        if lease_ms <= 0:
+            raise ConfigError(f"lock: lease_ms must be > 0, got {lease_ms}")
+        entry = self.get(key)
+        expires = now_ms + lease_ms
+        if entry.held_by(client_id, now_ms):
+            renewed = entry.moved(LockState.HELD, lease_ms=lease_ms, expires_at_ms=expires,
+                                  updated_at_ms=now_ms)
+            self._put(renewed)
+            return _answer(renewed, True, "renewed", True)
+        if entry.live(now_ms):
+            return _answer(entry, False, "held_by_other", False)
+        reason = "granted"
+        if entry.state is LockState.HELD:  # lapsed lease: it expires now, then is taken over
+            entry = entry.moved(LockState.EXPIRED, updated_at_ms=now_ms)
+            reason = "taken_over"
+        granted = entry.moved(LockState.HELD, client_id=client_id, epoch=entry.epoch + 1,
+                              lease_ms=lease_ms, acquired_at_ms=now_ms, expires_at_ms=expires,
+                              updated_at_ms=now_ms)
+        self._put(granted)
+        return _answer(granted, True, reason, True)
+
+    def unlock(self, key: LockKey, client_id: str, now_ms: int,
+               epoch: int | None = None) -> LockDecision:
+        """Release ``key`` if ``client_id`` holds it (and, if given, with ``epoch``)."""
+        entry = self.get(key)
+        if not entry.held_by(client_id, now_ms):
+            return _answer(entry, False, "not_holder", False)
+        if epoch is not None and epoch != entry.epoch:
+            return _answer(entry, False, "stale_epoch", False)
+        released = entry.moved(LockState.RELEASED, expires_at_ms=now_ms, updated_at_ms=now_ms)
+        self._put(released)
+        return _answer(released, True, "released", True)
+
+    def expire(self, key: LockKey, now_ms: int) -> LockDecision:
+        """Mark a lapsed lease EXPIRED (for housekeeping; ``lock`` does this on its own)."""
+        entry = self.get(key)
+        if entry.state is not LockState.HELD or entry.live(now_ms):
+            return _answer(entry, False, "not_lapsed", False)
+        expired = entry.moved(LockState.EXPIRED, updated_at_ms=now_ms)
+        self._put(expired)
+        return _answer(expired, True, "expired", True)
