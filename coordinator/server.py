@@ -13,6 +13,7 @@ import signal
 import threading
 from typing import Any
 
+from coordinator.lock_service import LockService
 from coordinator.metrics import CoordinatorMetrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
@@ -67,12 +68,8 @@ class Server:
         self._threads.append(thread)
         return thread
 
-    def _lock_service(self) -> Any | None:
-        try:
-            from coordinator.lock_service import LockService
-        except ModuleNotFoundError:
-            return None
-        return LockService(self.conf, self.settings)
+    def _lock_service(self) -> LockService:
+        return LockService(self.conf, self.settings, metrics=self.metrics)
 
     def run(self) -> int:
         """Block until stopped; return the process exit code."""
@@ -84,8 +81,7 @@ class Server:
                      self._http.port)
         self._service_thread("rmq-transactions", self.transactions.run).start()
         locks = self._lock_service()
-        if locks is not None:
-            self._service_thread("rmq-locks", locks.run).start()
+        self._service_thread("rmq-locks", locks.run).start()
         try:
             while not self.stop_event.wait(0.2):
                 pass
@@ -93,8 +89,7 @@ class Server:
             self.stop()
             for thread in self._threads:
                 thread.join(JOIN_TIMEOUT_S)
-            if locks is not None:
-                locks.close()
+            locks.close()
             if self._http is not None:
                 self._http.close()
         if self._errors:

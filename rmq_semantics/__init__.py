@@ -17,6 +17,14 @@ from rmq_semantics.errors import (
     SystemTopicError,
 )
 from rmq_semantics.message import Message, SendResult
+from rmq_semantics.orderly import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+    OrderlyConsumer,
+    OrderlyMessage,
+    PartitionStatus,
+)
 from rmq_semantics.producer import Producer
 from rmq_semantics.selector import MessageQueueSelector, SelectMessageQueueByHash
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
@@ -32,6 +40,8 @@ __all__ = [
     "AuthenticationError",
     "BrokerUnavailableError",
     "ConfigError",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
     "Consumer",
     "EmbeddedKafkaError",
     "IllegalTransitionError",
@@ -40,7 +50,11 @@ __all__ = [
     "LockLostError",
     "MalformedRecordError",
     "Message",
+    "MessageListenerOrderly",
     "MessageQueueSelector",
+    "OrderlyConsumer",
+    "OrderlyMessage",
+    "PartitionStatus",
     "Producer",
     "RmqError",
     "RmqTimeoutError",

@@ -81,27 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     kafka.set_defaults(func=_cmd_kafka)
 
-    for register in _optional_commands():
+    for register in _subcommand_registrars():
         register(sub)
     return parser
 
 
-def _optional_commands() -> list:
-    """Subcommands that live in other modules (coordinator, txn, spark, demo, bench)."""
-    registrars = []
-    for module, name in (("coordinator.server", "register_cli"),
-                         ("rmq_semantics.admin", "register_cli"),
-                         ("spark.job", "register_cli"),
-                         ("rmq_semantics.demo", "register_cli"),
-                         ("rmq_semantics.bench", "register_cli")):
-        try:
-            mod = __import__(module, fromlist=[name])
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                continue  # that part is not built (or not installed) here
-            raise
-        registrars.append(getattr(mod, name))
-    return registrars
+def _subcommand_registrars() -> list:
+    """Subcommands defined next to what they run; none imports Spark until it runs."""
+    from coordinator.server import register_cli as coordinator
+    from rmq_semantics.admin import register_cli as txn
+    from rmq_semantics.bench import register_cli as bench
+    from rmq_semantics.demo import register_cli as demo
+    from spark.job import register_cli as spark
+
+    return [coordinator, txn, spark, demo, bench]
 
 
 def main(argv: list[str] | None = None) -> int:
