@@ -153,9 +153,17 @@ class NoopListener(TransactionListener):
 
 
 def _spawn_coordinator(bootstrap: str, prefix: str, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "coordinator", "--bootstrap-servers",
-                             bootstrap, "--topic-prefix", prefix, *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_path = Path(tempfile.gettempdir()) / f"rmq-bench-{prefix}.log"
+    with open(log_path, "wb") as log_file:
+        return subprocess.Popen([sys.executable, "-m", "coordinator", "--bootstrap-servers",
+                                 bootstrap, "--topic-prefix", prefix, *flags],
+                                stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def _require_alive(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        raise RuntimeError(f"the coordinator exited with {proc.returncode}; see "
+                           f"{tempfile.gettempdir()}/rmq-bench-*.log")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -225,6 +233,7 @@ def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[f
                 time.sleep(0.05)  # spread deadlines over time, as real traffic would
             deadline = time.monotonic() + CASE_TIMEOUT_S
             while len(listener.checked) < len(born) and time.monotonic() < deadline:
+                _require_alive(coordinator)
                 time.sleep(0.1)
     finally:
         _stop(coordinator)
