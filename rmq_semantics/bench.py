@@ -8,6 +8,7 @@ Benchmarks are scripts, not tests: nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -432,15 +433,17 @@ def plot(results: dict, latencies: dict[str, list[float]], lateness: list[float]
     import matplotlib.pyplot as plt
 
     files = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, values in latencies.items():
-        if values:
-            ax.hist(values, bins=60, alpha=0.6, label=name)
-    ax.set_xlabel("commit-to-visible latency (ms)")
-    ax.set_ylabel("messages")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("Transactional messages: local COMMIT -> visible on the real topic")
+    fig, axes = plt.subplots(1, len(latencies), figsize=(11, 4), squeeze=False)
+    for ax, (name, values) in zip(axes[0], latencies.items(), strict=True):
+        ax.hist(values or [0], bins=60, color="#c44")
+        for q, style in ((50, "--"), (99, ":")):
+            ax.axvline(percentile(values, q), color="black", linestyle=style,
+                       label=f"p{q} {percentile(values, q):.0f} ms")
+        ax.set_xlabel("commit-to-visible latency (ms)")
+        ax.set_ylabel("messages")
+        ax.set_title(name)
+        ax.legend()
+    fig.suptitle("Transactional messages: local COMMIT -> visible on the real topic")
     fig.tight_layout()
     fig.savefig(out_dir / "latency.png", dpi=110)
     files.append("latency.png")
@@ -481,7 +484,8 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "kafka": kafka_version(),
-                    "confluent_kafka": ck.version()[0], "librdkafka": ck.libversion()[0]},
+                    "confluent_kafka": importlib.metadata.version("confluent-kafka"),
+                    "librdkafka": ck.libversion()[0]},
         "settings": s.__dict__,
     }
     coordinator = _spawn_coordinator(bootstrap, prefix, "--half-partitions", str(s.partitions))
@@ -523,8 +527,9 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -
         broker.stop()
     results["elapsed_s"] = time.monotonic() - started
     out.parent.mkdir(parents=True, exist_ok=True)
-    results["plots"] = plot(results, {f"{s.rate} msgs/s": fixed_latency,
-                                      "saturation": saturation_latency}, lateness, out.parent)
+    results["plots"] = plot(results, {f"offered {s.rate} msgs/s": fixed_latency,
+                                      "saturation (as fast as it goes)": saturation_latency},
+                            lateness, out.parent)
     out.write_text(json.dumps(results, indent=2, default=str))
     return results
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import fastavro
 import pytest
@@ -100,3 +101,25 @@ def test_demo_prints_pass_and_exits_zero():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "PASS" in proc.stdout
     assert "orders committed (SQLite)" in proc.stdout
+
+
+def test_demo_interrupted_with_ctrl_c_stops_everything_it_started(tmp_path):
+    work = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "rmq_semantics", "demo", "--work-dir",
+                             str(work), "--keep"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        for line in proc.stdout:
+            if "order service" in line:  # broker and coordinator are up
+                break
+        broker = json.loads((work / "kafka" / "broker.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not Path(f"/proc/{broker['pid']}").exists(), "the demo left its broker running"
+    leftovers = subprocess.run(
+        ["pgrep", "-f", f"coordinator --bootstrap-servers 127.0.0.1:{broker['port']}"],
+        capture_output=True, text=True)
+    assert leftovers.stdout == "", "the demo left its coordinator running"
