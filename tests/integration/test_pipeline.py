@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import fastavro
@@ -18,8 +17,7 @@ from rmq_semantics import Message, SystemTopicError, TransactionProducer
 from tests.integration.txn_helpers import (
     REPO,
     ScriptedListener,
-    TopicReader,
-    spawn_coordinator,
+    send_through_coordinator_crash,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -47,31 +45,12 @@ def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_rest
             io.BytesIO(v), fastavro.parse_schema(SCHEMA))["id"] % 4 == 3 else S.COMMIT_MESSAGE,
         lambda v: S.UNKNOW)
     conf = broker.conf()
-    instance = unique("coord")
-    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
-    reader = TopicReader(conf, topic, 2)
-    try:
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix, half_partitions=4) as producer:
-            def send() -> None:
-                for i in range(total):
-                    producer.send_message_in_transaction(
-                        Message(topic, _avro({"id": i, "amount": i / 10}), key=str(i % 7)))
-
-            sender = threading.Thread(target=send)
-            sender.start()
-            reader.read_until(lambda r: len(r) >= 100, 120, "the first promotions")
-            coordinator.send_signal(signal.SIGKILL)
-            coordinator.wait(30)
-            coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
-                                            instance_id=instance)
-            sender.join(300)
-            producer.flush(30)
-            reader.read_until(lambda r: len(r) >= len(committed), 180, "every promotion")
-    finally:
-        coordinator.send_signal(signal.SIGTERM)
-        coordinator.wait(60)
-        reader.close()
+    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                             topic_prefix=prefix, half_partitions=4) as producer:
+        messages = [Message(topic, _avro({"id": i, "amount": i / 10}), key=str(i % 7))
+                    for i in range(total)]
+        send_through_coordinator_crash(broker, prefix, topic, 2, producer, messages,
+                                       kill_after=100, expect=len(committed))
 
     schema_file = tmp_path / "payment.avsc"
     schema_file.write_text(json.dumps(SCHEMA))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
 
 import pytest
@@ -24,7 +23,7 @@ from tests.integration.txn_helpers import (
     TopicReader,
     no_pending,
     read_to_end,
-    spawn_coordinator,
+    send_through_coordinator_crash,
     wait_for,
 )
 
@@ -243,28 +242,12 @@ def test_coordinator_sigkill_mid_5000_commits_then_restart_promotes_each_once(
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
     total = 5000
-    instance = unique("coord")
-    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
-    reader = TopicReader(conf, topic, 3)
-    try:
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix, half_partitions=4) as producer:
-            sent: list = []
-            sender = threading.Thread(target=_send_all, args=(producer, topic, total, sent))
-            sender.start()
-            reader.read_until(lambda r: len(r) >= 1000, 120, "the first promotions")
-            coordinator.send_signal(signal.SIGKILL)
-            coordinator.wait(30)
-            coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
-                                            instance_id=instance)
-            sender.join(300)
-            assert len(sent) == total
-            producer.flush(30)
-            reader.read_until(lambda r: len(r) >= total, 180, "every promotion")
-    finally:
-        coordinator.send_signal(signal.SIGTERM)
-        assert coordinator.wait(60) == 0
-        reader.close()
+    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                             topic_prefix=prefix, half_partitions=4) as producer:
+        messages = [Message(topic, f"m{i}".encode(), key=f"k{i % 50}") for i in range(total)]
+        exit_code = send_through_coordinator_crash(broker, prefix, topic, 3, producer, messages,
+                                                   kill_after=1000, expect=total)
+    assert exit_code == 0
     counts = Counter(m.value() for m in read_to_end(conf, topic, 3))
     assert len(counts) == total and set(counts.values()) == {1}
 

@@ -4,10 +4,12 @@ subprocess, listeners with scripted answers, and a read_committed reader of a to
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,3 +155,33 @@ def no_pending(coordinator: ThreadCoordinator, partitions: int) -> bool:
         not s.recovering and not s.pending and not s.deferred
         and service.committed_offsets(p) == (s.half_commit, s.op_commit)
         for p, s in states.items())
+
+
+def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: int,
+                                   producer, messages: list, kill_after: int,
+                                   expect: int) -> int:
+    """Send ``messages`` transactionally while a coordinator subprocess promotes them;
+    SIGKILL it once ``kill_after`` records are visible on ``topic``, restart it with the same
+    instance id, and wait until ``expect`` records are visible. Returns the restarted
+    coordinator's exit code after SIGTERM."""
+    instance = f"coord-{uuid.uuid4().hex[:8]}"
+    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
+    reader = TopicReader(broker.conf(), topic, partitions)
+    try:
+        sender = threading.Thread(
+            target=lambda: [producer.send_message_in_transaction(m) for m in messages])
+        sender.start()
+        reader.read_until(lambda r: len(r) >= kill_after, 120, "the first promotions")
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait(30)
+        coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
+                                        instance_id=instance)
+        sender.join(300)
+        assert not sender.is_alive(), "the producer did not finish sending"
+        producer.flush(30)
+        reader.read_until(lambda r: len(r) >= expect, 180, "every promotion")
+    finally:
+        coordinator.send_signal(signal.SIGTERM)
+        exit_code = coordinator.wait(60)
+        reader.close()
+    return exit_code
