@@ -63,6 +63,13 @@ def _load(data: bytes | None, what: str) -> dict[str, Any]:
     return body
 
 
+def _kind(body: dict, what: str) -> RequestKind:
+    try:
+        return RequestKind(body.get("kind"))
+    except ValueError as exc:
+        raise MalformedRecordError(f"{what}: unknown kind {body.get('kind')!r}") from exc
+
+
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
     value = body.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -112,10 +119,7 @@ class LockRequest:
     def decode(cls, data: bytes | None) -> LockRequest:
         what = "lock request"
         body = _load(data, what)
-        try:
-            kind = RequestKind(body.get("kind"))
-        except ValueError as exc:
-            raise MalformedRecordError(f"{what}: unknown kind {body.get('kind')!r}") from exc
+        kind = _kind(body, what)
         queues = []
         for q in _field(body, "queues", list, what):
             if not isinstance(q, dict):
@@ -178,10 +182,7 @@ class LockReply:
     def decode(cls, data: bytes | None) -> LockReply:
         what = "lock reply"
         body = _load(data, what)
-        try:
-            kind = RequestKind(body.get("kind"))
-        except ValueError as exc:
-            raise MalformedRecordError(f"{what}: unknown kind {body.get('kind')!r}") from exc
+        kind = _kind(body, what)
         results = []
         for r in _field(body, "results", list, what):
             if not isinstance(r, dict):
