@@ -372,10 +372,15 @@ class EmbeddedKafka:
     @staticmethod
     def _wait_exit(pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
+            if not _pid_alive(pid):
+                # It may have died after a non-blocking wait: reap our zombie child now, or
+                # it outlives us (re-parented to an init that reaps it whenever it likes).
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                return True
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _pid_alive(pid):
-                return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.1)
-        return not _pid_alive(pid)
