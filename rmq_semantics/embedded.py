@@ -145,6 +145,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _cluster_id() -> str:
+    """16 random bytes in URL-safe base64, as StorageTool wants. Like Kafka's own
+    Uuid.randomUuid, never one starting with '-': the tool would read it as an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def _pid_is_our_broker(pid: int, data_dir: Path) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -305,8 +314,7 @@ class EmbeddedKafka:
                     f"({meta} is missing or has no cluster.id); remove it or choose "
                     "another --data-dir")
             return
-        # StorageTool wants a cluster id of 16 bytes in URL-safe base64.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
                "-t", cluster_id, "-c", str(props), "--ignore-formatted"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
