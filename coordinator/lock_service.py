@@ -38,6 +38,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from coordinator.lock import LockTable
 from coordinator.lock_records import LockReply, LockRequest, QueueResult, RequestKind, encode_state
 from coordinator.lock_records import decode_state as decode_state_record
+from coordinator.promote import RETRY_BACKOFF_MS
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
 from rmq_semantics.retry import retrying
@@ -242,6 +243,7 @@ class LockService:
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 1,
+            "retry.backoff.ms": RETRY_BACKOFF_MS,  # see coordinator.promote
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
         }))
         self._txn_call(producer.init_transactions, "initialising transactions")

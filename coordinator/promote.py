@@ -17,7 +17,7 @@ from rmq_semantics.records.codec import RecordType, encode
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
 
-__all__ = ["FatalCoordinatorError", "TransactionAborted", "TransactionWriter"]
+__all__ = ["RETRY_BACKOFF_MS", "FatalCoordinatorError", "TransactionAborted", "TransactionWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,11 @@ TXN_CALL_TIMEOUT_S = 30.0
 TRANSACTION_TIMEOUT_MS = 15000
 # How long a retriable commit failure is retried before the batch is aborted and replayed.
 COMMIT_DEADLINE_S = 60.0
+# The next transaction's AddOffsetsToTxn gets CONCURRENT_TRANSACTIONS until the broker has
+# written the previous commit's markers (a few ms), and librdkafka retries it after
+# retry.backoff.ms: its default of 100 ms made every back-to-back transaction take 100 ms.
+# Measured on the embedded broker: 100 ms -> 5.5 ms per send_offsets_to_transaction.
+RETRY_BACKOFF_MS = 2
 
 
 class TransactionAborted(RmqError, RuntimeError):
@@ -62,6 +67,7 @@ class TransactionWriter:
             "partitioner": "murmur2_random",  # Java's placement for keyed records
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
             "linger.ms": 1,
+            "retry.backoff.ms": RETRY_BACKOFF_MS,
             "logger": logging.getLogger("rmq_semantics.librdkafka"),
         }
         self.producer = confluent_kafka.Producer(producer_conf)
