@@ -9,7 +9,12 @@ from rmq_semantics.message import PROMOTED_KEEPS, H, Headers
 
 __all__ = ["HalfMessage", "parse_half"]
 
-_REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
+# Plain strings: an enum member's ``.value`` costs a descriptor call per record.
+_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS = (
+    H.TXN_ID.value, H.REAL_TOPIC.value, H.PRODUCER_GROUP.value, H.BORN_TS.value)
+_REAL_PARTITION, _CHECK_IMMUNITY_MS = H.REAL_PARTITION.value, H.CHECK_IMMUNITY_MS.value
+_PROMOTED_FROM = H.PROMOTED_FROM.value
+_REQUIRED = (_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class HalfMessage:
         """User headers, the kept ``rmq.*`` ones, and ``rmq.promoted_from``."""
         kept = [(k, v) for k, v in self.headers
                 if not k.startswith("rmq.") or k in PROMOTED_KEEPS]
-        kept.append((H.PROMOTED_FROM.value, f"{self.partition}:{self.offset}".encode()))
+        kept.append((_PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
         return kept
 
     def first_check_ts(self, transaction_timeout_ms: int) -> int:
@@ -56,19 +61,19 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     for name, raw in headers or []:
         if name.startswith("rmq."):
             found[name] = raw or b""
-    missing = [h.value for h in _REQUIRED if h.value not in found]
+    missing = [h for h in _REQUIRED if h not in found]
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
     try:
-        real_partition = found.get(H.REAL_PARTITION.value)
-        immunity = found.get(H.CHECK_IMMUNITY_MS.value)
+        real_partition = found.get(_REAL_PARTITION)
+        immunity = found.get(_CHECK_IMMUNITY_MS)
         return HalfMessage(
             partition=partition, offset=offset, timestamp_ms=timestamp_ms,
-            txn_id=found[H.TXN_ID.value].decode(),
-            producer_group=found[H.PRODUCER_GROUP.value].decode(),
-            real_topic=found[H.REAL_TOPIC.value].decode(),
+            txn_id=found[_TXN_ID].decode(),
+            producer_group=found[_PRODUCER_GROUP].decode(),
+            real_topic=found[_REAL_TOPIC].decode(),
             real_partition=int(real_partition) if real_partition else None,
-            born_ts=int(found[H.BORN_TS.value]),
+            born_ts=int(found[_BORN_TS]),
             check_immunity_ms=int(immunity) if immunity else None,
             key=key, value=value, headers=list(headers or []))
     except (ValueError, UnicodeDecodeError) as exc:

@@ -171,14 +171,20 @@ class TransactionWriter:
 
     def _count(self, actions: Sequence[Action]) -> None:
         now = time.time()
+        debug = log.isEnabledFor(logging.DEBUG)
+        promotions = 0
         for action in actions:
             half = action.half
-            where = f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
             if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
-                self.metrics.promotions.inc()
-                self.metrics.promotion_latency.observe(max(0.0, now - action.half.born_ts / 1000))
-                log.debug("%s promoted to %s", where, action.half.real_topic)
-            elif isinstance(action, Finish):
+                # The hot path: no per-record string unless debug logging is on.
+                promotions += 1
+                self.metrics.promotion_latency.observe(max(0.0, now - half.born_ts / 1000))
+                if debug:
+                    log.debug("%s[%d]@%d txn=%s promoted to %s", self.topics.half,
+                              half.partition, half.offset, half.txn_id, half.real_topic)
+                continue
+            where = f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
+            if isinstance(action, Finish):
                 self.metrics.rollbacks.inc()
                 log.debug("%s rolled back", where)
             elif isinstance(action, IssueCheck):
@@ -189,6 +195,8 @@ class TransactionWriter:
                 self.metrics.discarded.labels(
                     "retention" if "retention" in action.reason else "check_max").inc()
                 log.warning("%s discarded: %s", where, action.reason)
+        if promotions:
+            self.metrics.promotions.inc(promotions)
 
     def close(self) -> None:
         self.producer.flush(TXN_CALL_TIMEOUT_S)

@@ -35,6 +35,8 @@ MAX_BATCH = 1000
 TOPIC_CACHE_S = 10.0
 COMMITTED_TIMEOUT_S = 30.0
 STARTUP_DEADLINE_S = 120.0
+GAUGE_INTERVAL_S = 1.0
+_OUTCOMES = {state.value: state for state in TxnState}
 
 
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
@@ -66,6 +68,7 @@ class TransactionService:
         self._retention_ms: int | None = None
         self._known_topics: set[str] = set()
         self._topics_read_at = 0.0
+        self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
         self.ready = threading.Event()
@@ -139,7 +142,6 @@ class TransactionService:
         if state is None:
             return []
         offset = msg.offset()
-        where = f"{topic}[{partition}]@{offset}"
         if topic == self.topics.half:
             try:
                 half = parse_half(partition, offset, msg.timestamp()[1], msg.key(), msg.value(),
@@ -148,35 +150,36 @@ class TransactionService:
                 self.metrics.malformed.labels(topic).inc()
                 txn = next((v.decode(errors="replace") for k, v in msg.headers() or []
                             if k == "rmq.txn_id" and v), "?")
-                log.warning("%s txn=%s skipped: %s", where, txn, exc)
+                log.warning("%s[%s]@%s txn=%s skipped: %s", topic, partition, offset, txn, exc)
                 half = None
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
         except MalformedRecordError as exc:
             self.metrics.malformed.labels(topic).inc()
-            log.warning("%s skipped: %s", where, exc)
+            log.warning("%s[%s]@%s skipped: %s", topic, partition, offset, exc)
             state.on_malformed_op(offset)
             return []
         body = record.body
         if record.type is RecordType.DONE_MARKER:
-            state.on_done_marker(offset, body["half_offset"], TxnState(body["outcome"]))
+            state.on_done_marker(offset, body["half_offset"], _OUTCOMES[body["outcome"]])
         elif record.type is RecordType.CHECK_MARKER:
             state.on_check_marker(offset, body["half_offset"], body["checks_issued"],
                                   body["checks_answered"], body["answered_seq"],
                                   body["next_check_ts"])
         elif record.type is RecordType.END_REQUEST:
-            return self._on_end(state, offset, body, where, now)
+            return self._on_end(state, offset, body, now)
         else:
             self.metrics.malformed.labels(topic).inc()
-            log.warning("%s skipped: %s does not belong on the op topic", where, record.type.name)
+            log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
+                        partition, offset, record.type.name)
             state.on_malformed_op(offset)
         return []
 
-    def _on_end(self, state: PartitionState, offset: int, body: dict, where: str,
-                now: int) -> list:
+    def _on_end(self, state: PartitionState, offset: int, body: dict, now: int) -> list:
         request = EndRequest(offset, body["txn_id"], body["producer_group"], body["half_offset"],
                              body["state"], body["from_check"], body["check_seq"], now)
+        where = f"{self.topics.op}[{state.partition}]@{offset}"
         if body["half_partition"] != state.partition:
             self.metrics.rejected.labels("wrong_partition").inc()
             log.warning("%s txn=%s rejected: names half partition %d", where, request.txn_id,
@@ -196,6 +199,10 @@ class TransactionService:
 
     def _publish_counters(self) -> None:
         now = time.time()
+        # The pending gauges scan every pending entry: once a second is fresh enough.
+        gauges_due = time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S
+        if gauges_due:
+            self._gauges_at = time.monotonic()
         for p, state in self.states.items():
             for request, reason in state.rejections:
                 log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", self.topics.op,
@@ -208,6 +215,8 @@ class TransactionService:
                               "unknown_ignored"):
                     self.metrics.conflicting.labels(name).inc(count)
             state.counters.clear()
+            if not gauges_due:
+                continue
             self.metrics.pending.labels(str(p)).set(len(state.pending))
             oldest = min((e.half.born_ts for e in state.pending.values()), default=None)
             self.metrics.oldest_pending_age.labels(str(p)).set(

@@ -42,6 +42,8 @@ __all__ = ["BenchSettings", "register_cli", "run_bench"]
 # Any single case that has not finished by then is broken, not slow.
 CASE_TIMEOUT_S = 300.0
 TXN_BATCH = 500
+# Records sent through each path before its clock starts (connections, metadata, JIT).
+WARM_UP = 200
 
 
 @dataclass(frozen=True)
@@ -78,33 +80,44 @@ def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consum
 
 
 class Collector(threading.Thread):
-    """Consumes ``topic`` until ``want`` records came; notes when each txn id became visible."""
+    """Consumes ``topic`` until ``warm_up + want`` records came; notes when each txn id became
+    visible. ``warmed`` is set once the first ``warm_up`` records came: from then on every
+    client on the path is connected and knows the topic, so the clock starts there."""
 
-    def __init__(self, conf: dict, topic: str, partitions: int, want: int) -> None:
+    def __init__(self, conf: dict, topic: str, partitions: int, want: int,
+                 warm_up: int = 0) -> None:
         super().__init__(daemon=True)
         self.consumer = _consumer(conf, topic, partitions)
-        self.want = want
+        self.warm_up = warm_up
+        self.want = warm_up + want
         self.count = 0
-        self.first_at: float | None = None
         self.done_at: float | None = None
         self.visible: dict[bytes, float] = {}
-        self.ready = threading.Event()  # assigned and fetching: start the clock after this
+        self.warmed = threading.Event()
         self.deadline = time.monotonic() + CASE_TIMEOUT_S
+
+    def wait_warm(self) -> None:
+        if not self.warmed.wait(CASE_TIMEOUT_S):
+            raise RuntimeError(f"the {self.warm_up} warm-up records never arrived")
+
+    @property
+    def measured(self) -> int:
+        return max(0, self.count - self.warm_up)
 
     def run(self) -> None:
         try:
             while self.count < self.want and time.monotonic() < self.deadline:
                 # Wait for one record, then take what is queued without waiting for more.
                 first = self.consumer.poll(0.05)
-                self.ready.set()
                 if first is None:
                     continue
                 for msg in [first, *self.consumer.consume(999, 0)]:
                     if msg.error() is not None:
                         continue
                     now = time.monotonic()
-                    self.first_at = self.first_at or now
                     self.count += 1
+                    if self.count >= self.warm_up:
+                        self.warmed.set()
                     for name, value in msg.headers() or []:
                         if name == "rmq.txn_id":
                             self.visible[value] = now
@@ -116,12 +129,15 @@ class Collector(threading.Thread):
 def bench_baseline(conf: dict, s: BenchSettings) -> float:
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
-    collector = Collector(conf, topic, s.partitions, s.count)
+    collector = Collector(conf, topic, s.partitions, s.count, warm_up=WARM_UP)
     collector.start()
-    collector.ready.wait(30)
     producer = confluent_kafka.Producer({**conf, "enable.idempotence": True, "acks": "all",
                                          "linger.ms": 5})
     value = os.urandom(s.size)
+    for _ in range(WARM_UP):
+        producer.produce(topic, value)
+    producer.flush(60)
+    collector.wait_warm()
     start = time.monotonic()
     for i in range(s.count):
         while True:
@@ -133,7 +149,7 @@ def bench_baseline(conf: dict, s: BenchSettings) -> float:
         producer.poll(0)
     producer.flush(60)
     collector.join(CASE_TIMEOUT_S)
-    return s.count / ((collector.done_at or time.monotonic()) - start)
+    return collector.measured / ((collector.done_at or time.monotonic()) - start)
 
 
 class NoopListener(TransactionListener):
@@ -182,13 +198,15 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     topic = f"bench-txn-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     listener = NoopListener()
-    collector = Collector(conf, topic, s.partitions, count)
+    collector = Collector(conf, topic, s.partitions, count, warm_up=WARM_UP)
     collector.start()
-    collector.ready.wait(30)
     value = os.urandom(s.size)
     with TransactionProducer({**conf, "linger.ms": 1}, producer_group="bench",
                              listener=listener, topic_prefix=prefix,
                              half_partitions=s.partitions) as producer:
+        producer.send_messages_in_transaction([Message(topic, value) for _ in range(WARM_UP)])
+        collector.wait_warm()
+        listener.decided.clear()
         start = time.monotonic()
         if rate is None:
             for i in range(0, count, TXN_BATCH):
@@ -210,7 +228,7 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     elapsed = (collector.done_at or time.monotonic()) - start
     latencies = [(collector.visible[t.encode()] - at) * 1000
                  for t, at in listener.decided.items() if t.encode() in collector.visible]
-    return collector.count / elapsed, latencies, topic
+    return collector.measured / elapsed, latencies, topic
 
 
 def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
