@@ -332,35 +332,55 @@ def _fill(conf: dict, topic: str, count: int, size: int) -> None:
     producer.flush(60)
 
 
-def _plain_rate(conf: dict, topic: str, count: int) -> float:
+class _CountingListener:
+    """The listener both consumers of the orderly case call: counts, notes the first call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen = 0
+        self.first: float | None = None
+
+    def __call__(self, msgs: list, context: Any = None) -> Any:
+        from rmq_semantics.orderly import ConsumeOrderlyStatus
+
+        with self.lock:
+            self.first = self.first or time.monotonic()
+            self.seen += len(msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    def rate(self) -> float:
+        return self.seen / (time.monotonic() - (self.first or time.monotonic()))
+
+
+def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
+    """A plain consumer with Kafka's defaults (auto commit). With ``batch``, it hands
+    batches of that size to the same listener as the orderly consumer, as an application
+    would; without, it only counts what librdkafka hands over (an upper bound)."""
     consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
                                          "auto.offset.reset": "earliest",
                                          "isolation.level": "read_committed"})
     consumer.subscribe([topic])
-    seen, first, deadline = 0, None, time.monotonic() + CASE_TIMEOUT_S
+    listener = _CountingListener()
+    deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
-        while seen < count and time.monotonic() < deadline:
-            for msg in consumer.consume(500, 0.1):
-                if msg.error() is None:
-                    first = first or time.monotonic()
-                    seen += 1
-        return seen / (time.monotonic() - (first or time.monotonic()))
+        while listener.seen < count and time.monotonic() < deadline:
+            msgs = [m for m in consumer.consume(batch or 500, 0.1) if m.error() is None]
+            if not msgs:
+                continue
+            if batch:
+                listener(msgs, None)
+            else:
+                listener.first = listener.first or time.monotonic()
+                listener.seen += len(msgs)
+        return listener.rate()
     finally:
         consumer.close()
 
 
 def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
-    from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+    from rmq_semantics.orderly import OrderlyConsumer
 
-    lock = threading.Lock()
-    state = {"seen": 0, "first": None}
-
-    def listener(msgs: list, context: Any) -> ConsumeOrderlyStatus:
-        with lock:
-            state["first"] = state["first"] or time.monotonic()
-            state["seen"] += len(msgs)
-        return ConsumeOrderlyStatus.SUCCESS
-
+    listener = _CountingListener()
     consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
                                 "auto.offset.reset": "earliest"}, listener=listener,
                                topic_prefix=prefix, batch_size=ORDERLY_BATCH)
@@ -368,9 +388,9 @@ def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
     consumer.start()
     deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
-        while state["seen"] < count and time.monotonic() < deadline:
+        while listener.seen < count and time.monotonic() < deadline:
             time.sleep(0.02)
-        return state["seen"] / (time.monotonic() - (state["first"] or time.monotonic()))
+        return listener.rate()
     finally:
         consumer.shutdown()
 
@@ -423,14 +443,18 @@ def bench_orderly(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> 
     topic = f"bench-orderly-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     _fill(conf, topic, s.count, s.size)
-    plain_runs, orderly_runs = [], []
-    _plain_rate(conf, topic, s.count)  # warm-up
+    plain_runs, count_only_runs, orderly_runs = [], [], []
+    _plain_rate(conf, topic, s.count, ORDERLY_BATCH)  # warm-up
     for _ in range(s.repeat):
-        plain_runs.append(_plain_rate(conf, topic, s.count))
+        plain_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH))
+        count_only_runs.append(_plain_rate(conf, topic, s.count, None))
         orderly_runs.append(_orderly_rate(conf, prefix, topic, s.count))
     plain, orderly = statistics.median(plain_runs), statistics.median(orderly_runs)
     return {"plain_consumer_msgs_per_s": plain, "orderly_msgs_per_s": orderly,
             "orderly_ratio": orderly / plain, "orderly_batch_size": ORDERLY_BATCH,
+            "plain_consumer_mode": f"auto commit, the same listener, batches of "
+                                   f"{ORDERLY_BATCH}",
+            "plain_consumer_count_only_msgs_per_s": statistics.median(count_only_runs),
             "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
             "takeover_settings": {"lock_lease_ms": TAKEOVER_LEASE_MS,
                                   "lock_renew_ms": TAKEOVER_RENEW_MS,
