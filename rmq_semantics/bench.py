@@ -333,23 +333,33 @@ def _fill(conf: dict, topic: str, count: int, size: int) -> None:
 
 
 class _CountingListener:
-    """The listener both consumers of the orderly case call: counts, notes the first call."""
+    """The listener both consumers of the orderly case call. The rate is taken between the
+    10th and the 90th percent of ``count``: steady state, without start-up (group join,
+    first lock grants) or the last partition's tail."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
         self.lock = threading.Lock()
+        self.count = count
         self.seen = 0
-        self.first: float | None = None
+        self.marks: dict[int, float] = {}
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.seen += n
+            for pct in (10, 90):
+                if pct not in self.marks and self.seen >= self.count * pct // 100:
+                    self.marks[pct] = time.monotonic()
 
     def __call__(self, msgs: list, context: Any = None) -> Any:
         from rmq_semantics.orderly import ConsumeOrderlyStatus
 
-        with self.lock:
-            self.first = self.first or time.monotonic()
-            self.seen += len(msgs)
+        self.add(len(msgs))
         return ConsumeOrderlyStatus.SUCCESS
 
     def rate(self) -> float:
-        return self.seen / (time.monotonic() - (self.first or time.monotonic()))
+        if 90 not in self.marks:
+            return 0.0
+        return self.count * 0.8 / max(1e-9, self.marks[90] - self.marks[10])
 
 
 def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
@@ -360,7 +370,7 @@ def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
                                          "auto.offset.reset": "earliest",
                                          "isolation.level": "read_committed"})
     consumer.subscribe([topic])
-    listener = _CountingListener()
+    listener = _CountingListener(count)
     deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
         while listener.seen < count and time.monotonic() < deadline:
@@ -370,8 +380,7 @@ def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
             if batch:
                 listener(msgs, None)
             else:
-                listener.first = listener.first or time.monotonic()
-                listener.seen += len(msgs)
+                listener.add(len(msgs))
         return listener.rate()
     finally:
         consumer.close()
@@ -380,7 +389,7 @@ def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
 def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
     from rmq_semantics.orderly import OrderlyConsumer
 
-    listener = _CountingListener()
+    listener = _CountingListener(count)
     consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
                                 "auto.offset.reset": "earliest"}, listener=listener,
                                topic_prefix=prefix, batch_size=ORDERLY_BATCH)
