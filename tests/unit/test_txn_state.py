@@ -147,3 +147,47 @@ def test_promoted_headers_keep_user_and_allowed_rmq_headers():
 def test_half_without_rmq_headers_is_malformed():
     with pytest.raises(MalformedRecordError, match="missing headers"):
         parse_half(0, 1, T0, None, b"x", [("app", b"1")])
+
+
+def _reference_commits(st: PartitionState) -> tuple[int, int]:
+    """The offsets to commit computed the slow, obvious way (a scan of everything)."""
+    low = min(st.pending) if st.pending else st.half_position
+    needed = [st.op_position]
+    needed += [op for h, (op, _) in st.decided.items() if h >= low and op is not None]
+    needed += [e.marker_op_offset for e in st.pending.values() if e.marker_op_offset is not None]
+    needed += [r.op_offset for r in st.deferred]
+    needed += [m[0] for m in st.early_markers.values()]
+    return low, min(needed)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
+    import random
+
+    rng = random.Random(seed)
+    st = live(check_max=100)
+    op = 0
+    next_half = 0
+    open_offsets: list[int] = []
+    written_markers: list[tuple[int, TxnState]] = []  # our decisions, read back later
+    for _ in range(400):
+        roll = rng.random()
+        if roll < 0.35:
+            st.on_half(next_half, half(next_half), T0)
+            open_offsets.append(next_half)
+            next_half += 1
+        elif roll < 0.65 and open_offsets:
+            offset = open_offsets.pop(rng.randrange(len(open_offsets)))
+            for action in st.on_end_request(end(op, offset, rng.choice(["COMMIT", "ROLLBACK"])),
+                                            T0):
+                written_markers.append((action.half.offset, action.outcome))
+            op += 1
+        elif roll < 0.8 and written_markers:
+            offset, outcome = written_markers.pop(0)
+            st.on_done_marker(op, offset, outcome)
+            op += 1
+        elif open_offsets:
+            offset = rng.choice(open_offsets)
+            st.on_check_marker(op, offset, 1, 0, 0, T0 + 60000)
+            op += 1
+        assert (st.half_commit, st.op_commit) == _reference_commits(st)
