@@ -71,6 +71,7 @@ class TransactionWriter:
             "logger": logging.getLogger("rmq_semantics.librdkafka"),
         }
         self.producer = confluent_kafka.Producer(producer_conf)
+        self._done_entries: dict[int, list[dict]] = {}  # per half partition, this transaction
         self._call(self.producer.init_transactions, "initialising transactions")
 
     def _call(self, fn, what: str, *args) -> None:
@@ -90,10 +91,12 @@ class TransactionWriter:
         Raises TransactionAborted when the transaction had to be aborted (the caller
         replays from committed offsets) and FatalCoordinatorError when it cannot go on.
         """
+        self._done_entries: dict[int, list[dict]] = {}
         try:
             self.producer.begin_transaction()
             for action in actions:
                 self._produce(action)
+            self._write_done_markers()
             self.producer.send_offsets_to_transaction(offsets, group_metadata,
                                                       TXN_CALL_TIMEOUT_S)
             self._commit()
@@ -126,9 +129,17 @@ class TransactionWriter:
         self.producer.produce(self.topics.op, encode(record_type, body), partition=partition)
 
     def _done(self, half, outcome: TxnState, checks_answered: int) -> None:
-        self._op(half.partition, RecordType.DONE_MARKER, {
+        self._done_entries.setdefault(half.partition, []).append({
             "half_offset": half.offset, "txn_id": half.txn_id, "outcome": outcome.value,
-            "checks_answered": checks_answered, "ts": _now_ms()})
+            "checks_answered": checks_answered})
+
+    def _write_done_markers(self) -> None:
+        """One Op record per partition for all of this transaction's decisions: a record
+        per decision cost as much again as the promotion itself (encode, produce, read
+        back, decode)."""
+        now = _now_ms()
+        for partition, entries in self._done_entries.items():
+            self._op(partition, RecordType.DONE_MARKERS, {"entries": entries, "ts": now})
 
     def _produce(self, action: Action) -> None:
         half = action.half

@@ -16,6 +16,7 @@ from enum import Enum
 
 from coordinator.half import HalfMessage
 from rmq_semantics.errors import IllegalTransitionError
+from rmq_semantics.records.codec import RecordType
 
 __all__ = [
     "Action",
@@ -42,6 +43,8 @@ class TxnState(Enum):
     ROLLED_BACK = "ROLLED_BACK"
     DISCARDED = "DISCARDED"
 
+
+_OUTCOMES = {state.value: state for state in TxnState}
 
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
     TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED}),
@@ -143,7 +146,9 @@ class PartitionState:
     # outcome), for half offsets at or above half_commit.
     decided: dict[int, tuple[int | None, TxnState]] = field(default_factory=dict)
     malformed_half: set[int] = field(default_factory=set)
-    deferred: list[EndRequest] = field(default_factory=list)
+    # End requests waiting for their half record (or for recovery to end), by half offset,
+    # each list in the order read.
+    deferred: dict[int, list[EndRequest]] = field(default_factory=dict)
     half_at_end: bool = False
     op_at_end: bool = False
     counters: Counter = field(default_factory=Counter)
@@ -161,6 +166,7 @@ class PartitionState:
     _decided_heap: list[int] = field(default_factory=list)  # half offsets ever decided
     _done_ops: list[tuple[int, int]] = field(default_factory=list)  # (done op, half offset)
     _marker_ops: list[tuple[int, int]] = field(default_factory=list)  # (marker op, half)
+    _deferred_ops: list[tuple[int, int]] = field(default_factory=list)  # (end op, half)
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
@@ -180,7 +186,9 @@ class PartitionState:
             heapq.heappush(self._pending_heap, offset)
             if offset in self.early_markers:
                 self.on_check_marker(*self.early_markers.pop(offset))
-        return self._drain_deferred(now_ms)
+        # Only requests for this offset can have become applicable (a scan of every
+        # deferred request per half record was quadratic when ends overtake halves).
+        return self._drain_deferred(now_ms, only=offset)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
@@ -190,6 +198,22 @@ class PartitionState:
         if half_offset >= low:
             self._decide(half_offset, op_offset, outcome)
         self.outcomes[half_offset] = outcome
+
+    def on_op_marker(self, op_offset: int, record_type: RecordType, body: dict) -> bool:
+        """A done or check marker read back from Op (the coordinator's own records);
+        False when the record is neither."""
+        if record_type is RecordType.DONE_MARKERS:
+            for entry in body["entries"]:
+                self.on_done_marker(op_offset, entry["half_offset"], _OUTCOMES[entry["outcome"]])
+        elif record_type is RecordType.DONE_MARKER:
+            self.on_done_marker(op_offset, body["half_offset"], _OUTCOMES[body["outcome"]])
+        elif record_type is RecordType.CHECK_MARKER:
+            self.on_check_marker(op_offset, body["half_offset"], body["checks_issued"],
+                                 body["checks_answered"], body["answered_seq"],
+                                 body["next_check_ts"])
+        else:
+            return False
+        return True
 
     def on_check_marker(self, op_offset: int, half_offset: int, checks_issued: int,
                         checks_answered: int, answered_seq: int, next_check_ts: int) -> None:
@@ -217,7 +241,8 @@ class PartitionState:
         self.op_position = max(self.op_position, request.op_offset + 1)
         if self.recovering or request.half_offset >= self.half_position:
             # Wait until every done marker before it (recovery) and the half record are read.
-            self.deferred.append(request)
+            self.deferred.setdefault(request.half_offset, []).append(request)
+            heapq.heappush(self._deferred_ops, (request.op_offset, request.half_offset))
             return []
         return self._apply_end(request, now_ms)
 
@@ -232,20 +257,34 @@ class PartitionState:
         return self._drain_deferred(now_ms)
 
     # -- decisions -----------------------------------------------------------------------
-    def _drain_deferred(self, now_ms: int) -> list[Action]:
+    def _drain_deferred(self, now_ms: int, only: int | None = None) -> list[Action]:
+        """Apply deferred end requests whose half record has been read (all of them, or
+        those for half offset ``only``); reject those naming an offset that never came."""
         if self.recovering or not self.deferred:
             return []
+        if only is not None:
+            offsets = [only] if only in self.deferred else []
+        else:
+            offsets = list(self.deferred)
         actions: list[Action] = []
-        still: list[EndRequest] = []
-        for request in self.deferred:
-            if request.half_offset < self.half_position:
-                actions.extend(self._apply_end(request, now_ms))
-            elif self.half_at_end and now_ms - request.received_ms >= DEFER_GRACE_MS:
-                self.counters["rejected_no_such_offset"] += 1
-                self._log_reject(request, "no half message at that offset")
+        for offset in offsets:
+            if offset < self.half_position:
+                for request in self.deferred.pop(offset):
+                    actions.extend(self._apply_end(request, now_ms))
+                continue
+            if not self.half_at_end:
+                continue
+            still = []
+            for request in self.deferred[offset]:
+                if now_ms - request.received_ms >= DEFER_GRACE_MS:
+                    self.counters["rejected_no_such_offset"] += 1
+                    self._log_reject(request, "no half message at that offset")
+                else:
+                    still.append(request)
+            if still:
+                self.deferred[offset] = still
             else:
-                still.append(request)
-        self.deferred = still
+                del self.deferred[offset]
         return actions
 
     def _log_reject(self, request: EndRequest, reason: str) -> None:
@@ -365,7 +404,11 @@ class PartitionState:
             heapq.heappop(marker_ops)
         if marker_ops:
             needed.append(marker_ops[0][0])
-        if self.deferred:  # kept in the order read, so the first has the lowest op offset
-            needed.append(self.deferred[0].op_offset)
+        deferred_ops = self._deferred_ops
+        while deferred_ops and not any(r.op_offset == deferred_ops[0][0] for r in
+                                       self.deferred.get(deferred_ops[0][1], ())):
+            heapq.heappop(deferred_ops)
+        if deferred_ops:
+            needed.append(deferred_ops[0][0])
         needed += [m[0] for m in self.early_markers.values()]
         return min(needed)

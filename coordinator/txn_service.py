@@ -18,7 +18,7 @@ from coordinator.half import parse_half
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionAborted, TransactionWriter
 from coordinator.settings import CoordinatorSettings
-from coordinator.state import EndRequest, PartitionState, TxnState
+from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.codec import RecordType, decode
 from rmq_semantics.retry import retrying
@@ -30,13 +30,15 @@ log = logging.getLogger(__name__)
 
 # First poll waits this long for a record, so due checks fire at most this late.
 POLL_WAIT_S = 0.05
-MAX_BATCH = 1000
+# Records read per step, so per Kafka transaction at most. A transaction costs ~12 ms of
+# round trips whatever its size (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger
+# batches amortise them (1000 -> 4000: +15% msgs/s). Idle, a batch is whatever has arrived.
+MAX_BATCH = 4000
 # Known business topics are trusted this long before the topic list is read again.
 TOPIC_CACHE_S = 10.0
 COMMITTED_TIMEOUT_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
-_OUTCOMES = {state.value: state for state in TxnState}
 
 
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
@@ -160,16 +162,9 @@ class TransactionService:
             log.warning("%s[%s]@%s skipped: %s", topic, partition, offset, exc)
             state.on_malformed_op(offset)
             return []
-        body = record.body
-        if record.type is RecordType.DONE_MARKER:
-            state.on_done_marker(offset, body["half_offset"], _OUTCOMES[body["outcome"]])
-        elif record.type is RecordType.CHECK_MARKER:
-            state.on_check_marker(offset, body["half_offset"], body["checks_issued"],
-                                  body["checks_answered"], body["answered_seq"],
-                                  body["next_check_ts"])
-        elif record.type is RecordType.END_REQUEST:
-            return self._on_end(state, offset, body, now)
-        else:
+        if record.type is RecordType.END_REQUEST:
+            return self._on_end(state, offset, record.body, now)
+        if not state.on_op_marker(offset, record.type, record.body):
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
                         partition, offset, record.type.name)
@@ -199,9 +194,9 @@ class TransactionService:
 
     def _publish_counters(self) -> None:
         now = time.time()
-        # The pending gauges scan every pending entry: once a second is fresh enough.
-        gauges_due = time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S
-        if gauges_due:
+        # The oldest-pending age scans every pending entry: once a second is fresh enough.
+        age_due = time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S
+        if age_due:
             self._gauges_at = time.monotonic()
         for p, state in self.states.items():
             for request, reason in state.rejections:
@@ -215,12 +210,12 @@ class TransactionService:
                               "unknown_ignored"):
                     self.metrics.conflicting.labels(name).inc(count)
             state.counters.clear()
-            if not gauges_due:
-                continue
             self.metrics.pending.labels(str(p)).set(len(state.pending))
-            oldest = min((e.half.born_ts for e in state.pending.values()), default=None)
-            self.metrics.oldest_pending_age.labels(str(p)).set(
-                0 if oldest is None else max(0.0, now - oldest / 1000))
+            if not state.pending:
+                self.metrics.oldest_pending_age.labels(str(p)).set(0)
+            elif age_due:
+                oldest = min(e.half.born_ts for e in state.pending.values())
+                self.metrics.oldest_pending_age.labels(str(p)).set(max(0.0, now - oldest / 1000))
 
     def committed_offsets(self, partition: int) -> tuple[int, int] | None:
         """(half, op) offsets last committed for ``partition`` by this instance."""

@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from coordinator.half import parse_half
-from coordinator.state import PartitionState, TxnState
+from coordinator.state import PartitionState
 from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
 from rmq_semantics.message import H
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
-from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.records.codec import decode
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -124,14 +124,7 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
                 record = decode(msg.value())
             except MalformedRecordError:
                 continue
-            body = record.body
-            if record.type is RecordType.DONE_MARKER:
-                state.on_done_marker(msg.offset(), body["half_offset"],
-                                     TxnState(body["outcome"]))
-            elif record.type is RecordType.CHECK_MARKER:
-                state.on_check_marker(msg.offset(), body["half_offset"], body["checks_issued"],
-                                      body["checks_answered"], body["answered_seq"],
-                                      body["next_check_ts"])
+            state.on_op_marker(msg.offset(), record.type, record.body)
         for p, state in states.items():
             for entry in state.pending.values():
                 half = entry.half

@@ -29,6 +29,7 @@ class RecordType(IntEnum):
     DONE_MARKER = 2
     CHECK_MARKER = 3
     CHECK_REQUEST = 4
+    DONE_MARKERS = 5  # several done markers of one partition in one record
 
     @property
     def stem(self) -> str:

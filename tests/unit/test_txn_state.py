@@ -155,7 +155,7 @@ def _reference_commits(st: PartitionState) -> tuple[int, int]:
     needed = [st.op_position]
     needed += [op for h, (op, _) in st.decided.items() if h >= low and op is not None]
     needed += [e.marker_op_offset for e in st.pending.values() if e.marker_op_offset is not None]
-    needed += [r.op_offset for r in st.deferred]
+    needed += [r.op_offset for requests in st.deferred.values() for r in requests]
     needed += [m[0] for m in st.early_markers.values()]
     return low, min(needed)
 
@@ -173,9 +173,14 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
     for _ in range(400):
         roll = rng.random()
         if roll < 0.35:
-            st.on_half(next_half, half(next_half), T0)
-            open_offsets.append(next_half)
+            actions = st.on_half(next_half, half(next_half), T0)  # may apply a deferred end
+            written_markers += [(a.half.offset, a.outcome) for a in actions]
+            if not actions:
+                open_offsets.append(next_half)
             next_half += 1
+        elif roll < 0.4:  # the end request overtakes its half record: deferred
+            assert st.on_end_request(end(op, next_half, "COMMIT"), T0) == []
+            op += 1
         elif roll < 0.65 and open_offsets:
             offset = open_offsets.pop(rng.randrange(len(open_offsets)))
             for action in st.on_end_request(end(op, offset, rng.choice(["COMMIT", "ROLLBACK"])),
@@ -191,3 +196,28 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
             st.on_check_marker(op, offset, 1, 0, 0, T0 + 60000)
             op += 1
         assert (st.half_commit, st.op_commit) == _reference_commits(st)
+
+
+def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_are_done():
+    from rmq_semantics.records.codec import RecordType, decode, encode
+
+    st = PartitionState(0, 6000, 60000, 3)  # recovering: what a new owner reads back
+    for o in range(3):
+        st.on_half(o, half(o), T0)
+    body = {"entries": [{"half_offset": 0, "txn_id": "t0", "outcome": "COMMITTED",
+                         "checks_answered": 0},
+                        {"half_offset": 2, "txn_id": "t2", "outcome": "ROLLED_BACK",
+                         "checks_answered": 1}], "ts": T0}
+    record = decode(encode(RecordType.DONE_MARKERS, body))
+    assert record.body == body
+    assert st.on_op_marker(7, record.type, record.body)
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    assert sorted(st.pending) == [1]
+    assert (st.half_commit, st.op_commit) == (1, 7)  # offset 2's decision is still needed
+    # A replayed COMMIT of offset 0 is a duplicate, never a second promotion.
+    assert st.on_end_request(end(8, 0, "COMMIT"), T0) == []
+    assert st.counters["duplicate_decisions"] == 1
+    st.on_end_request(end(9, 1, "COMMIT"), T0)
+    assert (st.half_commit, st.op_commit) == (3, 10)
+    assert not st.on_op_marker(10, RecordType.END_REQUEST, {})
