@@ -164,6 +164,15 @@ class TransactionService:
             return []
         if record.type is RecordType.END_REQUEST:
             return self._on_end(state, offset, record.body, now)
+        if record.type is RecordType.END_REQUESTS:
+            body = record.body
+            common = {"producer_group": body["producer_group"],
+                      "half_partition": body["half_partition"], "from_check": False,
+                      "check_seq": 0}
+            actions: list = []
+            for entry in body["entries"]:
+                actions.extend(self._on_end(state, offset, {**common, **entry}, now))
+            return actions
         if not state.on_op_marker(offset, record.type, record.body):
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,

@@ -47,6 +47,11 @@ CHECK_QUEUE_SIZE = 2000
 POLL_SLICE_S = 0.2
 # Remember this many transactions' newest check, to skip superseded requests.
 SEEN_CHECKS = 100_000
+# send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
+# half partition, at the latest this long after the first of them was taken (so a batch of
+# slow local transactions does not hold back the early commits), with at most this many.
+END_FLUSH_S = 0.005
+END_BATCH_MAX = 1000
 
 
 class LocalTransactionState(Enum):
@@ -197,15 +202,26 @@ class TransactionProducer:
         while not all(w.done.is_set() for _, w in pending) and time.monotonic() < deadline:
             producer.poll(0.01)
         results = []
+        decided: list[tuple[TransactionSendResult, LocalTransactionState]] = []
+        first_decided_at = 0.0
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
             if waiter.done.is_set() and waiter.error is None:
-                results.append(self._run_local(msg, arg, txn_id, waiter))
+                result, state = self._execute_local(msg, arg, txn_id, waiter)
+                results.append(result)
+                if not decided:
+                    first_decided_at = time.monotonic()
+                decided.append((result, state))
+                if (len(decided) >= END_BATCH_MAX
+                        or time.monotonic() - first_decided_at >= END_FLUSH_S):
+                    self._send_ends(decided)
+                    decided = []
                 continue
             reason = waiter.error.str() if waiter.error is not None else "timed out"
             log.error("%s txn=%s: half message for %s not written (%s); local transaction "
                       "not run", self.topics.half, txn_id, msg.topic, reason)
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
+        self._send_ends(decided)
         return results
 
     def _write_halves(self, msgs: list[Message]) -> list[tuple[str, DeliveryWaiter]]:
@@ -235,6 +251,13 @@ class TransactionProducer:
 
     def _run_local(self, msg: Message, arg: Any, txn_id: str,
                    waiter: DeliveryWaiter) -> TransactionSendResult:
+        result, state = self._execute_local(msg, arg, txn_id, waiter)
+        self._send_end(result, state, from_check=False, check_seq=0, wait=False)
+        return result
+
+    def _execute_local(self, msg: Message, arg: Any, txn_id: str,
+                       waiter: DeliveryWaiter) -> tuple[TransactionSendResult,
+                                                        LocalTransactionState]:
         local_msg = Message(msg.topic, msg.value, key=msg.key, headers=msg.user_headers(),
                             partition=msg.partition, tags=msg.tags, keys=msg.keys,
                             check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
@@ -246,8 +269,39 @@ class TransactionProducer:
             state = LocalTransactionState.UNKNOW
         result = TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
                                        self.producer_group)
-        self._send_end(result, state, from_check=False, check_seq=0, wait=False)
-        return result
+        return result, state
+
+    def _send_ends(self, decided: list[tuple[TransactionSendResult,
+                                             LocalTransactionState]]) -> None:
+        """Inline decisions of a batch: one END_REQUESTS record per half partition (one
+        record per decision cost as much again as the half write itself)."""
+        if not decided:
+            return
+        producer = self._require_started()
+        by_partition: dict[int, list[dict]] = {}
+        for result, state in decided:
+            by_partition.setdefault(result.half_partition, []).append({
+                "txn_id": result.transaction_id, "half_offset": result.half_offset,
+                "state": state.value})
+        now = int(time.time() * 1000)
+        for partition, entries in by_partition.items():
+            producer.produce(self.topics.op, encode(RecordType.END_REQUESTS, {
+                "producer_group": self.producer_group, "half_partition": partition,
+                "entries": entries, "ts": now}), partition=partition,
+                on_delivery=self._on_ends_delivery)
+        producer.poll(0)
+
+    def _on_ends_delivery(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+        if err is None:
+            return
+        # Not lost: the transactions stay pending and the back-check resolves them.
+        try:
+            txn_ids = [e["txn_id"] for e in decode(msg.value()).body["entries"]]
+        except MalformedRecordError:
+            txn_ids = []
+        log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
+                    "%s", msg.topic(), msg.partition(), len(txn_ids), err.str(),
+                    ", ".join(txn_ids[:20]) + (" ..." if len(txn_ids) > 20 else ""))
 
     def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
                         *, timeout: float | None = None) -> None:

@@ -30,6 +30,7 @@ class RecordType(IntEnum):
     CHECK_MARKER = 3
     CHECK_REQUEST = 4
     DONE_MARKERS = 5  # several done markers of one partition in one record
+    END_REQUESTS = 6  # several inline end requests of one producer and partition
 
     @property
     def stem(self) -> str:

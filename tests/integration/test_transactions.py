@@ -205,6 +205,42 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
     assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"first"]
 
 
+def test_batched_sends_decide_each_message_and_forged_batch_entries_are_rejected(
+        broker, make_topic, unique):
+    """send_messages_in_transaction: one end-requests record per half partition, and each
+    of its entries is validated against its own half record."""
+    prefix = unique("b").replace("-", "")
+    topic = make_topic("batched", partitions=2)
+    inline = {0: S.COMMIT_MESSAGE, 1: S.ROLLBACK_MESSAGE, 2: S.UNKNOW}
+    listener = ScriptedListener(lambda v: inline[int(v) % 3], lambda v: S.ROLLBACK_MESSAGE)
+    conf = broker.conf()
+    # Checks start late enough for the forged records to meet pending transactions.
+    with ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=5000) as c, \
+            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                topic_prefix=prefix,
+                                half_partitions=FAST["half_partitions"]) as producer:
+        results = producer.send_messages_in_transaction(
+            [Message(topic, str(i).encode(), key=str(i)) for i in range(90)])
+        unknown = [r for r in results if r.local_transaction_state is S.UNKNOW]
+        raw = RawProducer(conf)
+        for partition in {r.half_partition for r in unknown}:
+            raw.produce(f"{prefix}_op", encode(RecordType.END_REQUESTS, {
+                "producer_group": "intruders", "half_partition": partition, "ts": 0,
+                "entries": [{"txn_id": r.transaction_id, "half_offset": r.half_offset,
+                             "state": "COMMIT"}
+                            for r in unknown if r.half_partition == partition]}),
+                partition=partition)
+        assert raw.flush(10) == 0
+        wait_for(lambda: no_pending(c, FAST["half_partitions"]) and _sample(
+            c, "rmq_rejected_requests_total", reason="mismatch") == len(unknown), 90,
+            "every transaction to be resolved", details=lambda: _diagnose(c))
+        assert _sample(c, "rmq_promotions_total") == 30
+    assert len(unknown) == 30
+    assert sorted(int(m.value()) for m in read_to_end(conf, topic, 2)) == list(range(0, 90, 3))
+    # Decided inline, so never checked; the UNKNOWN ones were, and rolled back.
+    assert sorted({int(v) for v in listener.checked}) == [i for i in range(90) if i % 3 == 2]
+
+
 def test_malformed_input_is_counted_and_processing_goes_on(broker, make_topic, unique):
     prefix = unique("x").replace("-", "")
     topic = make_topic("malformed")
