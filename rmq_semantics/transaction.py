@@ -51,6 +51,11 @@ SEEN_CHECKS = 100_000
 # half partition, at the latest this long after the first of them was taken (so a batch of
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
+# Header names as plain strings: an enum member's .value is a descriptor call per message.
+_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS = (
+    H.TXN_ID.value, H.REAL_TOPIC.value, H.PRODUCER_GROUP.value, H.BORN_TS.value)
+_REAL_PARTITION, _CHECK_IMMUNITY_MS = H.REAL_PARTITION.value, H.CHECK_IMMUNITY_MS.value
+_TAGS, _KEYS = H.TAGS.value, H.KEYS.value
 END_BATCH_MAX = 1000
 
 
@@ -199,13 +204,17 @@ class TransactionProducer:
         producer = self._require_started()
         pending = self._write_halves(msgs)
         deadline = time.monotonic() + self._send_timeout_s
-        while not all(w.done.is_set() for _, w in pending) and time.monotonic() < deadline:
-            producer.poll(0.01)
+        waiting = 0  # index of the first half write not known to be delivered
+        while waiting < len(pending) and time.monotonic() < deadline:
+            if pending[waiting][1].delivered:
+                waiting += 1
+            else:
+                producer.poll(0.01)
         results = []
         decided: list[tuple[TransactionSendResult, LocalTransactionState]] = []
         first_decided_at = 0.0
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
-            if waiter.done.is_set() and waiter.error is None:
+            if waiter.delivered and waiter.error is None:
                 result, state = self._execute_local(msg, arg, txn_id, waiter)
                 results.append(result)
                 if not decided:
@@ -227,22 +236,23 @@ class TransactionProducer:
     def _write_halves(self, msgs: list[Message]) -> list[tuple[str, DeliveryWaiter]]:
         producer = self._require_started()
         born = str(int(time.time() * 1000)).encode()
+        group = self.producer_group.encode()
         out = []
         for msg in msgs:
             txn_id = uuid.uuid4().hex
             headers = [*msg.user_headers(),
-                       (H.TXN_ID.value, txn_id.encode()),
-                       (H.REAL_TOPIC.value, msg.topic.encode()),
-                       (H.PRODUCER_GROUP.value, self.producer_group.encode()),
-                       (H.BORN_TS.value, born)]
+                       (_TXN_ID, txn_id.encode()),
+                       (_REAL_TOPIC, msg.topic.encode()),
+                       (_PRODUCER_GROUP, group),
+                       (_BORN_TS, born)]
             if msg.partition is not None:
-                headers.append((H.REAL_PARTITION.value, str(msg.partition).encode()))
+                headers.append((_REAL_PARTITION, str(msg.partition).encode()))
             if msg.check_immunity_ms is not None:
-                headers.append((H.CHECK_IMMUNITY_MS.value, str(msg.check_immunity_ms).encode()))
+                headers.append((_CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
             if msg.tags is not None:
-                headers.append((H.TAGS.value, msg.tags.encode()))
+                headers.append((_TAGS, msg.tags.encode()))
             if msg.keys is not None:
-                headers.append((H.KEYS.value, msg.keys.encode()))
+                headers.append((_KEYS, msg.keys.encode()))
             waiter = DeliveryWaiter()
             producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
                              on_delivery=waiter)
