@@ -79,51 +79,73 @@ def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consum
     return consumer
 
 
-class Collector(threading.Thread):
-    """Consumes ``topic`` until ``warm_up + want`` records came; notes when each txn id became
-    visible. ``warmed`` is set once the first ``warm_up`` records came: from then on every
-    client on the path is connected and knows the topic, so the clock starts there."""
+def _collect(conf: dict, topic: str, partitions: int, want: int, warm_up: int,
+             warmed: Any, results: Any) -> None:
+    """The collector process: consume until ``want`` records came; send back the count, when
+    it finished and when each txn id became visible (CLOCK_MONOTONIC is system-wide)."""
+    consumer = _consumer(conf, topic, partitions)
+    count, visible = 0, {}
+    deadline = time.monotonic() + CASE_TIMEOUT_S
+    try:
+        while count < want and time.monotonic() < deadline:
+            # Wait for one record, then take what is queued without waiting for more.
+            first = consumer.poll(0.05)
+            if first is None:
+                continue
+            for msg in [first, *consumer.consume(999, 0)]:
+                if msg.error() is not None:
+                    continue
+                now = time.monotonic()
+                count += 1
+                if count == warm_up:
+                    warmed.set()
+                for name, value in msg.headers() or []:
+                    if name == "rmq.txn_id":
+                        visible[value] = now
+        results.send((count, time.monotonic(), visible))
+    finally:
+        consumer.close()
+
+
+class Collector:
+    """Consumes ``topic`` until ``warm_up + want`` records came, in a process of its own (as
+    a real consumer would be: in the producer's process it competed with the producer for
+    the GIL and measured itself). The clock starts once the ``warm_up`` records came: then
+    every client on the path is connected and knows the topic."""
 
     def __init__(self, conf: dict, topic: str, partitions: int, want: int,
-                 warm_up: int = 0) -> None:
-        super().__init__(daemon=True)
-        self.consumer = _consumer(conf, topic, partitions)
-        self.warm_up = warm_up
-        self.want = warm_up + want
+                 warm_up: int = 1) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
+        self.warm_up = max(1, warm_up)
+        self.warmed = ctx.Event()
+        self._results, child_end = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_collect, daemon=True,
+            args=(conf, topic, partitions, self.warm_up + want, self.warm_up, self.warmed,
+                  child_end))
         self.count = 0
         self.done_at: float | None = None
         self.visible: dict[bytes, float] = {}
-        self.warmed = threading.Event()
-        self.deadline = time.monotonic() + CASE_TIMEOUT_S
+
+    def start(self) -> None:
+        self._process.start()
 
     def wait_warm(self) -> None:
         if not self.warmed.wait(CASE_TIMEOUT_S):
             raise RuntimeError(f"the {self.warm_up} warm-up records never arrived")
 
+    def join(self, timeout: float) -> None:
+        if self._results.poll(timeout):
+            self.count, self.done_at, self.visible = self._results.recv()
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+
     @property
     def measured(self) -> int:
         return max(0, self.count - self.warm_up)
-
-    def run(self) -> None:
-        try:
-            while self.count < self.want and time.monotonic() < self.deadline:
-                # Wait for one record, then take what is queued without waiting for more.
-                first = self.consumer.poll(0.05)
-                if first is None:
-                    continue
-                for msg in [first, *self.consumer.consume(999, 0)]:
-                    if msg.error() is not None:
-                        continue
-                    now = time.monotonic()
-                    self.count += 1
-                    if self.count >= self.warm_up:
-                        self.warmed.set()
-                    for name, value in msg.headers() or []:
-                        if name == "rmq.txn_id":
-                            self.visible[value] = now
-            self.done_at = time.monotonic()
-        finally:
-            self.consumer.close()
 
 
 def bench_baseline(conf: dict, s: BenchSettings) -> float:
