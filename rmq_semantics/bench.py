@@ -626,7 +626,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="measure the layer against raw Kafka")
     bench.add_argument("--out", default="bench/results.json")
-    bench.add_argument("--quick", action="store_true", help="smaller run (about 5 minutes)")
+    bench.add_argument("--quick", action="store_true", help="smaller run (about a minute)")
     bench.add_argument("--size", type=int, help="value size in bytes (default 1024)")
     bench.add_argument("--count", type=int, help="messages per throughput run")
     bench.add_argument("--partitions", type=int, help="partitions of every topic")
