@@ -15,7 +15,7 @@ resumes exactly where the previous holder committed.
 
 Threads: one poll thread owns the ``confluent_kafka.Consumer`` (confluent-kafka serializes
 calls on one handle, so every consumer call — commits, committed offsets, seeks — runs on
-that thread; workers hand them over and wait), one lock thread, one worker per partition.
+that thread; workers hand them over), one lock thread, one worker per partition.
 A worker does not wait for its batch's commit: it leaves the offset with its queue and goes
 on, and the poll thread commits every queue's offset in one request between polls, each
 checked against its lock right before (like RocketMQ's offset store, but not periodic). A
@@ -89,7 +89,8 @@ DEFAULT_SUSPEND_MS = 1000
 # pause/resume churn cut throughput by two thirds (10 MiB of 1 KiB messages per queue).
 MAX_QUEUED = 10_000
 POLL_BATCH = 500
-# The poll thread runs the workers' commits between polls: this bounds their wait.
+# The poll thread runs the workers' consumer calls and sends their commits between polls:
+# this bounds how late they run.
 POLL_WAIT_S = 0.01
 # Wait slice: how late a stop flag, a lease end or a suspension end is noticed.
 WAIT_SLICE_S = 0.1
