@@ -5,16 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
-from rmq_semantics.message import PROMOTED_KEEPS, H, Headers
+from rmq_semantics.message import HN, PROMOTED_KEEPS, Headers
 
 __all__ = ["HalfMessage", "parse_half"]
 
-# Plain strings: an enum member's ``.value`` costs a descriptor call per record.
-_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS = (
-    H.TXN_ID.value, H.REAL_TOPIC.value, H.PRODUCER_GROUP.value, H.BORN_TS.value)
-_REAL_PARTITION, _CHECK_IMMUNITY_MS = H.REAL_PARTITION.value, H.CHECK_IMMUNITY_MS.value
-_PROMOTED_FROM = H.PROMOTED_FROM.value
-_REQUIRED = (_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS)
+_REQUIRED = (HN.TXN_ID, HN.REAL_TOPIC, HN.PRODUCER_GROUP, HN.BORN_TS)
 
 
 @dataclass(frozen=True)
@@ -45,7 +40,7 @@ class HalfMessage:
         """User headers, the kept ``rmq.*`` ones, and ``rmq.promoted_from``."""
         kept = [(k, v) for k, v in self.headers
                 if not k.startswith("rmq.") or k in PROMOTED_KEEPS]
-        kept.append((_PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
+        kept.append((HN.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
         return kept
 
     def first_check_ts(self, transaction_timeout_ms: int) -> int:
@@ -65,15 +60,15 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
     try:
-        real_partition = found.get(_REAL_PARTITION)
-        immunity = found.get(_CHECK_IMMUNITY_MS)
+        real_partition = found.get(HN.REAL_PARTITION)
+        immunity = found.get(HN.CHECK_IMMUNITY_MS)
         return HalfMessage(
             partition=partition, offset=offset, timestamp_ms=timestamp_ms,
-            txn_id=found[_TXN_ID].decode(),
-            producer_group=found[_PRODUCER_GROUP].decode(),
-            real_topic=found[_REAL_TOPIC].decode(),
+            txn_id=found[HN.TXN_ID].decode(),
+            producer_group=found[HN.PRODUCER_GROUP].decode(),
+            real_topic=found[HN.REAL_TOPIC].decode(),
             real_partition=int(real_partition) if real_partition else None,
-            born_ts=int(found[_BORN_TS]),
+            born_ts=int(found[HN.BORN_TS]),
             check_immunity_ms=int(immunity) if immunity else None,
             key=key, value=value, headers=list(headers or []))
     except (ValueError, UnicodeDecodeError) as exc:

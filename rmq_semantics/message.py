@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import SimpleNamespace
 
 from rmq_semantics.errors import ConfigError
 
@@ -28,6 +29,10 @@ class H(StrEnum):
     def __str__(self) -> str:
         return self.value
 
+
+#: The same names as plain strings, for code that runs per record: an enum member's
+#: ``.value`` is a descriptor call each time (``HN.TXN_ID == H.TXN_ID.value``).
+HN = SimpleNamespace(**{member.name: member.value for member in H})
 
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
 PROMOTED_KEEPS = (H.TXN_ID.value, H.TAGS.value, H.KEYS.value)

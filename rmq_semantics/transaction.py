@@ -21,7 +21,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError
 
 from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
-from rmq_semantics.message import H, Message
+from rmq_semantics.message import HN, H, Message
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import RecordType, decode, encode
 from rmq_semantics.topics import (
@@ -51,11 +51,6 @@ SEEN_CHECKS = 100_000
 # half partition, at the latest this long after the first of them was taken (so a batch of
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
-# Header names as plain strings: an enum member's .value is a descriptor call per message.
-_TXN_ID, _REAL_TOPIC, _PRODUCER_GROUP, _BORN_TS = (
-    H.TXN_ID.value, H.REAL_TOPIC.value, H.PRODUCER_GROUP.value, H.BORN_TS.value)
-_REAL_PARTITION, _CHECK_IMMUNITY_MS = H.REAL_PARTITION.value, H.CHECK_IMMUNITY_MS.value
-_TAGS, _KEYS = H.TAGS.value, H.KEYS.value
 END_BATCH_MAX = 1000
 
 
@@ -241,18 +236,18 @@ class TransactionProducer:
         for msg in msgs:
             txn_id = uuid.uuid4().hex
             headers = [*msg.user_headers(),
-                       (_TXN_ID, txn_id.encode()),
-                       (_REAL_TOPIC, msg.topic.encode()),
-                       (_PRODUCER_GROUP, group),
-                       (_BORN_TS, born)]
+                       (HN.TXN_ID, txn_id.encode()),
+                       (HN.REAL_TOPIC, msg.topic.encode()),
+                       (HN.PRODUCER_GROUP, group),
+                       (HN.BORN_TS, born)]
             if msg.partition is not None:
-                headers.append((_REAL_PARTITION, str(msg.partition).encode()))
+                headers.append((HN.REAL_PARTITION, str(msg.partition).encode()))
             if msg.check_immunity_ms is not None:
-                headers.append((_CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
+                headers.append((HN.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
             if msg.tags is not None:
-                headers.append((_TAGS, msg.tags.encode()))
+                headers.append((HN.TAGS, msg.tags.encode()))
             if msg.keys is not None:
-                headers.append((_KEYS, msg.keys.encode()))
+                headers.append((HN.KEYS, msg.keys.encode()))
             waiter = DeliveryWaiter()
             producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
                              on_delivery=waiter)
