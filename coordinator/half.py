@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
-from rmq_semantics.message import HN, PROMOTED_KEEPS, Headers
+from rmq_semantics.message import Headers
+from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
 __all__ = ["HalfMessage", "parse_half"]
 
-_REQUIRED = (HN.TXN_ID, HN.REAL_TOPIC, HN.PRODUCER_GROUP, HN.BORN_TS)
+_REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,13 @@ class HalfMessage:
         return f"half[{self.partition}]@{self.offset} txn={self.txn_id}"
 
     def user_headers(self) -> Headers:
-        return [(k, v) for k, v in self.headers if not k.startswith("rmq.")]
+        return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
 
     def promoted_headers(self) -> Headers:
         """User headers, the kept ``rmq.*`` ones, and ``rmq.promoted_from``."""
         kept = [(k, v) for k, v in self.headers
-                if not k.startswith("rmq.") or k in PROMOTED_KEEPS]
-        kept.append((HN.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
+                if not k.startswith(RESERVED_PREFIX) or k in PROMOTED_KEEPS]
+        kept.append((H.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
         return kept
 
     def first_check_ts(self, transaction_timeout_ms: int) -> int:
@@ -54,21 +55,21 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     """Parse a half record; missing or unreadable ``rmq.*`` headers raise MalformedRecordError."""
     found: dict[str, bytes] = {}
     for name, raw in headers or []:
-        if name.startswith("rmq."):
+        if name.startswith(RESERVED_PREFIX):
             found[name] = raw or b""
     missing = [h for h in _REQUIRED if h not in found]
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
     try:
-        real_partition = found.get(HN.REAL_PARTITION)
-        immunity = found.get(HN.CHECK_IMMUNITY_MS)
+        real_partition = found.get(H.REAL_PARTITION)
+        immunity = found.get(H.CHECK_IMMUNITY_MS)
         return HalfMessage(
             partition=partition, offset=offset, timestamp_ms=timestamp_ms,
-            txn_id=found[HN.TXN_ID].decode(),
-            producer_group=found[HN.PRODUCER_GROUP].decode(),
-            real_topic=found[HN.REAL_TOPIC].decode(),
+            txn_id=found[H.TXN_ID].decode(),
+            producer_group=found[H.PRODUCER_GROUP].decode(),
+            real_topic=found[H.REAL_TOPIC].decode(),
             real_partition=int(real_partition) if real_partition else None,
-            born_ts=int(found[HN.BORN_TS]),
+            born_ts=int(found[H.BORN_TS]),
             check_immunity_ms=int(immunity) if immunity else None,
             key=key, value=value, headers=list(headers or []))
     except (ValueError, UnicodeDecodeError) as exc:

@@ -40,7 +40,13 @@ from coordinator.lock_records import LockReply, LockRequest, QueueResult, Reques
 from coordinator.lock_records import decode_state as decode_state_record
 from coordinator.promote import RETRY_BACKOFF_MS
 from coordinator.settings import CoordinatorSettings
-from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
+from rmq_semantics.errors import (
+    ConfigError,
+    FatalKafkaError,
+    KafkaOperationError,
+    MalformedRecordError,
+    RmqError,
+)
 from rmq_semantics.retry import retrying
 from rmq_semantics.selector import java_partition
 from rmq_semantics.settings import add_arguments, load
@@ -104,16 +110,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class LockServiceFatalError(KafkaOperationError):
-    """The lock service's transactional producer is fenced or broken; it must stop."""
-
-    code = "lock_service_fatal"
-
-    @property
-    def retriable(self) -> bool:  # type: ignore[override]
-        return False
-
-
 class LockService:
     """Owns request partitions through a consumer group and answers lock requests.
 
@@ -166,7 +162,7 @@ class LockService:
             while not (stop.is_set() or self._halt.is_set()):
                 try:
                     self._step()
-                except LockServiceFatalError:
+                except FatalKafkaError:
                     raise
                 except RmqError as exc:
                     log.warning("lock service: %s; retrying in %.1f s", exc, RETRY_PAUSE_S)
@@ -275,7 +271,7 @@ class LockService:
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.fatal():
-                raise LockServiceFatalError(
+                raise FatalKafkaError(
                     f"{what}: {err.str()} (fatal; was this instance fenced by another with "
                     f"transactional.id {self.transactional_id}?)", err) from exc
             raise KafkaOperationError.wrap(what, err) from exc
@@ -372,7 +368,7 @@ class LockService:
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().fatal():
-                    raise LockServiceFatalError.wrap("consuming lock requests", msg.error())
+                    raise FatalKafkaError.wrap("consuming lock requests", msg.error())
                 log.warning("lock request consumer: %s", msg.error().str())
                 continue
             p = msg.partition()
@@ -471,7 +467,7 @@ class LockService:
 
     def _abort(self, err: KafkaError, exc: BaseException, first: dict[int, int]) -> None:
         if err.fatal():
-            raise LockServiceFatalError(f"lock service transaction: {err.str()} (fatal)",
+            raise FatalKafkaError(f"lock service transaction: {err.str()} (fatal)",
                                         err) from exc
         log.warning("lock service transaction failed (%s); aborting and replaying partitions "
                     "%s from committed offsets", err.str(), sorted(first))
@@ -481,7 +477,7 @@ class LockService:
             clients.producer.abort_transaction(TXN_CALL_TIMEOUT_S)
         except KafkaException as abort_exc:
             abort_err: KafkaError = abort_exc.args[0]
-            raise LockServiceFatalError(f"could not abort the lock transaction: "
+            raise FatalKafkaError(f"could not abort the lock transaction: "
                                         f"{abort_err.str()}", abort_err) from abort_exc
         # Replay: rebuild the tables from the lock topic and seek to the committed offsets.
         replay = [TopicPartition(self.topics.lock_request, p) for p in first

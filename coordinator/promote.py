@@ -12,12 +12,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import Action, Discard, Finish, IssueCheck, SaveCheckCounts, TxnState
-from rmq_semantics.errors import KafkaOperationError, RmqError
+from rmq_semantics.errors import FatalKafkaError, KafkaOperationError, TransactionAborted
 from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
 
-__all__ = ["RETRY_BACKOFF_MS", "FatalCoordinatorError", "TransactionAborted", "TransactionWriter"]
+__all__ = ["RETRY_BACKOFF_MS", "TransactionWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +34,6 @@ COMMIT_DEADLINE_S = 60.0
 # retry.backoff.ms: its default of 100 ms made every back-to-back transaction take 100 ms.
 # Measured on the embedded broker: 100 ms -> 5.5 ms per send_offsets_to_transaction.
 RETRY_BACKOFF_MS = 2
-
-
-class TransactionAborted(RmqError, RuntimeError):
-    """The batch's transaction was aborted; replay from the committed offsets."""
-
-    code = "transaction_aborted"
-    retriable = True
-
-
-class FatalCoordinatorError(RmqError, RuntimeError):
-    """The transactional producer is fenced or broken; this instance must stop."""
-
-    code = "coordinator_fatal"
 
 
 def _now_ms() -> int:
@@ -80,7 +68,7 @@ class TransactionWriter:
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.fatal():
-                raise FatalCoordinatorError(f"{what}: {err.str()} (fatal; another coordinator "
+                raise FatalKafkaError(f"{what}: {err.str()} (fatal; another coordinator "
                                             "with the same instance id fenced this one?)") from exc
             raise KafkaOperationError.wrap(what, err) from exc
 
@@ -89,7 +77,7 @@ class TransactionWriter:
         """Write ``actions`` and commit ``offsets`` in one transaction.
 
         Raises TransactionAborted when the transaction had to be aborted (the caller
-        replays from committed offsets) and FatalCoordinatorError when it cannot go on.
+        replays from committed offsets) and FatalKafkaError when it cannot go on.
         """
         self._done_entries: dict[int, list[dict]] = {}
         try:
@@ -112,7 +100,7 @@ class TransactionWriter:
 
     def _triage(self, err: KafkaError, exc: Exception) -> None:
         if err.fatal():
-            raise FatalCoordinatorError(f"transactional producer failed: {err.str()}") from exc
+            raise FatalKafkaError(f"transactional producer failed: {err.str()}") from exc
         log.warning("coordinator transaction failed (%s); aborting and replaying from "
                     "committed offsets", err.str())
         try:
@@ -120,7 +108,7 @@ class TransactionWriter:
         except KafkaException as abort_exc:
             abort_err: KafkaError = abort_exc.args[0]
             if abort_err.fatal() or not abort_err.retriable():
-                raise FatalCoordinatorError(
+                raise FatalKafkaError(
                     f"could not abort the transaction: {abort_err.str()}") from abort_exc
         self.metrics.aborted.inc()
         raise TransactionAborted(err.str()) from exc
@@ -164,11 +152,11 @@ class TransactionWriter:
             self._marker(action)
         elif isinstance(action, Discard):
             headers = [*half.headers,
-                       ("rmq.half_partition", str(half.partition).encode()),
-                       ("rmq.half_offset", str(half.offset).encode()),
-                       ("rmq.check_count", str(action.checks_answered).encode()),
-                       ("rmq.discard_reason", action.reason.encode()),
-                       ("rmq.discarded_ts", str(_now_ms()).encode())]
+                       (H.HALF_PARTITION, str(half.partition).encode()),
+                       (H.HALF_OFFSET, str(half.offset).encode()),
+                       (H.CHECK_COUNT, str(action.checks_answered).encode()),
+                       (H.DISCARD_REASON, action.reason.encode()),
+                       (H.DISCARDED_TS, str(_now_ms()).encode())]
             self.producer.produce(self.topics.discard, half.value, key=half.key,
                                   headers=headers)
             self._done(half, TxnState.DISCARDED, action.checks_answered)

@@ -16,13 +16,15 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from coordinator.half import parse_half
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.promote import TransactionAborted, TransactionWriter
+from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.errors import MalformedRecordError, TransactionAborted
 from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
-from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, admin_conf, ensure_topics
+from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, ensure_topics
 
 __all__ = ["TransactionService", "system_topic_specs"]
 
@@ -151,7 +153,7 @@ class TransactionService:
             except MalformedRecordError as exc:
                 self.metrics.malformed.labels(topic).inc()
                 txn = next((v.decode(errors="replace") for k, v in msg.headers() or []
-                            if k == "rmq.txn_id" and v), "?")
+                            if k == H.TXN_ID and v), "?")
                 log.warning("%s[%s]@%s txn=%s skipped: %s", topic, partition, offset, txn, exc)
                 half = None
             return state.on_half(offset, half, now)
@@ -260,7 +262,7 @@ class TransactionService:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
                 ensure_topics(self.conf, system_topic_specs(self.settings))
-        self._admin = AdminClient(admin_conf(self.conf))
+        self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = self._read_retention()
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",

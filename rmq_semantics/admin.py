@@ -20,14 +20,14 @@ from rich.table import Table
 
 from coordinator.half import parse_half
 from coordinator.state import PartitionState
+from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
-from rmq_semantics.message import H
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
+from rmq_semantics.records.headers import DISCARD_HEADERS, H
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
-    admin_conf,
     topic_partition_count,
 )
 
@@ -36,8 +36,6 @@ __all__ = ["DiscardedTxn", "PendingTxn", "list_discarded", "list_pending", "redr
 
 # Reading a partition to its end on a local broker takes well under this.
 READ_TIMEOUT_S = 60.0
-DISCARD_HEADERS = ("rmq.half_partition", "rmq.half_offset", "rmq.check_count",
-                   "rmq.discard_reason", "rmq.discarded_ts")
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ class DiscardedTxn:
 
 
 def _reader(conf: dict, group: str) -> confluent_kafka.Consumer:
-    return confluent_kafka.Consumer({**admin_conf(conf), "group.id": group,
+    return confluent_kafka.Consumer({**shared_conf(conf), "group.id": group,
                                      "enable.auto.commit": False,
                                      "enable.partition.eof": True,
                                      "isolation.level": "read_committed"})
@@ -150,15 +148,15 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
                for p in range(partitions)]
         for msg in _read_to_eof(consumer, tps):
             headers = {k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []}
-            txn_id = headers.get(H.TXN_ID.value)
+            txn_id = headers.get(H.TXN_ID)
             if not txn_id:
                 continue
             latest[txn_id] = DiscardedTxn(
-                txn_id, headers.get(H.REAL_TOPIC.value, "?"),
-                headers.get(H.PRODUCER_GROUP.value, "?"),
-                int(headers.get("rmq.check_count", "0") or 0),
-                headers.get("rmq.discard_reason", ""),
-                (now_ms - int(headers.get("rmq.discarded_ts", now_ms) or now_ms)) / 1000,
+                txn_id, headers.get(H.REAL_TOPIC, "?"),
+                headers.get(H.PRODUCER_GROUP, "?"),
+                int(headers.get(H.CHECK_COUNT, "0") or 0),
+                headers.get(H.DISCARD_REASON, ""),
+                (now_ms - int(headers.get(H.DISCARDED_TS, now_ms) or now_ms)) / 1000,
                 msg.offset(), msg)
     finally:
         consumer.close()
@@ -180,10 +178,10 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     record = found.record
     original = {k: v for k, v in record.headers() or []}
     headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
-    headers.append(("rmq.redrive_of",
+    headers.append((H.REDRIVE_OF,
                     f"{original.get('rmq.half_partition', b'?').decode()}:"
                     f"{original.get('rmq.half_offset', b'?').decode()}".encode()))
-    producer = confluent_kafka.Producer(producer_defaults(admin_conf(conf)))
+    producer = confluent_kafka.Producer(producer_defaults(conf, internal=True))
     waiter = DeliveryWaiter()
     producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
                      headers=headers, on_delivery=waiter)

@@ -30,6 +30,7 @@ from confluent_kafka import TopicPartition
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.message import Message
+from rmq_semantics.records.headers import H
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -100,7 +101,7 @@ def _collect(conf: dict, topic: str, partitions: int, want: int, warm_up: int,
                 if count == warm_up:
                     warmed.set()
                 for name, value in msg.headers() or []:
-                    if name == "rmq.txn_id":
+                    if name == H.TXN_ID:
                         visible[value] = now
         results.send((count, time.monotonic(), visible))
     finally:

@@ -9,6 +9,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaException
 
+from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -23,14 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def consumer_defaults(conf: dict) -> dict:
-    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-        raise ConfigError("conf must be a dict with 'bootstrap.servers'")
-    out = dict(conf)
     # Aborted Kafka transactions (the coordinator's) must never surface.
-    out.setdefault("isolation.level", "read_committed")
-    # librdkafka's log lines go to Python logging (the library never writes to stderr).
-    out.setdefault("logger", logging.getLogger("rmq_semantics.librdkafka"))
-    return out
+    return client_conf(conf, who="consumer", defaults={"isolation.level": "read_committed"})
 
 
 class Consumer:

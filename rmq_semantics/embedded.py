@@ -27,8 +27,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import EmbeddedKafkaError
-from rmq_semantics.topics import admin_conf
 
 __all__ = ["EmbeddedKafka", "cache_dir", "kafka_classpath", "kafka_version"]
 
@@ -325,7 +325,7 @@ class EmbeddedKafka:
 
     def _await_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({**admin_conf(self.client_conf()),
+        admin = AdminClient({**shared_conf(self.client_conf()),
                              "socket.connection.setup.timeout.ms": 2000})
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -13,8 +13,11 @@ from confluent_kafka import KafkaError
 __all__ = [
     "AuthenticationError",
     "BrokerUnavailableError",
+    "CommitRefusedError",
     "ConfigError",
     "EmbeddedKafkaError",
+    "FatalKafkaError",
+    "IllegalStateError",
     "IllegalTransitionError",
     "KafkaOperationError",
     "LockLostError",
@@ -22,7 +25,9 @@ __all__ = [
     "RmqError",
     "RmqTimeoutError",
     "SelectorError",
+    "SparkJobError",
     "SystemTopicError",
+    "TransactionAborted",
 ]
 
 
@@ -61,6 +66,12 @@ class IllegalTransitionError(RmqError, RuntimeError):
     """A lifecycle (half message, queue lock) was asked to make a move it does not allow."""
 
     code = "illegal_transition"
+
+
+class IllegalStateError(RmqError, RuntimeError):
+    """An object was used in a state that does not allow the call (closed, not started)."""
+
+    code = "illegal_state"
 
 
 class RmqTimeoutError(RmqError, TimeoutError):
@@ -119,3 +130,37 @@ class AuthenticationError(KafkaOperationError):
     @property
     def retriable(self) -> bool:  # type: ignore[override]
         return False
+
+
+class FatalKafkaError(KafkaOperationError):
+    """A transactional producer is fenced or broken; the process that owns it must stop.
+
+    The one fatal error of the coordinator's services: another instance with the same
+    transactional id took over, or librdkafka raised a fatal error.
+    """
+
+    code = "kafka_fatal"
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]
+        return False
+
+
+class TransactionAborted(RmqError, RuntimeError):
+    """A Kafka transaction was aborted; the caller replays from its committed offsets."""
+
+    code = "transaction_aborted"
+    retriable = True
+
+
+class CommitRefusedError(RmqError):
+    """The group refused an offset commit (it is rebalancing); retried while locked."""
+
+    code = "commit_refused"
+    retriable = True
+
+
+class SparkJobError(RmqError, RuntimeError):
+    """The streaming query failed; the message carries Spark's reason."""
+
+    code = "spark_job"

@@ -27,7 +27,13 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.lock_records import LockReply, LockRequest, QueueRef, RequestKind
-from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError
+from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.errors import (
+    ConfigError,
+    IllegalStateError,
+    KafkaOperationError,
+    MalformedRecordError,
+)
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
@@ -90,14 +96,9 @@ class LockClient:
 
     def __init__(self, conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
                  client_id: str | None = None) -> None:
-        if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-            raise ConfigError("LockClient conf must be a dict with 'bootstrap.servers'")
         self.topics = SystemTopics(topic_prefix)
         self.client_id = client_id or f"lockclient-{uuid.uuid4().hex[:12]}"
-        self._conf = {k: v for k, v in conf.items()
-                      if k == "bootstrap.servers" or k in ("security.protocol", "client.id")
-                      or k.startswith(("sasl.", "ssl."))}
-        self._conf["logger"] = logging.getLogger("rmq_semantics.librdkafka")
+        self._conf = shared_conf(conf, who="LockClient")
         self._producer: confluent_kafka.Producer | None = None
         self._consumer: confluent_kafka.Consumer | None = None
         self._request_partitions = 0
@@ -112,7 +113,7 @@ class LockClient:
     def _connect(self) -> None:
         with self._connect_lock:
             if self._closed:
-                raise ConfigError("LockClient is closed")
+                raise IllegalStateError("LockClient is closed")
             if self._consumer is not None:
                 return
             producer = confluent_kafka.Producer({**self._conf, "enable.idempotence": True,
@@ -215,7 +216,7 @@ class LockClient:
         self._connect()
         producer = self._producer
         if producer is None:
-            raise ConfigError("LockClient is closed")
+            raise IllegalStateError("LockClient is closed")
         deadline = time.monotonic() + timeout
         by_partition: dict[int, list[QueueRef]] = {}
         for (topic, partition), epoch in queues.items():

@@ -3,39 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
-from types import SimpleNamespace
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.headers import RESERVED_PREFIX, H
 
-__all__ = ["H", "Headers", "Message", "SendResult", "encode_bytes", "headers_dict"]
+__all__ = ["H", "Headers", "Message", "SendResult", "encode_bytes"]
 
 Headers = list[tuple[str, bytes]]
-
-
-class H(StrEnum):
-    """Header names of half and promoted records (DESIGN.md, "Headers")."""
-
-    TXN_ID = "rmq.txn_id"
-    REAL_TOPIC = "rmq.real_topic"
-    REAL_PARTITION = "rmq.real_partition"
-    PRODUCER_GROUP = "rmq.producer_group"
-    BORN_TS = "rmq.born_ts"
-    CHECK_IMMUNITY_MS = "rmq.check_immunity_ms"
-    TAGS = "rmq.tags"
-    KEYS = "rmq.keys"
-    PROMOTED_FROM = "rmq.promoted_from"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-#: The same names as plain strings, for code that runs per record: an enum member's
-#: ``.value`` is a descriptor call each time (``HN.TXN_ID == H.TXN_ID.value``).
-HN = SimpleNamespace(**{member.name: member.value for member in H})
-
-#: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
-PROMOTED_KEEPS = (H.TXN_ID.value, H.TAGS.value, H.KEYS.value)
 
 
 def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:
@@ -61,11 +35,6 @@ def normalize_headers(headers: object) -> Headers:
             raise ConfigError(f"headers must be (name, value) pairs, got {item!r}") from exc
         out.append((str(name), encode_bytes(value, f"header {name!r}") or b""))
     return out
-
-
-def headers_dict(headers: Headers | None) -> dict[str, bytes]:
-    """Last value per header name (Kafka allows repeats; ``rmq.*`` headers never repeat)."""
-    return {name: value for name, value in (headers or [])}
 
 
 @dataclass(frozen=True)
@@ -102,7 +71,7 @@ class Message:
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
         object.__setattr__(self, "headers", normalize_headers(self.headers))
         for name, _ in self.headers:  # type: ignore[union-attr]
-            if name.startswith("rmq."):
+            if name.startswith(RESERVED_PREFIX):
                 raise ConfigError(f"header {name!r}: the rmq.* header namespace is reserved")
 
     def user_headers(self) -> Headers:

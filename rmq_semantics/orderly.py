@@ -45,13 +45,17 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import (
+    CommitRefusedError,
     ConfigError,
     KafkaOperationError,
     RmqError,
     RmqTimeoutError,
 )
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
+from rmq_semantics.producer import producer_defaults
+from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -76,11 +80,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Headers of a dead-lettered message (besides its own key, value and headers).
-DLQ_ORIGINAL_TOPIC = "rmq.dlq.original_topic"
-DLQ_ORIGINAL_PARTITION = "rmq.dlq.original_partition"
-DLQ_ORIGINAL_OFFSET = "rmq.dlq.original_offset"
-DLQ_RECONSUME_TIMES = "rmq.dlq.reconsume_times"
+#: Headers of a dead-lettered message (besides its own key, value and headers); the names
+#: live in records.headers, these are their public spellings in this module.
+DLQ_ORIGINAL_TOPIC = H.DLQ_ORIGINAL_TOPIC
+DLQ_ORIGINAL_PARTITION = H.DLQ_ORIGINAL_PARTITION
+DLQ_ORIGINAL_OFFSET = H.DLQ_ORIGINAL_OFFSET
+DLQ_RECONSUME_TIMES = H.DLQ_RECONSUME_TIMES
 
 DEFAULT_SUSPEND_MS = 1000
 # RocketMQ's pullThresholdForQueue: a partition with this many unconsumed messages is
@@ -220,13 +225,6 @@ class PartitionStatus:
         return self.lock_state == "held"
 
 
-class CommitRefusedError(RmqError):
-    """The group refused an offset commit (it is rebalancing); retried while locked."""
-
-    code = "commit_refused"
-    retriable = True
-
-
 REBALANCE_CODES = frozenset({KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION})
 
 
@@ -303,20 +301,17 @@ def _epoch_of(metadata: str | None) -> int:
 
 def consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
-    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-        raise ConfigError("conf must be a dict with 'bootstrap.servers'")
-    if not conf.get("group.id"):
-        raise ConfigError("conf needs 'group.id': the orderly consumer group")
-    if str(conf.get("enable.auto.commit", "false")).lower() not in ("false", "0"):
+    if isinstance(conf, dict) and str(conf.get("enable.auto.commit", "false")).lower() not in (
+            "false", "0"):
         raise ConfigError("enable.auto.commit must be false: the orderly consumer commits "
                           "each batch itself, under its queue lock")
-    out = dict(conf)
-    out["enable.auto.commit"] = False
-    out["enable.auto.offset.store"] = False
-    out.setdefault("isolation.level", "read_committed")
+    out = client_conf(conf, who="OrderlyConsumer", defaults={
+        "isolation.level": "read_committed"}, forced={
+        "enable.auto.commit": False, "enable.auto.offset.store": False})
+    if not out.get("group.id"):
+        raise ConfigError("conf needs 'group.id': the orderly consumer group")
     if out.get("group.protocol", "classic") == "classic":
         out.setdefault("partition.assignment.strategy", "cooperative-sticky")
-    out.setdefault("logger", logging.getLogger("rmq_semantics.librdkafka"))
     return out
 
 
@@ -1086,11 +1081,8 @@ class OrderlyConsumer:
             ensure_topics(self._conf, {topic: (1, {})})
             self._dlq_ready = True
         if self._dlq_producer is None:
-            conf = {k: v for k, v in self._conf.items()
-                    if k in ("bootstrap.servers", "security.protocol", "client.id", "logger")
-                    or k.startswith(("sasl.", "ssl."))}
             self._dlq_producer = confluent_kafka.Producer(
-                {**conf, "enable.idempotence": True, "acks": "all"})
+                producer_defaults(self._conf, internal=True))
         producer = self._dlq_producer
         errors: list[KafkaError] = []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,8 +9,10 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
+from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError, RmqTimeoutError
 from rmq_semantics.message import Message, SendResult
+from rmq_semantics.records.headers import H
 from rmq_semantics.selector import apply_selector, java_partition
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
 
@@ -25,18 +26,14 @@ METADATA_TTL_S = 30.0
 POLL_SLICE_S = 0.05
 
 
-def producer_defaults(conf: dict) -> dict:
-    """Copy ``conf`` with the product's producer defaults (the caller's values win)."""
-    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-        raise ConfigError("conf must be a dict with 'bootstrap.servers'")
-    out = dict(conf)
-    out.setdefault("enable.idempotence", True)
-    out.setdefault("acks", "all")
-    # Java's partitioner, so Java and Python producers agree on where a key lives.
-    out.setdefault("partitioner", "murmur2_random")
-    # librdkafka's log lines go to Python logging (the library never writes to stderr).
-    out.setdefault("logger", logging.getLogger("rmq_semantics.librdkafka"))
-    return out
+#: The product's producer defaults (the caller's values win): idempotence, so retries never
+#: reorder, and Java's partitioner, so Java and Python producers agree on where a key lives.
+PRODUCER_DEFAULTS = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"}
+
+
+def producer_defaults(conf: dict, *, internal: bool = False) -> dict:
+    """Copy ``conf`` with the product's producer defaults."""
+    return client_conf(conf, who="producer", internal=internal, defaults=PRODUCER_DEFAULTS)
 
 
 class DeliveryWaiter:
@@ -119,9 +116,9 @@ class Producer:
             partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
         headers = msg.user_headers()
         if msg.tags is not None:
-            headers.append(("rmq.tags", msg.tags.encode()))
+            headers.append((H.TAGS, msg.tags.encode()))
         if msg.keys is not None:
-            headers.append(("rmq.keys", msg.keys.encode()))
+            headers.append((H.KEYS, msg.keys.encode()))
         waiter = DeliveryWaiter()
         kwargs: dict[str, Any] = {"key": msg.key, "headers": headers, "on_delivery": waiter}
         if partition is not None:

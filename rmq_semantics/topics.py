@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
+from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import (
     AuthenticationError,
     ConfigError,
@@ -21,7 +22,6 @@ from rmq_semantics.errors import (
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
     "SystemTopics",
-    "admin_conf",
     "ensure_topics",
     "is_system_topic",
     "list_topics",
@@ -36,10 +36,6 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 # Metadata is asked in slices this long so a refused login (librdkafka reports it within
 # ~0.3 s, then retries forever) ends the call at once instead of after ADMIN_TIMEOUT_S.
 METADATA_SLICE_S = 1.0
-# Security settings without the sasl./ssl. prefix that every client must also get.
-_SECURITY_KEYS = ("security.protocol", "enable.ssl.certificate.verification",
-                  "enable.sasl.oauthbearer.unsecure.jwt", "oauth_cb", "https.ca.location",
-                  "https.ca.pem")
 _AUTH_CODES = (KafkaError._AUTHENTICATION, KafkaError._SSL)
 # Pause between metadata reads while a new topic becomes visible.
 METADATA_POLL_S = 0.05
@@ -114,16 +110,6 @@ def refuse_system_topics(topics: list[str], prefix: str) -> None:
             )
 
 
-def admin_conf(conf: dict) -> dict:
-    """The subset of a client conf every internal client takes: bootstrap, client id and all
-    security settings (``security.protocol``, ``sasl.*``, ``ssl.*``), passed untouched."""
-    keep = ("bootstrap.servers", "client.id", *_SECURITY_KEYS)
-    out = {k: v for k, v in conf.items() if k in keep or k.startswith(("sasl.", "ssl."))}
-    # librdkafka's own log lines go to Python logging, not straight to stderr.
-    out["logger"] = logging.getLogger("rmq_semantics.librdkafka")
-    return out
-
-
 class _AuthWatch:
     """``error_cb`` that keeps the first authentication or TLS failure librdkafka reports
     (it only logs those and retries forever), then calls the caller's own ``error_cb``."""
@@ -154,7 +140,7 @@ class _AuthWatch:
 
 def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
     watch = _AuthWatch(conf.get("error_cb"))
-    return AdminClient({**admin_conf(conf), "error_cb": watch}), watch
+    return AdminClient({**shared_conf(conf), "error_cb": watch}), watch
 
 
 def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,

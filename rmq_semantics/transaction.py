@@ -20,14 +20,15 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError
 
+from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
-from rmq_semantics.message import HN, H, Message
+from rmq_semantics.message import Message
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import RecordType, decode, encode
+from rmq_semantics.records.headers import RESERVED_PREFIX, H
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
-    admin_conf,
     ensure_topics,
     validate_prefix,
 )
@@ -135,7 +136,7 @@ class TransactionProducer:
             self.topics.check: (self._check_partitions, {}),
         })
         self._producer = confluent_kafka.Producer(self._conf)
-        consumer_conf = admin_conf(self._conf)
+        consumer_conf = shared_conf(self._conf)
         consumer_conf.update({
             "group.id": self.topics.check_group(self.producer_group),
             "isolation.level": "read_committed",
@@ -236,18 +237,18 @@ class TransactionProducer:
         for msg in msgs:
             txn_id = uuid.uuid4().hex
             headers = [*msg.user_headers(),
-                       (HN.TXN_ID, txn_id.encode()),
-                       (HN.REAL_TOPIC, msg.topic.encode()),
-                       (HN.PRODUCER_GROUP, group),
-                       (HN.BORN_TS, born)]
+                       (H.TXN_ID, txn_id.encode()),
+                       (H.REAL_TOPIC, msg.topic.encode()),
+                       (H.PRODUCER_GROUP, group),
+                       (H.BORN_TS, born)]
             if msg.partition is not None:
-                headers.append((HN.REAL_PARTITION, str(msg.partition).encode()))
+                headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
             if msg.check_immunity_ms is not None:
-                headers.append((HN.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
+                headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
             if msg.tags is not None:
-                headers.append((HN.TAGS, msg.tags.encode()))
+                headers.append((H.TAGS, msg.tags.encode()))
             if msg.keys is not None:
-                headers.append((HN.KEYS, msg.keys.encode()))
+                headers.append((H.KEYS, msg.keys.encode()))
             waiter = DeliveryWaiter()
             producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
                              on_delivery=waiter)
@@ -396,7 +397,7 @@ class TransactionProducer:
                 continue
             msg = Message(body["topic"], body["value"], key=body["key"],
                           headers=[(h["key"], h["value"]) for h in body["headers"]
-                                   if not h["key"].startswith("rmq.")],
+                                   if not h["key"].startswith(RESERVED_PREFIX)],
                           partition=body["partition"], transaction_id=body["txn_id"],
                           tags=_header(body, H.TAGS), keys=_header(body, H.KEYS))
             try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rmq_semantics.errors import ConfigError, RmqError, RmqTimeoutError
+from rmq_semantics.errors import ConfigError, RmqError, RmqTimeoutError, SparkJobError
 from rmq_semantics.settings import kafka_env_conf
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 
@@ -47,12 +47,6 @@ _FIXED_OPTIONS = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.se
                   "includeheaders", "kafka.isolation.level"}
 _SOURCE_METRICS = "rmq_source"
 _SINK_METRICS = "rmq_sink"
-
-
-class SparkJobError(RmqError, RuntimeError):
-    """The streaming query failed; the message carries Spark's reason."""
-
-    code = "spark_job"
 
 
 @dataclass(frozen=True)

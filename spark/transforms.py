@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from rmq_semantics.errors import ConfigError, SystemTopicError
-from rmq_semantics.message import H
+from rmq_semantics.records.headers import H
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics, is_system_topic
 
 __all__ = [
@@ -237,7 +237,7 @@ def header_value(name: str, headers: str | Column = "headers") -> Column:
 def is_promoted(headers: str | Column = "headers") -> Column:
     """True when the record carries ``rmq.promoted_from``; false (never null) otherwise."""
     col = F.col(headers) if isinstance(headers, str) else headers
-    return F.coalesce(F.exists(col, lambda h: h["key"] == F.lit(H.PROMOTED_FROM.value)),
+    return F.coalesce(F.exists(col, lambda h: h["key"] == F.lit(H.PROMOTED_FROM)),
                       F.lit(False))
 
 
@@ -252,8 +252,8 @@ def drop_unpromoted(df: DataFrame) -> DataFrame:
 
 def _meta_columns(df: DataFrame) -> list[Column]:
     has_headers = "headers" in df.columns
-    txn = header_value(H.TXN_ID.value) if has_headers else F.lit(None).cast("string")
-    promoted = (header_value(H.PROMOTED_FROM.value) if has_headers
+    txn = header_value(H.TXN_ID) if has_headers else F.lit(None).cast("string")
+    promoted = (header_value(H.PROMOTED_FROM) if has_headers
                 else F.lit(None).cast("string"))
     return [F.col("topic").alias("_topic"), F.col("partition").alias("_partition"),
             F.col("offset").alias("_offset"), F.col("key").cast("string").alias("_key"),

@@ -8,8 +8,8 @@ import pytest
 
 from coordinator.server import kafka_conf_from_args
 from rmq_semantics import AuthenticationError, KafkaOperationError, RmqError
+from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError
-from rmq_semantics.topics import admin_conf
 from spark.job import _cli_source_options, spark_kafka_options
 
 SASL = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
@@ -18,7 +18,7 @@ SASL = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
 
 
 def test_internal_clients_keep_every_security_setting_and_drop_tuning():
-    conf = admin_conf({**SASL, "linger.ms": 5, "group.id": "g", "client.id": "me"})
+    conf = shared_conf({**SASL, "linger.ms": 5, "group.id": "g", "client.id": "me"})
     assert {k: v for k, v in conf.items() if k != "logger"} == {**SASL, "client.id": "me"}
 
 

@@ -1,0 +1,53 @@
+"""Every ``rmq.*`` header name, once (DESIGN.md, "Headers on half and promoted records").
+
+Plain ``str`` class attributes rather than an Enum: they are read per record on the hot
+paths, and a member's ``.value`` would be a descriptor call each time.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "RESERVED_PREFIX", "H"]
+
+#: The header namespace the product owns; user headers may not start with it.
+RESERVED_PREFIX: Final = "rmq."
+
+
+class H:
+    """Header names of half, promoted, check, discarded and dead-lettered records."""
+
+    # Half records (and, where kept, promoted ones).
+    TXN_ID: Final = "rmq.txn_id"
+    REAL_TOPIC: Final = "rmq.real_topic"
+    REAL_PARTITION: Final = "rmq.real_partition"
+    PRODUCER_GROUP: Final = "rmq.producer_group"
+    BORN_TS: Final = "rmq.born_ts"
+    CHECK_IMMUNITY_MS: Final = "rmq.check_immunity_ms"
+    TAGS: Final = "rmq.tags"
+    KEYS: Final = "rmq.keys"
+    # Promoted records.
+    PROMOTED_FROM: Final = "rmq.promoted_from"
+    # Records set aside in the discard topic.
+    HALF_PARTITION: Final = "rmq.half_partition"
+    HALF_OFFSET: Final = "rmq.half_offset"
+    CHECK_COUNT: Final = "rmq.check_count"
+    DISCARD_REASON: Final = "rmq.discard_reason"
+    DISCARDED_TS: Final = "rmq.discarded_ts"
+    # A half record written again by `txn redrive`.
+    REDRIVE_OF: Final = "rmq.redrive_of"
+    # Dead letters of an orderly consumer.
+    DLQ_ORIGINAL_TOPIC: Final = "rmq.dlq.original_topic"
+    DLQ_ORIGINAL_PARTITION: Final = "rmq.dlq.original_partition"
+    DLQ_ORIGINAL_OFFSET: Final = "rmq.dlq.original_offset"
+    DLQ_RECONSUME_TIMES: Final = "rmq.dlq.reconsume_times"
+
+
+#: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
+PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS)
+#: What the coordinator adds to a record it sets aside in the discard topic.
+DISCARD_HEADERS: Final = (H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT, H.DISCARD_REASON,
+                          H.DISCARDED_TS)
+#: What an orderly consumer adds to a dead letter.
+DLQ_HEADERS: Final = (H.DLQ_ORIGINAL_TOPIC, H.DLQ_ORIGINAL_PARTITION, H.DLQ_ORIGINAL_OFFSET,
+                      H.DLQ_RECONSUME_TIMES)
