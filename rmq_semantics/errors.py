@@ -8,7 +8,10 @@ can keep catching ``ValueError``/``TimeoutError``/``RuntimeError``.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the pure cores import this module and no Kafka client
+    from confluent_kafka import KafkaError
 
 __all__ = [
     "AuthenticationError",

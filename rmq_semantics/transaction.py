@@ -421,9 +421,9 @@ class TransactionProducer:
         return f'{self.topics.half}[{body["half_partition"]}]@{body["half_offset"]}'
 
 
-def _header(body: dict, name: H) -> str | None:
+def _header(body: dict, name: str) -> str | None:
     for h in body["headers"]:
-        if h["key"] == name.value:
+        if h["key"] == name:
             return h["value"].decode(errors="replace")
     return None
 
