@@ -21,7 +21,12 @@ import confluent_kafka
 from confluent_kafka import KafkaError
 
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
+from rmq_semantics.errors import (
+    ConfigError,
+    IllegalStateError,
+    KafkaOperationError,
+    MalformedRecordError,
+)
 from rmq_semantics.message import Message
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import RecordType, decode, encode
@@ -164,9 +169,8 @@ class TransactionProducer:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout)
-        if self._started:
+        if self._started and self._producer is not None:
             self._check_consumer.close()
-            assert self._producer is not None
             self._producer.flush(timeout)
 
     def __enter__(self) -> TransactionProducer:
@@ -178,7 +182,8 @@ class TransactionProducer:
     # -- sending -------------------------------------------------------------------------
     def _require_started(self) -> confluent_kafka.Producer:
         if not self._started or self._closed or self._producer is None:
-            raise RmqError("TransactionProducer is not started (call start() or use 'with')")
+            raise IllegalStateError(
+                "TransactionProducer is not started (call start() or use 'with')")
         return self._producer
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
