@@ -159,6 +159,7 @@ def _legacy_lock_state(value: bytes) -> dict[str, Any]:
         if body.get(name) is None:
             body[name] = default
     try:
+        # The JSON fields are those of the first Avro schema, so fastavro checks their types.
         validate(body, schema(RecordType.LOCK_STATE, 1), raise_errors=True)
     except ValidationError as exc:
         raise MalformedRecordError(f"lock state: {exc}") from exc
