@@ -36,8 +36,6 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.lock import LockTable
-from coordinator.lock_records import LockReply, LockRequest, QueueResult, RequestKind, encode_state
-from coordinator.lock_records import decode_state as decode_state_record
 from coordinator.promote import RETRY_BACKOFF_MS
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.errors import (
@@ -47,8 +45,9 @@ from rmq_semantics.errors import (
     MalformedRecordError,
     RmqError,
 )
+from rmq_semantics.records.codec import decode_as, decode_lock_state, encode
+from rmq_semantics.records.locks import LockReply, LockRequest, QueueResult, RequestKind
 from rmq_semantics.retry import retrying
-from rmq_semantics.selector import java_partition
 from rmq_semantics.settings import add_arguments, load
 from rmq_semantics.topics import SystemTopics, ensure_topics, topic_partition_count
 
@@ -329,7 +328,7 @@ class LockService:
                 if msg.value() is None:
                     continue
                 try:
-                    entry = decode_state_record(msg.key(), msg.value())
+                    entry = decode_lock_state(msg.key(), msg.value())
                 except MalformedRecordError as exc:
                     self._count("malformed")
                     log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
@@ -395,7 +394,7 @@ class LockService:
             if table is None:
                 table = staged[p] = self._tables.setdefault(p, LockTable()).overlay()
             try:
-                request = LockRequest.decode(msg.value())
+                request = decode_as(LockRequest, msg.value())
             except MalformedRecordError as exc:
                 self._count("malformed")
                 log.warning("%s[%d]@%d skipped: %s", msg.topic(), p, msg.offset(), exc)
@@ -418,7 +417,7 @@ class LockService:
     def _decide(self, table: LockTable, partition: int, request: LockRequest, now: int,
                 ref: Any) -> QueueResult:
         key = ref.key(request.group)
-        if java_partition(str(key).encode(), self._request_partitions) != partition:
+        if key.request_partition(self._request_partitions) != partition:
             self._count("misrouted")
             return QueueResult.refused(ref, "misrouted")
         try:
@@ -435,7 +434,7 @@ class LockService:
         if decision.reason == "taken_over":
             log.info("%s: lapsed lease taken over by %s with epoch %d", key,
                      request.client_id, decision.epoch)
-        return QueueResult.from_decision(decision)
+        return decision.result()
 
     def _write(self, staged: dict[int, LockTable], replies: list[tuple[int, LockReply]],
                offsets: list[TopicPartition], first: dict[int, int]) -> bool:
@@ -445,10 +444,10 @@ class LockService:
             producer.begin_transaction()
             for p, table in staged.items():
                 for entry in table:
-                    key, value = encode_state(entry)
-                    producer.produce(self.topics.lock, value, key=key, partition=p)
+                    producer.produce(self.topics.lock, encode(entry), key=entry.key.record_key(),
+                                     partition=p)
             for partition, reply in replies:
-                producer.produce(self.topics.lock_reply, reply.encode(),
+                producer.produce(self.topics.lock_reply, encode(reply),
                                  key=reply.client_id.encode(), partition=partition)
             producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), TXN_CALL_TIMEOUT_S)

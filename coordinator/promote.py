@@ -13,8 +13,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import Action, Discard, Finish, IssueCheck, SaveCheckCounts, TxnState
 from rmq_semantics.errors import FatalKafkaError, KafkaOperationError, TransactionAborted
-from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.headers import H
+from rmq_semantics.records.txn import CheckMarker, CheckRequest, DoneEntry, DoneMarkers, Outcome
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
 
@@ -34,6 +35,11 @@ COMMIT_DEADLINE_S = 60.0
 # retry.backoff.ms: its default of 100 ms made every back-to-back transaction take 100 ms.
 # Measured on the embedded broker: 100 ms -> 5.5 ms per send_offsets_to_transaction.
 RETRY_BACKOFF_MS = 2
+
+
+# The decision a done marker records for each final state.
+_OUTCOME = {TxnState.COMMITTED: Outcome.COMMITTED, TxnState.ROLLED_BACK: Outcome.ROLLED_BACK,
+            TxnState.DISCARDED: Outcome.DISCARDED}
 
 
 def _now_ms() -> int:
@@ -59,7 +65,7 @@ class TransactionWriter:
             "logger": logging.getLogger("rmq_semantics.librdkafka"),
         }
         self.producer = confluent_kafka.Producer(producer_conf)
-        self._done_entries: dict[int, list[dict]] = {}  # per half partition, this transaction
+        self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
         self._call(self.producer.init_transactions, "initialising transactions")
 
     def _call(self, fn, what: str, *args) -> None:
@@ -79,7 +85,7 @@ class TransactionWriter:
         Raises TransactionAborted when the transaction had to be aborted (the caller
         replays from committed offsets) and FatalKafkaError when it cannot go on.
         """
-        self._done_entries: dict[int, list[dict]] = {}
+        self._done_entries: dict[int, list[DoneEntry]] = {}
         try:
             self.producer.begin_transaction()
             for action in actions:
@@ -113,13 +119,12 @@ class TransactionWriter:
         self.metrics.aborted.inc()
         raise TransactionAborted(err.str()) from exc
 
-    def _op(self, partition: int, record_type: RecordType, body: dict) -> None:
-        self.producer.produce(self.topics.op, encode(record_type, body), partition=partition)
+    def _op(self, partition: int, record: SystemRecord) -> None:
+        self.producer.produce(self.topics.op, encode(record), partition=partition)
 
     def _done(self, half, outcome: TxnState, checks_answered: int) -> None:
-        self._done_entries.setdefault(half.partition, []).append({
-            "half_offset": half.offset, "txn_id": half.txn_id, "outcome": outcome.value,
-            "checks_answered": checks_answered})
+        self._done_entries.setdefault(half.partition, []).append(
+            DoneEntry(half.offset, half.txn_id, _OUTCOME[outcome], checks_answered))
 
     def _write_done_markers(self) -> None:
         """One Op record per partition for all of this transaction's decisions: a record
@@ -127,7 +132,7 @@ class TransactionWriter:
         back, decode)."""
         now = _now_ms()
         for partition, entries in self._done_entries.items():
-            self._op(partition, RecordType.DONE_MARKERS, {"entries": entries, "ts": now})
+            self._op(partition, DoneMarkers(tuple(entries), now))
 
     def _produce(self, action: Action) -> None:
         half = action.half
@@ -139,14 +144,9 @@ class TransactionWriter:
                 self.producer.produce(half.real_topic, half.value, **kwargs)
             self._done(half, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
-            self.producer.produce(self.topics.check, encode(RecordType.CHECK_REQUEST, {
-                "txn_id": half.txn_id, "producer_group": half.producer_group,
-                "half_partition": half.partition, "half_offset": half.offset,
-                "check_seq": action.check_seq, "born_ts": half.born_ts,
-                "topic": half.real_topic, "partition": half.real_partition,
-                "key": half.key, "value": half.value,
-                "headers": [{"key": k, "value": v} for k, v in half.headers],
-                "ts": _now_ms()}), key=half.producer_group.encode())
+            self.producer.produce(
+                self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
+                key=half.producer_group.encode())
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)
@@ -162,11 +162,9 @@ class TransactionWriter:
             self._done(half, TxnState.DISCARDED, action.checks_answered)
 
     def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
-        self._op(action.half.partition, RecordType.CHECK_MARKER, {
-            "half_offset": action.half.offset, "txn_id": action.half.txn_id,
-            "checks_issued": action.checks_issued, "checks_answered": action.checks_answered,
-            "answered_seq": action.answered_seq, "next_check_ts": action.next_check_ts,
-            "ts": _now_ms()})
+        self._op(action.half.partition, CheckMarker(
+            action.half.offset, action.half.txn_id, action.checks_issued,
+            action.checks_answered, action.answered_seq, action.next_check_ts, _now_ms()))
 
     def _count(self, actions: Sequence[Action]) -> None:
         now = time.time()

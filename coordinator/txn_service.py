@@ -14,14 +14,15 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from coordinator.half import parse_half
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import MalformedRecordError, TransactionAborted
-from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.records import txn as wire
+from rmq_semantics.records.codec import decode
+from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, ensure_topics
@@ -164,32 +165,32 @@ class TransactionService:
             log.warning("%s[%s]@%s skipped: %s", topic, partition, offset, exc)
             state.on_malformed_op(offset)
             return []
-        if record.type is RecordType.END_REQUEST:
-            return self._on_end(state, offset, record.body, now)
-        if record.type is RecordType.END_REQUESTS:
-            body = record.body
-            common = {"producer_group": body["producer_group"],
-                      "half_partition": body["half_partition"], "from_check": False,
-                      "check_seq": 0}
+        if isinstance(record, wire.EndRequest):
+            return self._on_end(state, offset, record.half_partition, EndRequest(
+                offset, record.txn_id, record.producer_group, record.half_offset, record.state,
+                record.from_check, record.check_seq, now), now)
+        if isinstance(record, wire.EndRequests):
+            group, half_partition = record.producer_group, record.half_partition
             actions: list = []
-            for entry in body["entries"]:
-                actions.extend(self._on_end(state, offset, {**common, **entry}, now))
+            for entry in record.entries:
+                actions.extend(self._on_end(state, offset, half_partition, EndRequest(
+                    offset, entry.txn_id, group, entry.half_offset, entry.state, False, 0,
+                    now), now))
             return actions
-        if not state.on_op_marker(offset, record.type, record.body):
+        if not state.on_op_marker(offset, record):
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
-                        partition, offset, record.type.name)
+                        partition, offset, type(record).__name__)
             state.on_malformed_op(offset)
         return []
 
-    def _on_end(self, state: PartitionState, offset: int, body: dict, now: int) -> list:
-        request = EndRequest(offset, body["txn_id"], body["producer_group"], body["half_offset"],
-                             body["state"], body["from_check"], body["check_seq"], now)
+    def _on_end(self, state: PartitionState, offset: int, half_partition: int,
+                request: EndRequest, now: int) -> list:
         where = f"{self.topics.op}[{state.partition}]@{offset}"
-        if body["half_partition"] != state.partition:
+        if half_partition != state.partition:
             self.metrics.rejected.labels("wrong_partition").inc()
             log.warning("%s txn=%s rejected: names half partition %d", where, request.txn_id,
-                        body["half_partition"])
+                        half_partition)
             state.on_malformed_op(offset)
             return []
         entry = state.pending.get(request.half_offset)

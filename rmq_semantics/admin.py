@@ -18,12 +18,12 @@ from confluent_kafka import KafkaError, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.half import parse_half
 from coordinator.state import PartitionState
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
+from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import DISCARD_HEADERS, H
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -122,7 +122,7 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
                 record = decode(msg.value())
             except MalformedRecordError:
                 continue
-            state.on_op_marker(msg.offset(), record.type, record.body)
+            state.on_op_marker(msg.offset(), record)
         for p, state in states.items():
             for entry in state.pending.values():
                 half = entry.half

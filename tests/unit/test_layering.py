@@ -22,7 +22,9 @@ UPPER = ("coordinator", "spark")
 # May import the sidecar and the Spark job, lazily.
 LAZY_ALLOWED = ("rmq_semantics/cli.py", "rmq_semantics/tools/")
 PURE_CORES = ["rmq_semantics.records", "rmq_semantics.records.codec",
-              "rmq_semantics.records.headers", "coordinator.state", "coordinator.lock"]
+              "rmq_semantics.records.headers", "rmq_semantics.records.half",
+              "rmq_semantics.records.txn", "rmq_semantics.records.locks", "coordinator.state",
+              "coordinator.lock"]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
