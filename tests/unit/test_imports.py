@@ -8,6 +8,7 @@ import sys
 import pytest
 
 ENTRY_MODULES = ["rmq_semantics", "coordinator", "coordinator.server", "coordinator.lock",
+                 "coordinator.kafka_txn",
                  "coordinator.lock_service", "coordinator.lock_records", "rmq_semantics.orderly",
                  "rmq_semantics.lock_client", "rmq_semantics.cli", "spark.job"]
 
