@@ -455,7 +455,7 @@ class TransactionProducer:
 
 def _header(body: dict, name: H) -> str | None:
     for h in body["headers"]:
-        if h["key"] == name.value:
+        if h["key"] == name:
             return h["value"].decode(errors="replace")
     return None
 
