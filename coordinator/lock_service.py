@@ -441,4 +441,3 @@ class LockService:
     def owned_partitions(self) -> list[int]:
         """Request partitions this instance owns and serves."""
         return sorted(self._assigned - self._unready)
-
