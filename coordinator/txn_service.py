@@ -14,12 +14,13 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from coordinator.kafka_txn import transactional_loop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import MalformedRecordError, TransactionAborted
+from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
 from rmq_semantics.records import txn as wire
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
@@ -245,16 +246,21 @@ class TransactionService:
         return out, changed
 
     def _replay(self, consumer: confluent_kafka.Consumer) -> None:
-        """After an aborted transaction: forget in-memory state and re-read from commits."""
-        assignment = consumer.assignment()
+        """After an aborted transaction or a failed step: forget in-memory state and re-read
+        from commits."""
         self.states.clear()
         self._committed.clear()
-        if not assignment:
-            return
-        self._on_assign(consumer, assignment)
-        for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
-            offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        try:
+            assignment = consumer.assignment()
+            if not assignment:
+                return
+            self._on_assign(consumer, assignment)
+            for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
+                offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException as exc:  # the loop pauses and replays again
+            raise KafkaOperationError.wrap("replaying from committed offsets",
+                                           exc.args[0]) from exc
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -268,6 +274,7 @@ class TransactionService:
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics)
+        writer.start(stop)
         consumer = confluent_kafka.Consumer({
             **self.conf,
             "group.id": self.topics.coordinator_group,
@@ -287,8 +294,8 @@ class TransactionService:
         log.info("transaction service %s running (prefix %s)", self.instance_id,
                  self.settings.topic_prefix)
         try:
-            while not stop.is_set():
-                self._step(consumer, writer)
+            transactional_loop("transaction service", lambda: self._step(consumer, writer),
+                               lambda: self._replay(consumer), stop)
         finally:
             consumer.close()
             writer.close()
@@ -307,10 +314,6 @@ class TransactionService:
         offsets, moved = self._offsets()
         if not actions and not moved:
             return
-        try:
-            writer.write(actions, offsets, consumer.consumer_group_metadata())
-        except TransactionAborted:
-            self._replay(consumer)
-            return
+        writer.write(actions, offsets, consumer.consumer_group_metadata())
         for p, state in self.states.items():
             self._committed[p] = (state.half_commit, state.op_commit)

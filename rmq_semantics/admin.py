@@ -190,7 +190,7 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
 
 
 def _cmd_txn(args: argparse.Namespace) -> int:
-    from coordinator.server import kafka_conf_from_args
+    from rmq_semantics.settings import kafka_conf_from_args
 
     conf = kafka_conf_from_args(args)
     if not getattr(args, "verbose", False):
@@ -222,7 +222,7 @@ def _cmd_txn(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    from coordinator.server import add_kafka_arguments
+    from rmq_semantics.settings import add_kafka_arguments
 
     txn = sub.add_parser("txn", help="list pending/discarded transactions, re-drive one")
     actions = txn.add_subparsers(dest="action", required=True)

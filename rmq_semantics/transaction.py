@@ -18,7 +18,8 @@ from enum import Enum
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
+from tenacity import retry_if_exception
 
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import (
@@ -33,6 +34,7 @@ from rmq_semantics.records.codec import decode, decode_as, encode
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
+from rmq_semantics.retry import retrying
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 CHECK_QUEUE_SIZE = 2000
 # Check consumer poll slice: bounds how long shutdown waits for the thread.
 POLL_SLICE_S = 0.2
+# A check consumer failing this long without a break logs it once more as an error and
+# starts over (pauses from 0.1 s again); it only stops on a fatal error or a shutdown.
+CHECK_RETRY_DEADLINE_S = 300.0
 # Remember this many transactions' newest check, to skip superseded requests.
 SEEN_CHECKS = 100_000
 # send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
@@ -346,15 +351,42 @@ class TransactionProducer:
         return False
 
     def _consume_checks(self) -> None:
+        """Feed check requests to the check workers until stopped. A failing consume is
+        retried with the shared policy's pauses for as long as the producer runs (checks must
+        resume after a broker outage); a fatal error stops this thread with one log line,
+        and sending goes on (the coordinator checks again later)."""
+        def fatal(err: KafkaError) -> bool:
+            return err.fatal() or err.code() == KafkaError._FATAL
+
+        def stopped(err: KafkaError) -> None:
+            log.error("check consumer of producer group %s stopped: %s (fatal); back-checks go "
+                      "unanswered until the producer restarts", self.producer_group, err.str())
+
+        policy = retrying(CHECK_RETRY_DEADLINE_S, self._stop).copy(
+            sleep=self._stop.wait,  # a shutdown cuts a pause short
+            retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException)
+                                     and not fatal(exc.args[0])))
         while not self._stop.is_set():
             try:
-                msgs = self._check_consumer.consume(500, POLL_SLICE_S)
-            except Exception:
-                log.exception("check consumer failed; retrying")
-                continue
+                msgs = policy(self._check_consumer.consume, 500, POLL_SLICE_S)
+            except KafkaException as exc:
+                if self._stop.is_set():
+                    return
+                if not fatal(exc.args[0]):
+                    log.error("check consumer of producer group %s failing for %.0f s: %s; "
+                              "retrying", self.producer_group, CHECK_RETRY_DEADLINE_S,
+                              exc.args[0].str())
+                    continue
+                stopped(exc.args[0])
+                return
+            except RuntimeError:  # closed under us: shutdown gave up waiting for this thread
+                return
             newest: dict[str, CheckRequest] = {}
             for msg in msgs:
                 if msg.error() is not None:
+                    if fatal(msg.error()):
+                        stopped(msg.error())
+                        return
                     if msg.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("check consumer: %s", msg.error().str())
                     continue
