@@ -81,8 +81,10 @@ class ConsumerCalls:
 
     def run_pending(self, consumer: confluent_kafka.Consumer) -> None:
         """Poll thread: run every call handed over so far."""
-        while self._pending:  # only this thread pops; a call added meanwhile waits a round
+        while self._pending:  # checked without the lock: a call added meanwhile waits a round
             with self._lock:
+                if not self._pending:
+                    return
                 fn, future = self._pending.popleft()
             if not future.set_running_or_notify_cancel():
                 continue  # its caller gave up waiting
