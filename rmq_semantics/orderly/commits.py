@@ -19,7 +19,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rmq_semantics.errors import CommitRefusedError, RmqError
+from rmq_semantics.errors import CommitRefusedError, LockLostError, RmqError
 from rmq_semantics.orderly.poller import ConsumerCalls
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue, QueueRegistry, event
 from rmq_semantics.retry import retrying
@@ -128,7 +128,9 @@ class Commits:
     def commit_pending(self, q: LiveQueue, retry_for: float = 0.0) -> None:
         """Commit a processed batch whose commit is still pending; retry for ``retry_for`` s
         (only while the lock holds: a lost lock clears the pending commit)."""
-        with contextlib.suppress(CommitRefusedError):
+        # A refused commit is retried while the lock holds; a lost lock ends it at once (not
+        # retriable): the batch stays uncommitted and the new holder redoes it.
+        with contextlib.suppress(CommitRefusedError, LockLostError):
             for attempt in retrying(retry_for):
                 with attempt:
                     with q.cv:
@@ -140,12 +142,12 @@ class Commits:
                                                          "refused")
 
     def _commit(self, q: LiveQueue, offset: int, epoch: int) -> bool:
-        """Commit ``offset`` now if the lock of ``epoch`` still holds; a refused commit stays
-        pending."""
+        """Commit ``offset`` now if the lock of ``epoch`` still holds (else LockLostError); a
+        refused commit stays pending."""
         reason = self.may_commit(q, epoch)
         if reason is not None:
             self._skip(q, offset, epoch, reason)
-            return False
+            raise LockLostError(f"not committing {q.where}@{offset}: {reason} (epoch {epoch})")
         where = f"{q.where}@{offset}"
         tp = TopicPartition(q.tp[0], q.tp[1], offset, metadata=f"{self.client_id}:{epoch}")
 
