@@ -21,7 +21,6 @@ import confluent_kafka
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from coordinator.lock_records import decode_state
 from coordinator.lock_service import LockService
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics import Producer
@@ -35,6 +34,7 @@ from rmq_semantics.orderly import (
     MessageListenerOrderly,
     OrderlyConsumer,
 )
+from rmq_semantics.records.codec import decode_lock_state
 from rmq_semantics.topics import SystemTopics
 
 pytestmark = pytest.mark.integration
@@ -408,7 +408,7 @@ def test_killed_consumers_partitions_are_taken_over_after_its_lease_at_the_commi
 
     assert service.service.counts["held_by_other"] > 0  # the survivor had to wait
     victim_lines = victim.lines()
-    states = [(m.partition(), decode_state(m.key(), m.value()))
+    states = [(m.partition(), decode_lock_state(m.key(), m.value()))
               for m in read_all(broker, SystemTopics(service.prefix).lock, 2)]
     for p in victims:
         rows = [r for r in journal.by_partition()[p] if r.consumer == "survivor"]

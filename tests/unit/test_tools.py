@@ -1,9 +1,8 @@
 """rmq_semantics/tools: the coordinator process helper (run against a stand-in process, no
-broker), the tools' lazy use of the sidecar and the Spark job, and what a wheel ships."""
+broker) and what a wheel ships (test_layering checks the tools' lazy imports)."""
 
 from __future__ import annotations
 
-import ast
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
@@ -15,8 +14,6 @@ from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "rmq_semantics"
-# Only these may use the sidecar and the Spark job, and only inside functions.
-MAY_USE_SIDECAR = [PACKAGE / "cli.py", *sorted((PACKAGE / "tools").rglob("*.py"))]
 
 
 def fake(tmp_path: Path, mode: str, **settings: object) -> CoordinatorProcess:
@@ -78,26 +75,6 @@ def test_unknown_or_invalid_settings_are_refused_before_starting(tmp_path):
     with pytest.raises(ConfigError, match="check_max"):
         fake(tmp_path, "obliging", check_max=0)
     assert not (tmp_path / "coordinator.log").exists()
-
-
-def _module_level_imports(tree: ast.AST) -> list[str]:
-    """Imported module names outside any function body."""
-    found: list[str] = []
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            continue
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append(node.module)
-        found += _module_level_imports(node)
-    return found
-
-
-@pytest.mark.parametrize("path", MAY_USE_SIDECAR, ids=lambda p: str(p.relative_to(REPO)))
-def test_tools_and_cli_import_the_sidecar_and_spark_only_inside_functions(path):
-    imports = _module_level_imports(ast.parse(path.read_text()))
-    assert [m for m in imports if m.split(".")[0] in ("coordinator", "spark", "pyspark")] == []
 
 
 def test_every_data_file_of_the_package_ships_in_the_wheel():
