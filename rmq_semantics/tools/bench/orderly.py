@@ -3,7 +3,6 @@ survivor takes to consume after the consumer holding every queue lock is killed 
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 import confluent_kafka
 
-from rmq_semantics.tools.bench.settings import CASE_TIMEOUT_S, BenchSettings
+from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["ORDERLY_BATCH", "bench_orderly"]
@@ -26,16 +25,7 @@ TAKEOVER_LEASE_MS, TAKEOVER_RENEW_MS, TAKEOVER_SESSION_MS = 6000, 1500, 6000
 
 
 def _fill(conf: dict, topic: str, count: int, size: int) -> None:
-    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
-    value = os.urandom(size)
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, key=f"key-{i % 100}".encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
+    fill(conf, topic, count, size, key=lambda i: f"key-{i % 100}")
 
 
 class _CountingListener:

@@ -12,8 +12,8 @@ import sys
 import time
 
 from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S
 from rmq_semantics.tools.bench.orderly import ORDERLY_BATCH
-from rmq_semantics.tools.bench.settings import CASE_TIMEOUT_S
 
 # How often the status is read while waiting for the first lock.
 LOCK_POLL_S = 0.05

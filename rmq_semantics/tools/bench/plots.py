@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_semantics.tools.bench.settings import percentile
+from rmq_semantics.tools.bench.common import percentile
 
 __all__ = ["plot"]
 

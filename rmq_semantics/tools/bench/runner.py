@@ -28,15 +28,16 @@ from confluent_kafka import TopicPartition
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.message import Message
 from rmq_semantics.records.headers import H
-from rmq_semantics.tools.bench.orderly import bench_orderly
-from rmq_semantics.tools.bench.plots import plot
-from rmq_semantics.tools.bench.settings import (
+from rmq_semantics.tools.bench.common import (
     CASE_TIMEOUT_S,
     TXN_BATCH,
     WARM_UP,
     BenchSettings,
+    fill,
     percentile,
 )
+from rmq_semantics.tools.bench.orderly import bench_orderly
+from rmq_semantics.tools.bench.plots import plot
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
@@ -246,16 +247,7 @@ def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
     conf = {"bootstrap.servers": bootstrap}
     plain = f"bench-plain-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {plain: (s.partitions, {})})
-    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
-    value = os.urandom(s.size)
-    for i in range(s.count):
-        while True:
-            try:
-                producer.produce(plain, value, key=str(i).encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
+    fill(conf, plain, s.count, s.size, key=str)
     spark = build_session("local[2]")
     rates: dict[str, list[float]] = {"promoted": [], "plain": []}
     try:

@@ -1,10 +1,14 @@
-"""What a benchmark run measures with, and the statistics every case shares."""
+"""What every bench case shares: its settings and timeouts, percentiles, filling a topic."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CASE_TIMEOUT_S", "TXN_BATCH", "WARM_UP", "BenchSettings", "percentile"]
+import confluent_kafka
+
+__all__ = ["CASE_TIMEOUT_S", "TXN_BATCH", "WARM_UP", "BenchSettings", "fill", "percentile"]
 
 # Any single case that has not finished by then is broken, not slow.
 CASE_TIMEOUT_S = 300.0
@@ -34,3 +38,17 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str]) -> None:
+    """Write ``count`` random values of ``size`` bytes, record ``i`` keyed ``key(i)``."""
+    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
+    value = os.urandom(size)
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, value, key=key(i).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
