@@ -38,8 +38,6 @@ POLL_WAIT_S = 0.05
 # round trips whatever its size (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger
 # batches amortise them (1000 -> 4000: +15% msgs/s). Idle, a batch is whatever has arrived.
 MAX_BATCH = 4000
-# Known business topics are trusted this long before the topic list is read again.
-TOPIC_CACHE_S = 10.0
 COMMITTED_TIMEOUT_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0

@@ -13,9 +13,9 @@ from confluent_kafka import Producer as RawProducer
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
-from rmq_semantics.admin import list_discarded
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.txn import EndRequest, EndRequests
+from rmq_semantics.tools.admin import list_discarded
 from tests.integration.txn_helpers import (
     FAST,
     REPO,

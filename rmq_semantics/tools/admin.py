@@ -18,7 +18,6 @@ from confluent_kafka import KafkaError, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.state import PartitionState
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
@@ -90,6 +89,9 @@ def _read_to_eof(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]):
 
 
 def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[PendingTxn]:
+    # The coordinator's own state machine, so the answer is what a new owner would rebuild.
+    from coordinator.state import PartitionState
+
     topics = SystemTopics(topic_prefix)
     partitions = topic_partition_count(conf, topics.half)
     if partitions is None:
