@@ -181,8 +181,8 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     original = {k: v for k, v in record.headers() or []}
     headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
     headers.append((H.REDRIVE_OF,
-                    f"{original.get('rmq.half_partition', b'?').decode()}:"
-                    f"{original.get('rmq.half_offset', b'?').decode()}".encode()))
+                    f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
+                    f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode()))
     producer = confluent_kafka.Producer(producer_defaults(conf, internal=True))
     waiter = DeliveryWaiter()
     producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
