@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,71 @@ class _Clients:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _open_clients(conf: dict, group: str, transactional_id: str,
+                  stop: threading.Event) -> _Clients:
+    """The service's transactional producer, its request consumer (in the group) and the
+    reader of the lock topic (assign only)."""
+    txn = KafkaTransactions(conf, transactional_id, who="lock service")
+    txn.init(stop)
+    consumer = confluent_kafka.Consumer(client_conf(conf, who="lock service", forced={
+        "group.id": group,
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": SESSION_TIMEOUT_MS,
+        "fetch.wait.max.ms": 20,
+    }))
+    reader = confluent_kafka.Consumer(client_conf(conf, who="lock service", forced={
+        "group.id": f"{group}-reader",  # never joined nor committed: assign() only
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
+    }))
+    return _Clients(consumer, txn, reader)
+
+
+def _read_tables(reader: confluent_kafka.Consumer, topic: str, parts: list[int],
+                 default_lease_ms: int,
+                 count: Callable[[str], None]) -> tuple[dict[int, LockTable], int]:
+    """Read the lock topic's ``parts`` to their end into one table each; returns the tables
+    and how many records were loaded. Malformed records are counted and skipped."""
+    tables = {p: LockTable() for p in parts}
+    eof: set[int] = set()
+    reader.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in parts])
+    loaded = 0
+    try:
+        deadline = time.monotonic() + REBUILD_TIMEOUT_S
+        while len(eof) < len(parts):
+            if time.monotonic() > deadline:
+                raise KafkaOperationError(f"reading {topic} partitions {parts} did not reach "
+                                          f"the end within {REBUILD_TIMEOUT_S:.0f} s")
+            msg = reader.poll(0.1)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition())
+                    continue
+                raise KafkaOperationError.wrap(f"reading {topic}", msg.error())
+            if msg.value() is None:
+                continue
+            try:
+                entry = decode_lock_state(msg.key(), msg.value())
+            except MalformedRecordError as exc:
+                count("malformed")
+                log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(),
+                            exc)
+                continue
+            tables[msg.partition()].restore(entry, _now_ms(), entry.lease_ms or default_lease_ms)
+            loaded += 1
+    finally:
+        reader.unassign()
+    return tables, loaded
 
 
 class LockService:
@@ -214,28 +280,10 @@ class LockService:
                         self.topics.lock_request, requests, self.settings.half_partitions,
                         requests)
         self._request_partitions, self._reply_partitions = requests, replies
-        txn = KafkaTransactions(self.conf, self.transactional_id, who="lock service")
-        txn.init(stop)
-        consumer = confluent_kafka.Consumer(client_conf(self.conf, who="lock service", forced={
-            "group.id": self.group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "range",
-            "session.timeout.ms": SESSION_TIMEOUT_MS,
-            "fetch.wait.max.ms": 20,
-        }))
-        reader = confluent_kafka.Consumer(client_conf(self.conf, who="lock service", forced={
-            "group.id": f"{self.group}-reader",  # never joined nor committed: assign() only
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
-        }))
+        clients = _open_clients(self.conf, self.group, self.transactional_id, stop)
         with self._state_lock:
-            self._c = _Clients(consumer, txn, reader)
-        consumer.subscribe([self.topics.lock_request], on_assign=self._on_assign,
+            self._c = clients
+        clients.consumer.subscribe([self.topics.lock_request], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     # -- partition ownership (called from inside consume()) ---------------------------------
@@ -268,40 +316,8 @@ class LockService:
         except KafkaException as exc:
             raise KafkaOperationError.wrap("reading committed request offsets",
                                            exc.args[0]) from exc
-        tables = {p: LockTable() for p in parts}
-        eof: set[int] = set()
-        clients.reader.assign([TopicPartition(self.topics.lock, p,
-                                            confluent_kafka.OFFSET_BEGINNING) for p in parts])
-        loaded = 0
-        try:
-            deadline = time.monotonic() + REBUILD_TIMEOUT_S
-            while len(eof) < len(parts):
-                if time.monotonic() > deadline:
-                    raise KafkaOperationError(
-                        f"reading {self.topics.lock} partitions {parts} did not reach the end "
-                        f"within {REBUILD_TIMEOUT_S:.0f} s")
-                msg = clients.reader.poll(0.1)
-                if msg is None:
-                    continue
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        eof.add(msg.partition())
-                        continue
-                    raise KafkaOperationError.wrap(f"reading {self.topics.lock}", msg.error())
-                if msg.value() is None:
-                    continue
-                try:
-                    entry = decode_lock_state(msg.key(), msg.value())
-                except MalformedRecordError as exc:
-                    self._count("malformed")
-                    log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
-                                msg.offset(), exc)
-                    continue
-                grace = entry.lease_ms or self.settings.lock_lease_ms
-                tables[msg.partition()].restore(entry, _now_ms(), grace)
-                loaded += 1
-        finally:
-            clients.reader.unassign()
+        tables, loaded = _read_tables(clients.reader, self.topics.lock, parts,
+                                      self.settings.lock_lease_ms, self._count)
         for tp in committed:
             if tp.partition in self._unready:
                 self._tables[tp.partition] = tables[tp.partition]

@@ -19,8 +19,8 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
-from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
+from rmq_semantics.clientconf import client_conf, shared_conf
+from rmq_semantics.errors import IllegalStateError, KafkaOperationError, MalformedRecordError
 from rmq_semantics.records import txn as wire
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
@@ -78,11 +78,16 @@ class TransactionService:
         self.ready = threading.Event()
 
     # -- setup ---------------------------------------------------------------------------
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            raise IllegalStateError("the transaction service is not running (call run())")
+        return self._admin
+
     def _read_retention(self) -> int | None:
-        assert self._admin is not None
         resource = ConfigResource(ConfigResource.Type.TOPIC, self.topics.half)
         try:
-            configs = self._admin.describe_configs([resource])[resource].result(ADMIN_TIMEOUT_S)
+            future = self._admin_client().describe_configs([resource])[resource]
+            configs = future.result(ADMIN_TIMEOUT_S)
         except KafkaException as exc:
             log.warning("could not read retention of %s (%s); retention discard is off",
                         self.topics.half, exc.args[0].str())
@@ -94,10 +99,9 @@ class TransactionService:
         if topic in self._known_topics:
             return True
         if time.monotonic() - self._topics_read_at > 1.0:
-            assert self._admin is not None
             self._topics_read_at = time.monotonic()
             try:
-                self._known_topics = set(self._admin.list_topics(timeout=10).topics)
+                self._known_topics = set(self._admin_client().list_topics(timeout=10).topics)
             except KafkaException as exc:
                 log.warning("listing topics failed: %s", exc.args[0].str())
         return topic in self._known_topics
@@ -273,8 +277,7 @@ class TransactionService:
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics)
         writer.start(stop)
-        consumer = confluent_kafka.Consumer({
-            **self.conf,
+        consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
             "group.id": self.topics.coordinator_group,
             "partition.assignment.strategy": "range",  # half p and op p to the same member
             "enable.auto.commit": False,
@@ -283,8 +286,7 @@ class TransactionService:
             "auto.offset.reset": "earliest",
             # End requests are latency-critical; don't let a fetch linger when data is there.
             "fetch.wait.max.ms": 20,
-            "logger": logging.getLogger("rmq_semantics.librdkafka"),
-        })
+        }))
         self._consumer = consumer
         consumer.subscribe([self.topics.half, self.topics.op], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_revoke)

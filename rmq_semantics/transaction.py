@@ -8,33 +8,27 @@ back-checks for this producer group from a background check consumer and a bound
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException
-from tenacity import retry_if_exception
+from confluent_kafka import KafkaError
 
-from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder
 from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
-    KafkaOperationError,
     MalformedRecordError,
 )
 from rmq_semantics.message import Message
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
-from rmq_semantics.records.codec import decode, decode_as, encode
+from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
-from rmq_semantics.retry import retrying
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -51,15 +45,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# RocketMQ's checkThreadPoolMinSize / checkRequestHoldMax defaults.
-CHECK_QUEUE_SIZE = 2000
-# Check consumer poll slice: bounds how long shutdown waits for the thread.
-POLL_SLICE_S = 0.2
-# A check consumer failing this long without a break logs it once more as an error and
-# starts over (pauses from 0.1 s again); it only stops on a fatal error or a shutdown.
-CHECK_RETRY_DEADLINE_S = 300.0
-# Remember this many transactions' newest check, to skip superseded requests.
-SEEN_CHECKS = 100_000
 # send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
 # half partition, at the latest this long after the first of them was taken (so a batch of
 # slow local transactions does not hold back the early commits), with at most this many.
@@ -131,16 +116,11 @@ class TransactionProducer:
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
-        self._checks: queue.Queue = queue.Queue(maxsize=check_queue_size)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._checks = CheckResponder(self._conf, self.topics, producer_group,
+                                      self._answer_check, check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
-        self._seen: OrderedDict[str, int] = OrderedDict()
         self._started = False
         self._closed = False
-        #: Check requests dropped because the check queue was full.
-        self.dropped_checks = 0
-        self.checks_answered = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> TransactionProducer:
@@ -152,23 +132,7 @@ class TransactionProducer:
             self.topics.check: (self._check_partitions, {}),
         })
         self._producer = confluent_kafka.Producer(self._conf)
-        consumer_conf = shared_conf(self._conf)
-        consumer_conf.update({
-            "group.id": self.topics.check_group(self.producer_group),
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": True,
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 1000,
-        })
-        self._check_consumer = confluent_kafka.Consumer(consumer_conf)
-        self._check_consumer.subscribe([self.topics.check])
-        for name, target in (("rmq-check-consumer", self._consume_checks),
-                             ("rmq-check-worker", self._answer_checks)):
-            thread = threading.Thread(target=target, name=f"{name}-{self.producer_group}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._checks.start()
         self._started = True
         return self
 
@@ -177,11 +141,8 @@ class TransactionProducer:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout)
-        if self._started and self._producer is not None:
-            self._check_consumer.close()
+        self._checks.stop(timeout)
+        if self._producer is not None:
             self._producer.flush(timeout)
 
     def __enter__(self) -> TransactionProducer:
@@ -340,109 +301,30 @@ class TransactionProducer:
         return self._require_started().flush(timeout)
 
     # -- back-checks ---------------------------------------------------------------------
-    def _superseded(self, half_id: str, seq: int) -> bool:
-        newest = self._seen.get(half_id, 0)
-        if seq <= newest:
-            return True
-        self._seen[half_id] = seq
-        self._seen.move_to_end(half_id)
-        while len(self._seen) > SEEN_CHECKS:
-            self._seen.popitem(last=False)
-        return False
+    @property
+    def checks_answered(self) -> int:
+        """Back-checks this producer answered."""
+        return self._checks.answered
 
-    def _consume_checks(self) -> None:
-        """Feed check requests to the check workers until stopped. A failing consume is
-        retried with the shared policy's pauses for as long as the producer runs (checks must
-        resume after a broker outage); a fatal error stops this thread with one log line,
-        and sending goes on (the coordinator checks again later)."""
-        def fatal(err: KafkaError) -> bool:
-            return err.fatal() or err.code() == KafkaError._FATAL
+    @property
+    def dropped_checks(self) -> int:
+        """Check requests dropped because the check queue was full."""
+        return self._checks.dropped
 
-        def stopped(err: KafkaError) -> None:
-            log.error("check consumer of producer group %s stopped: %s (fatal); back-checks go "
-                      "unanswered until the producer restarts", self.producer_group, err.str())
-
-        policy = retrying(CHECK_RETRY_DEADLINE_S, self._stop).copy(
-            sleep=self._stop.wait,  # a shutdown cuts a pause short
-            retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException)
-                                     and not fatal(exc.args[0])))
-        while not self._stop.is_set():
-            try:
-                msgs = policy(self._check_consumer.consume, 500, POLL_SLICE_S)
-            except KafkaException as exc:
-                if self._stop.is_set():
-                    return
-                if not fatal(exc.args[0]):
-                    log.error("check consumer of producer group %s failing for %.0f s: %s; "
-                              "retrying", self.producer_group, CHECK_RETRY_DEADLINE_S,
-                              exc.args[0].str())
-                    continue
-                stopped(exc.args[0])
-                return
-            except RuntimeError:  # closed under us: shutdown gave up waiting for this thread
-                return
-            newest: dict[str, CheckRequest] = {}
-            for msg in msgs:
-                if msg.error() is not None:
-                    if fatal(msg.error()):
-                        stopped(msg.error())
-                        return
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("check consumer: %s", msg.error().str())
-                    continue
-                try:
-                    record = decode(msg.value())
-                except MalformedRecordError as exc:
-                    log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
-                                msg.offset(), exc)
-                    continue
-                if not isinstance(record, CheckRequest) or (
-                        record.producer_group != self.producer_group):
-                    continue
-                current = newest.get(record.txn_id)
-                if current is None or record.check_seq > current.check_seq:
-                    newest[record.txn_id] = record
-            for check in newest.values():
-                # A re-driven transaction is a new half record whose checks count from 1 again.
-                half_id = f"{check.txn_id}@{check.half_partition}:{check.half_offset}"
-                if self._superseded(half_id, check.check_seq):
-                    continue
-                try:
-                    self._checks.put_nowait(check)
-                except queue.Full:
-                    self.dropped_checks += 1
-                    log.warning("%s txn=%s: check queue full (%d), dropping check #%d; the "
-                                "coordinator will check it again", self._half_where(check),
-                                check.txn_id, self._checks.maxsize, check.check_seq)
-
-    def _answer_checks(self) -> None:
-        while not self._stop.is_set():
-            try:
-                check = self._checks.get(timeout=POLL_SLICE_S)
-            except queue.Empty:
-                continue
-            msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
-                          partition=check.partition, transaction_id=check.txn_id,
-                          tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS))
-            try:
-                state = _as_state(self.listener.check_local_transaction(msg))
-            except Exception:
-                log.exception("%s txn=%s: check_local_transaction raised (answering UNKNOW)",
-                              self._half_where(check), check.txn_id)
-                state = LocalTransactionState.UNKNOW
-            result = TransactionSendResult(check.txn_id, state, check.half_partition,
-                                           check.half_offset, self.producer_group)
-            try:
-                self._send_end(result, state, from_check=True, check_seq=check.check_seq,
-                               wait=False)
-                self.checks_answered += 1
-            except (KafkaOperationError, BufferError) as exc:
-                log.warning("%s txn=%s: could not answer check #%d: %s", self._half_where(check),
-                            check.txn_id, check.check_seq, exc)
-
-    def _half_where(self, check: CheckRequest) -> str:
-        """``<half topic>[p]@o`` of the half record a check request is about."""
-        return f"{self.topics.half}[{check.half_partition}]@{check.half_offset}"
+    def _answer_check(self, check: CheckRequest) -> None:
+        msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
+                      partition=check.partition, transaction_id=check.txn_id,
+                      tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS))
+        try:
+            state = _as_state(self.listener.check_local_transaction(msg))
+        except Exception:
+            log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
+                          self.topics.half, check.half_partition, check.half_offset,
+                          check.txn_id)
+            state = LocalTransactionState.UNKNOW
+        result = TransactionSendResult(check.txn_id, state, check.half_partition,
+                                       check.half_offset, self.producer_group)
+        self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
 
 
 def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):

@@ -7,7 +7,8 @@ import threading
 
 from confluent_kafka import KafkaError, KafkaException
 
-from rmq_semantics import TransactionListener, TransactionProducer
+from rmq_semantics.checks import CheckResponder
+from rmq_semantics.topics import SystemTopics
 
 
 class RecordingStop(threading.Event):
@@ -39,19 +40,20 @@ class FailingConsumer:
         return []
 
 
-def producer_with(consumer: FailingConsumer) -> TransactionProducer:
-    producer = TransactionProducer({"bootstrap.servers": "127.0.0.1:1"}, producer_group="pg",
-                                   listener=TransactionListener())
-    producer._check_consumer = consumer
-    producer._stop = RecordingStop()
-    return producer
+def producer_with(consumer: FailingConsumer) -> CheckResponder:
+    """The check side of a TransactionProducer, with a scripted consumer."""
+    responder = CheckResponder({"bootstrap.servers": "127.0.0.1:1"}, SystemTopics("__rmq"), "pg",
+                               answer=lambda check: None)
+    responder._consumer = consumer
+    responder._stop = RecordingStop()
+    return responder
 
 
 def test_retriable_consume_errors_back_off_with_growing_pauses():
     consumer = FailingConsumer([KafkaError(KafkaError._TRANSPORT, retriable=True)] * 4)
     producer = producer_with(consumer)
     consumer.then = producer._stop.set
-    producer._consume_checks()
+    producer._consume()
     pauses = producer._stop.waits
     assert consumer.calls == 5 and len(pauses) == 4
     assert pauses == sorted(pauses) and pauses[0] > 0 and pauses[-1] > pauses[0]
@@ -61,7 +63,7 @@ def test_a_fatal_consume_error_stops_the_thread_with_one_error_line(caplog):
     consumer = FailingConsumer([KafkaError(KafkaError._FENCED, fatal=True)])
     producer = producer_with(consumer)
     with caplog.at_level(logging.WARNING, logger="rmq_semantics"):
-        producer._consume_checks()
+        producer._consume()
     assert consumer.calls == 1 and producer._stop.waits == []
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and "stopped" in errors[0].getMessage()
@@ -81,6 +83,6 @@ def test_a_shutdown_during_back_off_ends_the_thread_quietly(caplog):
 
     stop.wait = wait
     with caplog.at_level(logging.ERROR, logger="rmq_semantics"):
-        producer._consume_checks()
+        producer._consume()
     assert len(stop.waits) == 2 and consumer.calls <= 3  # at most one call after the stop
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -101,3 +101,29 @@ def _kafka_path(module: str) -> list[str] | None:
 def test_pure_core_imports_no_kafka_client_even_indirectly(module):
     assert _module_file(module) is not None, f"{module} is gone: update PURE_CORES"
     assert _kafka_path(module) is None, " -> ".join(_kafka_path(module) or [])
+
+
+FILE_LIMIT, CLASS_LIMIT = 500, 300
+# A file or class may be larger only when its opening docstring says why, in these words.
+SIZE_REASON = "lines because"
+
+
+def _product_files() -> list[Path]:
+    return sorted(p for d in ("rmq_semantics", "coordinator", "spark")
+                  for p in (ROOT / d).rglob("*.py"))
+
+
+def test_no_product_file_or_class_is_too_large_without_saying_why():
+    too_large = []
+    for path in _product_files():
+        text = path.read_text()
+        tree = ast.parse(text)
+        lines = text.count("\n")
+        if lines > FILE_LIMIT and SIZE_REASON not in (ast.get_docstring(tree) or ""):
+            too_large.append(f"{_rel(path)}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > CLASS_LIMIT and SIZE_REASON not in (ast.get_docstring(node) or ""):
+                    too_large.append(f"{_rel(path)}: class {node.name} has {size} lines")
+    assert too_large == []
