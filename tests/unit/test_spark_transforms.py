@@ -258,17 +258,20 @@ def test_run_job_refuses_bad_input_before_starting_spark(monkeypatch, tmp_path, 
     kwargs = {k: (v.replace("OUT", str(out)).replace("NOFILE", str(tmp_path / "x.avsc"))
                   if isinstance(v, str) else v) for k, v in kwargs.items()}
     with pytest.raises(ConfigError, match=message):
-        job.run_job("127.0.0.1:9", "orders", out, available_now=True, **kwargs)
+        job.run_job(job.JobSettings(bootstrap_servers="127.0.0.1:9", topics="orders", output=out,
+                                    available_now=True, **kwargs))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_kafka_security_options_pass_through_and_the_checkpoint_sits_beside_the_output(
         tmp_path):
-    from spark.job import _plan
+    from spark.job import JobSettings
 
     sasl = {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
             "kafka.sasl.jaas.config": "x required;", "startingOffsets": "latest"}
-    plan = _plan("orders", tmp_path / "out", None, None, "parquet", "__rmq", sasl)
-    assert plan.checkpoint == f"{tmp_path / 'out'}.checkpoint"
-    assert plan.options == {"kafka.isolation.level": "read_committed", "includeHeaders": "true",
-                            "failOnDataLoss": "false", **sasl}
+    settings = JobSettings(bootstrap_servers="b:9092", topics="orders", output=tmp_path / "out",
+                           topic_prefix="__rmq", kafka_options=sasl)
+    assert settings.checkpoint == f"{tmp_path / 'out'}.checkpoint"
+    assert settings.source_options == {"kafka.isolation.level": "read_committed",
+                                       "includeHeaders": "true", "failOnDataLoss": "false",
+                                       **sasl}
