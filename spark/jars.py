@@ -68,8 +68,10 @@ def spark_jars() -> list[str]:
     older pom (one artifact missing) is resolved again.
     """
     shipped = _names(_check_pyspark_matches())
-    target = cache_dir() / f"spark-kafka-{spark_version()}" / "libs"
-    if target.is_dir() and not {a for _, a in _dependencies()} <= _names(target):
+    version = spark_version()
+    target = cache_dir() / f"spark-kafka-{version}" / "libs"
+    listed = [target / f"{artifact}-{version}.jar" for _, artifact in _dependencies()]
+    if target.is_dir() and not all(jar.is_file() for jar in listed):
         shutil.rmtree(target)
     libs = resolve_maven_jars(_pom(), target, "Spark Kafka source and spark-avro")
     return sorted(str(p) for p in libs.glob("*.jar")
