@@ -7,15 +7,22 @@ while its lease is live, any other client is denied, and a lapsed lease is taken
 with ``epoch + 1``. Epochs only grow, so a consumer can fence its work with the epoch it
 was granted. Times are wall-clock milliseconds (``now_ms``) because the table outlives a
 coordinator process: it is restored from the compacted lock topic by the next owner.
+The entry, its key and lifecycle are the lock-state record of :mod:`rmq_semantics.records.locks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from enum import Enum
 
-from rmq_semantics.errors import ConfigError, IllegalTransitionError
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.locks import (
+    LockEntry,
+    LockKey,
+    LockState,
+    QueueResult,
+    transition,
+)
 
 __all__ = [
     "LockDecision",
@@ -25,81 +32,6 @@ __all__ = [
     "LockTable",
     "transition",
 ]
-
-
-class LockState(Enum):
-    """Lifecycle of one queue lock."""
-
-    FREE = "FREE"
-    HELD = "HELD"
-    RELEASED = "RELEASED"
-    EXPIRED = "EXPIRED"
-
-
-#: The one transition table. HELD -> HELD is a renewal by the holder (same epoch); every
-#: other move into HELD is a new grant (epoch + 1). Nothing returns to FREE.
-TRANSITIONS: dict[LockState, frozenset[LockState]] = {
-    LockState.FREE: frozenset({LockState.HELD}),
-    LockState.HELD: frozenset({LockState.HELD, LockState.RELEASED, LockState.EXPIRED}),
-    LockState.RELEASED: frozenset({LockState.HELD}),
-    LockState.EXPIRED: frozenset({LockState.HELD}),
-}
-
-
-def transition(current: LockState, target: LockState) -> LockState:
-    """Return ``target`` if the lifecycle allows ``current -> target``, else raise."""
-    if target not in TRANSITIONS[current]:
-        raise IllegalTransitionError(
-            f"queue lock cannot go from {current.value} to {target.value}")
-    return target
-
-
-@dataclass(frozen=True, order=True)
-class LockKey:
-    """(consumer group, topic, partition); its text form ``group/topic/partition`` is the
-    record key on the lock topics (topic names cannot contain ``/``, group ids can)."""
-
-    group: str
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.group}/{self.topic}/{self.partition}"
-
-    @classmethod
-    def parse(cls, text: str) -> LockKey:
-        parts = text.rsplit("/", 2)
-        if len(parts) == 3 and parts[0] and parts[1] and parts[2].isdigit():
-            return cls(parts[0], parts[1], int(parts[2]))
-        raise ConfigError(f"lock key {text!r}: want 'group/topic/partition'")
-
-
-@dataclass(frozen=True)
-class LockEntry:
-    """The state of one queue lock. ``expires_at_ms`` is meaningful while ``HELD``."""
-
-    key: LockKey
-    state: LockState = LockState.FREE
-    client_id: str = ""
-    epoch: int = 0
-    lease_ms: int = 0
-    acquired_at_ms: int = 0
-    expires_at_ms: int = 0
-    updated_at_ms: int = 0
-
-    def live(self, now_ms: int) -> bool:
-        """Held and the lease has not lapsed at ``now_ms``."""
-        return self.state is LockState.HELD and now_ms < self.expires_at_ms
-
-    def held_by(self, client_id: str, now_ms: int) -> bool:
-        return self.live(now_ms) and self.client_id == client_id
-
-    def remaining_ms(self, now_ms: int) -> int:
-        return max(0, self.expires_at_ms - now_ms) if self.live(now_ms) else 0
-
-    def moved(self, target: LockState, **changes: object) -> LockEntry:
-        """A copy in state ``target``; the one place an entry changes state."""
-        return replace(self, state=transition(self.state, target), **changes)
 
 
 @dataclass(frozen=True)
@@ -119,6 +51,11 @@ class LockDecision:
     lease_ms: int
     expires_at_ms: int
     entry: LockEntry | None = None
+
+    def result(self) -> QueueResult:
+        """This decision as the reply record carries it."""
+        return QueueResult(self.key.topic, self.key.partition, self.granted, self.reason,
+                           self.epoch, self.lease_ms, self.expires_at_ms, self.client_id)
 
 
 def _answer(entry: LockEntry, granted: bool, reason: str, changed: bool) -> LockDecision:

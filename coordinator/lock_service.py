@@ -21,10 +21,7 @@ extended to a full lease from the takeover (see :meth:`LockTable.restore`).
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
-import sys
 import threading
 import time
 import uuid
@@ -35,44 +32,39 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from coordinator.kafka_txn import (
+    TRANSACTION_TIMEOUT_MS,
+    TXN_CALL_TIMEOUT_S,
+    KafkaTransactions,
+    transactional_loop,
+)
 from coordinator.lock import LockTable
-from coordinator.lock_records import LockReply, LockRequest, QueueResult, RequestKind, encode_state
-from coordinator.lock_records import decode_state as decode_state_record
-from coordinator.promote import RETRY_BACKOFF_MS
 from coordinator.settings import CoordinatorSettings
+from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import (
     ConfigError,
     FatalKafkaError,
     KafkaOperationError,
     MalformedRecordError,
-    RmqError,
+    TransactionAborted,
 )
+from rmq_semantics.records.codec import decode_as, decode_lock_state, encode
+from rmq_semantics.records.locks import LockReply, LockRequest, QueueResult, RequestKind
 from rmq_semantics.retry import retrying
-from rmq_semantics.selector import java_partition
-from rmq_semantics.settings import add_arguments, load
 from rmq_semantics.topics import SystemTopics, ensure_topics, topic_partition_count
 
-__all__ = ["LockService", "lock_coordinator_group", "lock_topic_specs", "main"]
+__all__ = ["LockService", "lock_coordinator_group", "lock_topic_specs"]
 
 log = logging.getLogger(__name__)
 
 # First wait for a request; bounds how late a stop flag or a rebuild is noticed.
 POLL_WAIT_S = 0.05
 MAX_BATCH = 500
-# Generous for a loaded 2-core broker; a transaction normally commits in a few ms.
-TXN_CALL_TIMEOUT_S = 30.0
-# A dead owner's open transaction blocks read_committed readers (clients waiting for
-# replies, the next owner's rebuild) until the broker aborts it: keep it short.
-TRANSACTION_TIMEOUT_MS = 10000
-# Retriable commit_transaction errors are retried this long before the batch is aborted.
-COMMIT_DEADLINE_S = 30.0
 # A broker that is still starting is waited for this long at startup.
 STARTUP_DEADLINE_S = 60.0
 # Stable committed offsets wait for a zombie's pending transaction (<= its timeout).
 COMMITTED_TIMEOUT_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
 REBUILD_TIMEOUT_S = 30.0
-# After a failed rebuild or a retriable error: pause before trying again.
-RETRY_PAUSE_S = 0.5
 # A dead service instance's partitions move to the others within this; well under a lease.
 SESSION_TIMEOUT_MS = 10000
 # Requests and replies are only useful for seconds; an hour leaves room for debugging.
@@ -102,7 +94,7 @@ def lock_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict
 @dataclass(frozen=True)
 class _Clients:
     consumer: confluent_kafka.Consumer
-    producer: confluent_kafka.Producer
+    txn: KafkaTransactions
     reader: confluent_kafka.Consumer
 
 
@@ -136,6 +128,7 @@ class LockService:
         self._tables: dict[int, LockTable] = {}
         self._assigned: set[int] = set()
         self._unready: set[int] = set()
+        self._in_flight: set[int] = set()  # partitions of the batch being processed
         self._request_partitions = 0
         self._reply_partitions = 0
         self._c: _Clients | None = None
@@ -159,14 +152,7 @@ class LockService:
             log.info("lock service %s running (prefix %s, %d request partitions)",
                      self.instance_id, self.settings.topic_prefix, self._request_partitions)
             self.ready.set()
-            while not (stop.is_set() or self._halt.is_set()):
-                try:
-                    self._step()
-                except FatalKafkaError:
-                    raise
-                except RmqError as exc:
-                    log.warning("lock service: %s; retrying in %.1f s", exc, RETRY_PAUSE_S)
-                    stop.wait(RETRY_PAUSE_S)
+            transactional_loop("lock service", self._step, self._replay, stop, self._halt)
         finally:
             self.ready.clear()
             self._close_clients()
@@ -197,7 +183,7 @@ class LockService:
                 client.close()
             except (KafkaException, RuntimeError) as exc:
                 log.warning("closing lock-service consumer: %s", exc)
-        clients.producer.flush(TXN_CALL_TIMEOUT_S)
+        clients.txn.close()
 
     def _clients(self) -> _Clients:
         if self._c is None:
@@ -211,12 +197,6 @@ class LockService:
         self.close()
 
     # -- startup ---------------------------------------------------------------------------
-    def _client_conf(self, **extra: object) -> dict:
-        conf = dict(self.conf)
-        conf.setdefault("logger", logging.getLogger("rmq_semantics.librdkafka"))
-        conf.update(extra)
-        return conf
-
     def _startup(self, stop: threading.Event) -> None:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
@@ -234,16 +214,9 @@ class LockService:
                         self.topics.lock_request, requests, self.settings.half_partitions,
                         requests)
         self._request_partitions, self._reply_partitions = requests, replies
-        producer = confluent_kafka.Producer(self._client_conf(**{
-            "transactional.id": self.transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 1,
-            "retry.backoff.ms": RETRY_BACKOFF_MS,  # see coordinator.promote
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-        }))
-        self._txn_call(producer.init_transactions, "initialising transactions")
-        consumer = confluent_kafka.Consumer(self._client_conf(**{
+        txn = KafkaTransactions(self.conf, self.transactional_id, who="lock service")
+        txn.init(stop)
+        consumer = confluent_kafka.Consumer(client_conf(self.conf, who="lock service", forced={
             "group.id": self.group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -252,7 +225,7 @@ class LockService:
             "session.timeout.ms": SESSION_TIMEOUT_MS,
             "fetch.wait.max.ms": 20,
         }))
-        reader = confluent_kafka.Consumer(self._client_conf(**{
+        reader = confluent_kafka.Consumer(client_conf(self.conf, who="lock service", forced={
             "group.id": f"{self.group}-reader",  # never joined nor committed: assign() only
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -261,20 +234,9 @@ class LockService:
             "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
         }))
         with self._state_lock:
-            self._c = _Clients(consumer, producer, reader)
+            self._c = _Clients(consumer, txn, reader)
         consumer.subscribe([self.topics.lock_request], on_assign=self._on_assign,
                            on_revoke=self._on_revoke, on_lost=self._on_revoke)
-
-    def _txn_call(self, fn: Any, what: str, *args: Any) -> None:
-        try:
-            fn(*args, TXN_CALL_TIMEOUT_S)
-        except KafkaException as exc:
-            err: KafkaError = exc.args[0]
-            if err.fatal():
-                raise FatalKafkaError(
-                    f"{what}: {err.str()} (fatal; was this instance fenced by another with "
-                    f"transactional.id {self.transactional_id}?)", err) from exc
-            raise KafkaOperationError.wrap(what, err) from exc
 
     # -- partition ownership (called from inside consume()) ---------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -329,7 +291,7 @@ class LockService:
                 if msg.value() is None:
                     continue
                 try:
-                    entry = decode_state_record(msg.key(), msg.value())
+                    entry = decode_lock_state(msg.key(), msg.value())
                 except MalformedRecordError as exc:
                     self._count("malformed")
                     log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
@@ -375,7 +337,9 @@ class LockService:
             if p in self._assigned and p not in self._unready:
                 batch.append(msg)
         if batch:
+            self._in_flight = {msg.partition() for msg in batch}
             self._process(batch)
+            self._in_flight = set()
 
     def _lease(self, request: LockRequest) -> int:
         ceiling = self.settings.lock_lease_ms
@@ -385,17 +349,15 @@ class LockService:
         now = _now_ms()
         staged: dict[int, LockTable] = {}
         replies: list[tuple[int, LockReply]] = []
-        first: dict[int, int] = {}
         last: dict[int, int] = {}
         for msg in batch:
             p = msg.partition()
-            first.setdefault(p, msg.offset())
             last[p] = msg.offset()
             table = staged.get(p)
             if table is None:
                 table = staged[p] = self._tables.setdefault(p, LockTable()).overlay()
             try:
-                request = LockRequest.decode(msg.value())
+                request = decode_as(LockRequest, msg.value())
             except MalformedRecordError as exc:
                 self._count("malformed")
                 log.warning("%s[%d]@%d skipped: %s", msg.topic(), p, msg.offset(), exc)
@@ -410,15 +372,15 @@ class LockService:
                             msg.topic(), p, msg.offset(), request.reply_partition)
         offsets = [TopicPartition(self.topics.lock_request, p, off + 1)
                    for p, off in sorted(last.items())]
-        if self._write(staged, replies, offsets, first):
-            for p, table in staged.items():
-                if p in self._tables:
-                    self._tables[p].absorb(table)
+        self._write(staged, replies, offsets)
+        for p, table in staged.items():
+            if p in self._tables:
+                self._tables[p].absorb(table)
 
     def _decide(self, table: LockTable, partition: int, request: LockRequest, now: int,
                 ref: Any) -> QueueResult:
         key = ref.key(request.group)
-        if java_partition(str(key).encode(), self._request_partitions) != partition:
+        if key.request_partition(self._request_partitions) != partition:
             self._count("misrouted")
             return QueueResult.refused(ref, "misrouted")
         try:
@@ -435,56 +397,38 @@ class LockService:
         if decision.reason == "taken_over":
             log.info("%s: lapsed lease taken over by %s with epoch %d", key,
                      request.client_id, decision.epoch)
-        return QueueResult.from_decision(decision)
+        return decision.result()
 
     def _write(self, staged: dict[int, LockTable], replies: list[tuple[int, LockReply]],
-               offsets: list[TopicPartition], first: dict[int, int]) -> bool:
-        """One transaction: state changes, replies, offsets. False: aborted, replay."""
-        producer, consumer = self._clients().producer, self._clients().consumer
-        try:
-            producer.begin_transaction()
-            for p, table in staged.items():
-                for entry in table:
-                    key, value = encode_state(entry)
-                    producer.produce(self.topics.lock, value, key=key, partition=p)
-            for partition, reply in replies:
-                producer.produce(self.topics.lock_reply, reply.encode(),
-                                 key=reply.client_id.encode(), partition=partition)
-            producer.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), TXN_CALL_TIMEOUT_S)
-            self._commit(producer)
-            return True
-        except KafkaException as exc:
-            self._abort(exc.args[0], exc, first)
-        except BufferError as exc:  # local queue full: treat like an abortable error
-            self._abort(KafkaError(KafkaError._QUEUE_FULL), exc, first)
-        return False
-
-    def _commit(self, producer: confluent_kafka.Producer) -> None:
-        for attempt in retrying(COMMIT_DEADLINE_S):
-            with attempt:
-                producer.commit_transaction(TXN_CALL_TIMEOUT_S)
-
-    def _abort(self, err: KafkaError, exc: BaseException, first: dict[int, int]) -> None:
-        if err.fatal():
-            raise FatalKafkaError(f"lock service transaction: {err.str()} (fatal)",
-                                        err) from exc
-        log.warning("lock service transaction failed (%s); aborting and replaying partitions "
-                    "%s from committed offsets", err.str(), sorted(first))
-        self._count("aborted")
+               offsets: list[TopicPartition]) -> None:
+        """One transaction: state changes, replies, offsets (TransactionAborted: replay)."""
         clients = self._clients()
         try:
-            clients.producer.abort_transaction(TXN_CALL_TIMEOUT_S)
-        except KafkaException as abort_exc:
-            abort_err: KafkaError = abort_exc.args[0]
-            raise FatalKafkaError(f"could not abort the lock transaction: "
-                                        f"{abort_err.str()}", abort_err) from abort_exc
-        # Replay: rebuild the tables from the lock topic and seek to the committed offsets.
-        replay = [TopicPartition(self.topics.lock_request, p) for p in first
-                  if p in self._assigned]
+            with clients.txn.transaction(offsets,
+                                         clients.consumer.consumer_group_metadata()) as producer:
+                for p, table in staged.items():
+                    for entry in table:
+                        producer.produce(self.topics.lock, encode(entry),
+                                         key=entry.key.record_key(), partition=p)
+                for partition, reply in replies:
+                    producer.produce(self.topics.lock_reply, encode(reply),
+                                     key=reply.client_id.encode(), partition=partition)
+        except TransactionAborted:
+            self._count("aborted")
+            raise
+
+    def _replay(self) -> None:
+        """After an abort or a failed step: the partitions of the batch in flight go back to
+        their committed state (tables rebuilt from the lock topic, requests re-read from the
+        committed offsets)."""
+        replay = sorted(self._in_flight & self._assigned)
+        self._in_flight = set()
         if replay:
-            clients.consumer.pause(replay)
-            self._unready.update(tp.partition for tp in replay)
+            log.info("lock service %s replays request partitions %s from committed offsets",
+                     self.instance_id, replay)
+            self._clients().consumer.pause(
+                [TopicPartition(self.topics.lock_request, p) for p in replay])
+            self._unready.update(replay)
 
     def _count(self, event: str) -> None:
         self.counts[event] += 1
@@ -496,41 +440,3 @@ class LockService:
     def owned_partitions(self) -> list[int]:
         """Request partitions this instance owns and serves."""
         return sorted(self._assigned - self._unready)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m coordinator.lock_service --bootstrap-servers B [settings]``."""
-    parser = argparse.ArgumentParser(prog="python -m coordinator.lock_service",
-                                     description="Run the queue-lock service alone.")
-    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    add_arguments(parser, CoordinatorSettings)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    interrupts = 0
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1 and signum == signal.SIGINT:
-            raise SystemExit(130)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        settings = load(CoordinatorSettings, args)
-        LockService({"bootstrap.servers": args.bootstrap_servers}, settings).run(stop)
-    except RmqError as exc:
-        print(f"lock-service: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    # Run the importable module's main(), so log records carry its logger names.
-    from coordinator.lock_service import main as module_main
-
-    sys.exit(module_main())

@@ -1,17 +1,23 @@
-"""The sidecar process: settings -> ``Server.run()`` (startup, main loop, shutdown) -> CLI.
+"""The sidecar process, shaped like uvicorn's server: settings -> ``Server.run()``
+(``startup()``, ``main_loop()``, ``shutdown()``) -> CLI.
 
-SIGTERM/SIGINT set a stop flag; the Kafka transaction in progress completes; a second
-SIGINT forces an exit. A fatal error is one log line and exit code 1.
+Two services run in threads: the transaction service and the queue-lock service. SIGTERM or
+SIGINT sets the stop flag and the Kafka transaction in progress completes; a second SIGINT
+forces an exit. A fatal error is one log line and exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from coordinator.lock_service import LockService
@@ -19,45 +25,132 @@ from coordinator.metrics import CoordinatorMetrics, MetricsServer
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import ConfigError, RmqError
-from rmq_semantics.settings import add_arguments, kafka_env_conf, load
+from rmq_semantics.settings import add_arguments, add_kafka_arguments, kafka_conf_from_args, load
 
-__all__ = ["Server", "kafka_conf_from_args", "register_cli"]
+__all__ = ["HANDLED_SIGNALS", "Server", "register_cli"]
 
 log = logging.getLogger(__name__)
 
-# How long shutdown waits for a service thread to finish its current transaction.
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long shutdown waits for the service threads to finish their current transaction.
 JOIN_TIMEOUT_S = 60.0
-# Loopback by default (DESIGN.md); a container sets 0.0.0.0 so Prometheus can scrape it.
-DEFAULT_METRICS_HOST = "127.0.0.1"
+# The main thread's wait slice: how late it notices a failed service (signals are at once).
+TICK_S = 0.2
+# A forced exit (second SIGINT) is an interrupted process.
+FORCED_EXIT_CODE = 130
 
 
 class Server:
-    """Runs the transaction service (and the queue-lock service) until stopped."""
+    """Runs the transaction service and the queue-lock service until stopped.
 
-    def __init__(self, conf: dict, settings: CoordinatorSettings | None = None, *,
-                 metrics_port: int | None = None, metrics_host: str = DEFAULT_METRICS_HOST,
+    ``run()`` is the whole life; ``startup()``, ``main_loop()`` and ``shutdown()`` are its
+    steps. Settings come as a :class:`CoordinatorSettings` or as its fields' kwargs (the
+    metrics server too: ``metrics_port``, ``metrics_host``).
+    """
+
+    def __init__(self, conf: dict, settings: CoordinatorSettings | None = None,
                  **setting_values: Any) -> None:
         if "bootstrap.servers" not in conf:
             raise ConfigError("conf needs 'bootstrap.servers'")
+        if settings is not None and setting_values:
+            raise ConfigError(f"Server: pass settings or setting kwargs, not both "
+                              f"(got {sorted(setting_values)})")
         self.conf = dict(conf)
         self.settings = settings or load(CoordinatorSettings, setting_values, env={})
         self.metrics = CoordinatorMetrics()
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
         self.stop_event = threading.Event()
+        #: Set by a second SIGINT: shutdown stops waiting for the services.
+        self.force_exit = False
         self.transactions = TransactionService(self.conf, self.settings, self.metrics)
+        self.locks = LockService(self.conf, self.settings, metrics=self.metrics)
         self._errors: list[BaseException] = []
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[str, threading.Thread] = {}
         self._http: MetricsServer | None = None
 
-    def health(self) -> dict:
-        alive = all(t.is_alive() for t in self._threads)
-        ok = alive and self.transactions.ready.is_set() and not self._errors
-        return {"status": "ok" if ok else "unhealthy",
-                "instance_id": self.transactions.instance_id,
-                "owned_partitions": sorted(self.transactions.states)}
+    # -- the life of the process -------------------------------------------------------------
+    def run(self) -> int:
+        """Start, serve until stopped, shut down; return the process exit code. From the main
+        thread, SIGINT/SIGTERM are captured meanwhile (see :meth:`capture_signals`)."""
+        with self.capture_signals():
+            try:
+                self.startup()
+                self.main_loop()
+            finally:
+                self.shutdown()
+        if self.force_exit:
+            return FORCED_EXIT_CODE
+        if self._errors:
+            exc = self._errors[0]
+            log.error("coordinator stopped: %s", exc if isinstance(exc, RmqError) else repr(exc))
+            return 1
+        log.info("coordinator stopped")
+        return 0
 
-    def _service_thread(self, name: str, target: Any) -> threading.Thread:
+    def startup(self) -> None:
+        """Serve metrics (a port in use is a ConfigError, raised here) and start the services."""
+        port, host = self.settings.metrics_port, self.settings.metrics_host
+        if port is not None:
+            self._http = MetricsServer(self.metrics, port, self.health, host=host)
+            self._http.start()
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", host, self._http.port)
+        self._start_service("rmq-transactions", self.transactions.run)
+        self._start_service("rmq-locks", self.locks.run)
+
+    def main_loop(self) -> None:
+        """Wait until a signal, :meth:`stop` or a failed service sets the stop flag."""
+        while not self.stop_event.wait(TICK_S):
+            pass
+
+    def shutdown(self) -> None:
+        """Stop both services after their current transaction, then the metrics server.
+        A second SIGINT stops the waiting. Idempotent; safe after a failed startup."""
+        self.stop()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for thread in self._threads.values():
+            while thread.is_alive() and not self.force_exit and time.monotonic() < deadline:
+                thread.join(TICK_S)
+        # Each service releases its Kafka clients as its run() returns.
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def stop(self) -> None:
+        """Ask every service to stop after its current transaction. Idempotent."""
+        self.stop_event.set()
+
+    # -- signals (uvicorn's capture_signals / handle_exit) -----------------------------------
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Inside, SIGINT/SIGTERM go to :meth:`handle_exit`; on leaving, the previous handlers
+        are back. Only the main thread may set handlers: elsewhere this does nothing.
+
+        Unlike uvicorn, a captured signal is not raised again on leaving: a graceful stop
+        is exit code 0, which Docker, systemd and the tests expect.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                # None: a handler set outside Python, which cannot be put back; use default.
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def handle_exit(self, signum: int, _frame: FrameType | None) -> None:
+        """First SIGINT/SIGTERM: stop after the current transaction. SIGINT while already
+        stopping: force (shutdown stops waiting for the services)."""
+        if signum == signal.SIGINT and self.stop_event.is_set():
+            self.force_exit = True
+            log.error("second interrupt: exiting without finishing the transaction")
+            return
+        log.info("signal %s: finishing the current transaction, then stopping",
+                 signal.Signals(signum).name)
+        self.stop()
+
+    # -- services ------------------------------------------------------------------------------
+    def _start_service(self, name: str, target: Callable[[threading.Event], None]) -> None:
         def body() -> None:
             try:
                 target(self.stop_event)
@@ -66,43 +159,27 @@ class Server:
                 self.stop_event.set()
 
         thread = threading.Thread(target=body, name=name, daemon=True)
-        self._threads.append(thread)
-        return thread
+        self._threads[name] = thread
+        thread.start()
 
-    def _lock_service(self) -> LockService:
-        return LockService(self.conf, self.settings, metrics=self.metrics)
+    def _service_status(self, name: str, ready: threading.Event) -> str:
+        thread = self._threads.get(name)
+        if thread is None:
+            return "not started"
+        if not thread.is_alive():
+            return "stopped"
+        return "ok" if ready.is_set() else "starting"
 
-    def run(self) -> int:
-        """Block until stopped; return the process exit code."""
-        if self.metrics_port is not None:
-            self._http = MetricsServer(self.metrics, self.metrics_port, self.health,
-                                       host=self.metrics_host)
-            self._http.start()
-            log.info("metrics on http://%s:%d/metrics, health on /healthz", self.metrics_host,
-                     self._http.port)
-        self._service_thread("rmq-transactions", self.transactions.run).start()
-        locks = self._lock_service()
-        self._service_thread("rmq-locks", locks.run).start()
-        try:
-            while not self.stop_event.wait(0.2):
-                pass
-        finally:
-            self.stop()
-            for thread in self._threads:
-                thread.join(JOIN_TIMEOUT_S)
-            locks.close()
-            if self._http is not None:
-                self._http.close()
-        if self._errors:
-            exc = self._errors[0]
-            log.error("coordinator stopped: %s", exc if isinstance(exc, RmqError) else repr(exc))
-            return 1
-        log.info("coordinator stopped")
-        return 0
-
-    def stop(self) -> None:
-        """Ask every service to stop after its current transaction. Idempotent."""
-        self.stop_event.set()
+    def health(self) -> dict:
+        """/healthz: ``ok`` only while both services run and are ready."""
+        services = {"transactions": self._service_status("rmq-transactions",
+                                                         self.transactions.ready),
+                    "locks": self._service_status("rmq-locks", self.locks.ready)}
+        ok = all(s == "ok" for s in services.values()) and not self._errors
+        return {"status": "ok" if ok else "unhealthy", "services": services,
+                "instance_id": self.transactions.instance_id,
+                "owned_partitions": sorted(self.transactions.states),
+                "owned_lock_partitions": self.locks.owned_partitions()}
 
     def __enter__(self) -> Server:
         return self
@@ -111,63 +188,23 @@ class Server:
         self.stop()
 
 
-def kafka_conf_from_args(args: argparse.Namespace) -> dict:
-    """The librdkafka conf of every client: ``RMQ_KAFKA_*`` env vars, then ``--kafka-option
-    KEY=VALUE`` pairs (which win), then ``--bootstrap-servers``. Security settings
-    (``security.protocol``, ``sasl.*``, ``ssl.*``) pass through untouched."""
-    conf = kafka_env_conf()
-    for option in args.kafka_option or []:
-        key, sep, value = option.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--kafka-option {option!r}: want KEY=VALUE")
-        conf[key.strip()] = value
-    conf["bootstrap.servers"] = args.bootstrap_servers
-    return conf
-
-
-def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("--kafka-option", action="append", metavar="KEY=VALUE",
-                        help="extra librdkafka setting for every client (e.g. "
-                             "security.protocol=SASL_SSL); env RMQ_KAFKA_<KEY> works too")
-
-
 def _cmd_coordinator(args: argparse.Namespace) -> int:
-    settings = load(CoordinatorSettings, args)
-    server = Server(kafka_conf_from_args(args), settings, metrics_port=args.metrics_port,
-                    metrics_host=args.metrics_host)
-    interrupts = 0
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if signum == signal.SIGINT and interrupts > 1:
-            log.error("second interrupt: exiting without finishing the transaction")
-            os._exit(130)
-        log.info("signal %s: finishing the current transaction, then stopping",
-                 signal.Signals(signum).name)
-        server.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    server = Server(kafka_conf_from_args(args), load(CoordinatorSettings, args))
     # Everything imported so far lives as long as the process: frozen, it is no longer
     # scanned by full collections, which halves their pauses (~25 -> ~10 ms measured) on
     # the promotion path.
     gc.freeze()
-    return server.run()
+    code = server.run()
+    if server.force_exit:
+        # Do not wait for librdkafka to tear down clients still inside a call.
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("coordinator", help="run the sidecar coordinator")
+    parser = sub.add_parser("coordinator", help="run the sidecar coordinator (transactions "
+                                                "and queue locks)")
     add_kafka_arguments(parser)
-    # Not settings fields, but they follow the same env convention (the image sets them).
-    parser.add_argument("--metrics-port", type=int,
-                        default=os.environ.get("RMQ_METRICS_PORT") or None, metavar="N",
-                        help="serve Prometheus /metrics and /healthz on port N "
-                             "(env RMQ_METRICS_PORT; default off)")
-    parser.add_argument("--metrics-host", default=os.environ.get("RMQ_METRICS_HOST")
-                        or DEFAULT_METRICS_HOST, metavar="ADDR",
-                        help="address the metrics server binds (env RMQ_METRICS_HOST; "
-                             f"default {DEFAULT_METRICS_HOST}; 0.0.0.0 in a container)")
     add_arguments(parser, CoordinatorSettings)
     parser.set_defaults(func=_cmd_coordinator)

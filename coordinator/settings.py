@@ -26,6 +26,11 @@ class CoordinatorSettings:
     check_partitions: int = setting(8, "partitions of the check-request topic")
     instance_id: str = setting("", "stable id of this instance (default: random); reusing "
                                    "it after a crash fences the old process at once")
+    metrics_port: int | None = setting(None, "serve Prometheus /metrics and /healthz on this "
+                                             "port (default off; 0: any free port)")
+    # Loopback by default (DESIGN.md); a container sets 0.0.0.0 so Prometheus can scrape it.
+    metrics_host: str = setting("127.0.0.1", "address the metrics server binds "
+                                             "(0.0.0.0 in a container)")
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -41,3 +46,10 @@ class CoordinatorSettings:
                               f"lock_renew_ms={self.lock_renew_ms}, "
                               f"lock_lease_ms={self.lock_lease_ms}")
         validate_prefix(self.topic_prefix)
+        port = self.metrics_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 <= port <= 65535):
+            raise ConfigError(f"metrics_port must be a port number (0-65535), got {port!r}")
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise ConfigError(f"metrics_host must be a non-empty address, got "
+                              f"{self.metrics_host!r}")

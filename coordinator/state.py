@@ -14,9 +14,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
-from coordinator.half import HalfMessage
 from rmq_semantics.errors import IllegalTransitionError
-from rmq_semantics.records.codec import RecordType
+from rmq_semantics.records.codec import SystemRecord
+from rmq_semantics.records.half import HalfMessage
+from rmq_semantics.records.txn import CheckMarker, DoneMarker, DoneMarkers
 
 __all__ = [
     "Action",
@@ -199,18 +200,18 @@ class PartitionState:
             self._decide(half_offset, op_offset, outcome)
         self.outcomes[half_offset] = outcome
 
-    def on_op_marker(self, op_offset: int, record_type: RecordType, body: dict) -> bool:
+    def on_op_marker(self, op_offset: int, record: SystemRecord) -> bool:
         """A done or check marker read back from Op (the coordinator's own records);
         False when the record is neither."""
-        if record_type is RecordType.DONE_MARKERS:
-            for entry in body["entries"]:
-                self.on_done_marker(op_offset, entry["half_offset"], _OUTCOMES[entry["outcome"]])
-        elif record_type is RecordType.DONE_MARKER:
-            self.on_done_marker(op_offset, body["half_offset"], _OUTCOMES[body["outcome"]])
-        elif record_type is RecordType.CHECK_MARKER:
-            self.on_check_marker(op_offset, body["half_offset"], body["checks_issued"],
-                                 body["checks_answered"], body["answered_seq"],
-                                 body["next_check_ts"])
+        if isinstance(record, DoneMarkers):
+            for entry in record.entries:
+                self.on_done_marker(op_offset, entry.half_offset, _OUTCOMES[entry.outcome])
+        elif isinstance(record, DoneMarker):
+            self.on_done_marker(op_offset, record.half_offset, _OUTCOMES[record.outcome])
+        elif isinstance(record, CheckMarker):
+            self.on_check_marker(op_offset, record.half_offset, record.checks_issued,
+                                 record.checks_answered, record.answered_seq,
+                                 record.next_check_ts)
         else:
             return False
         return True

@@ -14,14 +14,16 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from coordinator.half import parse_half
+from coordinator.kafka_txn import transactional_loop
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import MalformedRecordError, TransactionAborted
-from rmq_semantics.records.codec import RecordType, decode
+from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
+from rmq_semantics.records import txn as wire
+from rmq_semantics.records.codec import decode
+from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, ensure_topics
@@ -36,8 +38,6 @@ POLL_WAIT_S = 0.05
 # round trips whatever its size (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger
 # batches amortise them (1000 -> 4000: +15% msgs/s). Idle, a batch is whatever has arrived.
 MAX_BATCH = 4000
-# Known business topics are trusted this long before the topic list is read again.
-TOPIC_CACHE_S = 10.0
 COMMITTED_TIMEOUT_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
@@ -164,32 +164,32 @@ class TransactionService:
             log.warning("%s[%s]@%s skipped: %s", topic, partition, offset, exc)
             state.on_malformed_op(offset)
             return []
-        if record.type is RecordType.END_REQUEST:
-            return self._on_end(state, offset, record.body, now)
-        if record.type is RecordType.END_REQUESTS:
-            body = record.body
-            common = {"producer_group": body["producer_group"],
-                      "half_partition": body["half_partition"], "from_check": False,
-                      "check_seq": 0}
+        if isinstance(record, wire.EndRequest):
+            return self._on_end(state, offset, record.half_partition, EndRequest(
+                offset, record.txn_id, record.producer_group, record.half_offset, record.state,
+                record.from_check, record.check_seq, now), now)
+        if isinstance(record, wire.EndRequests):
+            group, half_partition = record.producer_group, record.half_partition
             actions: list = []
-            for entry in body["entries"]:
-                actions.extend(self._on_end(state, offset, {**common, **entry}, now))
+            for entry in record.entries:
+                actions.extend(self._on_end(state, offset, half_partition, EndRequest(
+                    offset, entry.txn_id, group, entry.half_offset, entry.state, False, 0,
+                    now), now))
             return actions
-        if not state.on_op_marker(offset, record.type, record.body):
+        if not state.on_op_marker(offset, record):
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
-                        partition, offset, record.type.name)
+                        partition, offset, type(record).__name__)
             state.on_malformed_op(offset)
         return []
 
-    def _on_end(self, state: PartitionState, offset: int, body: dict, now: int) -> list:
-        request = EndRequest(offset, body["txn_id"], body["producer_group"], body["half_offset"],
-                             body["state"], body["from_check"], body["check_seq"], now)
+    def _on_end(self, state: PartitionState, offset: int, half_partition: int,
+                request: EndRequest, now: int) -> list:
         where = f"{self.topics.op}[{state.partition}]@{offset}"
-        if body["half_partition"] != state.partition:
+        if half_partition != state.partition:
             self.metrics.rejected.labels("wrong_partition").inc()
             log.warning("%s txn=%s rejected: names half partition %d", where, request.txn_id,
-                        body["half_partition"])
+                        half_partition)
             state.on_malformed_op(offset)
             return []
         entry = state.pending.get(request.half_offset)
@@ -244,16 +244,21 @@ class TransactionService:
         return out, changed
 
     def _replay(self, consumer: confluent_kafka.Consumer) -> None:
-        """After an aborted transaction: forget in-memory state and re-read from commits."""
-        assignment = consumer.assignment()
+        """After an aborted transaction or a failed step: forget in-memory state and re-read
+        from commits."""
         self.states.clear()
         self._committed.clear()
-        if not assignment:
-            return
-        self._on_assign(consumer, assignment)
-        for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
-            offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        try:
+            assignment = consumer.assignment()
+            if not assignment:
+                return
+            self._on_assign(consumer, assignment)
+            for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
+                offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException as exc:  # the loop pauses and replays again
+            raise KafkaOperationError.wrap("replaying from committed offsets",
+                                           exc.args[0]) from exc
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -267,6 +272,7 @@ class TransactionService:
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics)
+        writer.start(stop)
         consumer = confluent_kafka.Consumer({
             **self.conf,
             "group.id": self.topics.coordinator_group,
@@ -286,8 +292,8 @@ class TransactionService:
         log.info("transaction service %s running (prefix %s)", self.instance_id,
                  self.settings.topic_prefix)
         try:
-            while not stop.is_set():
-                self._step(consumer, writer)
+            transactional_loop("transaction service", lambda: self._step(consumer, writer),
+                               lambda: self._replay(consumer), stop)
         finally:
             consumer.close()
             writer.close()
@@ -306,10 +312,6 @@ class TransactionService:
         offsets, moved = self._offsets()
         if not actions and not moved:
             return
-        try:
-            writer.write(actions, offsets, consumer.consumer_group_metadata())
-        except TransactionAborted:
-            self._replay(consumer)
-            return
+        writer.write(actions, offsets, consumer.consumer_group_metadata())
         for p, state in self.states.items():
             self._committed[p] = (state.half_commit, state.op_commit)

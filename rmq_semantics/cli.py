@@ -87,11 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand_registrars() -> list:
-    """Subcommands defined next to what they run; none imports Spark until it runs."""
+    """Subcommands defined next to what they run (the sidecar, the Spark job, and the tools
+    under rmq_semantics.tools); none imports Spark until it runs."""
     from coordinator.server import register_cli as coordinator
-    from rmq_semantics.admin import register_cli as txn
-    from rmq_semantics.bench import register_cli as bench
-    from rmq_semantics.demo import register_cli as demo
+    from rmq_semantics.tools.admin import register_cli as txn
+    from rmq_semantics.tools.bench.runner import register_cli as bench
+    from rmq_semantics.tools.demo import register_cli as demo
     from spark.job import register_cli as spark
 
     return [coordinator, txn, spark, demo, bench]

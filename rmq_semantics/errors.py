@@ -8,7 +8,10 @@ can keep catching ``ValueError``/``TimeoutError``/``RuntimeError``.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the pure cores import this module and no Kafka client
+    from confluent_kafka import KafkaError
 
 __all__ = [
     "AuthenticationError",
@@ -81,13 +84,6 @@ class RmqTimeoutError(RmqError, TimeoutError):
     retriable = True
 
 
-class BrokerUnavailableError(RmqError, ConnectionError):
-    """No broker answered at the configured bootstrap servers."""
-
-    code = "broker_unavailable"
-    retriable = True
-
-
 class LockLostError(RmqError, RuntimeError):
     """An orderly consumer no longer holds the queue lock it needs."""
 
@@ -116,6 +112,19 @@ class KafkaOperationError(RmqError, RuntimeError):
     @classmethod
     def wrap(cls, what: str, error: KafkaError) -> KafkaOperationError:
         return cls(f"{what}: {error.str()} ({error.name()})", error)
+
+
+class BrokerUnavailableError(KafkaOperationError, ConnectionError):
+    """No broker answered at the configured bootstrap servers within the call's timeout.
+
+    Check ``bootstrap.servers`` and that the brokers run and are reachable from here.
+    """
+
+    code = "broker_unavailable"
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]
+        return True
 
 
 class AuthenticationError(KafkaOperationError):

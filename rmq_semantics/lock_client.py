@@ -1,7 +1,7 @@
 """Client side of the queue-lock protocol (RocketMQ's ``lockBatchMQ``/``unlockBatchMQ``).
 
-A call groups the queues by request partition (``murmur2("group/topic/partition") % N``,
-the partition of the coordinator instance that owns those locks), writes one request per
+A call groups the queues by request partition (:meth:`LockKey.request_partition`, the
+partition of the coordinator instance that owns those locks), writes one request per
 partition to ``<prefix>_lock_request`` and waits, bounded, for the replies. Replies come
 on ``<prefix>_lock_reply``, partition ``murmur2(client_id) % R``: this client assigns that
 one partition (no consumer group) from its end when it first connects, reads it
@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from coordinator.lock_records import LockReply, LockRequest, QueueRef, RequestKind
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import (
     ConfigError,
@@ -34,10 +33,12 @@ from rmq_semantics.errors import (
     KafkaOperationError,
     MalformedRecordError,
 )
+from rmq_semantics.records.codec import decode_as, encode
+from rmq_semantics.records.locks import LockKey, LockReply, LockRequest, QueueRef, RequestKind
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
-__all__ = ["CLIENT_LEASE_FRACTION", "LockClient", "LockGrant", "lock_key"]
+__all__ = ["CLIENT_LEASE_FRACTION", "LockClient", "LockGrant"]
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,6 @@ class LockGrant(NamedTuple):
     granted: bool
     epoch: int
     expires: float
-
-
-def lock_key(group: str, topic: str, partition: int) -> str:
-    """The record key of a queue lock: ``group/topic/partition``."""
-    return f"{group}/{topic}/{partition}"
 
 
 def _normalize(partitions: Iterable[Any]) -> list[TP]:
@@ -184,7 +180,7 @@ class LockClient:
                 else:
                     out[tp] = LockGrant(False, r.epoch, 0.0)
                     log.debug("lock %s denied (%s): held by %s with epoch %d",
-                              lock_key(group, *tp), r.reason, r.holder or "-", r.epoch)
+                              LockKey(group, *tp), r.reason, r.holder or "-", r.epoch)
         return out
 
     def unlock(self, group: str, partitions: Iterable[Any], *,
@@ -220,8 +216,7 @@ class LockClient:
         deadline = time.monotonic() + timeout
         by_partition: dict[int, list[QueueRef]] = {}
         for (topic, partition), epoch in queues.items():
-            p = java_partition(lock_key(group, topic, partition).encode(),
-                               self._request_partitions)
+            p = LockKey(group, topic, partition).request_partition(self._request_partitions)
             by_partition.setdefault(p, []).append(QueueRef(topic, partition, epoch))
         batches = [(uuid.uuid4().hex, p, refs) for p, refs in sorted(by_partition.items())]
         request_ids = [request_id for request_id, _, _ in batches]
@@ -232,9 +227,8 @@ class LockClient:
                 request = LockRequest(kind, request_id, self.client_id, group,
                                       self.reply_partition, tuple(refs), lease_ms,
                                       int(time.time() * 1000))
-                producer.produce(self.topics.lock_request, request.encode(),
-                                 key=lock_key(group, refs[0].topic, refs[0].partition).encode(),
-                                 partition=p)
+                producer.produce(self.topics.lock_request, encode(request),
+                                 key=refs[0].key(group).record_key(), partition=p)
             producer.flush(max(0.0, deadline - time.monotonic()))
             return self._await(request_ids, deadline, kind)
         finally:
@@ -282,7 +276,7 @@ class LockClient:
                 if msg.key() != self.client_id.encode():
                     continue
                 try:
-                    reply = LockReply.decode(msg.value())
+                    reply = decode_as(LockReply, msg.value())
                 except MalformedRecordError as exc:
                     log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
                                 msg.offset(), exc)

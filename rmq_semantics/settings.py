@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["add_arguments", "env_name", "flag_name", "kafka_env_conf", "load", "setting"]
+__all__ = ["add_arguments", "add_kafka_arguments", "env_name", "flag_name", "kafka_conf_from_args",
+           "kafka_env_conf", "load", "setting"]
 
 T = TypeVar("T")
 
@@ -87,3 +88,26 @@ def kafka_env_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = os.environ if env is None else env
     return {key.removeprefix("RMQ_KAFKA_").lower().replace("_", "."): value
             for key, value in env.items() if key.startswith("RMQ_KAFKA_")}
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap-servers`` and repeatable ``--kafka-option KEY=VALUE`` (every command that
+    talks to Kafka)."""
+    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    parser.add_argument("--kafka-option", action="append", metavar="KEY=VALUE",
+                        help="extra librdkafka setting for every client (e.g. "
+                             "security.protocol=SASL_SSL); env RMQ_KAFKA_<KEY> works too")
+
+
+def kafka_conf_from_args(args: argparse.Namespace) -> dict:
+    """The librdkafka conf of every client: ``RMQ_KAFKA_*`` env vars, then ``--kafka-option
+    KEY=VALUE`` pairs (which win), then ``--bootstrap-servers``. Security settings
+    (``security.protocol``, ``sasl.*``, ``ssl.*``) pass through untouched."""
+    conf = kafka_env_conf()
+    for option in args.kafka_option or []:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--kafka-option {option!r}: want KEY=VALUE")
+        conf[key.strip()] = value
+    conf["bootstrap.servers"] = args.bootstrap_servers
+    return conf

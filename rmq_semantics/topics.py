@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import (
     AuthenticationError,
+    BrokerUnavailableError,
     ConfigError,
     KafkaOperationError,
     SystemTopicError,
@@ -37,6 +38,8 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 # ~0.3 s, then retries forever) ends the call at once instead of after ADMIN_TIMEOUT_S.
 METADATA_SLICE_S = 1.0
 _AUTH_CODES = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+# What list_topics reports when no broker answered at all.
+_NO_BROKER_CODES = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN)
 # Pause between metadata reads while a new topic becomes visible.
 METADATA_POLL_S = 0.05
 
@@ -146,7 +149,7 @@ def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
 def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,
               topic: str | None = None, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetadata:
     """``list_topics`` in short slices; raises AuthenticationError as soon as the broker
-    refuses the credentials, KafkaOperationError when nothing answered by ``timeout_s``."""
+    refuses the credentials, BrokerUnavailableError when nothing answered by ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         slice_s = max(0.05, min(METADATA_SLICE_S, deadline - time.monotonic()))
@@ -156,13 +159,19 @@ def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,
             admin.poll(0)  # serves error_cb
             watch.raise_if_failed(conf)
             if time.monotonic() >= deadline:
-                raise KafkaOperationError.wrap(what, exc.args[0]) from exc
+                err = exc.args[0]
+                if err.code() in _NO_BROKER_CODES:
+                    raise BrokerUnavailableError(
+                        f"{what}: no broker answered at {conf.get('bootstrap.servers')!r} "
+                        f"within {timeout_s:.0f} s ({err.str()}); check bootstrap.servers",
+                        err) from exc
+                raise KafkaOperationError.wrap(what, err) from exc
 
 
 def list_topics(conf: dict, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetadata:
     """Cluster metadata via a short-lived AdminClient built from ``conf``'s bootstrap and
     security settings. Wrong credentials raise :class:`AuthenticationError` within about a
-    second; no answer within ``timeout_s`` raises :class:`KafkaOperationError`."""
+    second; no answer within ``timeout_s`` raises :class:`BrokerUnavailableError`."""
     admin, watch = _admin(conf)
     return _metadata(admin, watch, conf, "listing topics", timeout_s=timeout_s)
 

@@ -18,14 +18,23 @@ from enum import Enum
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
+from tenacity import retry_if_exception
 
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import ConfigError, KafkaOperationError, MalformedRecordError, RmqError
+from rmq_semantics.errors import (
+    ConfigError,
+    IllegalStateError,
+    KafkaOperationError,
+    MalformedRecordError,
+)
 from rmq_semantics.message import Message
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
-from rmq_semantics.records.codec import RecordType, decode, encode
-from rmq_semantics.records.headers import RESERVED_PREFIX, H
+from rmq_semantics.records.codec import decode, decode_as, encode
+from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.headers import H
+from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
+from rmq_semantics.retry import retrying
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -46,6 +55,9 @@ log = logging.getLogger(__name__)
 CHECK_QUEUE_SIZE = 2000
 # Check consumer poll slice: bounds how long shutdown waits for the thread.
 POLL_SLICE_S = 0.2
+# A check consumer failing this long without a break logs it once more as an error and
+# starts over (pauses from 0.1 s again); it only stops on a fatal error or a shutdown.
+CHECK_RETRY_DEADLINE_S = 300.0
 # Remember this many transactions' newest check, to skip superseded requests.
 SEEN_CHECKS = 100_000
 # send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
@@ -83,6 +95,10 @@ class TransactionSendResult:
     half_partition: int
     half_offset: int
     producer_group: str = ""
+
+
+# The end state each local transaction state asks the coordinator for.
+_END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
 
 
 def _as_state(value: Any) -> LocalTransactionState:
@@ -164,9 +180,8 @@ class TransactionProducer:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout)
-        if self._started:
+        if self._started and self._producer is not None:
             self._check_consumer.close()
-            assert self._producer is not None
             self._producer.flush(timeout)
 
     def __enter__(self) -> TransactionProducer:
@@ -178,7 +193,8 @@ class TransactionProducer:
     # -- sending -------------------------------------------------------------------------
     def _require_started(self) -> confluent_kafka.Producer:
         if not self._started or self._closed or self._producer is None:
-            raise RmqError("TransactionProducer is not started (call start() or use 'with')")
+            raise IllegalStateError(
+                "TransactionProducer is not started (call start() or use 'with')")
         return self._producer
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
@@ -236,22 +252,9 @@ class TransactionProducer:
         out = []
         for msg in msgs:
             txn_id = uuid.uuid4().hex
-            headers = [*msg.user_headers(),
-                       (H.TXN_ID, txn_id.encode()),
-                       (H.REAL_TOPIC, msg.topic.encode()),
-                       (H.PRODUCER_GROUP, group),
-                       (H.BORN_TS, born)]
-            if msg.partition is not None:
-                headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
-            if msg.check_immunity_ms is not None:
-                headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
-            if msg.tags is not None:
-                headers.append((H.TAGS, msg.tags.encode()))
-            if msg.keys is not None:
-                headers.append((H.KEYS, msg.keys.encode()))
             waiter = DeliveryWaiter()
-            producer.produce(self.topics.half, msg.value, key=msg.key, headers=headers,
-                             on_delivery=waiter)
+            producer.produce(self.topics.half, msg.value, key=msg.key,
+                             headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
             out.append((txn_id, waiter))
         return out
 
@@ -284,16 +287,14 @@ class TransactionProducer:
         if not decided:
             return
         producer = self._require_started()
-        by_partition: dict[int, list[dict]] = {}
+        by_partition: dict[int, list[EndEntry]] = {}
         for result, state in decided:
-            by_partition.setdefault(result.half_partition, []).append({
-                "txn_id": result.transaction_id, "half_offset": result.half_offset,
-                "state": state.value})
+            by_partition.setdefault(result.half_partition, []).append(
+                EndEntry(result.transaction_id, result.half_offset, _END_STATE[state]))
         now = int(time.time() * 1000)
         for partition, entries in by_partition.items():
-            producer.produce(self.topics.op, encode(RecordType.END_REQUESTS, {
-                "producer_group": self.producer_group, "half_partition": partition,
-                "entries": entries, "ts": now}), partition=partition,
+            producer.produce(self.topics.op, encode(EndRequests(
+                self.producer_group, partition, tuple(entries), now)), partition=partition,
                 on_delivery=self._on_ends_delivery)
         producer.poll(0)
 
@@ -302,7 +303,7 @@ class TransactionProducer:
             return
         # Not lost: the transactions stay pending and the back-check resolves them.
         try:
-            txn_ids = [e["txn_id"] for e in decode(msg.value()).body["entries"]]
+            txn_ids = [e.txn_id for e in decode_as(EndRequests, msg.value()).entries]
         except MalformedRecordError:
             txn_ids = []
         log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
@@ -320,14 +321,13 @@ class TransactionProducer:
                   from_check: bool, check_seq: int, wait: bool,
                   timeout: float | None = None) -> None:
         producer = self._require_started()
-        body = {"txn_id": result.transaction_id, "producer_group": self.producer_group,
-                "half_partition": result.half_partition, "half_offset": result.half_offset,
-                "state": state.value, "from_check": from_check, "check_seq": check_seq,
-                "ts": int(time.time() * 1000)}
+        request = EndRequest(result.transaction_id, self.producer_group, result.half_partition,
+                             result.half_offset, _END_STATE[state], from_check, check_seq,
+                             int(time.time() * 1000))
         waiter = DeliveryWaiter() if wait else _log_failed_end(
             f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
             result.transaction_id, state)
-        producer.produce(self.topics.op, encode(RecordType.END_REQUEST, body),
+        producer.produce(self.topics.op, encode(request),
                          partition=result.half_partition, on_delivery=waiter)
         if isinstance(waiter, DeliveryWaiter):
             waiter.wait(producer, f"ending txn {result.transaction_id}",
@@ -351,15 +351,42 @@ class TransactionProducer:
         return False
 
     def _consume_checks(self) -> None:
+        """Feed check requests to the check workers until stopped. A failing consume is
+        retried with the shared policy's pauses for as long as the producer runs (checks must
+        resume after a broker outage); a fatal error stops this thread with one log line,
+        and sending goes on (the coordinator checks again later)."""
+        def fatal(err: KafkaError) -> bool:
+            return err.fatal() or err.code() == KafkaError._FATAL
+
+        def stopped(err: KafkaError) -> None:
+            log.error("check consumer of producer group %s stopped: %s (fatal); back-checks go "
+                      "unanswered until the producer restarts", self.producer_group, err.str())
+
+        policy = retrying(CHECK_RETRY_DEADLINE_S, self._stop).copy(
+            sleep=self._stop.wait,  # a shutdown cuts a pause short
+            retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException)
+                                     and not fatal(exc.args[0])))
         while not self._stop.is_set():
             try:
-                msgs = self._check_consumer.consume(500, POLL_SLICE_S)
-            except Exception:
-                log.exception("check consumer failed; retrying")
-                continue
-            newest: dict[str, dict] = {}
+                msgs = policy(self._check_consumer.consume, 500, POLL_SLICE_S)
+            except KafkaException as exc:
+                if self._stop.is_set():
+                    return
+                if not fatal(exc.args[0]):
+                    log.error("check consumer of producer group %s failing for %.0f s: %s; "
+                              "retrying", self.producer_group, CHECK_RETRY_DEADLINE_S,
+                              exc.args[0].str())
+                    continue
+                stopped(exc.args[0])
+                return
+            except RuntimeError:  # closed under us: shutdown gave up waiting for this thread
+                return
+            newest: dict[str, CheckRequest] = {}
             for msg in msgs:
                 if msg.error() is not None:
+                    if fatal(msg.error()):
+                        stopped(msg.error())
+                        return
                     if msg.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("check consumer: %s", msg.error().str())
                     continue
@@ -369,63 +396,53 @@ class TransactionProducer:
                     log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
                                 msg.offset(), exc)
                     continue
-                body = record.body
-                if record.type is not RecordType.CHECK_REQUEST or (
-                        body["producer_group"] != self.producer_group):
+                if not isinstance(record, CheckRequest) or (
+                        record.producer_group != self.producer_group):
                     continue
-                current = newest.get(body["txn_id"])
-                if current is None or body["check_seq"] > current["check_seq"]:
-                    newest[body["txn_id"]] = body
-            for body in newest.values():
+                current = newest.get(record.txn_id)
+                if current is None or record.check_seq > current.check_seq:
+                    newest[record.txn_id] = record
+            for check in newest.values():
                 # A re-driven transaction is a new half record whose checks count from 1 again.
-                half_id = f'{body["txn_id"]}@{body["half_partition"]}:{body["half_offset"]}'
-                if self._superseded(half_id, body["check_seq"]):
+                half_id = f"{check.txn_id}@{check.half_partition}:{check.half_offset}"
+                if self._superseded(half_id, check.check_seq):
                     continue
                 try:
-                    self._checks.put_nowait(body)
+                    self._checks.put_nowait(check)
                 except queue.Full:
                     self.dropped_checks += 1
                     log.warning("%s txn=%s: check queue full (%d), dropping check #%d; the "
-                                "coordinator will check it again", self._half_where(body),
-                                body["txn_id"], self._checks.maxsize, body["check_seq"])
+                                "coordinator will check it again", self._half_where(check),
+                                check.txn_id, self._checks.maxsize, check.check_seq)
 
     def _answer_checks(self) -> None:
         while not self._stop.is_set():
             try:
-                body = self._checks.get(timeout=POLL_SLICE_S)
+                check = self._checks.get(timeout=POLL_SLICE_S)
             except queue.Empty:
                 continue
-            msg = Message(body["topic"], body["value"], key=body["key"],
-                          headers=[(h["key"], h["value"]) for h in body["headers"]
-                                   if not h["key"].startswith(RESERVED_PREFIX)],
-                          partition=body["partition"], transaction_id=body["txn_id"],
-                          tags=_header(body, H.TAGS), keys=_header(body, H.KEYS))
+            msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
+                          partition=check.partition, transaction_id=check.txn_id,
+                          tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS))
             try:
                 state = _as_state(self.listener.check_local_transaction(msg))
             except Exception:
                 log.exception("%s txn=%s: check_local_transaction raised (answering UNKNOW)",
-                              self._half_where(body), body["txn_id"])
+                              self._half_where(check), check.txn_id)
                 state = LocalTransactionState.UNKNOW
-            result = TransactionSendResult(body["txn_id"], state, body["half_partition"],
-                                           body["half_offset"], self.producer_group)
+            result = TransactionSendResult(check.txn_id, state, check.half_partition,
+                                           check.half_offset, self.producer_group)
             try:
-                self._send_end(result, state, from_check=True, check_seq=body["check_seq"],
+                self._send_end(result, state, from_check=True, check_seq=check.check_seq,
                                wait=False)
                 self.checks_answered += 1
             except (KafkaOperationError, BufferError) as exc:
-                log.warning("%s txn=%s: could not answer check #%d: %s", self._half_where(body),
-                            body["txn_id"], body["check_seq"], exc)
+                log.warning("%s txn=%s: could not answer check #%d: %s", self._half_where(check),
+                            check.txn_id, check.check_seq, exc)
 
-    def _half_where(self, body: dict) -> str:
+    def _half_where(self, check: CheckRequest) -> str:
         """``<half topic>[p]@o`` of the half record a check request is about."""
-        return f'{self.topics.half}[{body["half_partition"]}]@{body["half_offset"]}'
-
-
-def _header(body: dict, name: H) -> str | None:
-    for h in body["headers"]:
-        if h["key"] == name.value:
-            return h["value"].decode(errors="replace")
-    return None
+        return f"{self.topics.half}[{check.half_partition}]@{check.half_offset}"
 
 
 def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):

@@ -2,24 +2,34 @@
 
 Each record names its type and the version of the schema it was written with, so a newer
 reader resolves older records with Avro schema resolution (writer schema -> reader schema).
-Schemas live beside this module as ``<type>.v<N>.avsc``.
+Schemas live beside this module as ``<type>.v<N>.avsc``; each type's body is one frozen
+dataclass (:mod:`.txn`, :mod:`.locks`) with ``to_body()``/``from_body()``.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import fastavro
+from fastavro.validation import ValidationError, validate
 
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.errors import ConfigError, MalformedRecordError
+from rmq_semantics.records.locks import LockEntry, LockReply, LockRequest
+from rmq_semantics.records.txn import (
+    CheckMarker,
+    CheckRequest,
+    DoneMarker,
+    DoneMarkers,
+    EndRequest,
+    EndRequests,
+)
 
-__all__ = ["RecordType", "SystemRecord", "decode", "encode"]
+__all__ = ["RecordType", "SystemRecord", "decode", "decode_as", "decode_lock_state", "encode"]
 
 MAGIC = 0xA7
 
@@ -31,14 +41,36 @@ class RecordType(IntEnum):
     CHECK_REQUEST = 4
     DONE_MARKERS = 5  # several done markers of one partition in one record
     END_REQUESTS = 6  # several inline end requests of one producer and partition
+    LOCK_REQUEST = 7
+    LOCK_REPLY = 8
+    LOCK_STATE = 9
 
     @property
     def stem(self) -> str:
         return self.name.lower()
 
 
+SystemRecord = (EndRequest | EndRequests | DoneMarker | DoneMarkers | CheckMarker
+                | CheckRequest | LockRequest | LockReply | LockEntry)
+R = TypeVar("R", bound=SystemRecord)
+
+#: The dataclass of each record type.
+RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
+    RecordType.END_REQUEST: EndRequest,
+    RecordType.DONE_MARKER: DoneMarker,
+    RecordType.CHECK_MARKER: CheckMarker,
+    RecordType.CHECK_REQUEST: CheckRequest,
+    RecordType.DONE_MARKERS: DoneMarkers,
+    RecordType.END_REQUESTS: EndRequests,
+    RecordType.LOCK_REQUEST: LockRequest,
+    RecordType.LOCK_REPLY: LockReply,
+    RecordType.LOCK_STATE: LockEntry,
+}
+_TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
+
 #: The version new records are written with, per type.
 CURRENT_VERSION = {t: 1 for t in RecordType}
+_PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
 
 @cache
@@ -52,18 +84,14 @@ def schema(record_type: RecordType, version: int) -> Any:
     return fastavro.parse_schema(json.loads(text))
 
 
-@dataclass(frozen=True)
-class SystemRecord:
-    type: RecordType
-    version: int
-    body: dict[str, Any]
-
-
-def encode(record_type: RecordType, body: dict[str, Any]) -> bytes:
-    version = CURRENT_VERSION[record_type]
+def encode(record: SystemRecord) -> bytes:
+    record_type = _TYPE_OF.get(type(record))
+    if record_type is None:
+        raise ConfigError(f"encode: {type(record).__name__} is not a system record type")
     out = io.BytesIO()
-    out.write(bytes((MAGIC, record_type, version)))
-    fastavro.schemaless_writer(out, schema(record_type, version), body)
+    out.write(_PREFIX[record_type])
+    fastavro.schemaless_writer(out, schema(record_type, CURRENT_VERSION[record_type]),
+                               record.to_body())
     return out.getvalue()
 
 
@@ -87,4 +115,52 @@ def decode(data: bytes | None) -> SystemRecord:
             f"{record_type.name} v{version} does not decode: {exc}") from exc
     if not isinstance(body, dict):
         raise MalformedRecordError(f"{record_type.name} v{version} decoded to {type(body)}")
-    return SystemRecord(record_type, version, body)
+    return RECORD_CLASSES[record_type].from_body(body)
+
+
+def decode_as(record_class: type[R], data: bytes | None) -> R:
+    """Decode a record that must be a ``record_class``; any other is malformed here."""
+    record = decode(data)
+    if not isinstance(record, record_class):
+        raise MalformedRecordError(
+            f"a {type(record).__name__} record where a {record_class.__name__} belongs")
+    return record
+
+
+# -- the lock topic ----------------------------------------------------------------------
+# Lock state was compact JSON with a version field "v" before it became Avro; the topic is
+# compacted, so a lock not touched since keeps its JSON record: read it as LOCK_STATE.
+LEGACY_JSON_VERSION = 1
+_LEGACY_DEFAULTS = {"client_id": "", "lease_ms": 0, "acquired_at_ms": 0, "updated_at_ms": 0}
+
+
+def decode_lock_state(key: bytes | None, value: bytes | None) -> LockEntry:
+    """A record of the compacted lock topic, Avro or legacy JSON; ``key`` must match it."""
+    if value and value[:1] == b"{":
+        entry = LockEntry.from_body(_legacy_lock_state(value))
+    else:
+        entry = decode_as(LockEntry, value)
+    if key is not None and key != entry.key.record_key():
+        raise MalformedRecordError(f"lock state: record key {key!r} does not match {entry.key}")
+    return entry
+
+
+def _legacy_lock_state(value: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedRecordError(f"lock state: not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise MalformedRecordError("lock state: not a JSON object")
+    version = body.get("v")
+    if type(version) is not int or version != LEGACY_JSON_VERSION:
+        raise MalformedRecordError(f"lock state: unsupported JSON version {version!r}")
+    for name, default in _LEGACY_DEFAULTS.items():
+        if body.get(name) is None:
+            body[name] = default
+    try:
+        # The JSON fields are those of the first Avro schema, so fastavro checks their types.
+        validate(body, schema(RecordType.LOCK_STATE, 1), raise_errors=True)
+    except ValidationError as exc:
+        raise MalformedRecordError(f"lock state: {exc}") from exc
+    return body

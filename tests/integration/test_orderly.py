@@ -1,19 +1,23 @@
 """Ordered consumption with queue locks on a real broker: key order and exclusive partitions
 across rebalances, takeover after SIGKILL only once the lease ended, no work by a consumer
-paused (SIGSTOP) past its lease, suspend/DLQ, and a lock-service restart."""
+paused (SIGSTOP) past its lease, suspend/DLQ, a lock-service restart, and the consumer's
+security settings (oauth_cb, TLS verification) reaching its lock client and DLQ producer."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +25,10 @@ import confluent_kafka
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from coordinator.lock_records import decode_state
 from coordinator.lock_service import LockService
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics import Producer
+from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.orderly import (
     DLQ_ORIGINAL_OFFSET,
@@ -35,7 +39,8 @@ from rmq_semantics.orderly import (
     MessageListenerOrderly,
     OrderlyConsumer,
 )
-from rmq_semantics.topics import SystemTopics
+from rmq_semantics.records.codec import decode_lock_state
+from rmq_semantics.topics import SystemTopics, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -408,7 +413,7 @@ def test_killed_consumers_partitions_are_taken_over_after_its_lease_at_the_commi
 
     assert service.service.counts["held_by_other"] > 0  # the survivor had to wait
     victim_lines = victim.lines()
-    states = [(m.partition(), decode_state(m.key(), m.value()))
+    states = [(m.partition(), decode_lock_state(m.key(), m.value()))
               for m in read_all(broker, SystemTopics(service.prefix).lock, 2)]
     for p in victims:
         rows = [r for r in journal.by_partition()[p] if r.consumer == "survivor"]
@@ -572,3 +577,122 @@ def test_lock_service_restart_keeps_locks_and_epochs_keep_growing(
             assert after[p] == (b.client_id, epoch)
     for partition, rows in journal.by_partition().items():
         assert_in_order([(r.offset, r.epoch) for r in rows], ends[partition], partition)
+
+
+# -- (f) security settings reach every client the consumer creates --------------------------
+class OAuthTlsKafka(EmbeddedKafka):
+    """The embedded broker plus a second listener, SASL_SSL with OAUTHBEARER (Kafka's
+    unsecured JWT validator) and a self-signed certificate: a client connects there only
+    with ``oauth_cb`` and ``enable.ssl.certificate.verification=false``. Test helpers
+    (``conf()``) use the PLAIN listener."""
+
+    tls_port: int = 0
+    keystore: Path | None = None
+
+    @property
+    def tls_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.tls_port}"
+
+    def conf(self, **extra: object) -> dict:
+        return {**self.client_conf(), **extra}
+
+    def _write_properties(self, controller_port: int) -> Path:
+        path = super()._write_properties(controller_port)
+        props = dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
+        plain, tls = (f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
+                      f"SASL_SSL://127.0.0.1:{self.tls_port}")
+        props["listeners"] = f"{plain},{tls},CONTROLLER://127.0.0.1:{controller_port}"
+        props["advertised.listeners"] = f"{plain},{tls}"
+        props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+        props["listener.name.sasl_ssl.sasl.enabled.mechanisms"] = "OAUTHBEARER"
+        props["listener.name.sasl_ssl.oauthbearer.sasl.jaas.config"] = (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;")
+        props["listener.name.sasl_ssl.ssl.keystore.type"] = "PEM"
+        props["listener.name.sasl_ssl.ssl.keystore.location"] = str(self.keystore)
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+
+@pytest.fixture(scope="module")
+def oauth_tls_broker() -> Iterator[OAuthTlsKafka]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs openssl for the broker's self-signed certificate")
+    data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-oauth-kafka-"))
+    key, cert = data_dir / "key.pem", data_dir / "cert.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    broker = OAuthTlsKafka(data_dir / "kafka", port=free_port(),
+                           sasl_users={"admin": "admin-secret"})
+    broker.tls_port = free_port()
+    broker.keystore = data_dir / "keystore.pem"
+    broker.keystore.write_text(key.read_text() + cert.read_text())
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def unsecured_jwt_cb(principal: str) -> Callable[[str], tuple[str, float, str]]:
+    """An ``oauth_cb`` handing out the unsigned token Kafka's default validator accepts."""
+
+    def part(claims: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+
+    def oauth_cb(_config: str) -> tuple[str, float, str]:
+        now = time.time()
+        token = (part({"alg": "none"}) + "."
+                 + part({"sub": principal, "iat": int(now), "exp": int(now) + 3600}) + ".")
+        return token, now + 3600, principal
+
+    return oauth_cb
+
+
+def test_lock_client_and_dlq_producer_connect_with_the_consumers_oauth_cb_and_tls_settings(
+        oauth_tls_broker, unique):
+    broker = oauth_tls_broker
+    prefix = unique("rmqs").replace("-", "")
+    service = LockServiceRunner(broker.conf(), CoordinatorSettings(
+        topic_prefix=prefix, lock_lease_ms=LEASE_MS, lock_renew_ms=RENEW_MS, half_partitions=2))
+    topic, group = unique("secure-orderly"), unique("g")
+    ensure_topics(broker.conf(), {topic: (1, {})})
+    produce(broker, topic, [(b"k0", b"fine", 0), (b"k1", b"poison", 0)])
+    security = {"bootstrap.servers": broker.tls_bootstrap, "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "OAUTHBEARER", "oauth_cb": unsecured_jwt_cb("alice"),
+                "enable.ssl.certificate.verification": "false"}
+    # The listener refuses a client that misses either setting (as the lock client and the
+    # DLQ producer did when their confs were filtered by a shorter key list).
+    for missing in ("oauth_cb", "enable.ssl.certificate.verification"):
+        probe = confluent_kafka.Producer({k: v for k, v in security.items() if k != missing})
+        with pytest.raises(confluent_kafka.KafkaException):
+            probe.list_topics(timeout=3)
+    seen: list[str] = []
+
+    def listener(msgs, context):
+        seen.extend(m.value.decode() for m in msgs)
+        return SUSPEND if msgs[0].value == b"poison" else SUCCESS
+
+    service.start()
+    try:
+        # Processing needs the queue lock (the lock client's producer and consumer); the
+        # poison message needs the DLQ producer; the commits need the consumer.
+        with OrderlyConsumer({**security, "group.id": group, "auto.offset.reset": "earliest",
+                              "session.timeout.ms": SESSION_TIMEOUT_MS,
+                              "heartbeat.interval.ms": 500},
+                             listener=listener, max_reconsume_times=0, lock_lease_ms=LEASE_MS,
+                             lock_renew_ms=RENEW_MS, topic_prefix=prefix) as consumer:
+            consumer.subscribe([topic])
+            consumer.start()
+            wait_for(lambda: committed(broker, group, topic, 1) == {0: 2}, 90,
+                     "both messages to be consumed or dead-lettered over SASL_SSL")
+            assert consumer.status()[(topic, 0)].locked
+    finally:
+        service.stop()
+
+    assert seen == ["fine", "poison"]
+    [dead] = read_all(broker, SystemTopics(prefix).dlq(group), 1)
+    assert (dead.value(), dict(dead.headers())[DLQ_ORIGINAL_OFFSET]) == (b"poison", b"1")

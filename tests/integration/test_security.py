@@ -147,7 +147,7 @@ def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
         sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
         env={"RMQ_KAFKA_SASL_PASSWORD": "wrong"}, topic_prefix=unique("bad").replace("-", ""))
     try:
-        code = coordinator.proc.wait(START_TIMEOUT_S)
+        code = coordinator.wait(START_TIMEOUT_S)
     finally:
         coordinator.stop()
     assert code == 1

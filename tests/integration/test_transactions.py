@@ -13,8 +13,9 @@ from confluent_kafka import Producer as RawProducer
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
-from rmq_semantics.admin import list_discarded
-from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.records.codec import encode
+from rmq_semantics.records.txn import EndRequest, EndRequests
+from rmq_semantics.tools.admin import list_discarded
 from tests.integration.txn_helpers import (
     FAST,
     REPO,
@@ -174,7 +175,7 @@ def _forge_end(conf: dict, prefix: str, result, **overrides) -> None:
             "half_partition": result.half_partition, "half_offset": result.half_offset,
             "state": "COMMIT", "from_check": False, "check_seq": 0, "ts": 0, **overrides}
     producer = RawProducer(conf)
-    producer.produce(f"{prefix}_op", encode(RecordType.END_REQUEST, body),
+    producer.produce(f"{prefix}_op", encode(EndRequest.from_body(body)),
                      partition=body["half_partition"])
     assert producer.flush(10) == 0
 
@@ -224,11 +225,11 @@ def test_batched_sends_decide_each_message_and_forged_batch_entries_are_rejected
         unknown = [r for r in results if r.local_transaction_state is S.UNKNOW]
         raw = RawProducer(conf)
         for partition in {r.half_partition for r in unknown}:
-            raw.produce(f"{prefix}_op", encode(RecordType.END_REQUESTS, {
+            raw.produce(f"{prefix}_op", encode(EndRequests.from_body({
                 "producer_group": "intruders", "half_partition": partition, "ts": 0,
                 "entries": [{"txn_id": r.transaction_id, "half_offset": r.half_offset,
                              "state": "COMMIT"}
-                            for r in unknown if r.half_partition == partition]}),
+                            for r in unknown if r.half_partition == partition]})),
                 partition=partition)
         assert raw.flush(10) == 0
         wait_for(lambda: no_pending(c, FAST["half_partitions"]) and _sample(

@@ -3,10 +3,6 @@ subprocess, listeners with scripted answers, and a read_committed reader of a to
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,8 +15,11 @@ from confluent_kafka import TopicPartition
 from coordinator.server import Server
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics import LocalTransactionState, TransactionListener
+from rmq_semantics.tools import coordinator_process
 
 REPO = Path(__file__).resolve().parents[2]
+# SIGTERM lets the Kafka transaction in progress finish, then leaves the group.
+STOP_TIMEOUT_S = 60.0
 # Short horizons so back-checks happen within a test.
 FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 3,
         "half_partitions": 4, "check_partitions": 2}
@@ -61,13 +60,22 @@ class ThreadCoordinator:
         assert not self.thread.is_alive(), "coordinator did not stop"
 
 
-def spawn_coordinator(bootstrap: str, **settings: object) -> subprocess.Popen:
-    args = [sys.executable, "-m", "coordinator", "--bootstrap-servers", bootstrap]
-    for key, value in {**FAST, **settings}.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+class CoordinatorProcess(coordinator_process.CoordinatorProcess):
+    """``python -m coordinator`` of this checkout with the tests' short horizons (FAST),
+    started at once; ``stop()`` fails the test if SIGTERM was not enough."""
+
+    def __init__(self, bootstrap: str, log_path: Path | None = None, *args: str,
+                 env: dict[str, str] | None = None, **settings: object) -> None:
+        super().__init__(bootstrap, log_path, *args, settings={**FAST, **settings},
+                         env={"PYTHONPATH": str(REPO), **(env or {})})
+        self.start()
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        code = super().stop(timeout_s)
+        if self.killed:
+            raise AssertionError(f"coordinator ignored SIGTERM for {timeout_s:.0f} s:\n"
+                                 f"{self.log}")
+        return code
 
 
 class ScriptedListener(TransactionListener):
@@ -165,23 +173,22 @@ def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: 
     instance id, and wait until ``expect`` records are visible. Returns the restarted
     coordinator's exit code after SIGTERM."""
     instance = f"coord-{uuid.uuid4().hex[:8]}"
-    coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
+    coordinator = CoordinatorProcess(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
     reader = TopicReader(broker.conf(), topic, partitions)
     try:
         sender = threading.Thread(
             target=lambda: [producer.send_message_in_transaction(m) for m in messages])
         sender.start()
         reader.read_until(lambda r: len(r) >= kill_after, 120, "the first promotions")
-        coordinator.send_signal(signal.SIGKILL)
-        coordinator.wait(30)
-        coordinator = spawn_coordinator(broker.bootstrap, topic_prefix=prefix,
-                                        instance_id=instance)
+        coordinator.kill()
+        # The same log file: the restarted process appends to it.
+        coordinator = CoordinatorProcess(broker.bootstrap, coordinator.log_path,
+                                         topic_prefix=prefix, instance_id=instance)
         sender.join(300)
         assert not sender.is_alive(), "the producer did not finish sending"
         producer.flush(30)
         reader.read_until(lambda r: len(r) >= expect, 180, "every promotion")
     finally:
-        coordinator.send_signal(signal.SIGTERM)
-        exit_code = coordinator.wait(60)
+        exit_code = coordinator.stop()
         reader.close()
     return exit_code

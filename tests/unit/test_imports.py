@@ -8,8 +8,11 @@ import sys
 import pytest
 
 ENTRY_MODULES = ["rmq_semantics", "coordinator", "coordinator.server", "coordinator.lock",
-                 "coordinator.lock_service", "coordinator.lock_records", "rmq_semantics.orderly",
-                 "rmq_semantics.lock_client", "rmq_semantics.cli", "spark.job"]
+                 "coordinator.kafka_txn", "coordinator.lock_service",
+                 "rmq_semantics.records.codec", "rmq_semantics.orderly",
+                 "rmq_semantics.lock_client", "rmq_semantics.cli", "spark.job",
+                 "rmq_semantics.tools.admin", "rmq_semantics.tools.demo",
+                 "rmq_semantics.tools.bench.runner", "rmq_semantics.tools.bench.orderly_child"]
 
 
 @pytest.mark.parametrize("module", ENTRY_MODULES)

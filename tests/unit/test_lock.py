@@ -6,16 +6,9 @@ from __future__ import annotations
 import pytest
 
 from coordinator.lock import LockEntry, LockKey, LockState, LockTable, transition
-from coordinator.lock_records import (
-    LockReply,
-    LockRequest,
-    QueueRef,
-    QueueResult,
-    RequestKind,
-    decode_state,
-    encode_state,
-)
 from rmq_semantics.errors import ConfigError, IllegalTransitionError, MalformedRecordError
+from rmq_semantics.records.codec import decode_as, decode_lock_state, encode
+from rmq_semantics.records.locks import LockReply, LockRequest, QueueRef, QueueResult, RequestKind
 
 KEY = LockKey("group/with/slashes", "orders", 3)
 LEASE = 3000
@@ -166,17 +159,17 @@ def test_lock_keys_round_trip_even_with_slashes_in_the_group():
 def test_records_round_trip_and_garbage_is_malformed():
     request = LockRequest(RequestKind.UNLOCK, "r1", "c1", "g", 2,
                           (QueueRef("t", 0, 3), QueueRef("t", 1)), 0, 123)
-    assert LockRequest.decode(request.encode()) == request
+    assert decode_as(LockRequest, encode(request)) == request
     reply = LockReply("r1", "c1", RequestKind.LOCK,
                       (QueueResult("t", 0, True, "granted", 1, 3000, 99, "c1"),))
-    assert LockReply.decode(reply.encode()) == reply
+    assert decode_as(LockReply, encode(reply)) == reply
     entry = LockEntry(KEY, LockState.HELD, "a", 2, LEASE, 10, 20, 30)
-    key, value = encode_state(entry)
+    key, value = entry.key.record_key(), encode(entry)
     assert key == str(KEY).encode()
-    assert decode_state(key, value) == entry
+    assert decode_lock_state(key, value) == entry
     with pytest.raises(MalformedRecordError, match="does not match"):
-        decode_state(b"other/t/1", value)
+        decode_lock_state(b"other/t/1", value)
     for garbage in (None, b"", b"not json", b"[]", b'{"v": 99}', b'{"v": 1, "kind": "x"}',
-                    b'{"v": 1, "kind": "lock", "queues": [{"topic": 1}]}'):
+                    b'{"v": 1, "kind": "lock", "queues": [{"topic": 1}]}', encode(reply)):
         with pytest.raises(MalformedRecordError):
-            LockRequest.decode(garbage)
+            decode_as(LockRequest, garbage)

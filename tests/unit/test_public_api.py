@@ -7,7 +7,8 @@ import pytest
 import rmq_semantics
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics import ConfigError, LocalTransactionState, MalformedRecordError, Message
-from rmq_semantics.records.codec import RecordType, decode, encode
+from rmq_semantics.records.codec import decode, encode
+from rmq_semantics.records.txn import DoneMarker
 from rmq_semantics.settings import load
 
 
@@ -50,7 +51,7 @@ def test_message_rejects_reserved_headers_and_bad_types():
 def test_system_records_round_trip_and_garbage_is_malformed():
     body = {"half_offset": 3, "txn_id": "t", "outcome": "COMMITTED", "checks_answered": 0,
             "ts": 1}
-    assert decode(encode(RecordType.DONE_MARKER, body)).body == body
+    assert decode(encode(DoneMarker.from_body(body))).to_body() == body
     for junk in (b"", b"\x00garbage", bytes([0xA7, 2, 1]) + b"\xff\xff", bytes([0xA7, 2, 99, 0])):
         with pytest.raises(MalformedRecordError):
             decode(junk)

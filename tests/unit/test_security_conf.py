@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from coordinator.server import kafka_conf_from_args
 from rmq_semantics import AuthenticationError, KafkaOperationError, RmqError
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.settings import kafka_conf_from_args
 from spark.kafka_options import cli_source_options, spark_kafka_options
 
 SASL = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",

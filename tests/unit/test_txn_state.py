@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.half import HalfMessage, parse_half
 from coordinator.state import (
     Discard,
     EndRequest,
@@ -16,6 +15,7 @@ from coordinator.state import (
     transition,
 )
 from rmq_semantics.errors import IllegalTransitionError, MalformedRecordError
+from rmq_semantics.records.half import HalfMessage, parse_half
 
 T0 = 1_000_000
 
@@ -199,7 +199,8 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
 
 
 def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_are_done():
-    from rmq_semantics.records.codec import RecordType, decode, encode
+    from rmq_semantics.records import txn as wire
+    from rmq_semantics.records.codec import decode, encode
 
     st = PartitionState(0, 6000, 60000, 3)  # recovering: what a new owner reads back
     for o in range(3):
@@ -208,9 +209,9 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
                          "checks_answered": 0},
                         {"half_offset": 2, "txn_id": "t2", "outcome": "ROLLED_BACK",
                          "checks_answered": 1}], "ts": T0}
-    record = decode(encode(RecordType.DONE_MARKERS, body))
-    assert record.body == body
-    assert st.on_op_marker(7, record.type, record.body)
+    record = decode(encode(wire.DoneMarkers.from_body(body)))
+    assert record.to_body() == body
+    assert st.on_op_marker(7, record)
     st.on_eof("half", T0)
     st.on_eof("op", T0)
     assert sorted(st.pending) == [1]
@@ -220,4 +221,5 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
     assert st.counters["duplicate_decisions"] == 1
     st.on_end_request(end(9, 1, "COMMIT"), T0)
     assert (st.half_commit, st.op_commit) == (3, 10)
-    assert not st.on_op_marker(10, RecordType.END_REQUEST, {})
+    assert not st.on_op_marker(10, wire.EndRequest("t1", "pg", 0, 1, wire.EndState.COMMIT,
+                                                    False, 0, T0))

@@ -18,12 +18,11 @@ from confluent_kafka import KafkaError, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.half import parse_half
-from coordinator.state import PartitionState
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
+from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import DISCARD_HEADERS, H
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -90,6 +89,9 @@ def _read_to_eof(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]):
 
 
 def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[PendingTxn]:
+    # The coordinator's own state machine, so the answer is what a new owner would rebuild.
+    from coordinator.state import PartitionState
+
     topics = SystemTopics(topic_prefix)
     partitions = topic_partition_count(conf, topics.half)
     if partitions is None:
@@ -122,7 +124,7 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
                 record = decode(msg.value())
             except MalformedRecordError:
                 continue
-            state.on_op_marker(msg.offset(), record.type, record.body)
+            state.on_op_marker(msg.offset(), record)
         for p, state in states.items():
             for entry in state.pending.values():
                 half = entry.half
@@ -179,8 +181,8 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     original = {k: v for k, v in record.headers() or []}
     headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
     headers.append((H.REDRIVE_OF,
-                    f"{original.get('rmq.half_partition', b'?').decode()}:"
-                    f"{original.get('rmq.half_offset', b'?').decode()}".encode()))
+                    f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
+                    f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode()))
     producer = confluent_kafka.Producer(producer_defaults(conf, internal=True))
     waiter = DeliveryWaiter()
     producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
@@ -190,7 +192,7 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
 
 
 def _cmd_txn(args: argparse.Namespace) -> int:
-    from coordinator.server import kafka_conf_from_args
+    from rmq_semantics.settings import kafka_conf_from_args
 
     conf = kafka_conf_from_args(args)
     if not getattr(args, "verbose", False):
@@ -222,7 +224,7 @@ def _cmd_txn(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    from coordinator.server import add_kafka_arguments
+    from rmq_semantics.settings import add_kafka_arguments
 
     txn = sub.add_parser("txn", help="list pending/discarded transactions, re-drive one")
     actions = txn.add_subparsers(dest="action", required=True)

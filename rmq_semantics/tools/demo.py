@@ -15,9 +15,7 @@ import io
 import json
 import os
 import shutil
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,9 +30,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rmq_semantics.admin import list_pending
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.message import Message
+from rmq_semantics.tools.admin import list_discarded, list_pending
+from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -47,14 +46,13 @@ __all__ = ["register_cli", "run_demo"]
 ORDERS = 60
 CUSTOMERS = 6
 # Short horizons so the back-check resolves the "crashed" orders within seconds.
-COORDINATOR_FLAGS = ["--transaction-timeout-ms", "2000", "--check-interval-ms", "2000",
-                     "--check-max", "5", "--half-partitions", "4", "--check-partitions", "2"]
+COORDINATOR_SETTINGS = {"transaction_timeout_ms": 2000, "check_interval_ms": 2000,
+                        "check_max": 5, "half_partitions": 4, "check_partitions": 2}
 RESOLVE_TIMEOUT_S = 90.0
-COORDINATOR_STOP_TIMEOUT_S = 60.0
 
 
 def order_schema() -> dict:
-    return json.loads((resources.files("rmq_semantics") / "demo_order.avsc").read_text())
+    return json.loads((resources.files("rmq_semantics.tools") / "demo_order.avsc").read_text())
 
 
 def _scenario(n: int) -> str:
@@ -136,24 +134,6 @@ def _encode(schema: dict, record: dict) -> bytes:
     return out.getvalue()
 
 
-def _start_coordinator(bootstrap: str, log_path: Path) -> subprocess.Popen:
-    log_file = open(log_path, "wb")  # noqa: SIM115 - owned by the child
-    with log_file:
-        return subprocess.Popen([sys.executable, "-m", "coordinator", "--bootstrap-servers",
-                                 bootstrap, *COORDINATOR_FLAGS], stdout=log_file,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(COORDINATOR_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def _orderly_check(conf: dict, topic: str, expected: int, summary: Summary) -> None:
     """Process the promoted events per customer with an OrderlyConsumer, checking order."""
     try:
@@ -216,7 +196,7 @@ def _spark(bootstrap: str, topic: str, work: Path, summary: Summary,
 
 def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
     broker = EmbeddedKafka(work / "kafka", port=free_port())
-    coordinator: subprocess.Popen | None = None
+    coordinator: CoordinatorProcess | None = None
     summary = Summary()
     try:
         console.print("[bold]1/5[/bold] starting Apache Kafka (embedded, KRaft) ...")
@@ -226,7 +206,9 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
         ensure_topics(conf, {topic: (3, {})})
         console.print(f"      broker at {bootstrap}")
         console.print("[bold]2/5[/bold] starting the coordinator sidecar ...")
-        coordinator = _start_coordinator(bootstrap, work / "coordinator.log")
+        coordinator = CoordinatorProcess(bootstrap, work / "coordinator.log",
+                                         settings=COORDINATOR_SETTINGS).start()
+        coordinator.wait_ready()
 
         console.print(f"[bold]3/5[/bold] order service: {orders} orders in local SQLite "
                       "transactions ...")
@@ -250,9 +232,7 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
             resolving = progress.add_task("back-check resolving crashed orders", total=None)
             deadline = time.monotonic() + RESOLVE_TIMEOUT_S
             while list_pending(conf):
-                if coordinator.poll() is not None:
-                    raise RuntimeError(f"the coordinator exited ({coordinator.returncode}); "
-                                       f"see {work / 'coordinator.log'}")
+                coordinator.require_running()
                 if time.monotonic() > deadline:
                     summary.notes.append("some transactions were still pending")
                     break
@@ -263,8 +243,6 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
         summary.rolled_back = sum(1 for s in scenarios.values()
                                   if s in ("rollback", "crash-uncommitted"))
         summary.resolved_by_check = len(service.checked)
-        from rmq_semantics.admin import list_discarded
-
         summary.discarded = len(list_discarded(conf))
 
         console.print("[bold]4/5[/bold] orderly consumer: per-customer order events ...")
@@ -273,7 +251,7 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
         _spark(bootstrap, topic, work, summary, committed)
     finally:
         if coordinator is not None:
-            _stop_process(coordinator)
+            coordinator.stop()
         broker.stop()
 
     table = Table(title="rmq-semantics demo")

@@ -1,19 +1,41 @@
-"""Half messages: parsing a half record's headers and restoring the record to promote."""
+"""Half messages: the ``rmq.*`` headers a producer writes on a half record, and the parse
+of them the coordinator (and ``txn pending``) reads back. Pure: no Kafka import."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
-from rmq_semantics.message import Headers
+from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["HalfMessage", "parse_half"]
+__all__ = ["HalfMessage", "half_headers", "parse_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 
 
-@dataclass(frozen=True)
+def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes) -> Headers:
+    """The headers of ``msg``'s half record: its user headers plus the ``rmq.*`` ones.
+
+    ``producer_group`` and ``born_ts`` come encoded: they are the same for a whole batch.
+    """
+    headers = [*msg.user_headers(),
+               (H.TXN_ID, txn_id.encode()),
+               (H.REAL_TOPIC, msg.topic.encode()),
+               (H.PRODUCER_GROUP, producer_group),
+               (H.BORN_TS, born_ts)]
+    if msg.partition is not None:
+        headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
+    if msg.check_immunity_ms is not None:
+        headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
+    if msg.tags is not None:
+        headers.append((H.TAGS, msg.tags.encode()))
+    if msg.keys is not None:
+        headers.append((H.KEYS, msg.keys.encode()))
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
 class HalfMessage:
     """One record of the half topic, with its ``rmq.*`` headers parsed."""
 

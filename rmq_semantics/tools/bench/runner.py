@@ -2,7 +2,8 @@
 
 Every case runs against one embedded broker, after a warm-up, repeated (median). Results go
 to one JSON file (with the machine's cores and versions) and PNG plots beside it.
-Benchmarks are scripts, not tests: nothing here asserts a timing.
+Benchmarks are scripts, not tests: nothing here asserts a timing. This module holds the
+transactional and Spark cases and the run; the orderly case and the plots have their own.
 """
 
 from __future__ import annotations
@@ -12,16 +13,12 @@ import importlib.metadata
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +28,17 @@ from confluent_kafka import TopicPartition
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.message import Message
 from rmq_semantics.records.headers import H
+from rmq_semantics.tools.bench.common import (
+    CASE_TIMEOUT_S,
+    TXN_BATCH,
+    WARM_UP,
+    BenchSettings,
+    fill,
+    percentile,
+)
+from rmq_semantics.tools.bench.orderly import bench_orderly
+from rmq_semantics.tools.bench.plots import plot
+from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -39,35 +47,6 @@ from rmq_semantics.transaction import (
 )
 
 __all__ = ["BenchSettings", "register_cli", "run_bench"]
-
-# Any single case that has not finished by then is broken, not slow.
-CASE_TIMEOUT_S = 300.0
-TXN_BATCH = 500
-# Records sent through each path before its clock starts (connections, metadata, JIT).
-WARM_UP = 200
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    size: int = 1024
-    count: int = 100000
-    partitions: int = 4
-    rate: int = 1000
-    latency_seconds: float = 10.0
-    repeat: int = 3
-    check_messages: int = 300
-
-    @classmethod
-    def quick(cls) -> BenchSettings:
-        return cls(count=20000, latency_seconds=5.0, repeat=3, check_messages=100)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consumer:
@@ -192,27 +171,9 @@ class NoopListener(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-def _spawn_coordinator(bootstrap: str, prefix: str, *flags: str) -> subprocess.Popen:
+def _coordinator(bootstrap: str, prefix: str, **settings: object) -> CoordinatorProcess:
     log_path = Path(tempfile.gettempdir()) / f"rmq-bench-{prefix}.log"
-    with open(log_path, "wb") as log_file:
-        return subprocess.Popen([sys.executable, "-m", "coordinator", "--bootstrap-servers",
-                                 bootstrap, "--topic-prefix", prefix, *flags],
-                                stdout=log_file, stderr=subprocess.STDOUT)
-
-
-def _require_alive(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        raise RuntimeError(f"the coordinator exited with {proc.returncode}; see "
-                           f"{tempfile.gettempdir()}/rmq-bench-*.log")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    return CoordinatorProcess(bootstrap, log_path, settings={"topic_prefix": prefix, **settings})
 
 
 def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
@@ -257,28 +218,24 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
 def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
     prefix = f"__rmqbenchchk{uuid.uuid4().hex[:6]}"
     timeout_ms = 1000
-    coordinator = _spawn_coordinator(bootstrap, prefix, "--transaction-timeout-ms",
-                                     str(timeout_ms), "--check-interval-ms", "60000",
-                                     "--half-partitions", str(s.partitions))
     topic = f"bench-chk-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     listener = NoopListener(LocalTransactionState.UNKNOW)
     born: dict[str, float] = {}
-    try:
-        with TransactionProducer(conf, producer_group="bench-check", listener=listener,
-                                 topic_prefix=prefix, half_partitions=s.partitions) as producer:
-            for _ in range(0, s.check_messages, 10):
-                sent_at = time.time()
-                for r in producer.send_messages_in_transaction(
-                        [Message(topic, b"x") for _ in range(10)]):
-                    born[r.transaction_id] = sent_at
-                time.sleep(0.05)  # spread deadlines over time, as real traffic would
-            deadline = time.monotonic() + CASE_TIMEOUT_S
-            while len(listener.checked) < len(born) and time.monotonic() < deadline:
-                _require_alive(coordinator)
-                time.sleep(0.1)
-    finally:
-        _stop(coordinator)
+    with _coordinator(bootstrap, prefix, transaction_timeout_ms=timeout_ms,
+                      check_interval_ms=60000, half_partitions=s.partitions) as coordinator, \
+            TransactionProducer(conf, producer_group="bench-check", listener=listener,
+                                topic_prefix=prefix, half_partitions=s.partitions) as producer:
+        for _ in range(0, s.check_messages, 10):
+            sent_at = time.time()
+            for r in producer.send_messages_in_transaction(
+                    [Message(topic, b"x") for _ in range(10)]):
+                born[r.transaction_id] = sent_at
+            time.sleep(0.05)  # spread deadlines over time, as real traffic would
+        deadline = time.monotonic() + CASE_TIMEOUT_S
+        while len(listener.checked) < len(born) and time.monotonic() < deadline:
+            coordinator.require_running()
+            time.sleep(0.1)
     return [(listener.checked[t] - (b + timeout_ms / 1000)) * 1000
             for t, b in born.items() if t in listener.checked]
 
@@ -290,16 +247,7 @@ def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
     conf = {"bootstrap.servers": bootstrap}
     plain = f"bench-plain-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {plain: (s.partitions, {})})
-    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
-    value = os.urandom(s.size)
-    for i in range(s.count):
-        while True:
-            try:
-                producer.produce(plain, value, key=str(i).encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
+    fill(conf, plain, s.count, s.size, key=str)
     spark = build_session("local[2]")
     rates: dict[str, list[float]] = {"promoted": [], "plain": []}
     try:
@@ -322,230 +270,10 @@ def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
             "spark_ratio": promoted_rate / plain_rate}
 
 
-ORDERLY_BATCH = 32
-# Short leases so the takeover case finishes in seconds (recorded in the JSON).
-TAKEOVER_LEASE_MS, TAKEOVER_RENEW_MS, TAKEOVER_SESSION_MS = 6000, 1500, 6000
-ORDERLY_WORKER = """
-import sys, time
-from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
-bootstrap, prefix, group, topic, lease, renew, session = sys.argv[1:8]
-def listener(msgs, context):
-    return ConsumeOrderlyStatus.SUCCESS
-c = OrderlyConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                     "session.timeout.ms": int(session), "auto.offset.reset": "earliest"},
-                    listener=listener, topic_prefix=prefix, lock_lease_ms=int(lease),
-                    lock_renew_ms=int(renew), batch_size=32)
-c.subscribe([topic]); c.start()
-while not any(st.locked for st in c.status().values()):
-    time.sleep(0.05)
-print("LOCKED", flush=True)
-time.sleep(3600)
-"""
-
-
-def _fill(conf: dict, topic: str, count: int, size: int) -> None:
-    producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
-    value = os.urandom(size)
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, key=f"key-{i % 100}".encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
-
-
-class _CountingListener:
-    """The listener both consumers of the orderly case call. The rate is taken between the
-    10th and the 90th percent of ``count``: steady state, without start-up (group join,
-    first lock grants) or the last partition's tail."""
-
-    def __init__(self, count: int) -> None:
-        self.lock = threading.Lock()
-        self.count = count
-        self.seen = 0
-        self.marks: dict[int, float] = {}
-
-    def add(self, n: int) -> None:
-        with self.lock:
-            self.seen += n
-            for pct in (10, 90):
-                if pct not in self.marks and self.seen >= self.count * pct // 100:
-                    self.marks[pct] = time.monotonic()
-
-    def __call__(self, msgs: list, context: Any = None) -> Any:
-        from rmq_semantics.orderly import ConsumeOrderlyStatus
-
-        self.add(len(msgs))
-        return ConsumeOrderlyStatus.SUCCESS
-
-    def rate(self) -> float:
-        if 90 not in self.marks:
-            return 0.0
-        return self.count * 0.8 / max(1e-9, self.marks[90] - self.marks[10])
-
-
-def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
-    """A plain consumer with Kafka's defaults (auto commit). With ``batch``, it hands
-    batches of that size to the same listener as the orderly consumer, as an application
-    would; without, it only counts what librdkafka hands over (an upper bound)."""
-    consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest",
-                                         "isolation.level": "read_committed"})
-    consumer.subscribe([topic])
-    listener = _CountingListener(count)
-    deadline = time.monotonic() + CASE_TIMEOUT_S
-    try:
-        while listener.seen < count and time.monotonic() < deadline:
-            msgs = [m for m in consumer.consume(batch or 500, 0.1) if m.error() is None]
-            if not msgs:
-                continue
-            if batch:
-                listener(msgs, None)
-            else:
-                listener.add(len(msgs))
-        return listener.rate()
-    finally:
-        consumer.close()
-
-
-def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
-    from rmq_semantics.orderly import OrderlyConsumer
-
-    listener = _CountingListener(count)
-    consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
-                                "auto.offset.reset": "earliest"}, listener=listener,
-                               topic_prefix=prefix, batch_size=ORDERLY_BATCH)
-    consumer.subscribe([topic])
-    consumer.start()
-    deadline = time.monotonic() + CASE_TIMEOUT_S
-    try:
-        while listener.seen < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return listener.rate()
-    finally:
-        consumer.shutdown()
-
-
-def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> float:
-    """Kill -9 the consumer holding every queue lock; time until a survivor consumes."""
-    from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
-
-    topic = f"bench-takeover-{uuid.uuid4().hex[:8]}"
-    group = f"bench-takeover-{uuid.uuid4().hex[:8]}"
-    ensure_topics(conf, {topic: (s.partitions, {})})
-    victim = subprocess.Popen(
-        [sys.executable, "-c", ORDERLY_WORKER, bootstrap, prefix, group, topic,
-         str(TAKEOVER_LEASE_MS), str(TAKEOVER_RENEW_MS), str(TAKEOVER_SESSION_MS)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    got = threading.Event()
-    survivor = None
-    try:
-        if victim.stdout is None or not victim.stdout.readline().startswith("LOCKED"):
-            raise RuntimeError("the victim consumer never locked its queues")
-        killed_at = time.monotonic()
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-
-        def listener(msgs: list, context: Any) -> ConsumeOrderlyStatus:
-            got.set()
-            return ConsumeOrderlyStatus.SUCCESS
-
-        survivor = OrderlyConsumer(
-            {**conf, "group.id": group, "session.timeout.ms": TAKEOVER_SESSION_MS,
-             "auto.offset.reset": "earliest"}, listener=listener, topic_prefix=prefix,
-            lock_lease_ms=TAKEOVER_LEASE_MS, lock_renew_ms=TAKEOVER_RENEW_MS)
-        survivor.subscribe([topic])
-        survivor.start()
-        _fill(conf, topic, 50, 100)
-        got.wait(CASE_TIMEOUT_S)
-        return time.monotonic() - killed_at
-    finally:
-        if victim.poll() is None:
-            victim.kill()
-        if survivor is not None:
-            survivor.shutdown()
-
-
-def bench_orderly(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> dict:
-    try:
-        import rmq_semantics.orderly  # noqa: F401 - the ordered-messages part may be absent
-    except ImportError:
-        return {}
-    topic = f"bench-orderly-{uuid.uuid4().hex[:8]}"
-    ensure_topics(conf, {topic: (s.partitions, {})})
-    _fill(conf, topic, s.count, s.size)
-    plain_runs, count_only_runs, orderly_runs = [], [], []
-    _plain_rate(conf, topic, s.count, ORDERLY_BATCH)  # warm-up
-    for _ in range(s.repeat):
-        plain_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH))
-        count_only_runs.append(_plain_rate(conf, topic, s.count, None))
-        orderly_runs.append(_orderly_rate(conf, prefix, topic, s.count))
-    plain, orderly = statistics.median(plain_runs), statistics.median(orderly_runs)
-    return {"plain_consumer_msgs_per_s": plain, "orderly_msgs_per_s": orderly,
-            "orderly_ratio": orderly / plain, "orderly_batch_size": ORDERLY_BATCH,
-            "plain_consumer_mode": f"auto commit, the same listener, batches of "
-                                   f"{ORDERLY_BATCH}",
-            "plain_consumer_count_only_msgs_per_s": statistics.median(count_only_runs),
-            "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
-            "takeover_settings": {"lock_lease_ms": TAKEOVER_LEASE_MS,
-                                  "lock_renew_ms": TAKEOVER_RENEW_MS,
-                                  "session_timeout_ms": TAKEOVER_SESSION_MS}}
-
-
 def _median_of(fn: Callable[[], float], repeat: int) -> tuple[float, list[float]]:
     fn()  # warm-up
     runs = [fn() for _ in range(repeat)]
     return statistics.median(runs), runs
-
-
-def plot(results: dict, latencies: dict[str, list[float]], lateness: list[float],
-         out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    fig, axes = plt.subplots(1, len(latencies), figsize=(11, 4), squeeze=False)
-    for ax, (name, values) in zip(axes[0], latencies.items(), strict=True):
-        ax.hist(values or [0], bins=60, color="#c44")
-        for q, style in ((50, "--"), (99, ":")):
-            ax.axvline(percentile(values, q), color="black", linestyle=style,
-                       label=f"p{q} {percentile(values, q):.0f} ms")
-        ax.set_xlabel("commit-to-visible latency (ms)")
-        ax.set_ylabel("messages")
-        ax.set_title(name)
-        ax.legend()
-    fig.suptitle("Transactional messages: local COMMIT -> visible on the real topic")
-    fig.tight_layout()
-    fig.savefig(out_dir / "latency.png", dpi=110)
-    files.append("latency.png")
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bars = {k: results[k] for k in ("baseline_msgs_per_s", "txn_msgs_per_s",
-                                    "plain_consumer_msgs_per_s", "orderly_msgs_per_s")
-            if isinstance(results.get(k), (int, float))}
-    ax.bar([k.removesuffix("_msgs_per_s") for k in bars], list(bars.values()),
-           color=["#888", "#c44", "#888", "#48c"][:len(bars)])
-    ax.set_ylabel("messages / s")
-    ax.set_title(f"Throughput, {results['settings']['size']} B values, "
-                 f"{results['machine']['cores']} cores")
-    fig.tight_layout()
-    fig.savefig(out_dir / "throughput.png", dpi=110)
-    files.append("throughput.png")
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.hist(lateness, bins=40, color="#4a4")
-    ax.set_xlabel("check request after its deadline (ms)")
-    ax.set_ylabel("messages")
-    ax.set_title("Back-check lateness")
-    fig.tight_layout()
-    fig.savefig(out_dir / "check_lateness.png", dpi=110)
-    files.append("check_lateness.png")
-    plt.close("all")
-    return files
 
 
 def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -> dict:
@@ -563,9 +291,11 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -
                     "librdkafka": ck.libversion()[0]},
         "settings": s.__dict__,
     }
-    coordinator = _spawn_coordinator(bootstrap, prefix, "--half-partitions", str(s.partitions))
+    coordinator = _coordinator(bootstrap, prefix, half_partitions=s.partitions)
     started = time.monotonic()
     try:
+        coordinator.start()
+        coordinator.wait_ready()
         log("baseline: raw idempotent producer -> consumer")
         results["baseline_msgs_per_s"], results["baseline_runs"] = _median_of(
             lambda: bench_baseline(conf, s), s.repeat)
@@ -598,7 +328,7 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -
         log("Spark job: promoted topic vs plain topic")
         results.update(bench_spark(bootstrap, promoted_topic, s, work))
     finally:
-        _stop(coordinator)
+        coordinator.stop()
         broker.stop()
     results["elapsed_s"] = time.monotonic() - started
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,146 @@
+"""The orderly consumer's public types: what a listener receives and returns, and status.
+
+No Kafka client here: :class:`OrderlyMessage` is built from a ``confluent_kafka.Message``
+but only reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.headers import H
+
+if TYPE_CHECKING:
+    import confluent_kafka
+
+__all__ = [
+    "DEFAULT_SUSPEND_MS",
+    "DLQ_ORIGINAL_OFFSET",
+    "DLQ_ORIGINAL_PARTITION",
+    "DLQ_ORIGINAL_TOPIC",
+    "DLQ_RECONSUME_TIMES",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
+    "MessageListenerOrderly",
+    "OrderlyMessage",
+    "PartitionStatus",
+]
+
+#: Headers of a dead-lettered message (besides its own key, value and headers); the names
+#: live in records.headers, these are their public spellings in this package.
+DLQ_ORIGINAL_TOPIC = H.DLQ_ORIGINAL_TOPIC
+DLQ_ORIGINAL_PARTITION = H.DLQ_ORIGINAL_PARTITION
+DLQ_ORIGINAL_OFFSET = H.DLQ_ORIGINAL_OFFSET
+DLQ_RECONSUME_TIMES = H.DLQ_RECONSUME_TIMES
+
+#: RocketMQ's ``suspendCurrentQueueTimeMillis`` default.
+DEFAULT_SUSPEND_MS = 1000
+
+
+class ConsumeOrderlyStatus(Enum):
+    """What an orderly listener returns for a batch."""
+
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+class ConsumeOrderlyContext:
+    """Per-call context: the queue, and how long to suspend it if the batch is not done.
+
+    ``lock_epoch`` is the fencing epoch of the queue lock the batch runs under; a
+    listener can store it with its side effects to reject writes of a deposed holder.
+    """
+
+    def __init__(self, topic: str, partition: int, lock_epoch: int = 0) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.lock_epoch = lock_epoch
+        self._suspend_ms = DEFAULT_SUSPEND_MS
+
+    @property
+    def suspend_ms(self) -> int:
+        """Delay before a suspended batch is retried (RocketMQ's
+        ``suspendCurrentQueueTimeMillis``), default 1000."""
+        return self._suspend_ms
+
+    @suspend_ms.setter
+    def suspend_ms(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"suspend_ms must be an int >= 0, got {value!r}")
+        self._suspend_ms = value
+
+    def __repr__(self) -> str:
+        return (f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
+                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms})")
+
+
+class MessageListenerOrderly:
+    """Base class of orderly listeners; any callable ``(msgs, context) -> status`` works too."""
+
+    def consume_message(self, msgs: list[OrderlyMessage],
+                        context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        """Process ``msgs`` (one partition, offset order); return SUCCESS or SUSPEND."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OrderlyMessage:
+    """A message handed to an orderly listener. ``reconsume_times`` counts earlier
+    deliveries of the same message that were suspended."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+    reconsume_times: int = 0
+
+    @classmethod
+    def from_kafka(cls, msg: confluent_kafka.Message) -> OrderlyMessage:
+        # One per consumed message on the poll thread: filling __dict__ directly skips the
+        # frozen __init__'s per-field object.__setattr__ (0.7 -> 0.2 us, measured).
+        headers = msg.headers()
+        out = cls.__new__(cls)
+        out.__dict__.update(
+            topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+            value=msg.value(), timestamp=msg.timestamp()[1], reconsume_times=0,
+            headers=tuple((k, v if v is not None else b"") for k, v in headers)
+            if headers else ())
+        return out
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One assigned partition as this consumer sees it (see ``OrderlyConsumer.status``).
+
+    ``lock_state`` is ``"held"`` (granted, and this consumer's view of the lease has not
+    lapsed), ``"lapsed"`` (granted, but not renewed in time: not processing) or
+    ``"unlocked"``. ``committed_offset`` is the next offset to consume (-1: none committed
+    yet); ``lag`` is the partition's end minus that (-1 when unknown).
+    """
+
+    topic: str
+    partition: int
+    lock_state: str
+    epoch: int
+    lease_remaining_ms: int
+    committed_offset: int
+    lag: int
+    queued: int
+    in_flight: int
+    reconsume_times: int
+    suspended: bool
+
+    @property
+    def locked(self) -> bool:
+        """The queue lock is held and its lease is live in this consumer's view."""
+        return self.lock_state == "held"

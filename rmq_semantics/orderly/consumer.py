@@ -1,0 +1,209 @@
+"""The facade: :class:`OrderlyConsumer`, which builds and runs the parts of this package."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaException
+
+from rmq_semantics.clientconf import client_conf
+from rmq_semantics.errors import ConfigError, IllegalStateError
+from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
+from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
+from rmq_semantics.orderly.commits import Commits
+from rmq_semantics.orderly.dlq import DeadLetters
+from rmq_semantics.orderly.leases import LeaseKeeper
+from rmq_semantics.orderly.poller import ConsumerCalls, PollThread
+from rmq_semantics.orderly.rebalance import Rebalance
+from rmq_semantics.orderly.runtime import QueueRegistry
+from rmq_semantics.orderly.worker import Worker
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    SystemTopics,
+    refuse_system_topics,
+    validate_prefix,
+)
+
+__all__ = ["OrderlyConsumer", "consumer_conf"]
+
+log = logging.getLogger(__name__)
+
+# shutdown(): joining the poll thread (which finishes in-flight batches) and the others.
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def consumer_conf(conf: dict) -> dict:
+    """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
+    if isinstance(conf, dict) and str(conf.get("enable.auto.commit", "false")).lower() not in (
+            "false", "0"):
+        raise ConfigError("enable.auto.commit must be false: the orderly consumer commits "
+                          "each batch itself, under its queue lock")
+    out = client_conf(conf, who="OrderlyConsumer", defaults={
+        "isolation.level": "read_committed"}, forced={
+        "enable.auto.commit": False, "enable.auto.offset.store": False})
+    if not out.get("group.id"):
+        raise ConfigError("conf needs 'group.id': the orderly consumer group")
+    if out.get("group.protocol", "classic") == "classic":
+        out.setdefault("partition.assignment.strategy", "cooperative-sticky")
+    return out
+
+
+def _listener_callable(listener: object) -> Callable[..., Any]:
+    if isinstance(listener, MessageListenerOrderly):
+        return listener.consume_message
+    if callable(listener):
+        return listener
+    raise ConfigError("listener must be a MessageListenerOrderly or a callable "
+                      f"(msgs, context) -> ConsumeOrderlyStatus, got {listener!r}")
+
+
+class OrderlyConsumer:
+    """RocketMQ's orderly push consumer (``MessageListenerOrderly``) on Kafka.
+
+    ``conf`` is a confluent-kafka consumer conf with ``group.id`` (copied; auto commit must
+    stay off). ``listener`` is a :class:`MessageListenerOrderly` or a callable
+    ``(msgs, context) -> ConsumeOrderlyStatus``; it receives up to ``batch_size``
+    messages of one partition in offset order (RocketMQ's ``consumeMessageBatchMaxSize``).
+    A suspended batch (or one whose listener raised or returned something else) is
+    retried after ``context.suspend_ms``; once it was retried ``max_reconsume_times``
+    times (-1: forever, RocketMQ's orderly default) it goes to ``<topic_prefix>_dlq_<group>``
+    and the queue moves on. Locks are leased for ``lock_lease_ms`` and renewed every
+    ``lock_renew_ms``. ``client_id`` names this instance at the lock service (default
+    random; never reuse one across processes).
+
+    ``subscribe(topics)``, ``start()`` (background threads), ``shutdown()`` (idempotent,
+    bounded); a context manager that shuts down on exit. No network in ``__init__``.
+    """
+
+    def __init__(self, conf: dict, *,
+                 listener: MessageListenerOrderly | Callable[..., Any],
+                 max_reconsume_times: int = -1, lock_lease_ms: int = 60000,
+                 lock_renew_ms: int = 20000, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+                 batch_size: int = 1, client_id: str | None = None) -> None:
+        self._conf = consumer_conf(conf)
+        self.group: str = str(self._conf["group.id"])
+        self.topic_prefix = validate_prefix(topic_prefix)
+        self.topics = SystemTopics(self.topic_prefix)
+        listen = _listener_callable(listener)
+        for name, value, low in (("max_reconsume_times", max_reconsume_times, -1),
+                                 ("lock_lease_ms", lock_lease_ms, 1),
+                                 ("lock_renew_ms", lock_renew_ms, 1),
+                                 ("batch_size", batch_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+        if not lock_renew_ms < lock_lease_ms * CLIENT_LEASE_FRACTION:
+            raise ConfigError(
+                f"need 0 < lock_renew_ms < {CLIENT_LEASE_FRACTION:.2f} * lock_lease_ms (the "
+                f"consumer's own view of the lease), got lock_renew_ms={lock_renew_ms}, "
+                f"lock_lease_ms={lock_lease_ms}")
+        self.max_reconsume_times = max_reconsume_times
+        self.lock_lease_ms = lock_lease_ms
+        self.lock_renew_ms = lock_renew_ms
+        self.batch_size = batch_size
+        self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
+        self._topics: list[str] = []
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []  # the poll thread, then the lock thread
+        self._started = False
+        self._shutdown_lock = threading.Lock()
+        self._shut = False
+        # The parts, wired here; the Kafka consumer itself is created by start().
+        self._lock_client = LockClient(self._conf, self.topic_prefix, self.client_id)
+        self._queues = QueueRegistry()
+        self._calls = ConsumerCalls()
+        self._commits = Commits(self.client_id, self._queues, self._calls,
+                                user_on_commit=self._conf.get("on_commit"))
+        self._dead_letters = DeadLetters(self._conf, self.topics.dlq(self.group))
+        self._leases = LeaseKeeper(self._lock_client, group=self.group,
+                                   client_id=self.client_id, lease_ms=lock_lease_ms,
+                                   renew_ms=lock_renew_ms, queues=self._queues,
+                                   calls=self._calls)
+        worker = Worker(listen, batch_size=batch_size, max_reconsume_times=max_reconsume_times,
+                        commits=self._commits, dead_letters=self._dead_letters)
+        self._rebalance = Rebalance(client_id=self.client_id, queues=self._queues,
+                                    calls=self._calls, commits=self._commits,
+                                    leases=self._leases, worker=worker.run,
+                                    stopping=self._stopping)
+
+    # -- public API ------------------------------------------------------------------------
+    def subscribe(self, topics: Sequence[str]) -> None:
+        """Topics to consume in order (before ``start()``); system topics are refused."""
+        if isinstance(topics, str) or not topics or not all(
+                isinstance(t, str) and t for t in topics):
+            raise ConfigError(f"subscribe wants a non-empty list of topic names, got {topics!r}")
+        if self._started:
+            raise IllegalStateError("subscribe() must be called before start()")
+        refuse_system_topics(list(topics), self.topic_prefix)
+        self._topics = list(topics)
+
+    def start(self) -> None:
+        """Join the group and consume in background threads."""
+        if self._shut:
+            raise IllegalStateError("this OrderlyConsumer was shut down; make a new one")
+        if self._started:
+            return
+        if not self._topics:
+            raise IllegalStateError("call subscribe(topics) before start()")
+        try:
+            consumer = confluent_kafka.Consumer({**self._conf,
+                                                 "on_commit": self._commits.on_commit})
+        except KafkaException as exc:
+            raise ConfigError(f"invalid consumer conf: {exc.args[0].str()}") from exc
+        self._started = True
+        poller = PollThread(consumer, self._topics, client_id=self.client_id,
+                            queues=self._queues, calls=self._calls, commits=self._commits,
+                            rebalance=self._rebalance, stopping=self._stopping)
+        for name, target in (("poll", poller.run), ("locks", self._leases.run)):
+            thread = threading.Thread(target=target, name=f"rmq-orderly-{name}-{self.group}",
+                                      daemon=True)
+            self._threads.append(thread)
+        self._calls.consumer, self._calls.thread = consumer, self._threads[0]
+        for thread in self._threads:
+            thread.start()
+        log.info("orderly consumer %s started on %s", self.client_id, self._topics)
+
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Finish in-flight batches, commit, release the locks, leave the group. Idempotent;
+        returns within about ``timeout`` seconds even if a listener hangs."""
+        with self._shutdown_lock:
+            if self._shut:
+                return
+            self._shut = True
+        deadline = time.monotonic() + timeout
+        self._stopping.set()
+        if self._threads:
+            poll_thread = self._threads[0]
+            poll_thread.join(max(0.0, deadline - time.monotonic()))
+            if poll_thread.is_alive():
+                log.warning("orderly consumer %s: poll thread still busy after %.0f s",
+                            self.client_id, timeout)
+        self._leases.stop()
+        for thread in self._threads[1:] + self._queues.workers():
+            if thread is not threading.current_thread():  # shutdown() from a listener
+                thread.join(max(0.1, deadline - time.monotonic()))
+        self._lock_client.close()
+        self._dead_letters.close(max(0.1, deadline - time.monotonic()))
+        log.info("orderly consumer %s shut down", self.client_id)
+
+    def __enter__(self) -> OrderlyConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def status(self) -> dict[tuple[str, int], PartitionStatus]:
+        """Lock state, epoch, lease left, committed offset and lag of each assigned queue."""
+        now = time.monotonic()
+        out = {}
+        for q in self._queues.all():
+            with q.cv:
+                status = q.state.status(now)
+            if status is not None:
+                out[q.tp] = status
+        return out

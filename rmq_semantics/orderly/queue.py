@@ -1,0 +1,297 @@
+"""One assigned partition's state (RocketMQ's ``ProcessQueue``): pure, the clock passed in.
+
+Lifecycle, changed only through :func:`transition`::
+
+    ASSIGNED -> LOCKED(epoch) -> ALIGNED -> REVOKING -> DROPPED | LOST
+
+A queue is ASSIGNED when the group gives it to this consumer, LOCKED once the lock service
+grants its queue lock with an epoch, and ALIGNED once its buffers start at the offset the
+group committed (a new holder resumes exactly where the previous one committed). Only an
+ALIGNED queue whose lease is live hands batches to the listener. A denial (someone else
+holds the lock) sends it back to ASSIGNED; a grant with a new epoch back to LOCKED.
+Revocation stops new batches (REVOKING), then the queue is DROPPED; a queue whose partition
+the group took back without a revocation is LOST and never commits again.
+
+Fencing: a batch runs under the epoch it started with; its offset may be committed only
+while that same lock is held and our view of its lease has not ended (:meth:`may_commit`).
+No threads and no Kafka here: the caller holds the queue's lock around every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from enum import Enum
+
+from rmq_semantics.errors import IllegalTransitionError
+from rmq_semantics.orderly.api import OrderlyMessage, PartitionStatus
+
+__all__ = ["GONE", "LIVE", "TRANSITIONS", "QueuePhase", "QueueState", "transition"]
+
+
+class QueuePhase(Enum):
+    """Lifecycle of one assigned partition in this consumer."""
+
+    ASSIGNED = "assigned"  # ours in the group; no queue lock (yet, or any more)
+    LOCKED = "locked"  # lock granted with an epoch; the committed offset not read yet
+    ALIGNED = "aligned"  # locked, and the buffers start at the committed offset
+    REVOKING = "revoking"  # leaving: no new batch; the one in flight may still commit
+    DROPPED = "dropped"  # revoked, gone
+    LOST = "lost"  # gone without a commit: the group took it back (session lost)
+
+
+P = QueuePhase
+#: The one transition table. LOCKED -> LOCKED and ALIGNED -> ALIGNED are renewals;
+#: ALIGNED -> LOCKED is a grant with a new epoch (align again); -> ASSIGNED is a denial.
+TRANSITIONS: dict[QueuePhase, frozenset[QueuePhase]] = {
+    P.ASSIGNED: frozenset({P.LOCKED, P.REVOKING}),
+    P.LOCKED: frozenset({P.LOCKED, P.ALIGNED, P.ASSIGNED, P.REVOKING}),
+    P.ALIGNED: frozenset({P.ALIGNED, P.LOCKED, P.ASSIGNED, P.REVOKING}),
+    P.REVOKING: frozenset({P.DROPPED, P.LOST}),
+    P.DROPPED: frozenset(),
+    P.LOST: frozenset(),
+}
+#: Phases in which lock answers still apply; and those of a queue that is gone.
+LIVE = frozenset({P.ASSIGNED, P.LOCKED, P.ALIGNED})
+GONE = frozenset({P.DROPPED, P.LOST})
+
+
+def transition(current: QueuePhase, target: QueuePhase) -> QueuePhase:
+    """Return ``target`` if the lifecycle allows ``current -> target``, else raise."""
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransitionError(
+            f"orderly queue cannot go from {current.value} to {target.value}")
+    return target
+
+
+class QueueState:
+    """The lock, buffers and offsets of one assigned partition.
+
+    Lock: ``epoch`` of the latest grant, ``held`` while it is ours (kept through revocation,
+    which still commits under it), ``deadline`` where our view of its lease ends (a
+    ``time.monotonic()`` instant), ``aligned_epoch`` the epoch whose committed offset the
+    buffers start at. Offsets: ``released`` = everything below was processed;
+    ``pending_commit`` = processed, commit not confirmed (under ``pending_epoch``);
+    ``commit_sent`` = the commit request in flight; ``committed`` = confirmed.
+    """
+
+    def __init__(self, tp: tuple[str, int]) -> None:
+        self.tp = tp
+        self.phase = QueuePhase.ASSIGNED
+        self.epoch = -1
+        self.held = False
+        self.deadline = 0.0
+        self.aligned_epoch = -1
+        self.msgs: deque[OrderlyMessage] = deque()
+        self.inflight: list[OrderlyMessage] = []
+        self.min_offset = -1  # fetched messages below this are stale (before alignment)
+        self.reset_to: int | None = None  # backward seek for the poll thread
+        self.released = -1
+        self.pending_commit: int | None = None
+        self.pending_epoch = -1
+        self.commit_sent = -1
+        self.committed = -1
+        self.reconsume_times = 0
+        self.suspended_until = 0.0
+        self.paused = False  # fetching paused by flow control (poll thread)
+        self.high = -1  # partition end as last seen by the fetcher (for lag)
+
+    @property
+    def where(self) -> str:
+        return f"{self.tp[0]}[{self.tp[1]}]"
+
+    @property
+    def gone(self) -> bool:
+        return self.phase in GONE
+
+    def _move(self, target: QueuePhase) -> None:
+        self.phase = transition(self.phase, target)
+
+    # -- fencing rules -----------------------------------------------------------------------
+    def lease_ok(self, now: float) -> bool:
+        """The lock is ours and our view of its lease has not ended at ``now``."""
+        return self.held and now < self.deadline and self.phase is not QueuePhase.LOST
+
+    def runnable(self, now: float) -> bool:
+        """A batch may start at ``now``: aligned under a live lease, not rewinding, not
+        suspended, and something to hand over."""
+        return (self.phase is QueuePhase.ALIGNED and now < self.deadline
+                and self.reset_to is None and bool(self.inflight or self.msgs)
+                and now >= self.suspended_until)
+
+    def may_commit(self, epoch: int, now: float) -> str | None:
+        """None when a batch that started under ``epoch`` may be committed (or dead-lettered)
+        at ``now``; else why not."""
+        if self.phase is QueuePhase.LOST:
+            return "partition lost"
+        if self.epoch != epoch or not self.held:
+            return "lock lost"
+        if now >= self.deadline:
+            return "lease lapsed"
+        return None
+
+    # -- lock answers (the lock thread) ------------------------------------------------------
+    def grant(self, epoch: int, expires: float) -> bool:
+        """The lock service granted or renewed the lock until ``expires``. True for a new
+        grant (a new epoch, or held again after a denial); the queue is then LOCKED, or
+        ALIGNED if it already aligned with that epoch. Ignored once revoking."""
+        if self.phase not in LIVE:
+            return False
+        fresh = epoch != self.epoch or not self.held
+        if epoch != self.epoch:
+            self.aligned_epoch = -1
+        self.epoch, self.held, self.deadline = epoch, True, expires
+        if self.phase is QueuePhase.ALIGNED and self.aligned_epoch == epoch:
+            self._move(QueuePhase.ALIGNED)
+            return fresh
+        self._move(QueuePhase.LOCKED)
+        if self.aligned_epoch == epoch:
+            self._move(QueuePhase.ALIGNED)
+        return fresh
+
+    def deny(self) -> bool:
+        """Someone else holds the lock (or ours lapsed and was taken over). Returns whether
+        we held it until now. Ignored once revoking."""
+        if self.phase not in LIVE:
+            return False
+        was_held = self.held
+        self.held, self.deadline = False, 0.0
+        if self.phase is not QueuePhase.ASSIGNED:
+            self._move(QueuePhase.ASSIGNED)
+        return was_held
+
+    def align_failed(self) -> None:
+        """The committed offset could not be read: give the lock up in our view, so the next
+        lock round asks again and aligns again."""
+        self.held = False
+        if self.phase in (QueuePhase.LOCKED, QueuePhase.ALIGNED):
+            self._move(QueuePhase.ASSIGNED)
+
+    def align(self, epoch: int, committed: int) -> bool:
+        """Start at ``committed``, the group's offset read after the grant of ``epoch``: the
+        previous holder may have committed past what we fetched, or we may hold work it
+        redid. False (nothing changed) when the queue is gone or the epoch moved on."""
+        if self.phase in GONE or epoch != self.epoch:
+            return False
+        if committed >= 0:
+            self.inflight = [m for m in self.inflight if m.offset >= committed]
+            while self.msgs and self.msgs[0].offset < committed:
+                self.msgs.popleft()
+            if committed < max(self.committed, self.released):
+                # Moved back behind what this queue already let go of: re-read from it.
+                self.reset_to = committed
+                self.msgs.clear()
+                self.inflight = []
+            if self.pending_commit is not None and self.pending_commit <= committed:
+                self.pending_commit = None
+            self.min_offset = committed
+        self.committed = self.released = committed
+        self.aligned_epoch = epoch
+        if self.phase is QueuePhase.LOCKED:
+            self._move(QueuePhase.ALIGNED)
+        return True
+
+    # -- leaving -------------------------------------------------------------------------------
+    def revoke(self) -> None:
+        """Start no new batch: the queue is leaving (revocation, shutdown). Idempotent."""
+        if self.phase in LIVE:
+            self._move(QueuePhase.REVOKING)
+
+    def lose(self) -> None:
+        """The group took the partition back: gone at once, never committed again."""
+        if self.phase in GONE:
+            return
+        self.revoke()
+        self._move(QueuePhase.LOST)
+        self.msgs.clear()
+
+    def drop(self) -> None:
+        """Revocation is over: forget the buffered messages (a lost queue stays LOST).
+        Only a revoking queue can be dropped."""
+        if self.phase not in GONE:
+            self._move(QueuePhase.DROPPED)
+        self.msgs.clear()
+
+    # -- messages and batches ----------------------------------------------------------------
+    def add(self, msgs: list[OrderlyMessage]) -> bool:
+        """Buffer fetched messages (offset order); False when they were not wanted."""
+        if self.phase in GONE or self.reset_to is not None:
+            return False
+        low = self.min_offset
+        self.msgs.extend(m for m in msgs if m.offset >= low)
+        return True
+
+    def next_batch(self, size: int) -> list[OrderlyMessage]:
+        """The batch to hand the listener: the suspended one again, else the next ``size``
+        messages; a redelivered batch carries its ``reconsume_times``."""
+        inflight = self.inflight
+        if not inflight:
+            msgs = self.msgs
+            for _ in range(min(size, len(msgs))):
+                inflight.append(msgs.popleft())
+        if not self.reconsume_times:  # built with 0: copy only for a redelivery
+            return list(inflight)
+        return [dataclasses.replace(m, reconsume_times=self.reconsume_times)
+                for m in inflight]
+
+    def processed(self, offset: int, epoch: int) -> None:
+        """The in-flight batch is done up to ``offset`` under ``epoch``: the next one may
+        start while its commit is pending."""
+        self.inflight = []
+        self.reconsume_times = 0
+        self.pending_commit = offset
+        self.pending_epoch = epoch
+        self.released = offset
+
+    def suspend(self, until: float, *, retried: bool) -> None:
+        """Hand the in-flight batch over again at ``until``; ``retried`` counts a redelivery."""
+        if retried:
+            self.reconsume_times += 1
+        self.suspended_until = until
+
+    def take_reset(self) -> int | None:
+        """The offset to seek back to, if alignment asked for one (the buffers are emptied)."""
+        reset_to, self.reset_to = self.reset_to, None
+        if reset_to is not None:
+            self.msgs.clear()
+            self.inflight = []
+        return reset_to
+
+    # -- commits -------------------------------------------------------------------------------
+    def commit_due(self) -> tuple[int, int] | None:
+        """(offset, epoch) of a processed batch whose commit is not sent yet."""
+        if self.phase in GONE or self.pending_commit is None:
+            return None
+        if self.pending_commit == self.commit_sent:
+            return None
+        return self.pending_commit, self.pending_epoch
+
+    def commit_skipped(self, offset: int) -> None:
+        """The commit of ``offset`` was refused by the fencing rules: the holder redoes it."""
+        if self.pending_commit == offset:
+            self.pending_commit = None
+
+    def commit_failed(self, offset: int) -> None:
+        """The group refused the commit of ``offset``: send it again later."""
+        if self.commit_sent == offset:
+            self.commit_sent = -1
+
+    def commit_done(self, offset: int) -> None:
+        if self.pending_commit == offset:
+            self.pending_commit = None
+        self.committed = max(self.committed, offset)
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self, now: float) -> PartitionStatus | None:
+        """What ``OrderlyConsumer.status`` shows for this queue at ``now`` (None: gone)."""
+        if self.phase in GONE:
+            return None
+        locked = self.lease_ok(now)
+        state = "held" if locked else "lapsed" if self.held else "unlocked"
+        committed = self.committed
+        lag = max(0, self.high - committed) if self.high >= 0 and committed >= 0 else -1
+        return PartitionStatus(
+            self.tp[0], self.tp[1], state, self.epoch,
+            int(max(0.0, self.deadline - now) * 1000) if locked else 0, committed, lag,
+            len(self.msgs), len(self.inflight), self.reconsume_times,
+            now < self.suspended_until)

@@ -1,0 +1,110 @@
+"""The per-partition workers: one thread per assigned queue hands its messages to the
+listener in offset order, one batch at a time, only while the queue is runnable (aligned
+under a live lease, see :meth:`QueueState.runnable`); partitions run in parallel.
+
+A suspended batch (or one whose listener raised or returned something else) is handed over
+again after ``context.suspend_ms``; once retried ``max_reconsume_times`` times (-1: forever)
+it is dead-lettered and the queue moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rmq_semantics.orderly.api import (
+    DEFAULT_SUSPEND_MS,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    OrderlyMessage,
+)
+from rmq_semantics.orderly.commits import Commits
+from rmq_semantics.orderly.dlq import DeadLetters
+from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
+
+__all__ = ["Worker"]
+
+log = logging.getLogger(__name__)
+
+SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+
+
+class Worker:
+    """What every worker thread runs (:meth:`run` is the thread's target)."""
+
+    def __init__(self, listener: Callable[..., Any], *, batch_size: int,
+                 max_reconsume_times: int, commits: Commits,
+                 dead_letters: DeadLetters) -> None:
+        self._listener = listener
+        self.batch_size = batch_size
+        self.max_reconsume_times = max_reconsume_times
+        self._commits = commits
+        self._dead_letters = dead_letters
+
+    def run(self, q: LiveQueue) -> None:
+        st = q.state
+        while True:
+            with q.cv:
+                while True:
+                    if st.gone:
+                        return
+                    now = time.monotonic()
+                    if st.runnable(now):
+                        break
+                    wait = WAIT_SLICE_S
+                    if now < st.suspended_until:
+                        wait = min(wait, st.suspended_until - now)
+                    q.cv.wait(wait)
+            # Held by revocation, or by a previous assignment's batch still in the listener.
+            if not q.consume_lock.acquire(timeout=WAIT_SLICE_S):
+                continue
+            try:
+                self._consume_once(q)
+            except Exception:  # a bug in one queue must not kill its thread silently
+                log.exception("%s: orderly worker error", q.where)
+                with q.cv:
+                    st.suspend(time.monotonic() + DEFAULT_SUSPEND_MS / 1000, retried=False)
+            finally:
+                q.consume_lock.release()
+
+    def _consume_once(self, q: LiveQueue) -> None:
+        st = q.state
+        with q.cv:
+            if st.gone or not st.runnable(time.monotonic()):
+                return
+            epoch = st.epoch
+            batch = st.next_batch(self.batch_size)
+        context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
+        status = self._call_listener(batch, context)
+        if status is ConsumeOrderlyStatus.SUCCESS:
+            self._commits.processed(q, batch[-1].offset + 1, epoch)
+            return
+        retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
+        if not retried and self._dead_letter(q, batch, epoch):
+            self._commits.processed(q, batch[-1].offset + 1, epoch)
+            return
+        with q.cv:
+            st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=retried)
+
+    def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int) -> bool:
+        reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on
+        if reason is not None:
+            log.warning("%s: not dead-lettering: %s", batch[0].where, reason)
+            return False
+        return self._dead_letters.send(batch, epoch)
+
+    def _call_listener(self, batch: list[OrderlyMessage],
+                       context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        try:
+            status = self._listener(batch, context)
+        except Exception as exc:
+            log.warning("%s: listener raised %r; suspending the queue for %d ms",
+                        batch[0].where, exc, context.suspend_ms)
+            return SUSPEND
+        if not isinstance(status, ConsumeOrderlyStatus):
+            log.warning("%s: listener returned %r, not a ConsumeOrderlyStatus; suspending",
+                        batch[0].where, status)
+            return SUSPEND
+        return status

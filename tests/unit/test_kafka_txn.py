@@ -1,0 +1,235 @@
+"""The coordinator's one Kafka-transaction helper: librdkafka's error triage, the transaction
+flow on a scripted producer, and the main loop both services share."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from coordinator import kafka_txn
+from coordinator.kafka_txn import (
+    RETRY_BACKOFF_MS,
+    TRANSACTION_TIMEOUT_MS,
+    KafkaTransactions,
+    TxnErrorKind,
+    transactional_loop,
+    triage,
+)
+from rmq_semantics.errors import (
+    FatalKafkaError,
+    KafkaOperationError,
+    RmqTimeoutError,
+    TransactionAborted,
+)
+
+K = TxnErrorKind
+
+
+def kafka_exc(code: int = KafkaError._TIMED_OUT, **flags: bool) -> KafkaException:
+    return KafkaException(KafkaError(code, **flags))
+
+
+@pytest.mark.parametrize("flags, kind", [
+    ({"fatal": True}, K.FATAL),
+    ({"fatal": True, "retriable": True, "txn_requires_abort": True}, K.FATAL),
+    ({"txn_requires_abort": True}, K.ABORT),
+    ({"txn_requires_abort": True, "retriable": True}, K.ABORT),
+    ({"retriable": True}, K.RETRY),
+    ({}, K.ABORT),  # any other error of a transaction: abort and replay
+])
+def test_triage_sorts_fatal_then_abortable_then_retriable(flags, kind):
+    assert triage(KafkaError(KafkaError._TIMED_OUT, **flags)) is kind
+
+
+class ScriptedProducer:
+    """Stands in for confluent_kafka.Producer: each method raises its scripted errors in
+    turn, then succeeds; every call is recorded."""
+
+    script: dict[str, list[BaseException]] = {}
+
+    def __init__(self, conf: dict) -> None:
+        self.conf = conf
+        self.calls: list[str] = []
+        self.errors = {name: list(errors) for name, errors in self.script.items()}
+
+    def _do(self, name: str) -> None:
+        self.calls.append(name)
+        if self.errors.get(name):
+            raise self.errors[name].pop(0)
+
+    def init_transactions(self, timeout: float) -> None:
+        self._do("init")
+
+    def begin_transaction(self) -> None:
+        self._do("begin")
+
+    def produce(self, topic: str, value: bytes, **kwargs: object) -> None:
+        self._do("produce")
+
+    def send_offsets_to_transaction(self, offsets: list, metadata: object,
+                                    timeout: float) -> None:
+        self._do("offsets")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._do("commit")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._do("abort")
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+@pytest.fixture
+def make_txn(monkeypatch):
+    real_retrying = kafka_txn.retrying
+    # The shared policy, without its pauses: these tests count calls, not seconds.
+    monkeypatch.setattr(kafka_txn, "retrying", lambda deadline_s, stop=None: real_retrying(
+        deadline_s, stop).copy(sleep=lambda _s: None))
+
+    def make(**script: list[BaseException]) -> KafkaTransactions:
+        monkeypatch.setattr(ScriptedProducer, "script", script)
+        monkeypatch.setattr(kafka_txn.confluent_kafka, "Producer", ScriptedProducer)
+        return KafkaTransactions({"bootstrap.servers": "b:9092"}, "tid-1", who="test")
+
+    return make
+
+
+OFFSETS = [TopicPartition("t", 0, 5)]
+
+
+def run_one(txn: KafkaTransactions, body=None) -> list[str]:
+    with txn.transaction(OFFSETS, object()) as producer:
+        (body or (lambda p: p.produce("t", b"v")))(producer)
+    return txn.producer.calls
+
+
+def test_conf_keeps_the_callers_settings_and_forces_the_transactional_ones(make_txn):
+    txn = make_txn()
+    conf = txn.producer.conf
+    assert conf["bootstrap.servers"] == "b:9092" and conf["transactional.id"] == "tid-1"
+    assert conf["transaction.timeout.ms"] == TRANSACTION_TIMEOUT_MS
+    assert conf["retry.backoff.ms"] == RETRY_BACKOFF_MS == 2
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+
+
+def test_a_clean_transaction_is_begin_produce_offsets_commit(make_txn):
+    assert run_one(make_txn()) == ["begin", "produce", "offsets", "commit"]
+
+
+def test_retriable_commit_errors_retry_the_commit_only(make_txn):
+    txn = make_txn(commit=[kafka_exc(retriable=True), kafka_exc(retriable=True)])
+    assert run_one(txn) == ["begin", "produce", "offsets", "commit", "commit", "commit"]
+
+
+def test_retriable_send_offsets_errors_retry_the_same_call(make_txn):
+    txn = make_txn(offsets=[kafka_exc(retriable=True)])
+    assert run_one(txn) == ["begin", "produce", "offsets", "offsets", "commit"]
+
+
+def test_an_abortable_error_aborts_and_raises_transaction_aborted(make_txn):
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)])
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls == ["begin", "produce", "offsets", "abort"]
+
+
+def test_a_retriable_error_past_its_deadline_aborts(make_txn, monkeypatch):
+    monkeypatch.setattr(kafka_txn, "RETRY_DEADLINE_S", 0.0)
+    txn = make_txn(commit=[kafka_exc(retriable=True)] * 3)
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls[-1] == "abort" and "commit" in txn.producer.calls
+
+
+def test_a_fatal_error_raises_fatal_without_aborting(make_txn):
+    txn = make_txn(commit=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    with pytest.raises(FatalKafkaError, match="tid-1"):
+        run_one(txn)
+    assert "abort" not in txn.producer.calls
+
+
+def test_a_failed_abort_is_fatal_and_a_retriable_one_is_retried(make_txn):
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
+                   abort=[kafka_exc(retriable=True)])
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls[-2:] == ["abort", "abort"]
+
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)], abort=[kafka_exc()])
+    with pytest.raises(FatalKafkaError, match="aborting"):
+        run_one(txn)
+
+
+def test_a_full_local_queue_aborts_and_replays(make_txn):
+    txn = make_txn(produce=[BufferError("queue full")])
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls == ["begin", "produce", "abort"]
+
+
+def test_a_bug_in_the_body_aborts_and_surfaces(make_txn):
+    txn = make_txn()
+
+    def broken(_producer):
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        run_one(txn, broken)
+    assert txn.producer.calls == ["begin", "abort"]
+
+
+def test_init_retries_retriable_errors_and_sorts_the_rest(make_txn):
+    txn = make_txn(init=[kafka_exc(retriable=True)])
+    txn.init()
+    assert txn.producer.calls == ["init", "init"]
+
+    with pytest.raises(FatalKafkaError):
+        make_txn(init=[kafka_exc(KafkaError._FENCED, fatal=True)]).init()
+    with pytest.raises(KafkaOperationError) as caught:
+        make_txn(init=[kafka_exc(KafkaError.INVALID_CONFIG)]).init()
+    assert not isinstance(caught.value, FatalKafkaError)
+
+
+class RecordingStop(threading.Event):
+    """A stop flag whose waits return at once and are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return self.is_set()
+
+
+def test_the_loop_replays_after_an_abort_at_once_and_after_other_errors_after_a_pause():
+    stop = RecordingStop()
+    events: list[str] = []
+    outcomes = [TransactionAborted("x"), None, RmqTimeoutError("slow"), None]
+
+    def step():
+        events.append("step")
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            stop.set()
+        if outcome is not None:
+            raise outcome
+
+    transactional_loop("test", step, lambda: events.append("replay"), stop)
+    assert events == ["step", "replay", "step", "step", "replay", "step"]
+    assert stop.waits == [kafka_txn.RETRY_PAUSE_S]
+
+
+def test_the_loop_stops_on_a_fatal_error_and_on_any_stop_flag():
+    def fenced():
+        raise FatalKafkaError("fenced")
+
+    with pytest.raises(FatalKafkaError):
+        transactional_loop("test", fenced, lambda: None, threading.Event())
+
+    halt = threading.Event()
+    halt.set()
+    transactional_loop("test", fenced, lambda: None, threading.Event(), halt)
