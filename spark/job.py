@@ -315,7 +315,7 @@ def register_cli(sub: Any) -> None:
     cmd.add_argument("--avro-schema", metavar="F", help=h("avro_schema"))
     cmd.add_argument("--available-now", action="store_true", default=None,
                      help=h("available_now"))
-    cmd.add_argument("--master", dest="spark_master", help=h("spark_master"))
+    cmd.add_argument("--master", dest="spark_master", metavar="MASTER", help=h("spark_master"))
     cmd.add_argument("--sink", choices=SINKS, help=h("sink"))
     cmd.add_argument("--topic-prefix", help=h("topic_prefix"))
     cmd.add_argument("--allow-unpromoted", action="store_false", dest="require_promoted",

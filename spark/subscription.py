@@ -112,6 +112,7 @@ def _java_risk(spark: SparkSession, pattern: str, prefix: str) -> str | None:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import IllegalArgumentException
 
+    # The py4j gateway of a classic session (the job's kind): Spark's own JVM, same Java.
     java_pattern = spark.sparkContext._jvm.java.util.regex.Pattern
     try:
         compiled = java_pattern.compile(pattern)

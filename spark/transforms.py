@@ -153,8 +153,14 @@ def decode_avro(df: DataFrame, schema_json: str) -> DataFrame:
     schema = parse_record_schema(schema_json)
     decoded, reencoded = _decoder(schema)
     error = _decode_error(schema, decoded, reencoded)
-    checked = df.select(decoded.alias(_DECODED), error.alias(DECODE_ERROR_COLUMN),
-                        *_meta_columns(df))
+    from pyspark.errors import AnalysisException
+
+    try:
+        checked = df.select(decoded.alias(_DECODED), error.alias(DECODE_ERROR_COLUMN),
+                            *_meta_columns(df))
+    except AnalysisException as exc:  # a schema spark-avro cannot map
+        raise ConfigError(f"avro_schema: Spark cannot decode with it: "
+                          f"{str(exc).strip().splitlines()[0]}") from exc
     # Every field is null on a row that did not decode, whatever the row decoded to.
     kept = F.when(F.col(DECODE_ERROR_COLUMN).isNull(), F.col(_DECODED)).alias(_DECODED)
     return (checked.select(kept, DECODE_ERROR_COLUMN, *META_COLUMNS)
