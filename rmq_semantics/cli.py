@@ -32,10 +32,10 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     java_executable()
     print(f"kafka jars: {kafka_classpath()}")
     try:
-        from spark.jars import spark_kafka_jars
+        from spark.jars import spark_jars
     except ImportError:  # pyspark not installed: the Spark job is optional
         return 0
-    print(f"spark kafka source jars: {len(spark_kafka_jars())} jars")
+    print(f"spark kafka source and avro jars: {len(spark_jars())} jars")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Reads only promoted (business) topics, ``read_committed``, with headers; drops and counts
 records without ``rmq.promoted_from``; writes Parquet (or the console) with a checkpoint,
-so a restart neither loses nor repeats rows. PySpark is imported inside functions only:
-``rmq-semantics`` imports this module to register its subcommand.
+so a restart neither loses nor repeats rows. What to read and where to write is a
+:class:`~spark.settings.JobSettings`, checked before any JVM starts. PySpark is imported
+inside functions only: ``rmq-semantics`` imports this module to register its subcommand.
 """
 
 from __future__ import annotations
@@ -18,35 +19,31 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rmq_semantics.errors import ConfigError, RmqError, RmqTimeoutError, SparkJobError
-from rmq_semantics.settings import kafka_env_conf
-from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
+from rmq_semantics.settings import env_name
+from spark.kafka_options import spark_kafka_options
+from spark.settings import SINKS, JobSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from spark.transforms import Subscription
-
-__all__ = ["JobResult", "SparkJobError", "build_session", "register_cli", "run_job",
-           "spark_kafka_options"]
+__all__ = ["JobResult", "JobSettings", "SparkJobError", "build_session", "register_cli",
+           "run_job", "spark_kafka_options"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_APP_NAME = "rmq-semantics-spark"
-SINKS = ("parquet", "console")
+DEFAULT_MASTER = "local[*]"
 # How often the driver wakes to collect batch metrics and check for a stop request.
 POLL_S = 1.0
 # Stopping a query interrupts its batch; the file sink then discards the uncommitted files.
 STOP_TIMEOUT_S = 60.0
-# Source options that carry the job's guarantees; callers may not change them.
-_FIXED_OPTIONS = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers",
-                  "includeheaders", "kafka.isolation.level"}
 _SOURCE_METRICS = "rmq_source"
 _SINK_METRICS = "rmq_sink"
+_KAFKA_MISSING = "Failed to find data source: kafka"
 
 
 @dataclass(frozen=True)
@@ -64,9 +61,9 @@ class JobResult:
     batches: int
 
 
-def build_session(master: str = "local[*]", app_name: str = DEFAULT_APP_NAME, *,
+def build_session(master: str = DEFAULT_MASTER, app_name: str = DEFAULT_APP_NAME, *,
                   conf: Mapping[str, str] | None = None) -> SparkSession:
-    """A SparkSession with Spark's Kafka source on its classpath.
+    """A SparkSession with Spark's Kafka source and spark-avro on its classpath.
 
     Hands Spark the resolved jars via ``spark.jars``; with ``RMQ_SPARK_USE_PACKAGES=1``
     it sets ``spark.jars.packages`` to the Maven coordinates instead (for clusters that
@@ -74,20 +71,20 @@ def build_session(master: str = "local[*]", app_name: str = DEFAULT_APP_NAME, *,
     the UI is off. ``conf`` entries win over these defaults.
 
     The first session of a Python process fixes the driver classpath: a session created
-    earlier without the Kafka source is returned as is and cannot read Kafka.
+    earlier without these jars is returned as is and cannot read Kafka or decode Avro.
     """
     from pyspark.sql import SparkSession
 
-    from spark.jars import spark_kafka_jars, spark_kafka_package
+    from spark.jars import spark_jars, spark_packages
 
-    # Python UDF workers must run this interpreter (it has fastavro), not PATH's python3.
+    # Python UDF workers must run this interpreter, not PATH's python3.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings: dict[str, str] = {"spark.ui.enabled": "false",
                                 "spark.sql.session.timeZone": "UTC"}
     if os.environ.get("RMQ_SPARK_USE_PACKAGES") == "1":
-        settings["spark.jars.packages"] = spark_kafka_package()
+        settings["spark.jars.packages"] = spark_packages()
     else:
-        settings["spark.jars"] = ",".join(spark_kafka_jars())
+        settings["spark.jars"] = ",".join(spark_jars())
     if master.startswith("local"):
         settings.update({"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"})
     settings.update(conf or {})
@@ -97,247 +94,115 @@ def build_session(master: str = "local[*]", app_name: str = DEFAULT_APP_NAME, *,
     return builder.getOrCreate()
 
 
-def run_job(bootstrap_servers: str, topics: str | list[str], output: str | Path | None,
-            checkpoint: str | Path | None = None, avro_schema: str | Path | None = None,
-            available_now: bool = False, sink: str = "parquet", require_promoted: bool = True,
-            topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-            kafka_options: Mapping[str, str] | None = None, master: str | None = None, *,
-            spark: SparkSession | None = None, timeout_s: float | None = None,
+def run_job(settings: JobSettings, *, spark: SparkSession | None = None,
+            timeout_s: float | None = None,
             stop_event: threading.Event | None = None) -> JobResult:
-    """Stream promoted records of ``topics`` into ``output``; return what was done.
+    """Stream the promoted records ``settings`` names into its sink; return what was done.
 
-    ``topics``: names (list or comma-separated) or one regex, checked by
-    :func:`spark.transforms.guard_subscription` before Spark starts. ``avro_schema``: the
-    writer schema as JSON text or a path to an ``.avsc`` file (without it ``value`` is
-    written as a string). ``checkpoint`` defaults to ``<output>.checkpoint`` and must not
-    lie inside ``output``. ``kafka_options`` go to the Kafka source untouched (e.g.
-    ``kafka.security.protocol``, ``kafka.sasl.jaas.config``, ``maxOffsetsPerTrigger``),
-    except the ones that carry the job's guarantees. With ``available_now`` the job
-    processes what is there and returns; otherwise it runs until ``stop_event`` is set
-    (or ``timeout_s`` passes, which raises :class:`RmqTimeoutError`). ``spark``: a session
-    to use (left running); without it one is built on ``master`` and stopped at the end.
+    With ``settings.available_now`` the job processes what is there and returns;
+    otherwise it runs until ``stop_event`` is set (or ``timeout_s`` passes, which raises
+    :class:`RmqTimeoutError`). ``spark``: a session to use (left running); without it one
+    is built on ``settings.spark_master`` (else ``$RMQ_SPARK_MASTER``, else ``local[*]``)
+    and stopped at the end. A subscription pattern is checked once more by Java's regex
+    engine before the query starts.
     """
-    plan = _plan(topics, output, checkpoint, avro_schema, sink, topic_prefix, kafka_options)
+    if not isinstance(settings, JobSettings):
+        raise ConfigError(f"run_job takes a JobSettings, got {type(settings).__name__}: "
+                          "run_job(JobSettings(bootstrap_servers=..., topics=..., output=...))")
     own_session = False
     if spark is None:
         from pyspark import SparkContext
 
         # A session the caller already runs (in any thread) is used and left running.
         own_session = SparkContext._active_spark_context is None
-        spark = build_session(master or os.environ.get("RMQ_SPARK_MASTER", "local[*]"))
+        spark = build_session(_master(settings))
     try:
-        frame = _build_frame(spark, bootstrap_servers, plan, require_promoted)
-        writer = frame.writeStream.outputMode("append")
-        if sink == "parquet":
-            writer = writer.format("parquet").option("path", plan.output)
-        else:
-            writer = writer.format("console").option("truncate", "false")
-        if plan.checkpoint is not None:
-            writer = writer.option("checkpointLocation", plan.checkpoint)
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        log.info("spark job: %s=%s -> %s %s (checkpoint %s)", plan.subscription.option,
-                 plan.subscription.value, sink, plan.output or "", plan.checkpoint)
-        query = writer.start()
-        return _await(query, require_promoted, timeout_s, stop_event)
+        from spark.subscription import confirm_with_java
+
+        confirm_with_java(spark, settings.subscription, settings.topic_prefix)
+        query = _start(_build_frame(spark, settings), settings)
+        return _await(query, settings.require_promoted, timeout_s, stop_event)
     finally:
         if own_session:
             spark.stop()
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """A run's validated inputs, checked before any Spark session starts."""
-
-    subscription: Subscription
-    options: dict[str, str]
-    schema_json: str | None
-    output: str | None
-    checkpoint: str | None
+def _master(settings: JobSettings) -> str:
+    return settings.spark_master or os.environ.get("RMQ_SPARK_MASTER") or DEFAULT_MASTER
 
 
-def _plan(topics: str | list[str], output: str | Path | None, checkpoint: str | Path | None,
-          avro_schema: str | Path | None, sink: str, topic_prefix: str,
-          kafka_options: Mapping[str, str] | None) -> _Plan:
-    from spark.transforms import avro_spark_schema, guard_subscription
-
-    subscription = guard_subscription(topics, topic_prefix)
-    if sink not in SINKS:
-        raise ConfigError(f"sink={sink!r}: use one of {', '.join(SINKS)}")
-    schema_json = _load_schema(avro_schema) if avro_schema is not None else None
-    if schema_json is not None:
-        avro_spark_schema(schema_json)  # an unmapped schema fails here, not in a batch
-    out, ckpt = _sink_paths(output, checkpoint, sink)
-    return _Plan(subscription, _source_options(kafka_options), schema_json, out, ckpt)
-
-
-def _source_options(kafka_options: Mapping[str, str] | None) -> dict[str, str]:
-    options = {"kafka.isolation.level": "read_committed", "includeHeaders": "true",
-               "startingOffsets": "earliest", "failOnDataLoss": "false"}
-    fixed = {k.lower(): v for k, v in options.items()}
-    for key, value in (kafka_options or {}).items():
-        value = str(value)
-        if key.lower() in _FIXED_OPTIONS and fixed.get(key.lower()) != value:
-            raise ConfigError(f"kafka option {key}={value!r} is set by the job and cannot be "
-                              "changed (read_committed, headers and the guarded subscription "
-                              "are what make it read promoted records only)")
-        options[key] = value
-    return options
+def _start(frame: DataFrame, settings: JobSettings) -> StreamingQuery:
+    writer = frame.writeStream.outputMode("append")
+    if settings.sink == "parquet":
+        writer = writer.format("parquet").option("path", settings.output)
+    else:
+        writer = writer.format("console").option("truncate", "false")
+    if settings.checkpoint is not None:
+        writer = writer.option("checkpointLocation", settings.checkpoint)
+    if settings.available_now:
+        writer = writer.trigger(availableNow=True)
+    sub = settings.subscription
+    log.info("spark job: %s=%s -> %s %s (checkpoint %s)", sub.option, sub.value,
+             settings.sink, settings.output or "", settings.checkpoint)
+    return writer.start()
 
 
-_JAAS_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
-# librdkafka security settings with a same-named Java client setting.
-_SAME_NAME = ("ssl.endpoint.identification.algorithm", "ssl.key.password")
-
-
-def _is_security_key(key: str) -> bool:
-    return key == "security.protocol" or key.startswith(("sasl.", "ssl."))
-
-
-def _jaas_quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def spark_kafka_options(conf: Mapping[str, Any]) -> dict[str, str]:
-    """Spark Kafka source options (``kafka.*``) for the security settings of a librdkafka
-    conf, so the job reads with the same settings as the coordinator and the clients.
-
-    ``security.protocol`` -> ``kafka.security.protocol``; ``sasl.mechanisms`` (or
-    ``sasl.mechanism``) -> ``kafka.sasl.mechanism``; ``sasl.username`` + ``sasl.password`` ->
-    ``kafka.sasl.jaas.config`` (``PlainLoginModule`` for PLAIN, ``ScramLoginModule`` for
-    SCRAM-SHA-*); ``ssl.ca.location`` / ``ssl.ca.pem`` -> a PEM truststore. Settings that are
-    not about security (``bootstrap.servers``, tuning) are ignored; a security setting with no
-    Java equivalent here raises :class:`ConfigError` naming it (pass ``kafka.*`` instead).
-    """
-    out: dict[str, str] = {}
-    sec = {k: str(v) for k, v in conf.items() if _is_security_key(k)}
-    if "security.protocol" in sec:
-        out["kafka.security.protocol"] = sec.pop("security.protocol").upper()
-    mechanism = (sec.pop("sasl.mechanisms", None) or sec.pop("sasl.mechanism", None)
-                 or ("PLAIN" if "sasl.username" in sec else None))
-    sec.pop("sasl.mechanism", None)
-    if mechanism is not None:
-        out["kafka.sasl.mechanism"] = mechanism.upper()
-    user, password = sec.pop("sasl.username", None), sec.pop("sasl.password", None)
-    if (user is None) != (password is None):
-        raise ConfigError("sasl.username and sasl.password go together; got only "
-                          f"{'sasl.username' if user is not None else 'sasl.password'}")
-    if user is not None and password is not None:
-        module = _JAAS_MODULES.get((mechanism or "").upper())
-        if module is None:
-            raise ConfigError(f"sasl.mechanisms={mechanism!r}: only "
-                              f"{', '.join(_JAAS_MODULES)} map to a Spark JAAS config; pass "
-                              "kafka.sasl.jaas.config yourself")
-        out["kafka.sasl.jaas.config"] = (f"{module} required username={_jaas_quote(user)} "
-                                         f"password={_jaas_quote(password)};")
-    if "ssl.ca.location" in sec:
-        out["kafka.ssl.truststore.type"] = "PEM"
-        out["kafka.ssl.truststore.location"] = sec.pop("ssl.ca.location")
-    elif "ssl.ca.pem" in sec:
-        out["kafka.ssl.truststore.type"] = "PEM"
-        out["kafka.ssl.truststore.certificates"] = sec.pop("ssl.ca.pem")
-    for key in _SAME_NAME:
-        if key in sec:
-            value = sec.pop(key)
-            # librdkafka says "none" where Java wants an empty string.
-            out[f"kafka.{key}"] = "" if value == "none" else value
-    if sec:
-        raise ConfigError(f"Kafka setting(s) {sorted(sec)} have no Spark Kafka source "
-                          "equivalent here; pass the Java client's kafka.* option instead "
-                          "(e.g. --kafka-option kafka.ssl.keystore.location=...)")
-    return out
-
-
-def _load_schema(avro_schema: str | Path) -> str:
-    text = str(avro_schema)
-    if isinstance(avro_schema, str) and text.lstrip().startswith(("{", "[", '"')):
-        return text
-    path = Path(text)
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"avro_schema={text!r}: cannot read the schema file ({exc})") from exc
-
-
-def _sink_paths(output: str | Path | None, checkpoint: str | Path | None,
-                sink: str) -> tuple[str | None, str | None]:
-    if sink == "console":
-        return None, (str(checkpoint) if checkpoint is not None else None)
-    if output is None or not str(output).strip():
-        raise ConfigError("output is required for the parquet sink: pass --output DIR")
-    out = str(output).rstrip("/")
-    ckpt = str(checkpoint).rstrip("/") if checkpoint is not None else f"{out}.checkpoint"
-    if "://" not in out and "://" not in ckpt:
-        out_abs, ckpt_abs = Path(out).resolve(), Path(ckpt).resolve()
-        if ckpt_abs == out_abs or out_abs in ckpt_abs.parents:
-            raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}; Spark would "
-                              "read it as data: put it next to it (default <output>.checkpoint)")
-    elif ckpt == out or ckpt.startswith(out + "/"):
-        raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}")
-    return out, ckpt
-
-
-def _build_frame(spark: SparkSession, bootstrap: str, plan: _Plan,
-                 require_promoted: bool) -> DataFrame:
+def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
     from pyspark.sql import functions as F
 
     from spark import transforms
 
-    schema_json = plan.schema_json
-    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-              .option(plan.subscription.option, plan.subscription.value))
-    for key, val in plan.options.items():
-        reader = reader.option(key, val)
-    try:
-        raw = reader.load()
-    except Exception as exc:
-        if _KAFKA_MISSING not in str(exc):
-            raise
-        _add_kafka_jars(spark)
-        try:
-            raw = reader.load()
-        except Exception as again:
-            if _KAFKA_MISSING not in str(again):
-                raise
-            raise ConfigError(
-                "Spark's Kafka source is not on this session's classpath: create the first "
-                "SparkSession of the process with spark.job.build_session(), or start Spark "
-                f"with --packages {_package()}") from again
+    raw = _load_source(spark, settings)
     promoted = transforms.is_promoted("headers")
     raw = raw.observe(_SOURCE_METRICS, F.count(F.lit(1)).alias("records"),
                       F.count(F.when(~promoted, 1)).alias("unpromoted"))
-    kept = transforms.drop_unpromoted(raw) if require_promoted else raw
-    if schema_json is None:
+    kept = transforms.drop_unpromoted(raw) if settings.require_promoted else raw
+    if settings.schema is None:
         out = transforms.decode_string(kept)
         errors = F.count(F.when(F.lit(False), 1))  # observe() takes aggregates only
     else:
-        out = transforms.decode_avro(kept, schema_json)
+        out = transforms.decode_avro(kept, settings.schema.json)
         errors = F.count(F.col(transforms.DECODE_ERROR_COLUMN))
     return out.observe(_SINK_METRICS, F.count(F.lit(1)).alias("rows"),
                        errors.alias("decode_errors"))
 
 
-_KAFKA_MISSING = "Failed to find data source: kafka"
+def _load_source(spark: SparkSession, settings: JobSettings) -> DataFrame:
+    sub = settings.subscription
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+              .option(sub.option, sub.value))
+    for key, val in settings.source_options.items():
+        reader = reader.option(key, val)
+    try:
+        return reader.load()
+    except Exception as exc:
+        if _KAFKA_MISSING not in str(exc):
+            raise
+    _add_jars(spark)
+    try:
+        return reader.load()
+    except Exception as again:
+        if _KAFKA_MISSING not in str(again):
+            raise
+        from spark.jars import spark_packages
+
+        raise ConfigError(
+            "Spark's Kafka source is not on this session's classpath: create the first "
+            "SparkSession of the process with spark.job.build_session(), or start Spark "
+            f"with --packages {spark_packages()}") from again
 
 
-def _package() -> str:
-    from spark.jars import spark_kafka_package
-
-    return spark_kafka_package()
-
-
-def _add_kafka_jars(spark: SparkSession) -> None:
-    """Add the Kafka source to a running session that was built without it (``ADD JAR``).
+def _add_jars(spark: SparkSession) -> None:
+    """Add the job's jars to a running session that was built without them (``ADD JAR``).
 
     The driver's classpath is fixed when the first session of a process starts; ``ADD
     JAR`` extends the session's class loader, which the streaming query thread inherits.
     """
-    from spark.jars import spark_kafka_jars
+    from spark.jars import spark_jars
 
     try:
-        jars = spark_kafka_jars()
+        jars = spark_jars()
     except RmqError as exc:
         log.warning("cannot add Spark's Kafka source to the running session: %s", exc)
         return
@@ -430,29 +295,32 @@ def _kafka_option(text: str) -> tuple[str, str]:
 
 
 def register_cli(sub: Any) -> None:
-    """Add the ``spark`` subcommand to the ``rmq-semantics`` argparse subparsers."""
+    """Add the ``spark`` subcommand to the ``rmq-semantics`` argparse subparsers.
+
+    Each flag's ``dest`` is a :class:`JobSettings` field; unset flags fall back to the
+    field's ``RMQ_*`` env var, then its default.
+    """
     cmd = sub.add_parser("spark", help="stream promoted topics into Parquet with Spark",
                          description="Read only promoted (business) topics, read_committed, "
                                      "drop and count records without rmq.promoted_from, "
                                      "decode Avro, write a checkpointed sink.")
+    h = JobSettings.help
     cmd.add_argument("--bootstrap-servers", required=True, metavar="B",
                      help="Kafka bootstrap servers, host:port[,host:port]")
     cmd.add_argument("--topics", required=True, metavar="T",
                      help="topic names (comma-separated) or one regex anchored with ^")
     cmd.add_argument("--output", metavar="DIR", required=True,
                      help="Parquet output directory (unused with --sink console)")
-    cmd.add_argument("--checkpoint", metavar="DIR", default=None,
-                     help="checkpoint directory (default <output>.checkpoint)")
-    cmd.add_argument("--avro-schema", metavar="F", default=None,
-                     help="Avro writer schema (.avsc) of the values; else values are text")
-    cmd.add_argument("--available-now", action="store_true",
-                     help="process what is there, then exit")
-    cmd.add_argument("--master", default=None,
-                     help="Spark master (default $RMQ_SPARK_MASTER or local[*])")
-    cmd.add_argument("--sink", choices=SINKS, default="parquet")
-    cmd.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX)
-    cmd.add_argument("--allow-unpromoted", action="store_true",
-                     help="keep records without rmq.promoted_from (plain, non-RMQ topics)")
+    cmd.add_argument("--checkpoint", metavar="DIR", help=h("checkpoint"))
+    cmd.add_argument("--avro-schema", metavar="F", help=h("avro_schema"))
+    cmd.add_argument("--available-now", action="store_true", default=None,
+                     help=h("available_now"))
+    cmd.add_argument("--master", dest="spark_master", metavar="MASTER", help=h("spark_master"))
+    cmd.add_argument("--sink", choices=SINKS, help=h("sink"))
+    cmd.add_argument("--topic-prefix", help=h("topic_prefix"))
+    cmd.add_argument("--allow-unpromoted", action="store_false", dest="require_promoted",
+                     default=None, help="keep records without rmq.promoted_from (plain, "
+                                        f"non-RMQ topics; env {env_name('require_promoted')}=0)")
     cmd.add_argument("--kafka-option", action="append", type=_kafka_option, default=[],
                      metavar="KEY=VALUE",
                      help="option for Spark's Kafka source, e.g. maxOffsetsPerTrigger=1000 "
@@ -467,20 +335,12 @@ def _cmd_spark(args: argparse.Namespace) -> int:
         import pyspark  # noqa: F401
     except ImportError as exc:
         raise ConfigError("PySpark is not installed: pip install 'rmq-semantics[spark]'") from exc
-    kafka_options = _cli_source_options(args.kafka_option)
-    _plan(args.topics, args.output, args.checkpoint, args.avro_schema, args.sink,
-          args.topic_prefix, kafka_options)  # refuse bad input before starting a JVM
-    master = args.master or os.environ.get("RMQ_SPARK_MASTER", "local[*]")
-    session = build_session(master)
+    settings = JobSettings.from_cli(args)  # refuses bad input before starting a JVM
+    session = build_session(_master(settings))
     stop = threading.Event()
     previous = _install_stop_handlers(stop)
     try:
-        result = run_job(args.bootstrap_servers, args.topics, args.output,
-                         checkpoint=args.checkpoint, avro_schema=args.avro_schema,
-                         available_now=args.available_now, sink=args.sink,
-                         require_promoted=not args.allow_unpromoted,
-                         topic_prefix=args.topic_prefix, kafka_options=kafka_options,
-                         spark=session, stop_event=stop)
+        result = run_job(settings, spark=session, stop_event=stop)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -489,20 +349,6 @@ def _cmd_spark(args: argparse.Namespace) -> int:
                       "dropped_unpromoted": result.dropped_unpromoted,
                       "decode_errors": result.decode_errors, "batches": result.batches}))
     return 0
-
-
-def _cli_source_options(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """Source options from ``--kafka-option``: librdkafka-style security settings (as the
-    coordinator takes them, also from ``RMQ_KAFKA_*`` env vars) are translated with
-    :func:`spark_kafka_options`; everything else is a Spark source option and wins."""
-    librdkafka = {k: v for k, v in kafka_env_conf().items() if _is_security_key(k)}
-    source: dict[str, str] = {}
-    for key, value in pairs:
-        if _is_security_key(key):
-            librdkafka[key] = value
-        else:
-            source[key] = value
-    return {**spark_kafka_options(librdkafka), **source}
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:

@@ -174,7 +174,7 @@ def _orderly_check(conf: dict, topic: str, expected: int, summary: Summary) -> N
 def _spark(bootstrap: str, topic: str, work: Path, summary: Summary,
            committed: set[str]) -> None:
     try:
-        from spark.job import build_session, run_job
+        from spark.job import JobSettings, build_session, run_job
     except ImportError:
         summary.notes.append("Spark job not available in this build")
         return
@@ -183,9 +183,9 @@ def _spark(bootstrap: str, topic: str, work: Path, summary: Summary,
     output = work / "orders.parquet"
     spark = build_session("local[2]")
     try:
-        run_job(bootstrap_servers=bootstrap, topics=topic, output=str(output),
-                checkpoint=str(work / "orders.checkpoint"), avro_schema=str(schema_file),
-                available_now=True, spark=spark)
+        run_job(JobSettings(bootstrap_servers=bootstrap, topics=topic, output=str(output),
+                            checkpoint=str(work / "orders.checkpoint"),
+                            avro_schema=str(schema_file), available_now=True), spark=spark)
         ids = [r["order_id"] for r in spark.read.parquet(str(output)).select("order_id")
                .collect()]
     finally:

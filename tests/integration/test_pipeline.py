@@ -34,7 +34,7 @@ def _avro(record: dict) -> bytes:
 
 def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_restart(
         broker, make_topic, unique, tmp_path):
-    from spark.job import build_session, run_job
+    from spark.job import JobSettings, build_session, run_job
 
     prefix = unique("p").replace("-", "")
     topic = make_topic("payments", partitions=2)
@@ -59,17 +59,18 @@ def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_rest
     spark = build_session("local[2]")
     try:
         for _ in range(2):  # the second run of the same checkpoint must add nothing
-            run_job(broker.bootstrap, topic, output, checkpoint=checkpoint,
-                    avro_schema=schema_file, available_now=True, spark=spark,
-                    topic_prefix=prefix)
+            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics=topic,
+                                output=output, checkpoint=checkpoint, avro_schema=schema_file,
+                                available_now=True, topic_prefix=prefix), spark=spark)
             ids = [r["id"] for r in spark.read.parquet(str(output)).select("id").collect()]
             assert len(ids) == len(committed) and set(ids) == committed
         with pytest.raises(SystemTopicError):
-            run_job(broker.bootstrap, f"^{prefix}_h.*", tmp_path / "never",
-                    available_now=True, spark=spark, topic_prefix=prefix)
+            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics=f"^{prefix}_h.*",
+                                output=tmp_path / "never", available_now=True,
+                                topic_prefix=prefix), spark=spark)
         with pytest.raises(SystemTopicError):
-            run_job(broker.bootstrap, "^__rmq_half$", tmp_path / "never", available_now=True,
-                    spark=spark)
+            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics="^__rmq_half$",
+                                output=tmp_path / "never", available_now=True), spark=spark)
     finally:
         spark.stop()
 

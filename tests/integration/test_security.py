@@ -162,7 +162,7 @@ def test_spark_source_reads_promoted_records_with_the_translated_credentials(
     pytest.importorskip("pyspark")
     from confluent_kafka import Producer as RawProducer
 
-    from spark.job import run_job, spark_kafka_options
+    from spark.job import JobSettings, run_job, spark_kafka_options
 
     conf = sasl_conf(sasl_broker)
     topic = unique("secure-spark")
@@ -171,7 +171,8 @@ def test_spark_source_reads_promoted_records_with_the_translated_credentials(
     for i in range(3):
         producer.produce(topic, f"v{i}".encode(), headers=[("rmq.promoted_from", b"0:0")])
     assert producer.flush(30) == 0
-    result = run_job(sasl_broker.bootstrap, topic, tmp_path / "out", available_now=True,
-                     kafka_options=spark_kafka_options(conf), master="local[1]",
-                     timeout_s=240)
+    result = run_job(JobSettings(bootstrap_servers=sasl_broker.bootstrap, topics=topic,
+                                 output=tmp_path / "out", available_now=True,
+                                 kafka_options=spark_kafka_options(conf),
+                                 spark_master="local[1]"), timeout_s=240)
     assert result.rows_written == 3

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from rmq_semantics.errors import SystemTopicError
-from spark.job import build_session, run_job
+from spark.job import JobSettings, build_session, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -119,11 +119,12 @@ def test_available_now_writes_exactly_the_promoted_records_once_across_restarts(
                 headers=[("rmq.txn_id", b"txn-100")])  # a half-like record, not promoted
     write_plain(conf, topic, [encode(order(102))])
     output, checkpoint = tmp_path / "out", tmp_path / "out.ckpt"
-    job = {"bootstrap_servers": broker.bootstrap, "topics": topic, "output": output,
-           "checkpoint": checkpoint, "avro_schema": schema_file, "available_now": True,
-           "kafka_options": source_options(conf), "spark": spark, "timeout_s": JOB_TIMEOUT_S}
+    job = JobSettings(bootstrap_servers=broker.bootstrap, topics=topic, output=output,
+                      checkpoint=checkpoint, avro_schema=schema_file, available_now=True,
+                      kafka_options=source_options(conf))
+    run = {"spark": spark, "timeout_s": JOB_TIMEOUT_S}
 
-    first = run_job(**job)
+    first = run_job(job, **run)
 
     assert (first.rows_written, first.dropped_unpromoted, first.decode_errors) == (5, 3, 0)
     rows = read_rows(spark, output)
@@ -145,7 +146,7 @@ def test_available_now_writes_exactly_the_promoted_records_once_across_restarts(
                      headers=[("rmq.promoted_from", "3:80"), ("rmq.txn_id", "txn-bad")])
     producer.commit_transaction(KAFKA_TIMEOUT_S)
 
-    second = run_job(**job)
+    second = run_job(job, **run)
 
     assert (second.rows_written, second.dropped_unpromoted, second.decode_errors) == (4, 1, 1)
     rows = read_rows(spark, output)
@@ -155,7 +156,7 @@ def test_available_now_writes_exactly_the_promoted_records_once_across_restarts(
     assert (bad["id"], bad["_txn_id"], bad["_key"]) == (None, "txn-bad", "bad")
     assert len({(r["_partition"], r["_offset"]) for r in rows}) == len(rows) == 9
 
-    third = run_job(**job)  # nothing new: nothing written, nothing repeated
+    third = run_job(job, **run)  # nothing new: nothing written, nothing repeated
     assert third.rows_written == 0
     assert len(read_rows(spark, output)) == 9
 
@@ -170,7 +171,8 @@ def test_system_topic_pattern_is_refused_before_spark_reads_anything(
     monkeypatch.setattr(job, "build_session", no_spark)
     for topics in ("^__rmq.*", "__rmq_half", ".*"):
         with pytest.raises(SystemTopicError):
-            job.run_job(broker.bootstrap, topics, tmp_path / "out", available_now=True,
+            job.run_job(job.JobSettings(bootstrap_servers=broker.bootstrap, topics=topics,
+                                        output=tmp_path / "out", available_now=True),
                         timeout_s=JOB_TIMEOUT_S)
     assert list(tmp_path.iterdir()) == []
 

@@ -10,7 +10,7 @@ from rmq_semantics import AuthenticationError, KafkaOperationError, RmqError
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.settings import kafka_conf_from_args
-from spark.job import _cli_source_options, spark_kafka_options
+from spark.kafka_options import cli_source_options, spark_kafka_options
 
 SASL = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
         "sasl.mechanisms": "PLAIN", "sasl.username": "alice", "sasl.password": "s3cret",
@@ -75,7 +75,7 @@ def test_spark_options_refuse_what_they_cannot_translate(conf, message):
 def test_spark_cli_translates_security_options_and_env(monkeypatch):
     monkeypatch.setenv("RMQ_KAFKA_SASL_PASSWORD", "pw")
     monkeypatch.setenv("RMQ_KAFKA_CLIENT_ID", "not-a-source-option")
-    options = _cli_source_options([("security.protocol", "SASL_PLAINTEXT"),
+    options = cli_source_options([("security.protocol", "SASL_PLAINTEXT"),
                                    ("sasl.mechanisms", "PLAIN"), ("sasl.username", "u"),
                                    ("maxOffsetsPerTrigger", "10")])
     assert options == {

@@ -258,17 +258,99 @@ def test_run_job_refuses_bad_input_before_starting_spark(monkeypatch, tmp_path, 
     kwargs = {k: (v.replace("OUT", str(out)).replace("NOFILE", str(tmp_path / "x.avsc"))
                   if isinstance(v, str) else v) for k, v in kwargs.items()}
     with pytest.raises(ConfigError, match=message):
-        job.run_job("127.0.0.1:9", "orders", out, available_now=True, **kwargs)
+        job.run_job(job.JobSettings(bootstrap_servers="127.0.0.1:9", topics="orders", output=out,
+                                    available_now=True, **kwargs))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_kafka_security_options_pass_through_and_the_checkpoint_sits_beside_the_output(
         tmp_path):
-    from spark.job import _plan
+    from spark.job import JobSettings
 
     sasl = {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
             "kafka.sasl.jaas.config": "x required;", "startingOffsets": "latest"}
-    plan = _plan("orders", tmp_path / "out", None, None, "parquet", "__rmq", sasl)
-    assert plan.checkpoint == f"{tmp_path / 'out'}.checkpoint"
-    assert plan.options == {"kafka.isolation.level": "read_committed", "includeHeaders": "true",
-                            "failOnDataLoss": "false", **sasl}
+    settings = JobSettings(bootstrap_servers="b:9092", topics="orders", output=tmp_path / "out",
+                           topic_prefix="__rmq", kafka_options=sasl)
+    assert settings.checkpoint == f"{tmp_path / 'out'}.checkpoint"
+    assert settings.source_options == {"kafka.isolation.level": "read_committed",
+                                       "includeHeaders": "true", "failOnDataLoss": "false",
+                                       **sasl}
+
+
+# ----------------------------------------------------------------------------- Java's view
+
+
+@pytest.mark.parametrize("pattern", [
+    "^__rmq.*", ".*", "^.*_half$", "^_", "orders-.*", "^(orders|__rmq_op)$", "^[_a-z]+$",
+    "^.{2}rmq", "(?i)^__RMQ", r"^\w+_half", "^[^o].*", "^x?__rmq_op$", "^__.*", "^a|__rmq_op",
+    r"^\p{Punct}", "^(ab",
+])
+def test_java_regex_engine_refuses_what_could_reach_a_system_topic(spark, pattern):
+    from spark.subscription import Subscription, confirm_with_java
+
+    with pytest.raises(SystemTopicError, match="Java"):
+        confirm_with_java(spark, Subscription("subscribePattern", pattern))
+
+
+@pytest.mark.parametrize("pattern", [
+    "^orders-.*", "^(orders|payments)-[0-9]+$", r"\Ashop\..*", "^[a-z].*", r"^\p{Alpha}+$",
+])
+def test_java_regex_engine_accepts_anchored_business_patterns(spark, pattern):
+    from spark.subscription import Subscription, confirm_with_java
+
+    confirm_with_java(spark, Subscription("subscribePattern", pattern))
+    confirm_with_java(spark, Subscription("subscribe", "__rmq_half"))  # names: guarded before
+
+
+# ----------------------------------------------------------------------------- Avro, more
+
+
+DECIMAL_SCHEMA = {"type": "record", "name": "Pay", "fields": [
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6,
+                                "scale": 2}},
+    {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "tag", "type": {"type": "fixed", "name": "Tag", "size": 2}},
+]}
+
+
+def test_decimals_decode_exactly_and_one_too_wide_is_a_decode_error(spark):
+    from decimal import Decimal
+
+    wide = {**DECIMAL_SCHEMA, "fields": [
+        {**DECIMAL_SCHEMA["fields"][0], "type": {**DECIMAL_SCHEMA["fields"][0]["type"],
+                                                  "precision": 12}},
+        *DECIMAL_SCHEMA["fields"][1:]]}
+    ref = "6f1c8a52-1a3b-4c55-9d7e-0123456789ab"
+    df = spark.createDataFrame([
+        kafka_row(avro_bytes({"amount": Decimal("-1234.56"), "ref": ref, "tag": b"ab"},
+                             DECIMAL_SCHEMA), 0),
+        kafka_row(avro_bytes({"amount": Decimal("123456.78"), "ref": ref, "tag": b"ab"},
+                             wide), 1)], KAFKA_SCHEMA)
+    out = decode_avro(df, json.dumps(DECIMAL_SCHEMA))
+    assert [f.dataType for f in out.schema.fields[:3]] == [
+        T.DecimalType(6, 2), T.StringType(), T.BinaryType()]
+    good, bad = out.orderBy("_offset").collect()
+    assert (good.amount, good.ref, bytes(good.tag), good._decode_error) == (
+        Decimal("-1234.56"), ref, b"ab", None)
+    assert (bad.amount, bad.ref) == (None, None) and bad._decode_error
+
+
+def test_a_value_of_another_schema_is_an_error_even_when_every_field_may_be_null(spark):
+    optional = {"type": "record", "name": "Opt", "fields": [
+        {"name": "a", "type": ["null", "long"], "default": None},
+        {"name": "b", "type": ["null", "string"], "default": None}]}
+    other = {"type": "record", "name": "O", "fields": [{"name": "s", "type": "string"}]}
+    df = spark.createDataFrame([kafka_row(avro_bytes({"a": None, "b": "x"}, optional), 0),
+                                kafka_row(avro_bytes({"s": "hello world"}, other), 1),
+                                kafka_row(b"\x00\x00", 2)], KAFKA_SCHEMA)
+    rows = decode_avro(df, json.dumps(optional)).orderBy("_offset").collect()
+    assert [(r.a, r.b, r._decode_error is None) for r in rows] == [
+        (None, "x", True), (None, None, False), (None, None, True)]
+
+
+def test_avro_spark_schema_is_what_decode_avro_writes(spark):
+    struct = avro_spark_schema(json.dumps(ORDER_SCHEMA))
+    df = spark.createDataFrame([], KAFKA_SCHEMA)
+    decoded = decode_avro(df, json.dumps(ORDER_SCHEMA))
+    assert [(f.name, f.dataType) for f in struct.fields] == [
+        (f.name, f.dataType) for f in decoded.schema.fields[:len(struct.fields)]]

@@ -242,7 +242,7 @@ def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[f
 
 def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
                 work: Path) -> dict[str, float]:
-    from spark.job import build_session, run_job
+    from spark.job import JobSettings, build_session, run_job
 
     conf = {"bootstrap.servers": bootstrap}
     plain = f"bench-plain-{uuid.uuid4().hex[:8]}"
@@ -251,15 +251,16 @@ def bench_spark(bootstrap: str, promoted_topic: str, s: BenchSettings,
     spark = build_session("local[2]")
     rates: dict[str, list[float]] = {"promoted": [], "plain": []}
     try:
-        run_job(bootstrap, plain, work / "warm", available_now=True, spark=spark,
-                require_promoted=False)
+        run_job(JobSettings(bootstrap_servers=bootstrap, topics=plain, output=work / "warm",
+                            available_now=True, require_promoted=False), spark=spark)
         for n in range(s.repeat):
             for name, topic, promoted in (("promoted", promoted_topic, True),
                                           ("plain", plain, False)):
                 out = work / f"{name}-{n}"
                 started = time.monotonic()
-                result = run_job(bootstrap, topic, out, available_now=True, spark=spark,
-                                 require_promoted=promoted)
+                result = run_job(JobSettings(bootstrap_servers=bootstrap, topics=topic,
+                                             output=out, available_now=True,
+                                             require_promoted=promoted), spark=spark)
                 rates[name].append(result.rows_written / (time.monotonic() - started))
     finally:
         spark.stop()

@@ -1,0 +1,136 @@
+"""The Spark job's settings: one frozen dataclass behind Python, CLI flags and ``RMQ_*`` env vars.
+
+Built, it is valid: the subscription is guarded, the Avro schema read and vetted, the
+source options and sink paths checked, all before a JVM starts. Pure: no Spark imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.settings import env_name, load, setting
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
+from spark.kafka_options import cli_source_options, source_options
+from spark.schema import RecordSchema, load_schema, parse_record_schema
+from spark.subscription import Subscription, guard_subscription
+
+__all__ = ["SINKS", "JobSettings"]
+
+SINKS = ("parquet", "console")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Everything one run of the Spark job needs, checked when built.
+
+    Field names are the CLI's (``--bootstrap-servers``) and the env's (``RMQ_SINK``; the
+    CLI reads them, Python callers pass values). ``topics``: names (a list or
+    comma-separated) or one regex, see :func:`spark.subscription.guard_subscription`.
+    ``output``/``checkpoint``/``avro_schema`` take a ``str`` or a ``Path`` and keep a
+    ``str``; ``checkpoint`` becomes ``<output>.checkpoint`` when not given and must not
+    lie inside ``output``. ``kafka_options`` go to Spark's Kafka source as they are (e.g.
+    ``kafka.sasl.jaas.config``, ``maxOffsetsPerTrigger``), except those that carry the
+    job's guarantees; :func:`spark.kafka_options.spark_kafka_options` translates a
+    librdkafka conf into them.
+    """
+
+    bootstrap_servers: str = setting("", "Kafka bootstrap servers, host:port[,host:port]")
+    topics: str | tuple[str, ...] = setting(
+        "", "topic names (comma-separated) or one regex anchored with ^")
+    output: str | None = setting(None, "Parquet output directory (unused with --sink console)")
+    checkpoint: str | None = setting(None, "checkpoint directory (default <output>.checkpoint)")
+    avro_schema: str | None = setting(
+        None, "Avro writer schema (.avsc file or its JSON) of the values; else values are text")
+    available_now: bool = setting(False, "process what is there, then exit")
+    sink: str = setting("parquet", f"where rows go: {' or '.join(SINKS)}")
+    require_promoted: bool = setting(True, "drop (and count) records without rmq.promoted_from")
+    topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of the system topics")
+    kafka_options: Mapping[str, str] = dataclasses.field(
+        default_factory=dict, metadata={"help": "options for Spark's Kafka source"})
+    spark_master: str | None = setting(None, "Spark master (default local[*])")
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)  # frozen: normalise once, here
+
+        if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
+            raise ConfigError(f"bootstrap_servers={self.bootstrap_servers!r}: give "
+                              "host:port[,host:port]")
+        for name in ("available_now", "require_promoted"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if self.sink not in SINKS:
+            raise ConfigError(f"sink={self.sink!r}: use one of {', '.join(SINKS)}")
+        topics = self.topics if isinstance(self.topics, str) else tuple(self.topics)
+        put("topics", topics)
+        put("_subscription", guard_subscription(topics, self.topic_prefix))
+        options = MappingProxyType(dict(self.kafka_options or {}))
+        put("kafka_options", options)
+        put("_source_options", MappingProxyType(source_options(options)))
+        schema = None
+        if self.avro_schema is not None:
+            schema = parse_record_schema(load_schema(self.avro_schema))
+            put("avro_schema", str(self.avro_schema))
+        put("_schema", schema)
+        output, checkpoint = _sink_paths(self.output, self.checkpoint, self.sink)
+        put("output", output)
+        put("checkpoint", checkpoint)
+
+    @property
+    def subscription(self) -> Subscription:
+        """How the Kafka source subscribes (already guarded)."""
+        return self._subscription
+
+    @property
+    def source_options(self) -> Mapping[str, str]:
+        """Every option for the Kafka source except the bootstrap servers and subscription."""
+        return self._source_options
+
+    @property
+    def schema(self) -> RecordSchema | None:
+        """The vetted Avro writer schema, or None when values are written as text."""
+        return self._schema
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace,
+                 env: Mapping[str, str] | None = None) -> JobSettings:
+        """From parsed ``rmq-semantics spark`` flags, then ``RMQ_*`` env vars, then defaults.
+
+        ``--kafka-option`` pairs and ``RMQ_KAFKA_*`` security settings are translated by
+        :func:`spark.kafka_options.cli_source_options`.
+        """
+        values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
+        values["kafka_options"] = cli_source_options(getattr(args, "kafka_option", None) or [],
+                                                     env)
+        return load(cls, values, env)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """A field's CLI help, naming its env var."""
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        return f"{field.metadata['help']} (env {env_name(name)})"
+
+
+def _sink_paths(output: str | Path | None, checkpoint: str | Path | None,
+                sink: str) -> tuple[str | None, str | None]:
+    if sink == "console":
+        return None, (str(checkpoint) if checkpoint is not None else None)
+    if output is None or not str(output).strip():
+        raise ConfigError(f"output={output!r}: the parquet sink needs an output directory "
+                          "(--output DIR)")
+    out = str(output).rstrip("/")
+    ckpt = str(checkpoint).rstrip("/") if checkpoint is not None else f"{out}.checkpoint"
+    if "://" not in out and "://" not in ckpt:
+        out_abs, ckpt_abs = Path(out).resolve(), Path(ckpt).resolve()
+        if ckpt_abs == out_abs or out_abs in ckpt_abs.parents:
+            raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}; Spark would "
+                              "read it as data: put it next to it (default <output>.checkpoint)")
+    elif ckpt == out or ckpt.startswith(out + "/"):
+        raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}")
+    return out, ckpt
