@@ -11,12 +11,14 @@ Either way librdkafka's log lines go to Python logging: the library never writes
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaException
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["LIBRDKAFKA_LOGGER", "SECURITY_KEYS", "client_conf", "shared_conf"]
+__all__ = ["LIBRDKAFKA_LOGGER", "SECURITY_KEYS", "client_conf", "new_client", "shared_conf"]
 
 LIBRDKAFKA_LOGGER = "rmq_semantics.librdkafka"
 #: Security settings without the ``sasl.``/``ssl.`` prefix that every client must also get.
@@ -25,6 +27,8 @@ SECURITY_KEYS = ("security.protocol", "enable.ssl.certificate.verification",
                  "https.ca.pem")
 _SHARED_KEYS = frozenset(("bootstrap.servers", "client.id", *SECURITY_KEYS))
 _SHARED_PREFIXES = ("sasl.", "ssl.")
+
+Client = TypeVar("Client")
 
 
 def _checked(conf: object, who: str) -> Mapping[str, Any]:
@@ -57,3 +61,12 @@ def client_conf(conf: Mapping[str, Any], *, who: str = "client", internal: bool 
         out.setdefault(key, value)
     out.update(forced or {})
     return out
+
+
+def new_client(factory: Callable[[dict[str, Any]], Client], conf: dict[str, Any],
+               what: str) -> Client:
+    """``factory(conf)``, with librdkafka's refusal of a setting as one ConfigError."""
+    try:
+        return factory(conf)
+    except KafkaException as exc:
+        raise ConfigError(f"invalid {what} conf: {exc.args[0].str()}") from exc

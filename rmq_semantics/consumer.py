@@ -7,10 +7,8 @@ import time
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaException
 
-from rmq_semantics.clientconf import client_conf
-from rmq_semantics.errors import ConfigError
+from rmq_semantics.clientconf import client_conf, new_client
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     is_system_topic,
@@ -37,10 +35,7 @@ class Consumer:
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
         self.topic_prefix = validate_prefix(topic_prefix)
         self._conf = consumer_defaults(conf)
-        try:
-            self._consumer = confluent_kafka.Consumer(self._conf)
-        except KafkaException as exc:
-            raise ConfigError(f"invalid consumer conf: {exc.args[0].str()}") from exc
+        self._consumer = new_client(confluent_kafka.Consumer, self._conf, "consumer")
         #: Records of system topics that a pattern matched and this consumer dropped.
         self.skipped_system_records = 0
         self._closed = False

@@ -9,7 +9,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
-from rmq_semantics.clientconf import client_conf
+from rmq_semantics.clientconf import client_conf, new_client
 from rmq_semantics.errors import ConfigError, KafkaOperationError, RmqTimeoutError
 from rmq_semantics.message import Message, SendResult
 from rmq_semantics.records.headers import H
@@ -78,10 +78,7 @@ class Producer:
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
         self._conf = producer_defaults(conf)
         self.topic_prefix = validate_prefix(topic_prefix)
-        try:
-            self._producer = confluent_kafka.Producer(self._conf)
-        except KafkaException as exc:
-            raise ConfigError(f"invalid producer conf: {exc.args[0].str()}") from exc
+        self._producer = new_client(confluent_kafka.Producer, self._conf, "producer")
         self._partitions: dict[str, tuple[float, list[int]]] = {}
 
     # -- RocketMQ-style send ---------------------------------------------------------------

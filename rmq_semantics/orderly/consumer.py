@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaException
 
-from rmq_semantics.clientconf import client_conf
+from rmq_semantics.clientconf import client_conf, new_client
 from rmq_semantics.errors import ConfigError, IllegalStateError
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
 from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
@@ -150,11 +149,8 @@ class OrderlyConsumer:
             return
         if not self._topics:
             raise IllegalStateError("call subscribe(topics) before start()")
-        try:
-            consumer = confluent_kafka.Consumer({**self._conf,
-                                                 "on_commit": self._commits.on_commit})
-        except KafkaException as exc:
-            raise ConfigError(f"invalid consumer conf: {exc.args[0].str()}") from exc
+        consumer = new_client(confluent_kafka.Consumer,
+                              {**self._conf, "on_commit": self._commits.on_commit}, "consumer")
         self._started = True
         poller = PollThread(consumer, self._topics, client_id=self.client_id,
                             queues=self._queues, calls=self._calls, commits=self._commits,

@@ -1,0 +1,73 @@
+"""The one client-conf builder: what each kind of client the product makes gets from a user's
+conf (no broker needed: librdkafka checks settings when a client is constructed)."""
+
+from __future__ import annotations
+
+import confluent_kafka
+import pytest
+
+from rmq_semantics.checks import CheckResponder
+from rmq_semantics.clientconf import client_conf, new_client, shared_conf
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.lock_client import LockClient
+from rmq_semantics.orderly.consumer import consumer_conf
+from rmq_semantics.producer import producer_defaults
+from rmq_semantics.topics import SystemTopics
+
+
+def oauth_cb(_config: str) -> tuple[str, float]:
+    return "token", 0.0
+
+
+USER = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "OAUTHBEARER", "oauth_cb": oauth_cb,
+        "enable.ssl.certificate.verification": False, "ssl.ca.location": "/ca.pem",
+        "linger.ms": 50, "group.id": "billing", "client.id": "svc"}
+SECURITY = {k: USER[k] for k in ("bootstrap.servers", "security.protocol", "sasl.mechanisms",
+                                 "oauth_cb", "enable.ssl.certificate.verification",
+                                 "ssl.ca.location", "client.id")}
+
+
+def without_logger(conf: dict) -> dict:
+    return {k: v for k, v in conf.items() if k != "logger"}
+
+
+def test_internal_clients_get_every_security_key_and_none_of_the_tuning():
+    assert without_logger(shared_conf(USER)) == SECURITY
+    assert without_logger(client_conf(USER, internal=True)) == SECURITY
+
+
+def test_every_internal_client_the_product_builds_gets_the_security_keys():
+    lock = LockClient(USER)._conf
+    checks = CheckResponder(USER, SystemTopics("__rmq"), "pg", answer=print)._conf
+    dlq = producer_defaults(USER, internal=True)
+    for conf in (lock, checks, dlq):
+        assert {k: conf[k] for k in SECURITY} == SECURITY
+        assert "linger.ms" not in conf and conf["logger"].name == "rmq_semantics.librdkafka"
+
+
+def test_user_facing_clients_keep_the_whole_conf_plus_defaults_the_caller_can_override():
+    conf = consumer_conf(USER)
+    assert {k: conf[k] for k in USER} == USER
+    assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] is False
+    assert producer_defaults({**USER, "acks": "1"})["acks"] == "1"
+    assert producer_defaults(USER)["enable.idempotence"] is True
+
+
+def test_forced_settings_win_and_the_callers_dict_is_never_mutated():
+    original = dict(USER)
+    out = client_conf(USER, defaults={"linger.ms": 5, "acks": "all"},
+                      forced={"group.id": "ours"})
+    assert out["linger.ms"] == 50 and out["acks"] == "all" and out["group.id"] == "ours"
+    assert original == USER
+
+
+def test_a_conf_without_bootstrap_names_the_client():
+    with pytest.raises(ConfigError, match="LockClient conf must be a dict with 'bootstrap"):
+        LockClient({"security.protocol": "SSL"})
+
+
+def test_a_setting_librdkafka_refuses_is_one_config_error():
+    with pytest.raises(ConfigError, match=r"invalid producer conf: .*no\.such\.setting"):
+        new_client(confluent_kafka.Producer, {"bootstrap.servers": "b:1", "no.such.setting": 1},
+                   "producer")
