@@ -20,7 +20,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.errors import CommitRefusedError, LockLostError, RmqError
-from rmq_semantics.orderly.poller import ConsumerCalls
+from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue, QueueRegistry, event
 from rmq_semantics.retry import retrying
 

@@ -15,10 +15,11 @@ from rmq_semantics.clientconf import client_conf, new_client
 from rmq_semantics.errors import ConfigError, IllegalStateError
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
 from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
+from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
 from rmq_semantics.orderly.leases import LeaseKeeper
-from rmq_semantics.orderly.poller import ConsumerCalls, PollThread
+from rmq_semantics.orderly.poller import PollThread
 from rmq_semantics.orderly.rebalance import Rebalance
 from rmq_semantics.orderly.runtime import QueueRegistry
 from rmq_semantics.orderly.worker import Worker

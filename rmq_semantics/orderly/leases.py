@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from rmq_semantics.errors import RmqError
 from rmq_semantics.lock_client import LockClient, LockGrant
-from rmq_semantics.orderly.poller import ConsumerCalls
+from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.queue import LIVE
 from rmq_semantics.orderly.runtime import (
     COMMIT_TIMEOUT_S,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import confluent_kafka
 
+from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.leases import LeaseKeeper
-from rmq_semantics.orderly.poller import ConsumerCalls
 from rmq_semantics.orderly.runtime import LiveQueue, QueueRegistry
 
 __all__ = ["Rebalance"]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from rmq_semantics.errors import KafkaOperationError, RmqTimeoutError
-from rmq_semantics.orderly.poller import ConsumerCalls
+from rmq_semantics.orderly.calls import ConsumerCalls
 
 CONSUMER = object()  # stands in for the confluent_kafka.Consumer the poll thread owns
 JOIN_S = 10.0
