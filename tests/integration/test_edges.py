@@ -4,6 +4,8 @@ lock request older than the wait its client named is refused, not granted."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition
 
 from coordinator.lock_service import lock_topic_specs
+from coordinator.server import Server
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, Producer, RmqError, SystemTopicError, TransactionProducer
@@ -19,7 +22,13 @@ from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.locks import LockKey, LockReply, LockRequest
 from rmq_semantics.topics import ensure_topics
-from tests.integration.txn_helpers import FAST, ScriptedListener, ThreadCoordinator, TopicReader
+from tests.integration.txn_helpers import (
+    FAST,
+    ScriptedListener,
+    ThreadCoordinator,
+    TopicReader,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +129,22 @@ def test_a_lock_request_older_than_its_clients_wait_is_refused(broker, unique):
         assert coordinator.server.locks.counts["stale"] == 1
     reader.close()
     assert grants[(topic, 0)].granted and grants[(topic, 0)].epoch == 1
+
+
+def test_a_coordinator_refuses_to_start_on_half_and_op_topics_of_unequal_size(
+        broker, unique, caplog):
+    prefix = unique("c").replace("-", "")
+    conf = broker.conf()
+    ensure_topics(conf, {f"{prefix}_half": (2, {}), f"{prefix}_op": (3, {})})
+    server = Server(conf, CoordinatorSettings(**{**FAST, "topic_prefix": prefix}))
+    outcome: list[int] = []
+    thread = threading.Thread(target=lambda: outcome.append(server.run()), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="coordinator.server"):
+        thread.start()
+        wait_for(lambda: outcome, 60, "the coordinator to stop",
+                 details=lambda: f"transactions ready: {server.transactions.ready.is_set()}")
+    assert outcome == [1]
+    assert any(f"{prefix}_half has 2 partitions and {prefix}_op has 3" in m
+               for m in caplog.messages)
+    server.stop()
+    thread.join(10)
