@@ -12,6 +12,7 @@ The entry, its key and lifecycle are the lock-state record of :mod:`rmq_semantic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -19,19 +20,50 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.locks import (
     LockEntry,
     LockKey,
+    LockRequest,
     LockState,
     QueueResult,
+    RequestKind,
     transition,
 )
 
 __all__ = [
+    "LeaseCeiling",
     "LockDecision",
     "LockEntry",
     "LockKey",
     "LockState",
     "LockTable",
+    "stale_lock_request",
     "transition",
 ]
+
+log = logging.getLogger(__name__)
+
+# Distinct asked leases the cap is logged for (renewals repeat the same one).
+CAP_LOG_MAX = 64
+
+
+def stale_lock_request(request: LockRequest, lease_ms: int, now_ms: int,
+                       appended_ms: int | None = None) -> int | None:
+    """The age of a lock request too old to grant, else None.
+
+    RocketMQ's lock is a synchronous call; here a request can wait in the request topic
+    while no service runs, and a grant its client no longer waits for is a phantom lease
+    that keeps the queue from everyone. Its age counts from ``appended_ms`` (the broker's
+    append time, when the topic records it: no client clock involved) or else from the
+    client's ``sent_at_ms``. The limit is the wait the client named; a client that named
+    none (schema v1) cannot use a grant older than the lease it asked for (``lease_ms``,
+    as granted). Unlocks are never stale: releasing is always safe.
+    """
+    if request.kind is not RequestKind.LOCK:
+        return None
+    start = appended_ms if appended_ms is not None and appended_ms > 0 else request.sent_at_ms
+    limit = request.wait_ms if request.wait_ms > 0 else lease_ms
+    if start <= 0 or limit <= 0:
+        return None  # not said: nothing to measure
+    age = now_ms - start
+    return age if age > limit else None
 
 
 @dataclass(frozen=True)
@@ -175,3 +207,27 @@ class LockTable:
         expired = entry.moved(LockState.EXPIRED, updated_at_ms=now_ms)
         self._put(expired)
         return _answer(expired, True, "expired", True)
+
+
+class LeaseCeiling:
+    """The lease to grant: what the client asked, at most ``lock_lease_ms`` (its default).
+    The client times its lease by the granted one, so a cap is safe, but it renews on its
+    own schedule: the cap is logged, once per asked lease (renewals repeat it)."""
+
+    def __init__(self, ceiling_ms: int) -> None:
+        self.ceiling_ms = ceiling_ms
+        self._logged: set[int] = set()
+
+    def __call__(self, request: LockRequest) -> int:
+        ceiling = self.ceiling_ms
+        if request.lease_ms <= 0:
+            return ceiling
+        if request.lease_ms <= ceiling:
+            return request.lease_ms
+        if request.lease_ms not in self._logged and len(self._logged) < CAP_LOG_MAX:
+            self._logged.add(request.lease_ms)
+            log.warning("lock requests of %s (group %s) ask a %d ms lease; this coordinator "
+                        "grants at most lock_lease_ms=%d ms, so the consumer's lock_renew_ms "
+                        "must stay below 2/3 of that", request.client_id, request.group,
+                        request.lease_ms, ceiling)
+        return ceiling

@@ -39,7 +39,7 @@ from coordinator.kafka_txn import (
     KafkaTransactions,
     transactional_loop,
 )
-from coordinator.lock import LockTable
+from coordinator.lock import LeaseCeiling, LockTable, stale_lock_request
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import (
@@ -85,7 +85,8 @@ def lock_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict
     n = settings.half_partitions
     short = {"cleanup.policy": "delete", "retention.ms": str(SHORT_RETENTION_MS)}
     return {
-        topics.lock_request: (n, short),
+        # The broker stamps each request as it arrives, so its age needs no client clock.
+        topics.lock_request: (n, {**short, "message.timestamp.type": "LogAppendTime"}),
         # Never deleted by time: a released lock's epoch must survive (epochs only grow).
         topics.lock: (n, {"cleanup.policy": "compact"}),
         topics.lock_reply: (n, short),
@@ -101,6 +102,24 @@ class _Clients:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _appended_ms(msg: confluent_kafka.Message) -> int | None:
+    """The broker's append time of ``msg`` if its topic records one (else None)."""
+    kind, ts = msg.timestamp()
+    return ts if kind == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME else None
+
+
+def _stale(msg: confluent_kafka.Message, request: LockRequest, lease_ms: int,
+           now_ms: int) -> bool:
+    """Whether to refuse ``request`` as older than its client waits (logged if so)."""
+    age = stale_lock_request(request, lease_ms, now_ms, _appended_ms(msg))
+    if age is None:
+        return False
+    log.info("%s[%d]@%d: lock request %s of %s is %d ms old (its client waits %d ms); "
+             "refused as stale", msg.topic(), msg.partition(), msg.offset(),
+             request.request_id, request.client_id, age, request.wait_ms)
+    return True
 
 
 def _open_clients(conf: dict, group: str, transactional_id: str,
@@ -195,6 +214,7 @@ class LockService:
         self._assigned: set[int] = set()
         self._unready: set[int] = set()
         self._in_flight: set[int] = set()  # partitions of the batch being processed
+        self._lease = LeaseCeiling(settings.lock_lease_ms)
         self._request_partitions = 0
         self._reply_partitions = 0
         self._c: _Clients | None = None
@@ -357,10 +377,6 @@ class LockService:
             self._process(batch)
             self._in_flight = set()
 
-    def _lease(self, request: LockRequest) -> int:
-        ceiling = self.settings.lock_lease_ms
-        return min(request.lease_ms, ceiling) if request.lease_ms > 0 else ceiling
-
     def _process(self, batch: list) -> None:
         now = _now_ms()
         staged: dict[int, LockTable] = {}
@@ -379,7 +395,12 @@ class LockService:
                 log.warning("%s[%d]@%d skipped: %s", msg.topic(), p, msg.offset(), exc)
                 continue
             self._count("requests")
-            results = tuple(self._decide(table, p, request, now, ref) for ref in request.queues)
+            if _stale(msg, request, self._lease(request), now):
+                self._count("stale")
+                results = tuple(QueueResult.refused(ref, "stale") for ref in request.queues)
+            else:
+                results = tuple(self._decide(table, p, request, now, ref)
+                                for ref in request.queues)
             if 0 <= request.reply_partition < self._reply_partitions:
                 replies.append((request.reply_partition, LockReply(
                     request.request_id, request.client_id, request.kind, results)))

@@ -182,7 +182,8 @@ class PartitionState:
             self.malformed_half.add(offset)
             self.counters["malformed_half"] += 1
         elif offset not in self.decided and offset not in self.pending:
-            self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms))
+            self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms,
+                                                                      now_ms))
             heapq.heappush(self._schedule, (self.pending[offset].next_check_ts, offset))
             heapq.heappush(self._pending_heap, offset)
             if offset in self.early_markers:

@@ -26,7 +26,13 @@ from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
-from rmq_semantics.topics import ADMIN_TIMEOUT_S, WEEK_MS, SystemTopics, ensure_topics
+from rmq_semantics.topics import (
+    ADMIN_TIMEOUT_S,
+    SystemTopics,
+    ensure_topics,
+    require_copartitioned,
+    txn_topic_specs,
+)
 
 __all__ = ["TransactionService", "system_topic_specs"]
 
@@ -44,15 +50,10 @@ GAUGE_INTERVAL_S = 1.0
 
 
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
-    topics = SystemTopics(settings.topic_prefix)
+    """The client library's specs (``TransactionProducer.start()`` creates the same)."""
     horizon = settings.transaction_timeout_ms + settings.check_max * settings.check_interval_ms
-    retention = str(max(WEEK_MS, 2 * horizon))
-    return {
-        topics.half: (settings.half_partitions, {"retention.ms": retention}),
-        topics.op: (settings.half_partitions, {"retention.ms": retention}),
-        topics.check: (settings.check_partitions, {"retention.ms": str(24 * 3600 * 1000)}),
-        topics.discard: (1, {"retention.ms": "-1"}),
-    }
+    return txn_topic_specs(SystemTopics(settings.topic_prefix), settings.half_partitions,
+                           settings.check_partitions, horizon_ms=horizon)
 
 
 def _now_ms() -> int:
@@ -271,6 +272,7 @@ class TransactionService:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
                 ensure_topics(self.conf, system_topic_specs(self.settings))
+        require_copartitioned(self.conf, self.topics.half, self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = self._read_retention()
         writer = TransactionWriter(

@@ -15,6 +15,7 @@ from rmq_semantics.errors import (
     RmqTimeoutError,
     SelectorError,
     SystemTopicError,
+    UnknownPartitionError,
 )
 from rmq_semantics.message import Message, SendResult
 from rmq_semantics.orderly import (
@@ -66,4 +67,5 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "UnknownPartitionError",
 ]

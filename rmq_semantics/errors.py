@@ -31,6 +31,7 @@ __all__ = [
     "SparkJobError",
     "SystemTopicError",
     "TransactionAborted",
+    "UnknownPartitionError",
 ]
 
 
@@ -173,3 +174,9 @@ class SparkJobError(RmqError, RuntimeError):
     """The streaming query failed; the message carries Spark's reason."""
 
     code = "spark_job"
+
+
+class UnknownPartitionError(ConfigError):
+    """A message names a partition its topic does not have (RocketMQ's queue check)."""
+
+    code = "unknown_partition"

@@ -104,6 +104,7 @@ class LockClient:
         self._replies_cv = threading.Condition()
         self._pending: dict[str, LockReply | None] = {}
         self._closed = False
+        self._warned: set[str] = set()  # warnings given once per client
 
     # -- connection ------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -177,11 +178,31 @@ class LockClient:
                 if r.granted:
                     expires = sent_at + r.lease_ms / 1000 * CLIENT_LEASE_FRACTION
                     out[tp] = LockGrant(True, r.epoch, expires)
+                    if r.lease_ms < lease_ms:
+                        self._warn_once("capped", "lock %s granted for %d ms, not the %d ms "
+                                        "asked (the coordinator's lock_lease_ms); renew more "
+                                        "often than every %d ms", LockKey(group, *tp),
+                                        r.lease_ms, lease_ms,
+                                        int(r.lease_ms * CLIENT_LEASE_FRACTION))
+                elif r.reason == "stale":
+                    # Answered within our wait, so the request was not old: the clock it
+                    # was timed by (this host's, or the broker's) is behind the coordinator's.
+                    out[tp] = LockGrant(False, r.epoch, 0.0)
+                    self._warn_once("stale", "lock %s refused as stale although answered "
+                                    "within the wait: this host's (or the broker's) clock is "
+                                    "behind the coordinator's", LockKey(group, *tp))
                 else:
                     out[tp] = LockGrant(False, r.epoch, 0.0)
                     log.debug("lock %s denied (%s): held by %s with epoch %d",
                               LockKey(group, *tp), r.reason, r.holder or "-", r.epoch)
         return out
+
+    def _warn_once(self, kind: str, fmt: str, *args: object) -> None:
+        if kind in self._warned:
+            log.debug(fmt, *args)
+            return
+        self._warned.add(kind)
+        log.warning("lock client %s: " + fmt, self.client_id, *args)
 
     def unlock(self, group: str, partitions: Iterable[Any], *,
                epochs: dict[TP, int] | None = None,
@@ -226,7 +247,7 @@ class LockClient:
             for request_id, p, refs in batches:
                 request = LockRequest(kind, request_id, self.client_id, group,
                                       self.reply_partition, tuple(refs), lease_ms,
-                                      int(time.time() * 1000))
+                                      int(time.time() * 1000), int(timeout * 1000))
                 producer.produce(self.topics.lock_request, encode(request),
                                  key=refs[0].key(group).record_key(), partition=p)
             producer.flush(max(0.0, deadline - time.monotonic()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,19 +11,31 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.clientconf import client_conf, new_client
-from rmq_semantics.errors import ConfigError, KafkaOperationError, RmqTimeoutError
+from rmq_semantics.errors import (
+    ConfigError,
+    KafkaOperationError,
+    RmqTimeoutError,
+    UnknownPartitionError,
+)
 from rmq_semantics.message import Message, SendResult
 from rmq_semantics.records.headers import H
 from rmq_semantics.selector import apply_selector, java_partition
-from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    refuse_system_destination,
+    system_prefixes,
+    validate_prefix,
+)
 
-__all__ = ["Producer"]
+__all__ = ["PartitionCache", "Producer"]
 
 # Upper bound for one synchronous send: librdkafka's own message.timeout.ms (default 300 s)
 # is longer; we fail sooner and say so. Override with send(..., timeout=...).
 SEND_TIMEOUT_S = 30.0
 # How long partition counts are trusted before metadata is asked again.
 METADATA_TTL_S = 30.0
+# How many topics' partition lists one producer remembers (the oldest read is dropped).
+METADATA_MAX_TOPICS = 1024
 POLL_SLICE_S = 0.05
 
 
@@ -66,6 +79,49 @@ class DeliveryWaiter:
             raise KafkaOperationError.wrap(what, self.error)
 
 
+class PartitionCache:
+    """Partition ids per topic from a client's metadata: trusted for ``METADATA_TTL_S``, at
+    most ``METADATA_MAX_TOPICS`` topics, every metadata call bounded by a timeout."""
+
+    def __init__(self, client: confluent_kafka.Producer) -> None:
+        self._client = client
+        self._entries: dict[str, tuple[float, list[int]]] = {}
+        self._lock = threading.Lock()  # producers are shared between threads
+
+    def partitions(self, topic: str, timeout: float, *, fresh: bool = False) -> list[int]:
+        """Partition ids of ``topic``; ``fresh`` skips the cache."""
+        with self._lock:
+            cached = self._entries.get(topic)
+        if cached and not fresh and time.monotonic() - cached[0] < METADATA_TTL_S:
+            return cached[1]
+        try:
+            meta = self._client.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise KafkaOperationError.wrap(f"reading metadata of {topic}", exc.args[0]) from exc
+        if meta is None or meta.error is not None or not meta.partitions:
+            reason = meta.error.str() if meta is not None and meta.error else "no partitions"
+            raise KafkaOperationError(f"topic {topic!r} is not available: {reason}")
+        partitions = sorted(meta.partitions)
+        with self._lock:
+            self._entries.pop(topic, None)
+            self._entries[topic] = (time.monotonic(), partitions)
+            while len(self._entries) > METADATA_MAX_TOPICS:
+                del self._entries[next(iter(self._entries))]
+        return partitions
+
+    def require(self, topic: str, partition: int, timeout: float) -> None:
+        """Raise :class:`UnknownPartitionError` unless ``topic`` has ``partition`` (RocketMQ
+        checks the queue id before sending). A cached list is re-read once before refusing:
+        the topic may have grown since."""
+        partitions = self.partitions(topic, timeout)
+        if partition not in partitions:
+            partitions = self.partitions(topic, timeout, fresh=True)
+        if partition not in partitions:
+            raise UnknownPartitionError(
+                f"{topic!r} has no partition {partition}: it has {len(partitions)} partitions "
+                f"(0..{len(partitions) - 1})")
+
+
 class Producer:
     """Drop-in for ``confluent_kafka.Producer`` (same conf dict and methods).
 
@@ -73,30 +129,23 @@ class Producer:
     records are partitioned with Java's murmur2 partitioner. ``send`` adds RocketMQ's
     ordered send: ``selector=`` (``(partitions, msg, arg) -> partition``) or
     ``sharding_key=``; it waits for the broker's acknowledgement.
+
+    Neither ``send`` nor ``produce`` writes to a system topic of ``topic_prefix`` (or of the
+    default prefix): they raise :class:`SystemTopicError`, as ``Consumer.subscribe`` does
+    for reading. Only the coordinator writes there, with its own clients.
     """
 
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
         self._conf = producer_defaults(conf)
         self.topic_prefix = validate_prefix(topic_prefix)
+        self._system_prefixes = system_prefixes(self.topic_prefix)
         self._producer = new_client(confluent_kafka.Producer, self._conf, "producer")
-        self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._partitions = PartitionCache(self._producer)
 
     # -- RocketMQ-style send ---------------------------------------------------------------
     def partitions_for(self, topic: str, timeout: float = SEND_TIMEOUT_S) -> list[int]:
         """Partition ids of ``topic`` (cached for a short while)."""
-        cached = self._partitions.get(topic)
-        if cached and time.monotonic() - cached[0] < METADATA_TTL_S:
-            return cached[1]
-        try:
-            meta = self._producer.list_topics(topic, timeout=timeout).topics.get(topic)
-        except KafkaException as exc:
-            raise KafkaOperationError.wrap(f"reading metadata of {topic}", exc.args[0]) from exc
-        if meta is None or meta.error is not None or not meta.partitions:
-            reason = meta.error.str() if meta is not None and meta.error else "no partitions"
-            raise KafkaOperationError(f"topic {topic!r} is not available: {reason}")
-        partitions = sorted(meta.partitions)
-        self._partitions[topic] = (time.monotonic(), partitions)
-        return partitions
+        return self._partitions.partitions(topic, timeout)
 
     def send(self, msg: Message, selector: Callable[..., Any] | None = None, arg: Any = None,
              sharding_key: bytes | str | None = None, *,
@@ -104,6 +153,7 @@ class Producer:
         """Send ``msg`` and wait for its acknowledgement; return where it landed."""
         if selector is not None and sharding_key is not None:
             raise ConfigError("send: pass selector= or sharding_key=, not both")
+        refuse_system_destination(msg.topic, self.topic_prefix)
         partition = msg.partition
         if selector is not None:
             partition = apply_selector(selector, self.partitions_for(msg.topic, timeout),
@@ -126,6 +176,11 @@ class Producer:
 
     # -- confluent_kafka.Producer, delegated ------------------------------------------------
     def produce(self, *args: Any, **kwargs: Any) -> None:
+        topic = args[0] if args else kwargs.get("topic")
+        # The drop-in is where most records are written: one startswith keeps it off the
+        # system topics too (a non-str topic is left to confluent_kafka to refuse).
+        if isinstance(topic, str) and topic.startswith(self._system_prefixes):
+            refuse_system_destination(topic, self.topic_prefix)
         self._producer.produce(*args, **kwargs)
 
     def poll(self, timeout: float = -1) -> int:

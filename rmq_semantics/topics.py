@@ -26,6 +26,9 @@ __all__ = [
     "ensure_topics",
     "is_system_topic",
     "list_topics",
+    "refuse_system_destination",
+    "require_copartitioned",
+    "txn_topic_specs",
 ]
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ DEFAULT_TOPIC_PREFIX = "__rmq"
 # Bounds every admin round trip; topic creation on a cold single-node broker takes ~1 s.
 ADMIN_TIMEOUT_S = 30.0
 WEEK_MS = 7 * 24 * 3600 * 1000
+# Check requests are only useful until answered; a day leaves room for debugging.
+CHECK_RETENTION_MS = 24 * 3600 * 1000
 # Metadata is asked in slices this long so a refused login (librdkafka reports it within
 # ~0.3 s, then retries forever) ends the call at once instead of after ADMIN_TIMEOUT_S.
 METADATA_SLICE_S = 1.0
@@ -98,9 +103,46 @@ class SystemTopics:
         return f"{self.prefix}_check_{producer_group}"
 
 
+def system_prefixes(prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[str, ...]:
+    """Name prefixes of the product's own topics: under ``prefix`` and the default one
+    (for ``str.startswith``, so a hot path pays one call)."""
+    return (f"{prefix}_", f"{DEFAULT_TOPIC_PREFIX}_")
+
+
 def is_system_topic(topic: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> bool:
     """True for the product's own topics under ``prefix`` and under the default prefix."""
-    return topic.startswith(f"{prefix}_") or topic.startswith(f"{DEFAULT_TOPIC_PREFIX}_")
+    return topic.startswith(system_prefixes(prefix))
+
+
+def refuse_system_destination(topic: str, prefix: str) -> None:
+    """Raise for a system topic as the destination of a business record: only the
+    coordinator writes there, and a record it did not write is forged input to it."""
+    if is_system_topic(topic, prefix):
+        raise SystemTopicError(
+            f"{topic!r} is a system topic of rmq_semantics (prefix {prefix!r}); business "
+            "producers may not write to it")
+
+
+TopicSpecs = dict[str, tuple[int, dict[str, str]]]
+
+
+def txn_topic_specs(topics: SystemTopics, half_partitions: int, check_partitions: int, *,
+                    horizon_ms: int = 0) -> TopicSpecs:
+    """Partitions and configs of the transactional system topics, the same whichever
+    process creates them first (a coordinator or ``TransactionProducer.start()``).
+
+    Half and Op records live a week, or twice ``horizon_ms`` (the longest a transaction
+    stays pending: the coordinator's timeout plus ``check_max`` check intervals) if longer.
+    A producer does not know the horizon and passes 0: the same week unless a coordinator
+    is configured for a horizon over 3.5 days (start that coordinator first).
+    """
+    retention = str(max(WEEK_MS, 2 * horizon_ms))
+    return {
+        topics.half: (half_partitions, {"retention.ms": retention}),
+        topics.op: (half_partitions, {"retention.ms": retention}),
+        topics.check: (check_partitions, {"retention.ms": str(CHECK_RETENTION_MS)}),
+        topics.discard: (1, {"retention.ms": "-1"}),
+    }
 
 
 def refuse_system_topics(topics: list[str], prefix: str) -> None:
@@ -216,6 +258,20 @@ def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
             raise KafkaOperationError(f"topics {sorted(waiting)} were created but have no "
                                       f"leader after {ADMIN_TIMEOUT_S:.0f} s")
         time.sleep(METADATA_POLL_S)
+
+
+def require_copartitioned(conf: dict, first: str, second: str) -> int:
+    """Both topics' partition count, which must be the same (partition p of one pairs with
+    partition p of the other); else one ConfigError naming both counts."""
+    meta = list_topics(conf).topics
+    counts = [len(meta[t].partitions) if t in meta else 0 for t in (first, second)]
+    if counts[0] != counts[1] or not counts[0]:
+        raise ConfigError(
+            f"{first} has {counts[0]} partitions and {second} has {counts[1]}; they must have "
+            f"the same count (partition p of one pairs with partition p of the other): add "
+            f"partitions to the smaller one (kafka-topics --alter --partitions "
+            f"{max(counts)}) before starting")
+    return counts[0]
 
 
 def topic_partition_count(conf: dict, topic: str) -> int | None:

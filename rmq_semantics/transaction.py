@@ -24,7 +24,12 @@ from rmq_semantics.errors import (
     MalformedRecordError,
 )
 from rmq_semantics.message import Message
-from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryWaiter, producer_defaults
+from rmq_semantics.producer import (
+    SEND_TIMEOUT_S,
+    DeliveryWaiter,
+    PartitionCache,
+    producer_defaults,
+)
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
@@ -33,6 +38,9 @@ from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
     ensure_topics,
+    refuse_system_destination,
+    require_copartitioned,
+    txn_topic_specs,
     validate_prefix,
 )
 
@@ -86,9 +94,18 @@ class TransactionSendResult:
 _END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
 
 
-def _as_state(value: Any) -> LocalTransactionState:
+def _as_state(value: Any, method: str, half_topic: str, partition: int, offset: int,
+              txn_id: str) -> LocalTransactionState:
+    """The listener's answer; anything but a LocalTransactionState counts as UNKNOW and is
+    logged (None, the documented "don't know", only at debug level)."""
     if isinstance(value, LocalTransactionState):
         return value
+    if value is None:
+        log.debug("%s[%d]@%d txn=%s: %s returned None (counts as UNKNOW)", half_topic,
+                  partition, offset, txn_id, method)
+    else:
+        log.warning("%s[%d]@%d txn=%s: %s returned %r, not a LocalTransactionState (counts "
+                    "as UNKNOW)", half_topic, partition, offset, txn_id, method, value)
     return LocalTransactionState.UNKNOW
 
 
@@ -119,6 +136,7 @@ class TransactionProducer:
         self._checks = CheckResponder(self._conf, self.topics, producer_group,
                                       self._answer_check, check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
+        self._partitions: PartitionCache | None = None
         self._started = False
         self._closed = False
 
@@ -126,12 +144,15 @@ class TransactionProducer:
     def start(self) -> TransactionProducer:
         if self._started:
             return self
-        ensure_topics(self._conf, {
-            self.topics.half: (self._half_partitions, {}),
-            self.topics.op: (self._half_partitions, {}),
-            self.topics.check: (self._check_partitions, {}),
-        })
+        # The coordinator's specs, so the configs never depend on who starts first; the
+        # discard topic is the coordinator's alone.
+        specs = txn_topic_specs(self.topics, self._half_partitions, self._check_partitions)
+        ensure_topics(self._conf, {t: specs[t] for t in (self.topics.half, self.topics.op,
+                                                         self.topics.check)})
+        # End requests go to the Op partition of their half partition.
+        require_copartitioned(self._conf, self.topics.half, self.topics.op)
         self._producer = confluent_kafka.Producer(self._conf)
+        self._partitions = PartitionCache(self._producer)
         self._checks.start()
         self._started = True
         return self
@@ -161,7 +182,9 @@ class TransactionProducer:
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
         """Write ``msg`` as a half message, run the local transaction, send its outcome.
 
-        If the half write fails the local transaction is not run and the error is raised.
+        If the half write fails the local transaction is not run and the error is raised;
+        so is a message for a system topic (:class:`SystemTopicError`) or for a partition its
+        topic lacks (:class:`UnknownPartitionError`), before anything is written.
         """
         [(txn_id, waiter)] = self._write_halves([msg])
         waiter.wait(self._require_started(), f"writing the half message of txn {txn_id}",
@@ -173,7 +196,9 @@ class TransactionProducer:
         """Like :meth:`send_message_in_transaction` for many messages, with the half writes
         pipelined: each message is still its own transaction with its own local transaction
         and decision. A message whose half write failed is not executed; its result has
-        ``half_offset == -1`` and ``ROLLBACK_MESSAGE``, and the error is logged."""
+        ``half_offset == -1`` and ``ROLLBACK_MESSAGE``, and the error is logged. A message
+        for a system topic or a partition its topic lacks raises for the whole batch before
+        any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
         pending = self._write_halves(msgs)
         deadline = time.monotonic() + self._send_timeout_s
@@ -206,8 +231,21 @@ class TransactionProducer:
         self._send_ends(decided)
         return results
 
+    def _validate(self, msgs: list[Message]) -> None:
+        """Refuse, before any half write, a message the coordinator could never promote:
+        one for a system topic, or for a partition its topic lacks (RocketMQ's
+        ``Validators.checkMessage`` and queue check)."""
+        partitions = self._partitions
+        if partitions is None:
+            raise IllegalStateError("TransactionProducer is not started")
+        for msg in msgs:
+            refuse_system_destination(msg.topic, self.topics.prefix)
+            if msg.partition is not None:
+                partitions.require(msg.topic, msg.partition, self._send_timeout_s)
+
     def _write_halves(self, msgs: list[Message]) -> list[tuple[str, DeliveryWaiter]]:
         producer = self._require_started()
+        self._validate(msgs)
         born = str(int(time.time() * 1000)).encode()
         group = self.producer_group.encode()
         out = []
@@ -232,7 +270,9 @@ class TransactionProducer:
                             partition=msg.partition, tags=msg.tags, keys=msg.keys,
                             check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
         try:
-            state = _as_state(self.listener.execute_local_transaction(local_msg, arg))
+            state = _as_state(self.listener.execute_local_transaction(local_msg, arg),
+                              "execute_local_transaction", self.topics.half, waiter.partition,
+                              waiter.offset, txn_id)
         except Exception:
             log.exception("%s[%d]@%d txn=%s: execute_local_transaction raised (counts as "
                           "UNKNOW)", self.topics.half, waiter.partition, waiter.offset, txn_id)
@@ -316,7 +356,9 @@ class TransactionProducer:
                       partition=check.partition, transaction_id=check.txn_id,
                       tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS))
         try:
-            state = _as_state(self.listener.check_local_transaction(msg))
+            state = _as_state(self.listener.check_local_transaction(msg),
+                              "check_local_transaction", self.topics.half,
+                              check.half_partition, check.half_offset, check.txn_id)
         except Exception:
             log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
                           self.topics.half, check.half_partition, check.half_offset,

@@ -63,13 +63,15 @@ class ConsumeOrderlyContext:
     @property
     def suspend_ms(self) -> int:
         """Delay before a suspended batch is retried (RocketMQ's
-        ``suspendCurrentQueueTimeMillis``), default 1000."""
+        ``suspendCurrentQueueTimeMillis``), default 1000; must be > 0."""
         return self._suspend_ms
 
     @suspend_ms.setter
     def suspend_ms(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"suspend_ms must be an int >= 0, got {value!r}")
+        # 0 would hand the same batch straight back to the listener: a hot retry loop.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"suspend_ms must be an int > 0 (milliseconds before the "
+                              f"suspended batch is retried), got {value!r}")
         self._suspend_ms = value
 
     def __repr__(self) -> str:

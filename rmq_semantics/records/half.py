@@ -66,10 +66,14 @@ class HalfMessage:
         kept.append((H.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
         return kept
 
-    def first_check_ts(self, transaction_timeout_ms: int) -> int:
+    def first_check_ts(self, transaction_timeout_ms: int, now_ms: int | None = None) -> int:
         # A per-message immunity shorter than the transaction timeout is raised to it.
         immunity = max(self.check_immunity_ms or 0, transaction_timeout_ms)
-        return self.born_ts + immunity
+        # A birth after ``now_ms`` is a producer clock running ahead: count from now, so
+        # the skew never delays the check. (RocketMQ checks such a message at once; here
+        # that would ask before the local transaction ended and could roll back a commit.)
+        born = self.born_ts if now_ms is None else min(self.born_ts, now_ms)
+        return born + immunity
 
 
 def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,

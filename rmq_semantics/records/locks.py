@@ -153,7 +153,9 @@ class QueueRef:
 
 @dataclass(frozen=True, slots=True)
 class LockRequest:
-    """A batch lock or unlock (RocketMQ's ``LockBatchRequestBody``)."""
+    """A batch lock or unlock (RocketMQ's ``LockBatchRequestBody``). ``wait_ms`` is how long
+    the client waits for the reply (0: not said, as in schema v1); a lock request older
+    than that is refused, since its client no longer listens for the grant."""
 
     kind: RequestKind
     request_id: str
@@ -163,6 +165,7 @@ class LockRequest:
     queues: tuple[QueueRef, ...]
     lease_ms: int = 0
     sent_at_ms: int = 0
+    wait_ms: int = 0
 
     def to_body(self) -> Body:
         return {"kind": self.kind.value, "request_id": self.request_id,
@@ -170,7 +173,8 @@ class LockRequest:
                 "reply_partition": self.reply_partition,
                 "queues": [{"topic": q.topic, "partition": q.partition, "epoch": q.epoch}
                            for q in self.queues],
-                "lease_ms": self.lease_ms, "sent_at_ms": self.sent_at_ms}
+                "lease_ms": self.lease_ms, "sent_at_ms": self.sent_at_ms,
+                "wait_ms": self.wait_ms}
 
     @classmethod
     def from_body(cls, body: Body) -> LockRequest:
@@ -178,7 +182,7 @@ class LockRequest:
                    body["group"], body["reply_partition"],
                    tuple(QueueRef(q["topic"], q["partition"], q["epoch"])
                          for q in body["queues"]),
-                   body["lease_ms"], body["sent_at_ms"])
+                   body["lease_ms"], body["sent_at_ms"], body.get("wait_ms", 0))
 
 
 @dataclass(frozen=True, slots=True)
