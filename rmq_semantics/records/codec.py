@@ -69,7 +69,9 @@ RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
 _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
 #: The version new records are written with, per type.
-CURRENT_VERSION = {t: 1 for t in RecordType}
+CURRENT_VERSION = {t: 1 for t in RecordType} | {
+    RecordType.DONE_MARKERS: 2,  # v2: the outcome REAPPENDED
+}
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
 
