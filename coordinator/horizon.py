@@ -36,6 +36,9 @@ __all__ = ["Horizon", "Reappend", "ReappendSteps", "Recent"]
 LOST_REAPPEND_MS = 60_000
 # How many finished re-appended transactions are remembered, to classify late decisions.
 RECENT_FINISHED = 10_000
+# Re-appends per step at most, so a backlog (the first start after an upgrade) is spread
+# over many Kafka transactions instead of one that outlives the transaction timeout.
+MAX_REAPPENDS_PER_STEP = 1000
 
 
 class Recent(OrderedDict):
@@ -91,13 +94,17 @@ class Horizon:
         """A new pending half record, appended at ``appended_ms`` (its Kafka timestamp; a
         producer clock ahead of ours counts from when we read it)."""
         if horizon_ms is not None:
-            heapq.heappush(self._due, (min(appended_ms, now_ms) + horizon_ms, offset))
+            start = min(appended_ms, now_ms) if appended_ms > 0 else now_ms  # <= 0: no time
+            heapq.heappush(self._due, (start + horizon_ms, offset))
 
-    def due(self, now_ms: int) -> list[int]:
-        """Half offsets whose horizon has passed (the caller skips those no longer pending)."""
-        out = []
-        while self._due and self._due[0][0] <= now_ms:
-            out.append(heapq.heappop(self._due)[1])
+    def due(self, now_ms: int, pending: dict) -> list[int]:
+        """Pending half offsets whose horizon has passed, at most
+        ``MAX_REAPPENDS_PER_STEP``; the rest on the next call."""
+        out: list[int] = []
+        while self._due and self._due[0][0] <= now_ms and len(out) < MAX_REAPPENDS_PER_STEP:
+            offset = heapq.heappop(self._due)[1]
+            if offset in pending:  # else resolved meanwhile
+                out.append(offset)
         return out
 
     def compact(self, pending: dict) -> None:
@@ -234,9 +241,7 @@ class ReappendSteps:
 
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
-        for offset in self.horizon.due(now_ms):
-            if offset not in self.pending:
-                continue  # resolved meanwhile
+        for offset in self.horizon.due(now_ms, self.pending):
             entry = self._leave(offset)
             half = entry.half
             origin = self.horizon.leaving(half.txn_id, offset, now_ms)

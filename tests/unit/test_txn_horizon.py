@@ -8,6 +8,8 @@ from collections import Counter
 
 import pytest
 
+from coordinator.horizon import MAX_REAPPENDS_PER_STEP
+from coordinator.settings import CoordinatorSettings
 from coordinator.state import (
     Discard,
     EndRequest,
@@ -18,10 +20,12 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.cli import build_parser
+from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.records.half import HalfMessage, parse_half
 from rmq_semantics.records.headers import REAPPEND_HEADERS, H
 from rmq_semantics.records.reappend import Carried, reappended_headers, split_reappended
+from rmq_semantics.settings import load
 
 T0 = 1_000_000
 HORIZON_MS = 20_000
@@ -340,3 +344,33 @@ def test_reappend_headers_a_coordinator_did_not_write_are_malformed(change):
     st = new_log().state
     assert st.on_half(9, forged, T0) == [] and not st.pending
     assert st.counters["malformed_reappend"] == 1
+
+
+def test_a_backlog_of_old_pending_records_is_reappended_a_thousand_per_step():
+    log = new_log()
+    for _ in range(2500):
+        log.append_half(T0)
+    log.step(T0)
+    counts = []
+    for _ in range(3):
+        log.step(T0 + HORIZON_MS)
+        counts.append(sum(isinstance(a, Reappend) for a in log.actions) - sum(counts))
+    assert counts == [MAX_REAPPENDS_PER_STEP, MAX_REAPPENDS_PER_STEP, 500]
+
+
+# -- the setting (coordinator.settings) ---------------------------------------------------
+def test_the_horizon_defaults_to_three_check_intervals_and_comes_from_kwargs_env_or_flag():
+    assert load(CoordinatorSettings, {}, env={}).reappend_after_ms == 180_000
+    assert load(CoordinatorSettings, {"check_interval_ms": 1000},
+                env={}).reappend_after_ms == 3000
+    assert load(CoordinatorSettings, {}, env={"RMQ_REAPPEND_HORIZON_MS": "5000"}
+                ).reappend_after_ms == 5000
+    args = build_parser().parse_args(["coordinator", "--bootstrap-servers", "b:9092",
+                                      "--reappend-horizon-ms", "7000"])
+    assert load(CoordinatorSettings, args, env={}).reappend_after_ms == 7000
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "x"])
+def test_a_bad_horizon_names_the_setting(bad):
+    with pytest.raises(ConfigError, match="reappend_horizon_ms"):
+        load(CoordinatorSettings, {"reappend_horizon_ms": bad}, env={})
