@@ -37,6 +37,13 @@ class CoordinatorMetrics:
                                "Coordinator Kafka transactions aborted and replayed", registry=r)
         self.pending = Gauge("rmq_pending_transactions", "Pending half messages", ["partition"],
                              registry=r)
+        self.tracked = Gauge("rmq_tracked_transactions",
+                             "Transactions held in memory (pending, recently decided, "
+                             "deferred), bounded by about one re-append horizon of traffic",
+                             ["partition"], registry=r)
+        self.reappended = Counter("rmq_reappended",
+                                  "Pending half messages written again past the re-append "
+                                  "horizon", registry=r)
         self.oldest_pending_age = Gauge("rmq_oldest_pending_age_seconds",
                                         "Age of the oldest pending half message",
                                         ["partition"], registry=r)

@@ -12,10 +12,19 @@ from confluent_kafka import TopicPartition
 
 from coordinator.kafka_txn import KafkaTransactions
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.state import Action, Discard, Finish, IssueCheck, SaveCheckCounts, TxnState
+from coordinator.state import (
+    Action,
+    Discard,
+    Finish,
+    IssueCheck,
+    Reappend,
+    SaveCheckCounts,
+    TxnState,
+)
 from rmq_semantics.errors import TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.headers import H
+from rmq_semantics.records.reappend import reappended_headers
 from rmq_semantics.records.txn import CheckMarker, CheckRequest, DoneEntry, DoneMarkers, Outcome
 from rmq_semantics.topics import SystemTopics
 
@@ -26,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # The decision a done marker records for each final state.
 _OUTCOME = {TxnState.COMMITTED: Outcome.COMMITTED, TxnState.ROLLED_BACK: Outcome.ROLLED_BACK,
-            TxnState.DISCARDED: Outcome.DISCARDED}
+            TxnState.DISCARDED: Outcome.DISCARDED, TxnState.REAPPENDED: Outcome.REAPPENDED}
 
 
 def _now_ms() -> int:
@@ -107,6 +116,17 @@ class TransactionWriter:
             self.producer.produce(self.topics.discard, half.value, key=half.key,
                                   headers=headers)
             self._done(half, TxnState.DISCARDED, action.checks_answered)
+        elif isinstance(action, Reappend):
+            self._reappend(action)
+
+    def _reappend(self, action: Reappend) -> None:
+        """The half record again, at the end of its own half partition (same key, value and
+        headers plus what it carries), and its old offset done: both or neither."""
+        half = action.half
+        self.producer.produce(self.topics.half, half.value, key=half.key,
+                              partition=half.partition,
+                              headers=reappended_headers(half, action.carried))
+        self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
 
     def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
         self._op(action.half.partition, CheckMarker(
@@ -135,6 +155,11 @@ class TransactionWriter:
                 self.metrics.checks_issued.inc()
                 log.info("%s check #%d sent to producer group %s", where, action.check_seq,
                          action.half.producer_group)
+            elif isinstance(action, Reappend):
+                self.metrics.reappended.inc()
+                log.info("%s re-appended to %s[%d] (pending since %.0f s, first written at "
+                         "offset %d)", where, self.topics.half, half.partition,
+                         max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
             elif isinstance(action, Discard):
                 self.metrics.discarded.labels(
                     "retention" if "retention" in action.reason else "check_max").inc()

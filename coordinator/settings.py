@@ -19,6 +19,10 @@ class CoordinatorSettings:
         6000, "first back-check of a half message this long after it was born")
     check_interval_ms: int = setting(60000, "interval between back-checks of one message")
     check_max: int = setting(15, "answered UNKNOWN checks before a message is discarded")
+    reappend_horizon_ms: int | None = setting(
+        None, "a half message pending this long is written again at the end of its half "
+              "partition, so no transaction pins the committed offsets or memory "
+              "(default: 3 x check_interval_ms)")
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
@@ -45,6 +49,8 @@ class CoordinatorSettings:
             raise ConfigError("need 0 < lock_renew_ms < lock_lease_ms, got "
                               f"lock_renew_ms={self.lock_renew_ms}, "
                               f"lock_lease_ms={self.lock_lease_ms}")
+        if self.reappend_horizon_ms is not None:
+            positive("reappend_horizon_ms")
         validate_prefix(self.topic_prefix)
         port = self.metrics_port
         if port is not None and (isinstance(port, bool) or not isinstance(port, int)
@@ -53,3 +59,11 @@ class CoordinatorSettings:
         if not isinstance(self.metrics_host, str) or not self.metrics_host:
             raise ConfigError(f"metrics_host must be a non-empty address, got "
                               f"{self.metrics_host!r}")
+
+    @property
+    def reappend_after_ms(self) -> int:
+        """The re-append horizon in effect: the setting, or a few check intervals (each
+        re-append costs one more half record per pending transaction)."""
+        if self.reappend_horizon_ms is not None:
+            return self.reappend_horizon_ms
+        return 3 * self.check_interval_ms

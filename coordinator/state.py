@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
+from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
 from rmq_semantics.errors import IllegalTransitionError
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
@@ -25,6 +26,7 @@ __all__ = [
     "Finish",
     "IssueCheck",
     "PartitionState",
+    "Reappend",
     "SaveCheckCounts",
     "TxnState",
 ]
@@ -43,15 +45,19 @@ class TxnState(Enum):
     COMMITTED = "COMMITTED"
     ROLLED_BACK = "ROLLED_BACK"
     DISCARDED = "DISCARDED"
+    # This offset is done, the transaction pending again at a new one (re-append horizon).
+    REAPPENDED = "REAPPENDED"
 
 
 _OUTCOMES = {state.value: state for state in TxnState}
 
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
-    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED}),
+    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED,
+                                 TxnState.REAPPENDED}),
     TxnState.COMMITTED: frozenset(),
     TxnState.ROLLED_BACK: frozenset(),
     TxnState.DISCARDED: frozenset(),
+    TxnState.REAPPENDED: frozenset(),
 }
 
 
@@ -104,7 +110,7 @@ class Discard:
     checks_answered: int
 
 
-Action = Finish | IssueCheck | SaveCheckCounts | Discard
+Action = Finish | IssueCheck | SaveCheckCounts | Discard | Reappend
 
 
 @dataclass
@@ -131,7 +137,7 @@ class EndRequest:
 
 
 @dataclass
-class PartitionState:
+class PartitionState(ReappendSteps):
     """All the coordinator knows about half partition ``p`` and Op partition ``p``."""
 
     partition: int
@@ -139,6 +145,7 @@ class PartitionState:
     check_interval_ms: int
     check_max: int
     retention_ms: int | None = None
+    reappend_horizon_ms: int | None = None  # re-append pending records this old (None: never)
     recovering: bool = True
     half_position: int = 0  # next half offset to read
     op_position: int = 0  # next op offset to read
@@ -155,7 +162,8 @@ class PartitionState:
     counters: Counter = field(default_factory=Counter)
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
     # conflicting one after the offset left ``decided``.
-    outcomes: OrderedDict[int, TxnState] = field(default_factory=OrderedDict)
+    outcomes: OrderedDict[int, TxnState] = field(  # bounded on every insert (recovery too)
+        default_factory=lambda: Recent(RECENT_OUTCOMES))
     # Rejected end requests with the reason, for the I/O layer to log and then clear.
     rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
     # Check markers read before their half record (op and half are consumed side by side).
@@ -168,6 +176,7 @@ class PartitionState:
     _done_ops: list[tuple[int, int]] = field(default_factory=list)  # (done op, half offset)
     _marker_ops: list[tuple[int, int]] = field(default_factory=list)  # (marker op, half)
     _deferred_ops: list[tuple[int, int]] = field(default_factory=list)  # (end op, half)
+    horizon: Horizon = field(default_factory=Horizon)  # re-appends, and where txns moved
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
@@ -178,6 +187,8 @@ class PartitionState:
         """A half record (None: malformed, counted and never promoted)."""
         self.half_position = max(self.half_position, offset + 1)
         self.half_at_end = False
+        appended_ms, arrived = (now_ms if half is None else half.timestamp_ms), []
+        half, carried = self._split_reappended(half)
         if half is None:
             self.malformed_half.add(offset)
             self.counters["malformed_half"] += 1
@@ -186,11 +197,12 @@ class PartitionState:
                                                                       now_ms))
             heapq.heappush(self._schedule, (self.pending[offset].next_check_ts, offset))
             heapq.heappush(self._pending_heap, offset)
+            arrived = self._new_pending(offset, appended_ms, carried, now_ms)
             if offset in self.early_markers:
                 self.on_check_marker(*self.early_markers.pop(offset))
         # Only requests for this offset can have become applicable (a scan of every
         # deferred request per half record was quadratic when ends overtake halves).
-        return self._drain_deferred(now_ms, only=offset)
+        return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
@@ -280,7 +292,7 @@ class PartitionState:
             for request in self.deferred[offset]:
                 if now_ms - request.received_ms >= DEFER_GRACE_MS:
                     self.counters["rejected_no_such_offset"] += 1
-                    self._log_reject(request, "no half message at that offset")
+                    self.rejections.append((request, "no half message at that offset"))
                 else:
                     still.append(request)
             if still:
@@ -289,16 +301,17 @@ class PartitionState:
                 del self.deferred[offset]
         return actions
 
-    def _log_reject(self, request: EndRequest, reason: str) -> None:
-        self.rejections.append((request, reason))
-
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
+        # Re-appended: readdressed where the transaction is now, or it waits for the record.
+        if request.half_offset not in self.pending and (
+                request := self.horizon.follow(request)) is None:
+            return []
         offset = request.half_offset
         entry = self.pending.get(offset)
         if entry is None:
             if offset in self.malformed_half:
                 self.counters["rejected_not_half"] += 1
-                self._log_reject(request, "the half record at that offset is malformed")
+                self.rejections.append((request, "the half record at that offset is malformed"))
             elif request.state == "UNKNOWN":
                 self.counters["late_unknown"] += 1
             else:
@@ -310,8 +323,8 @@ class PartitionState:
         half = entry.half
         if request.txn_id != half.txn_id or request.producer_group != half.producer_group:
             self.counters["rejected_mismatch"] += 1
-            self._log_reject(request, f"does not match the half message (txn {half.txn_id}, "
-                                      f"group {half.producer_group})")
+            self.rejections.append((request, f"does not match the half message (txn "
+                                              f"{half.txn_id}, group {half.producer_group})"))
             return []
         if request.state == "COMMIT":
             return [self._finish(offset, TxnState.COMMITTED)]
@@ -348,6 +361,12 @@ class PartitionState:
         self._remember(offset, outcome)
         return Finish(entry.half, outcome, entry.checks_answered)
 
+    def _leave(self, offset: int) -> Pending:  # being re-appended: this offset is done
+        entry = self.pending.pop(offset)
+        transition(entry.state, TxnState.REAPPENDED)
+        self._remember(offset, TxnState.REAPPENDED)
+        return entry
+
     def _discard(self, offset: int, reason: str) -> Discard:
         entry = self.pending.pop(offset)
         transition(entry.state, TxnState.DISCARDED)
@@ -359,6 +378,7 @@ class PartitionState:
         if self.recovering:
             return []
         actions: list[Action] = self._drain_deferred(now_ms)
+        actions += self._reappends_due(now_ms)  # before checks: they go to the new offset
         while self._schedule and self._schedule[0][0] <= now_ms:
             due_ts, offset = heapq.heappop(self._schedule)
             entry = self.pending.get(offset)
@@ -413,4 +433,5 @@ class PartitionState:
         if deferred_ops:
             needed.append(deferred_ops[0][0])
         needed += [m[0] for m in self.early_markers.values()]
+        needed += self.horizon.waiting_ops()
         return min(needed)

@@ -111,7 +111,8 @@ class TransactionService:
     def _new_state(self, partition: int) -> PartitionState:
         s = self.settings
         return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms,
-                              s.check_max, self._retention_ms)
+                              s.check_max, self._retention_ms,
+                              reappend_horizon_ms=s.reappend_after_ms)
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
@@ -132,7 +133,8 @@ class TransactionService:
         for p in {tp.partition for tp in partitions}:
             self.states.pop(p, None)
             self._committed.pop(p, None)
-            for gauge in (self.metrics.pending, self.metrics.oldest_pending_age):
+            for gauge in (self.metrics.pending, self.metrics.oldest_pending_age,
+                          self.metrics.tracked):
                 with contextlib.suppress(KeyError):
                     gauge.remove(str(p))
         log.info("revoked half/op partitions %s", sorted({tp.partition for tp in partitions}))
@@ -225,8 +227,11 @@ class TransactionService:
                 elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
                               "unknown_ignored"):
                     self.metrics.conflicting.labels(name).inc(count)
+            self.metrics.malformed.labels(self.topics.half).inc(
+                state.counters.pop("malformed_reappend", 0))
             state.counters.clear()
             self.metrics.pending.labels(str(p)).set(len(state.pending))
+            self.metrics.tracked.labels(str(p)).set(state.tracked)
             if not state.pending:
                 self.metrics.oldest_pending_age.labels(str(p)).set(0)
             elif age_due:

@@ -69,8 +69,10 @@ RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
 _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
 #: The version new records are written with, per type.
-CURRENT_VERSION = {t: 1 for t in RecordType}
-CURRENT_VERSION[RecordType.LOCK_REQUEST] = 2  # v2: wait_ms
+CURRENT_VERSION = {t: 1 for t in RecordType} | {
+    RecordType.DONE_MARKERS: 2,  # v2: the outcome REAPPENDED
+    RecordType.LOCK_REQUEST: 2,  # v2: wait_ms
+}
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "RESERVED_PREFIX", "H"]
+__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "REAPPEND_HEADERS",
+           "RESERVED_PREFIX", "H"]
 
 #: The header namespace the product owns; user headers may not start with it.
 RESERVED_PREFIX: Final = "rmq."
@@ -36,6 +37,15 @@ class H:
     DISCARDED_TS: Final = "rmq.discarded_ts"
     # A half record written again by `txn redrive`.
     REDRIVE_OF: Final = "rmq.redrive_of"
+    # A half record the coordinator wrote again past its re-append horizon: the offset it
+    # replaces, where and when the transaction was first written, and its check counts.
+    REAPPEND_OF: Final = "rmq.reappend_of"
+    ORIGIN_OFFSET: Final = "rmq.origin_offset"
+    ORIGIN_TS: Final = "rmq.origin_ts"
+    CHECKS_ISSUED: Final = "rmq.checks_issued"
+    CHECKS_ANSWERED: Final = "rmq.checks_answered"
+    ANSWERED_SEQ: Final = "rmq.answered_seq"
+    NEXT_CHECK_TS: Final = "rmq.next_check_ts"
     # Dead letters of an orderly consumer.
     DLQ_ORIGINAL_TOPIC: Final = "rmq.dlq.original_topic"
     DLQ_ORIGINAL_PARTITION: Final = "rmq.dlq.original_partition"
@@ -48,6 +58,9 @@ PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS)
 #: What the coordinator adds to a record it sets aside in the discard topic.
 DISCARD_HEADERS: Final = (H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT, H.DISCARD_REASON,
                           H.DISCARDED_TS)
+#: What the coordinator adds to a half record it re-appends (all of them, always).
+REAPPEND_HEADERS: Final = (H.REAPPEND_OF, H.ORIGIN_OFFSET, H.ORIGIN_TS, H.CHECKS_ISSUED,
+                           H.CHECKS_ANSWERED, H.ANSWERED_SEQ, H.NEXT_CHECK_TS)
 #: What an orderly consumer adds to a dead letter.
 DLQ_HEADERS: Final = (H.DLQ_ORIGINAL_TOPIC, H.DLQ_ORIGINAL_PARTITION, H.DLQ_ORIGINAL_OFFSET,
                       H.DLQ_RECONSUME_TIMES)

@@ -47,6 +47,9 @@ class Outcome(StrEnum):
     COMMITTED = "COMMITTED"
     ROLLED_BACK = "ROLLED_BACK"
     DISCARDED = "DISCARDED"
+    # Not final for the transaction: its half record was written again at a new offset
+    # (re-append horizon), and this offset is done. Only in DoneMarkers v2.
+    REAPPENDED = "REAPPENDED"
 
 
 # Symbol -> member by dict lookup: a call of the Enum costs several times more, per entry.

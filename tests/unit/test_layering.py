@@ -24,7 +24,8 @@ LAZY_ALLOWED = ("rmq_semantics/cli.py", "rmq_semantics/tools/")
 PURE_CORES = ["rmq_semantics.records", "rmq_semantics.records.codec",
               "rmq_semantics.records.headers", "rmq_semantics.records.half",
               "rmq_semantics.records.txn", "rmq_semantics.records.locks", "coordinator.state",
-              "coordinator.lock", "rmq_semantics.orderly.queue"]
+              "coordinator.lock", "rmq_semantics.orderly.queue", "coordinator.horizon",
+              "rmq_semantics.records.reappend"]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:

@@ -47,7 +47,8 @@ CHECK = CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", 2, b"k", b"v\
                      [("app", b"1"), ("rmq.tags", b"A")], T + 5)
 
 # Bytes the dict-based encoder wrote before the records became dataclasses (same schemas):
-# the six transactional record types must not change on the wire.
+# the six transactional record types must not change on the wire. DoneMarkers is v2 since the
+# re-append horizon (its version byte, 02; the body is the same): V1_DONE_MARKERS is still read.
 WIRE = [
     (EndRequest("t-1", "pg", 3, 1234567890123, EndState.ROLLBACK, True, 2, T),
      "a7010106742d31047067069693d89fee4702010480a0abfef962"),
@@ -57,7 +58,7 @@ WIRE = [
     (DoneMarker(7, "t", Outcome.DISCARDED, 3, T + 2), "a702010e0274040684a0abfef962"),
     (DoneMarkers((DoneEntry(8, "x", Outcome.COMMITTED, 0),
                   DoneEntry(9, "y", Outcome.ROLLED_BACK, 1)), T + 3),
-     "a7050104100278000012027902020086a0abfef962"),
+     "a7050204100278000012027902020086a0abfef962"),
     (CheckMarker(10, "c", 2, 1, 1, T + 60000, T + 4),
      "a70301140263040202c0c9b2fef96288a0abfef962"),
     (CHECK, "a704010272047067001608fe9fabfef9620c6f7264657273020402026b020476000406617070023110"
@@ -65,6 +66,7 @@ WIRE = [
     (CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", None, None, None, [], T + 5),
      "a704010272047067001608fe9fabfef9620c6f7264657273000000008aa0abfef962"),
 ]
+V1_DONE_MARKERS = "a7050104100278000012027902020086a0abfef962"
 LOCK_RECORDS = [
     LockRequest(RequestKind.UNLOCK, "r1", "c1", "g/with/slash", 2,
                 (QueueRef("t", 0, 3), QueueRef("t", 1)), 0, T),
@@ -88,6 +90,13 @@ OLD_JSON_STATE = (b'{"v":1,"group":"billing/eu","topic":"orders","partition":3,"
 def test_transactional_records_keep_their_bytes(record, wire):
     assert encode(record).hex() == wire
     assert decode(bytes.fromhex(wire)) == record
+
+
+def test_done_markers_written_before_v2_are_still_read():
+    assert decode(bytes.fromhex(V1_DONE_MARKERS)) == WIRE[3][0]
+    reappended = DoneMarkers((DoneEntry(8, "x", Outcome.REAPPENDED, 2),), T)
+    assert decode(encode(reappended)) == reappended
+    assert encode(reappended)[:3] == bytes([MAGIC, RecordType.DONE_MARKERS, 2])
 
 
 @pytest.mark.parametrize("record", [r for r, _ in WIRE] + LOCK_RECORDS,
