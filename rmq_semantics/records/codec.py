@@ -70,6 +70,8 @@ _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
 #: The version new records are written with, per type.
 CURRENT_VERSION = {t: 1 for t in RecordType}
+# v2 of the markers carries the writing coordinator's HMAC (``mac``, null in v1 records).
+CURRENT_VERSION |= {RecordType.DONE_MARKERS: 2, RecordType.CHECK_MARKER: 2}
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
 
