@@ -3,8 +3,10 @@ marker they write, and the rule for trusting one read back.
 
 Every producer principal may write ``__rmq_op`` (its end requests go there), so a marker's
 presence there proves nothing. A marker is trusted when its ``mac`` verifies under the key
-the coordinators share, or, for markers written before this version (no ``mac``), when it
-lies below its Op partition's upgrade watermark. Everything else is ignored by the caller.
+the coordinators share, or when it lies below its Op partition's watermark: the partition's
+end when the coordinators first started with this key, so history written before (unsigned
+by older versions, or signed with a previous key) is read as it always was. Everything else
+is ignored by the caller.
 The MAC covers the marker's body and where it is (Op topic and partition), so a signed
 marker copied to another partition or prefix does not verify. Pure: no Kafka, no I/O; the
 client library never imports it (it holds no key).
@@ -91,9 +93,9 @@ class Verdict(StrEnum):
     """What the coordinator makes of a marker it reads back."""
 
     SIGNED = "signed"  # its MAC verifies
-    LEGACY = "legacy"  # no MAC, below the upgrade watermark: written before this version
+    LEGACY = "legacy"  # below the watermark: written before this version or this key
     UNSIGNED = "unsigned"  # no MAC at or above the watermark: forged
-    BAD_MAC = "bad_mac"  # a MAC that does not verify: forged, or another key
+    BAD_MAC = "bad_mac"  # at or above the watermark, a MAC that does not verify: forged
 
     @property
     def accepted(self) -> bool:
@@ -102,7 +104,7 @@ class Verdict(StrEnum):
 
 class MarkerVerifier:
     """Judges markers read from ``op_topic``: ``watermarks`` maps each Op partition to the
-    offset below which unsigned markers are trusted (a partition without one trusts none)."""
+    offset below which markers are trusted as written (a partition without one: none)."""
 
     def __init__(self, key: MarkerKey, op_topic: str, watermarks: Mapping[int, int]) -> None:
         self.key = key
@@ -110,9 +112,10 @@ class MarkerVerifier:
         self.watermarks = dict(watermarks)
 
     def verdict(self, partition: int, offset: int, record: SystemRecord) -> Verdict:
+        if offset < self.watermarks.get(partition, 0):
+            return Verdict.LEGACY
         mac = getattr(record, "mac", None)
         if mac is None:
-            below = offset < self.watermarks.get(partition, 0)
-            return Verdict.LEGACY if below else Verdict.UNSIGNED
+            return Verdict.UNSIGNED
         expected = self.key.mac(self.op_topic, partition, record)
         return Verdict.SIGNED if hmac.compare_digest(mac, expected) else Verdict.BAD_MAC

@@ -62,6 +62,23 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
+                   partition: int, offset: int, record: SystemRecord) -> bool:
+    """Whether a done or check marker was written by a coordinator; a forged one is counted
+    and logged, and the caller ignores it (its transaction stays pending)."""
+    if verifier is None:
+        raise IllegalStateError("the transaction service is not running (call run())")
+    verdict = verifier.verdict(partition, offset, record)
+    if verdict.accepted:
+        return True
+    metrics.forged_markers.labels(verdict.value).inc()
+    entries = getattr(record, "entries", None) or [record]
+    txns = ",".join(e.txn_id for e in entries[:3]) + (",..." if len(entries) > 3 else "")
+    log.warning("%s[%d]@%d txn=%s ignored: %s not written by a coordinator (%s)",
+                verifier.op_topic, partition, offset, txns, type(record).__name__, verdict)
+    return False
+
+
 class TransactionService:
     def __init__(self, conf: dict, settings: CoordinatorSettings,
                  metrics: CoordinatorMetrics | None = None) -> None:
@@ -186,7 +203,8 @@ class TransactionService:
                     offset, entry.txn_id, group, entry.half_offset, entry.state, False, 0,
                     now), now))
             return actions
-        if is_marker(record) and not self._trusted(partition, offset, record):
+        if is_marker(record) and not trusted_marker(self._markers, self.metrics, partition,
+                                                    offset, record):
             state.on_malformed_op(offset)
             return []
         if not state.on_op_marker(offset, record):
@@ -195,21 +213,6 @@ class TransactionService:
                         partition, offset, type(record).__name__)
             state.on_malformed_op(offset)
         return []
-
-    def _trusted(self, partition: int, offset: int, record: SystemRecord) -> bool:
-        """Whether a done or check marker was written by a coordinator; a forged one is
-        counted and logged, and the caller ignores it (the transaction stays pending)."""
-        if self._markers is None:
-            raise IllegalStateError("the transaction service is not running (call run())")
-        verdict = self._markers.verdict(partition, offset, record)
-        if verdict.accepted:
-            return True
-        self.metrics.forged_markers.labels(verdict.value).inc()
-        entries = getattr(record, "entries", None) or [record]
-        txns = ",".join(e.txn_id for e in entries[:3]) + (",..." if len(entries) > 3 else "")
-        log.warning("%s[%d]@%d txn=%s ignored: %s not written by a coordinator (%s)",
-                    self.topics.op, partition, offset, txns, type(record).__name__, verdict)
-        return False
 
     def _on_end(self, state: PartitionState, offset: int, half_partition: int,
                 request: EndRequest, now: int) -> list:

@@ -83,9 +83,15 @@ def test_a_signed_marker_copied_to_another_partition_or_prefix_does_not_verify()
     assert MarkerVerifier(KEY, "other_op", {}).verdict(3, 100, signed) is Verdict.BAD_MAC
 
 
-def test_a_garbage_mac_does_not_verify_even_below_the_watermark():
+def test_below_the_watermark_history_is_read_as_written_whatever_its_mac():
+    """Markers from before the first start with this key: unsigned (older versions) or
+    signed with the key the coordinators had before (rotation), they count as they did."""
+    old_key = MarkerKey(b"o" * 32).sign(OP, 3, DONE)
     garbage = dataclasses.replace(DONE, mac=b"\x00" * 5)
-    assert verifier({3: 1000}).verdict(3, 100, garbage) is Verdict.BAD_MAC
+    judge = verifier({3: 1000})
+    assert judge.verdict(3, 999, old_key) is Verdict.LEGACY
+    assert judge.verdict(3, 999, garbage) is Verdict.LEGACY
+    assert judge.verdict(3, 1000, garbage) is Verdict.BAD_MAC
 
 
 @pytest.mark.parametrize("record", [DONE, CHECK, DoneMarker(5, "t5", Outcome.COMMITTED, 0, T)],
