@@ -33,6 +33,9 @@ class CoordinatorMetrics:
                                    registry=r)
         self.malformed = Counter("rmq_malformed_records", "Records skipped as malformed",
                                  ["topic"], registry=r)
+        self.forged_markers = Counter(
+            "rmq_forged_markers", "Done/check markers on the Op topic that no coordinator "
+            "signed, ignored", ["reason"], registry=r)
         self.aborted = Counter("rmq_transactions_aborted",
                                "Coordinator Kafka transactions aborted and replayed", registry=r)
         self.pending = Gauge("rmq_pending_transactions", "Pending half messages", ["partition"],

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from confluent_kafka import TopicPartition
 
 from coordinator.kafka_txn import KafkaTransactions
+from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import (
     Action,
@@ -46,8 +47,9 @@ class TransactionWriter:
     """Writes the coordinator's decisions through its :class:`KafkaTransactions`."""
 
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
-                 metrics: CoordinatorMetrics) -> None:
+                 metrics: CoordinatorMetrics, *, marker_key: MarkerKey) -> None:
         self.topics = topics
+        self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
         self.txn = KafkaTransactions(conf, transactional_id, who="transaction service")
         self.producer = self.txn.producer
@@ -76,6 +78,7 @@ class TransactionWriter:
         self._count(actions)
 
     def _op(self, partition: int, record: SystemRecord) -> None:
+        record = self.marker_key.sign(self.topics.op, partition, record)
         self.producer.produce(self.topics.op, encode(record), partition=partition)
 
     def _done(self, half, outcome: TxnState, checks_answered: int) -> None:

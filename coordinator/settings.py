@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.marker_auth import MIN_KEY_BYTES
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.settings import setting
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
@@ -35,6 +36,11 @@ class CoordinatorSettings:
     # Loopback by default (DESIGN.md); a container sets 0.0.0.0 so Prometheus can scrape it.
     metrics_host: str = setting("127.0.0.1", "address the metrics server binds "
                                              "(0.0.0.0 in a container)")
+    # The HMAC key of Op markers (coordinator/marker_auth.py), shared by every coordinator.
+    marker_key: str = setting("", "the coordinators' shared key for Op markers, at least "
+                                  f"{MIN_KEY_BYTES} bytes", secret=True)
+    marker_key_file: str = setting("", "file holding the coordinators' shared key for Op "
+                                       "markers (instead of env RMQ_MARKER_KEY)")
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -59,6 +65,9 @@ class CoordinatorSettings:
         if not isinstance(self.metrics_host, str) or not self.metrics_host:
             raise ConfigError(f"metrics_host must be a non-empty address, got "
                               f"{self.metrics_host!r}")
+        if self.marker_key and self.marker_key_file:
+            raise ConfigError("set the marker key by env RMQ_MARKER_KEY or by "
+                              "--marker-key-file, not both")
 
     @property
     def reappend_after_ms(self) -> int:

@@ -15,6 +15,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from coordinator.kafka_txn import transactional_loop
+from coordinator.marker_auth import MarkerVerifier, is_marker
+from coordinator.marker_keys import configured_key, keys_topic_spec, load_verifier
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
@@ -22,7 +24,7 @@ from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import IllegalStateError, KafkaOperationError, MalformedRecordError
 from rmq_semantics.records import txn as wire
-from rmq_semantics.records.codec import decode
+from rmq_semantics.records.codec import SystemRecord, decode
 from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.retry import retrying
@@ -52,12 +54,30 @@ GAUGE_INTERVAL_S = 1.0
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
     """The client library's specs (``TransactionProducer.start()`` creates the same)."""
     horizon = settings.transaction_timeout_ms + settings.check_max * settings.check_interval_ms
-    return txn_topic_specs(SystemTopics(settings.topic_prefix), settings.half_partitions,
-                           settings.check_partitions, horizon_ms=horizon)
+    return {**txn_topic_specs(SystemTopics(settings.topic_prefix), settings.half_partitions,
+                              settings.check_partitions, horizon_ms=horizon),
+            **keys_topic_spec(settings)}
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
+                   partition: int, offset: int, record: SystemRecord) -> bool:
+    """Whether a done or check marker was written by a coordinator; a forged one is counted
+    and logged, and the caller ignores it (its transaction stays pending)."""
+    if verifier is None:
+        raise IllegalStateError("the transaction service is not running (call run())")
+    verdict = verifier.verdict(partition, offset, record)
+    if verdict.accepted:
+        return True
+    metrics.forged_markers.labels(verdict.value).inc()
+    entries = getattr(record, "entries", None) or [record]
+    txns = ",".join(e.txn_id for e in entries[:3]) + (",..." if len(entries) > 3 else "")
+    log.warning("%s[%d]@%d txn=%s ignored: %s not written by a coordinator (%s)",
+                verifier.op_topic, partition, offset, txns, type(record).__name__, verdict)
+    return False
 
 
 class TransactionService:
@@ -68,6 +88,9 @@ class TransactionService:
         self.metrics = metrics or CoordinatorMetrics()
         self.topics = SystemTopics(settings.topic_prefix)
         self.instance_id = settings.instance_id or uuid.uuid4().hex[:12]
+        # Refused here, before any I/O: security on and no marker key is one clear line.
+        self._marker_key = configured_key(settings, self.conf)
+        self._markers: MarkerVerifier | None = None
         self.states: dict[int, PartitionState] = {}
         self._committed: dict[int, tuple[int, int]] = {}
         self._retention_ms: int | None = None
@@ -183,6 +206,10 @@ class TransactionService:
                     offset, entry.txn_id, group, entry.half_offset, entry.state, False, 0,
                     now), now))
             return actions
+        if is_marker(record) and not trusted_marker(self._markers, self.metrics, partition,
+                                                    offset, record):
+            state.on_malformed_op(offset)
+            return []
         if not state.on_op_marker(offset, record):
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
@@ -277,12 +304,14 @@ class TransactionService:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
                 ensure_topics(self.conf, system_topic_specs(self.settings))
+                self._markers = load_verifier(self.conf, self.settings, self._marker_key,
+                                              self.instance_id)
         require_copartitioned(self.conf, self.topics.half, self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = self._read_retention()
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
-            self.metrics)
+            self.metrics, marker_key=self._markers.key)
         writer.start(stop)
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
             "group.id": self.topics.coordinator_group,

@@ -21,8 +21,11 @@ __all__ = ["add_arguments", "add_kafka_arguments", "env_name", "flag_name", "kaf
 T = TypeVar("T")
 
 
-def setting(default: Any, help: str) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, *, secret: bool = False) -> Any:
+    """A settings field. A ``secret`` one (a key, a password) is set by kwargs or env only,
+    never a CLI flag (a command line is visible to every local user), and left out of repr."""
+    return dataclasses.field(default=default, repr=not secret,
+                             metadata={"help": help, "secret": secret})
 
 
 def flag_name(field_name: str) -> str:
@@ -53,9 +56,25 @@ def _convert(cls: type, field: dataclasses.Field, raw: Any, source: str) -> Any:
                           f"{kind.__name__}") from exc
 
 
+class _RefusedSecret(argparse.Action):
+    """A secret on the command line is visible to every local user: refuse it, naming the
+    env variable instead, and never echo the value."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not taken on the command line (every local user "
+                     f"can read it there); set env {env_name(self.dest)} instead")
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one ``--flag-name`` per settings field (defaults stay None: see :func:`load`)."""
+    """Add one ``--flag-name`` per settings field (defaults stay None: see :func:`load`); a
+    secret's flag only refuses to be used."""
     for field in dataclasses.fields(cls):
+        if field.metadata.get("secret"):
+            # Registered so that it is not taken as an abbreviation of a longer flag.
+            parser.add_argument(flag_name(field.name), dest=field.name, default=None,
+                                nargs="?", action=_RefusedSecret, help=argparse.SUPPRESS)
+            continue
         help_text = f"{field.metadata.get('help', '')} (env {env_name(field.name)}; " \
                     f"default {field.default!r})"
         parser.add_argument(flag_name(field.name), dest=field.name, default=None,

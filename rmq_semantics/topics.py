@@ -92,6 +92,11 @@ class SystemTopics:
     def lock_reply(self) -> str:
         return f"{self.prefix}_lock_reply"
 
+    @property
+    def keys(self) -> str:
+        """The coordinators' own: the marker key (when generated) and upgrade watermarks."""
+        return f"{self.prefix}_keys"
+
     def dlq(self, group: str) -> str:
         return f"{self.prefix}_dlq_{group}"
 

@@ -70,7 +70,9 @@ _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
 #: The version new records are written with, per type.
 CURRENT_VERSION = {t: 1 for t in RecordType} | {
-    RecordType.DONE_MARKERS: 2,  # v2: the outcome REAPPENDED
+    # v2: the outcome REAPPENDED, and the writing coordinator's HMAC (``mac``, null in v1).
+    RecordType.DONE_MARKERS: 2,
+    RecordType.CHECK_MARKER: 2,  # v2: mac
     RecordType.LOCK_REQUEST: 2,  # v2: wait_ms
 }
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}

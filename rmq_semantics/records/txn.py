@@ -165,23 +165,25 @@ class DoneEntry:
 @dataclass(frozen=True, slots=True)
 class DoneMarkers:
     """The decisions for several half messages of one half partition, written in one
-    Kafka transaction."""
+    Kafka transaction. ``mac``: see coordinator/marker_auth.py."""
 
     entries: tuple[DoneEntry, ...]
     ts: int
+    mac: bytes | None = None  # the writing coordinator's HMAC (v2); None before v2
 
     def to_body(self) -> Body:
-        return {"entries": [e.to_body() for e in self.entries], "ts": self.ts}
+        return {"entries": [e.to_body() for e in self.entries], "ts": self.ts, "mac": self.mac}
 
     @classmethod
     def from_body(cls, body: Body) -> DoneMarkers:
         entry = DoneEntry.from_body
-        return cls(tuple([entry(e) for e in body["entries"]]), body["ts"])
+        return cls(tuple([entry(e) for e in body["entries"]]), body["ts"], body.get("mac"))
 
 
 @dataclass(frozen=True, slots=True)
 class CheckMarker:
-    """Check bookkeeping of one pending half message, so a new owner resumes the counts."""
+    """Check bookkeeping of one pending half message, so a new owner resumes the counts.
+    ``mac``: see coordinator/marker_auth.py."""
 
     half_offset: int
     txn_id: str
@@ -190,18 +192,19 @@ class CheckMarker:
     answered_seq: int
     next_check_ts: int
     ts: int
+    mac: bytes | None = None  # the writing coordinator's HMAC (v2); None before v2
 
     def to_body(self) -> Body:
         return {"half_offset": self.half_offset, "txn_id": self.txn_id,
                 "checks_issued": self.checks_issued, "checks_answered": self.checks_answered,
                 "answered_seq": self.answered_seq, "next_check_ts": self.next_check_ts,
-                "ts": self.ts}
+                "ts": self.ts, "mac": self.mac}
 
     @classmethod
     def from_body(cls, body: Body) -> CheckMarker:
         return cls(body["half_offset"], body["txn_id"], body["checks_issued"],
                    body["checks_answered"], body["answered_seq"], body["next_check_ts"],
-                   body["ts"])
+                   body["ts"], body.get("mac"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ from tests.integration.txn_helpers import FAST, REPO, ScriptedListener, wait_for
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "alice", "alice-secret"
+# With security on a coordinator needs the marker key (coordinator/marker_keys.py).
+MARKER_KEY = "a-marker-key-for-the-sasl-tests-0123456789"
 # librdkafka reports a refused login within ~0.3 s; leave room for a loaded CI machine.
 AUTH_FAIL_WITHIN_S = 10.0
 CLI_TIMEOUT_S = 120.0
@@ -85,7 +87,8 @@ def test_transactional_flow_with_sasl_credentials(sasl_broker, unique, tmp_path)
     port = free_port()
     coordinator = CoordinatorProcess(
         sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
-        "--metrics-port", str(port), env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD},
+        "--metrics-port", str(port),
+        env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD, "RMQ_MARKER_KEY": MARKER_KEY},
         topic_prefix=prefix)
     inline = {b"committed": S.COMMIT_MESSAGE, b"rolled-back": S.ROLLBACK_MESSAGE,
               b"checked": S.UNKNOW}
@@ -145,7 +148,8 @@ def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
         sasl_broker, unique, tmp_path):
     coordinator = CoordinatorProcess(
         sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
-        env={"RMQ_KAFKA_SASL_PASSWORD": "wrong"}, topic_prefix=unique("bad").replace("-", ""))
+        env={"RMQ_KAFKA_SASL_PASSWORD": "wrong", "RMQ_MARKER_KEY": MARKER_KEY},
+        topic_prefix=unique("bad").replace("-", ""))
     try:
         code = coordinator.wait(START_TIMEOUT_S)
     finally:
@@ -154,6 +158,22 @@ def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
     errors = [ln for ln in coordinator.log.splitlines() if "coordinator stopped" in ln]
     assert len(errors) == 1 and "authentication failed" in errors[0].lower(), coordinator.log
     assert "Traceback" not in coordinator.log
+
+
+def test_coordinator_with_security_on_and_no_marker_key_refuses_to_start(
+        sasl_broker, unique, tmp_path):
+    coordinator = CoordinatorProcess(
+        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
+        env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD},
+        topic_prefix=unique("nokey").replace("-", ""))
+    try:
+        code = coordinator.wait(START_TIMEOUT_S)
+    finally:
+        coordinator.stop()
+    assert code != 0
+    lines = coordinator.log.strip().splitlines()
+    assert len(lines) == 1 and "no marker key is set" in lines[0], coordinator.log
+    assert "RMQ_MARKER_KEY" in lines[0] and "--marker-key-file" in lines[0]
 
 
 @pytest.mark.spark

@@ -48,7 +48,8 @@ CHECK = CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", 2, b"k", b"v\
 
 # Bytes the dict-based encoder wrote before the records became dataclasses (same schemas):
 # the six transactional record types must not change on the wire. DoneMarkers is v2 since the
-# re-append horizon (its version byte, 02; the body is the same): V1_DONE_MARKERS is still read.
+# re-append horizon and the marker MAC (version byte 02; the entries are the same, then a null
+# mac): V1_DONE_MARKERS is still read.
 WIRE = [
     (EndRequest("t-1", "pg", 3, 1234567890123, EndState.ROLLBACK, True, 2, T),
      "a7010106742d31047067069693d89fee4702010480a0abfef962"),
@@ -58,7 +59,7 @@ WIRE = [
     (DoneMarker(7, "t", Outcome.DISCARDED, 3, T + 2), "a702010e0274040684a0abfef962"),
     (DoneMarkers((DoneEntry(8, "x", Outcome.COMMITTED, 0),
                   DoneEntry(9, "y", Outcome.ROLLED_BACK, 1)), T + 3),
-     "a7050204100278000012027902020086a0abfef962"),
+     "a7050204100278000012027902020086a0abfef96200"),
     (CheckMarker(10, "c", 2, 1, 1, T + 60000, T + 4),
      "a70301140263040202c0c9b2fef96288a0abfef962"),
     (CHECK, "a704010272047067001608fe9fabfef9620c6f7264657273020402026b020476000406617070023110"
@@ -86,10 +87,27 @@ OLD_JSON_STATE = (b'{"v":1,"group":"billing/eu","topic":"orders","partition":3,"
                   b'"updated_at_ms":1700000000000}')
 
 
+# Written as v2 since markers carry the coordinator's MAC (null here): the v1 bytes above
+# still decode to the same record, and v2 is v1 with version 2 and a trailing null union.
+V2 = {"a7050104100278000012027902020086a0abfef962":
+      "a7050204100278000012027902020086a0abfef96200",
+      "a70301140263040202c0c9b2fef96288a0abfef962":
+      "a70302140263040202c0c9b2fef96288a0abfef96200"}
+
+
 @pytest.mark.parametrize("record, wire", WIRE, ids=lambda v: type(v).__name__)
 def test_transactional_records_keep_their_bytes(record, wire):
-    assert encode(record).hex() == wire
+    assert encode(record).hex() == V2.get(wire, wire)
     assert decode(bytes.fromhex(wire)) == record
+    assert decode(encode(record)) == record
+
+
+def test_a_signed_marker_keeps_its_mac_and_a_v1_marker_reads_as_unsigned():
+    signed = DoneMarkers((DoneEntry(8, "x", Outcome.COMMITTED, 0),), T, b"\x01" * 32)
+    assert decode(encode(signed)).mac == b"\x01" * 32
+    check = CheckMarker(10, "c", 2, 1, 1, T + 60000, T + 4, b"\x02" * 32)
+    assert decode(encode(check)) == check
+    assert decode(bytes.fromhex(WIRE[3][1])).mac is None
 
 
 def test_done_markers_written_before_v2_are_still_read():

@@ -208,7 +208,7 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
     body = {"entries": [{"half_offset": 0, "txn_id": "t0", "outcome": "COMMITTED",
                          "checks_answered": 0},
                         {"half_offset": 2, "txn_id": "t2", "outcome": "ROLLED_BACK",
-                         "checks_answered": 1}], "ts": T0}
+                         "checks_answered": 1}], "ts": T0, "mac": None}
     record = decode(encode(wire.DoneMarkers.from_body(body)))
     assert record.to_body() == body
     assert st.on_op_marker(7, record)

@@ -1,0 +1,242 @@
+"""Where the marker key and the upgrade watermarks of coordinator/marker_auth.py come from.
+
+The key is the ``marker_key`` setting (env ``RMQ_MARKER_KEY``) or the content of the file
+``marker_key_file`` names. With Kafka security on and neither given, the coordinator refuses
+to start. With security off and neither given, one is generated and stored.
+
+``<prefix>_keys`` (one partition, compacted; coordinators only) holds small JSON records of
+three kinds. Each writer uses a record key of its own, so compaction never removes one, and
+for each kind (each Op partition, for watermarks) the FIRST record in the log wins: two
+coordinators starting together both write, read back from the start and agree.
+
+- ``key``: the generated key (security off, no key given).
+- ``fingerprint``: a public name of the key in use; a coordinator given another key refuses
+  to start rather than ignore every marker its peers write.
+- ``watermark``: an Op partition's end offset when the first coordinator of this version
+  started; unsigned markers below it were written by older coordinators and are trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from coordinator.marker_auth import MarkerKey, MarkerVerifier
+from coordinator.settings import CoordinatorSettings
+from rmq_semantics.clientconf import client_conf
+from rmq_semantics.errors import ConfigError, KafkaOperationError
+from rmq_semantics.topics import ADMIN_TIMEOUT_S, SystemTopics, topic_partition_count
+
+__all__ = ["configured_key", "keys_topic_spec", "load_verifier", "security_on"]
+
+log = logging.getLogger(__name__)
+
+RECORD_VERSION = 1
+READ_TIMEOUT_S = 30.0
+WRITE_TIMEOUT_S = 30.0
+KEY, FINGERPRINT, WATERMARK = "key", "fingerprint", "watermark"
+
+
+def security_on(conf: Mapping[str, Any]) -> bool:
+    """Whether the Kafka clients authenticate (any security.protocol but PLAINTEXT)."""
+    return str(conf.get("security.protocol", "plaintext")).lower() != "plaintext"
+
+
+def configured_key(settings: CoordinatorSettings, conf: Mapping[str, Any]) -> MarkerKey | None:
+    """The key the settings give, or None (only allowed with Kafka security off)."""
+    if settings.marker_key:
+        return MarkerKey(settings.marker_key.encode())
+    if settings.marker_key_file:
+        path = Path(settings.marker_key_file)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"--marker-key-file {path}: cannot read it "
+                              f"({exc.strerror or exc})") from exc
+        return MarkerKey(data.strip())
+    if security_on(conf):
+        raise ConfigError(
+            f"Kafka security is on (security.protocol={conf['security.protocol']}) but no "
+            "marker key is set: give every coordinator the same key in env RMQ_MARKER_KEY or "
+            "a file named by --marker-key-file")
+    return None
+
+
+def keys_topic_spec(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
+    # Compacted with a record key per writer: nothing is ever deleted.
+    return {SystemTopics(settings.topic_prefix).keys: (1, {"cleanup.policy": "compact"})}
+
+
+def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | None,
+                  instance_id: str) -> MarkerVerifier:
+    """The key (generated and stored if ``key`` is None) and every Op partition's upgrade
+    watermark (recorded now if missing), agreed through the keys topic."""
+    topics = SystemTopics(settings.topic_prefix)
+    store = _KeysTopic(conf, topics.keys, instance_id)
+    try:
+        records = store.read()
+        if key is None:
+            key = _first_key(records)
+        if key is None:
+            store.write([(KEY, {"key": secrets.token_urlsafe(32)})])
+            records = store.read()
+            key = _first_key(records)
+            if key is None:
+                raise KafkaOperationError(f"the marker key written to {topics.keys} was "
+                                          "not read back")
+            log.info("no marker key given: generated one and stored it in %s", topics.keys)
+        partitions = topic_partition_count(conf, topics.op) or 0
+        missing = [p for p in range(partitions) if p not in _watermarks(records)]
+        wanted: list[tuple[str, dict]] = []
+        if _first(records, FINGERPRINT) is None:
+            wanted.append((FINGERPRINT, {"fingerprint": key.fingerprint()}))
+        if missing:
+            ends = store.end_offsets(topics.op, missing)
+            wanted += [(f"{WATERMARK}/{p}", {"partition": p, "offset": ends[p]})
+                       for p in missing]
+        if wanted:
+            store.write(wanted)
+            records = store.read()
+    finally:
+        store.close()
+    stored = _first(records, FINGERPRINT)
+    if stored is None or stored.get("fingerprint") != key.fingerprint():
+        raise ConfigError(
+            f"this coordinator's marker key differs from the one the coordinators of prefix "
+            f"{topics.prefix} use (recorded in {topics.keys}); give every coordinator the "
+            "same RMQ_MARKER_KEY or --marker-key-file")
+    watermarks = _watermarks(records)
+    if missing:
+        log.info("upgrade watermarks of %s: %s (unsigned markers below them are trusted)",
+                 topics.op, {p: watermarks.get(p) for p in missing})
+    return MarkerVerifier(key, topics.op, watermarks)
+
+
+# -- the records -------------------------------------------------------------------------
+def _first(records: list[dict], kind: str) -> dict | None:
+    return next((r for r in records if r["kind"] == kind), None)
+
+
+def _first_key(records: list[dict]) -> MarkerKey | None:
+    record = _first(records, KEY)
+    return None if record is None else MarkerKey(str(record["key"]).encode())
+
+
+def _watermarks(records: list[dict]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for record in records:
+        if record["kind"] == WATERMARK:
+            out.setdefault(record["partition"], record["offset"])
+    return out
+
+
+def _parse(value: bytes | None) -> dict | None:
+    """A record of the keys topic, or None for anything that is not one of ours."""
+    try:
+        record = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
+        return None
+    kind = record.get("kind")
+    if kind == KEY:
+        valid = isinstance(record.get("key"), str)
+    elif kind == FINGERPRINT:
+        valid = isinstance(record.get("fingerprint"), str)
+    else:
+        valid = (kind == WATERMARK and type(record.get("partition")) is int
+                 and type(record.get("offset")) is int)
+    return record if valid else None
+
+
+class _KeysTopic:
+    """Reads the keys topic from its start (read_committed) and appends records to it."""
+
+    def __init__(self, conf: dict, topic: str, instance_id: str) -> None:
+        self.topic = topic
+        self.instance_id = f"{instance_id}-{uuid.uuid4().hex[:8]}"
+        self.reader = confluent_kafka.Consumer(client_conf(conf, who="coordinator",
+                                                           internal=True, forced={
+            "group.id": f"{topic}-reader",  # assign() only: never joined nor committed
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }))
+        self.producer = confluent_kafka.Producer(client_conf(conf, who="coordinator",
+                                                             internal=True, forced={
+            "enable.idempotence": True, "acks": "all"}))
+
+    def read(self) -> list[dict]:
+        """Every record of ours, in log order."""
+        self.reader.assign([TopicPartition(self.topic, 0, confluent_kafka.OFFSET_BEGINNING)])
+        records: list[dict] = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise KafkaOperationError(f"reading {self.topic} did not reach its end "
+                                              f"within {READ_TIMEOUT_S:.0f} s")
+                msg = self.reader.poll(0.1)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return records
+                    raise KafkaOperationError.wrap(f"reading {self.topic}", err)
+                record = _parse(msg.value())
+                if record is None:
+                    log.warning("%s[%d]@%d skipped: not a keys record", self.topic,
+                                msg.partition(), msg.offset())
+                else:
+                    records.append(record)
+        finally:
+            self.reader.unassign()
+
+    def write(self, records: list[tuple[str, dict]]) -> None:
+        """Append ``(kind or kind/partition, fields)`` records, each under a record key of
+        this writer's own, and wait until all are acknowledged."""
+        failures: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is not None:
+                failures.append(err)
+
+        for name, fields in records:
+            kind = name.split("/")[0]
+            value = json.dumps({"v": RECORD_VERSION, "kind": kind, **fields}).encode()
+            self.producer.produce(self.topic, value, key=f"{name}/{self.instance_id}".encode(),
+                                  partition=0, on_delivery=delivered)
+        if self.producer.flush(WRITE_TIMEOUT_S) or failures:
+            cause = failures[0] if failures else None
+            if cause is not None:
+                raise KafkaOperationError.wrap(f"writing to {self.topic}", cause)
+            raise KafkaOperationError(f"writing to {self.topic} was not acknowledged "
+                                      f"within {WRITE_TIMEOUT_S:.0f} s")
+
+    def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        out = {}
+        for p in partitions:
+            try:
+                _low, high = self.reader.get_watermark_offsets(TopicPartition(topic, p),
+                                                               timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                raise KafkaOperationError.wrap(f"reading the end offset of {topic}[{p}]",
+                                               exc.args[0]) from exc
+            out[p] = high
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
+        self.producer.flush(WRITE_TIMEOUT_S)
+
