@@ -8,6 +8,7 @@ switchable (``select``), so each can be run alone: ``python -m tests.fuzz --only
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -76,6 +77,8 @@ class Case:
     txn_id: str | None = None
     #: The half record must never reach a real topic (or a system one).
     never_promoted: bool = False
+    #: How many of ``records`` are bad (None: all).
+    bad: int | None = None
 
 
 @dataclass(frozen=True)
@@ -308,18 +311,22 @@ def check_garbage(rng: random.Random, ctx: Ctx) -> Case:
 def check_request_odd(rng: random.Random, ctx: Ctx) -> Case:
     """A check request of the live group for no transaction, one field at an extreme."""
     record = VALID[RecordType.CHECK_REQUEST](rng, ctx)
-    keep = ("producer_group", "topic", "partition")
+    keep = ("producer_group", "topic", "partition", "half_partition")
     return _check("check_request_odd", corrupted(rng, record, keep), ctx.group)
 
 
-def check_request_bad_destination(rng: random.Random, ctx: Ctx) -> Case:
-    """A check request whose message has no valid topic or partition."""
+def check_request_unanswerable(rng: random.Random, ctx: Ctx) -> Case:
+    """A check request whose message has no valid topic or partition, or whose half
+    partition the Op topic lacks (the answer cannot be written)."""
     record: CheckRequest = VALID[RecordType.CHECK_REQUEST](rng, ctx)
-    topic, partition = pick(rng, [("", None), (record.topic, -1), (record.topic, INT32_MIN)])
-    bad = CheckRequest(record.txn_id, ctx.group, record.half_partition, record.half_offset,
+    topic, partition, half_partition = pick(rng, [
+        ("", None, record.half_partition), (record.topic, -1, record.half_partition),
+        (record.topic, INT32_MIN, record.half_partition),
+        (record.topic, None, pick(rng, [ctx.partitions, INT32_MAX, -5]))])
+    bad = CheckRequest(record.txn_id, ctx.group, half_partition, record.half_offset,
                        record.check_seq, record.born_ts, topic, partition, record.key,
                        record.value, record.headers, record.ts)
-    return _check("check_request_bad_destination", encode(bad), ctx.group)
+    return _check("check_request_unanswerable", encode(bad), ctx.group)
 
 
 # -- lock requests ---------------------------------------------------------------------------
@@ -371,7 +378,7 @@ def lock_stale_epoch(rng: random.Random, ctx: Ctx) -> Case:
     stale = _request(rng, ctx, group, kind=RequestKind.UNLOCK, queues=(QueueRef(
         ref.topic, ref.partition, pick(rng, [0, 2, 999, -1, INT64_MAX])),))
     p = _routed(ref.key(group), ctx)
-    return Case("lock_stale_epoch", LOCK_REQUEST, [_lock(granted, p), _lock(stale, p)])
+    return Case("lock_stale_epoch", LOCK_REQUEST, [_lock(granted, p), _lock(stale, p)], bad=1)
 
 
 def lock_odd(rng: random.Random, ctx: Ctx) -> Case:
@@ -438,9 +445,10 @@ CATEGORIES: tuple[Category, ...] = (
              "#4: forged markers are trusted and not counted"),
     Category("check_garbage", CHECK, check_garbage, False),
     Category("check_request_odd", CHECK, check_request_odd, False),
-    Category("check_request_bad_destination", CHECK, check_request_bad_destination, False,
-             "a check request with topic '' or a negative partition kills the producer's "
-             "check worker thread (Message raises ConfigError): later checks go unanswered"),
+    Category("check_request_unanswerable", CHECK, check_request_unanswerable, False,
+             "a check request with topic '' or a negative partition (Message raises "
+             "ConfigError), or naming an Op partition that does not exist (produce raises "
+             "KafkaException), kills the producer's check worker: later checks go unanswered"),
     Category("lock_garbage", LOCK_REQUEST, lock_garbage, True),
     Category("lock_misrouted", LOCK_REQUEST, lock_misrouted, True),
     Category("lock_invalid", LOCK_REQUEST, lock_invalid, True),
@@ -483,3 +491,36 @@ def bad_input(counts: dict[str, float]) -> dict[str, float]:
     normal = {*NORMAL_COUNTERS, *(f"rmq_lock_events_total{{event={e}}}"
                                   for e in NORMAL_LOCK_EVENTS)}
     return {k: v for k, v in counts.items() if v and k not in normal}
+
+
+def counted_by_topic(counts: dict[str, float], prefix: str) -> Counter[str]:
+    """Bad-input counts by the topic of the records they count: lock events for lock
+    requests, malformed half records and discards for half records, the rest for Op
+    records (rejected and conflicting end requests, malformed Op records, and whatever new
+    counter a fix adds, such as forged markers)."""
+    out: Counter[str] = Counter()
+    for key, value in bad_input(counts).items():
+        if key.startswith("rmq_lock_events_total"):
+            out[LOCK_REQUEST] += value
+        elif key.startswith("rmq_discarded_total") or (
+                key == f"rmq_malformed_records_total{{topic={prefix}_{HALF}}}"):
+            out[HALF] += value
+        else:
+            out[OP] += value
+    return out
+
+
+def owed_by_topic(cases: Iterable[Case]) -> Counter[str]:
+    """How many records of counted categories each topic got."""
+    out: Counter[str] = Counter()
+    for case in cases:
+        if BY_NAME[case.category].counted:
+            out[case.topic] += len(case.records) if case.bad is None else case.bad
+    return out
+
+
+def uncounted(counts: dict[str, float], prefix: str, cases: Iterable[Case]) -> list[str]:
+    """Topics whose counted bad records moved fewer counters than there were records."""
+    owed, counted = owed_by_topic(cases), counted_by_topic(counts, prefix)
+    return [f"{topic}: {n} bad records owed a count, {counted[topic]:.0f} counted"
+            for topic, n in sorted(owed.items()) if counted[topic] < n]

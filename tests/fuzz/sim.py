@@ -28,7 +28,7 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.codec import decode, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
-from tests.fuzz.categories import BY_NAME, HALF, OP, Case, Category, bad_input
+from tests.fuzz.categories import HALF, OP, Case, Category, uncounted
 from tests.fuzz.generators import Ctx, Raw, pick, valid_half
 
 REAL_TOPIC = "orders"
@@ -363,11 +363,7 @@ class Simulation:
         out += self.promoted_forbidden()
         if not counts:
             return out
-        owed = sum(len(c.records) for c in self.cases if BY_NAME[c.category].counted)
-        counted = sum(bad_input(self.counts()).values())
-        if counted < owed:
-            out.append(f"{owed} bad records owed a count, {counted:.0f} counted: "
-                       f"{bad_input(self.counts())}")
+        out += uncounted(self.counts(), self.ctx.prefix, self.cases)
         return out
 
     # -- stand-ins in place while the simulation runs ----------------------------------------
