@@ -486,10 +486,15 @@ NORMAL_LOCK_EVENTS = ("requests", "granted", "renewed", "taken_over", "released"
                       "expired")
 
 
+# An inline UNKNOW (a good producer's) is ignored: only answers to checks count.
+NORMAL_DECISIONS = ("unknown_ignored",)
+
+
 def bad_input(counts: dict[str, float]) -> dict[str, float]:
     """The counters (``name{label=value}``) that count bad input under a reason."""
     normal = {*NORMAL_COUNTERS, *(f"rmq_lock_events_total{{event={e}}}"
-                                  for e in NORMAL_LOCK_EVENTS)}
+                                  for e in NORMAL_LOCK_EVENTS),
+              *(f"rmq_conflicting_decisions_total{{kind={k}}}" for k in NORMAL_DECISIONS)}
     return {k: v for k, v in counts.items() if v and k not in normal}
 
 
