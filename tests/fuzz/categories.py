@@ -96,7 +96,7 @@ def _commit_after(txn: str, ctx: Ctx) -> FollowUp:
     """A COMMIT end request for the half record, as its producer would send it."""
 
     def then(partition: int, offset: int) -> list[tuple[str, Raw]]:
-        request = end_request(random.Random(), ctx, partition, offset, txn, EndState.COMMIT)
+        request = end_request(ctx, partition, offset, txn, EndState.COMMIT)
         return [(OP, Raw(encode(request), partition=partition))]
 
     return then

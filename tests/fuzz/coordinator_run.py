@@ -106,7 +106,7 @@ class Report:
         for name, n in sorted(self.sent.items()):
             flag = f"   [known bad: {KNOWN_BAD[name]}]" if name in KNOWN_BAD else ""
             lines.append(f"  {name:32} {n:6}{flag}")
-        owed = ", ".join(f"{t} {n}" for t, n in sorted(self.owed.items()))
+        owed = ", ".join(f"{t} {n}" for t, n in sorted(self.owed.items())) or "none"
         lines.append(f"counted by the coordinator, per reason (owed a count: {owed}):")
         lines += [f"  {k:60} {v:8.0f}" for k, v in sorted(self.counts.items())]
         problems = self.violations()

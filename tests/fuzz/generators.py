@@ -127,7 +127,7 @@ def valid_half(rng: random.Random, ctx: Ctx, *, topic: str | None = None,
     return Raw(msg.value, msg.key, headers, rng.randrange(ctx.partitions)), txn
 
 
-def end_request(rng: random.Random, ctx: Ctx, partition: int, offset: int, txn: str,
+def end_request(ctx: Ctx, partition: int, offset: int, txn: str,
                 state: EndState = EndState.COMMIT, group: str | None = None) -> EndRequest:
     return EndRequest(txn, group or ctx.group, partition, offset, state, False, 0, ctx.now_ms)
 
