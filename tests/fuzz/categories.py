@@ -426,7 +426,9 @@ CATEGORIES: tuple[Category, ...] = (
              "rmq.born_ts beyond a long: the check request does not encode, or the "
              "promotion-latency metric overflows a float (process exits 1)"),
     Category("half_partition_out_of_range", HALF, half_partition_out_of_range, True,
-             "#2: a COMMIT to a partition the real topic lacks replays for ever, or exits"),
+             "#2: a COMMIT to a partition the real topic lacks: >= 2**31 exits 1 "
+             "(OverflowError in produce), 1/99/-5 abort and replay for ever, -1 is promoted "
+             "to a partition of the partitioner's choosing"),
     Category("half_system_topic", HALF, half_system_topic, True,
              "#4: a COMMIT is promoted into a system topic"),
     Category("half_unknown_topic", HALF, half_unknown_topic, True,
