@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench fuzz clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: setup
 
 bench: setup
 	$(PY) -m rmq_semantics bench --out bench/results.json
+
+# The fuzzer's long run: 10,000 bad records through a real coordinator (RMQ_BOOTSTRAP_SERVERS
+# or an embedded broker); FUZZ_ARGS adds e.g. --seed N, --only CATEGORY, --safe, --list.
+fuzz: setup
+	$(PY) -m tests.fuzz --records 10000 $(FUZZ_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -1,0 +1,390 @@
+"""Seeded generators of system records: valid ones from the product's own encoders, then
+mutated (one field corrupted, bytes cut or flipped, wrong magic, type or schema version).
+
+Everything takes a ``random.Random``, so a seed reproduces a run. Nothing here talks to
+Kafka: a generated record is a :class:`Raw` (key, value, headers) for some topic.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import fastavro
+
+from rmq_semantics.message import Message
+from rmq_semantics.records.codec import MAGIC, RecordType, encode, schema
+from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.headers import H
+from rmq_semantics.records.locks import (
+    LockEntry,
+    LockKey,
+    LockReply,
+    LockRequest,
+    LockState,
+    QueueRef,
+    QueueResult,
+    RequestKind,
+)
+from rmq_semantics.records.txn import (
+    CheckMarker,
+    CheckRequest,
+    DoneEntry,
+    DoneMarker,
+    DoneMarkers,
+    EndEntry,
+    EndRequest,
+    EndRequests,
+    EndState,
+    Outcome,
+)
+
+RawHeaders = list[tuple[str, bytes | None]]
+
+INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+# Integers no Avro long holds; 10**400 is also beyond a float.
+BEYOND_LONG = (2**63, -(2**63) - 1, 10**30, -(10**30), 10**400)
+
+
+@dataclass
+class Raw:
+    """One record to write: ``partition`` None lets the writer choose."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: RawHeaders | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What generated records may aim at."""
+
+    prefix: str = "fuzz"
+    partitions: int = 4  # of the half/op topics (and the lock request topic)
+    group: str = "fuzz-pg"  # the live producer group: answers checks of unknown txns UNKNOW
+    real_topic: str = "fuzz-sink"  # an existing topic bad half records may name
+    missing_topic: str = "fuzz-missing"  # a topic that does not exist
+    lock_group: str = "fuzz-lock"  # the good lock client's group: bad lock records avoid it
+    # (half partition, half offset, txn id) of good transactions, for forged records.
+    targets: tuple[tuple[int, int, str], ...] = ()
+    now_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def system_topics(self) -> list[str]:
+        return [f"{self.prefix}_{s}" for s in ("half", "op", "check", "discard", "lock",
+                                               "lock_request", "lock_reply")]
+
+
+# -- values ----------------------------------------------------------------------------------
+def some_bytes(rng: random.Random, most: int = 48) -> bytes:
+    return rng.randbytes(rng.randrange(most + 1))
+
+
+def not_utf8(rng: random.Random) -> bytes:
+    # 0xff never occurs in UTF-8, wherever it stands.
+    return some_bytes(rng, 8) + b"\xff" + rng.choice([b"", b"\xc3\x28", b"\xed\xa0\x80"])
+
+
+def some_text(rng: random.Random) -> str:
+    return rng.choice(["", "x", "ü€/\u0000", "a" * 300, uuid.uuid4().hex,
+                       "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(12))])
+
+
+def huge_text(rng: random.Random) -> str:
+    return "h" * rng.choice([10_000, 200_000])
+
+
+def txn_id() -> str:
+    return uuid.uuid4().hex
+
+
+def pick(rng: random.Random, options: list[Any] | tuple[Any, ...]) -> Any:
+    return options[rng.randrange(len(options))]
+
+
+# -- valid records, one builder per record type ----------------------------------------------
+def valid_half(rng: random.Random, ctx: Ctx, *, topic: str | None = None,
+               partition: int | None = None, group: str | None = None,
+               user_headers: RawHeaders | None = None) -> tuple[Raw, str]:
+    """A half record as ``TransactionProducer`` writes it; returns it and its txn id."""
+    msg = Message(topic or ctx.real_topic, some_bytes(rng), key=pick(rng, [None, b"k"]),
+                  partition=partition, tags=pick(rng, [None, "TagA"]),
+                  keys=pick(rng, [None, "key-1"]),
+                  check_immunity_ms=pick(rng, [None, 0, 500]))
+    txn = txn_id()
+    headers: RawHeaders = list(half_headers(msg, txn, (group or ctx.group).encode(),
+                                            str(ctx.now_ms).encode()))
+    headers = [*(user_headers or []), *headers]
+    return Raw(msg.value, msg.key, headers, rng.randrange(ctx.partitions)), txn
+
+
+def end_request(ctx: Ctx, partition: int, offset: int, txn: str,
+                state: EndState = EndState.COMMIT, group: str | None = None) -> EndRequest:
+    return EndRequest(txn, group or ctx.group, partition, offset, state, False, 0, ctx.now_ms)
+
+
+def _target(rng: random.Random, ctx: Ctx) -> tuple[int, int, str]:
+    if ctx.targets:
+        return pick(rng, ctx.targets)
+    return rng.randrange(ctx.partitions), rng.randrange(50), txn_id()
+
+
+def _end_request(rng: random.Random, ctx: Ctx) -> EndRequest:
+    p, offset, _ = _target(rng, ctx)
+    return EndRequest(txn_id(), ctx.group, p, offset, pick(rng, list(EndState)),
+                      rng.random() < 0.3, rng.randrange(4), ctx.now_ms)
+
+
+def _end_requests(rng: random.Random, ctx: Ctx) -> EndRequests:
+    p, offset, _ = _target(rng, ctx)
+    entries = tuple(EndEntry(txn_id(), offset + i, pick(rng, list(EndState)))
+                    for i in range(1 + rng.randrange(5)))
+    return EndRequests(ctx.group, p, entries, ctx.now_ms)
+
+
+def _done_marker(rng: random.Random, ctx: Ctx) -> DoneMarker:
+    _, offset, txn = _target(rng, ctx)
+    return DoneMarker(offset, txn, pick(rng, list(Outcome)), rng.randrange(3), ctx.now_ms)
+
+
+def _done_markers(rng: random.Random, ctx: Ctx) -> DoneMarkers:
+    _, offset, txn = _target(rng, ctx)
+    return DoneMarkers((DoneEntry(offset, txn, pick(rng, list(Outcome)), 0),), ctx.now_ms)
+
+
+def _check_marker(rng: random.Random, ctx: Ctx) -> CheckMarker:
+    _, offset, txn = _target(rng, ctx)
+    return CheckMarker(offset, txn, 1, 0, 0, ctx.now_ms + 60_000, ctx.now_ms)
+
+
+def _check_request(rng: random.Random, ctx: Ctx) -> CheckRequest:
+    half, txn = valid_half(rng, ctx)
+    p, offset, _ = _target(rng, ctx)
+    headers = [(k, v or b"") for k, v in half.headers or []]
+    return CheckRequest(txn, ctx.group, p, offset, 1 + rng.randrange(3), ctx.now_ms,
+                        ctx.real_topic, None, half.key, half.value, headers, ctx.now_ms)
+
+
+def lock_key(rng: random.Random, ctx: Ctx, group: str | None = None) -> LockKey:
+    return LockKey(group or f"fuzz-g{rng.randrange(5)}", f"fuzz-t{rng.randrange(3)}",
+                   rng.randrange(8))
+
+
+def _lock_request(rng: random.Random, ctx: Ctx) -> LockRequest:
+    key = lock_key(rng, ctx)
+    return LockRequest(pick(rng, list(RequestKind)), txn_id(), f"fuzz-c{rng.randrange(3)}",
+                       key.group, 0, (QueueRef(key.topic, key.partition),), 30_000,
+                       ctx.now_ms)
+
+
+def _lock_reply(rng: random.Random, ctx: Ctx) -> LockReply:
+    key = lock_key(rng, ctx)
+    return LockReply(txn_id(), "fuzz-c0", RequestKind.LOCK, (QueueResult(
+        key.topic, key.partition, True, "granted", 1, 30_000, ctx.now_ms + 30_000, "c"),))
+
+
+def _lock_state(rng: random.Random, ctx: Ctx) -> LockEntry:
+    return LockEntry(lock_key(rng, ctx), pick(rng, list(LockState)), "fuzz-c0",
+                     rng.randrange(5), 30_000, ctx.now_ms, ctx.now_ms + 30_000, ctx.now_ms)
+
+
+#: One builder of a valid record per record type (the house rule: a new type adds one).
+VALID: dict[RecordType, Callable[[random.Random, Ctx], Any]] = {
+    RecordType.END_REQUEST: _end_request,
+    RecordType.DONE_MARKER: _done_marker,
+    RecordType.CHECK_MARKER: _check_marker,
+    RecordType.CHECK_REQUEST: _check_request,
+    RecordType.DONE_MARKERS: _done_markers,
+    RecordType.END_REQUESTS: _end_requests,
+    RecordType.LOCK_REQUEST: _lock_request,
+    RecordType.LOCK_REPLY: _lock_reply,
+    RecordType.LOCK_STATE: _lock_state,
+}
+MARKER_TYPES = (RecordType.DONE_MARKER, RecordType.DONE_MARKERS, RecordType.CHECK_MARKER)
+
+
+def valid_bytes(rng: random.Random, ctx: Ctx, record_type: RecordType) -> bytes:
+    return encode(VALID[record_type](rng, ctx))
+
+
+# -- field corruption: the body of a valid record with one leaf set to an extreme ------------
+@cache
+def schema_json(record_type: RecordType) -> dict:
+    path = resources.files("rmq_semantics") / "records" / f"{record_type.stem}.v1.avsc"
+    return json.loads(path.read_text())
+
+
+def _extremes(rng: random.Random, avro_type: Any) -> list[Any]:
+    """Values of ``avro_type`` a writer may put there that a reader may not expect."""
+    if isinstance(avro_type, list):  # a union: null or any branch
+        return [None, *(v for t in avro_type if t != "null" for v in _extremes(rng, t))]
+    if isinstance(avro_type, dict) and avro_type.get("type") == "enum":
+        return list(avro_type["symbols"])
+    return {
+        "int": [INT32_MIN, INT32_MAX, -1, 0],
+        "long": [INT64_MIN, INT64_MAX, -1, 0, 2**40],
+        "string": ["", "\u0000", huge_text(rng), some_text(rng)],
+        "bytes": [b"", some_bytes(rng, 4000)],
+        "boolean": [True, False],
+    }.get(avro_type if isinstance(avro_type, str) else "", [None])
+
+
+def _leaves(body: Any, avro_type: Any, path: tuple) -> list[tuple[tuple, Any]]:
+    """Every (path, schema type) of a scalar in ``body``."""
+    if isinstance(avro_type, dict) and avro_type.get("type") == "record":
+        out = []
+        for f in avro_type["fields"]:
+            out += _leaves(body[f["name"]], f["type"], (*path, f["name"]))
+        return out
+    if isinstance(avro_type, dict) and avro_type.get("type") == "array":
+        out = []
+        for i, item in enumerate(body):
+            out += _leaves(item, avro_type["items"], (*path, i))
+        return out
+    return [(path, avro_type)]
+
+
+def corrupt_body(rng: random.Random, record_type: RecordType, body: dict,
+                 keep: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """``body`` with one scalar set to an extreme of its type (top-level fields in ``keep``
+    stay as they are); also says which."""
+    leaves = [leaf for leaf in _leaves(body, schema_json(record_type), ())
+              if leaf[0][0] not in keep]
+    path, avro_type = pick(rng, leaves)
+    value = pick(rng, _extremes(rng, avro_type))
+    holder = body
+    for step in path[:-1]:
+        holder = holder[step]
+    holder[path[-1]] = value
+    return body, ".".join(map(str, path))
+
+
+def encode_body(record_type: RecordType, body: dict, version: int = 1) -> bytes:
+    """``MAGIC | type | version | Avro``, the body written with the v1 schema."""
+    out = io.BytesIO()
+    out.write(bytes((MAGIC, record_type, version)))
+    fastavro.schemaless_writer(out, schema(record_type, 1), body)
+    return out.getvalue()
+
+
+def corrupted(rng: random.Random, record: Any, keep: tuple[str, ...] = ()) -> bytes:
+    """A valid record with one field set to an extreme value (still valid Avro)."""
+    record_type = RecordType(encode(record)[1])
+    body, _ = corrupt_body(rng, record_type, record.to_body(), keep)
+    return encode_body(record_type, body)
+
+
+# -- byte mutations --------------------------------------------------------------------------
+def _varint(n: int) -> bytes:
+    zigzag = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        byte = zigzag & 0x7F
+        zigzag >>= 7
+        if zigzag:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def truncated(rng: random.Random, data: bytes) -> bytes:
+    return data[:rng.randrange(3, len(data))] if len(data) > 3 else data[:1]
+
+
+def bad_magic(rng: random.Random, data: bytes) -> bytes:
+    return bytes((pick(rng, [0, 0x7B, MAGIC ^ 1, 255]),)) + data[1:]
+
+
+def unknown_type(rng: random.Random, data: bytes) -> bytes:
+    known = {t.value for t in RecordType}
+    return data[:1] + bytes((pick(rng, [t for t in range(256) if t not in known]),)) + data[2:]
+
+
+def bad_version(rng: random.Random, data: bytes) -> bytes:
+    return data[:2] + bytes((pick(rng, [0, 2, 3, 255]),)) + data[3:]
+
+
+def huge_length(rng: random.Random, data: bytes) -> bytes:
+    """The body starts with a length or count no record has (fastavro must not allocate it)."""
+    return data[:3] + _varint(pick(rng, [2**31, 2**60, -(2**40)])) + data[3:]
+
+
+def garbage(rng: random.Random, data: bytes) -> bytes | None:
+    return pick(rng, [None, b"", b"\x00", bytes((MAGIC,)), bytes((MAGIC, 1, 1)),
+                      some_bytes(rng, 200), b"{\"v\": 1}", b"{" + some_bytes(rng, 20)])
+
+
+#: Mutations that leave no decodable record (the decoder must call each malformed).
+BREAKING = (truncated, bad_magic, unknown_type, bad_version, garbage)
+
+
+def relabelled(rng: random.Random, data: bytes, to: RecordType) -> bytes:
+    """The Avro body of one record type under another's type byte."""
+    return data[:1] + bytes((to,)) + data[2:]
+
+
+def flipped(rng: random.Random, data: bytes) -> bytes:
+    out = bytearray(data)
+    for _ in range(1 + rng.randrange(3)):
+        i = 3 + rng.randrange(max(1, len(out) - 3))
+        if i < len(out):
+            out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+# -- headers: an odd value for every rmq.* header --------------------------------------------
+def _number_text(rng: random.Random) -> bytes:
+    return pick(rng, [b"abc", b"1.5", b"1e3", b"0x10", b"--1", b"\xff", b"12a"])
+
+
+def _any(rng: random.Random) -> bytes | None:
+    return pick(rng, [None, b"", some_bytes(rng), not_utf8(rng), huge_text(rng).encode()])
+
+
+#: An odd value for each ``rmq.*`` header name (house rule: a new header adds one). The half
+#: generators put these on half records: required ones break the parse, the rest are carried.
+HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
+    H.TXN_ID: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
+    H.REAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b"",
+                                              ctx.missing_topic.encode()]),
+    H.REAL_PARTITION: lambda rng, ctx: _number_text(rng),
+    H.PRODUCER_GROUP: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
+    H.BORN_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b""]),
+    H.CHECK_IMMUNITY_MS: lambda rng, ctx: _number_text(rng),
+    H.TAGS: lambda rng, ctx: pick(rng, [not_utf8(rng), huge_text(rng).encode()]),
+    H.KEYS: lambda rng, ctx: pick(rng, [not_utf8(rng), huge_text(rng).encode()]),
+    H.PROMOTED_FROM: lambda rng, ctx: pick(rng, [b"0:0", b"x:y", not_utf8(rng)]),
+    H.HALF_PARTITION: lambda rng, ctx: _number_text(rng),
+    H.HALF_OFFSET: lambda rng, ctx: _number_text(rng),
+    H.CHECK_COUNT: lambda rng, ctx: _number_text(rng),
+    H.DISCARD_REASON: lambda rng, ctx: _any(rng),
+    H.DISCARDED_TS: lambda rng, ctx: _number_text(rng),
+    H.REDRIVE_OF: lambda rng, ctx: pick(rng, [b"0:0", not_utf8(rng)]),
+    H.DLQ_ORIGINAL_TOPIC: lambda rng, ctx: _any(rng),
+    H.DLQ_ORIGINAL_PARTITION: lambda rng, ctx: _number_text(rng),
+    H.DLQ_ORIGINAL_OFFSET: lambda rng, ctx: _number_text(rng),
+    H.DLQ_RECONSUME_TIMES: lambda rng, ctx: _number_text(rng),
+}
+#: Headers a half record must carry (``records.half``), and the optional numeric ones.
+REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
+NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS)
+
+
+def header_names() -> set[str]:
+    """Every ``rmq.*`` header name ``H`` defines."""
+    return {v for k, v in vars(H).items() if not k.startswith("_") and isinstance(v, str)}
+
+
+def set_header(headers: RawHeaders, name: str, value: bytes | None) -> RawHeaders:
+    """``headers`` with every ``name`` replaced by one ``(name, value)``."""
+    return [*(h for h in headers if h[0] != name), (name, value)]
