@@ -19,6 +19,8 @@ class CoordinatorSettings:
         6000, "first back-check of a half message this long after it was born")
     check_interval_ms: int = setting(60000, "interval between back-checks of one message")
     check_max: int = setting(15, "answered UNKNOWN checks before a message is discarded")
+    replay_max: int = setting(3, "aborted Kafka transactions one half message may cause "
+                                 "before it is discarded (replay_limit)")
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
@@ -38,7 +40,7 @@ class CoordinatorSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
-        for name in ("transaction_timeout_ms", "check_interval_ms", "check_max",
+        for name in ("transaction_timeout_ms", "check_interval_ms", "check_max", "replay_max",
                      "lock_lease_ms", "lock_renew_ms", "half_partitions", "check_partitions"):
             positive(name)
         if not self.lock_renew_ms < self.lock_lease_ms:

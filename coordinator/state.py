@@ -17,6 +17,7 @@ from enum import Enum
 from rmq_semantics.errors import IllegalTransitionError
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
+from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, DoneMarker, DoneMarkers
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Discard",
     "Finish",
     "IssueCheck",
+    "LateCommit",
     "PartitionState",
     "SaveCheckCounts",
     "TxnState",
@@ -100,11 +102,24 @@ class Discard:
     """Copy the half message to the discard topic and write a DISCARDED done marker."""
 
     half: HalfMessage
-    reason: str
+    reason: DiscardReason
     checks_answered: int
+    detail: str = ""  # for the log line
 
 
-Action = Finish | IssueCheck | SaveCheckCounts | Discard
+@dataclass(frozen=True)
+class LateCommit:
+    """A COMMIT for a transaction already discarded: noted in the discard topic, so
+    ``txn discarded`` shows it, and logged with its transaction id."""
+
+    partition: int
+    half_offset: int
+    txn_id: str
+    producer_group: str
+    op_offset: int
+
+
+Action = Finish | IssueCheck | SaveCheckCounts | Discard | LateCommit
 
 
 @dataclass
@@ -116,6 +131,7 @@ class Pending:
     answered_seq: int = 0
     marker_op_offset: int | None = None  # latest check marker read back from Op
     state: TxnState = TxnState.PENDING
+    poison: DiscardReason | None = None  # never promotable: set aside when due
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,11 @@ class EndRequest:
 
 @dataclass
 class PartitionState:
-    """All the coordinator knows about half partition ``p`` and Op partition ``p``."""
+    """All the coordinator knows about half partition ``p`` and Op partition ``p``.
+
+    Over 300 lines because every input (half records, poison ones, markers, end requests)
+    moves the same heaps and offsets to commit: split, each part would reach into them.
+    """
 
     partition: int
     transaction_timeout_ms: int
@@ -190,6 +210,31 @@ class PartitionState:
         # Only requests for this offset can have become applicable (a scan of every
         # deferred request per half record was quadratic when ends overtake halves).
         return self._drain_deferred(now_ms, only=offset)
+
+    def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
+                       now_ms: int) -> list[Action]:
+        """A half record that must never be promoted (malformed, a system topic as its
+        destination). It waits as pending until recovery is over, so a done marker read
+        back first keeps it from being set aside twice; then ``due()`` discards it."""
+        self.half_position = max(self.half_position, offset + 1)
+        self.half_at_end = False
+        self.malformed_half.add(offset)  # end requests for it are rejected
+        if offset not in self.decided and offset not in self.pending:
+            self.pending[offset] = Pending(half, now_ms, poison=reason)
+            heapq.heappush(self._schedule, (now_ms, offset))
+            heapq.heappush(self._pending_heap, offset)
+        return self._drain_deferred(now_ms, only=offset)
+
+    def set_aside(self, action: Finish | IssueCheck, reason: DiscardReason,
+                  detail: str) -> Discard:
+        """``action``, a promotion or a check of the batch being written, can never be
+        written: discard its half message instead (its done marker says DISCARDED)."""
+        offset = action.half.offset
+        if offset in self.pending:
+            return self._discard(offset, reason, detail)
+        self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
+        self.outcomes[offset] = TxnState.DISCARDED
+        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
@@ -294,6 +339,8 @@ class PartitionState:
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
         offset = request.half_offset
         entry = self.pending.get(offset)
+        if entry is not None and entry.poison is not None:
+            entry = None  # waiting to be set aside: as good as malformed
         if entry is None:
             if offset in self.malformed_half:
                 self.counters["rejected_not_half"] += 1
@@ -302,6 +349,9 @@ class PartitionState:
                 self.counters["late_unknown"] += 1
             else:
                 outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
+                if outcome is TxnState.DISCARDED and request.state == "COMMIT":
+                    return [LateCommit(self.partition, offset, request.txn_id,
+                                       request.producer_group, request.op_offset)]
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
                     outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
                 self.counters["duplicate_decisions" if same else "conflicting_decisions"] += 1
@@ -325,7 +375,8 @@ class PartitionState:
         entry.checks_answered += 1
         entry.answered_seq = request.check_seq
         if entry.checks_answered >= self.check_max:
-            return [self._discard(offset, f"{entry.checks_answered} checks answered UNKNOWN")]
+            return [self._discard(offset, DiscardReason.CHECK_MAX,
+                                  f"{entry.checks_answered} checks answered UNKNOWN")]
         return [SaveCheckCounts(half, entry.checks_issued, entry.checks_answered,
                                 entry.answered_seq, entry.next_check_ts)]
 
@@ -347,11 +398,11 @@ class PartitionState:
         self._remember(offset, outcome)
         return Finish(entry.half, outcome, entry.checks_answered)
 
-    def _discard(self, offset: int, reason: str) -> Discard:
+    def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard:
         entry = self.pending.pop(offset)
         transition(entry.state, TxnState.DISCARDED)
         self._remember(offset, TxnState.DISCARDED)
-        return Discard(entry.half, reason, entry.checks_answered)
+        return Discard(entry.half, reason, entry.checks_answered, detail)
 
     def due(self, now_ms: int) -> list[Action]:
         """Checks (and retention discards) whose time has come. None while recovering."""
@@ -363,10 +414,14 @@ class PartitionState:
             entry = self.pending.get(offset)
             if entry is None or entry.next_check_ts != due_ts:
                 continue  # resolved, or rescheduled (a stale heap entry)
+            if entry.poison is not None:
+                actions.append(self._discard(offset, entry.poison))
+                continue
             next_ts = now_ms + self.check_interval_ms
             if self.retention_ms is not None and (
                     next_ts >= entry.half.timestamp_ms + self.retention_ms):
-                actions.append(self._discard(offset, "would outlive the half topic's retention"))
+                actions.append(self._discard(offset, DiscardReason.RETENTION,
+                                             "would outlive the half topic's retention"))
                 continue
             entry.checks_issued += 1
             entry.next_check_ts = next_ts

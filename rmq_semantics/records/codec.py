@@ -68,8 +68,9 @@ RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
 }
 _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
-#: The version new records are written with, per type.
-CURRENT_VERSION = {t: 1 for t in RecordType}
+#: The version new records are written with, per type. Check requests v2: a header value
+#: may be null (v1 records still decode, by schema resolution).
+CURRENT_VERSION = {**{t: 1 for t in RecordType}, RecordType.CHECK_REQUEST: 2}
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
 

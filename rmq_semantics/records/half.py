@@ -9,9 +9,12 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["HalfMessage", "half_headers", "parse_half"]
+__all__ = ["MAX_TXN_ID_LENGTH", "HalfMessage", "half_headers", "parse_half", "unparsed_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
+# Every done marker carries the transaction id, and one Op record holds a whole batch's
+# markers: a longer id is malformed, so a batch stays far below max.message.bytes.
+MAX_TXN_ID_LENGTH = 128
 
 
 def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes) -> Headers:
@@ -79,9 +82,13 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     for name, raw in headers or []:
         if name.startswith(RESERVED_PREFIX):
             found[name] = raw or b""
-    missing = [h for h in _REQUIRED if h not in found]
+    # A required header with a null (or empty) value is as good as missing.
+    missing = [h for h in _REQUIRED if not found.get(h)]
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
+    if len(found[H.TXN_ID]) > MAX_TXN_ID_LENGTH:
+        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.TXN_ID} is longer than "
+                                   f"{MAX_TXN_ID_LENGTH} bytes")
     try:
         real_partition = found.get(H.REAL_PARTITION)
         immunity = found.get(H.CHECK_IMMUNITY_MS)
@@ -96,3 +103,19 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
             key=key, value=value, headers=list(headers or []))
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
+
+
+def unparsed_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                  value: bytes | None, headers: Headers | None) -> HalfMessage:
+    """A half record :func:`parse_half` refused, as far as it can be read (never raises):
+    what the coordinator copies to the discard topic and names in its done marker."""
+
+    def text(name: str, limit: int) -> str:
+        raw = next((v for k, v in headers or [] if k == name and isinstance(v, bytes)), b"")
+        return raw[:limit].decode(errors="replace")
+
+    return HalfMessage(
+        partition=partition, offset=offset, timestamp_ms=timestamp_ms,
+        txn_id=text(H.TXN_ID, MAX_TXN_ID_LENGTH), producer_group=text(H.PRODUCER_GROUP, 1024),
+        real_topic=text(H.REAL_TOPIC, 1024), real_partition=None, born_ts=timestamp_ms,
+        check_immunity_ms=None, key=key, value=value, headers=list(headers or []))
