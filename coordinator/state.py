@@ -176,6 +176,10 @@ class PartitionState:
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
     # conflicting one after the offset left ``decided``.
     outcomes: OrderedDict[int, TxnState] = field(default_factory=OrderedDict)
+    # Discarded half offset -> the last op offset read before the discard (its done marker's
+    # when read back): a COMMIT after it is late; one before it caused the discard or was
+    # read again by a replay (bounded like ``outcomes``).
+    discarded_at: dict[int, int] = field(default_factory=dict)
     # Rejected end requests with the reason, for the I/O layer to log and then clear.
     rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
     # Check markers read before their half record (op and half are consumed side by side).
@@ -234,6 +238,7 @@ class PartitionState:
             return self._discard(offset, reason, detail)
         self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
         self.outcomes[offset] = TxnState.DISCARDED
+        self._discarded(offset, self.op_position - 1)
         return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
@@ -244,6 +249,8 @@ class PartitionState:
         if half_offset >= low:
             self._decide(half_offset, op_offset, outcome)
         self.outcomes[half_offset] = outcome
+        if outcome is TxnState.DISCARDED:
+            self._discarded(half_offset, op_offset)
 
     def on_op_marker(self, op_offset: int, record: SystemRecord) -> bool:
         """A done or check marker read back from Op (the coordinator's own records);
@@ -349,7 +356,8 @@ class PartitionState:
                 self.counters["late_unknown"] += 1
             else:
                 outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
-                if outcome is TxnState.DISCARDED and request.state == "COMMIT":
+                if outcome is TxnState.DISCARDED and request.state == "COMMIT" and (
+                        request.op_offset > self.discarded_at.get(offset, -1)):
                     return [LateCommit(self.partition, offset, request.txn_id,
                                        request.producer_group, request.op_offset)]
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
@@ -402,7 +410,13 @@ class PartitionState:
         entry = self.pending.pop(offset)
         transition(entry.state, TxnState.DISCARDED)
         self._remember(offset, TxnState.DISCARDED)
+        self._discarded(offset, self.op_position - 1)
         return Discard(entry.half, reason, entry.checks_answered, detail)
+
+    def _discarded(self, offset: int, op_boundary: int) -> None:
+        self.discarded_at[offset] = min(op_boundary, self.discarded_at.get(offset, op_boundary))
+        while len(self.discarded_at) > RECENT_OUTCOMES:
+            del self.discarded_at[next(iter(self.discarded_at))]
 
     def due(self, now_ms: int) -> list[Action]:
         """Checks (and retention discards) whose time has come. None while recovering."""
