@@ -25,8 +25,11 @@ __all__ = ["Destinations"]
 
 log = logging.getLogger(__name__)
 
-# Metadata is read again at most this often, when a promotion names what the cache lacks.
+# Metadata is read again at most this often, when a promotion names what the cache lacks;
+# sooner (not more than every MIN_REFRESH_S) when the cache is older than the half record:
+# a topic created just before the transaction is then never taken for a missing one.
 REFRESH_INTERVAL_S = 1.0
+MIN_REFRESH_S = 0.1
 LIST_TIMEOUT_S = 10.0
 _MAY_WRITE = {AclOperation.WRITE, AclOperation.ALL}
 _REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED: DiscardReason.UNAUTHORIZED,
@@ -41,11 +44,15 @@ class Destinations:
         self.ledger = ledger
         self._partitions: dict[str, int] = {}
         self._read_at = 0.0
+        self._read_at_ms = 0  # wall clock, to compare with record timestamps
 
-    def _refresh(self) -> None:
-        if time.monotonic() - self._read_at < REFRESH_INTERVAL_S:
+    def _refresh(self, newer_than_ms: int = 0) -> None:
+        age = time.monotonic() - self._read_at
+        if age < MIN_REFRESH_S or (age < REFRESH_INTERVAL_S
+                                   and self._read_at_ms >= newer_than_ms):
             return
         self._read_at = time.monotonic()
+        self._read_at_ms = int(time.time() * 1000)
         try:
             metadata = self.admin().list_topics(timeout=LIST_TIMEOUT_S)
         except KafkaException as exc:
@@ -54,12 +61,13 @@ class Destinations:
         self._partitions = {name: len(t.partitions) for name, t in metadata.topics.items()
                             if t.error is None}
 
-    def partition_count(self, topic: str, partition: int | None = None) -> int | None:
+    def partition_count(self, topic: str, partition: int | None = None,
+                        newer_than_ms: int = 0) -> int | None:
         """Partitions of ``topic`` (None: it does not exist), read again when the cache
-        lacks the topic or ``partition``."""
+        lacks the topic or ``partition``, or is older than ``newer_than_ms``."""
         count = self._partitions.get(topic)
         if count is None or (partition is not None and partition >= count):
-            self._refresh()
+            self._refresh(newer_than_ms)
             count = self._partitions.get(topic)
         return count
 
@@ -76,7 +84,7 @@ class Destinations:
             return blame.reason, blame.detail
         if isinstance(action, IssueCheck):
             return None
-        count = self.partition_count(half.real_topic, half.real_partition)
+        count = self.partition_count(half.real_topic, half.real_partition, half.timestamp_ms)
         if count is None:
             return DiscardReason.UNKNOWN_TOPIC, f"topic {half.real_topic!r} does not exist"
         if half.real_partition is not None and half.real_partition >= count:

@@ -32,7 +32,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.records.reasons import DiscardReason
 
-__all__ = ["Blame", "FailureKind", "PoisonLedger", "Verdict", "after_replays", "classify"]
+__all__ = ["Blame", "FailureKind", "PoisonLedger", "Verdict", "after_replays", "classify",
+           "on_system_topic"]
 
 Key = tuple[int, int]  # (half partition, half offset)
 
@@ -99,6 +100,15 @@ def _classify_kafka(err: KafkaError) -> Verdict:
     if code in _TRANSIENT or err.retriable():
         return Verdict(FailureKind.RETRY, detail=detail)
     return Verdict(FailureKind.REPLAY, detail=detail)
+
+
+def on_system_topic(verdict: Verdict) -> Verdict:
+    """A failed write to one of the coordinator's own topics (a check request, a discard
+    copy) is the record's fault only for its size or an exception of ours; an ACL or a
+    missing topic there is the cluster's, and must not discard every record."""
+    if verdict.kind is FailureKind.DISCARD and verdict.reason is not DiscardReason.TOO_LARGE:
+        return Verdict(FailureKind.RETRY, detail=verdict.detail)
+    return verdict
 
 
 def after_replays(verdict: Verdict, replays: int, replay_max: int) -> Verdict:

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.kafka_txn import KafkaTransactions
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.poison import FailureKind, PoisonLedger, Verdict, classify
+from coordinator.poison import FailureKind, PoisonLedger, Verdict, classify, on_system_topic
 from coordinator.state import (
     Action,
     Discard,
@@ -146,6 +146,8 @@ class TransactionWriter:
     def _blame(self, action: Action, verdict: Verdict) -> None:
         if isinstance(action, LateCommit):
             return
+        if not _is_promotion(action):
+            verdict = on_system_topic(verdict)
         half = action.half
         blame = self.ledger.blame((half.partition, half.offset), verdict,
                                   discard_copy=isinstance(action, Discard))

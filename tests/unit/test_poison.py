@@ -412,3 +412,42 @@ def test_the_commit_that_caused_a_discard_read_again_by_a_replay_is_not_late():
     st.on_eof("half", T0)
     assert st.on_eof("op", T0) == [LateCommit(0, 3, "t3", "pg", 12)]
     assert st.counters["conflicting_decisions"] == 1
+
+
+def test_metadata_older_than_the_half_record_is_read_again_before_a_topic_counts_as_missing(
+        monkeypatch):
+    from coordinator import destinations as module
+
+    clock = {"mono": 100.0, "wall": 50.0}
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock["mono"])
+    monkeypatch.setattr(module.time, "time", lambda: clock["wall"])
+    admin = FakeAdmin({})
+    destinations = Destinations(lambda: admin, PoisonLedger(3))
+    assert destinations.partition_count("new") is None and admin.listed == 1
+    admin.topics["new"] = 1
+    clock["mono"] += 0.5
+    assert destinations.partition_count("new", newer_than_ms=40_000) is None  # cache is newer
+    assert destinations.partition_count("new", newer_than_ms=60_000) == 1  # the record is
+    assert admin.listed == 2
+
+
+def test_only_size_or_our_own_exceptions_blame_a_record_for_a_system_topic_write():
+    from coordinator.poison import on_system_topic
+
+    acl = Verdict(K.DISCARD, R.UNAUTHORIZED, "check topic ACL")
+    assert on_system_topic(acl).kind is K.RETRY
+    for verdict in (Verdict(K.DISCARD, R.TOO_LARGE), Verdict(K.REPLAY, detail="TypeError")):
+        assert on_system_topic(verdict) == verdict
+
+
+def test_a_check_request_the_check_topic_refuses_blames_no_record_unless_too_large(
+        make_writer):
+    writer = make_writer(fails={TOPICS.check: KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)})
+    check = IssueCheck(half(5), 1, 1, 0, 0, T0)
+    with pytest.raises(TransactionAborted):
+        write(writer, check)
+    assert len(writer.ledger) == 0
+    writer.producer.fails = {TOPICS.check: KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)}
+    with pytest.raises(TransactionAborted):
+        write(writer, check)
+    assert writer.ledger.discarding((0, 5)).reason is R.TOO_LARGE
