@@ -128,6 +128,9 @@ class Destinations:
                 if reason is not None:
                     out[topic] = reason
                 continue
+            except Exception as exc:  # a timeout: this abort stays unexplained, replayed
+                log.warning("describing topic %s failed: %r", topic, exc)
+                continue
             if allowed is not None and not _MAY_WRITE & set(allowed):
                 out[topic] = DiscardReason.UNAUTHORIZED
         return out

@@ -451,3 +451,68 @@ def test_a_check_request_the_check_topic_refuses_blames_no_record_unless_too_lar
     with pytest.raises(TransactionAborted):
         write(writer, check)
     assert writer.ledger.discarding((0, 5)).reason is R.TOO_LARGE
+
+
+class FakeMessage:
+    def __init__(self, topic: str, offset: int, headers: list | None = None) -> None:
+        self._topic, self._offset, self._headers = topic, offset, headers
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, T0)
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list | None:
+        return self._headers
+
+
+def test_any_exception_from_one_records_handling_makes_it_a_poison_record(monkeypatch):
+    from coordinator.settings import CoordinatorSettings
+    from coordinator.txn_service import TransactionService
+
+    service = TransactionService({"bootstrap.servers": "b:9092"},
+                                 CoordinatorSettings(topic_prefix="tp"))
+    service.states[0] = live()
+
+    def broken(msg, now):
+        raise TypeError("a bug, or an input nobody foresaw")
+
+    monkeypatch.setattr(service, "_dispatch", broken)
+    half_msg = FakeMessage(TOPICS.half, 4, [(H.TXN_ID, b"t4"), ("app", None)])
+    assert service._dispatch_guarded(half_msg, T0) == []
+    assert service._dispatch_guarded(FakeMessage(TOPICS.op, 9), T0) == []
+    [discard] = service.states[0].due(T0)
+    assert (discard.reason, discard.half.txn_id, discard.half.offset) == (R.MALFORMED, "t4", 4)
+    assert service.states[0].op_position == 10
+    malformed = service.metrics.malformed
+    assert malformed.labels(TOPICS.half)._value.get() == malformed.labels(TOPICS.op)._value.get()
+
+
+def test_a_half_record_for_a_system_topic_is_set_aside_at_intake():
+    from coordinator.settings import CoordinatorSettings
+    from coordinator.txn_service import TransactionService
+
+    service = TransactionService({"bootstrap.servers": "b:9092"},
+                                 CoordinatorSettings(topic_prefix="tp"))
+    service.states[0] = live()
+    headers = [(H.TXN_ID, b"t1"), (H.REAL_TOPIC, TOPICS.op.encode()),
+               (H.PRODUCER_GROUP, b"pg"), (H.BORN_TS, b"1")]
+    service._dispatch_guarded(FakeMessage(TOPICS.half, 1, headers), T0)
+    [discard] = service.states[0].due(T0)
+    assert (discard.reason, discard.half.real_topic) == (R.SYSTEM_TOPIC, TOPICS.op)
