@@ -6,18 +6,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.kafka_txn import KafkaTransactions
 from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.poison import FailureKind, PoisonLedger, Verdict, classify, on_system_topic
 from coordinator.state import (
     Action,
     Discard,
     Finish,
     IssueCheck,
+    LateCommit,
     Reappend,
     SaveCheckCounts,
     TxnState,
@@ -26,6 +29,7 @@ from rmq_semantics.errors import TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reappend import reappended_headers
+from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, CheckRequest, DoneEntry, DoneMarkers, Outcome
 from rmq_semantics.topics import SystemTopics
 
@@ -39,21 +43,41 @@ _OUTCOME = {TxnState.COMMITTED: Outcome.COMMITTED, TxnState.ROLLED_BACK: Outcome
             TxnState.DISCARDED: Outcome.DISCARDED, TxnState.REAPPENDED: Outcome.REAPPENDED}
 
 
+# A full local queue is retried in place this often, serving deliveries in between.
+PRODUCE_ATTEMPTS = 3
+QUEUE_FULL_WAIT_S = 0.5
+# A discard copy that failed once is written again as a stub: these headers, this long.
+STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS)
+STUB_HEADER_BYTES = 1024
+
+#: ``unwritable(topics)``: which of these real topics the broker refuses us, and why.
+TopicProbe = Callable[[set[str]], dict[str, DiscardReason]]
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _is_promotion(action: Action) -> bool:
+    return isinstance(action, Finish) and action.outcome is TxnState.COMMITTED
 
 
 class TransactionWriter:
     """Writes the coordinator's decisions through its :class:`KafkaTransactions`."""
 
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
-                 metrics: CoordinatorMetrics, *, marker_key: MarkerKey) -> None:
+                 metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
+                 marker_key: MarkerKey, unwritable: TopicProbe | None = None) -> None:
         self.topics = topics
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
+        self.ledger = ledger
+        self.unwritable = unwritable
         self.txn = KafkaTransactions(conf, transactional_id, who="transaction service")
         self.producer = self.txn.producer
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
+        self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
+        self._blamed = False
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Initialise transactions (fences an older instance with the same id)."""
@@ -67,15 +91,115 @@ class TransactionWriter:
         replays from committed offsets) and FatalKafkaError when it cannot go on.
         """
         self._done_entries = {}
+        self._failed = []
+        self._blamed = False
         try:
             with self.txn.transaction(offsets, group_metadata):
                 for action in actions:
-                    self._produce(action)
+                    self._guarded(action)
                 self._write_done_markers()
-        except TransactionAborted:
+        except TransactionAborted as aborted:
             self.metrics.aborted.inc()
+            self._blame_failures(actions, aborted.__cause__)
             raise
         self._count(actions)
+        self.ledger.settle((a.half.partition, a.half.offset) for a in actions
+                           if not isinstance(a, LateCommit))
+
+    # -- poison records ----------------------------------------------------------------------
+    def _guarded(self, action: Action) -> None:
+        """Produce one action. Whatever it raises is classified (:mod:`coordinator.poison`)
+        and, unless transient or fatal, blamed on its half record; then the transaction is
+        aborted, and the replay sets the record aside once the ledger says so."""
+        for attempt in range(1, PRODUCE_ATTEMPTS + 1):
+            try:
+                self._produce(action)
+                return
+            except Exception as exc:
+                verdict = classify(exc)
+                if verdict.kind is FailureKind.FATAL:
+                    raise
+                if verdict.kind is FailureKind.RETRY and attempt < PRODUCE_ATTEMPTS:
+                    self.producer.poll(QUEUE_FULL_WAIT_S)
+                    continue
+                self._blame(action, verdict)
+                raise TransactionAborted(f"{self._where(action)}: {verdict.detail}") from exc
+
+    def _on_delivery(self, action: Action, err: KafkaError | None, _msg: object) -> None:
+        # Called for failed deliveries only (delivery.report.only.error), during the commit.
+        if err is not None:
+            self._failed.append((action, err))
+
+    def _blame_failures(self, actions: Sequence[Action], cause: BaseException | None) -> None:
+        """After an abort: charge the records whose delivery failed. A refusal that names
+        no record (a topic ACL fails AddPartitionsToTxn) is traced to its real topics."""
+        for action, err in self._failed:
+            self._blame(action, classify(err))
+        if self._blamed or self.unwritable is None or not isinstance(cause, KafkaException):
+            return
+        verdict = classify(cause)
+        if verdict.kind is not FailureKind.DISCARD:
+            return
+        promotions = [a for a in actions if _is_promotion(a)]
+        refused = self.unwritable({a.half.real_topic for a in promotions}) if promotions else {}
+        for action in promotions:
+            reason = refused.get(action.half.real_topic)
+            if reason is not None:
+                self._blame(action, Verdict(FailureKind.DISCARD, reason, verdict.detail))
+
+    def _blame(self, action: Action, verdict: Verdict) -> None:
+        if isinstance(action, LateCommit):
+            return
+        if not _is_promotion(action):
+            verdict = on_system_topic(verdict)
+        half = action.half
+        blame = self.ledger.blame((half.partition, half.offset), verdict,
+                                  discard_copy=isinstance(action, Discard))
+        if blame is None:
+            return
+        self._blamed = True
+        if blame.copy_failed:
+            outcome = "its discard copy failed; a stub goes to the discard topic instead"
+        elif blame.reason is not None:
+            outcome = f"it will be set aside ({blame.reason})"
+        else:
+            outcome = f"replay {blame.replays} of at most {self.ledger.replay_max}"
+        log.warning("%s: %s; %s", self._where(action), verdict.detail, outcome)
+
+    def _where(self, action: Action) -> str:
+        if isinstance(action, LateCommit):
+            return f"{self.topics.half}[{action.partition}]@{action.half_offset} " \
+                   f"txn={action.txn_id}"
+        half = action.half
+        return f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
+
+    def _copy_to_discard(self, action: Discard) -> None:
+        half = action.half
+        if self.ledger.stub((half.partition, half.offset)):
+            # The full copy failed (over the discard topic's size...): keep what names it.
+            value, key = None, None
+            headers = [(k, v[:STUB_HEADER_BYTES] if v else v) for k, v in half.headers
+                       if k in STUB_HEADERS]
+        else:
+            value, key, headers = half.value, half.key, list(half.headers)
+        headers += [(H.HALF_PARTITION, str(half.partition).encode()),
+                    (H.HALF_OFFSET, str(half.offset).encode()),
+                    (H.CHECK_COUNT, str(action.checks_answered).encode()),
+                    (H.DISCARD_REASON, action.reason.encode()),
+                    (H.DISCARDED_TS, str(_now_ms()).encode())]
+        self.producer.produce(self.topics.discard, value, key=key, headers=headers,
+                              on_delivery=partial(self._on_delivery, action))
+
+    def _note_late_commit(self, action: LateCommit) -> None:
+        """A record with no value in the discard topic: ``txn discarded`` marks the
+        transaction discarded at that half offset as committed too late."""
+        headers = [(H.TXN_ID, action.txn_id.encode()),
+                   (H.PRODUCER_GROUP, action.producer_group.encode()),
+                   (H.HALF_PARTITION, str(action.partition).encode()),
+                   (H.HALF_OFFSET, str(action.half_offset).encode()),
+                   (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
+                   (H.DISCARDED_TS, str(_now_ms()).encode())]
+        self.producer.produce(self.topics.discard, None, headers=headers)
 
     def _op(self, partition: int, record: SystemRecord) -> None:
         record = self.marker_key.sign(self.topics.op, partition, record)
@@ -94,10 +218,14 @@ class TransactionWriter:
             self._op(partition, DoneMarkers(tuple(entries), now))
 
     def _produce(self, action: Action) -> None:
+        if isinstance(action, LateCommit):
+            self._note_late_commit(action)
+            return
         half = action.half
         if isinstance(action, Finish):
             if action.outcome is TxnState.COMMITTED:
-                kwargs = {"key": half.key, "headers": half.promoted_headers()}
+                kwargs = {"key": half.key, "headers": half.promoted_headers(),
+                          "on_delivery": partial(self._on_delivery, action)}
                 if half.real_partition is not None:
                     kwargs["partition"] = half.real_partition
                 self.producer.produce(half.real_topic, half.value, **kwargs)
@@ -105,19 +233,12 @@ class TransactionWriter:
         elif isinstance(action, IssueCheck):
             self.producer.produce(
                 self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
-                key=half.producer_group.encode())
+                key=half.producer_group.encode(), on_delivery=partial(self._on_delivery, action))
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)
         elif isinstance(action, Discard):
-            headers = [*half.headers,
-                       (H.HALF_PARTITION, str(half.partition).encode()),
-                       (H.HALF_OFFSET, str(half.offset).encode()),
-                       (H.CHECK_COUNT, str(action.checks_answered).encode()),
-                       (H.DISCARD_REASON, action.reason.encode()),
-                       (H.DISCARDED_TS, str(_now_ms()).encode())]
-            self.producer.produce(self.topics.discard, half.value, key=half.key,
-                                  headers=headers)
+            self._copy_to_discard(action)
             self._done(half, TxnState.DISCARDED, action.checks_answered)
         elif isinstance(action, Reappend):
             self._reappend(action)
@@ -128,7 +249,8 @@ class TransactionWriter:
         half = action.half
         self.producer.produce(self.topics.half, half.value, key=half.key,
                               partition=half.partition,
-                              headers=reappended_headers(half, action.carried))
+                              headers=reappended_headers(half, action.carried),
+                              on_delivery=partial(self._on_delivery, action))
         self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
 
     def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
@@ -141,6 +263,12 @@ class TransactionWriter:
         debug = log.isEnabledFor(logging.DEBUG)
         promotions = 0
         for action in actions:
+            if isinstance(action, LateCommit):
+                self.metrics.conflicting.labels("late_commit").inc()
+                log.warning("%s: COMMIT (op offset %d) after the transaction was discarded; "
+                            "noted as late_commit in %s", self._where(action), action.op_offset,
+                            self.topics.discard)
+                continue
             half = action.half
             if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
                 # The hot path: no per-record string unless debug logging is on.
@@ -164,9 +292,9 @@ class TransactionWriter:
                          "offset %d)", where, self.topics.half, half.partition,
                          max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
             elif isinstance(action, Discard):
-                self.metrics.discarded.labels(
-                    "retention" if "retention" in action.reason else "check_max").inc()
-                log.warning("%s discarded: %s", where, action.reason)
+                self.metrics.discarded.labels(action.reason).inc()
+                log.warning("%s discarded (%s)%s", where, action.reason,
+                            f": {action.detail}" if action.detail else "")
         if promotions:
             self.metrics.promotions.inc(promotions)
 

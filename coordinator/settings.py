@@ -24,6 +24,8 @@ class CoordinatorSettings:
         None, "a half message pending this long is written again at the end of its half "
               "partition, so no transaction pins the committed offsets or memory "
               "(default: 3 x check_interval_ms)")
+    replay_max: int = setting(3, "aborted Kafka transactions one half message may cause "
+                                 "before it is discarded (replay_limit)")
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
@@ -48,7 +50,7 @@ class CoordinatorSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
-        for name in ("transaction_timeout_ms", "check_interval_ms", "check_max",
+        for name in ("transaction_timeout_ms", "check_interval_ms", "check_max", "replay_max",
                      "lock_lease_ms", "lock_renew_ms", "half_partitions", "check_partitions"):
             positive(name)
         if not self.lock_renew_ms < self.lock_lease_ms:

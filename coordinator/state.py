@@ -12,12 +12,22 @@ from __future__ import annotations
 import heapq
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from enum import Enum
 
+from coordinator.actions import (
+    Discard,
+    EndRequest,
+    Finish,
+    IssueCheck,
+    LateCommit,
+    Pending,
+    SaveCheckCounts,
+    TxnState,
+    transition,
+)
 from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
-from rmq_semantics.errors import IllegalTransitionError
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
+from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, DoneMarker, DoneMarkers
 
 __all__ = [
@@ -25,6 +35,7 @@ __all__ = [
     "Discard",
     "Finish",
     "IssueCheck",
+    "LateCommit",
     "PartitionState",
     "Reappend",
     "SaveCheckCounts",
@@ -38,107 +49,19 @@ DEFER_GRACE_MS = 2000
 RECENT_OUTCOMES = 10_000
 
 
-class TxnState(Enum):
-    """Lifecycle of a half message."""
-
-    PENDING = "PENDING"
-    COMMITTED = "COMMITTED"
-    ROLLED_BACK = "ROLLED_BACK"
-    DISCARDED = "DISCARDED"
-    # This offset is done, the transaction pending again at a new one (re-append horizon).
-    REAPPENDED = "REAPPENDED"
-
+Action = Finish | IssueCheck | SaveCheckCounts | Discard | LateCommit | Reappend
 
 _OUTCOMES = {state.value: state for state in TxnState}
-
-TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
-    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED,
-                                 TxnState.REAPPENDED}),
-    TxnState.COMMITTED: frozenset(),
-    TxnState.ROLLED_BACK: frozenset(),
-    TxnState.DISCARDED: frozenset(),
-    TxnState.REAPPENDED: frozenset(),
-}
-
-
-def transition(current: TxnState, target: TxnState) -> TxnState:
-    if target not in TRANSITIONS[current]:
-        raise IllegalTransitionError(f"half message cannot go from {current.value} to "
-                                     f"{target.value}")
-    return target
-
-
-# -- actions -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Finish:
-    """Write a done marker; for COMMITTED also promote the record to its real topic."""
-
-    half: HalfMessage
-    outcome: TxnState
-    checks_answered: int = 0
-
-
-@dataclass(frozen=True)
-class IssueCheck:
-    """Send a check request and persist the new counts in a check marker."""
-
-    half: HalfMessage
-    check_seq: int
-    checks_issued: int
-    checks_answered: int
-    answered_seq: int
-    next_check_ts: int
-
-
-@dataclass(frozen=True)
-class SaveCheckCounts:
-    """Persist counts after an answered-UNKNOWN check (no request goes out)."""
-
-    half: HalfMessage
-    checks_issued: int
-    checks_answered: int
-    answered_seq: int
-    next_check_ts: int
-
-
-@dataclass(frozen=True)
-class Discard:
-    """Copy the half message to the discard topic and write a DISCARDED done marker."""
-
-    half: HalfMessage
-    reason: str
-    checks_answered: int
-
-
-Action = Finish | IssueCheck | SaveCheckCounts | Discard | Reappend
-
-
-@dataclass
-class Pending:
-    half: HalfMessage
-    next_check_ts: int
-    checks_issued: int = 0
-    checks_answered: int = 0
-    answered_seq: int = 0
-    marker_op_offset: int | None = None  # latest check marker read back from Op
-    state: TxnState = TxnState.PENDING
-
-
-@dataclass(frozen=True)
-class EndRequest:
-    op_offset: int
-    txn_id: str
-    producer_group: str
-    half_offset: int
-    state: str  # COMMIT | ROLLBACK | UNKNOWN
-    from_check: bool
-    check_seq: int
-    received_ms: int
 
 
 @dataclass
 class PartitionState(ReappendSteps):
-    """All the coordinator knows about half partition ``p`` and Op partition ``p``."""
+    """All the coordinator knows about half partition ``p`` and Op partition ``p``.
+
+    Over 300 lines because every input (half records, poison ones, markers, end requests)
+    moves the same heaps and offsets to commit: split, each part would reach into them. The
+    re-append steps already live in :class:`coordinator.horizon.ReappendSteps`.
+    """
 
     partition: int
     transaction_timeout_ms: int
@@ -164,6 +87,10 @@ class PartitionState(ReappendSteps):
     # conflicting one after the offset left ``decided``.
     outcomes: OrderedDict[int, TxnState] = field(  # bounded on every insert (recovery too)
         default_factory=lambda: Recent(RECENT_OUTCOMES))
+    # Discarded half offset -> the last op offset read before the discard (its done marker's
+    # when read back): a COMMIT after it is late; one before it caused the discard or was
+    # read again by a replay (bounded like ``outcomes``).
+    discarded_at: dict[int, int] = field(default_factory=dict)
     # Rejected end requests with the reason, for the I/O layer to log and then clear.
     rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
     # Check markers read before their half record (op and half are consumed side by side).
@@ -204,6 +131,32 @@ class PartitionState(ReappendSteps):
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
+    def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
+                       now_ms: int) -> list[Action]:
+        """A half record that must never be promoted (malformed, a system topic as its
+        destination). It waits as pending until recovery is over, so a done marker read
+        back first keeps it from being set aside twice; then ``due()`` discards it."""
+        self.half_position = max(self.half_position, offset + 1)
+        self.half_at_end = False
+        self.malformed_half.add(offset)  # end requests for it are rejected
+        if offset not in self.decided and offset not in self.pending:
+            self.pending[offset] = Pending(half, now_ms, poison=reason)
+            heapq.heappush(self._schedule, (now_ms, offset))
+            heapq.heappush(self._pending_heap, offset)
+        return self._drain_deferred(now_ms, only=offset)
+
+    def set_aside(self, action: Finish | IssueCheck, reason: DiscardReason,
+                  detail: str) -> Discard:
+        """``action``, a promotion or a check of the batch being written, can never be
+        written: discard its half message instead (its done marker says DISCARDED)."""
+        offset = action.half.offset
+        if offset in self.pending:
+            return self._discard(offset, reason, detail)
+        self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
+        self.outcomes[offset] = TxnState.DISCARDED
+        self._discarded(offset, self.op_position - 1)
+        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail)
+
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
         low = self.half_commit
@@ -212,6 +165,8 @@ class PartitionState(ReappendSteps):
         if half_offset >= low:
             self._decide(half_offset, op_offset, outcome)
         self.outcomes[half_offset] = outcome
+        if outcome is TxnState.DISCARDED:
+            self._discarded(half_offset, op_offset)
 
     def on_op_marker(self, op_offset: int, record: SystemRecord) -> bool:
         """A done or check marker read back from Op (the coordinator's own records);
@@ -308,6 +263,8 @@ class PartitionState(ReappendSteps):
             return []
         offset = request.half_offset
         entry = self.pending.get(offset)
+        if entry is not None and entry.poison is not None:
+            entry = None  # waiting to be set aside: as good as malformed
         if entry is None:
             if offset in self.malformed_half:
                 self.counters["rejected_not_half"] += 1
@@ -316,6 +273,10 @@ class PartitionState(ReappendSteps):
                 self.counters["late_unknown"] += 1
             else:
                 outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
+                if outcome is TxnState.DISCARDED and request.state == "COMMIT" and (
+                        request.op_offset > self.discarded_at.get(offset, -1)):
+                    return [LateCommit(self.partition, offset, request.txn_id,
+                                       request.producer_group, request.op_offset)]
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
                     outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
                 self.counters["duplicate_decisions" if same else "conflicting_decisions"] += 1
@@ -339,7 +300,8 @@ class PartitionState(ReappendSteps):
         entry.checks_answered += 1
         entry.answered_seq = request.check_seq
         if entry.checks_answered >= self.check_max:
-            return [self._discard(offset, f"{entry.checks_answered} checks answered UNKNOWN")]
+            return [self._discard(offset, DiscardReason.CHECK_MAX,
+                                  f"{entry.checks_answered} checks answered UNKNOWN")]
         return [SaveCheckCounts(half, entry.checks_issued, entry.checks_answered,
                                 entry.answered_seq, entry.next_check_ts)]
 
@@ -367,11 +329,17 @@ class PartitionState(ReappendSteps):
         self._remember(offset, TxnState.REAPPENDED)
         return entry
 
-    def _discard(self, offset: int, reason: str) -> Discard:
+    def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard:
         entry = self.pending.pop(offset)
         transition(entry.state, TxnState.DISCARDED)
         self._remember(offset, TxnState.DISCARDED)
-        return Discard(entry.half, reason, entry.checks_answered)
+        self._discarded(offset, self.op_position - 1)
+        return Discard(entry.half, reason, entry.checks_answered, detail)
+
+    def _discarded(self, offset: int, op_boundary: int) -> None:
+        self.discarded_at[offset] = min(op_boundary, self.discarded_at.get(offset, op_boundary))
+        while len(self.discarded_at) > RECENT_OUTCOMES:
+            del self.discarded_at[next(iter(self.discarded_at))]
 
     def due(self, now_ms: int) -> list[Action]:
         """Checks (and retention discards) whose time has come. None while recovering."""
@@ -384,10 +352,14 @@ class PartitionState(ReappendSteps):
             entry = self.pending.get(offset)
             if entry is None or entry.next_check_ts != due_ts:
                 continue  # resolved, or rescheduled (a stale heap entry)
+            if entry.poison is not None:
+                actions.append(self._discard(offset, entry.poison))
+                continue
             next_ts = now_ms + self.check_interval_ms
             if self.retention_ms is not None and (
                     next_ts >= entry.half.timestamp_ms + self.retention_ms):
-                actions.append(self._discard(offset, "would outlive the half topic's retention"))
+                actions.append(self._discard(offset, DiscardReason.RETENTION,
+                                             "would outlive the half topic's retention"))
                 continue
             entry.checks_issued += 1
             entry.next_check_ts = next_ts

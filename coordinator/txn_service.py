@@ -14,10 +14,12 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
 from coordinator.marker_keys import configured_key, keys_topic_spec, load_verifier
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.poison import PoisonLedger
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
@@ -25,13 +27,14 @@ from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import IllegalStateError, KafkaOperationError, MalformedRecordError
 from rmq_semantics.records import txn as wire
 from rmq_semantics.records.codec import SystemRecord, decode
-from rmq_semantics.records.half import parse_half
-from rmq_semantics.records.headers import H
+from rmq_semantics.records.half import parse_half, unparsed_half
+from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import (
     ADMIN_TIMEOUT_S,
     SystemTopics,
     ensure_topics,
+    is_system_topic,
     require_copartitioned,
     txn_topic_specs,
 )
@@ -94,8 +97,9 @@ class TransactionService:
         self.states: dict[int, PartitionState] = {}
         self._committed: dict[int, tuple[int, int]] = {}
         self._retention_ms: int | None = None
-        self._known_topics: set[str] = set()
-        self._topics_read_at = 0.0
+        # Survives replays: which half records made a Kafka transaction abort, and why.
+        self.ledger = PoisonLedger(settings.replay_max)
+        self.destinations = Destinations(self._admin_client, self.ledger)
         self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
@@ -118,17 +122,6 @@ class TransactionService:
             return None
         value = int(configs["retention.ms"].value)
         return None if value < 0 else value
-
-    def _topic_exists(self, topic: str) -> bool:
-        if topic in self._known_topics:
-            return True
-        if time.monotonic() - self._topics_read_at > 1.0:
-            self._topics_read_at = time.monotonic()
-            try:
-                self._known_topics = set(self._admin_client().list_topics(timeout=10).topics)
-            except KafkaException as exc:
-                log.warning("listing topics failed: %s", exc.args[0].str())
-        return topic in self._known_topics
 
     # -- rebalance -----------------------------------------------------------------------
     def _new_state(self, partition: int) -> PartitionState:
@@ -156,6 +149,7 @@ class TransactionService:
         for p in {tp.partition for tp in partitions}:
             self.states.pop(p, None)
             self._committed.pop(p, None)
+            self.ledger.forget_partition(p)
             for gauge in (self.metrics.pending, self.metrics.oldest_pending_age,
                           self.metrics.tracked):
                 with contextlib.suppress(KeyError):
@@ -181,11 +175,9 @@ class TransactionService:
                 half = parse_half(partition, offset, msg.timestamp()[1], msg.key(), msg.value(),
                                   msg.headers())
             except MalformedRecordError as exc:
-                self.metrics.malformed.labels(topic).inc()
-                txn = next((v.decode(errors="replace") for k, v in msg.headers() or []
-                            if k == H.TXN_ID and v), "?")
-                log.warning("%s[%s]@%s txn=%s skipped: %s", topic, partition, offset, txn, exc)
-                half = None
+                return self._set_aside_malformed(state, msg, exc, now)
+            if is_system_topic(half.real_topic, self.settings.topic_prefix):
+                return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
@@ -217,6 +209,33 @@ class TransactionService:
             state.on_malformed_op(offset)
         return []
 
+    def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list:
+        """Any exception from one record's handling makes it a poison record (set aside
+        or skipped, counted, logged), never a process exit."""
+        try:
+            return self._dispatch(msg, now)
+        except Exception as exc:  # an input (or a bug) nobody foresaw
+            state = self.states.get(msg.partition())
+            if state is None or msg.error() is not None:
+                log.exception("%s[%s]: could not handle a consumer event", msg.topic(),
+                              msg.partition())
+                return []
+            if msg.topic() == self.topics.half:
+                return self._set_aside_malformed(state, msg, exc, now)
+            self.metrics.malformed.labels(msg.topic()).inc()
+            log.warning("%s[%s]@%s skipped: %r", msg.topic(), msg.partition(), msg.offset(), exc)
+            state.on_malformed_op(msg.offset())
+            return []
+
+    def _set_aside_malformed(self, state: PartitionState, msg: confluent_kafka.Message,
+                             exc: Exception, now: int) -> list:
+        self.metrics.malformed.labels(msg.topic()).inc()
+        half = unparsed_half(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
+                             msg.value(), msg.headers())
+        log.warning("%s[%s]@%s txn=%s malformed, to be set aside: %s", msg.topic(),
+                    msg.partition(), msg.offset(), half.txn_id or "?", exc)
+        return state.on_poison_half(msg.offset(), half, DiscardReason.MALFORMED, now)
+
     def _on_end(self, state: PartitionState, offset: int, half_partition: int,
                 request: EndRequest, now: int) -> list:
         where = f"{self.topics.op}[{state.partition}]@{offset}"
@@ -226,15 +245,7 @@ class TransactionService:
                         half_partition)
             state.on_malformed_op(offset)
             return []
-        entry = state.pending.get(request.half_offset)
-        if (request.state == "COMMIT" and entry is not None and not state.recovering
-                and not self._topic_exists(entry.half.real_topic)):
-            # Not promotable yet; it stays pending and the back-check asks again later.
-            self.metrics.rejected.labels("unknown_topic").inc()
-            log.error("%s txn=%s: COMMIT for topic %r which does not exist; left pending",
-                      where, request.txn_id, entry.half.real_topic)
-            state.on_malformed_op(offset)
-            return []
+        # A COMMIT to a missing topic is discarded when the batch is vetted, in any order.
         return state.on_end_request(request, now)
 
     def _publish_counters(self) -> None:
@@ -311,7 +322,8 @@ class TransactionService:
         self._retention_ms = self._read_retention()
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
-            self.metrics, marker_key=self._markers.key)
+            self.metrics, self.ledger, marker_key=self._markers.key,
+            unwritable=self.destinations.unwritable)
         writer.start(stop)
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
             "group.id": self.topics.coordinator_group,
@@ -343,9 +355,10 @@ class TransactionService:
         now = _now_ms()
         actions: list = []
         for msg in msgs:
-            actions.extend(self._dispatch(msg, now))
+            actions.extend(self._dispatch_guarded(msg, now))
         for state in self.states.values():
             actions.extend(state.due(now))
+        actions = self.destinations.vet(actions, self.states)
         self._publish_counters()
         offsets, moved = self._offsets()
         if not actions and not moved:

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tenacity import retry_if_exception
 
 from rmq_semantics.clientconf import client_conf
-from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
+from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.retry import retrying
@@ -182,6 +182,6 @@ class CheckResponder:
             try:
                 self._answer(check)
                 self.answered += 1
-            except (KafkaOperationError, BufferError) as exc:
-                log.warning("%s txn=%s: could not answer check #%d: %s", self._where(check),
+            except Exception as exc:  # one unanswerable request must not stop the others
+                log.warning("%s txn=%s: could not answer check #%d: %r", self._where(check),
                             check.txn_id, check.check_seq, exc)

@@ -169,12 +169,15 @@ class EmbeddedKafka:
     ``sasl_users`` (user -> password) makes the bootstrap listener SASL_PLAINTEXT with the
     PLAIN mechanism for these users; the controller listener stays plaintext on loopback, and
     the broker talks to itself (transaction markers) on the SASL listener as the first user.
+    ``acls`` turns on Kafka's ACL authorizer: the first SASL user is a super user, and a
+    resource without ACLs stays open to everyone (tests deny what they need to).
     """
 
     data_dir: Path
     port: int | None = None
     heap: str = DEFAULT_HEAP
     sasl_users: dict[str, str] | None = None
+    acls: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
@@ -300,6 +303,12 @@ class EmbeddedKafka:
             lines["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
                 f'username="{admin_user}" password="{admin_password}" {users};')
+            if self.acls:
+                # ANONYMOUS: the broker's own requests to its controller (plaintext listener).
+                lines["authorizer.class.name"] = (
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+                lines["super.users"] = f"User:{admin_user};User:ANONYMOUS"
+                lines["allow.everyone.if.no.acl.found"] = "true"
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         return path

@@ -68,11 +68,13 @@ RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
 }
 _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
-#: The version new records are written with, per type.
+#: The version new records are written with, per type (older versions still decode, by
+#: schema resolution).
 CURRENT_VERSION = {t: 1 for t in RecordType} | {
     # v2: the outcome REAPPENDED, and the writing coordinator's HMAC (``mac``, null in v1).
     RecordType.DONE_MARKERS: 2,
     RecordType.CHECK_MARKER: 2,  # v2: mac
+    RecordType.CHECK_REQUEST: 2,  # v2: a header value may be null
     RecordType.LOCK_REQUEST: 2,  # v2: wait_ms
 }
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
@@ -136,6 +138,9 @@ def decode_as(record_class: type[R], data: bytes | None) -> R:
 # Lock state was compact JSON with a version field "v" before it became Avro; the topic is
 # compacted, so a lock not touched since keeps its JSON record: read it as LOCK_STATE.
 LEGACY_JSON_VERSION = 1
+# Epochs grow by one per grant, so none reaches this; above it the next grant's epoch would
+# not fit the schema's long (only a forged record gets there).
+MAX_LOCK_EPOCH = 2**62
 _LEGACY_DEFAULTS = {"client_id": "", "lease_ms": 0, "acquired_at_ms": 0, "updated_at_ms": 0}
 
 
@@ -147,6 +152,9 @@ def decode_lock_state(key: bytes | None, value: bytes | None) -> LockEntry:
         entry = decode_as(LockEntry, value)
     if key is not None and key != entry.key.record_key():
         raise MalformedRecordError(f"lock state: record key {key!r} does not match {entry.key}")
+    if not 0 <= entry.epoch <= MAX_LOCK_EPOCH:
+        raise MalformedRecordError(f"lock state of {entry.key}: epoch {entry.epoch} is out of "
+                                   f"range (0..{MAX_LOCK_EPOCH})")
     return entry
 
 

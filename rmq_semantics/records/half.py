@@ -9,9 +9,12 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["HalfMessage", "half_headers", "parse_half"]
+__all__ = ["MAX_TXN_ID_LENGTH", "HalfMessage", "half_headers", "parse_half", "unparsed_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
+# Every done marker carries the transaction id, and one Op record holds a whole batch's
+# markers: a longer id is malformed, so a batch stays far below max.message.bytes.
+MAX_TXN_ID_LENGTH = 128
 
 
 def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes) -> Headers:
@@ -34,6 +37,10 @@ def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: byte
         headers.append((H.KEYS, msg.keys.encode()))
     return headers
 
+
+# Kafka's partition numbers are int32; timestamps and durations in Avro int64.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 @dataclass(frozen=True, slots=True)
 class HalfMessage:
@@ -83,9 +90,13 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     for name, raw in headers or []:
         if name.startswith(RESERVED_PREFIX):
             found[name] = raw or b""
-    missing = [h for h in _REQUIRED if h not in found]
+    # A required header with a null (or empty) value is as good as missing.
+    missing = [h for h in _REQUIRED if not found.get(h)]
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
+    if len(found[H.TXN_ID]) > MAX_TXN_ID_LENGTH:
+        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.TXN_ID} is longer than "
+                                   f"{MAX_TXN_ID_LENGTH} bytes")
     try:
         real_partition = found.get(H.REAL_PARTITION)
         immunity = found.get(H.CHECK_IMMUNITY_MS)
@@ -94,9 +105,36 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
             txn_id=found[H.TXN_ID].decode(),
             producer_group=found[H.PRODUCER_GROUP].decode(),
             real_topic=found[H.REAL_TOPIC].decode(),
-            real_partition=int(real_partition) if real_partition else None,
-            born_ts=int(found[H.BORN_TS]),
-            check_immunity_ms=int(immunity) if immunity else None,
+            real_partition=_in_range(real_partition, H.REAL_PARTITION, INT32_MAX)
+            if real_partition else None,
+            born_ts=_in_range(found[H.BORN_TS], H.BORN_TS, INT64_MAX),
+            check_immunity_ms=_in_range(immunity, H.CHECK_IMMUNITY_MS, INT64_MAX)
+            if immunity else None,
             key=key, value=value, headers=list(headers or []))
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
+
+
+def _in_range(raw: bytes, name: str, high: int) -> int:
+    """A non-negative number that fits Kafka's field (a partition is an int32, times and
+    durations int64): anything else would fail an encoder or the producer later."""
+    value = int(raw)
+    if not 0 <= value <= high:
+        raise ValueError(f"{name}={value} is not in 0..{high}")
+    return value
+
+
+def unparsed_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                  value: bytes | None, headers: Headers | None) -> HalfMessage:
+    """A half record :func:`parse_half` refused, as far as it can be read (never raises):
+    what the coordinator copies to the discard topic and names in its done marker."""
+
+    def text(name: str, limit: int) -> str:
+        raw = next((v for k, v in headers or [] if k == name and isinstance(v, bytes)), b"")
+        return raw[:limit].decode(errors="replace")
+
+    return HalfMessage(
+        partition=partition, offset=offset, timestamp_ms=timestamp_ms,
+        txn_id=text(H.TXN_ID, MAX_TXN_ID_LENGTH), producer_group=text(H.PRODUCER_GROUP, 1024),
+        real_topic=text(H.REAL_TOPIC, 1024), real_partition=None, born_ts=timestamp_ms,
+        check_immunity_ms=None, key=key, value=value, headers=list(headers or []))

@@ -235,10 +235,10 @@ class CheckRequest:
         return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
 
     def header_text(self, name: str) -> str | None:
-        """The value of header ``name`` as text, None when absent."""
+        """The value of header ``name`` as text, None when absent or null."""
         for key, value in self.headers:
             if key == name:
-                return value.decode(errors="replace")
+                return None if value is None else value.decode(errors="replace")
         return None
 
     def to_body(self) -> Body:

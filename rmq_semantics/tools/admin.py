@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
@@ -24,6 +24,8 @@ from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import DISCARD_HEADERS, H
+from rmq_semantics.records.reasons import NOT_REDRIVABLE, DiscardReason
+from rmq_semantics.records.txn import DoneMarker, DoneMarkers, Outcome
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -55,10 +57,18 @@ class DiscardedTxn:
     real_topic: str
     producer_group: str
     check_count: int
-    reason: str
+    reason: str  # a DiscardReason word (free text in discards written before them)
     age_s: float
     discard_offset: int
     record: confluent_kafka.Message
+    half_partition: int | None = None
+    half_offset: int | None = None
+    late_commit: bool = False  # a COMMIT for it came after it was discarded
+
+    @property
+    def status(self) -> str:
+        """The reason, and ``late_commit`` when its producer committed too late."""
+        return f"{self.reason}, {DiscardReason.LATE_COMMIT}" if self.late_commit else self.reason
 
 
 def _reader(conf: dict, group: str) -> confluent_kafka.Consumer:
@@ -136,33 +146,72 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
     return sorted(out, key=lambda t: -t.age_s)
 
 
+def _number(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
 def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[DiscardedTxn]:
-    """Discarded transactions, the latest discard per transaction id."""
+    """Discarded transactions, the latest discard per transaction id (per half offset for
+    records without one), each marked when a COMMIT for it came too late."""
     topics = SystemTopics(topic_prefix)
     partitions = topic_partition_count(conf, topics.discard)
     if partitions is None:
         return []
     consumer = _reader(conf, f"{topics.prefix}_admin")
     latest: dict[str, DiscardedTxn] = {}
+    late: set[tuple[str, int | None, int | None]] = set()
     now_ms = int(time.time() * 1000)
     try:
         tps = [TopicPartition(topics.discard, p, confluent_kafka.OFFSET_BEGINNING)
                for p in range(partitions)]
         for msg in _read_to_eof(consumer, tps):
             headers = {k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []}
-            txn_id = headers.get(H.TXN_ID)
-            if not txn_id:
+            txn_id = headers.get(H.TXN_ID, "")
+            where = (_number(headers.get(H.HALF_PARTITION)), _number(headers.get(H.HALF_OFFSET)))
+            reason = headers.get(H.DISCARD_REASON, "")
+            if reason == DiscardReason.LATE_COMMIT:
+                late.add((txn_id, *where))
                 continue
-            latest[txn_id] = DiscardedTxn(
+            if not txn_id and where[1] is None:
+                continue
+            latest[txn_id or f"{where[0]}:{where[1]}"] = DiscardedTxn(
                 txn_id, headers.get(H.REAL_TOPIC, "?"),
                 headers.get(H.PRODUCER_GROUP, "?"),
-                int(headers.get(H.CHECK_COUNT, "0") or 0),
-                headers.get(H.DISCARD_REASON, ""),
+                int(headers.get(H.CHECK_COUNT, "0") or 0), reason,
                 (now_ms - int(headers.get(H.DISCARDED_TS, now_ms) or now_ms)) / 1000,
-                msg.offset(), msg)
+                msg.offset(), msg, *where)
     finally:
         consumer.close()
-    return list(latest.values())
+    return [replace(t, late_commit=True) if (t.txn_id, t.half_partition, t.half_offset) in late
+            else t for t in latest.values()]
+
+
+def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str,
+                    since_ms: int) -> str | None:
+    """Where (``op[p]@offset``) a done marker COMMITTED ``txn_id`` after ``since_ms``, if
+    one did: a re-driven copy of a discarded transaction was promoted."""
+    partitions = topic_partition_count(conf, topics.op)
+    if partitions is None:
+        return None
+    consumer = _reader(conf, f"{topics.prefix}_admin")
+    found = None
+    try:
+        starts = consumer.offsets_for_times(
+            [TopicPartition(topics.op, p, since_ms) for p in range(partitions)],
+            timeout=READ_TIMEOUT_S)
+        # -1: nothing written to that partition since.
+        for msg in _read_to_eof(consumer, [tp for tp in starts if tp.offset >= 0]):
+            try:
+                record = decode(msg.value())
+            except MalformedRecordError:
+                continue
+            entries = record.entries if isinstance(record, DoneMarkers) else (
+                [record] if isinstance(record, DoneMarker) else [])
+            if any(e.txn_id == txn_id and e.outcome is Outcome.COMMITTED for e in entries):
+                found = found or f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+    finally:
+        consumer.close()
+    return found
 
 
 def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[int, int]:
@@ -172,11 +221,20 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     keeps the transaction id and birth time (so it is checked at once) and names the
     original in ``rmq.redrive_of``. Returns the new half (partition, offset).
     """
-    found = {t.txn_id: t for t in list_discarded(conf, topic_prefix)}.get(txn_id)
+    found = {t.txn_id: t for t in list_discarded(conf, topic_prefix) if t.txn_id}.get(txn_id)
     if found is None:
         raise ConfigError(f"no discarded transaction {txn_id!r} under prefix {topic_prefix!r}")
+    if found.reason in NOT_REDRIVABLE:
+        raise ConfigError(f"transaction {txn_id} was discarded as {found.reason}: its half "
+                          "message names no transaction or real topic a check could decide; "
+                          "it cannot be re-driven")
     if any(p.txn_id == txn_id for p in list_pending(conf, topic_prefix)):
         raise ConfigError(f"transaction {txn_id} is already pending again (re-driven before?)")
+    promoted = _promoted_since(conf, SystemTopics(topic_prefix), txn_id,
+                               found.record.timestamp()[1])
+    if promoted is not None:
+        raise ConfigError(f"transaction {txn_id} was already promoted after its discard (done "
+                          f"marker {promoted}): re-driving it again would promote it twice")
     record = found.record
     original = {k: v for k, v in record.headers() or []}
     headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
@@ -211,10 +269,10 @@ def _cmd_txn(args: argparse.Namespace) -> int:
         console.print(table)
     elif args.action == "discarded":
         table = Table("txn id", "real topic", "producer group", "checks", "reason",
-                      "discarded (s ago)")
+                      "discarded (s ago)", "half")
         for t in list_discarded(conf, args.topic_prefix):
-            table.add_row(t.txn_id, t.real_topic, t.producer_group, str(t.check_count),
-                          t.reason, f"{t.age_s:.1f}")
+            table.add_row(t.txn_id or "-", t.real_topic, t.producer_group, str(t.check_count),
+                          t.status, f"{t.age_s:.1f}", f"{t.half_partition}:{t.half_offset}")
         console.print(table)
     else:
         partition, offset = redrive(conf, args.txn_id, args.topic_prefix)
@@ -229,7 +287,7 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     txn = sub.add_parser("txn", help="list pending/discarded transactions, re-drive one")
     actions = txn.add_subparsers(dest="action", required=True)
     for name, help_text in (("pending", "transactions with no final decision yet"),
-                            ("discarded", "transactions given up after check_max checks"),
+                            ("discarded", "transactions set aside, with the reason"),
                             ("redrive", "check a discarded transaction again")):
         parser = actions.add_parser(name, help=help_text)
         if name == "redrive":

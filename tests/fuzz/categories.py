@@ -25,7 +25,6 @@ from rmq_semantics.records.txn import (
     EndRequest,
     EndRequests,
     EndState,
-    Outcome,
 )
 from tests.fuzz.generators import (
     BEYOND_LONG,
@@ -37,6 +36,7 @@ from tests.fuzz.generators import (
     MARKER_TYPES,
     NUMERIC_HALF,
     REQUIRED_HALF,
+    V1_OUTCOMES,
     VALID,
     Ctx,
     Raw,
@@ -266,7 +266,7 @@ def end_request_odd_fields(rng: random.Random, ctx: Ctx) -> Case:
 
 
 def _marker_at(rng: random.Random, ctx: Ctx, offset: int, txn: str) -> bytes:
-    outcome = pick(rng, list(Outcome))
+    outcome = pick(rng, V1_OUTCOMES)
     return encode(pick(rng, [
         DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
         DoneMarker(offset, txn, outcome, 0, ctx.now_ms),
@@ -278,7 +278,7 @@ def _marker_at(rng: random.Random, ctx: Ctx, offset: int, txn: str) -> bytes:
 def forged_done_marker(rng: random.Random, ctx: Ctx) -> Case:
     """A done marker for a good pending transaction, written by a plain producer."""
     p, offset, txn = pick(rng, ctx.targets) if ctx.targets else (0, rng.randrange(50), "x")
-    outcome = pick(rng, list(Outcome))
+    outcome = pick(rng, V1_OUTCOMES)
     record = pick(rng, [DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
                         DoneMarker(offset, txn, outcome, 0, ctx.now_ms)])
     return _op("forged_done_marker", rng, ctx, encode(record), p)
@@ -420,44 +420,29 @@ CATEGORIES: tuple[Category, ...] = (
     Category("half_random_header_bytes", HALF, half_random_header_bytes, True),
     Category("half_abandoned", HALF, half_abandoned, False),
     Category("half_far_future", HALF, half_far_future, False),
-    Category("half_null_header", HALF, half_null_header, True,
-             "#3: a null header value crashes the check-request encoder (process exits 1)"),
-    Category("half_born_ts_out_of_range", HALF, half_born_ts_out_of_range, True,
-             "rmq.born_ts beyond a long: the check request does not encode, or the "
-             "promotion-latency metric overflows a float (process exits 1)"),
-    Category("half_partition_out_of_range", HALF, half_partition_out_of_range, True,
-             "#2: a COMMIT to a partition the real topic lacks: >= 2**31 exits 1 "
-             "(OverflowError in produce), 1/99/-5 abort and replay for ever, -1 is promoted "
-             "to a partition of the partitioner's choosing"),
-    Category("half_system_topic", HALF, half_system_topic, True,
-             "#4: a COMMIT is promoted into a system topic"),
-    Category("half_unknown_topic", HALF, half_unknown_topic, True,
-             "#5: a COMMIT read before its half record skips the topic check"),
+    Category("half_null_header", HALF, half_null_header, True),
+    Category("half_born_ts_out_of_range", HALF, half_born_ts_out_of_range, True),
+    Category("half_partition_out_of_range", HALF, half_partition_out_of_range, True),
+    Category("half_system_topic", HALF, half_system_topic, True),
+    Category("half_unknown_topic", HALF, half_unknown_topic, True),
     Category("op_garbage", OP, op_garbage, True),
     Category("op_broken", OP, op_broken, True),
     Category("op_not_an_op_record", OP, op_not_an_op_record, True),
     Category("op_relabelled", OP, op_relabelled, False),
     Category("end_request_mismatch", OP, end_request_mismatch, True),
     Category("end_request_odd_fields", OP, end_request_odd_fields, True),
-    Category("forged_done_marker", OP, forged_done_marker, True,
-             "#4: a forged done marker settles a pending transaction: its message is lost"),
-    Category("forged_check_marker", OP, forged_check_marker, True,
-             "#4: a forged check marker puts the next back-check off for ever"),
-    Category("marker_nowhere", OP, marker_nowhere, True,
-             "#4: forged markers are trusted and not counted"),
+    Category("forged_done_marker", OP, forged_done_marker, True),
+    Category("forged_check_marker", OP, forged_check_marker, True),
+    Category("marker_nowhere", OP, marker_nowhere, True),
     Category("check_garbage", CHECK, check_garbage, False),
     Category("check_request_odd", CHECK, check_request_odd, False),
-    Category("check_request_unanswerable", CHECK, check_request_unanswerable, False,
-             "a check request with topic '' or a negative partition (Message raises "
-             "ConfigError), or naming an Op partition that does not exist (produce raises "
-             "KafkaException), kills the producer's check worker: later checks go unanswered"),
+    Category("check_request_unanswerable", CHECK, check_request_unanswerable, False),
     Category("lock_garbage", LOCK_REQUEST, lock_garbage, True),
     Category("lock_misrouted", LOCK_REQUEST, lock_misrouted, True),
     Category("lock_invalid", LOCK_REQUEST, lock_invalid, True),
     Category("lock_stale_epoch", LOCK_REQUEST, lock_stale_epoch, True),
     Category("lock_odd", LOCK_REQUEST, lock_odd, False),
-    Category("lock_stale_request", LOCK_REQUEST, lock_stale_request, True,
-             "#7: a lock request older than its client's wait is granted"),
+    Category("lock_stale_request", LOCK_REQUEST, lock_stale_request, True),
 )
 BY_NAME = {c.name: c for c in CATEGORIES}
 KNOWN_BAD = {c.name: c.known_bad for c in CATEGORIES if c.known_bad}

@@ -21,7 +21,7 @@ from typing import Any
 import fastavro
 
 from rmq_semantics.message import Message
-from rmq_semantics.records.codec import MAGIC, RecordType, encode, schema
+from rmq_semantics.records.codec import CURRENT_VERSION, MAGIC, RecordType, encode, schema
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import (
@@ -85,6 +85,9 @@ class Ctx:
 
 
 # -- values ----------------------------------------------------------------------------------
+#: The outcomes a v1 record (DoneMarker, never written since DoneMarkers) can carry.
+V1_OUTCOMES = [o for o in Outcome if o is not Outcome.REAPPENDED]
+
 def some_bytes(rng: random.Random, most: int = 48) -> bytes:
     return rng.randbytes(rng.randrange(most + 1))
 
@@ -153,7 +156,7 @@ def _end_requests(rng: random.Random, ctx: Ctx) -> EndRequests:
 
 def _done_marker(rng: random.Random, ctx: Ctx) -> DoneMarker:
     _, offset, txn = _target(rng, ctx)
-    return DoneMarker(offset, txn, pick(rng, list(Outcome)), rng.randrange(3), ctx.now_ms)
+    return DoneMarker(offset, txn, pick(rng, V1_OUTCOMES), rng.randrange(3), ctx.now_ms)
 
 
 def _done_markers(rng: random.Random, ctx: Ctx) -> DoneMarkers:
@@ -219,7 +222,9 @@ def valid_bytes(rng: random.Random, ctx: Ctx, record_type: RecordType) -> bytes:
 # -- field corruption: the body of a valid record with one leaf set to an extreme ------------
 @cache
 def schema_json(record_type: RecordType) -> dict:
-    path = resources.files("rmq_semantics") / "records" / f"{record_type.stem}.v1.avsc"
+    """The schema new records of ``record_type`` are written with."""
+    version = CURRENT_VERSION[record_type]
+    path = resources.files("rmq_semantics") / "records" / f"{record_type.stem}.v{version}.avsc"
     return json.loads(path.read_text())
 
 
@@ -268,11 +273,12 @@ def corrupt_body(rng: random.Random, record_type: RecordType, body: dict,
     return body, ".".join(map(str, path))
 
 
-def encode_body(record_type: RecordType, body: dict, version: int = 1) -> bytes:
-    """``MAGIC | type | version | Avro``, the body written with the v1 schema."""
+def encode_body(record_type: RecordType, body: dict, version: int | None = None) -> bytes:
+    """``MAGIC | type | version | Avro``, the body written with the current schema."""
+    current = CURRENT_VERSION[record_type]
     out = io.BytesIO()
-    out.write(bytes((MAGIC, record_type, version)))
-    fastavro.schemaless_writer(out, schema(record_type, 1), body)
+    out.write(bytes((MAGIC, record_type, current if version is None else version)))
+    fastavro.schemaless_writer(out, schema(record_type, current), body)
     return out.getvalue()
 
 
@@ -311,7 +317,7 @@ def unknown_type(rng: random.Random, data: bytes) -> bytes:
 
 
 def bad_version(rng: random.Random, data: bytes) -> bytes:
-    return data[:2] + bytes((pick(rng, [0, 2, 3, 255]),)) + data[3:]
+    return data[:2] + bytes((pick(rng, [0, 9, 100, 255]),)) + data[3:]  # no schema has these
 
 
 def huge_length(rng: random.Random, data: bytes) -> bytes:
@@ -374,6 +380,13 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.DLQ_ORIGINAL_PARTITION: lambda rng, ctx: _number_text(rng),
     H.DLQ_ORIGINAL_OFFSET: lambda rng, ctx: _number_text(rng),
     H.DLQ_RECONSUME_TIMES: lambda rng, ctx: _number_text(rng),
+    H.REAPPEND_OF: lambda rng, ctx: pick(rng, [b"0:0", b"x:y", _number_text(rng)]),
+    H.ORIGIN_OFFSET: lambda rng, ctx: _number_text(rng),
+    H.ORIGIN_TS: lambda rng, ctx: _number_text(rng),
+    H.CHECKS_ISSUED: lambda rng, ctx: _number_text(rng),
+    H.CHECKS_ANSWERED: lambda rng, ctx: _number_text(rng),
+    H.ANSWERED_SEQ: lambda rng, ctx: _number_text(rng),
+    H.NEXT_CHECK_TS: lambda rng, ctx: _number_text(rng),
 }
 #: Headers a half record must carry (``records.half``), and the optional numeric ones.
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)

@@ -21,6 +21,7 @@ from unittest import mock
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator import kafka_txn
+from coordinator.marker_auth import MarkerKey, MarkerVerifier
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
@@ -33,6 +34,7 @@ from tests.fuzz.generators import Ctx, Raw, pick, valid_half
 
 REAL_TOPIC = "orders"
 SIM_CONF = {"bootstrap.servers": "sim:9092"}
+SIM_KEY = MarkerKey(b"the simulated coordinators' key")
 # Settings of the tests' coordinators (tests/integration/txn_helpers.FAST).
 SETTINGS = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 3}
 # Rounds of 20 steps a run may take after the last record to settle.
@@ -102,15 +104,17 @@ class FakeProducer:
         self.conf = conf
         self._records: list[tuple[str, Raw]] | None = None
         self._offsets: list[TopicPartition] = []
+        self._reports: list = []  # each record's on_delivery (None: not asked for)
 
     def init_transactions(self, timeout: float) -> None:
         pass
 
     def begin_transaction(self) -> None:
-        self._records, self._offsets = [], []
+        self._records, self._offsets, self._reports = [], [], []
 
     def produce(self, topic: str, value: bytes | str | None = None, key: bytes | None = None,
-                partition: int = -1, headers: list | None = None, **_: object) -> None:
+                partition: int = -1, headers: list | None = None, on_delivery=None,
+                **_: object) -> None:
         # What librdkafka refuses at once: the same exceptions, raised here.
         if not -(2**31) <= partition < 2**31:
             raise OverflowError("signed integer is greater than maximum")
@@ -122,6 +126,7 @@ class FakeProducer:
         if self._records is None:
             raise KafkaException(KafkaError(KafkaError._STATE))
         self._records.append((topic, Raw(value, key, list(headers or []), partition)))
+        self._reports.append(on_delivery)
 
     def send_offsets_to_transaction(self, offsets: list, metadata: object,
                                     timeout: float) -> None:
@@ -130,9 +135,20 @@ class FakeProducer:
     def commit_transaction(self, timeout: float) -> None:
         records, self._records = self._records or [], None
         cluster = self.cluster
-        bad = [t for t, raw in records if t not in cluster.topics
-               or (raw.partition is not None and raw.partition != -1
-                   and not 0 <= raw.partition < cluster.topics[t])]
+        bad = []
+        # As librdkafka does: a record the broker refuses gets a failed delivery report
+        # during the commit, which then fails with an abortable error.
+        for (t, raw), report in zip(records, self._reports, strict=True):
+            if t not in cluster.topics:
+                error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            elif (raw.partition is not None and raw.partition != -1
+                  and not 0 <= raw.partition < cluster.topics[t]):
+                error = KafkaError(KafkaError._UNKNOWN_PARTITION)
+            else:
+                continue
+            bad.append(t)
+            if report is not None:
+                report(error, None)
         if bad or cluster.fail_next_commit:
             cluster.fail_next_commit = False
             code = KafkaError.UNKNOWN_TOPIC_OR_PART if bad else KafkaError._TIMED_OUT
@@ -241,13 +257,16 @@ class Simulation:
 
     # -- the coordinator -------------------------------------------------------------------
     def _start(self) -> None:
-        self._service = TransactionService(SIM_CONF, self.settings)
-        self._service._topic_exists = lambda topic: topic in self.cluster.topics
-        topics = [self._service.topics.half, self._service.topics.op]
+        self._service = service = TransactionService(SIM_CONF, self.settings)
+        # What run() would load from the keys topic and read from the cluster's metadata.
+        service._markers = MarkerVerifier(SIM_KEY, service.topics.op, {})
+        service.destinations.partition_count = (
+            lambda topic, partition=None, newer_than_ms=0: self.cluster.topics.get(topic))
+        topics = [service.topics.half, service.topics.op]
         self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions,
                                       self.rng)
-        self._writer = TransactionWriter(SIM_CONF, self._service.topics, "sim-writer",
-                                         self._service.metrics)
+        self._writer = TransactionWriter(SIM_CONF, service.topics, "sim-writer",
+                                         service.metrics, service.ledger, marker_key=SIM_KEY)
         self._writer.start()
         self._service._on_assign(self._consumer, self._consumer.assignment())
         self._steps_left = 0

@@ -14,13 +14,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from rmq_semantics import AuthenticationError, Consumer, Message, RmqError, TransactionProducer
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.tools.admin import list_discarded
 from rmq_semantics.topics import ensure_topics
 from tests.integration.ops_helpers import START_TIMEOUT_S, CoordinatorProcess, health
-from tests.integration.txn_helpers import FAST, REPO, ScriptedListener, wait_for
+from tests.integration.txn_helpers import (
+    FAST,
+    REPO,
+    ScriptedListener,
+    ThreadCoordinator,
+    no_pending,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +50,11 @@ CLI_TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def sasl_broker() -> Iterator[EmbeddedKafka]:
-    """A second embedded broker whose only client listener is SASL_PLAINTEXT/PLAIN."""
+    """A second embedded broker whose only client listener is SASL_PLAINTEXT/PLAIN, with
+    ACLs enforced (admin is a super user; a resource without ACLs is open to everyone)."""
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-sasl-kafka-"))
     broker = EmbeddedKafka(data_dir, port=free_port(),
-                           sasl_users={"admin": "admin-secret", USER: PASSWORD})
+                           sasl_users={"admin": "admin-secret", USER: PASSWORD}, acls=True)
     try:
         broker.start()
         yield broker
@@ -114,6 +131,47 @@ def test_transactional_flow_with_sasl_credentials(sasl_broker, unique, tmp_path)
         code = coordinator.stop()
     assert code == 0, coordinator.log
     assert "authentication" not in coordinator.log.lower()
+
+
+def deny_write(broker: EmbeddedKafka, topic: str, user: str) -> None:
+    """``user`` may do anything with ``topic`` but write to it."""
+    admin = AdminClient(broker.client_conf())
+    pattern = (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL)
+    futures = admin.create_acls([
+        AclBinding(*pattern, "User:*", "*", AclOperation.ALL, AclPermissionType.ALLOW),
+        AclBinding(*pattern, f"User:{user}", "*", AclOperation.WRITE, AclPermissionType.DENY)])
+    for future in futures.values():
+        future.result(CLI_TIMEOUT_S)
+
+
+def test_a_real_topic_the_coordinator_may_not_write_is_discarded_and_the_partition_moves_on(
+        sasl_broker, unique):
+    conf = sasl_conf(sasl_broker)
+    prefix = unique("acl").replace("-", "")
+    allowed, forbidden = unique("allowed"), unique("forbidden")
+    ensure_topics(conf, {allowed: (1, {}), forbidden: (1, {})})
+    deny_write(sasl_broker, forbidden, USER)
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    # One half partition: the forbidden transaction sits in front of the allowed ones.
+    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator, \
+            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                topic_prefix=prefix, half_partitions=1) as producer:
+        denied = producer.send_message_in_transaction(Message(forbidden, b"denied"))
+        for i in range(3):
+            producer.send_message_in_transaction(Message(allowed, f"ok-{i}".encode()))
+        records = read_promoted(conf, allowed, 3)
+
+        def settled() -> bool:
+            assert coordinator.thread.is_alive(), "the coordinator stopped"
+            return no_pending(coordinator, 1)
+
+        wait_for(settled, 60, "every transaction to be promoted or discarded")
+        discarded = {t.txn_id: t.reason for t in list_discarded(conf, prefix)}
+        registry = coordinator.server.metrics.registry
+        assert registry.get_sample_value("rmq_discarded_total",
+                                         {"reason": "unauthorized"}) == 1
+    assert sorted(m.value() for m in records) == [b"ok-0", b"ok-1", b"ok-2"]
+    assert discarded == {denied.transaction_id: "unauthorized"}
 
 
 def test_wrong_password_fails_start_at_once_with_an_authentication_error(sasl_broker, unique):

@@ -299,17 +299,18 @@ def test_the_lock_table_decides_any_request_and_keeps_its_rules(rng):
     assert any(isinstance(e, LockEntry) for t in tables.values() for e in t), "nothing granted"
 
 
-@pytest.mark.xfail(strict=True, reason="a lock-state record whose epoch is the long maximum "
-                   "(only a coordinator, or a promotion into the lock topic, #4, writes one) "
-                   "makes the next grant's epoch unencodable: the lock service exits")
-def test_a_lock_state_at_the_largest_epoch_still_gives_decisions_that_encode():
+def test_a_lock_state_at_the_largest_epoch_is_refused_as_malformed_or_still_encodes():
+    """A lock-state record whose epoch is the long maximum (only a forged record gets
+    there) must neither make the next grant's epoch unencodable nor stop the service."""
     key = LockKey("g", "t", 0)
     now = 1_700_000_000_000
     state = LockEntry(key, LockState.HELD, "old", gen.INT64_MAX, 30_000, now - 1000,
                       now + 1000, now - 1000)
+    with pytest.raises(MalformedRecordError, match=r"epoch .* is out of range"):
+        decode_lock_state(key.record_key(), encode(state))
     table = LockTable()
-    table.restore(decode_lock_state(key.record_key(), encode(state)), now,
-                  state.lease_ms or LEASE_CEILING_MS)
+    table.restore(decode_lock_state(key.record_key(), encode(replace(state, epoch=2**62))),
+                  now, state.lease_ms or LEASE_CEILING_MS)
     decisions = [table.lock(key, "new", 30_000, now + 10**12), table.expire(key, now + 10**12)]
     for decision in decisions:
         if decision.entry is not None:

@@ -17,7 +17,7 @@ from rmq_semantics.records.codec import (
     decode_lock_state,
     encode,
 )
-from rmq_semantics.records.half import half_headers, parse_half
+from rmq_semantics.records.half import half_headers, parse_half, unparsed_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import (
     LockEntry,
@@ -47,9 +47,9 @@ CHECK = CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", 2, b"k", b"v\
                      [("app", b"1"), ("rmq.tags", b"A")], T + 5)
 
 # Bytes the dict-based encoder wrote before the records became dataclasses (same schemas):
-# the six transactional record types must not change on the wire. DoneMarkers is v2 since the
-# re-append horizon and the marker MAC (version byte 02; the entries are the same, then a null
-# mac): V1_DONE_MARKERS is still read.
+# the six transactional record types must not change on the wire. Since then DoneMarkers and
+# CheckMarker are v2 (REAPPENDED, the coordinator's MAC: see V2 below) and check requests are
+# v2 (a header value may be null: their v1 bytes below must still decode).
 WIRE = [
     (EndRequest("t-1", "pg", 3, 1234567890123, EndState.ROLLBACK, True, 2, T),
      "a7010106742d31047067069693d89fee4702010480a0abfef962"),
@@ -59,9 +59,19 @@ WIRE = [
     (DoneMarker(7, "t", Outcome.DISCARDED, 3, T + 2), "a702010e0274040684a0abfef962"),
     (DoneMarkers((DoneEntry(8, "x", Outcome.COMMITTED, 0),
                   DoneEntry(9, "y", Outcome.ROLLED_BACK, 1)), T + 3),
-     "a7050204100278000012027902020086a0abfef96200"),
+     "a7050104100278000012027902020086a0abfef962"),
     (CheckMarker(10, "c", 2, 1, 1, T + 60000, T + 4),
      "a70301140263040202c0c9b2fef96288a0abfef962"),
+    (CHECK, "a704020272047067001608fe9fabfef9620c6f7264657273020402026b0204760004066170700202"
+            "3110726d712e74616773020241008aa0abfef962"),
+    (CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", None, None, None, [], T + 5),
+     "a704020272047067001608fe9fabfef9620c6f7264657273000000008aa0abfef962"),
+    (CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", None, None, None,
+                  [("app", None)], T + 5),
+     "a704020272047067001608fe9fabfef9620c6f7264657273000000020661707000008aa0abfef962"),
+]
+# Check requests as v1 wrote them, before a header value could be null.
+CHECK_V1 = [
     (CHECK, "a704010272047067001608fe9fabfef9620c6f7264657273020402026b020476000406617070023110"
             "726d712e746167730241008aa0abfef962"),
     (CheckRequest("r", "pg", 0, 11, 4, 1699999999999, "orders", None, None, None, [], T + 5),
@@ -115,6 +125,23 @@ def test_done_markers_written_before_v2_are_still_read():
     reappended = DoneMarkers((DoneEntry(8, "x", Outcome.REAPPENDED, 2),), T)
     assert decode(encode(reappended)) == reappended
     assert encode(reappended)[:3] == bytes([MAGIC, RecordType.DONE_MARKERS, 2])
+
+
+@pytest.mark.parametrize("record, wire", CHECK_V1, ids=["headers", "empty"])
+def test_check_requests_written_as_v1_still_decode(record, wire):
+    assert decode(bytes.fromhex(wire)) == record
+
+
+def test_a_null_header_value_is_carried_as_null():
+    record = WIRE[-1][0]
+    assert decode(encode(record)).headers == [("app", None)]
+    assert record.header_text("app") is None and record.header_text("absent") is None
+    half = parse_half(0, 1, T, None, None, [("app", None), (H.TXN_ID, b"t"),
+                                            (H.REAL_TOPIC, b"orders"), (H.PRODUCER_GROUP, b"pg"),
+                                            (H.BORN_TS, b"1")])
+    assert half.headers[0] == ("app", None)
+    assert ("app", None) in half.promoted_headers()
+    assert CheckRequest.of_half(half, 1, T).headers[0] == ("app", None)
 
 
 @pytest.mark.parametrize("record", [r for r, _ in WIRE] + LOCK_RECORDS,
@@ -242,3 +269,23 @@ def test_half_headers_leave_out_what_the_message_does_not_set():
                                              H.BORN_TS]
     half = parse_half(0, 0, 0, None, b"v", headers)
     assert (half.real_partition, half.check_immunity_ms) == (None, None)
+
+
+@pytest.mark.parametrize("broken", [
+    {H.TXN_ID: None}, {H.REAL_TOPIC: b""}, {H.BORN_TS: None}, {H.BORN_TS: b"\xff\x00"},
+    {H.TXN_ID: b"\xff\xfe"}, {H.TXN_ID: b"t" * 129}, {H.REAL_PARTITION: b"x"},
+], ids=str)
+def test_a_required_header_null_empty_unreadable_or_too_long_is_malformed(broken):
+    headers = {H.TXN_ID: b"t", H.REAL_TOPIC: b"orders", H.PRODUCER_GROUP: b"pg",
+               H.BORN_TS: b"1", **broken}
+    with pytest.raises(MalformedRecordError):
+        parse_half(0, 3, T, None, b"v", list(headers.items()))
+
+
+def test_an_unparsed_half_keeps_what_can_be_read_and_never_raises():
+    headers = [(H.TXN_ID, b"t-\xff"), (H.REAL_TOPIC, None), ("junk", b"\x00\xff"),
+               (H.BORN_TS, b"\xfe")]
+    half = unparsed_half(2, 5, T, b"k", b"v", headers)
+    assert (half.partition, half.offset, half.txn_id, half.real_topic) == (2, 5, "t-\ufffd", "")
+    assert (half.key, half.value, half.headers) == (b"k", b"v", headers)
+    assert unparsed_half(0, 0, T, None, None, None).headers == []
