@@ -27,17 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rmq_semantics import LocalTransactionState, Message, TransactionListener
 from rmq_semantics.embedded import free_port
-from rmq_semantics.errors import MalformedRecordError, RmqError
+from rmq_semantics.errors import RmqError
 from rmq_semantics.lock_client import LockClient
-from rmq_semantics.records.codec import decode_lock_state
 from rmq_semantics.records.headers import H
-from rmq_semantics.records.locks import LockState
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import TransactionProducer
 from tests.fuzz.categories import (
     KNOWN_BAD,
-    STALE_LOCK_GROUP,
     Case,
     Category,
     bad_input,
@@ -76,7 +73,6 @@ class Report:
     stop_code: int | None = None
     log_problems: list[str] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)
-    stale_held: list[str] = field(default_factory=list)
     lock_failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -94,7 +90,7 @@ class Report:
             out.append(f"{len(wrong)} good transactions not promoted exactly once "
                        f"({lost} lost or short, {len(wrong) - lost} extra), e.g. "
                        f"{[(t, self.good[t], n) for t, n in list(wrong.items())[:3]]}")
-        out += self.forbidden[:5] + self.stale_held[:5] + self.lock_failures[:5]
+        out += self.forbidden[:5] + self.lock_failures[:5]
         out += self.uncounted
         return out
 
@@ -390,20 +386,10 @@ class FuzzRun:
                 if txn in forbidden and _promoted(msg):
                     report.forbidden.append(f"{forbidden[txn]} txn {txn} promoted to "
                                             f"{msg.topic()}[{msg.partition()}]")
-                if msg.topic() == f"{self.prefix}_lock" and msg.value():
-                    self._check_lock_state(msg)
         topics = AdminClient(self.conf).list_topics(timeout=10).topics
         if self.ctx.missing_topic in topics:
             report.forbidden.append(f"{self.ctx.missing_topic} was created (by a promotion)")
 
-    def _check_lock_state(self, msg) -> None:
-        try:
-            entry = decode_lock_state(msg.key(), msg.value())
-        except MalformedRecordError:
-            return
-        if entry.key.group.startswith(STALE_LOCK_GROUP) and entry.state is LockState.HELD:
-            self.report.stale_held.append(f"stale lock request granted: {entry.key} held by "
-                                          f"{entry.client_id} (epoch {entry.epoch})")
 
 
 def run(bootstrap: str, *, records: int, categories: list[Category], seed: int | None = None,
