@@ -153,7 +153,8 @@ def test_a_real_topic_the_coordinator_may_not_write_is_discarded_and_the_partiti
     deny_write(sasl_broker, forbidden, USER)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     # One half partition: the forbidden transaction sits in front of the allowed ones.
-    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator, \
+    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
+                           marker_key=MARKER_KEY) as coordinator, \
             TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
                                 topic_prefix=prefix, half_partitions=1) as producer:
         denied = producer.send_message_in_transaction(Message(forbidden, b"denied"))
