@@ -26,10 +26,14 @@ class BenchSettings:
     latency_seconds: float = 10.0
     repeat: int = 3
     check_messages: int = 300
+    # The threads case: how many caller threads, and how many calls each makes per run.
+    thread_counts: tuple[int, ...] = (1, 8, 32)
+    calls_per_thread: int = 300
 
     @classmethod
     def quick(cls) -> BenchSettings:
-        return cls(count=20000, latency_seconds=5.0, repeat=3, check_messages=100)
+        return cls(count=20000, latency_seconds=5.0, repeat=3, check_messages=100,
+                   thread_counts=(1, 8), calls_per_thread=20)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -38,6 +38,7 @@ from rmq_semantics.tools.bench.common import (
 )
 from rmq_semantics.tools.bench.orderly import bench_orderly
 from rmq_semantics.tools.bench.plots import plot
+from rmq_semantics.tools.bench.threads import bench_threads
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
@@ -276,65 +277,108 @@ def _median_of(fn: Callable[[], float], repeat: int) -> tuple[float, list[float]
     return statistics.median(runs), runs
 
 
-def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print) -> dict:
+#: Every case, in the order a full run takes them; ``--cases`` picks some.
+CASES = ("baseline", "txn", "latency", "check", "orderly", "spark", "threads")
+
+
+def _merge_into(out: Path, results: dict) -> dict:
+    """The figures of earlier runs in ``out`` with this run's on top, so a run of some
+    cases does not erase the others."""
+    if out.exists():
+        try:
+            previous = json.loads(out.read_text())
+        except ValueError:
+            previous = {}
+        if isinstance(previous, dict):
+            return {**previous, **results}
+    return results
+
+
+def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print,
+              cases: tuple[str, ...] = CASES, bootstrap: str | None = None) -> dict:
+    """Run ``cases`` against ``bootstrap`` (an embedded broker if None); merge into ``out``."""
     import confluent_kafka as ck
 
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        raise ValueError(f"unknown bench cases {unknown}; known: {', '.join(CASES)}")
     work = Path(tempfile.mkdtemp(prefix="rmq-bench-"))
-    broker = EmbeddedKafka(work / "kafka", port=free_port())
-    bootstrap = broker.start()
+    broker = None if bootstrap else EmbeddedKafka(work / "kafka", port=free_port())
+    if broker is not None:
+        bootstrap = broker.start()
     conf = {"bootstrap.servers": bootstrap}
     prefix = f"__rmqbench{uuid.uuid4().hex[:6]}"
     results: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "kafka": kafka_version(),
+                    "platform": platform.platform(),
+                    "kafka": kafka_version() if broker is not None else f"external {bootstrap}",
                     "confluent_kafka": importlib.metadata.version("confluent-kafka"),
                     "librdkafka": ck.libversion()[0]},
         "settings": s.__dict__,
     }
     coordinator = _coordinator(bootstrap, prefix, half_partitions=s.partitions)
     started = time.monotonic()
+    fixed_latency: list[float] | None = None
+    saturation_latency: list[float] = []
+    lateness: list[float] | None = None
+    promoted_topic = ""
     try:
         coordinator.start()
         coordinator.wait_ready()
-        log("baseline: raw idempotent producer -> consumer")
-        results["baseline_msgs_per_s"], results["baseline_runs"] = _median_of(
-            lambda: bench_baseline(conf, s), s.repeat)
-        log("transactional messages through the layer (saturation)")
-        txn_runs, saturation_latency, promoted_topic = [], [], ""
-        bench_txn(conf, prefix, s, min(s.count, 2000))  # warm-up
-        for _ in range(s.repeat):
-            rate, lat, promoted_topic = bench_txn(conf, prefix, s, s.count)
-            txn_runs.append(rate)
-            saturation_latency = lat
-        results["txn_msgs_per_s"] = statistics.median(txn_runs)
-        results["txn_runs"] = txn_runs
-        results["txn_ratio"] = results["txn_msgs_per_s"] / results["baseline_msgs_per_s"]
-        log(f"commit-to-visible latency at {s.rate} msgs/s")
-        _, fixed_latency, _ = bench_txn(conf, prefix, s, int(s.rate * s.latency_seconds),
-                                        rate=s.rate)
-        results["commit_to_visible_ms"] = {
-            "offered_msgs_per_s": s.rate, "p50": percentile(fixed_latency, 50),
-            "p99": percentile(fixed_latency, 99), "max": max(fixed_latency, default=0)}
-        results["commit_to_visible_saturation_ms"] = {
-            "p50": percentile(saturation_latency, 50), "p99": percentile(saturation_latency, 99),
-            "max": max(saturation_latency, default=0)}
-        log("back-check lateness")
-        lateness = bench_check_lateness(conf, bootstrap, s)
-        results["check_lateness_ms"] = {"p50": percentile(lateness, 50),
-                                        "p99": percentile(lateness, 99),
-                                        "max": max(lateness, default=0), "n": len(lateness)}
-        log("orderly consumer vs plain consumer")
-        results.update(bench_orderly(conf, bootstrap, prefix, s))
-        log("Spark job: promoted topic vs plain topic")
-        results.update(bench_spark(bootstrap, promoted_topic, s, work))
+        if "baseline" in cases:
+            log("baseline: raw idempotent producer -> consumer")
+            results["baseline_msgs_per_s"], results["baseline_runs"] = _median_of(
+                lambda: bench_baseline(conf, s), s.repeat)
+        if "txn" in cases or "spark" in cases:
+            log("transactional messages through the layer (saturation)")
+            txn_runs = []
+            bench_txn(conf, prefix, s, min(s.count, 2000))  # warm-up
+            for _ in range(s.repeat if "txn" in cases else 1):
+                rate, saturation_latency, promoted_topic = bench_txn(conf, prefix, s, s.count)
+                txn_runs.append(rate)
+            if "txn" in cases:
+                results["txn_msgs_per_s"] = statistics.median(txn_runs)
+                results["txn_runs"] = txn_runs
+                if "baseline_msgs_per_s" in results:
+                    results["txn_ratio"] = (results["txn_msgs_per_s"]
+                                            / results["baseline_msgs_per_s"])
+                results["commit_to_visible_saturation_ms"] = {
+                    "p50": percentile(saturation_latency, 50),
+                    "p99": percentile(saturation_latency, 99),
+                    "max": max(saturation_latency, default=0)}
+        if "latency" in cases:
+            log(f"commit-to-visible latency at {s.rate} msgs/s")
+            _, fixed_latency, _ = bench_txn(conf, prefix, s, int(s.rate * s.latency_seconds),
+                                            rate=s.rate)
+            results["commit_to_visible_ms"] = {
+                "offered_msgs_per_s": s.rate, "p50": percentile(fixed_latency, 50),
+                "p99": percentile(fixed_latency, 99), "max": max(fixed_latency, default=0)}
+        if "check" in cases:
+            log("back-check lateness")
+            lateness = bench_check_lateness(conf, bootstrap, s)
+            results["check_lateness_ms"] = {"p50": percentile(lateness, 50),
+                                            "p99": percentile(lateness, 99),
+                                            "max": max(lateness, default=0), "n": len(lateness)}
+        if "threads" in cases:
+            log(f"threads: {s.thread_counts} threads calling send_message_in_transaction")
+            results.update(bench_threads(conf, prefix, s, log))
+        if "orderly" in cases:
+            log("orderly consumer vs plain consumer")
+            results.update(bench_orderly(conf, bootstrap, prefix, s))
+        if "spark" in cases:
+            log("Spark job: promoted topic vs plain topic")
+            results.update(bench_spark(bootstrap, promoted_topic, s, work))
     finally:
         coordinator.stop()
-        broker.stop()
+        if broker is not None:
+            broker.stop()
     results["elapsed_s"] = time.monotonic() - started
     out.parent.mkdir(parents=True, exist_ok=True)
-    results["plots"] = plot(results, {f"offered {s.rate} msgs/s": fixed_latency,
-                                      "saturation (as fast as it goes)": saturation_latency},
-                            lateness, out.parent)
+    if fixed_latency is not None and lateness is not None:
+        results["plots"] = plot(results, {f"offered {s.rate} msgs/s": fixed_latency,
+                                          "saturation (as fast as it goes)":
+                                          saturation_latency}, lateness, out.parent)
+    results = _merge_into(out, results)
     out.write_text(json.dumps(results, indent=2, default=str))
     return results
 
@@ -344,13 +388,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("size", args.size), ("count", args.count),
                                    ("partitions", args.partitions), ("rate", args.rate),
                                    ("repeat", args.repeat)) if v is not None}
+    if args.threads:
+        overrides["thread_counts"] = tuple(int(n) for n in args.threads.split(","))
     settings = BenchSettings(**{**base.__dict__, **overrides})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    results = run_bench(Path(args.out), settings)
+    cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases \
+        else CASES
+    results = run_bench(Path(args.out), settings, cases=cases, bootstrap=args.bootstrap)
     keys = ("baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "commit_to_visible_ms",
             "check_lateness_ms", "orderly_msgs_per_s", "plain_consumer_msgs_per_s",
             "orderly_ratio", "takeover_s", "spark_ratio", "elapsed_s")
+    results = {**results, "threads": {n: {k: v for k, v in r.items() if k != "runs"}
+                                      for n, r in results.get("threads", {}).items()}}
+    keys = (*keys, "threads")
     print(json.dumps({k: results.get(k) for k in keys}, indent=2, default=str))
     return 0
 
@@ -364,4 +415,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--partitions", type=int, help="partitions of every topic")
     bench.add_argument("--rate", type=int, help="offered load for the latency case (msgs/s)")
     bench.add_argument("--repeat", type=int, help="repetitions per case (median)")
+    bench.add_argument("--cases", help=f"comma-separated cases to run (default all: "
+                       f"{','.join(CASES)}); merged into --out")
+    bench.add_argument("--bootstrap", help="an existing broker to use instead of an "
+                       "embedded one")
+    bench.add_argument("--threads", help="thread counts of the threads case, e.g. 1,8,32")
     bench.set_defaults(func=_cmd_bench)
