@@ -8,6 +8,7 @@ back-checks for this producer group from a background check consumer and a bound
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -136,6 +137,9 @@ class TransactionProducer:
         self._checks = CheckResponder(self._conf, self.topics, producer_group,
                                       self._answer_check, check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
+        # The per-call path's own producer (see _call_producer), made on first use.
+        self._call: confluent_kafka.Producer | None = None
+        self._call_lock = threading.Lock()
         self._partitions: PartitionCache | None = None
         self._started = False
         self._closed = False
@@ -165,6 +169,9 @@ class TransactionProducer:
         self._checks.stop(timeout)
         if self._producer is not None:
             self._producer.flush(timeout)
+        with self._call_lock:
+            if self._call is not None:
+                self._call.flush(timeout)
 
     def __enter__(self) -> TransactionProducer:
         return self.start()
@@ -186,10 +193,30 @@ class TransactionProducer:
         so is a message for a system topic (:class:`SystemTopicError`) or for a partition its
         topic lacks (:class:`UnknownPartitionError`), before anything is written.
         """
-        [(txn_id, waiter)] = self._write_halves([msg])
-        waiter.wait(self._require_started(), f"writing the half message of txn {txn_id}",
+        self._require_started()
+        self._validate([msg])
+        producer = self._call_producer()
+        [(txn_id, waiter)] = self._write_halves([msg], producer, validated=True)
+        waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
-        return self._run_local(msg, arg, txn_id, waiter)
+        result, state = self._execute_local(msg, arg, txn_id, waiter)
+        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
+                       producer=producer)
+        return result
+
+    def _call_producer(self) -> confluent_kafka.Producer:
+        """The producer of the one-message path: linger 0 unless the conf sets one, as a
+        caller waits for each write (librdkafka's default linger of 5 ms was most of a
+        call); concurrent callers still share batches while a request is in flight. The
+        batch path keeps the conf's own producer and its batching."""
+        self._require_started()
+        with self._call_lock:
+            if self._call is None:
+                conf = dict(self._conf)
+                if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
+                    conf["linger.ms"] = 0
+                self._call = confluent_kafka.Producer(conf)
+            return self._call
 
     def send_messages_in_transaction(self, msgs: list[Message],
                                      arg: Any = None) -> list[TransactionSendResult]:
@@ -243,9 +270,11 @@ class TransactionProducer:
             if msg.partition is not None:
                 partitions.require(msg.topic, msg.partition, self._send_timeout_s)
 
-    def _write_halves(self, msgs: list[Message]) -> list[tuple[str, DeliveryWaiter]]:
-        producer = self._require_started()
-        self._validate(msgs)
+    def _write_halves(self, msgs: list[Message], producer: confluent_kafka.Producer | None = None,
+                      *, validated: bool = False) -> list[tuple[str, DeliveryWaiter]]:
+        producer = producer or self._require_started()
+        if not validated:
+            self._validate(msgs)
         born = str(int(time.time() * 1000)).encode()
         group = self.producer_group.encode()
         out = []
@@ -256,12 +285,6 @@ class TransactionProducer:
                              headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
             out.append((txn_id, waiter))
         return out
-
-    def _run_local(self, msg: Message, arg: Any, txn_id: str,
-                   waiter: DeliveryWaiter) -> TransactionSendResult:
-        result, state = self._execute_local(msg, arg, txn_id, waiter)
-        self._send_end(result, state, from_check=False, check_seq=0, wait=False)
-        return result
 
     def _execute_local(self, msg: Message, arg: Any, txn_id: str,
                        waiter: DeliveryWaiter) -> tuple[TransactionSendResult,
@@ -320,8 +343,9 @@ class TransactionProducer:
 
     def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
                   from_check: bool, check_seq: int, wait: bool,
-                  timeout: float | None = None) -> None:
-        producer = self._require_started()
+                  timeout: float | None = None,
+                  producer: confluent_kafka.Producer | None = None) -> None:
+        producer = producer or self._require_started()
         request = EndRequest(result.transaction_id, self.producer_group, result.half_partition,
                              result.half_offset, _END_STATE[state], from_check, check_seq,
                              int(time.time() * 1000))
@@ -338,7 +362,13 @@ class TransactionProducer:
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
-        return self._require_started().flush(timeout)
+        deadline = time.monotonic() + timeout
+        queued = self._require_started().flush(timeout)
+        with self._call_lock:
+            call = self._call
+        if call is not None:
+            queued += call.flush(max(0.0, deadline - time.monotonic()))
+        return queued
 
     # -- back-checks ---------------------------------------------------------------------
     @property
