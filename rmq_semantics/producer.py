@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,9 @@ from rmq_semantics.topics import (
     validate_prefix,
 )
 
-__all__ = ["PartitionCache", "Producer"]
+__all__ = ["DeliveryPoller", "PartitionCache", "Producer", "SignalledWaiter"]
+
+log = logging.getLogger(__name__)
 
 # Upper bound for one synchronous send: librdkafka's own message.timeout.ms (default 300 s)
 # is longer; we fail sooner and say so. Override with send(..., timeout=...).
@@ -77,6 +80,54 @@ class DeliveryWaiter:
             producer.poll(min(POLL_SLICE_S, remaining))
         if self.error is not None:
             raise KafkaOperationError.wrap(what, self.error)
+
+
+class SignalledWaiter(DeliveryWaiter):
+    """A :class:`DeliveryWaiter` for a producer a :class:`DeliveryPoller` serves: the caller
+    sleeps on its own event. (Many threads polling one producer each slept on until their
+    poll served something or timed out, after another thread had served their report.)"""
+
+    __slots__ = ("_done",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._done = threading.Event()
+
+    def __call__(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+        super().__call__(err, msg)
+        self._done.set()
+
+    def wait(self, producer: confluent_kafka.Producer, what: str, timeout: float) -> None:
+        if not self._done.wait(timeout):
+            raise RmqTimeoutError(f"{what}: no delivery report within {timeout:.1f} s")
+        if self.error is not None:
+            raise KafkaOperationError.wrap(what, self.error)
+
+
+class DeliveryPoller:
+    """Serves one producer's delivery reports from a thread of its own, so callers wait on
+    a :class:`SignalledWaiter` instead of polling. ``stop`` is idempotent and joins."""
+
+    def __init__(self, producer: confluent_kafka.Producer, name: str) -> None:
+        self._producer = producer
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> DeliveryPoller:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._producer.poll(POLL_SLICE_S)
+            except Exception:  # a callback raised: the other reports must still be served
+                log.exception("a delivery callback raised")
+
+    def stop(self, timeout: float) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
 
 class PartitionCache:

@@ -27,8 +27,10 @@ from rmq_semantics.errors import (
 from rmq_semantics.message import Message
 from rmq_semantics.producer import (
     SEND_TIMEOUT_S,
+    DeliveryPoller,
     DeliveryWaiter,
     PartitionCache,
+    SignalledWaiter,
     producer_defaults,
 )
 from rmq_semantics.records.codec import decode_as, encode
@@ -139,6 +141,7 @@ class TransactionProducer:
         self._producer: confluent_kafka.Producer | None = None
         # The per-call path's own producer (see _call_producer), made on first use.
         self._call: confluent_kafka.Producer | None = None
+        self._call_poller: DeliveryPoller | None = None
         self._call_lock = threading.Lock()
         self._partitions: PartitionCache | None = None
         self._started = False
@@ -172,6 +175,8 @@ class TransactionProducer:
         with self._call_lock:
             if self._call is not None:
                 self._call.flush(timeout)
+            if self._call_poller is not None:
+                self._call_poller.stop(timeout)
 
     def __enter__(self) -> TransactionProducer:
         return self.start()
@@ -196,7 +201,8 @@ class TransactionProducer:
         self._require_started()
         self._validate([msg])
         producer = self._call_producer()
-        [(txn_id, waiter)] = self._write_halves([msg], producer, validated=True)
+        [(txn_id, waiter)] = self._write_halves([msg], producer, validated=True,
+                                                waiter_type=SignalledWaiter)
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
         result, state = self._execute_local(msg, arg, txn_id, waiter)
@@ -216,6 +222,8 @@ class TransactionProducer:
                 if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
                     conf["linger.ms"] = 0
                 self._call = confluent_kafka.Producer(conf)
+                self._call_poller = DeliveryPoller(
+                    self._call, f"rmq-delivery-{self.producer_group}").start()
             return self._call
 
     def send_messages_in_transaction(self, msgs: list[Message],
@@ -271,7 +279,9 @@ class TransactionProducer:
                 partitions.require(msg.topic, msg.partition, self._send_timeout_s)
 
     def _write_halves(self, msgs: list[Message], producer: confluent_kafka.Producer | None = None,
-                      *, validated: bool = False) -> list[tuple[str, DeliveryWaiter]]:
+                      *, validated: bool = False,
+                      waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
+                      ) -> list[tuple[str, DeliveryWaiter]]:
         producer = producer or self._require_started()
         if not validated:
             self._validate(msgs)
@@ -280,7 +290,7 @@ class TransactionProducer:
         out = []
         for msg in msgs:
             txn_id = uuid.uuid4().hex
-            waiter = DeliveryWaiter()
+            waiter = waiter_type()
             producer.produce(self.topics.half, msg.value, key=msg.key,
                              headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
             out.append((txn_id, waiter))
