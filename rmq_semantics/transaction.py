@@ -367,7 +367,7 @@ class TransactionProducer:
         if isinstance(waiter, DeliveryWaiter):
             waiter.wait(producer, f"ending txn {result.transaction_id}",
                         timeout or self._send_timeout_s)
-        else:
+        elif producer is not self._call:  # the call producer's thread serves its reports
             producer.poll(0)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
