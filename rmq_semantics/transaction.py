@@ -217,6 +217,8 @@ class TransactionProducer:
         batch path keeps the conf's own producer and its batching."""
         self._require_started()
         with self._call_lock:
+            if self._closed:  # shutdown ran while this call waited for the lock
+                raise IllegalStateError("TransactionProducer is shut down")
             if self._call is None:
                 conf = dict(self._conf)
                 if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
