@@ -31,5 +31,9 @@ def test_quick_bench_writes_every_figure_and_plot(tmp_path):
         assert all(results[key][part] >= 0 for part in parts), results[key]
     assert results["machine"]["cores"] >= 1 and results["machine"]["kafka"]
     assert results["settings"]["count"] == 5000
+    for threads in ("1", "8"):  # the quick run's threads case
+        case = results["threads"][threads]
+        assert case["confirmed_per_s"]["median"] > 0 and case["consumed_per_s"]["median"] > 0
+        assert case["p99_ms"]["median"] >= case["p50_ms"]["median"] > 0
     for plot in results["plots"]:
         assert (tmp_path / plot).stat().st_size > 0

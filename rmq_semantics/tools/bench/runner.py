@@ -290,7 +290,11 @@ def _merge_into(out: Path, results: dict) -> dict:
         except ValueError:
             previous = {}
         if isinstance(previous, dict):
-            return {**previous, **results}
+            merged = {**previous, **results}
+            # A run of some thread counts keeps the figures of the others.
+            if isinstance(previous.get("threads"), dict) and "threads" in results:
+                merged["threads"] = {**previous["threads"], **results["threads"]}
+            return merged
     return results
 
 
