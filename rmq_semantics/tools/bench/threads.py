@@ -6,6 +6,7 @@ per-call latency."""
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import threading
 import time
@@ -31,7 +32,21 @@ class _CommitListener(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int) -> dict:
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) ``pid`` spent so far, from /proc; this process if None."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int,
+             coordinator_pid: int | None) -> dict:
     from rmq_semantics.tools.bench.runner import Collector
 
     topic = f"bench-thr-{uuid.uuid4().hex[:8]}"
@@ -68,6 +83,7 @@ def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int) -> dict:
                    for n in range(threads)]
         for w in workers:
             w.start()
+        cpu_before = _process_cpu_s(None), _process_cpu_s(coordinator_pid)
         start = time.monotonic()
         go.set()
         for w in workers:
@@ -75,6 +91,7 @@ def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int) -> dict:
         confirmed_at = time.monotonic()
         producer.flush(60)
         collector.join(CASE_TIMEOUT_S)
+        cpu_after = _process_cpu_s(None), _process_cpu_s(coordinator_pid)
     if errors:
         raise RuntimeError(f"threads={threads}: {len(errors)} calls failed: {errors[0]!r}")
     latencies = [ms for per in call_ms for ms in per]
@@ -82,28 +99,35 @@ def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int) -> dict:
             "consumed_per_s": collector.measured / ((collector.done_at or time.monotonic())
                                                     - start),
             "consumed": collector.measured, "calls": len(latencies),
+            # CPU, not wall time, per 1,000 calls: what sizing a deployment needs.
+            "producer_cpu_s_per_1000": (cpu_after[0] - cpu_before[0]) * 1000 / total,
+            "coordinator_cpu_s_per_1000": (cpu_after[1] - cpu_before[1]) * 1000 / total,
             "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
 
 def _summary(runs: list[dict]) -> dict:
     out: dict = {"runs": runs}
-    for key in ("confirmed_per_s", "consumed_per_s", "p50_ms", "p99_ms"):
+    for key in ("confirmed_per_s", "consumed_per_s", "p50_ms", "p99_ms",
+                "producer_cpu_s_per_1000", "coordinator_cpu_s_per_1000"):
         values = [r[key] for r in runs]
         out[key] = {"median": statistics.median(values), "min": min(values),
                     "max": max(values)}
     return out
 
 
-def bench_threads(conf: dict, prefix: str, s: BenchSettings, log=print) -> dict:
+def bench_threads(conf: dict, prefix: str, s: BenchSettings, log=print,
+                  coordinator_pid: int | None = None) -> dict:
     """``{"threads": {"32": {"confirmed_per_s": {"median", "min", "max"}, ..., "runs"}}}``."""
     results: dict = {}
     for threads in s.thread_counts:
         runs = []
         for n in range(s.repeat):
-            run = _one_run(conf, prefix, s, threads)
+            run = _one_run(conf, prefix, s, threads, coordinator_pid)
             log(f"  threads={threads} run {n + 1}/{s.repeat}: "
                 f"{run['confirmed_per_s']:.0f} confirmed/s, {run['consumed_per_s']:.0f} "
-                f"consumed/s, p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms")
+                f"consumed/s, p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, CPU s "
+                f"per 1,000: producer {run['producer_cpu_s_per_1000']:.2f}, coordinator "
+                f"{run['coordinator_cpu_s_per_1000']:.2f}")
             runs.append(run)
         results[str(threads)] = _summary(runs)
     return {"threads": results}
