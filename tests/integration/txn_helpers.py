@@ -184,6 +184,9 @@ def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: 
         # The same log file: the restarted process appends to it.
         coordinator = CoordinatorProcess(broker.bootstrap, coordinator.log_path,
                                          topic_prefix=prefix, instance_id=instance)
+        # The sends may all be done by now (the per-call path got fast): a SIGTERM while
+        # the restarted process still imports would kill it before it handles signals.
+        coordinator.wait_ready()
         sender.join(300)
         assert not sender.is_alive(), "the producer did not finish sending"
         producer.flush(30)
