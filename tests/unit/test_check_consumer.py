@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.checks import CheckResponder
 from rmq_semantics.topics import SystemTopics
-
-
-class RecordingStop(threading.Event):
-    """A stop flag whose waits return at once and are recorded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout or 0.0)
-        return self.is_set()
+from tests.unit.stops import RecordingStop
 
 
 class FailingConsumer:

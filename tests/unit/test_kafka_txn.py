@@ -23,6 +23,7 @@ from rmq_semantics.errors import (
     RmqTimeoutError,
     TransactionAborted,
 )
+from tests.unit.stops import RecordingStop
 
 K = TxnErrorKind
 
@@ -191,18 +192,6 @@ def test_init_retries_retriable_errors_and_sorts_the_rest(make_txn):
     with pytest.raises(KafkaOperationError) as caught:
         make_txn(init=[kafka_exc(KafkaError.INVALID_CONFIG)]).init()
     assert not isinstance(caught.value, FatalKafkaError)
-
-
-class RecordingStop(threading.Event):
-    """A stop flag whose waits return at once and are recorded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout or 0.0)
-        return self.is_set()
 
 
 def test_the_loop_replays_after_an_abort_at_once_and_after_other_errors_after_a_pause():
