@@ -365,7 +365,8 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] = print,
                                             "max": max(lateness, default=0), "n": len(lateness)}
         if "threads" in cases:
             log(f"threads: {s.thread_counts} threads calling send_message_in_transaction")
-            results.update(bench_threads(conf, prefix, s, log, coordinator.pid))
+            results.update(bench_threads(conf, prefix, s, log, coordinator.pid,
+                                         broker.running_pid() if broker else None))
         if "orderly" in cases:
             log("orderly consumer vs plain consumer")
             results.update(bench_orderly(conf, bootstrap, prefix, s))
