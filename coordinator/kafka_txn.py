@@ -133,13 +133,18 @@ class KafkaTransactions:
         Raises TransactionAborted when the transaction was aborted (the caller replays from
         its committed offsets) and FatalKafkaError when the producer cannot go on.
         """
+        with self.body() as producer:
+            yield producer
+        self.finish(offsets, group_metadata)
+
+    @contextlib.contextmanager
+    def body(self) -> Iterator[confluent_kafka.Producer]:
+        """Begin a transaction; the ``with`` block produces into it. A failure aborts it
+        (as :meth:`transaction`); the caller then calls :meth:`finish` to commit it."""
         producer = self.producer
         try:
             producer.begin_transaction()
             yield producer
-            self._call("sending offsets", producer.send_offsets_to_transaction, list(offsets),
-                       group_metadata)
-            self._call("committing", producer.commit_transaction)
         except KafkaException as exc:
             self._abort(exc.args[0], exc)
         except BufferError as exc:  # local queue full: nothing is lost, replay the batch
@@ -149,6 +154,16 @@ class KafkaTransactions:
             with contextlib.suppress(KafkaException):
                 producer.abort_transaction(TXN_CALL_TIMEOUT_S)
             raise
+
+    def finish(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
+        """Send ``offsets`` and commit the transaction :meth:`body` began, or abort it.
+        Safe on another thread than the body's, once the body has returned."""
+        try:
+            self._call("sending offsets", self.producer.send_offsets_to_transaction,
+                       list(offsets), group_metadata)
+            self._call("committing", self.producer.commit_transaction)
+        except KafkaException as exc:
+            self._abort(exc.args[0], exc)
 
     def close(self) -> None:
         self.producer.flush(TXN_CALL_TIMEOUT_S)

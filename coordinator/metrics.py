@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["CoordinatorMetrics", "MetricsServer"]
+if TYPE_CHECKING:
+    from coordinator.state import PartitionState
+    from rmq_semantics.topics import SystemTopics
+
+__all__ = ["CoordinatorMetrics", "MetricsServer", "publish_partition_counters"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +104,30 @@ class MetricsServer:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+
+
+def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics,
+                               states: Mapping[int, PartitionState], age_due: bool) -> None:
+    """Move what each partition's pure state counted since the last step into the metrics
+    (and log its rejections); the oldest-pending age only when ``age_due`` (it scans)."""
+    now = time.time()
+    for p, state in states.items():
+        for request, reason in state.rejections:
+            log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", topics.op, p,
+                        request.op_offset, request.txn_id, request.half_offset, reason)
+        state.rejections.clear()
+        for name, count in state.counters.items():
+            if name.startswith("rejected_"):
+                metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)
+            elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
+                          "unknown_ignored"):
+                metrics.conflicting.labels(name).inc(count)
+        metrics.malformed.labels(topics.half).inc(state.counters.pop("malformed_reappend", 0))
+        state.counters.clear()
+        metrics.pending.labels(str(p)).set(len(state.pending))
+        metrics.tracked.labels(str(p)).set(state.tracked)
+        if not state.pending:
+            metrics.oldest_pending_age.labels(str(p)).set(0)
+        elif age_due:
+            oldest = min(e.half.born_ts for e in state.pending.values())
+            metrics.oldest_pending_age.labels(str(p)).set(max(0.0, now - oldest / 1000))

@@ -3,6 +3,7 @@ coordinator's consumer offsets, committed atomically (exactly-once promotion).""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -25,7 +26,7 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
-from rmq_semantics.errors import TransactionAborted
+from rmq_semantics.errors import FatalKafkaError, IllegalStateError, TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reappend import reappended_headers
@@ -49,6 +50,9 @@ QUEUE_FULL_WAIT_S = 0.5
 # A discard copy that failed once is written again as a stub: these headers, this long.
 STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS)
 STUB_HEADER_BYTES = 1024
+# A commit's calls give up within RETRY_DEADLINE_S plus a call timeout or two; past this the
+# producer is wedged and only a restart is safe.
+SETTLE_TIMEOUT_S = 120.0
 
 #: ``unwritable(topics)``: which of these real topics the broker refuses us, and why.
 TopicProbe = Callable[[set[str]], dict[str, DiscardReason]]
@@ -78,6 +82,10 @@ class TransactionWriter:
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
         self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
         self._blamed = False
+        # One thread sends each transaction's offsets and commits it (see submit()).
+        self._committer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rmq-commit")
+        self._in_flight: tuple[Sequence[Action], concurrent.futures.Future] | None = None
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Initialise transactions (fences an older instance with the same id)."""
@@ -85,26 +93,64 @@ class TransactionWriter:
 
     def write(self, actions: Sequence[Action], offsets: list[TopicPartition],
               group_metadata: object) -> None:
-        """Write ``actions`` and commit ``offsets`` in one transaction.
+        """Write ``actions`` and commit ``offsets`` in one transaction, and wait for it.
 
         Raises TransactionAborted when the transaction had to be aborted (the caller
         replays from committed offsets) and FatalKafkaError when it cannot go on.
         """
+        self.submit(actions, offsets, group_metadata)
+        self.settle()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a transaction's commit is still running (see :meth:`submit`)."""
+        return self._in_flight is not None
+
+    def submit(self, actions: Sequence[Action], offsets: list[TopicPartition],
+               group_metadata: object) -> None:
+        """Begin a transaction, produce ``actions`` into it, and leave sending ``offsets``
+        and the commit (round trips, not CPU) to the committer thread, so the caller reads
+        and decides the next batch meanwhile. :meth:`settle` waits for the outcome; it must
+        be called before the next ``submit``."""
+        if self._in_flight is not None:
+            raise IllegalStateError("the previous transaction is not settled")
         self._done_entries = {}
         self._failed = []
         self._blamed = False
         try:
-            with self.txn.transaction(offsets, group_metadata):
+            with self.txn.body():
                 for action in actions:
                     self._guarded(action)
                 self._write_done_markers()
         except TransactionAborted as aborted:
-            self.metrics.aborted.inc()
-            self._blame_failures(actions, aborted.__cause__)
+            self._aborted(actions, aborted)
             raise
+        self._in_flight = (actions, self._committer.submit(self.txn.finish, offsets,
+                                                           group_metadata))
+
+    def settle(self) -> None:
+        """Wait for the transaction :meth:`submit` left committing (nothing if none): count
+        it once committed; TransactionAborted or FatalKafkaError as :meth:`write`."""
+        if self._in_flight is None:
+            return
+        actions, commit = self._in_flight
+        self._in_flight = None
+        try:
+            commit.result(timeout=SETTLE_TIMEOUT_S)
+        except TransactionAborted as aborted:
+            self._aborted(actions, aborted)
+            raise
+        except concurrent.futures.TimeoutError as exc:
+            # Its own calls are bounded well below this: the producer is wedged.
+            raise FatalKafkaError(f"a transaction's commit did not end within "
+                                  f"{SETTLE_TIMEOUT_S:.0f} s") from exc
         self._count(actions)
         self.ledger.settle((a.half.partition, a.half.offset) for a in actions
                            if not isinstance(a, LateCommit))
+
+    def _aborted(self, actions: Sequence[Action], aborted: TransactionAborted) -> None:
+        self.metrics.aborted.inc()
+        self._blame_failures(actions, aborted.__cause__)
 
     # -- poison records ----------------------------------------------------------------------
     def _guarded(self, action: Action) -> None:
@@ -299,4 +345,8 @@ class TransactionWriter:
             self.metrics.promotions.inc(promotions)
 
     def close(self) -> None:
+        """Idempotent; call :meth:`settle` first, or a transaction in flight is waited for
+        here and its outcome left to the next start's replay."""
+        self._committer.shutdown(wait=True)
+        self._in_flight = None
         self.txn.close()

@@ -18,13 +18,20 @@ from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
 from coordinator.marker_keys import configured_key, keys_topic_spec, load_verifier
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics, publish_partition_counters
 from coordinator.poison import PoisonLedger
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
 from rmq_semantics.clientconf import client_conf, shared_conf
-from rmq_semantics.errors import IllegalStateError, KafkaOperationError, MalformedRecordError
+from rmq_semantics.errors import (
+    FatalKafkaError,
+    IllegalStateError,
+    KafkaOperationError,
+    MalformedRecordError,
+    RmqError,
+    TransactionAborted,
+)
 from rmq_semantics.records import txn as wire
 from rmq_semantics.records.codec import SystemRecord, decode
 from rmq_semantics.records.half import parse_half, unparsed_half
@@ -83,6 +90,20 @@ def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
     return False
 
 
+def read_retention(admin: AdminClient, topic: str) -> int | None:
+    """``retention.ms`` of ``topic``, None if unlimited or unreadable (then no message is
+    discarded for outliving it)."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([resource])[resource].result(ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("could not read retention of %s (%s); retention discard is off", topic,
+                    exc.args[0].str())
+        return None
+    value = int(configs["retention.ms"].value)
+    return None if value < 0 else value
+
+
 class TransactionService:
     def __init__(self, conf: dict, settings: CoordinatorSettings,
                  metrics: CoordinatorMetrics | None = None) -> None:
@@ -103,6 +124,11 @@ class TransactionService:
         self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
+        self._writer: TransactionWriter | None = None
+        # Offsets of the last transaction submitted (committed once it settles), and a
+        # commit failure met inside a rebalance callback, raised by the next step.
+        self._sent: dict[int, tuple[int, int]] = {}
+        self._settle_error: RmqError | None = None
         self.ready = threading.Event()
 
     # -- setup ---------------------------------------------------------------------------
@@ -110,18 +136,6 @@ class TransactionService:
         if self._admin is None:
             raise IllegalStateError("the transaction service is not running (call run())")
         return self._admin
-
-    def _read_retention(self) -> int | None:
-        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topics.half)
-        try:
-            future = self._admin_client().describe_configs([resource])[resource]
-            configs = future.result(ADMIN_TIMEOUT_S)
-        except KafkaException as exc:
-            log.warning("could not read retention of %s (%s); retention discard is off",
-                        self.topics.half, exc.args[0].str())
-            return None
-        value = int(configs["retention.ms"].value)
-        return None if value < 0 else value
 
     # -- rebalance -----------------------------------------------------------------------
     def _new_state(self, partition: int) -> PartitionState:
@@ -146,9 +160,11 @@ class TransactionService:
                  sorted({tp.partition for tp in partitions}))
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        self._settle_quietly("a revoke")
         for p in {tp.partition for tp in partitions}:
             self.states.pop(p, None)
             self._committed.pop(p, None)
+            self._sent.pop(p, None)
             self.ledger.forget_partition(p)
             for gauge in (self.metrics.pending, self.metrics.oldest_pending_age,
                           self.metrics.tracked):
@@ -249,32 +265,11 @@ class TransactionService:
         return state.on_end_request(request, now)
 
     def _publish_counters(self) -> None:
-        now = time.time()
         # The oldest-pending age scans every pending entry: once a second is fresh enough.
         age_due = time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S
         if age_due:
             self._gauges_at = time.monotonic()
-        for p, state in self.states.items():
-            for request, reason in state.rejections:
-                log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", self.topics.op,
-                            p, request.op_offset, request.txn_id, request.half_offset, reason)
-            state.rejections.clear()
-            for name, count in state.counters.items():
-                if name.startswith("rejected_"):
-                    self.metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)
-                elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
-                              "unknown_ignored"):
-                    self.metrics.conflicting.labels(name).inc(count)
-            self.metrics.malformed.labels(self.topics.half).inc(
-                state.counters.pop("malformed_reappend", 0))
-            state.counters.clear()
-            self.metrics.pending.labels(str(p)).set(len(state.pending))
-            self.metrics.tracked.labels(str(p)).set(state.tracked)
-            if not state.pending:
-                self.metrics.oldest_pending_age.labels(str(p)).set(0)
-            elif age_due:
-                oldest = min(e.half.born_ts for e in state.pending.values())
-                self.metrics.oldest_pending_age.labels(str(p)).set(max(0.0, now - oldest / 1000))
+        publish_partition_counters(self.metrics, self.topics, self.states, age_due)
 
     def committed_offsets(self, partition: int) -> tuple[int, int] | None:
         """(half, op) offsets last committed for ``partition`` by this instance."""
@@ -286,7 +281,7 @@ class TransactionService:
         out = []
         for p, state in self.states.items():
             pair = (state.half_commit, state.op_commit)
-            changed |= self._committed.get(p) != pair
+            changed |= self._sent.get(p, self._committed.get(p)) != pair
             out.append(TopicPartition(self.topics.half, p, pair[0]))
             out.append(TopicPartition(self.topics.op, p, pair[1]))
         return out, changed
@@ -294,8 +289,11 @@ class TransactionService:
     def _replay(self, consumer: confluent_kafka.Consumer) -> None:
         """After an aborted transaction or a failed step: forget in-memory state and re-read
         from commits."""
+        self._settle_quietly("a replay")
+        self._settle_error = None  # this replay is what it asked for
         self.states.clear()
         self._committed.clear()
+        self._sent.clear()
         try:
             assignment = consumer.assignment()
             if not assignment:
@@ -319,12 +317,13 @@ class TransactionService:
                                               self.instance_id)
         require_copartitioned(self.conf, self.topics.half, self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
-        self._retention_ms = self._read_retention()
+        self._retention_ms = read_retention(self._admin, self.topics.half)
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable)
         writer.start(stop)
+        self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
             "group.id": self.topics.coordinator_group,
             "partition.assignment.strategy": "range",  # half p and op p to the same member
@@ -345,17 +344,27 @@ class TransactionService:
             transactional_loop("transaction service", lambda: self._step(consumer, writer),
                                lambda: self._replay(consumer), stop)
         finally:
-            consumer.close()
-            writer.close()
+            # The transaction in flight completes before the consumer leaves the group.
+            try:
+                self._settle_quietly("shutdown")
+            finally:
+                consumer.close()
+                writer.close()
             log.info("transaction service %s stopped", self.instance_id)
 
     def _step(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:
-        first = consumer.poll(POLL_WAIT_S)
+        """One batch: read and decide it while the previous transaction commits, then write
+        it as the next. If that commit fails, the replay forgets this batch's decisions."""
+        self._raise_settle_error()
+        # With a commit in flight, take what is there and go wait for the commit.
+        first = consumer.poll(0 if writer.in_flight else POLL_WAIT_S)
+        self._raise_settle_error()
         msgs = [first, *consumer.consume(MAX_BATCH - 1, 0)] if first is not None else []
         now = _now_ms()
         actions: list = []
         for msg in msgs:
             actions.extend(self._dispatch_guarded(msg, now))
+        self._settle(writer)
         for state in self.states.values():
             actions.extend(state.due(now))
         actions = self.destinations.vet(actions, self.states)
@@ -363,6 +372,31 @@ class TransactionService:
         offsets, moved = self._offsets()
         if not actions and not moved:
             return
-        writer.write(actions, offsets, consumer.consumer_group_metadata())
-        for p, state in self.states.items():
-            self._committed[p] = (state.half_commit, state.op_commit)
+        writer.submit(actions, offsets, consumer.consumer_group_metadata())
+        self._sent = {p: (state.half_commit, state.op_commit)
+                      for p, state in self.states.items()}
+
+    def _settle(self, writer: TransactionWriter) -> None:
+        """Wait for the transaction in flight; its offsets are then the committed ones."""
+        writer.settle()
+        self._committed.update(self._sent)
+
+    def _settle_quietly(self, why: str) -> None:
+        """Wait for a commit in flight before the partitions or the offsets it covers change
+        hands (a revoke, a replay). A failure is kept for the loop, which replays."""
+        writer = self._writer
+        if writer is None or not writer.in_flight:
+            return
+        try:
+            self._settle(writer)
+        except FatalKafkaError:
+            raise
+        except (TransactionAborted, KafkaOperationError) as exc:
+            log.warning("transaction service: the transaction in flight at %s failed: %s",
+                        why, exc)
+            self._settle_error = self._settle_error or exc
+
+    def _raise_settle_error(self) -> None:
+        error, self._settle_error = self._settle_error, None
+        if error is not None:
+            raise error

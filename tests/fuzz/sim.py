@@ -294,6 +294,8 @@ class Simulation:
             self.cluster.clock_ms += self.rng.randrange(*tick_ms)
             self.steps += 1
             service._step(self._consumer, self._writer)
+            # Deterministic: each step's transaction commits before the clock moves on.
+            service._settle(self._writer)
             self._answer_checks()
             self._steps_left -= 1
             if self._steps_left <= 0:
