@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 FIGURES = (
     "baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "commit_to_visible_saturation_ms.p99",
     "commit_to_visible_ms.p50", "commit_to_visible_ms.p99", "commit_to_visible_ms.max",
+    "commit_to_visible_ms.achieved_msgs_per_s",
     "check_lateness_ms.p50", "check_lateness_ms.p99", "threads.1.confirmed_per_s",
     "threads.1.consumed_per_s", "threads.1.p50_ms", "threads.2.p99_ms", "copier_msgs_per_s",
     "copier_latency_ms.p50", "copier_latency_ms.p99", "txn_vs_copier",

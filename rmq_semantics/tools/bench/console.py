@@ -50,8 +50,8 @@ def _run_line(run: dict) -> str:
             samples = value["samples"]
             parts.append(f"{key} p50 {_short(percentile(samples, 50))} "
                          f"p99 {_short(percentile(samples, 99))}")
-        elif isinstance(value, dict):
-            parts.append(f"{key}: {{{_run_line(value)}}}")
+        elif isinstance(value, dict) and (inner := _run_line(value)):
+            parts.append(f"{key}: {{{inner}}}")
     return ", ".join(parts)
 
 

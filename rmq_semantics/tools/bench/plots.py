@@ -57,7 +57,7 @@ def _latency_plot(plt, samples: dict, path: Path) -> None:
                      alpha=0.6, density=True,
                      label=f"{name}: p50 {percentile(values, 50):.1f}, "
                            f"p99 {percentile(values, 99):.1f} ms")
-    axes[0].set_title("at the offered rate (tail clipped at p99.5)")
+    axes[0].set_title("at the offered rate, the runs pooled (tail clipped at p99.5)")
     axes[1].hist(saturation or [0], bins=60, color="#c44", density=True)
     axes[1].set_title("batch API at saturation (queueing)")
     for ax in axes:

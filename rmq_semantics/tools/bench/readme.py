@@ -94,12 +94,13 @@ def _at_most(f: Any, goal: float) -> bool | None:
 # -- the figures table --------------------------------------------------------------------
 def _threads_rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows = []
-    threads = r.get("threads") or {}
+    threads = {"32": {}, **(r.get("threads") or {})}  # the goal's row, even unmeasured
     for n in sorted(threads, key=int):
         t = threads[n]
-        result = (f"{_fig(t.get('confirmed_per_s'), _rate, '/s')} confirmed, "
-                  f"{_fig(t.get('consumed_per_s'), _rate, '/s')} consumed; per call "
-                  f"p50 {_fig(t.get('p50_ms'), _ms)}, p99 {_fig(t.get('p99_ms'), _ms)} ms")
+        result = "not measured" if not t else (
+            f"{_fig(t.get('confirmed_per_s'), _rate, '/s')} confirmed, "
+            f"{_fig(t.get('consumed_per_s'), _rate, '/s')} consumed; per call "
+            f"p50 {_fig(t.get('p50_ms'), _ms)}, p99 {_fig(t.get('p99_ms'), _ms)} ms")
         goal = ""
         if n == "32":
             p50 = _median(t.get("p50_ms"))
@@ -128,7 +129,9 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
                _at_least(g("txn_vs_copier"), GOAL_TXN_VS_COPIER))),
         *_threads_rows(r),
         ("latency", f"commit → visible at {_int(visible.get('offered_msgs_per_s', '?'))} msgs/s "
-         f"offered by {visible.get('threads', '?')} threads", _pcts(visible), ""),
+         f"offered by {visible.get('threads', '?')} threads", _pcts(visible)
+         + (f"; calls made at {_fig(visible['achieved_msgs_per_s'], _rate, '/s')}"
+            if "achieved_msgs_per_s" in visible else ""), ""),
         ("copier", f"copier input → visible at {_int(copier.get('offered_msgs_per_s', '?'))} "
          "msgs/s", _pcts(copier), ""),
         ("latency", "commit → visible p99 against the copier's p99",
@@ -218,8 +221,9 @@ def _comparison(r: dict) -> list[str]:
          f"{_fig(t1.get('confirmed_per_s'), _rate, '/s')})"),
         ("one call: half send + local transaction + end, p50 / p99",
          f"{RMQ_CALL_P50_P99_MS[0]} / {RMQ_CALL_P50_P99_MS[1]} ms",
-         f"32 threads: {_fig(t32.get('p50_ms'), _ms)} / {_fig(t32.get('p99_ms'), _ms)} ms; "
-         f"1 thread: {_fig(t1.get('p50_ms'), _ms)} / {_fig(t1.get('p99_ms'), _ms)} ms"),
+         "; ".join(f"{n}: {_fig(t.get('p50_ms'), _ms)} / {_fig(t.get('p99_ms'), _ms)} ms"
+                   if t else f"{n}: not measured"
+                   for n, t in (("32 threads", t32), ("1 thread", t1)))),
         ("batch API, batches of 500", "—", _fig(r.get("txn_msgs_per_s"), _rate, "/s")),
         ("commit → visible to a consumer, 1,000 msgs/s offered, p50 / p99 / max",
          f"**{' / '.join(f'{v:g}' for v in RMQ_VISIBLE_MS)} ms**",

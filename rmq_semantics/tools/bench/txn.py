@@ -126,10 +126,11 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     return collector.measured / elapsed, _latencies(listener, collector), topic
 
 
-def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> list[float]:
+def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> tuple[list[float], float]:
     """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads,
     each calling ``send_message_in_transaction`` on a schedule of absolute due times (a late
-    call does not push the later ones back: the offered rate stays the rate)."""
+    call does not push the later ones back: the offered rate stays the rate), and the rate
+    the calls achieved (below the offered one when the callers fell behind)."""
     topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     threads = max(1, s.latency_threads)
@@ -168,11 +169,12 @@ def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> list[float]:
             c.start()
         for c in callers:
             c.join(CASE_TIMEOUT_S)
+        achieved = count / (time.monotonic() - start)
         producer.flush(60)
         collector.join(CASE_TIMEOUT_S)
     if errors:
         raise RuntimeError(f"latency: {len(errors)} callers failed: {errors[0]!r}")
-    return _latencies(listener, collector)
+    return _latencies(listener, collector), achieved
 
 
 def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
