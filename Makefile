@@ -21,8 +21,11 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
+# The bench's full run (BENCH_ARGS adds e.g. --cases threads,latency or --repeat 3), then the
+# README's bench block rendered from its results.
 bench: setup
-	$(PY) -m rmq_semantics bench --out bench/results.json
+	$(PY) -m rmq_semantics bench --out bench/results.json $(BENCH_ARGS)
+	$(PY) -m rmq_semantics bench --render-readme --out bench/results.json --readme README.md
 
 # The fuzzer's long run: 10,000 bad records through a real coordinator (RMQ_BOOTSTRAP_SERVERS
 # or an embedded broker); FUZZ_ARGS adds e.g. --seed N, --only CATEGORY, --safe, --list.

@@ -1,5 +1,7 @@
-"""`rmq-semantics bench --quick` runs every case and writes the JSON and plots it promises.
-No timing is asserted: speed is what the benchmark reports, not what the tests check."""
+"""`rmq-semantics bench --quick` runs every case and writes the JSON, plots and README block it
+promises, every figure a median with min-max and its runs. No timing is asserted: speed is
+what the benchmark reports, not what the tests check. Tiny counts and one run per case keep
+it short (about a minute on a quiet machine)."""
 
 from __future__ import annotations
 
@@ -9,31 +11,63 @@ import sys
 
 import pytest
 
+from rmq_semantics.tools.bench.cases import CASES
+from rmq_semantics.tools.bench.console import flat_figures
+from rmq_semantics.tools.bench.readme import BEGIN, END, render_block
 from tests.integration.txn_helpers import REPO
 
 pytestmark = pytest.mark.integration
 
-REQUIRED = ("baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "orderly_msgs_per_s",
-            "plain_consumer_msgs_per_s", "orderly_ratio", "takeover_s", "spark_ratio")
+# Every figure of a full run (key paths), the derived ones included.
+FIGURES = (
+    "baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "commit_to_visible_saturation_ms.p99",
+    "commit_to_visible_ms.p50", "commit_to_visible_ms.p99", "commit_to_visible_ms.max",
+    "commit_to_visible_ms.achieved_msgs_per_s",
+    "check_lateness_ms.p50", "check_lateness_ms.p99", "threads.1.confirmed_per_s",
+    "threads.1.consumed_per_s", "threads.1.p50_ms", "threads.2.p99_ms", "copier_msgs_per_s",
+    "copier_latency_ms.p50", "copier_latency_ms.p99", "txn_vs_copier",
+    "latency_vs_copier_p99", "coordinators.1.msgs_per_s",
+    "coordinators.1.coordinator_cpu_s_per_1000", "coordinators.2.msgs_per_s",
+    "coordinators.2.producer_cpu_s_per_1000", "coordinator_cores_per_10k_msgs_per_s",
+    "plain_consumer_msgs_per_s", "orderly_msgs_per_s", "orderly_ratio", "takeover_s",
+    "spark_ratio")
 
 
-def test_quick_bench_writes_every_figure_and_plot(tmp_path):
+def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, tmp_path):
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "rmq_semantics", "bench", "--quick",
-                           "--count", "5000", "--repeat", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    # The session's broker, not one more embedded broker (that would add its start-up).
+    proc = subprocess.run(
+        [sys.executable, "-m", "rmq_semantics", "bench", "--quick", "--repeat", "1",
+         "--count", "2000", "--latency-seconds", "1", "--check-messages", "20",
+         "--threads", "1,2", "--calls-per-thread", "10", "--load-sample", "0.1",
+         "--out", str(out), "--bootstrap", broker.bootstrap],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    for key in REQUIRED:
-        assert results[key] > 0, key
-    for key, parts in (("commit_to_visible_ms", ("p50", "p99", "max")),
-                       ("check_lateness_ms", ("p50", "p99"))):
-        assert all(results[key][part] >= 0 for part in parts), results[key]
-    assert results["machine"]["cores"] >= 1 and results["machine"]["kafka"]
-    assert results["settings"]["count"] == 5000
-    for threads in ("1", "8"):  # the quick run's threads case
-        case = results["threads"][threads]
-        assert case["confirmed_per_s"]["median"] > 0 and case["consumed_per_s"]["median"] > 0
-        assert case["p99_ms"]["median"] >= case["p50_ms"]["median"] > 0
+
+    figures = dict(flat_figures(results))
+    assert set(FIGURES) <= set(figures), set(FIGURES) - set(figures)
+    for name, fig in figures.items():
+        assert set(fig) == {"median", "min", "max", "runs"} and len(fig["runs"]) == 1, name
+        assert fig["min"] <= fig["median"] <= fig["max"], name
+    for name in FIGURES:
+        assert figures[name]["median"] > 0, name
+    assert results["commit_to_visible_ms"]["offered_msgs_per_s"] == 1000
+
+    assert set(results["cases"]) == set(CASES)
+    for case, info in results["cases"].items():
+        assert info["runs"] == 1 and isinstance(info["busy"], bool), case
+        [load] = info["load"]
+        assert set(load) == {"before", "after"} and len(load["before"]["loadavg"]) == 3, case
+    assert results["machine"]["cores"] >= 1 and results["settings"]["count"] == 2000
     for plot in results["plots"]:
         assert (tmp_path / plot).stat().st_size > 0
+    assert json.loads((tmp_path / "results-samples.json").read_text())["copier_latency_ms"]
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# bench\n{BEGIN}\n{END}\nprose\n")
+    render = subprocess.run(
+        [sys.executable, "-m", "rmq_semantics", "bench", "--render-readme", "--out", str(out),
+         "--readme", str(readme)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert render.returncode == 0, render.stderr[-3000:]
+    assert readme.read_text() == f"# bench\n{render_block(results)}\nprose\n"

@@ -1,14 +1,29 @@
-"""`bench --cases`: an unknown case is refused before anything starts, and a run's figures
-are merged into the results file instead of replacing the other cases'."""
+"""The bench's bookkeeping without a broker: `--cases` refuses unknown cases and merges a run
+into the results file; runs become figures (median, min-max, every run); ratios are taken
+run by run; the README's bench block is rendered from the results and is the rendering of
+the committed `bench/results.json`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from rmq_semantics.tools.bench.common import BenchSettings
+from rmq_semantics.tools.bench.cases import derive
+from rmq_semantics.tools.bench.common import BenchSettings, aggregate, figure, pooled_samples
+from rmq_semantics.tools.bench.coordinators import _held
+from rmq_semantics.tools.bench.machine import load_sample
+from rmq_semantics.tools.bench.readme import (
+    BEGIN,
+    END,
+    current_block,
+    render_block,
+    render_readme,
+)
 from rmq_semantics.tools.bench.runner import _merge_into, run_bench
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_an_unknown_case_is_refused_before_any_broker_starts(tmp_path):
@@ -19,8 +34,114 @@ def test_an_unknown_case_is_refused_before_any_broker_starts(tmp_path):
 
 def test_a_partial_run_keeps_the_other_cases_and_thread_counts(tmp_path):
     out = tmp_path / "results.json"
-    out.write_text(json.dumps({"txn_msgs_per_s": 100.0, "threads": {"1": "old"}}))
-    merged = _merge_into(out, {"threads": {"32": "new"}, "elapsed_s": 3})
+    out.write_text(json.dumps({"txn_msgs_per_s": 100.0, "threads": {"1": "old"},
+                               "cases": {"txn": "old"}, "txn_runs": [1.0]}))
+    merged = _merge_into(out, {"threads": {"32": "new"}, "cases": {"threads": "new"},
+                               "elapsed_s": 3})
     assert merged == {"txn_msgs_per_s": 100.0, "threads": {"1": "old", "32": "new"},
-                      "elapsed_s": 3}
+                      "cases": {"txn": "old", "threads": "new"}, "elapsed_s": 3}
     assert _merge_into(tmp_path / "absent.json", {"a": 1}) == {"a": 1}
+
+
+def test_runs_become_figures_by_the_type_of_each_value():
+    runs = [{"rate": 10.0, "batch": 32, "lat": {"samples": [1.0, 2.0, 9.0], "offered": 1000},
+             "threads": {"8": {"p50_ms": 3.0}}},
+            {"rate": 30.0, "batch": 32, "lat": {"samples": [2.0, 3.0, 4.0], "offered": 1000},
+             "threads": {"8": {"p50_ms": 5.0}}},
+            {"rate": 20.0, "batch": 32, "lat": {"samples": [], "offered": 1000},
+             "threads": {"8": {"p50_ms": 4.0}}}]
+    figures = aggregate(runs)
+    assert figures["rate"] == {"median": 20.0, "min": 10.0, "max": 30.0,
+                               "runs": [10.0, 30.0, 20.0]}
+    assert figures["batch"] == 32  # a constant, not a figure
+    # Each run's percentiles, then their median and spread; a run without samples is None.
+    assert figures["lat"]["p50"] == {"median": 2.5, "min": 2.0, "max": 3.0,
+                                     "runs": [2.0, 3.0, None]}
+    assert figures["lat"]["max"]["runs"] == [9.0, 4.0, None]
+    assert figures["lat"]["offered"] == 1000 and figures["lat"]["n"] == 6
+    assert figures["threads"]["8"]["p50_ms"]["median"] == 4.0
+    assert pooled_samples(runs) == {"lat": [1.0, 2.0, 9.0, 2.0, 3.0, 4.0]}
+
+
+def test_ratios_are_taken_run_by_run_and_the_sizing_figure_is_derived():
+    results = {"txn_msgs_per_s": figure([10.0, 20.0, 30.0]),
+               "copier_msgs_per_s": figure([10.0, 40.0, 30.0]),
+               "commit_to_visible_ms": {"p99": figure([30.0, 20.0])},
+               "copier_latency_ms": {"p99": figure([20.0, 20.0])},
+               "coordinators": {"1": {"coordinator_cpu_s_per_1000": figure([0.05, 0.04])}}}
+    derived = derive(results)
+    assert derived["txn_vs_copier"]["runs"] == [1.0, 0.5, 1.0]
+    assert derived["txn_vs_copier"]["median"] == 1.0
+    assert derived["latency_vs_copier_p99"]["runs"] == [1.5, 1.0]
+    assert derived["coordinator_cores_per_10k_msgs_per_s"]["runs"] == pytest.approx([0.5, 0.4])
+    assert "txn_ratio" not in derived  # no baseline measured
+
+
+def test_the_coordinators_case_reads_who_holds_which_partitions_from_the_log():
+    log = ("assigned half/op partitions [0, 1, 2, 3]; recovering their pending state\n"
+           "revoked half/op partitions [0, 1, 2, 3]\n"
+           "assigned half/op partitions [2, 3]; recovering their pending state\n")
+    assert _held(log) == {2, 3}
+    assert _held("transaction service x running") == set()
+
+
+def test_a_load_sample_has_the_busy_share_and_the_load_averages():
+    sample = load_sample(0.01)
+    assert 0.0 <= sample["cpu_busy"] <= 1.0 and len(sample["loadavg"]) == 3
+
+
+FIXTURE = {
+    "machine": {"cores": 2, "python": "3.11.7", "platform": "Linux-x", "kafka": "4.1.1",
+                "confluent_kafka": "2.16.1", "librdkafka": "2.16.0"},
+    "settings": {"size": 1024, "count": 100000, "partitions": 4, "rate": 1000,
+                 "latency_seconds": 10.0, "repeat": 3},
+    "txn_msgs_per_s": figure([24000.0, 25000.0, 26000.0]),
+    "copier_msgs_per_s": figure([30000.0, 30000.0, 31000.0]),
+    "txn_vs_copier": figure([0.8, 0.83, 0.84]),
+    "threads": {"32": {"confirmed_per_s": figure([11000.0, 12000.0, 13000.0]),
+                       "consumed_per_s": figure([11000.0, 11900.0, 13000.0]),
+                       "p50_ms": figure([2.5, 2.8, 3.1]), "p99_ms": figure([14.0, 15.0])}},
+    "commit_to_visible_ms": {"p50": figure([10.0]), "p99": figure([25.0, 30.0]),
+                             "max": figure([35.0]), "offered_msgs_per_s": 1000, "threads": 16},
+    "check_lateness_ms": {"p50": figure([150.0]), "p99": figure([250.0]),
+                          "transaction_timeout_ms": 1000},
+    "spark_ratio": figure([0.95, 0.89]),
+    "coordinators": {"1": {"msgs_per_s": figure([25000.0]),
+                           "coordinator_cpu_s_per_1000": figure([0.05]),
+                           "producer_cpu_s_per_1000": figure([0.03])}},
+    "coordinator_cores_per_10k_msgs_per_s": figure([0.5]),
+    "cases": {"threads": {"busy": True}, "txn": {"busy": False}},
+}
+
+
+def test_the_bench_block_is_rendered_from_the_results():
+    block = render_block(FIXTURE)
+    assert block.startswith(BEGIN) and block.endswith(END)
+    lines = block.splitlines()
+    row = next(line for line in lines if line.startswith("| 32 threads, each calling"))
+    # Busy mark, median (min-max), and the goal: 12,000/s >= 11,295 and p50 2.8 <= 3 ms.
+    assert "† |" in row and "12,000/s (11,000\u201313,000) confirmed" in row
+    assert row.endswith("≥ 11,295/s and p50 ≤ 3 ms — **met** |")
+    assert ("| batch API against the copier | 0.83\u00d7 (0.80\u20130.84) "
+            "| ≥ 0.8\u00d7 — **met** |") in lines
+    spark = next(line for line in lines if line.startswith("| Spark job"))
+    assert spark.endswith("every run — **missed** |")  # 0.89 in one run
+    assert any("p99 27.5 (25.0\u201330.0)" in line for line in lines)
+    assert any(line.startswith("| commit → visible p99 against") and "not measured" in line
+               for line in lines)
+    assert any("**0.50 coordinator cores per 10,000 transactional msgs/s**" in line
+               for line in lines)
+    assert any("6.15 / 6.25 s (the default 6 s timeout" in line for line in lines)
+    assert any(line.startswith("Machine: 2 cores") and "3 runs per case" in line
+               for line in lines)
+    assert "† taken on a busy machine" in block and "threads." in block
+    readme = f"intro\n{BEGIN}\nstale\n{END}\nprose\n"
+    assert render_readme(readme, FIXTURE) == f"intro\n{block}\nprose\n"
+
+
+def test_the_readme_block_is_the_rendering_of_the_committed_results():
+    """Prose and figures cannot drift apart: `make bench` renders the README's block from
+    bench/results.json (`rmq-semantics bench --render-readme`)."""
+    readme = (REPO / "README.md").read_text()
+    results = json.loads((REPO / "bench" / "results.json").read_text())
+    assert current_block(readme) == render_block(results)

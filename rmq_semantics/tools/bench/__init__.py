@@ -1,6 +1,9 @@
-"""``rmq-semantics bench``: :mod:`.runner` holds the run, the CLI and the transactional and
-Spark cases; :mod:`.orderly` the orderly consumer case, whose killed victim is the process
-:mod:`.orderly_child`; :mod:`.plots` the PNGs; :mod:`.common` what every case shares.
+"""``rmq-semantics bench``: :mod:`.runner` holds the run and the CLI; :mod:`.cases` every
+case as one run; :mod:`.txn` the transactional cases, :mod:`.threads`, :mod:`.copier`,
+:mod:`.coordinators`, :mod:`.orderly` (its killed victim is :mod:`.orderly_child`) and
+:mod:`.spark` the others; :mod:`.collector` the measuring consumer; :mod:`.machine` the
+machine and its load; :mod:`.console` the progress and final table; :mod:`.readme` the
+README's bench block; :mod:`.plots` the PNGs; :mod:`.common` settings and figures.
 
 Kept empty so the collector and victim processes import only what they use.
 """

@@ -1,0 +1,153 @@
+"""Every bench case as one run (``CASE_RUNS[name](ctx) -> dict``), and the figures derived
+from several cases once their runs are merged. A run's dict holds floats (figures), lists of
+samples (latencies, given as ``{"samples": [...], ...constants}``) and constants; see
+:func:`rmq_semantics.tools.bench.common.aggregate` for how runs become figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmq_semantics.tools.bench.common import BenchSettings, ratio_figure, scaled_figure
+from rmq_semantics.tools.bench.txn import (
+    CHECK_TIMEOUT_MS,
+    bench_baseline,
+    bench_check_lateness,
+    bench_latency,
+    bench_txn,
+)
+
+__all__ = ["CASES", "CASE_RUNS", "BenchContext", "derive"]
+
+# The txn case's first run is preceded by a smaller one (the coordinator's first batches).
+TXN_WARM_COUNT = 2000
+
+
+@dataclass
+class BenchContext:
+    """What the cases of one bench run share: the broker, the main coordinator's prefix and
+    process, and what one case leaves for another (the promoted topic the Spark case reads)."""
+
+    conf: dict
+    bootstrap: str
+    prefix: str
+    s: BenchSettings
+    work: Path
+    coordinator_pid: int | None = None
+    broker_pid: int | None = None  # the embedded broker's, for its CPU share; None if external
+    log: Callable[[str], None] = print
+    promoted_topic: str = ""
+    warmed: set[str] = field(default_factory=set)
+    spark: Any = None
+
+    def first_run(self, case: str) -> bool:
+        """True once per case: its first run is preceded by an unmeasured warm-up run."""
+        first = case not in self.warmed
+        self.warmed.add(case)
+        return first
+
+    def close(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
+
+
+def _baseline(ctx: BenchContext) -> dict:
+    if ctx.first_run("baseline"):
+        bench_baseline(ctx.conf, ctx.s)
+    return {"baseline_msgs_per_s": bench_baseline(ctx.conf, ctx.s)}
+
+
+def _txn(ctx: BenchContext) -> dict:
+    if ctx.first_run("txn"):
+        bench_txn(ctx.conf, ctx.prefix, ctx.s, min(ctx.s.count, TXN_WARM_COUNT))
+    rate, latencies, ctx.promoted_topic = bench_txn(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)
+    return {"txn_msgs_per_s": rate, "commit_to_visible_saturation_ms": {"samples": latencies}}
+
+
+def _latency(ctx: BenchContext) -> dict:
+    latencies, achieved = bench_latency(ctx.conf, ctx.prefix, ctx.s)
+    return {"commit_to_visible_ms": {"samples": latencies, "offered_msgs_per_s": ctx.s.rate,
+                                     "achieved_msgs_per_s": achieved,
+                                     "threads": ctx.s.latency_threads}}
+
+
+def _check(ctx: BenchContext) -> dict:
+    return {"check_lateness_ms": {"samples": bench_check_lateness(ctx.conf, ctx.bootstrap, ctx.s),
+                                  "transaction_timeout_ms": CHECK_TIMEOUT_MS}}
+
+
+def _threads(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.threads import bench_threads
+
+    one = dataclasses.replace(ctx.s, repeat=1)
+    counts = bench_threads(ctx.conf, ctx.prefix, one, ctx.log, ctx.coordinator_pid,
+                           ctx.broker_pid)["threads"]
+    return {"threads": {n: case["runs"][0] for n, case in counts.items()}}
+
+
+def _copier(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.copier import copier_latency, copier_throughput
+
+    return {"copier_msgs_per_s": copier_throughput(ctx.conf, ctx.s),
+            "copier_latency_ms": {"samples": copier_latency(ctx.conf, ctx.s),
+                                  "offered_msgs_per_s": ctx.s.rate}}
+
+
+def _coordinators(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.coordinators import bench_coordinators
+
+    return {"coordinators": bench_coordinators(ctx.conf, ctx.bootstrap, ctx.s)}
+
+
+def _orderly(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.orderly import bench_orderly
+
+    return bench_orderly(ctx.conf, ctx.bootstrap, ctx.prefix,
+                         dataclasses.replace(ctx.s, repeat=1))
+
+
+def _spark(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.spark import SparkBench
+
+    if not ctx.promoted_topic:  # the txn case did not run: make a promoted topic
+        _, _, ctx.promoted_topic = bench_txn(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)
+    if ctx.spark is None:
+        ctx.spark = SparkBench(ctx.bootstrap, ctx.s, ctx.work)
+    return ctx.spark.run(ctx.promoted_topic)
+
+
+#: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
+CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
+    "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
+    "threads": _threads, "copier": _copier, "coordinators": _coordinators,
+    "orderly": _orderly, "spark": _spark}
+CASES = tuple(CASE_RUNS)
+
+
+def _get(results: dict, *path: str) -> dict | None:
+    node: Any = results
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) and "runs" in node else None
+
+
+def derive(results: dict) -> dict:
+    """The figures of two cases together (ratios, the sizing figure), from ``results``
+    merged with earlier runs; a figure whose sources are missing is left out."""
+    ratios = {"txn_ratio": (("txn_msgs_per_s",), ("baseline_msgs_per_s",)),
+              "txn_vs_copier": (("txn_msgs_per_s",), ("copier_msgs_per_s",)),
+              "latency_vs_copier_p99": (("commit_to_visible_ms", "p99"),
+                                        ("copier_latency_ms", "p99"))}
+    derived = {}
+    for name, (top, bottom) in ratios.items():
+        a, b = _get(results, *top), _get(results, *bottom)
+        if a is not None and b is not None:
+            derived[name] = ratio_figure(a, b)
+    cpu = _get(results, "coordinators", "1", "coordinator_cpu_s_per_1000")
+    if cpu is not None:
+        # CPU s per 1,000 messages x 10 = CPU s per 10,000 messages = cores at 10,000/s.
+        derived["coordinator_cores_per_10k_msgs_per_s"] = scaled_figure(cpu, 10)
+    return derived

@@ -1,0 +1,204 @@
+"""The transactional cases: raw Kafka as the baseline, the batch API, commit-to-visible at a
+fixed offered rate from many caller threads, and how late back-checks come. Each function is
+one run; the runner repeats it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+
+from rmq_semantics.message import Message
+from rmq_semantics.tools.bench.collector import Collector
+from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, TXN_BATCH, WARM_UP, BenchSettings
+from rmq_semantics.tools.coordinator_process import CoordinatorProcess
+from rmq_semantics.topics import ensure_topics
+from rmq_semantics.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+)
+
+__all__ = ["CHECK_TIMEOUT_MS", "NoopListener", "bench_baseline", "bench_check_lateness",
+           "bench_latency", "bench_txn", "coordinator_process"]
+
+# The check case's transaction timeout: short, so a run takes seconds; what it measures is
+# the lateness past the deadline, which does not depend on the timeout's length.
+CHECK_TIMEOUT_MS = 1000
+
+
+class NoopListener(TransactionListener):
+    """Commits everything; records when each decision was taken and each check came."""
+
+    def __init__(self, answer: LocalTransactionState = LocalTransactionState.COMMIT_MESSAGE):
+        self.answer = answer
+        self.decided: dict[str, float] = {}
+        self.checked: dict[str, float] = {}
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        self.decided[msg.transaction_id or ""] = time.monotonic()
+        return self.answer
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        self.checked[msg.transaction_id or ""] = time.time()
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def coordinator_process(bootstrap: str, prefix: str, log_suffix: str = "",
+                        **settings: object) -> CoordinatorProcess:
+    """A coordinator for ``prefix``, its log in the temp directory (named by the prefix, and
+    by ``log_suffix`` when several share one prefix)."""
+    log_path = Path(tempfile.gettempdir()) / f"rmq-bench-{prefix}{log_suffix}.log"
+    return CoordinatorProcess(bootstrap, log_path, settings={"topic_prefix": prefix, **settings})
+
+
+def bench_baseline(conf: dict, s: BenchSettings) -> float:
+    """Raw Kafka: an idempotent producer to a read_committed consumer, msgs/s."""
+    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    collector = Collector(conf, topic, s.partitions, s.count, warm_up=WARM_UP)
+    collector.start()
+    producer = confluent_kafka.Producer({**conf, "enable.idempotence": True, "acks": "all",
+                                         "linger.ms": 5})
+    value = os.urandom(s.size)
+    for _ in range(WARM_UP):
+        producer.produce(topic, value)
+    producer.flush(60)
+    collector.wait_warm()
+    start = time.monotonic()
+    for i in range(s.count):
+        while True:
+            try:
+                producer.produce(topic, value, key=str(i % 1000).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(60)
+    collector.join(CASE_TIMEOUT_S)
+    return collector.measured / ((collector.done_at or time.monotonic()) - start)
+
+
+def _latencies(listener: NoopListener, collector: Collector) -> list[float]:
+    """Commit-to-visible (ms) of every transaction seen: the local transaction's decision to
+    the promoted record reaching the measuring consumer."""
+    return [(collector.visible[t.encode()] - at) * 1000
+            for t, at in listener.decided.items() if t.encode() in collector.visible]
+
+
+def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
+              on_clock: Callable[[bool], None] | None = None) -> tuple[float, list[float], str]:
+    """The batch API at saturation (batches of 500): msgs/s, commit-to-visible latencies
+    (ms, queueing included) and the promoted topic (the Spark case reads it).
+    ``on_clock(True)`` is called when the clock starts, ``on_clock(False)`` once every
+    record was consumed (to read CPU counters over the measured part only)."""
+    topic = f"bench-txn-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    listener = NoopListener()
+    collector = Collector(conf, topic, s.partitions, count, warm_up=WARM_UP)
+    collector.start()
+    value = os.urandom(s.size)
+    with TransactionProducer({**conf, "linger.ms": 1}, producer_group="bench",
+                             listener=listener, topic_prefix=prefix,
+                             half_partitions=s.partitions) as producer:
+        producer.send_messages_in_transaction([Message(topic, value) for _ in range(WARM_UP)])
+        collector.wait_warm()
+        listener.decided.clear()
+        if on_clock is not None:
+            on_clock(True)
+        start = time.monotonic()
+        for i in range(0, count, TXN_BATCH):
+            producer.send_messages_in_transaction(
+                [Message(topic, value, key=str(j % 1000))
+                 for j in range(i, min(count, i + TXN_BATCH))])
+        producer.flush(60)
+        collector.join(CASE_TIMEOUT_S)
+        if on_clock is not None:
+            on_clock(False)
+    elapsed = (collector.done_at or time.monotonic()) - start
+    return collector.measured / elapsed, _latencies(listener, collector), topic
+
+
+def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> tuple[list[float], float]:
+    """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads,
+    each calling ``send_message_in_transaction`` on a schedule of absolute due times (a late
+    call does not push the later ones back: the offered rate stays the rate), and the rate
+    the calls achieved (below the offered one when the callers fell behind)."""
+    topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    threads = max(1, s.latency_threads)
+    count = int(s.rate * s.latency_seconds)
+    listener = NoopListener()
+    collector = Collector(conf, topic, s.partitions, count, warm_up=WARM_UP)
+    collector.start()
+    value = os.urandom(s.size)
+    errors: list[BaseException] = []
+    # The user's conf as they would pass it: the one-message path picks its own linger.
+    with TransactionProducer(conf, producer_group="bench-lat", listener=listener,
+                             topic_prefix=prefix, half_partitions=s.partitions) as producer:
+        # Warm both paths: the batch producer and the one-message path's own producer.
+        producer.send_messages_in_transaction(
+            [Message(topic, value) for _ in range(WARM_UP - threads)])
+        for _ in range(threads):
+            producer.send_message_in_transaction(Message(topic, value))
+        collector.wait_warm()
+        listener.decided.clear()
+        start = time.monotonic() + 0.05  # every thread is waiting before the first due time
+
+        def caller(first: int) -> None:
+            try:
+                for i in range(first, count, threads):
+                    delay = start + i / s.rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    producer.send_message_in_transaction(
+                        Message(topic, value, key=str(i % 1000)))
+            except Exception as exc:  # reported after the run, not lost in a thread
+                errors.append(exc)
+
+        callers = [threading.Thread(target=caller, args=(n,), daemon=True,
+                                    name=f"bench-lat-{n}") for n in range(threads)]
+        for c in callers:
+            c.start()
+        for c in callers:
+            c.join(CASE_TIMEOUT_S)
+        achieved = count / (time.monotonic() - start)
+        producer.flush(60)
+        collector.join(CASE_TIMEOUT_S)
+    if errors:
+        raise RuntimeError(f"latency: {len(errors)} callers failed: {errors[0]!r}")
+    return _latencies(listener, collector), achieved
+
+
+def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
+    """How late (ms) the back-check of an UNKNOW transaction reaches the producer after its
+    deadline (send time + :data:`CHECK_TIMEOUT_MS`), with a coordinator of its own."""
+    prefix = f"__rmqbenchchk{uuid.uuid4().hex[:6]}"
+    topic = f"bench-chk-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, {topic: (s.partitions, {})})
+    listener = NoopListener(LocalTransactionState.UNKNOW)
+    born: dict[str, float] = {}
+    with coordinator_process(bootstrap, prefix, transaction_timeout_ms=CHECK_TIMEOUT_MS,
+                             check_interval_ms=60000,
+                             half_partitions=s.partitions) as coordinator, \
+            TransactionProducer(conf, producer_group="bench-check", listener=listener,
+                                topic_prefix=prefix, half_partitions=s.partitions) as producer:
+        for _ in range(0, s.check_messages, 10):
+            sent_at = time.time()
+            for r in producer.send_messages_in_transaction(
+                    [Message(topic, b"x") for _ in range(10)]):
+                born[r.transaction_id] = sent_at
+            time.sleep(0.05)  # spread deadlines over time, as real traffic would
+        deadline = time.monotonic() + CASE_TIMEOUT_S
+        while len(listener.checked) < len(born) and time.monotonic() < deadline:
+            coordinator.require_running()
+            time.sleep(0.1)
+    return [(listener.checked[t] - (b + CHECK_TIMEOUT_MS / 1000)) * 1000
+            for t, b in born.items() if t in listener.checked]
