@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rmq_semantics.orderly.api import OrderlyMessage
+from rmq_semantics.orderly.api import OrderlyMessage, kafka_view
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.runtime import POLL_WAIT_S, QueueRegistry
 
@@ -84,27 +84,32 @@ class PollThread:
             log.warning("orderly consumer %s: %s", self.client_id, exc.args[0].str())
             self._stopping.wait(POLL_WAIT_S)
             return
-        by_partition: dict[tuple[str, int], list[confluent_kafka.Message]] = {}
+        # The per-message work of the poll thread, the orderly consumer's critical path:
+        # one lazy view per message (see OrderlyMessage.from_kafka), split per partition.
+        by_partition: dict[tuple[str, int], list[OrderlyMessage]] = {}
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("orderly consumer %s: %s", self.client_id, msg.error().str())
                 continue
-            by_partition.setdefault((msg.topic(), msg.partition()), []).append(msg)
+            tp = (msg.topic(), msg.partition())
+            bucket = by_partition.get(tp)
+            if bucket is None:
+                by_partition[tp] = bucket = []
+            bucket.append(kafka_view(msg))
         for tp, batch in by_partition.items():
             self._dispatch(tp, batch)
         self._calls.run_pending(consumer)
         self._commits.flush(consumer)
         self._flow_control()
 
-    def _dispatch(self, tp: tuple[str, int], msgs: list[confluent_kafka.Message]) -> None:
+    def _dispatch(self, tp: tuple[str, int], msgs: list[OrderlyMessage]) -> None:
         """Queue one partition's fetched messages (in offset order) for its worker."""
         q = self._queues.get(tp)
         if q is None:
             return
-        built = [OrderlyMessage.from_kafka(msg) for msg in msgs]
         with q.cv:
-            if q.state.add(built):
+            if q.state.add(msgs):
                 q.cv.notify_all()
 
     def _flow_control(self) -> None:

@@ -218,7 +218,10 @@ class QueueState:
         if self.phase in GONE or self.reset_to is not None:
             return False
         low = self.min_offset
-        self.msgs.extend(m for m in msgs if m.offset >= low)
+        if msgs and msgs[0].offset >= low:  # offset order: the usual case, no per-message test
+            self.msgs.extend(msgs)
+        else:
+            self.msgs.extend(m for m in msgs if m.offset >= low)
         return True
 
     def next_batch(self, size: int) -> list[OrderlyMessage]:
