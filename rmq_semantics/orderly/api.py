@@ -29,6 +29,7 @@ __all__ = [
     "OrderlyMessage",
     "PartitionStatus",
     "kafka_view",
+    "kafka_views",
 ]
 
 #: Headers of a dead-lettered message (besides its own key, value and headers); the names
@@ -146,7 +147,7 @@ def _headers_of(msg: confluent_kafka.Message) -> tuple[tuple[str, bytes], ...]:
 class _KafkaMessageView(OrderlyMessage):
     """An :class:`OrderlyMessage` over a consumed ``confluent_kafka.Message``.
 
-    The poll thread builds one per consumed message; filling eight fields there cost
+    One is made per message handed to the listener; filling eight fields for each cost
     about 1.7 us a message, most of the orderly consumer's gap to a plain consumer (see
     the README's Benchmarks). Fields are read on access (about 0.05 us each); headers are
     converted on each access. A redelivery (``dataclasses.replace``) yields a plain
@@ -186,6 +187,16 @@ def kafka_view(msg: confluent_kafka.Message) -> OrderlyMessage:
     view = _new(_KafkaMessageView)
     _set_kafka(view, msg)
     return view
+
+
+def kafka_views(msgs: list[confluent_kafka.Message]) -> list[OrderlyMessage]:
+    """:func:`kafka_view` of each message (one batch; the loop inlined, a call saved each)."""
+    out = []
+    for msg in msgs:
+        view = _new(_KafkaMessageView)
+        _set_kafka(view, msg)
+        out.append(view)
+    return out
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rmq_semantics.orderly.api import OrderlyMessage, kafka_view
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.runtime import POLL_WAIT_S, QueueRegistry
 
@@ -35,6 +34,9 @@ log = logging.getLogger(__name__)
 # pause/resume churn cut throughput by two thirds (10 MiB of 1 KiB messages per queue).
 MAX_QUEUED = 10_000
 POLL_BATCH = 500
+# How often the partition ends (for status().lag) are read from librdkafka's cache; each
+# turn of the poll loop (about a thousand a second at full speed) was too often.
+WATERMARK_INTERVAL_S = 0.1
 # Shutdown keeps polling at most this long for in-flight batches and refused commits.
 DRAIN_CAP_S = 10.0
 
@@ -53,6 +55,7 @@ class PollThread:
         self._commits = commits
         self._rebalance = rebalance
         self._stopping = stopping
+        self._next_watermarks = 0.0  # when _flow_control reads the partition ends again
 
     def run(self) -> None:
         consumer = self._consumer
@@ -85,25 +88,27 @@ class PollThread:
             self._stopping.wait(POLL_WAIT_S)
             return
         # The per-message work of the poll thread, the orderly consumer's critical path:
-        # one lazy view per message (see OrderlyMessage.from_kafka), split per partition.
-        by_partition: dict[tuple[str, int], list[OrderlyMessage]] = {}
+        # the split per partition (the workers make the listener's views, see QueueState).
+        # A fetch hands over runs of one partition: the bucket is looked up once per run.
+        by_partition: dict[tuple[str, int], list[confluent_kafka.Message]] = {}
+        bucket: list[confluent_kafka.Message] = []
+        topic, partition = None, -1
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("orderly consumer %s: %s", self.client_id, msg.error().str())
                 continue
-            tp = (msg.topic(), msg.partition())
-            bucket = by_partition.get(tp)
-            if bucket is None:
-                by_partition[tp] = bucket = []
-            bucket.append(kafka_view(msg))
+            if msg.partition() != partition or msg.topic() != topic:
+                topic, partition = msg.topic(), msg.partition()
+                bucket = by_partition.setdefault((topic, partition), [])
+            bucket.append(msg)
         for tp, batch in by_partition.items():
             self._dispatch(tp, batch)
         self._calls.run_pending(consumer)
         self._commits.flush(consumer)
         self._flow_control()
 
-    def _dispatch(self, tp: tuple[str, int], msgs: list[OrderlyMessage]) -> None:
+    def _dispatch(self, tp: tuple[str, int], msgs: list[confluent_kafka.Message]) -> None:
         """Queue one partition's fetched messages (in offset order) for its worker."""
         q = self._queues.get(tp)
         if q is None:
@@ -114,6 +119,10 @@ class PollThread:
 
     def _flow_control(self) -> None:
         consumer = self._consumer
+        now = time.monotonic()
+        watermarks = now >= self._next_watermarks
+        if watermarks:
+            self._next_watermarks = now + WATERMARK_INTERVAL_S
         for q in self._queues.all():
             st = q.state
             with q.cv:
@@ -122,9 +131,12 @@ class PollThread:
                 reset_to = st.take_reset()
                 pause = len(st.msgs) >= MAX_QUEUED
                 resume = st.paused and len(st.msgs) <= MAX_QUEUED // 2
+            if not (watermarks or reset_to is not None or pause or resume):
+                continue
             tp = TopicPartition(q.tp[0], q.tp[1])
-            with contextlib.suppress(KafkaException, RuntimeError):
-                st.high = consumer.get_watermark_offsets(tp, cached=True)[1]
+            if watermarks:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    st.high = consumer.get_watermark_offsets(tp, cached=True)[1]
             try:
                 if reset_to is not None:
                     consumer.seek(TopicPartition(q.tp[0], q.tp[1], reset_to))

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import confluent_kafka
+from confluent_kafka import TopicPartition
 
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import ensure_topics
@@ -58,13 +59,20 @@ class _CountingListener:
         return self.count * 0.8 / max(1e-9, self.marks[90] - self.marks[10])
 
 
-def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
-    """A plain consumer with Kafka's defaults (auto commit). With ``batch``, it hands
-    batches of that size to the same listener as the orderly consumer, as an application
-    would; without, it only counts what librdkafka hands over (an upper bound)."""
+def _plain_rate(conf: dict, topic: str, count: int, batch: int | None,
+                store_after: bool = True) -> float:
+    """A plain consumer with auto commit. With ``batch``, it hands batches of that size to
+    the same listener as the orderly consumer, as an application would; without, it only
+    counts what librdkafka hands over (an upper bound). ``store_after`` gives it the
+    orderly consumer's commit semantics (at least once): the offsets of a batch are stored
+    for the next auto commit only after the listener returned, librdkafka's documented
+    pattern; without it, librdkafka stores each offset as it hands the message over, before
+    the listener ran (a crash then loses what was handed over but not processed)."""
+    store_after = store_after and batch is not None
     consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
                                          "auto.offset.reset": "earliest",
-                                         "isolation.level": "read_committed"})
+                                         "isolation.level": "read_committed",
+                                         "enable.auto.offset.store": not store_after})
     consumer.subscribe([topic])
     listener = _CountingListener(count)
     deadline = time.monotonic() + CASE_TIMEOUT_S
@@ -73,10 +81,14 @@ def _plain_rate(conf: dict, topic: str, count: int, batch: int | None) -> float:
             msgs = [m for m in consumer.consume(batch or 500, 0.1) if m.error() is None]
             if not msgs:
                 continue
-            if batch:
-                listener(msgs, None)
-            else:
+            if not batch:
                 listener.add(len(msgs))
+                continue
+            listener(msgs, None)
+            if store_after:
+                ends = {(m.topic(), m.partition()): m.offset() for m in msgs}
+                consumer.store_offsets(offsets=[TopicPartition(t, p, o + 1)
+                                                for (t, p), o in ends.items()])
         return listener.rate()
     finally:
         consumer.close()
