@@ -46,6 +46,10 @@ class QueuePhase(Enum):
     DROPPED = "dropped"  # revoked, gone
     LOST = "lost"  # gone without a commit: the group took it back (session lost)
 
+    # Members are singletons: hash by identity in C, not Enum's Python-level __hash__ (the
+    # ``phase in GONE`` tests run for every batch).
+    __hash__ = object.__hash__
+
 
 P = QueuePhase
 #: The one transition table. LOCKED -> LOCKED and ALIGNED -> ALIGNED are renewals;
