@@ -161,17 +161,22 @@ def bench_orderly(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> 
     topic = f"bench-orderly-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     _fill(conf, topic, s.count, s.size)
-    plain_runs, count_only_runs, orderly_runs = [], [], []
+    plain_runs, auto_store_runs, count_only_runs, orderly_runs = [], [], [], []
     _plain_rate(conf, topic, s.count, ORDERLY_BATCH)  # warm-up
     for _ in range(s.repeat):
         plain_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH))
-        count_only_runs.append(_plain_rate(conf, topic, s.count, None))
         orderly_runs.append(_orderly_rate(conf, prefix, topic, s.count))
+        auto_store_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH,
+                                           store_after=False))
+        count_only_runs.append(_plain_rate(conf, topic, s.count, None))
     plain, orderly = statistics.median(plain_runs), statistics.median(orderly_runs)
     return {"plain_consumer_msgs_per_s": plain, "orderly_msgs_per_s": orderly,
             "orderly_ratio": orderly / plain, "orderly_batch_size": ORDERLY_BATCH,
-            "plain_consumer_mode": f"auto commit, the same listener, batches of "
-                                   f"{ORDERLY_BATCH}",
+            "orderly_runs": orderly_runs, "plain_consumer_runs": plain_runs,
+            "plain_consumer_mode": f"auto commit of offsets stored after the listener "
+                                   f"returned (at least once, like the orderly consumer), "
+                                   f"the same listener, batches of {ORDERLY_BATCH}",
+            "plain_consumer_auto_store_msgs_per_s": statistics.median(auto_store_runs),
             "plain_consumer_count_only_msgs_per_s": statistics.median(count_only_runs),
             "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
             "takeover_settings": {"lock_lease_ms": TAKEOVER_LEASE_MS,
