@@ -15,10 +15,10 @@ the group took back without a revocation is LOST and never commits again.
 Fencing: a batch runs under the epoch it started with; its offset may be committed only
 while that same lock is held and our view of its lease has not ended (:meth:`may_commit`).
 No threads and no Kafka here: the caller holds the queue's lock around every call. The
-buffers hold records as fetched; ``offset_of`` reads a record's offset and ``views`` makes
-the :class:`OrderlyMessage` s a listener gets, only when a batch is taken (by default records
-are OrderlyMessages already). Building views late keeps one Python object per buffered message
-instead of two, which is what the garbage collector's young generations were busy with.
+buffers hold records as fetched: ``offset_of`` reads a record's offset, and ``views`` turns
+a batch of records into the messages a listener gets, when the batch is taken (by default
+the records are OrderlyMessages already). Late views keep one Python object per buffered
+message instead of two: fewer objects for the garbage collector to traverse and promote.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class QueueState:
         self.held = False
         self.deadline = 0.0
         self.aligned_epoch = -1
-        self.msgs: deque[Any] = deque()  # records, see offset_of and view
+        self.msgs: deque[Any] = deque()  # records, see offset_of and views
         self.inflight: list[Any] = []
         self.min_offset = -1  # fetched messages below this are stale (before alignment)
         self.reset_to: int | None = None  # backward seek for the poll thread
