@@ -2,10 +2,10 @@
 
 A worker does not wait for its batch's commit: it leaves the offset with its queue and goes
 on, and the poll thread commits every queue's offset in one asynchronous request between
-polls, each checked against its lock right before (like RocketMQ's offset store, but not
-periodic). A crash between a batch and that commit redelivers the batch to the next holder,
-in order. Revocation and shutdown commit synchronously. Every commit carries
-``client:epoch`` as metadata.
+polls, at most every :data:`COMMIT_INTERVAL_S`, each checked against its lock right before
+(like RocketMQ's offset store, with a shorter period). A crash between a batch and that
+commit redelivers the batch to the next holder, in order. Revocation and shutdown commit
+synchronously. Every commit carries ``client:epoch`` as metadata.
 """
 
 from __future__ import annotations
@@ -24,9 +24,15 @@ from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue, QueueRegistry, event
 from rmq_semantics.retry import retrying
 
-__all__ = ["REBALANCE_CODES", "Commits"]
+__all__ = ["COMMIT_INTERVAL_S", "REBALANCE_CODES", "Commits"]
 
 log = logging.getLogger(__name__)
+
+# At most one asynchronous commit round this often: at full speed the poll loop turns about
+# a thousand times a second, and a commit per turn was a request the broker (and
+# librdkafka's main thread) had to serve each time. A crash redelivers at most this much
+# more; revocation and shutdown still commit at once.
+COMMIT_INTERVAL_S = 0.05
 
 #: A commit refused with these while the group rebalances is expected, and retried.
 REBALANCE_CODES = frozenset({KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION})
@@ -50,6 +56,7 @@ class Commits:
         self._calls = calls
         self._user_on_commit = user_on_commit
         self._retry_at = 0.0  # poll thread: no commit round before this (refused)
+        self._next_round = 0.0  # poll thread: no commit round before this (cadence)
 
     def may_commit(self, q: LiveQueue, epoch: int) -> str | None:
         """None when a batch that started under ``epoch`` may be committed now; else why not."""
@@ -72,7 +79,8 @@ class Commits:
         against its lock right before (a lapsed or lost lock drops it: the holder redoes
         the batch). The outcome comes back in on_commit; a refused commit stays pending and
         is sent again on a later round."""
-        if time.monotonic() < self._retry_at:
+        now = time.monotonic()
+        if now < self._retry_at or now < self._next_round:
             return
         batch: list[tuple[LiveQueue, int, int]] = []
         for q in self._queues.all():
@@ -88,6 +96,7 @@ class Commits:
                 batch.append((q, offset, epoch))
         if not batch:
             return
+        self._next_round = now + COMMIT_INTERVAL_S
         tps = [TopicPartition(q.tp[0], q.tp[1], offset, metadata=f"{self.client_id}:{epoch}")
                for q, offset, epoch in batch]
         try:

@@ -3,7 +3,7 @@
 Every consumer call of other threads reaches it through
 :class:`~rmq_semantics.orderly.calls.ConsumerCalls`. Between polls the thread hands each
 partition's messages to its queue, runs those calls, sends the commits and pauses the
-partitions whose queue is full; on shutdown it drains.
+partitions whose queue is full or whose queue lock is not held; on shutdown it drains.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rmq_semantics.orderly.api import OrderlyMessage
 from rmq_semantics.orderly.calls import ConsumerCalls
+from rmq_semantics.orderly.queue import QueuePhase
 from rmq_semantics.orderly.runtime import POLL_WAIT_S, QueueRegistry
 
 if TYPE_CHECKING:
@@ -30,11 +30,17 @@ __all__ = ["MAX_QUEUED", "PollThread"]
 log = logging.getLogger(__name__)
 
 # RocketMQ's pullThresholdForQueue: a partition with this many unconsumed messages is
-# paused, so a suspended or unlocked queue never holds up the others. Higher than RocketMQ's
-# 1000: pausing makes librdkafka drop what it prefetched for the partition, and at 1000 the
+# paused, so a suspended queue never holds up the others. Higher than RocketMQ's 1000:
+# pausing makes librdkafka drop what it prefetched for the partition, and at 1000 the
 # pause/resume churn cut throughput by two thirds (10 MiB of 1 KiB messages per queue).
+# A queue whose lock is not held (not granted yet, lapsed, leaving) is paused too, as
+# RocketMQ pulls a queue only while locked: fetching it only filled the buffer up to here
+# while the first lock was on its way, and the pause and refetch then cost a fetch round.
 MAX_QUEUED = 10_000
 POLL_BATCH = 500
+# How often the partition ends (for status().lag) are read from librdkafka's cache; each
+# turn of the poll loop (about a thousand a second at full speed) was too often.
+WATERMARK_INTERVAL_S = 0.1
 # Shutdown keeps polling at most this long for in-flight batches and refused commits.
 DRAIN_CAP_S = 10.0
 
@@ -53,6 +59,7 @@ class PollThread:
         self._commits = commits
         self._rebalance = rebalance
         self._stopping = stopping
+        self._next_watermarks = 0.0  # when _flow_control reads the partition ends again
 
     def run(self) -> None:
         consumer = self._consumer
@@ -84,13 +91,21 @@ class PollThread:
             log.warning("orderly consumer %s: %s", self.client_id, exc.args[0].str())
             self._stopping.wait(POLL_WAIT_S)
             return
+        # The per-message work of the poll thread, the orderly consumer's critical path:
+        # the split per partition (the workers make the listener's views, see QueueState).
+        # A fetch hands over runs of one partition: the bucket is looked up once per run.
         by_partition: dict[tuple[str, int], list[confluent_kafka.Message]] = {}
+        bucket: list[confluent_kafka.Message] = []
+        topic, partition = None, -1
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("orderly consumer %s: %s", self.client_id, msg.error().str())
                 continue
-            by_partition.setdefault((msg.topic(), msg.partition()), []).append(msg)
+            if msg.partition() != partition or msg.topic() != topic:
+                topic, partition = msg.topic(), msg.partition()
+                bucket = by_partition.setdefault((topic, partition), [])
+            bucket.append(msg)
         for tp, batch in by_partition.items():
             self._dispatch(tp, batch)
         self._calls.run_pending(consumer)
@@ -102,29 +117,36 @@ class PollThread:
         q = self._queues.get(tp)
         if q is None:
             return
-        built = [OrderlyMessage.from_kafka(msg) for msg in msgs]
         with q.cv:
-            if q.state.add(built):
+            if q.state.add(msgs):
                 q.cv.notify_all()
 
     def _flow_control(self) -> None:
         consumer = self._consumer
+        now = time.monotonic()
+        watermarks = now >= self._next_watermarks
+        if watermarks:
+            self._next_watermarks = now + WATERMARK_INTERVAL_S
         for q in self._queues.all():
             st = q.state
             with q.cv:
                 if st.gone:
                     continue
                 reset_to = st.take_reset()
-                pause = len(st.msgs) >= MAX_QUEUED
-                resume = st.paused and len(st.msgs) <= MAX_QUEUED // 2
+                held = st.phase is QueuePhase.ALIGNED and st.lease_ok(now)
+                pause = not st.paused and (not held or len(st.msgs) >= MAX_QUEUED)
+                resume = st.paused and held and len(st.msgs) <= MAX_QUEUED // 2
+            if not (watermarks or reset_to is not None or pause or resume):
+                continue
             tp = TopicPartition(q.tp[0], q.tp[1])
-            with contextlib.suppress(KafkaException, RuntimeError):
-                st.high = consumer.get_watermark_offsets(tp, cached=True)[1]
+            if watermarks:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    st.high = consumer.get_watermark_offsets(tp, cached=True)[1]
             try:
                 if reset_to is not None:
                     consumer.seek(TopicPartition(q.tp[0], q.tp[1], reset_to))
                     log.info("%s rewound to committed offset %d", q.where, reset_to)
-                if pause and not st.paused:
+                if pause:
                     consumer.pause([tp])
                     st.paused = True
                 elif resume:

@@ -6,10 +6,12 @@ there), one lock thread renews the queue locks, one worker per assigned partitio
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from rmq_semantics.orderly.api import kafka_views
 from rmq_semantics.orderly.queue import QueueState
 
 __all__ = [
@@ -31,6 +33,7 @@ WAIT_SLICE_S = 0.1
 LOCK_TIMEOUT_S = 5.0
 # Committed-offset look-ups and synchronous commits on a loaded broker.
 COMMIT_TIMEOUT_S = 10.0
+_KAFKA_OFFSET = operator.methodcaller("offset")
 
 
 def event(name: str, **fields: Any) -> dict[str, Any]:
@@ -51,7 +54,8 @@ class LiveQueue:
 
     def __init__(self, tp: tuple[str, int], consume_lock: threading.Lock) -> None:
         self.tp = tp
-        self.state = QueueState(tp)
+        # The poll thread buffers confluent_kafka.Messages; views are made per batch.
+        self.state = QueueState(tp, offset_of=_KAFKA_OFFSET, views=kafka_views)
         self.cv = threading.Condition()
         self.consume_lock = consume_lock
         self.thread: threading.Thread | None = None

@@ -61,7 +61,7 @@ class Worker:
             if not q.consume_lock.acquire(timeout=WAIT_SLICE_S):
                 continue
             try:
-                self._consume_once(q)
+                self._consume(q)
             except Exception:  # a bug in one queue must not kill its thread silently
                 log.exception("%s: orderly worker error", q.where)
                 with q.cv:
@@ -69,24 +69,29 @@ class Worker:
             finally:
                 q.consume_lock.release()
 
-    def _consume_once(self, q: LiveQueue) -> None:
+    def _consume(self, q: LiveQueue) -> None:
+        """Batch after batch while the queue stays runnable, under one hold of its consume
+        lock: revocation and shutdown make it unrunnable (under ``q.cv``) and then wait for
+        that lock, so they wait for the batch in flight only, as with one batch per hold."""
         st = q.state
-        with q.cv:
-            if st.gone or not st.runnable(time.monotonic()):
-                return
-            epoch = st.epoch
-            batch = st.next_batch(self.batch_size)
-        context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
-        status = self._call_listener(batch, context)
-        if status is ConsumeOrderlyStatus.SUCCESS:
-            self._commits.processed(q, batch[-1].offset + 1, epoch)
+        while True:
+            with q.cv:
+                if st.gone or not st.runnable(time.monotonic()):
+                    return
+                epoch = st.epoch
+                batch = st.next_batch(self.batch_size)
+            context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
+            status = self._call_listener(batch, context)
+            if status is ConsumeOrderlyStatus.SUCCESS:
+                self._commits.processed(q, batch[-1].offset + 1, epoch)
+                continue
+            retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
+            if not retried and self._dead_letter(q, batch, epoch):
+                self._commits.processed(q, batch[-1].offset + 1, epoch)
+                continue
+            with q.cv:
+                st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=retried)
             return
-        retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
-        if not retried and self._dead_letter(q, batch, epoch):
-            self._commits.processed(q, batch[-1].offset + 1, epoch)
-            return
-        with q.cv:
-            st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=retried)
 
     def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int) -> bool:
         reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on
