@@ -24,7 +24,6 @@ import gc
 import os
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,28 +78,19 @@ def consumer_conf(conf: dict, tuning: CopierTuning, group: str) -> dict:
             "socket.nagle.disable": tuning.nagle_disable}
 
 
-def next_offsets(records: Iterable[Any]) -> list[TopicPartition]:
-    """The offsets to commit after ``records``: one past the last record of each partition."""
-    last: dict[tuple[str, int], int] = {}
-    for record in records:
-        key = (record.topic(), record.partition())
-        last[key] = max(last.get(key, -1), record.offset())
-    return [TopicPartition(topic, partition, offset + 1)
-            for (topic, partition), offset in sorted(last.items())]
-
-
 class _Copier:
     """The copy loop of the copier process; :meth:`step` is one Kafka transaction."""
 
     def __init__(self, conf: dict, tuning: CopierTuning, source: str, target: str,
                  partitions: int) -> None:
         name = f"bench-copier-{uuid.uuid4().hex[:8]}"
-        self.target = target
+        self.source, self.target = source, target
         self.consumer = confluent_kafka.Consumer(consumer_conf(conf, tuning, name))
         self.assignment = [TopicPartition(source, p, confluent_kafka.OFFSET_BEGINNING)
                            for p in range(partitions)]
-        self.committed = list(self.assignment)
         self.consumer.assign(self.assignment)
+        # Where each partition's copy resumes after an aborted transaction.
+        self.committed = {p: confluent_kafka.OFFSET_BEGINNING for p in range(partitions)}
         self.producers = [confluent_kafka.Producer(producer_conf(conf, tuning, f"{name}-{n}"))
                           for n in range(max(1, tuning.producers))]
         for producer in self.producers:
@@ -120,24 +110,27 @@ class _Copier:
             return
         producer = self.producers[self.turn]
         self.turn = (self.turn + 1) % len(self.producers)
-        offsets = next_offsets(records)
+        resume_at: dict[int, int] = {}
         try:
             producer.begin_transaction()
             for m in records:
-                producer.produce(self.target, m.value(), m.key(), m.partition(),
+                partition = m.partition()
+                producer.produce(self.target, m.value(), m.key(), partition,
                                  headers=m.headers())
-            producer.send_offsets_to_transaction(offsets, self.metadata, TXN_CALL_TIMEOUT_S)
+                resume_at[partition] = m.offset() + 1  # a partition's records come in order
+            producer.send_offsets_to_transaction(
+                [TopicPartition(self.source, p, o) for p, o in resume_at.items()],
+                self.metadata, TXN_CALL_TIMEOUT_S)
             producer.commit_transaction(TXN_CALL_TIMEOUT_S)
         except KafkaException as exc:
             if exc.args[0].fatal():
                 raise
             # Abort and copy again from the last committed offsets: exactly once.
             producer.abort_transaction(TXN_CALL_TIMEOUT_S)
-            for tp in self.committed:
-                self.consumer.seek(tp)
+            for p, offset in self.committed.items():
+                self.consumer.seek(TopicPartition(self.source, p, offset))
             return
-        self.committed = [*{(tp.topic, tp.partition): tp for tp in
-                            (*self.committed, *offsets)}.values()]
+        self.committed.update(resume_at)
         self.copied += len(records)
 
     def close(self) -> None:
