@@ -50,6 +50,9 @@ QUEUE_FULL_WAIT_S = 0.5
 # A discard copy that failed once is written again as a stub: these headers, this long.
 STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS)
 STUB_HEADER_BYTES = 1024
+# The second transactional producer's id: the first's plus this (a restart with the same
+# instance id fences both).
+SECOND_PRODUCER_SUFFIX = ".2"
 # A commit's calls give up within RETRY_DEADLINE_S plus a call timeout or two; past this the
 # producer is wedged and only a restart is safe.
 SETTLE_TIMEOUT_S = 120.0
@@ -77,7 +80,15 @@ class TransactionWriter:
         self.metrics = metrics
         self.ledger = ledger
         self.unwritable = unwritable
-        self.txn = KafkaTransactions(conf, transactional_id, who="transaction service")
+        # Two transactional producers take turns, one transaction open at a time (so offsets
+        # stay ordered): a transaction begun on the producer whose commit just returned gets
+        # CONCURRENT_TRANSACTIONS while the broker writes that commit's markers, and
+        # librdkafka retries AddPartitionsToTxn only after a fixed 20 ms.
+        self._txns = (KafkaTransactions(conf, transactional_id, who="transaction service"),
+                      KafkaTransactions(conf, f"{transactional_id}{SECOND_PRODUCER_SUFFIX}",
+                                        who="transaction service"))
+        self._turn = 0
+        self.txn = self._txns[0]
         self.producer = self.txn.producer
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
         self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
@@ -89,7 +100,8 @@ class TransactionWriter:
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Initialise transactions (fences an older instance with the same id)."""
-        self.txn.init(stop)
+        for txn in self._txns:
+            txn.init(stop)
 
     def write(self, actions: Sequence[Action], offsets: list[TopicPartition],
               group_metadata: object) -> None:
@@ -100,6 +112,12 @@ class TransactionWriter:
         """
         self.submit(actions, offsets, group_metadata)
         self.settle()
+
+    @property
+    def producers(self) -> tuple:
+        """The transactional producers taking turns (the first is the one named by the
+        coordinator's transactional id)."""
+        return tuple(txn.producer for txn in self._txns)
 
     @property
     def in_flight(self) -> bool:
@@ -117,6 +135,9 @@ class TransactionWriter:
         self._done_entries = {}
         self._failed = []
         self._blamed = False
+        self.txn = self._txns[self._turn]
+        self.producer = self.txn.producer
+        self._turn ^= 1
         try:
             with self.txn.body():
                 for action in actions:
@@ -349,4 +370,5 @@ class TransactionWriter:
         here and its outcome left to the next start's replay."""
         self._committer.shutdown(wait=True)
         self._in_flight = None
-        self.txn.close()
+        for txn in self._txns:
+            txn.close()

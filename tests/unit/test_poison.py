@@ -371,7 +371,8 @@ def test_a_discard_copy_that_fails_is_written_as_a_stub_next_time(make_writer):
     discard = Discard(half(4), R.TOO_LARGE, 0)
     with pytest.raises(TransactionAborted):
         write(writer, discard)
-    writer.producer.fails = {}
+    for producer in writer.producers:
+        producer.fails = {}
     write(writer, discard)
     [(topic, value, kwargs), (op, marker, _)] = writer.producer.committed
     assert (topic, value, kwargs["key"], op) == (TOPICS.discard, None, None, TOPICS.op)
@@ -381,6 +382,16 @@ def test_a_discard_copy_that_fails_is_written_as_a_stub_next_time(make_writer):
     assert (H.DISCARD_REASON, b"too_large") in kwargs["headers"]
     assert decode(marker).entries[0].outcome == "DISCARDED"
     assert isinstance(decode(marker), DoneMarkers) and len(writer.ledger) == 0
+
+
+def test_transactions_take_turns_on_two_producers_one_open_at_a_time(make_writer):
+    writer = make_writer()
+    first, second = writer.producers
+    write(writer, promote(4))
+    write(writer, promote(5))
+    write(writer, promote(6))
+    assert [len(first.committed), len(second.committed)] == [4, 2]  # each: record + marker
+    assert writer.producer is first and not writer.in_flight
 
 
 def test_a_null_header_is_promoted_checked_and_discarded_as_null(make_writer):
@@ -449,7 +460,8 @@ def test_a_check_request_the_check_topic_refuses_blames_no_record_unless_too_lar
     with pytest.raises(TransactionAborted):
         write(writer, check)
     assert len(writer.ledger) == 0
-    writer.producer.fails = {TOPICS.check: KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)}
+    for producer in writer.producers:
+        producer.fails = {TOPICS.check: KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)}
     with pytest.raises(TransactionAborted):
         write(writer, check)
     assert writer.ledger.discarding((0, 5)).reason is R.TOO_LARGE
