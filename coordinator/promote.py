@@ -165,7 +165,7 @@ class TransactionWriter:
             # Its own calls are bounded well below this: the producer is wedged.
             raise FatalKafkaError(f"a transaction's commit did not end within "
                                   f"{SETTLE_TIMEOUT_S:.0f} s") from exc
-        self._count(actions)
+        count_written(self.metrics, self.topics, actions)
         self.ledger.settle((a.half.partition, a.half.offset) for a in actions
                            if not isinstance(a, LateCommit))
 
@@ -234,11 +234,7 @@ class TransactionWriter:
         log.warning("%s: %s; %s", self._where(action), verdict.detail, outcome)
 
     def _where(self, action: Action) -> str:
-        if isinstance(action, LateCommit):
-            return f"{self.topics.half}[{action.partition}]@{action.half_offset} " \
-                   f"txn={action.txn_id}"
-        half = action.half
-        return f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
+        return _where(self.topics, action)
 
     def _copy_to_discard(self, action: Discard) -> None:
         half = action.half
@@ -325,46 +321,6 @@ class TransactionWriter:
             action.half.offset, action.half.txn_id, action.checks_issued,
             action.checks_answered, action.answered_seq, action.next_check_ts, _now_ms()))
 
-    def _count(self, actions: Sequence[Action]) -> None:
-        now = time.time()
-        debug = log.isEnabledFor(logging.DEBUG)
-        promotions = 0
-        for action in actions:
-            if isinstance(action, LateCommit):
-                self.metrics.conflicting.labels("late_commit").inc()
-                log.warning("%s: COMMIT (op offset %d) after the transaction was discarded; "
-                            "noted as late_commit in %s", self._where(action), action.op_offset,
-                            self.topics.discard)
-                continue
-            half = action.half
-            if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
-                # The hot path: no per-record string unless debug logging is on.
-                promotions += 1
-                self.metrics.promotion_latency.observe(max(0.0, now - half.born_ts / 1000))
-                if debug:
-                    log.debug("%s[%d]@%d txn=%s promoted to %s", self.topics.half,
-                              half.partition, half.offset, half.txn_id, half.real_topic)
-                continue
-            where = f"{self.topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
-            if isinstance(action, Finish):
-                self.metrics.rollbacks.inc()
-                log.debug("%s rolled back", where)
-            elif isinstance(action, IssueCheck):
-                self.metrics.checks_issued.inc()
-                log.info("%s check #%d sent to producer group %s", where, action.check_seq,
-                         action.half.producer_group)
-            elif isinstance(action, Reappend):
-                self.metrics.reappended.inc()
-                log.info("%s re-appended to %s[%d] (pending since %.0f s, first written at "
-                         "offset %d)", where, self.topics.half, half.partition,
-                         max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
-            elif isinstance(action, Discard):
-                self.metrics.discarded.labels(action.reason).inc()
-                log.warning("%s discarded (%s)%s", where, action.reason,
-                            f": {action.detail}" if action.detail else "")
-        if promotions:
-            self.metrics.promotions.inc(promotions)
-
     def close(self) -> None:
         """Idempotent; call :meth:`settle` first, or a transaction in flight is waited for
         here and its outcome left to the next start's replay."""
@@ -372,3 +328,54 @@ class TransactionWriter:
         self._in_flight = None
         for txn in self._txns:
             txn.close()
+
+
+def _where(topics: SystemTopics, action: Action) -> str:
+    if isinstance(action, LateCommit):
+        return f"{topics.half}[{action.partition}]@{action.half_offset} " \
+               f"txn={action.txn_id}"
+    half = action.half
+    return f"{topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
+
+
+def count_written(metrics: CoordinatorMetrics, topics: SystemTopics,
+                  actions: Sequence[Action]) -> None:
+    """Metrics and logs of a committed transaction's actions."""
+    now = time.time()
+    debug = log.isEnabledFor(logging.DEBUG)
+    promotions = 0
+    for action in actions:
+        if isinstance(action, LateCommit):
+            metrics.conflicting.labels("late_commit").inc()
+            log.warning("%s: COMMIT (op offset %d) after the transaction was discarded; "
+                        "noted as late_commit in %s", _where(topics, action), action.op_offset,
+                        topics.discard)
+            continue
+        half = action.half
+        if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
+            # The hot path: no per-record string unless debug logging is on.
+            promotions += 1
+            metrics.promotion_latency.observe(max(0.0, now - half.born_ts / 1000))
+            if debug:
+                log.debug("%s[%d]@%d txn=%s promoted to %s", topics.half,
+                          half.partition, half.offset, half.txn_id, half.real_topic)
+            continue
+        where = f"{topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
+        if isinstance(action, Finish):
+            metrics.rollbacks.inc()
+            log.debug("%s rolled back", where)
+        elif isinstance(action, IssueCheck):
+            metrics.checks_issued.inc()
+            log.info("%s check #%d sent to producer group %s", where, action.check_seq,
+                     action.half.producer_group)
+        elif isinstance(action, Reappend):
+            metrics.reappended.inc()
+            log.info("%s re-appended to %s[%d] (pending since %.0f s, first written at "
+                     "offset %d)", where, topics.half, half.partition,
+                     max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
+        elif isinstance(action, Discard):
+            metrics.discarded.labels(action.reason).inc()
+            log.warning("%s discarded (%s)%s", where, action.reason,
+                        f": {action.detail}" if action.detail else "")
+    if promotions:
+        metrics.promotions.inc(promotions)
