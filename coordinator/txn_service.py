@@ -332,7 +332,7 @@ class TransactionService:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             # End requests are latency-critical; don't let a fetch linger when data is there.
-            "fetch.wait.max.ms": 20,
+            "fetch.wait.max.ms": 10,
         }))
         self._consumer = consumer
         consumer.subscribe([self.topics.half, self.topics.op], on_assign=self._on_assign,
