@@ -41,7 +41,6 @@ DEFAULT_MASTER = "local[*]"
 POLL_S = 1.0
 # Stopping a query interrupts its batch; the file sink then discards the uncommitted files.
 STOP_TIMEOUT_S = 60.0
-_SOURCE_METRICS = "rmq_source"
 _SINK_METRICS = "rmq_sink"
 _KAFKA_MISSING = "Failed to find data source: kafka"
 
@@ -152,10 +151,11 @@ def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
 
     from spark import transforms
 
+    # One observe, at the sink: the filter is the only step that drops rows, so the records
+    # it dropped are the batch's input rows minus the rows written (see _Metrics). A second
+    # observe before the filter would cut the query into two generated stages and copy
+    # every row between them.
     raw = _load_source(spark, settings)
-    promoted = transforms.is_promoted("headers")
-    raw = raw.observe(_SOURCE_METRICS, F.count(F.lit(1)).alias("records"),
-                      F.count(F.when(~promoted, 1)).alias("unpromoted"))
     kept = transforms.drop_unpromoted(raw) if settings.require_promoted else raw
     if settings.schema is None:
         out = transforms.decode_string(kept)
@@ -224,10 +224,10 @@ class _Metrics:
             metrics = progress.observedMetrics or {}
             if batch_id in self.batches or _SINK_METRICS not in metrics:
                 continue
-            source, out = metrics.get(_SOURCE_METRICS), metrics[_SINK_METRICS]
-            unpromoted = int(source["unpromoted"]) if source is not None else 0
+            out = metrics[_SINK_METRICS]
             rows, errors = int(out["rows"]), int(out["decode_errors"])
-            dropped = unpromoted if self.require_promoted else 0
+            # Every record read is written unless the promoted filter drops it.
+            dropped = progress.numInputRows - rows if self.require_promoted else 0
             self.batches[batch_id] = (rows, dropped, errors)
             level = logging.WARNING if dropped or errors else logging.INFO
             log.log(level, "batch %d of %s: %d rows written, %d unpromoted records dropped, "

@@ -48,14 +48,16 @@ _NOT_CANONICAL = ("value is not the Avro encoding of what it decodes to (another
 def header_value(name: str, headers: str | Column = "headers") -> Column:
     """The last value of header ``name`` as a string column (null when absent)."""
     col = F.col(headers) if isinstance(headers, str) else headers
-    matching = F.filter(col, lambda h: h["key"] == F.lit(name))
-    return F.try_element_at(matching, F.lit(-1))["value"].cast("string")
+    # Built-in array functions, not a lambda (filter/exists): Spark compiles these into the
+    # stage's generated code, where a higher-order function is interpreted row by row.
+    from_end = F.array_position(F.reverse(col.getField("key")), F.lit(name))  # 0: absent
+    return F.get(col, F.size(col) - from_end)["value"].cast("string")
 
 
 def is_promoted(headers: str | Column = "headers") -> Column:
     """True when the record carries ``rmq.promoted_from``; false (never null) otherwise."""
     col = F.col(headers) if isinstance(headers, str) else headers
-    return F.coalesce(F.exists(col, lambda h: h["key"] == F.lit(H.PROMOTED_FROM)),
+    return F.coalesce(F.array_contains(col.getField("key"), F.lit(H.PROMOTED_FROM)),
                       F.lit(False))
 
 

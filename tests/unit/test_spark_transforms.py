@@ -22,6 +22,8 @@ from spark.transforms import (
     decode_string,
     drop_unpromoted,
     guard_subscription,
+    header_value,
+    is_promoted,
 )
 
 pytestmark = pytest.mark.spark
@@ -156,6 +158,20 @@ def test_drop_unpromoted_keeps_only_rows_with_the_promoted_from_header(spark):
     assert [(r.value, r._txn_id, r._promoted_from) for r in kept] == [
         ("a", "t-1", "3:17"), ("d", None, "0:5")]
     assert list(decode_string(df).columns) == ["value", *META_COLUMNS]
+
+
+def test_header_value_is_the_last_of_repeated_headers_and_null_when_absent(spark):
+    headers = T.StructType([KAFKA_SCHEMA["headers"]])
+    df = spark.createDataFrame([
+        (None,), ([],), ([("rmq.txn_id", b"t-1")],),
+        ([("rmq.promoted_from", b"1:1"), ("app", None), ("rmq.promoted_from", b"1:2")],),
+        ([("rmq.promoted_from", None), ("rmq.txn_id", b"t-2")],)], headers)
+    rows = df.select(header_value("rmq.promoted_from").alias("from"),
+                     header_value("rmq.txn_id").alias("txn"),
+                     is_promoted().alias("promoted")).collect()
+    assert [tuple(r) for r in rows] == [
+        (None, None, False), (None, None, False), (None, "t-1", False),
+        ("1:2", None, True), (None, "t-2", True)]
 
 
 # ----------------------------------------------------------------------------- Avro
