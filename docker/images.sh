@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `make images`: build the project's images, each only when its inputs changed.
+#   docker/images.sh [coordinator] [kafka]      (default: both)
+# Every image is tagged NAME:src-<hash of its Dockerfile, inputs and base image id>; when that
+# tag exists the build is skipped and only the public tag is pointed at it again.
+# Base: $BASE_IMAGE, else python:3.11-slim when it is here or can be pulled, else a local
+# Debian base made without a registry (docker/base.sh). Python packages come from a
+# wheelhouse made here on the host, Kafka's jars from the embedded broker's Maven resolution,
+# so no build step inside a container needs a package registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+BUILD=docker/.build
+DEFAULT_BASE=python:3.11-slim
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
+KAFKA_VERSION="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' \
+    rmq_semantics/kafka/pom.xml)"
+COORDINATOR_IMAGE="rmq-semantics-coordinator:$VERSION"
+KAFKA_IMAGE="${RMQ_KAFKA_IMAGE:-rmq-semantics-kafka:$KAFKA_VERSION}"
+LABEL=org.rmq-semantics.inputs
+
+say() { echo "images: $*" >&2; }
+
+# KIND is python or jre: which local base to make when the default one can't be had.
+base_for() {
+    if [[ -n "${BASE_IMAGE:-}" ]]; then
+        echo "$BASE_IMAGE"
+    elif docker image inspect "$DEFAULT_BASE" >/dev/null 2>&1 \
+            || timeout 300 docker pull -q "$DEFAULT_BASE" >/dev/null 2>&1; then
+        echo "$DEFAULT_BASE"
+    else
+        say "$DEFAULT_BASE can't be pulled here; using a local Debian base ($1)"
+        docker/base.sh "$1"
+    fi
+}
+
+# One hash over file names and contents (sorted, caches left out) plus extra strings.
+inputs_hash() {
+    local extra="$1"
+    shift
+    {
+        find "$@" -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 \
+            | sort -z | xargs -0 sha256sum
+        echo "$extra"
+    } | sha256sum | cut -c1-12
+}
+
+# build IMAGE DOCKERFILE CONTEXT BASE PREPARE INPUTS...
+build() {
+    local image="$1" dockerfile="$2" context="$3" base="$4" prepare="$5"
+    shift 5
+    local name="${image%:*}" base_id hash
+    base_id="$(docker image inspect --format '{{.Id}}' "$base")"
+    hash="$(inputs_hash "$base_id" "$dockerfile" "$@")"
+    if docker image inspect "$name:src-$hash" >/dev/null 2>&1; then
+        docker tag "$name:src-$hash" "$image"
+        say "$image is up to date ($name:src-$hash)"
+        return 0
+    fi
+    "$prepare"
+    local started=$SECONDS log="$BUILD/${name##*/}.build.log"
+    say "building $image on $base"
+    if ! docker build -f "$dockerfile" --build-arg "BASE_IMAGE=$base" \
+            --label "$LABEL=$hash" -t "$name:src-$hash" -t "$image" "$context" \
+            >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        say "building $image failed (full log: $log)"
+        return 1
+    fi
+    say "built $image ($name:src-$hash) in $((SECONDS - started)) s"
+    # Older content tags of this image are superseded: drop them, keep the layers in use.
+    docker images "$name" --format '{{.Tag}}' | grep '^src-' | grep -vx "src-$hash" \
+        | sed "s|^|$name:|" | xargs -r docker rmi >/dev/null 2>&1 || true
+}
+
+# The project's wheel and its dependencies' wheels for CPython 3.11 on this architecture
+# (both bases run 3.11), whatever Python the host has.
+prepare_coordinator() {
+    local wheels="$BUILD/wheelhouse/coordinator" arch
+    arch="$(uname -m)"
+    rm -rf "$wheels" && mkdir -p "$wheels"
+    "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$wheels" . >&2
+    "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 \
+        --implementation cp --platform "manylinux2014_$arch" \
+        --platform "manylinux_2_28_$arch" --platform "manylinux_2_34_$arch" \
+        --dest "$wheels" "$wheels"/rmq_semantics-*.whl >&2
+}
+
+prepare_kafka() {
+    local context="$BUILD/kafka" libs
+    libs="$(PYTHONPATH="$PWD" "$PYTHON" -c \
+        'from rmq_semantics.embedded import kafka_classpath; print(kafka_classpath())')"
+    rm -rf "$context" && mkdir -p "$context"
+    cp -r "${libs%/\*}" "$context/libs"
+    cp docker/kafka/entrypoint.sh docker/kafka/log4j2.properties "$context/"
+}
+
+targets=("$@")
+((${#targets[@]})) || targets=(coordinator kafka)
+mkdir -p "$BUILD"
+for target in "${targets[@]}"; do
+    case "$target" in
+        coordinator)
+            build "$COORDINATOR_IMAGE" docker/Dockerfile . "$(base_for python)" \
+                prepare_coordinator pyproject.toml README.md rmq_semantics coordinator spark
+            ;;
+        kafka)
+            build "$KAFKA_IMAGE" docker/Dockerfile.kafka "$BUILD/kafka" "$(base_for jre)" \
+                prepare_kafka docker/kafka rmq_semantics/kafka/pom.xml
+            ;;
+        *) say "unknown image '$target' (coordinator, kafka)"; exit 2 ;;
+    esac
+done
