@@ -80,11 +80,16 @@ prepare_coordinator() {
     local wheels="$BUILD/wheelhouse/coordinator" arch
     arch="$(uname -m)"
     rm -rf "$wheels" && mkdir -p "$wheels"
-    "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$wheels" . >&2
-    "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 \
-        --implementation cp --platform "manylinux2014_$arch" \
-        --platform "manylinux_2_28_$arch" --platform "manylinux_2_34_$arch" \
-        --dest "$wheels" "$wheels"/rmq_semantics-*.whl >&2
+    local log="$BUILD/wheelhouse/pip.log"
+    if ! { "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$wheels" . \
+            && "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 \
+                --implementation cp --platform "manylinux2014_$arch" \
+                --platform "manylinux_2_28_$arch" --platform "manylinux_2_34_$arch" \
+                --dest "$wheels" "$wheels"/rmq_semantics-*.whl; } >"$log" 2>&1; then
+        tail -n 5 "$log" >&2
+        say "making the wheelhouse failed (full log: $log)"
+        return 1
+    fi
 }
 
 prepare_kafka() {
