@@ -8,6 +8,7 @@ taken is printed when the broker starts ("kafka broker: ...").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -54,12 +55,10 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def _announce(request: pytest.FixtureRequest, line: str) -> None:
-    """Into the test log even when pytest captures output (the broker is chosen lazily)."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
+    """Into the test log even while pytest captures output (the broker is chosen lazily)."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         print(line, flush=True)
-    else:
-        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

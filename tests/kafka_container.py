@@ -103,9 +103,11 @@ def kafka_container(image: str) -> Iterator[str]:
 
     port = free_port()
     container = (DockerContainer(image)
-                 .with_bind_ports(9092, ("127.0.0.1", port))
                  .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{port}")
                  .with_envs(**BROKER_ENV))
+    # Published on loopback only (docker-py's (host_ip, port) form; with_bind_ports would
+    # publish on every interface). The port is chosen first: the broker advertises it.
+    container.ports["9092/tcp"] = ("127.0.0.1", port)
     try:
         container.start()
         bootstrap = f"127.0.0.1:{port}"
