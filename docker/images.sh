@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make images`: build the project's images, each only when its inputs changed.
-#   docker/images.sh [coordinator] [kafka]      (default: both)
+#   docker/images.sh [coordinator] [kafka] [spark]     (default: all three)
 # Every image is tagged NAME:src-<hash of its Dockerfile, inputs and base image id>; when that
 # tag exists the build is skipped and only the public tag is pointed at it again.
 # Base: $BASE_IMAGE, else python:3.11-slim when it is here or can be pulled, else a local
@@ -17,6 +17,8 @@ VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
 KAFKA_VERSION="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' \
     rmq_semantics/kafka/pom.xml)"
 COORDINATOR_IMAGE="rmq-semantics-coordinator:$VERSION"
+SPARK_VERSION="$(sed -n 's:.*<spark\.version>\(.*\)</spark\.version>.*:\1:p' spark/pom.xml)"
+SPARK_IMAGE="rmq-semantics-spark:$VERSION"
 KAFKA_IMAGE="${RMQ_KAFKA_IMAGE:-rmq-semantics-kafka:$KAFKA_VERSION}"
 LABEL=org.rmq-semantics.inputs
 
@@ -75,21 +77,39 @@ build() {
 }
 
 # The project's wheel and its dependencies' wheels for CPython 3.11 on this architecture
-# (both bases run 3.11), whatever Python the host has.
-prepare_coordinator() {
-    local wheels="$BUILD/wheelhouse/coordinator" arch
+# (both bases run 3.11), whatever Python the host has. PySpark is published as an sdist only:
+# its (pure Python) wheel is built here first.
+wheelhouse() {
+    local wheels="$BUILD/wheelhouse/$1" requirement="$2" arch log="$BUILD/wheelhouse/pip.log"
     arch="$(uname -m)"
     rm -rf "$wheels" && mkdir -p "$wheels"
-    local log="$BUILD/wheelhouse/pip.log"
     if ! { "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$wheels" . \
+            && if [[ "$1" == spark ]]; then
+                "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$wheels" "pyspark==$SPARK_VERSION"
+            fi \
             && "$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 \
                 --implementation cp --platform "manylinux2014_$arch" \
                 --platform "manylinux_2_28_$arch" --platform "manylinux_2_34_$arch" \
-                --dest "$wheels" "$wheels"/rmq_semantics-*.whl; } >"$log" 2>&1; then
+                --find-links "$wheels" --dest "$wheels" \
+                "$(echo "$wheels"/rmq_semantics-*.whl)$requirement"; } >"$log" 2>&1; then
         tail -n 5 "$log" >&2
-        say "making the wheelhouse failed (full log: $log)"
+        say "making the $1 wheelhouse failed (full log: $log)"
         return 1
     fi
+}
+
+prepare_coordinator() { wheelhouse coordinator ""; }
+
+# The wheels with PySpark, and the Kafka source jars in the layout spark/jars.py reads
+# under RMQ_CACHE_DIR (spark-kafka-<version>/libs).
+prepare_spark() {
+    wheelhouse spark "[spark]"
+    local libs
+    libs="$(PYTHONPATH="$PWD" "$PYTHON" -c 'from spark.jars import spark_jars, spark_version
+from rmq_semantics.embedded import cache_dir
+spark_jars(); print(cache_dir() / f"spark-kafka-{spark_version()}" / "libs")')"
+    rm -rf "$BUILD/spark-cache" && mkdir -p "$BUILD/spark-cache/spark-kafka-$SPARK_VERSION"
+    cp -r "$libs" "$BUILD/spark-cache/spark-kafka-$SPARK_VERSION/libs"
 }
 
 prepare_kafka() {
@@ -102,7 +122,7 @@ prepare_kafka() {
 }
 
 targets=("$@")
-((${#targets[@]})) || targets=(coordinator kafka)
+((${#targets[@]})) || targets=(coordinator kafka spark)
 mkdir -p "$BUILD"
 for target in "${targets[@]}"; do
     case "$target" in
@@ -110,10 +130,14 @@ for target in "${targets[@]}"; do
             build "$COORDINATOR_IMAGE" docker/Dockerfile . "$(base_for python)" \
                 prepare_coordinator pyproject.toml README.md rmq_semantics coordinator spark
             ;;
+        spark)
+            build "$SPARK_IMAGE" docker/Dockerfile.spark . "$(base_for jre)" prepare_spark \
+                pyproject.toml README.md rmq_semantics coordinator spark
+            ;;
         kafka)
             build "$KAFKA_IMAGE" docker/Dockerfile.kafka "$BUILD/kafka" "$(base_for jre)" \
                 prepare_kafka docker/kafka rmq_semantics/kafka/pom.xml
             ;;
-        *) say "unknown image '$target' (coordinator, kafka)"; exit 2 ;;
+        *) say "unknown image '$target' (coordinator, kafka, spark)"; exit 2 ;;
     esac
 done
