@@ -51,7 +51,8 @@ _BROKER_KIND = "none"
 def pytest_report_header(config: pytest.Config) -> str:
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
         return f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}"
-    return "kafka broker: testcontainers if a Docker engine answers, else embedded Apache Kafka"
+    return ("kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
+            "answers, else embedded Apache Kafka")
 
 
 def _announce(request: pytest.FixtureRequest, line: str) -> None:

@@ -10,6 +10,7 @@ the container is removed here, also when the broker never becomes ready.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from rmq_semantics.embedded import free_port, kafka_version
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 180.0
 # A cold build makes a Debian base and resolves the Kafka jars first.
@@ -79,7 +81,9 @@ def ensure_kafka_image(announce: Callable[[str], None] = print) -> tuple[str | N
 
 def _await_ready(container, bootstrap: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    admin = AdminClient({"bootstrap.servers": bootstrap,
+    # Into Python logging (pytest shows it on failure), not a stderr line per refused
+    # connection while the broker is still starting.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": log,
                          "socket.connection.setup.timeout.ms": 2000})
     wrapped = container.get_wrapped_container()
     while time.monotonic() < deadline:
