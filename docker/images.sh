@@ -121,6 +121,10 @@ prepare_kafka() {
     cp docker/kafka/entrypoint.sh docker/kafka/log4j2.properties "$context/"
 }
 
+# What the project's wheel is built from. README.md (the wheel's long description) is left
+# out: editing the docs should not rebuild the images.
+PYTHON_INPUTS=(pyproject.toml rmq_semantics coordinator spark)
+
 targets=("$@")
 ((${#targets[@]})) || targets=(coordinator kafka spark)
 mkdir -p "$BUILD"
@@ -128,11 +132,11 @@ for target in "${targets[@]}"; do
     case "$target" in
         coordinator)
             build "$COORDINATOR_IMAGE" docker/Dockerfile . "$(base_for python)" \
-                prepare_coordinator pyproject.toml README.md rmq_semantics coordinator spark
+                prepare_coordinator "${PYTHON_INPUTS[@]}"
             ;;
         spark)
             build "$SPARK_IMAGE" docker/Dockerfile.spark . "$(base_for jre)" prepare_spark \
-                pyproject.toml README.md rmq_semantics coordinator spark
+                "${PYTHON_INPUTS[@]}"
             ;;
         kafka)
             build "$KAFKA_IMAGE" docker/Dockerfile.kafka "$BUILD/kafka" "$(base_for jre)" \
