@@ -106,12 +106,18 @@ def kafka_container(image: str) -> Iterator[str]:
     from testcontainers.core.container import DockerContainer
 
     port = free_port()
+    # Two listeners: the broker reaches itself (transaction verification) on PLAINTEXT inside
+    # the container; the host's clients on HOST, advertised as the published loopback port.
     container = (DockerContainer(image)
-                 .with_env("KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://127.0.0.1:{port}")
+                 .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093,HOST://:29092")
+                 .with_env("KAFKA_ADVERTISED_LISTENERS",
+                           f"PLAINTEXT://localhost:9092,HOST://127.0.0.1:{port}")
+                 .with_env("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                           "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOST:PLAINTEXT")
                  .with_envs(**BROKER_ENV))
     # Published on loopback only (docker-py's (host_ip, port) form; with_bind_ports would
     # publish on every interface). The port is chosen first: the broker advertises it.
-    container.ports["9092/tcp"] = ("127.0.0.1", port)
+    container.ports["29092/tcp"] = ("127.0.0.1", port)
     try:
         container.start()
         bootstrap = f"127.0.0.1:{port}"
