@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench fuzz clean
+.PHONY: setup demo test lint bench fuzz clean engine images engine-stop
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ bench: setup
 # or an embedded broker); FUZZ_ARGS adds e.g. --seed N, --only CATEGORY, --safe, --list.
 fuzz: setup
 	$(PY) -m tests.fuzz --records 10000 $(FUZZ_ARGS)
+
+# A Docker Engine (installed and started when missing; see docker/engine.sh) and the images,
+# each rebuilt only when its inputs change (docker/images.sh).
+engine:
+	docker/engine.sh ensure
+
+engine-stop:
+	docker/engine.sh stop
+
+images: setup engine
+	@docker/engine.sh status || { echo "images: no Docker engine answers"; exit 1; }
+	PYTHON=$(abspath $(PY)) docker/images.sh $(IMAGES)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

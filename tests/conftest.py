@@ -1,12 +1,14 @@
 """Session fixtures: one real Kafka broker for the whole run, and factories with unique names.
 
-Broker choice, in order: ``RMQ_BOOTSTRAP_SERVERS`` (an existing cluster); a testcontainers
-Kafka when a Docker engine answers; else the embedded Apache Kafka on a free port. The path
-taken is printed in pytest's header line ("kafka broker: ...").
+Broker choice, in order: ``RMQ_BOOTSTRAP_SERVERS`` (an existing cluster); when a Docker engine
+answers, the project's Kafka image under testcontainers (tests/kafka_container.py; when no
+image can be had, one line says why); else the embedded Apache Kafka on a free port. The path
+taken is printed when the broker starts ("kafka broker: ...").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -19,21 +21,12 @@ import pytest
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.topics import ensure_topics
+from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
 
 # Spark's Python workers must be this interpreter (the venv has fastavro); the driver binds
 # to loopback only.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-
-def _docker_answers() -> bool:
-    try:
-        import docker  # testcontainers' dependency
-
-        docker.from_env(timeout=3).ping()
-        return True
-    except Exception:
-        return False
 
 
 class Broker:
@@ -58,26 +51,36 @@ _BROKER_KIND = "none"
 def pytest_report_header(config: pytest.Config) -> str:
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
         return f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}"
-    return "kafka broker: testcontainers if a Docker engine answers, else embedded Apache Kafka"
+    return ("kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
+            "answers, else embedded Apache Kafka")
+
+
+def _announce(request: pytest.FixtureRequest, line: str) -> None:
+    """Into the test log even while pytest captures output (the broker is chosen lazily)."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(line, flush=True)
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[Broker]:
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
         yield Broker(os.environ["RMQ_BOOTSTRAP_SERVERS"], "existing")
         return
-    if _docker_answers():
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
-            print("\nkafka broker: testcontainers", flush=True)
-            yield Broker(container.get_bootstrap_server(), "testcontainers")
-        return
+    if docker_answers():
+        image, why_not = ensure_kafka_image(lambda line: _announce(request, line))
+        if image is not None:
+            with kafka_container(image) as bootstrap:
+                _announce(request, f"\nkafka broker: testcontainers ({image} at {bootstrap})")
+                yield Broker(bootstrap, "testcontainers")
+            return
+        _announce(request, f"\nkafka broker: a Docker engine answers but no Kafka image: "
+                           f"{why_not}; using the embedded broker")
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-kafka-"))
     embedded = EmbeddedKafka(data_dir, port=free_port())
     try:
         embedded.start()
-        print(f"\nkafka broker: embedded Apache Kafka at {embedded.bootstrap}", flush=True)
+        _announce(request, f"\nkafka broker: embedded Apache Kafka at {embedded.bootstrap}")
         yield Broker(embedded.bootstrap, "embedded", embedded)
     finally:
         embedded.stop()
