@@ -145,3 +145,11 @@ def test_the_readme_block_is_the_rendering_of_the_committed_results():
     readme = (REPO / "README.md").read_text()
     results = json.loads((REPO / "bench" / "results.json").read_text())
     assert current_block(readme) == render_block(results)
+
+
+def test_a_run_of_latency_cases_only_plots_without_rates(tmp_path):
+    from rmq_semantics.tools.bench.plots import plot
+
+    samples = {"commit_to_visible_ms": [5.0, 9.0, 30.0], "copier_latency_ms": [4.0, 8.0]}
+    files = plot({"settings": {}}, samples, tmp_path)
+    assert files == ["latency.png"] and (tmp_path / "latency.png").stat().st_size > 0

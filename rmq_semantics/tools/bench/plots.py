@@ -76,8 +76,10 @@ def plot(results: dict, samples: dict[str, list[float]], out_dir: Path) -> list[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = ["throughput.png"]
-    _throughput_plot(plt, results, out_dir / "throughput.png")
+    files = []
+    if _throughputs(results):  # a run of latency cases only has no rates to draw
+        _throughput_plot(plt, results, out_dir / "throughput.png")
+        files.append("throughput.png")
     if samples.get("commit_to_visible_ms") or samples.get("copier_latency_ms"):
         _latency_plot(plt, samples, out_dir / "latency.png")
         files.append("latency.png")
