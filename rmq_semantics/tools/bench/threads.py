@@ -6,7 +6,6 @@ per-call latency."""
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import threading
 import time
@@ -14,6 +13,7 @@ import uuid
 
 from rmq_semantics.message import Message
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, percentile
+from rmq_semantics.tools.bench.machine import process_cpu_s
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -30,19 +30,6 @@ class _CommitListener(TransactionListener):
 
     def check_local_transaction(self, msg: Message) -> LocalTransactionState:
         return LocalTransactionState.COMMIT_MESSAGE
-
-
-def _process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) ``pid`` spent so far, from /proc; this process if None."""
-    if pid is None:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int,
@@ -84,7 +71,7 @@ def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int,
         for w in workers:
             w.start()
         pids = (None, coordinator_pid, *([broker_pid] if broker_pid else []))
-        cpu_before = [_process_cpu_s(pid) for pid in pids]
+        cpu_before = [process_cpu_s(pid) for pid in pids]
         start = time.monotonic()
         go.set()
         for w in workers:
@@ -92,7 +79,7 @@ def _one_run(conf: dict, prefix: str, s: BenchSettings, threads: int,
         confirmed_at = time.monotonic()
         producer.flush(60)
         collector.join(CASE_TIMEOUT_S)
-        cpu_after = [_process_cpu_s(pid) for pid in pids]
+        cpu_after = [process_cpu_s(pid) for pid in pids]
         wall = time.monotonic() - start
     if errors:
         raise RuntimeError(f"threads={threads}: {len(errors)} calls failed: {errors[0]!r}")
