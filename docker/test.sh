@@ -3,9 +3,11 @@
 # missing done first, and dockerd stopped again afterwards if this run started it (a trap, so
 # also on failure).
 #   docker/test.sh [quick|full]
-#   quick  engine (no compose plugin), images, pytest -m containers tests/containers
-#   full   also the compose plugin (a Go build on a fresh machine) and `compose config`, then
-#          the whole default test run (`pytest`) with its broker under testcontainers
+#   quick  engine (no compose plugin), the coordinator and Kafka images, then
+#          pytest -m containers tests/containers
+#   full   also the compose plugin (a Go build on a fresh machine), the Spark image and
+#          `compose config`, then the whole default run (`pytest`), its broker under
+#          testcontainers
 # No engine to be had: one reason, exit 0; under RMQ_REQUIRE=docker a failure.
 # Shell, like engine.sh: it drives the engine script, the image builds and pytest.
 set -euo pipefail
@@ -22,7 +24,7 @@ fi
 stop_engine() {
     local code=$?
     # Containers a failed run left behind would stop with dockerd; say so rather than hide it.
-    if [[ "$started_here" == yes ]]; then
+    if [[ "$started_here" == yes ]] && docker/engine.sh status; then
         docker/engine.sh stop || code=1
     fi
     exit "$code"
@@ -41,7 +43,9 @@ if ! docker/engine.sh status; then
     exit 0
 fi
 # Absolute, but not resolved: a venv's python is a symlink to the base interpreter.
-PYTHON="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" docker/images.sh
+images=(coordinator kafka)
+[[ "$MODE" == full ]] && images+=(spark)
+PYTHON="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" docker/images.sh "${images[@]}"
 if [[ "$MODE" == full ]]; then
     docker compose -f docker/compose.yaml config -q
     say "docker compose -f docker/compose.yaml config: ok"
