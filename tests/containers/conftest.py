@@ -33,6 +33,18 @@ def _no_engine(why: str) -> None:
     pytest.skip(why)
 
 
+@pytest.fixture
+def announce(request: pytest.FixtureRequest):
+    """Print into the test log even while pytest captures output."""
+
+    def say(line: str) -> None:
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(line, flush=True)
+
+    return say
+
+
 @pytest.fixture(scope="session")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     if not docker_answers():

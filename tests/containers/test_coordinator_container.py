@@ -60,7 +60,7 @@ def _exactly_once(records: list, expected: set[bytes]) -> None:
                                      f"{len(set(counts) - expected)}")
 
 
-def test_commit_rollback_and_back_check_through_the_coordinator_container(stack):
+def test_commit_rollback_and_back_check_through_the_coordinator_container(stack, announce):
     prefix, name = _names("cc")
     topic = _topic(stack, "matrix", 2)
     # m-0: COMMIT, m-1: ROLLBACK, m-2: UNKNOW then checked COMMIT, m-3: UNKNOW then ROLLBACK.
@@ -71,7 +71,7 @@ def test_commit_rollback_and_back_check_through_the_coordinator_container(stack)
     with _coordinator(stack, name, prefix, instance_id=name) as coordinator:
         coordinator.wait_healthy()
         log = coordinator.wait_log(rf"transaction service {name} running")
-        print(f"coordinator: container {name} ({coordinator.container.image})")
+        announce(f"\ncoordinator: container {name} ({coordinator.container.image}), healthy")
         with _producer(stack, prefix, listener) as producer:
             for i in range(40):
                 producer.send_message_in_transaction(Message(topic, f"m-{i}".encode(),
@@ -177,7 +177,7 @@ def test_docker_stop_exits_0_in_the_grace_period_and_leaves_no_aborted_promotion
                   {f"m{i}".encode() for i in range(total)})
 
 
-def test_two_coordinator_containers_split_the_partitions_and_commits_flow(stack):
+def test_two_coordinator_containers_split_the_partitions_and_commits_flow(stack, announce):
     prefix, name = _names("c2")
     topic = _topic(stack, "split", 2)
     total = 500
@@ -192,7 +192,7 @@ def test_two_coordinator_containers_split_the_partitions_and_commits_flow(stack)
                               == everything, 120, "a split of the half/op partitions")
             halves = one.owned_partitions(), two.owned_partitions()
             assert not halves[0] & halves[1] and halves[0] | halves[1] == everything
-            print(f"coordinator containers: {one.name} owns {sorted(halves[0])}, "
+            announce(f"\ncoordinator containers: {one.name} owns {sorted(halves[0])}, "
                   f"{two.name} owns {sorted(halves[1])}")
             with _producer(stack, prefix, listener) as producer:
                 for i in range(total):
