@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench fuzz clean engine images engine-stop
+.PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
+	test-docker-full
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,15 @@ engine-stop:
 images: setup engine
 	@docker/engine.sh status || { echo "images: no Docker engine answers"; exit 1; }
 	PYTHON=$(abspath $(PY)) docker/images.sh $(IMAGES)
+
+# The container suites (tests/containers): engine, images, the coordinator image as a sidecar
+# next to the Kafka image; dockerd is stopped again if this started it (docker/test.sh).
+# -full adds the compose plugin and the whole default run on the testcontainers broker.
+test-docker: setup
+	PY=$(PY) docker/test.sh quick
+
+test-docker-full: setup
+	PY=$(PY) docker/test.sh full
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

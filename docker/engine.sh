@@ -4,6 +4,8 @@
 #                             none answers, install the compose v2 plugin if missing
 #   docker/engine.sh stop     stop dockerd, only if `ensure` started it (its pidfile)
 #   docker/engine.sh status   exit 0 when an engine answers
+# RMQ_ENGINE_COMPOSE=skip: `ensure` leaves the compose plugin out (a Go build on a fresh
+# machine; only the compose scenarios need it).
 # Shell, not Python: it runs before any venv exists and only drives apt-get, dockerd and go.
 # When no engine can be had at all it prints one reason and exits 0 (exit 3 under
 # RMQ_REQUIRE=docker, so CI fails instead of skipping).
@@ -105,7 +107,9 @@ case "${1:-ensure}" in
             install_engine
             start_daemon
         fi
-        install_compose || say "continuing without docker compose"
+        if [[ "${RMQ_ENGINE_COMPOSE:-}" != skip ]]; then
+            install_compose || say "continuing without docker compose"
+        fi
         ;;
     stop) stop_daemon ;;
     status) answers ;;

@@ -100,24 +100,31 @@ def _await_ready(container, bootstrap: str, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def kafka_container(image: str) -> Iterator[str]:
-    """Run ``image`` as a one-node broker on a free loopback port; yield its bootstrap."""
+def kafka_container(image: str, network=None, alias: str = "kafka") -> Iterator[str]:
+    """Run ``image`` as a one-node broker on a free loopback port; yield its bootstrap.
+    With ``network`` (a testcontainers ``Network``) other containers on it reach the broker
+    as ``<alias>:9092``."""
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.core.container import DockerContainer
 
     port = free_port()
+    # On a shared network the in-container listener is advertised under the alias, which
+    # resolves for the broker itself and for its neighbours alike.
+    internal = alias if network is not None else "localhost"
     # Two listeners: the broker reaches itself (transaction verification) on PLAINTEXT inside
     # the container; the host's clients on HOST, advertised as the published loopback port.
     container = (DockerContainer(image)
                  .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093,HOST://:29092")
                  .with_env("KAFKA_ADVERTISED_LISTENERS",
-                           f"PLAINTEXT://localhost:9092,HOST://127.0.0.1:{port}")
+                           f"PLAINTEXT://{internal}:9092,HOST://127.0.0.1:{port}")
                  .with_env("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
                            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOST:PLAINTEXT")
                  .with_envs(**BROKER_ENV))
     # Published on loopback only (docker-py's (host_ip, port) form; with_bind_ports would
     # publish on every interface). The port is chosen first: the broker advertises it.
     container.ports["29092/tcp"] = ("127.0.0.1", port)
+    if network is not None:
+        container.with_network(network).with_network_aliases(alias)
     try:
         container.start()
         bootstrap = f"127.0.0.1:{port}"

@@ -1,0 +1,77 @@
+"""The container suite's stack: a user-defined Docker network, the project's Kafka image on
+it (alias ``kafka``, also published on a loopback port for the test process) and the
+coordinator image, checked once. No engine: skipped, unless RMQ_REQUIRE=docker (CI), where
+it is a failure. Everything started here is removed on leaving, also on failure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.containers.coordinator_container import coordinator_image
+from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
+
+os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+
+
+class Stack:
+    def __init__(self, network, bootstrap: str) -> None:
+        self.network = network
+        self.bootstrap = bootstrap
+        self.kafka_inside = "kafka:9092"
+
+    def conf(self, **extra: object) -> dict:
+        return {"bootstrap.servers": self.bootstrap, **extra}
+
+
+def _no_engine(why: str) -> None:
+    if os.environ.get("RMQ_REQUIRE") == "docker":
+        pytest.fail(f"RMQ_REQUIRE=docker: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def announce(request: pytest.FixtureRequest):
+    """Print into the test log even while pytest captures output."""
+
+    def say(line: str) -> None:
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(line, flush=True)
+
+    return say
+
+
+@pytest.fixture(scope="session")
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    if not docker_answers():
+        _no_engine("no Docker engine answers (make test-docker sets one up)")
+    from testcontainers.core.network import Network
+
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        client.images.get(coordinator_image())
+    except docker.errors.ImageNotFound:
+        _no_engine(f"no image {coordinator_image()} (make images builds it)")
+    finally:
+        client.close()
+    image, why_not = ensure_kafka_image()
+    if image is None:
+        _no_engine(why_not)
+    network = Network().create()
+    try:
+        with kafka_container(image, network=network) as bootstrap:
+            capture = request.config.pluginmanager.get_plugin("capturemanager")
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                print(f"\nkafka broker: testcontainers ({image} at {bootstrap}, "
+                      f"kafka:9092 on network {network.name}); coordinator image "
+                      f"{coordinator_image()}", flush=True)
+            yield Stack(network, bootstrap)
+    finally:
+        with contextlib.suppress(Exception):
+            network.remove()
