@@ -90,6 +90,12 @@ def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
     return False
 
 
+def new_partition_state(partition: int, s: CoordinatorSettings,
+                        retention_ms: int | None) -> PartitionState:
+    return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms, s.check_max,
+                          retention_ms, reappend_horizon_ms=s.reappend_after_ms)
+
+
 def read_retention(admin: AdminClient, topic: str) -> int | None:
     """``retention.ms`` of ``topic``, None if unlimited or unreadable (then no message is
     discarded for outliving it)."""
@@ -138,21 +144,13 @@ class TransactionService:
         return self._admin
 
     # -- rebalance -----------------------------------------------------------------------
-    def _new_state(self, partition: int) -> PartitionState:
-        s = self.settings
-        return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms,
-                              s.check_max, self._retention_ms,
-                              reappend_horizon_ms=s.reappend_after_ms)
-
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
         for tp in committed:
-            state = self.states.setdefault(tp.partition, self._new_state(tp.partition))
+            state = self.states.setdefault(tp.partition, new_partition_state(
+                tp.partition, self.settings, self._retention_ms))
             offset = max(tp.offset, 0)
-            if tp.topic == self.topics.half:
-                state.start_at(offset, 0)
-            else:
-                state.start_at(0, offset)
+            state.start_at(*((offset, 0) if tp.topic == self.topics.half else (0, offset)))
         for p in {tp.partition for tp in partitions}:
             st = self.states[p]
             self._committed[p] = (st.half_position, st.op_position)
@@ -357,14 +355,13 @@ class TransactionService:
         it as the next. If that commit fails, the replay forgets this batch's decisions."""
         self._raise_settle_error()
         # With a commit in flight, take what is there and go wait for the commit.
-        first = consumer.poll(0 if writer.in_flight else POLL_WAIT_S)
-        self._raise_settle_error()
-        msgs = [first, *consumer.consume(MAX_BATCH - 1, 0)] if first is not None else []
-        now = _now_ms()
-        actions: list = []
-        for msg in msgs:
-            actions.extend(self._dispatch_guarded(msg, now))
+        waited = writer.in_flight
+        actions, read = self._read(consumer, MAX_BATCH, 0 if waited else POLL_WAIT_S)
         self._settle(writer)
+        if waited and read < MAX_BATCH:
+            # What arrived meanwhile joins this transaction, not one a whole commit later.
+            actions += self._read(consumer, MAX_BATCH - read, 0)[0]
+        now = _now_ms()
         for state in self.states.values():
             actions.extend(state.due(now))
         actions = self.destinations.vet(actions, self.states)
@@ -375,6 +372,15 @@ class TransactionService:
         writer.submit(actions, offsets, consumer.consumer_group_metadata())
         self._sent = {p: (state.half_commit, state.op_commit)
                       for p, state in self.states.items()}
+
+    def _read(self, consumer: confluent_kafka.Consumer, most: int,
+              wait_s: float) -> tuple[list, int]:
+        """Up to ``most`` records (waiting ``wait_s`` for the first), dispatched."""
+        first = consumer.poll(wait_s)
+        self._raise_settle_error()
+        msgs = [first, *consumer.consume(most - 1, 0)] if first is not None else []
+        now = _now_ms()
+        return [a for msg in msgs for a in self._dispatch_guarded(msg, now)], len(msgs)
 
     def _settle(self, writer: TransactionWriter) -> None:
         """Wait for the transaction in flight; its offsets are then the committed ones."""
