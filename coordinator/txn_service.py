@@ -56,6 +56,8 @@ POLL_WAIT_S = 0.05
 # round trips whatever its size (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger
 # batches amortise them (1000 -> 4000: +15% msgs/s). Idle, a batch is whatever has arrived.
 MAX_BATCH = 4000
+# Fewer records than this read while a commit ran: read again once it has settled.
+REREAD_BELOW = 200
 COMMITTED_TIMEOUT_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
@@ -358,8 +360,9 @@ class TransactionService:
         waited = writer.in_flight
         actions, read = self._read(consumer, MAX_BATCH, 0 if waited else POLL_WAIT_S)
         self._settle(writer)
-        if waited and read < MAX_BATCH:
-            # What arrived meanwhile joins this transaction, not one a whole commit later.
+        if waited and read < REREAD_BELOW:
+            # What arrived meanwhile joins this transaction, not one a whole commit later
+            # (a light load; under a heavy one, reading now would not overlap any commit).
             actions += self._read(consumer, MAX_BATCH - read, 0)[0]
         now = _now_ms()
         for state in self.states.values():
