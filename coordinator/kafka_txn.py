@@ -209,8 +209,8 @@ class KafkaTransactions:
             self._call(what, end_txn, retry=_retry_in_place_unless_timed_out)
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
-            if err.code() != KafkaError._TIMED_OUT or err.fatal():
-                raise
+            if err.code() != KafkaError._TIMED_OUT or err.fatal() or err.txn_requires_abort():
+                raise  # an abortable timeout (a record's) was never an EndTxn sent
             self._renew(what, err)
             raise TransactionAborted(f"{what} timed out ({err.str()}); the transactional "
                                      f"producer was re-created") from exc

@@ -181,6 +181,14 @@ def test_a_timed_out_commit_re_creates_the_producer_and_replays(make_txn, caplog
     assert "re-creating transactional producer tid-1" in caplog.text
 
 
+def test_an_abortable_timeout_of_a_record_aborts_on_the_same_producer(make_txn):
+    txn = make_txn(commit=[kafka_exc(txn_requires_abort=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer is old and old.calls[-1] == "abort" and txn.renewals == 0
+
+
 def test_a_timed_out_abort_re_creates_the_producer_instead_of_stopping(make_txn):
     txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
                    abort=[kafka_exc(retriable=True)])
