@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
-	test-docker-full
+	test-docker-full test-group-protocol
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ test-docker: setup
 
 test-docker-full: setup
 	PY=$(PY) docker/test.sh full
+
+# The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
+test-group-protocol: setup
+	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
+		tests/integration/test_foundation.py $(GP_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
