@@ -105,6 +105,7 @@ class KafkaTransactions:
         self.who = who
         self.renewals = 0  # producers re-created after an EndTxn timed out
         self._init_due = False  # a re-created producer whose init failed
+        self._broken = False  # a fatal error met: the producer is unusable
         self._conf = client_conf(conf, who=who, forced={
             "transactional.id": transactional_id,
             "enable.idempotence": True,
@@ -179,7 +180,15 @@ class KafkaTransactions:
             self._abort(exc.args[0], exc)
 
     def close(self) -> None:
-        self.producer.flush(TXN_CALL_TIMEOUT_S)
+        """Deliver what is queued; after a fatal error drop it (it never would be). Never
+        raises: the error that ended the service stays the one reported."""
+        try:
+            if self._broken:
+                self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+            else:
+                self.producer.flush(TXN_CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("%s: closing producer %s: %r", self.who, self.transactional_id, exc)
 
     # -- internals -------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any,
@@ -228,6 +237,7 @@ class KafkaTransactions:
             self.init()
 
     def _fatal(self, what: str, err: KafkaError) -> FatalKafkaError:
+        self._broken = True
         return FatalKafkaError(
             f"{self.who}: {what}: {err.str()} (fatal: fenced by another instance with "
             f"transactional.id {self.transactional_id}, or the producer broke)", err)

@@ -267,3 +267,14 @@ def test_the_loop_stops_on_a_fatal_error_and_on_any_stop_flag():
     halt = threading.Event()
     halt.set()
     transactional_loop("test", fenced, lambda: None, threading.Event(), halt)
+
+
+def test_close_after_a_fatal_error_drops_the_queue_and_never_raises(make_txn):
+    # A flush of a fenced producer can only fail, and an error raised while closing would
+    # replace the one that ended the service in the exit line.
+    txn = make_txn(commit=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    with pytest.raises(FatalKafkaError):
+        run_one(txn)
+    txn.producer.flush = None  # would raise TypeError if called
+    txn.close()
+    assert txn.producer.calls[-1] == "purge"
