@@ -38,8 +38,21 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
     echo "$IMAGE"
     exit 0
 fi
+# A fresh machine has no debootstrap: install it as engine.sh installs docker.io.
+if ! command -v debootstrap >/dev/null && [[ "$(id -u)" == 0 ]] \
+        && command -v apt-get >/dev/null; then
+    echo "base: installing debootstrap" >&2
+    mkdir -p "$STATE_DIR"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap \
+        >"$STATE_DIR/apt.log" 2>&1 || {
+        apt-get update -q >>"$STATE_DIR/apt.log" 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            debootstrap >>"$STATE_DIR/apt.log" 2>&1 || true
+    }
+fi
 command -v debootstrap >/dev/null || {
-    echo "base: debootstrap is missing (apt-get install debootstrap)" >&2
+    echo "base: debootstrap is missing and could not be installed (apt-get install" \
+         "debootstrap; see $STATE_DIR/apt.log)" >&2
     exit 1
 }
 mkdir -p "$STATE_DIR/debs"
