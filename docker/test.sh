@@ -53,8 +53,11 @@ fi
 say "set-up took $((SECONDS - setup_started)) s"
 
 suite_started=$SECONDS
+# The compose scenario (marker compose) needs the compose plugin and the Spark image: full only.
+marker="containers and not compose"
+[[ "$MODE" == full ]] && marker=containers
 RMQ_REQUIRE=docker TESTCONTAINERS_RYUK_DISABLED=true \
-    "$PY" -m pytest -m containers tests/containers
+    "$PY" -m pytest -m "$marker" tests/containers
 if [[ "$MODE" == full ]]; then
     # The default run, its broker now the Kafka image under testcontainers.
     TESTCONTAINERS_RYUK_DISABLED=true "$PY" -m pytest
