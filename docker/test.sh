@@ -4,10 +4,10 @@
 # also on failure).
 #   docker/test.sh [quick|full]
 #   quick  engine (no compose plugin), the coordinator and Kafka images, then
-#          pytest -m containers tests/containers
+#          pytest -m "containers and not compose" tests/containers
 #   full   also the compose plugin (a Go build on a fresh machine), the Spark image and
-#          `compose config`, then the whole default run (`pytest`), its broker under
-#          testcontainers
+#          `compose config`, then tests/containers with the compose scenario and the whole
+#          default run (`pytest`), its broker under testcontainers
 # No engine to be had: one reason, exit 0; under RMQ_REQUIRE=docker a failure.
 # Shell, like engine.sh: it drives the engine script, the image builds and pytest.
 set -euo pipefail
