@@ -48,12 +48,15 @@ def _override(tmp: Path, data: Path) -> Path:
 
 
 @pytest.fixture
-def project(compose_images, tmp_path, announce) -> Iterator[tuple[ComposeProject, str, Path]]:
+def project(compose_images, tmp_path, announce,
+            request) -> Iterator[tuple[ComposeProject, str, Path]]:
     # 19092 as the compose file has it, unless something (a shared broker) holds it.
     port = HOST_PORT if port_free(HOST_PORT) else free_port()
     data = tmp_path / "spark-data"
     env = {"RMQ_KAFKA_IMAGE": compose_images["kafka"], "RMQ_KAFKA_HOST_PORT": str(port),
-           "RMQ_IMAGE_TAG": compose_images["coordinator"].rsplit(":", 1)[1]}
+           "RMQ_IMAGE_TAG": compose_images["coordinator"].rsplit(":", 1)[1],
+           # Pinned: the caller's environment must not move the stack off what is asserted.
+           "RMQ_TOPIC": TOPIC, "RMQ_SPARK_TOPICS": TOPIC, "RMQ_TOPIC_PREFIX": PREFIX}
     name = f"rmqcompose{uuid.uuid4().hex[:8]}"
     with ComposeProject(name, _override(tmp_path, data), env) as compose:
         started = time.monotonic()
@@ -64,11 +67,10 @@ def project(compose_images, tmp_path, announce) -> Iterator[tuple[ComposeProject
             raise
         announce(f"\ncompose: project {name}, {compose_images['kafka']} on 127.0.0.1:{port}, "
                  f"up --wait took {time.monotonic() - started:.0f} s")
-        try:
-            yield compose, f"127.0.0.1:{port}", data
-        except BaseException:
+        failed_before = request.session.testsfailed
+        yield compose, f"127.0.0.1:{port}", data
+        if request.session.testsfailed > failed_before:  # what the services said, before down
             announce(compose.logs())
-            raise
 
 
 @pytest.fixture(scope="module")
