@@ -116,9 +116,24 @@ prepare_kafka() {
     local context="$BUILD/kafka" libs
     libs="$(PYTHONPATH="$PWD" "$PYTHON" -c \
         'from rmq_semantics.embedded import kafka_classpath; print(kafka_classpath())')"
-    rm -rf "$context" && mkdir -p "$context"
+    rm -rf "$context" && mkdir -p "$context/bin"
     cp -r "${libs%/\*}" "$context/libs"
-    cp docker/kafka/entrypoint.sh docker/kafka/log4j2.properties "$context/"
+    # The tools jar alone: what it needs besides is on the broker's classpath already.
+    # An absolute directory: Maven resolves a relative one against the pom's own.
+    if ! mvn -q -B -s rmq_semantics/kafka/maven-settings.xml -f docker/kafka/tools-pom.xml \
+            dependency:copy-dependencies -DexcludeTransitive=true \
+            "-Dkafka.version=$KAFKA_VERSION" "-DoutputDirectory=$PWD/$context/libs" \
+            >"$BUILD/kafka-tools.mvn.log" 2>&1; then
+        tail -n 5 "$BUILD/kafka-tools.mvn.log" >&2
+        say "resolving kafka-tools $KAFKA_VERSION failed (full log: $BUILD/kafka-tools.mvn.log)"
+        return 1
+    fi
+    local tool
+    for tool in kafka-broker-api-versions.sh kafka-topics.sh; do
+        cp docker/kafka/kafka-tool.sh "$context/bin/$tool"
+    done
+    cp docker/kafka/entrypoint.sh docker/kafka/log4j2.properties \
+        docker/kafka/tools-log4j2.properties "$context/"
 }
 
 # What the project's wheel is built from. README.md (the wheel's long description) is left

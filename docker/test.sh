@@ -4,10 +4,10 @@
 # also on failure).
 #   docker/test.sh [quick|full]
 #   quick  engine (no compose plugin), the coordinator and Kafka images, then
-#          pytest -m containers tests/containers
+#          pytest -m "containers and not compose" tests/containers
 #   full   also the compose plugin (a Go build on a fresh machine), the Spark image and
-#          `compose config`, then the whole default run (`pytest`), its broker under
-#          testcontainers
+#          `compose config`, then tests/containers with the compose scenario and the whole
+#          default run (`pytest`), its broker under testcontainers
 # No engine to be had: one reason, exit 0; under RMQ_REQUIRE=docker a failure.
 # Shell, like engine.sh: it drives the engine script, the image builds and pytest.
 set -euo pipefail
@@ -53,8 +53,11 @@ fi
 say "set-up took $((SECONDS - setup_started)) s"
 
 suite_started=$SECONDS
+# The compose scenario (marker compose) needs the compose plugin and the Spark image: full only.
+marker="containers and not compose"
+[[ "$MODE" == full ]] && marker=containers
 RMQ_REQUIRE=docker TESTCONTAINERS_RYUK_DISABLED=true \
-    "$PY" -m pytest -m containers tests/containers
+    "$PY" -m pytest -m "$marker" tests/containers
 if [[ "$MODE" == full ]]; then
     # The default run, its broker now the Kafka image under testcontainers.
     TESTCONTAINERS_RYUK_DISABLED=true "$PY" -m pytest

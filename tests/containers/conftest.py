@@ -75,3 +75,37 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     finally:
         with contextlib.suppress(Exception):
             network.remove()
+
+
+@pytest.fixture(scope="session")
+def compose_images() -> dict[str, str]:
+    """The images docker/compose.yaml runs here (``make test-docker-full`` builds them), and
+    a compose plugin; skipped without them, a failure under RMQ_REQUIRE=docker."""
+    import subprocess
+
+    if not docker_answers():
+        _no_engine("no Docker engine answers (make test-docker-full sets one up)")
+    try:
+        version = subprocess.run(["docker", "compose", "version"], capture_output=True,
+                                 text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _no_engine(f"`docker compose version` failed: {exc}")
+    if version.returncode != 0:
+        _no_engine("no docker compose plugin (docker/engine.sh ensure builds it)")
+    import docker
+
+    images = {"coordinator": coordinator_image(),
+              "spark": coordinator_image().replace("-coordinator:", "-spark:")}
+    client = docker.from_env(timeout=10)
+    try:
+        for image in images.values():
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                _no_engine(f"no image {image} (make images builds it)")
+    finally:
+        client.close()
+    kafka, why_not = ensure_kafka_image()
+    if kafka is None:
+        _no_engine(why_not)
+    return {**images, "kafka": kafka}

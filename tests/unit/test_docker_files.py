@@ -102,7 +102,7 @@ def test_coordinator_env_names_are_ones_the_coordinator_reads(compose):
 def test_compose_runs_kafka_kraft_single_node_and_two_coordinators(compose):
     services = compose["services"]
     kafka = services["kafka"]
-    assert kafka["image"] == "apache/kafka:4.1.1"
+    assert kafka["image"] == "apache/kafka:4.1.1"  # the default stays the official image
     env = {k: str(v) for k, v in kafka["environment"].items()}
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller" and env["CLUSTER_ID"]
     for name in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
@@ -114,6 +114,37 @@ def test_compose_runs_kafka_kraft_single_node_and_two_coordinators(compose):
     assert "container_name" not in services["coordinator"]  # would clash with 2 replicas
     for name in ("coordinator", "spark"):
         assert services[name]["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+KAFKA_IMAGE_VARIABLE = "${RMQ_KAFKA_IMAGE:-apache/kafka:4.1.1}"
+
+
+def test_one_variable_picks_the_kafka_image_of_every_service_that_runs_it():
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]
+    kafka_services = sorted(n for n, s in raw.items() if "kafka" in s.get("image", ""))
+    assert kafka_services == ["kafka", "topics"]
+    assert {raw[n]["image"] for n in kafka_services} == {KAFKA_IMAGE_VARIABLE}
+    # The broker advertises the host port it is published on, both from one variable.
+    port = "${RMQ_KAFKA_HOST_PORT:-19092}"
+    assert f"HOST://127.0.0.1:{port}" in raw["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert raw["kafka"]["ports"] == [f"127.0.0.1:{port}:19092"]
+
+
+def test_the_kafka_tools_compose_runs_exist_in_our_kafka_image_too(compose):
+    """apache/kafka has every /opt/kafka/bin tool; our image only those images.sh installs
+    (kafka-tool.sh under each name), so each one the compose file runs must be among them."""
+    services = compose["services"]
+    used = set(re.findall(r"/opt/kafka/bin/([\w.-]+)",
+                          json.dumps([services["kafka"]["healthcheck"]["test"],
+                                      services["topics"]["entrypoint"]])))
+    assert used == {"kafka-broker-api-versions.sh", "kafka-topics.sh"}
+    installed = re.search(r"for tool in ([^;]+);", (DOCKER / "images.sh").read_text())
+    assert installed and used <= set(installed.group(1).split())
+    launcher = (DOCKER / "kafka" / "kafka-tool.sh").read_text()
+    assert all(re.search(rf"^\s+{re.escape(tool)}\) class=org\.apache\.kafka\.tools\.", launcher,
+                         re.M) for tool in used)
+    assert services["spark"]["depends_on"]["topics"]["condition"] == \
+        "service_completed_successfully"
 
 
 def test_coordinator_image_is_small_non_root_and_signal_friendly():
