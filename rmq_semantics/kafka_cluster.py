@@ -30,9 +30,9 @@ from rmq_semantics.embedded import (
     port_free,
 )
 from rmq_semantics.errors import EmbeddedKafkaError
+from rmq_semantics.topics import replication_for
 
-__all__ = ["CLUSTER_FILE", "ClusterNode", "EmbeddedCluster", "is_cluster_dir",
-           "replication_for"]
+__all__ = ["CLUSTER_FILE", "ClusterNode", "EmbeddedCluster", "is_cluster_dir"]
 
 CLUSTER_FILE = "cluster.json"
 # Three JVMs share 2 cores: 512 MiB each is plenty for test loads (the single node keeps 768m),
@@ -44,12 +44,6 @@ NODE_THREADS = {"num.network.threads": "2", "num.io.threads": "3",
                 "num.replica.fetchers": "1", "background.threads": "4",
                 "log.cleaner.threads": "1", "num.recovery.threads.per.data.dir": "1"}
 METADATA_POLL_S = 2.0
-
-
-def replication_for(brokers: int) -> tuple[int, int]:
-    """Replication factor and min ISR a cluster of ``brokers`` nodes gives its topics: three
-    copies, two of them needed for a write, on as many nodes as there are."""
-    return min(3, brokers), min(2, brokers)
 
 
 def is_cluster_dir(data_dir: Path) -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "is_system_topic",
     "list_topics",
     "refuse_system_destination",
+    "replication_for",
     "require_copartitioned",
     "txn_topic_specs",
 ]
@@ -223,22 +224,41 @@ def list_topics(conf: dict, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetada
     return _metadata(admin, watch, conf, "listing topics", timeout_s=timeout_s)
 
 
-def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]]) -> None:
+def replication_for(brokers: int, factor: int | None = None) -> tuple[int, int]:
+    """Replication factor and min ISR of a system topic on ``brokers`` brokers: ``factor``
+    copies (default three, or as many as there are brokers), of which two must take a write
+    (one when there is a single copy)."""
+    copies = factor if factor is not None else min(3, brokers)
+    return copies, min(2, copies)
+
+
+def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
+                  replicated: bool = False, replication_factor: int | None = None) -> None:
     """Create the topics in ``specs`` (name -> (partitions, configs)) that do not exist, and
-    return once the broker's metadata shows every one of them with all its partitions."""
+    return once the broker's metadata shows every one of them with all its partitions.
+
+    Without ``replicated`` the broker's defaults apply (a user's topic). With it (the system
+    topics) they get :func:`replication_for` the cluster's broker count and
+    ``replication_factor``, and ``min.insync.replicas`` unless their configs set it."""
     admin, watch = _admin(conf)
-    existing = _metadata(admin, watch, conf, "listing topics").topics
+    meta = _metadata(admin, watch, conf, "listing topics")
+    factor, min_isr = -1, None
+    if replicated:
+        factor, min_isr = replication_for(len(meta.brokers), replication_factor)
     missing = [
-        NewTopic(name, num_partitions=parts, replication_factor=-1, config=configs)
+        NewTopic(name, num_partitions=parts, replication_factor=factor,
+                 config={**({"min.insync.replicas": str(min_isr)} if min_isr else {}),
+                         **configs})
         for name, (parts, configs) in specs.items()
-        if name not in existing
+        if name not in meta.topics
     ]
     if not missing:
         return
     for name, future in admin.create_topics(missing, request_timeout=ADMIN_TIMEOUT_S).items():
         try:
             future.result(timeout=ADMIN_TIMEOUT_S)
-            log.info("created topic %s", name)
+            log.info("created topic %s (replication factor %s)", name,
+                     factor if replicated else "broker default")
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:

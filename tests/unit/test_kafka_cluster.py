@@ -5,7 +5,8 @@ import json
 import pytest
 
 from rmq_semantics.errors import EmbeddedKafkaError
-from rmq_semantics.kafka_cluster import EmbeddedCluster, replication_for
+from rmq_semantics.kafka_cluster import EmbeddedCluster
+from rmq_semantics.topics import replication_for
 
 
 @pytest.mark.parametrize(("brokers", "expected"), [(1, (1, 1)), (2, (2, 2)), (3, (3, 2)),
