@@ -1,12 +1,15 @@
 """The multi-node cluster's layout and node properties (no JVM is started)."""
 
+import concurrent.futures
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from rmq_semantics import topics as topics_module
 from rmq_semantics.errors import EmbeddedKafkaError
 from rmq_semantics.kafka_cluster import EmbeddedCluster
-from rmq_semantics.topics import replication_for
+from rmq_semantics.topics import ensure_topics, replication_for
 
 
 @pytest.mark.parametrize(("brokers", "expected"), [(1, (1, 1)), (2, (2, 2)), (3, (3, 2)),
@@ -49,3 +52,33 @@ def test_an_existing_cluster_keeps_its_layout_and_refuses_a_contradiction(tmp_pa
 def test_a_node_of_a_missing_cluster_is_one_clear_error(tmp_path):
     with pytest.raises(EmbeddedKafkaError, match="start one with --brokers N"):
         EmbeddedCluster(tmp_path / "none")
+
+
+class _FakeAdmin:
+    def __init__(self):
+        self.created = []
+
+    def create_topics(self, topics, request_timeout):
+        self.created += topics
+        done = concurrent.futures.Future()
+        done.set_result(None)
+        return {t.topic: done for t in topics}
+
+
+@pytest.mark.parametrize(("brokers", "override", "expected"),
+                         [(1, None, (1, "1")), (3, None, (3, "2")), (5, None, (3, "2")),
+                          (5, 5, (5, "2")), (3, 1, (1, "1"))])
+def test_system_topics_are_created_with_the_clusters_replication(monkeypatch, brokers, override,
+                                                                 expected):
+    admin = _FakeAdmin()
+    meta = SimpleNamespace(topics={}, brokers=dict.fromkeys(range(brokers)))
+    monkeypatch.setattr(topics_module, "_admin", lambda conf: (admin, None))
+    monkeypatch.setattr(topics_module, "_metadata", lambda *args, **kwargs: meta)
+    monkeypatch.setattr(topics_module, "_await_visible", lambda *args: None)
+    ensure_topics({}, {"sys": (2, {"cleanup.policy": "compact"})}, replicated=True,
+                  replication_factor=override)
+    ensure_topics({}, {"user": (1, {})})
+    system, user = admin.created
+    assert (system.replication_factor, system.config["min.insync.replicas"]) == expected
+    assert system.config["cleanup.policy"] == "compact"
+    assert user.replication_factor == -1 and "min.insync.replicas" not in user.config
