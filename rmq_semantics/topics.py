@@ -263,15 +263,25 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaOperationError.wrap(f"creating topic {name}", err) from exc
-    _await_visible(admin, watch, conf, {t.topic: specs[t.topic][0] for t in missing})
+    created = {t.topic: specs[t.topic][0] for t in missing}
+    _await_visible(admin, watch, conf, created)
+    # Each KRaft broker applies a new topic on its own: until all have, a client asking
+    # another broker (the next process's first metadata request) is told it does not exist.
+    for node in meta.brokers.values() if len(meta.brokers) > 1 else ():
+        one_broker = {**conf, "bootstrap.servers": f"{node.host}:{node.port}"}
+        _await_visible(*_admin(one_broker), one_broker, created, fresh_client=True)
 
 
 def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
-                   topics: dict[str, int]) -> None:
+                   topics: dict[str, int], fresh_client: bool = False) -> None:
     """A created topic is in the controller's log before the broker's metadata cache has it
-    (KRaft applies it asynchronously); wait until every partition has a leader."""
+    (KRaft applies it asynchronously); wait until every partition has a leader.
+    ``fresh_client``: ask through a new client each time, so the one broker ``conf``
+    bootstraps from answers (a client that knows the cluster asks any broker)."""
     deadline = time.monotonic() + ADMIN_TIMEOUT_S
     while True:
+        if fresh_client:
+            admin, watch = _admin(conf)
         meta = _metadata(admin, watch, conf, "reading metadata of new topics").topics
         waiting = [name for name, parts in topics.items()
                    if name not in meta or meta[name].error is not None

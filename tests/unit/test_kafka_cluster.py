@@ -71,10 +71,11 @@ class _FakeAdmin:
 def test_system_topics_are_created_with_the_clusters_replication(monkeypatch, brokers, override,
                                                                  expected):
     admin = _FakeAdmin()
-    meta = SimpleNamespace(topics={}, brokers=dict.fromkeys(range(brokers)))
+    meta = SimpleNamespace(topics={}, brokers={n: SimpleNamespace(host="h", port=n)
+                                              for n in range(brokers)})
     monkeypatch.setattr(topics_module, "_admin", lambda conf: (admin, None))
     monkeypatch.setattr(topics_module, "_metadata", lambda *args, **kwargs: meta)
-    monkeypatch.setattr(topics_module, "_await_visible", lambda *args: None)
+    monkeypatch.setattr(topics_module, "_await_visible", lambda *args, **kwargs: None)
     ensure_topics({}, {"sys": (2, {"cleanup.policy": "compact"})}, replicated=True,
                   replication_factor=override)
     ensure_topics({}, {"user": (1, {})})
