@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
-	test-docker-full test-cluster
+	test-docker-full test-group-protocol test-cluster
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ test-docker-full: setup
 # ports, broker kills mid-stream; excluded from `make test` by its marker.
 test-cluster: setup
 	$(PY) -m pytest -m cluster tests/cluster
+
+# The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
+test-group-protocol: setup
+	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
+		tests/integration/test_foundation.py $(GP_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

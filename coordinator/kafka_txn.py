@@ -92,6 +92,10 @@ def _retry_in_place(exc: BaseException) -> bool:
             and triage(exc.args[0]) is TxnErrorKind.RETRY)
 
 
+def _retry_in_place_unless_timed_out(exc: BaseException) -> bool:
+    return _retry_in_place(exc) and exc.args[0].code() != KafkaError._TIMED_OUT
+
+
 class KafkaTransactions:
     """Owns one transactional producer: :meth:`init` once, then one :meth:`transaction`
     per batch. ``conf`` is the coordinator's librdkafka conf (bootstrap, security...)."""
@@ -99,7 +103,10 @@ class KafkaTransactions:
     def __init__(self, conf: dict, transactional_id: str, *, who: str) -> None:
         self.transactional_id = transactional_id
         self.who = who
-        self.producer = confluent_kafka.Producer(client_conf(conf, who=who, forced={
+        self.renewals = 0  # producers re-created after an EndTxn timed out
+        self._init_due = False  # a re-created producer whose init failed
+        self._broken = False  # a fatal error met: the producer is unusable
+        self._conf = client_conf(conf, who=who, forced={
             "transactional.id": transactional_id,
             "enable.idempotence": True,
             "acks": "all",
@@ -112,7 +119,8 @@ class KafkaTransactions:
             # Delivery callbacks (the transaction writer's, to find a poison record) run
             # only for failed messages: nothing per record on the hot path.
             "delivery.report.only.error": True,
-        }))
+        })
+        self.producer = confluent_kafka.Producer(self._conf)
 
     def init(self, stop: threading.Event | None = None) -> None:
         """``init_transactions``: fences an older instance with the same transactional id
@@ -126,6 +134,7 @@ class KafkaTransactions:
             if triage(err) is TxnErrorKind.FATAL:
                 raise self._fatal(what, err) from exc
             raise KafkaOperationError.wrap(what, err) from exc
+        self._init_due = False
 
     @contextlib.contextmanager
     def transaction(self, offsets: Sequence[TopicPartition],
@@ -144,6 +153,8 @@ class KafkaTransactions:
     def body(self) -> Iterator[confluent_kafka.Producer]:
         """Begin a transaction; the ``with`` block produces into it. A failure aborts it
         (as :meth:`transaction`); the caller then calls :meth:`finish` to commit it."""
+        if self._init_due:
+            self.init()
         producer = self.producer
         try:
             producer.begin_transaction()
@@ -164,32 +175,69 @@ class KafkaTransactions:
         try:
             self._call("sending offsets", self.producer.send_offsets_to_transaction,
                        list(offsets), group_metadata)
-            self._call("committing", self.producer.commit_transaction)
+            self._end("committing", self.producer.commit_transaction)
         except KafkaException as exc:
             self._abort(exc.args[0], exc)
 
     def close(self) -> None:
-        self.producer.flush(TXN_CALL_TIMEOUT_S)
+        """Deliver what is queued; after a fatal error drop it (it never would be). Never
+        raises: the error that ended the service stays the one reported."""
+        try:
+            if self._broken:
+                self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+            else:
+                self.producer.flush(TXN_CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("%s: closing producer %s: %r", self.who, self.transactional_id, exc)
 
     # -- internals -------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any,
-              deadline_s: float | None = None, stop: threading.Event | None = None) -> None:
-        """``fn(*args, timeout)``; a RETRY error calls it again until ``deadline_s``
-        (default ``RETRY_DEADLINE_S``) or ``stop``."""
+              deadline_s: float | None = None, stop: threading.Event | None = None,
+              retry: Callable[[BaseException], bool] = _retry_in_place) -> None:
+        """``fn(*args, timeout)``; an error ``retry`` accepts (by default every RETRY one)
+        calls it again until ``deadline_s`` (default ``RETRY_DEADLINE_S``) or ``stop``."""
         deadline_s = RETRY_DEADLINE_S if deadline_s is None else deadline_s
         try:
             fn(*args, TXN_CALL_TIMEOUT_S)
             return
         except KafkaException as exc:
             # Outside the policy first: the hot path pays no tenacity bookkeeping.
-            if not _retry_in_place(exc):
+            if not retry(exc):
                 raise
             log.warning("%s: %s %s (retriable); retrying for up to %.0f s", self.who, what,
                         exc.args[0].str(), deadline_s)
-        policy = retrying(deadline_s, stop).copy(retry=retry_if_exception(_retry_in_place))
+        policy = retrying(deadline_s, stop).copy(retry=retry_if_exception(retry))
         policy(fn, *args, TXN_CALL_TIMEOUT_S)
 
+    def _end(self, what: str, end_txn: Callable[..., Any]) -> None:
+        """Commit or abort (EndTxn). One that timed out may leave this transaction's requests
+        in flight, and librdkafka lacks KIP-890's defence against them landing in the next
+        transaction (librdkafka #5423): a new producer, whose init bumps the epoch, fences
+        them. Raises TransactionAborted then: the caller replays."""
+        try:
+            self._call(what, end_txn, retry=_retry_in_place_unless_timed_out)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() != KafkaError._TIMED_OUT or err.fatal() or err.txn_requires_abort():
+                raise  # an abortable timeout (a record's) was never an EndTxn sent
+            self._renew(what, err)
+            raise TransactionAborted(f"{what} timed out ({err.str()}); the transactional "
+                                     f"producer was re-created") from exc
+
+    def _renew(self, what: str, err: KafkaError) -> None:
+        log.warning("%s: %s timed out (%s); re-creating transactional producer %s: its new "
+                    "epoch fences the old one's late requests", self.who, what, err.str(),
+                    self.transactional_id)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self.producer = confluent_kafka.Producer(self._conf)
+        self.renewals += 1
+        self._init_due = True
+        with contextlib.suppress(KafkaOperationError):  # the next body() tries again
+            self.init()
+
     def _fatal(self, what: str, err: KafkaError) -> FatalKafkaError:
+        self._broken = True
         return FatalKafkaError(
             f"{self.who}: {what}: {err.str()} (fatal: fenced by another instance with "
             f"transactional.id {self.transactional_id}, or the producer broke)", err)
@@ -200,7 +248,7 @@ class KafkaTransactions:
         log.warning("%s: transaction failed (%s); aborting and replaying from committed "
                     "offsets", self.who, err.str())
         try:
-            self._call("aborting", self.producer.abort_transaction)
+            self._end("aborting", self.producer.abort_transaction)
         except KafkaException as abort_exc:
             # The transaction's state is unknown: only a new producer (a restart) is safe.
             raise self._fatal("aborting", abort_exc.args[0]) from abort_exc

@@ -133,6 +133,7 @@ def _open_clients(conf: dict, group: str, transactional_id: str,
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
         "auto.offset.reset": "earliest",
+        "group.protocol": "classic",  # whatever --kafka-option says: range needs it
         "partition.assignment.strategy": "range",
         "session.timeout.ms": SESSION_TIMEOUT_MS,
         "fetch.wait.max.ms": 20,

@@ -327,7 +327,9 @@ class TransactionService:
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
             "group.id": self.topics.coordinator_group,
-            "partition.assignment.strategy": "range",  # half p and op p to the same member
+            # Range assignment gives half p and op p to the same member: classic protocol.
+            "group.protocol": "classic",
+            "partition.assignment.strategy": "range",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "isolation.level": "read_committed",

@@ -327,6 +327,12 @@ class EmbeddedKafka:
             "group.initial.rebalance.delay.ms": "0",
             # Tests shorten client session timeouts and need dead transactions aborted fast.
             "group.min.session.timeout.ms": "1000",
+            # The same for groups under KIP-848 (group.protocol=consumer), whose session and
+            # heartbeat the broker owns: tests' 6 s / 0.5 s instead of 45 s / 5 s.
+            "group.consumer.min.session.timeout.ms": "1000",
+            "group.consumer.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "500",
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             "log.flush.interval.messages": "9223372036854775807",
         }

@@ -21,6 +21,7 @@ import pytest
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.topics import ensure_topics
+from tests.group_protocol import GROUP_PROTOCOL
 from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
 
 # Spark's Python workers must be this interpreter (the venv has fastavro); the driver binds
@@ -48,11 +49,13 @@ class Broker:
 _BROKER_KIND = "none"
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    protocol = f"user consumer groups: group.protocol={GROUP_PROTOCOL}"
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
-        return f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}"
-    return ("kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
-            "answers, else embedded Apache Kafka")
+        return [f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}",
+                protocol]
+    return ["kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
+            "answers, else embedded Apache Kafka", protocol]
 
 
 def _announce(request: pytest.FixtureRequest, line: str) -> None:

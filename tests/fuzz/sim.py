@@ -168,6 +168,9 @@ class FakeProducer:
     def poll(self, timeout: float = 0) -> int:
         return 0
 
+    def purge(self, **_flags: bool) -> None:
+        self._records = None
+
 
 class FakeConsumer:
     """The coordinator's consumer over the half and Op partitions, in a random interleaving."""

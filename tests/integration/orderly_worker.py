@@ -25,6 +25,7 @@ import threading
 import time
 
 from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
+from tests.group_protocol import group_conf
 
 
 class ResultFile:
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             result.write("end", **fields)
         return ConsumeOrderlyStatus.SUCCESS
 
-    conf = {"bootstrap.servers": args.bootstrap_servers, "group.id": args.group,
-            "auto.offset.reset": "earliest", "session.timeout.ms": args.session_timeout_ms,
-            "heartbeat.interval.ms": 500}
+    conf = group_conf({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group,
+                       "auto.offset.reset": "earliest",
+                       "session.timeout.ms": args.session_timeout_ms,
+                       "heartbeat.interval.ms": 500})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = OrderlyConsumer(conf, listener=listener, lock_lease_ms=args.lock_lease_ms,

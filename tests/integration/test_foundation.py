@@ -11,6 +11,7 @@ import pytest
 from rmq_semantics import Consumer, Message, Producer, SystemTopicError
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.topics import ensure_topics
+from tests.group_protocol import group_conf
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +36,8 @@ def test_produce_consume_round_trip_keeps_key_value_headers(broker, make_topic, 
     with Producer(broker.conf()) as producer:
         result = producer.send(Message(topic, b"hello", key="k1", headers={"h": "v"}))
     assert result.topic == topic and result.offset == 0
-    with Consumer(broker.conf(**{"group.id": unique("g"),
-                                 "auto.offset.reset": "earliest"})) as consumer:
+    with Consumer(group_conf(broker.conf(**{"group.id": unique("g"),
+                                            "auto.offset.reset": "earliest"}))) as consumer:
         consumer.subscribe([topic])
         [msg] = drain(consumer, 1)
     assert (msg.key(), msg.value(), msg.headers()) == (b"k1", b"hello", [("h", b"v")])
@@ -52,7 +53,8 @@ def test_pattern_subscription_never_yields_system_topic_records(broker, make_top
             producer.produce(system, f"sys-{i}".encode())
         producer.produce(business, b"biz")
         producer.flush(10)
-    with Consumer(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest"}),
+    with Consumer(group_conf(broker.conf(**{"group.id": unique("g"),
+                                            "auto.offset.reset": "earliest"})),
                   topic_prefix=prefix) as consumer:
         consumer.subscribe([f"^{prefix}.*"])
         got = drain(consumer, 1)
@@ -67,7 +69,7 @@ def test_pattern_subscription_never_yields_system_topic_records(broker, make_top
 
 
 def test_default_prefix_system_topic_is_refused_by_name(broker, unique):
-    consumer = Consumer(broker.conf(**{"group.id": unique("g")}))
+    consumer = Consumer(group_conf(broker.conf(**{"group.id": unique("g")})))
     try:
         with pytest.raises(SystemTopicError, match="__rmq_op"):
             consumer.subscribe(["__rmq_op"])
@@ -90,7 +92,8 @@ def test_broker_stop_start_keeps_committed_data(tmp_path, unique):
         assert broker.running_pid() is None
         assert broker.start() == bootstrap
         group = unique("g")
-        with Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest"}) as c:
+        with Consumer(group_conf({**conf, "group.id": group,
+                                  "auto.offset.reset": "earliest"})) as c:
             c.subscribe([topic])
             got = drain(c, 10)
         assert [m.value() for m in got] == [f"v{i}".encode() for i in range(10)]

@@ -41,6 +41,7 @@ from rmq_semantics.orderly import (
 )
 from rmq_semantics.records.codec import decode_lock_state
 from rmq_semantics.topics import SystemTopics, ensure_topics
+from tests.group_protocol import group_conf
 
 pytestmark = pytest.mark.integration
 
@@ -165,9 +166,9 @@ class Journal:
 
 
 def orderly_conf(broker, group: str) -> dict:
-    return broker.conf(**{"group.id": group, "auto.offset.reset": "earliest",
-                          "session.timeout.ms": SESSION_TIMEOUT_MS,
-                          "heartbeat.interval.ms": 500})
+    return group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest",
+                                     "session.timeout.ms": SESSION_TIMEOUT_MS,
+                                     "heartbeat.interval.ms": 500}))
 
 
 def start_consumer(broker, group: str, topic: str, prefix: str, listener, name: str,
@@ -680,9 +681,10 @@ def test_lock_client_and_dlq_producer_connect_with_the_consumers_oauth_cb_and_tl
     try:
         # Processing needs the queue lock (the lock client's producer and consumer); the
         # poison message needs the DLQ producer; the commits need the consumer.
-        with OrderlyConsumer({**security, "group.id": group, "auto.offset.reset": "earliest",
-                              "session.timeout.ms": SESSION_TIMEOUT_MS,
-                              "heartbeat.interval.ms": 500},
+        with OrderlyConsumer(group_conf({**security, "group.id": group,
+                                         "auto.offset.reset": "earliest",
+                                         "session.timeout.ms": SESSION_TIMEOUT_MS,
+                                         "heartbeat.interval.ms": 500}),
                              listener=listener, max_reconsume_times=0, lock_lease_ms=LEASE_MS,
                              lock_renew_ms=RENEW_MS, topic_prefix=prefix) as consumer:
             consumer.subscribe([topic])

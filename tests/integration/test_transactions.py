@@ -19,6 +19,7 @@ from rmq_semantics.tools.admin import list_discarded
 from tests.integration.txn_helpers import (
     FAST,
     REPO,
+    CoordinatorProcess,
     ScriptedListener,
     ThreadCoordinator,
     TopicReader,
@@ -308,3 +309,44 @@ def test_two_coordinators_split_partitions_and_promote_each_once(broker, make_to
         assert _sample(one, "rmq_promotions_total") > 0 and _sample(two, "rmq_promotions_total") > 0
     counts = Counter(m.value() for m in read_to_end(conf, topic, 2))
     assert len(counts) == 500 and set(counts.values()) == {1}
+
+
+def test_a_second_coordinator_with_the_same_instance_id_fences_the_first_which_exits_1(
+        broker, make_topic, unique, tmp_path):
+    # Two live processes with one instance id share transactional ids: the newer one's
+    # init_transactions fences the older, which must stop with one line, not flap.
+    prefix = unique("f").replace("-", "")
+    topic = make_topic("fence", partitions=2)
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    conf = broker.conf()
+    first = CoordinatorProcess(broker.bootstrap, tmp_path / "first.log", topic_prefix=prefix,
+                               instance_id="twin")
+    second = None
+    sent: list[int] = []
+    try:
+        first.wait_ready()
+        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                 topic_prefix=prefix, half_partitions=4) as producer:
+            _send_all(producer, topic, 100, sent)
+            second = CoordinatorProcess(broker.bootstrap, tmp_path / "second.log",
+                                        topic_prefix=prefix, instance_id="twin")
+            second.wait_ready()
+            # The first learns it was fenced at its next Kafka transaction.
+            while first.poll() is None and len(sent) < 5000:
+                producer.send_message_in_transaction(
+                    Message(topic, f"m{len(sent)}".encode(), key=f"k{len(sent) % 50}"))
+                sent.append(len(sent))
+        assert first.wait(60) == 1
+        stopped = [line for line in first.log.splitlines() if "coordinator stopped:" in line]
+        assert len(stopped) == 1 and "fenced" in stopped[0] and "-twin" in stopped[0], \
+            first.log[-2000:]
+        reader = TopicReader(conf, topic, 2)
+        reader.read_until(lambda r: len(r) >= len(sent), 90, "every promotion by the second")
+        reader.close()
+        assert second.poll() is None  # the newer one goes on
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+    counts = Counter(m.value() for m in read_to_end(conf, topic, 2))
+    assert len(counts) == len(sent) and set(counts.values()) == {1}

@@ -82,6 +82,9 @@ class ScriptedProducer:
     def flush(self, timeout: float) -> int:
         return 0
 
+    def purge(self, **_kwargs: bool) -> None:
+        self.calls.append("purge")
+
 
 @pytest.fixture
 def make_txn(monkeypatch):
@@ -99,6 +102,7 @@ def make_txn(monkeypatch):
 
 
 OFFSETS = [TopicPartition("t", 0, 5)]
+NOT_COORDINATOR = KafkaError.NOT_COORDINATOR
 
 
 def run_one(txn: KafkaTransactions, body=None) -> list[str]:
@@ -121,7 +125,7 @@ def test_a_clean_transaction_is_begin_produce_offsets_commit(make_txn):
 
 
 def test_retriable_commit_errors_retry_the_commit_only(make_txn):
-    txn = make_txn(commit=[kafka_exc(retriable=True), kafka_exc(retriable=True)])
+    txn = make_txn(commit=[kafka_exc(NOT_COORDINATOR, retriable=True)] * 2)
     assert run_one(txn) == ["begin", "produce", "offsets", "commit", "commit", "commit"]
 
 
@@ -139,7 +143,7 @@ def test_an_abortable_error_aborts_and_raises_transaction_aborted(make_txn):
 
 def test_a_retriable_error_past_its_deadline_aborts(make_txn, monkeypatch):
     monkeypatch.setattr(kafka_txn, "RETRY_DEADLINE_S", 0.0)
-    txn = make_txn(commit=[kafka_exc(retriable=True)] * 3)
+    txn = make_txn(commit=[kafka_exc(NOT_COORDINATOR, retriable=True)] * 3)
     with pytest.raises(TransactionAborted):
         run_one(txn)
     assert txn.producer.calls[-1] == "abort" and "commit" in txn.producer.calls
@@ -154,14 +158,55 @@ def test_a_fatal_error_raises_fatal_without_aborting(make_txn):
 
 def test_a_failed_abort_is_fatal_and_a_retriable_one_is_retried(make_txn):
     txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
-                   abort=[kafka_exc(retriable=True)])
+                   abort=[kafka_exc(NOT_COORDINATOR, retriable=True)])
     with pytest.raises(TransactionAborted):
         run_one(txn)
     assert txn.producer.calls[-2:] == ["abort", "abort"]
 
-    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)], abort=[kafka_exc()])
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
+                   abort=[kafka_exc(KafkaError._STATE)])
     with pytest.raises(FatalKafkaError, match="aborting"):
         run_one(txn)
+
+
+def test_a_timed_out_commit_re_creates_the_producer_and_replays(make_txn, caplog):
+    # librdkafka #5423: only a new epoch fences the timed-out transaction's late requests.
+    txn = make_txn(commit=[kafka_exc(retriable=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted, match="re-created"):
+        run_one(txn)
+    assert old.calls == ["begin", "produce", "offsets", "commit", "purge"]  # no retry/abort
+    assert txn.producer is not old and txn.producer.calls == ["init"]
+    assert txn.renewals == 1
+    assert "re-creating transactional producer tid-1" in caplog.text
+
+
+def test_an_abortable_timeout_of_a_record_aborts_on_the_same_producer(make_txn):
+    txn = make_txn(commit=[kafka_exc(txn_requires_abort=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer is old and old.calls[-1] == "abort" and txn.renewals == 0
+
+
+def test_a_timed_out_abort_re_creates_the_producer_instead_of_stopping(make_txn):
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
+                   abort=[kafka_exc(retriable=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert old.calls[-2:] == ["abort", "purge"] and txn.producer is not old and txn.renewals == 1
+
+
+def test_a_re_created_producer_whose_init_failed_is_initialised_by_the_next_body(make_txn):
+    txn = make_txn(commit=[kafka_exc(retriable=True)],
+                   init=[kafka_exc(KafkaError.INVALID_CONFIG)])
+    txn.producer.errors["init"] = []  # the first producer initialises; its successor fails
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls == ["init"]
+    txn.producer.errors["commit"] = []
+    assert run_one(txn) == ["init", "init", "begin", "produce", "offsets", "commit"]
 
 
 def test_a_full_local_queue_aborts_and_replays(make_txn):
@@ -222,3 +267,14 @@ def test_the_loop_stops_on_a_fatal_error_and_on_any_stop_flag():
     halt = threading.Event()
     halt.set()
     transactional_loop("test", fenced, lambda: None, threading.Event(), halt)
+
+
+def test_close_after_a_fatal_error_drops_the_queue_and_never_raises(make_txn):
+    # A flush of a fenced producer can only fail, and an error raised while closing would
+    # replace the one that ended the service in the exit line.
+    txn = make_txn(commit=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    with pytest.raises(FatalKafkaError):
+        run_one(txn)
+    txn.producer.flush = None  # would raise TypeError if called
+    txn.close()
+    assert txn.producer.calls[-1] == "purge"

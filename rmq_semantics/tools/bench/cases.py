@@ -109,6 +109,13 @@ def _orderly(ctx: BenchContext) -> dict:
                          dataclasses.replace(ctx.s, repeat=1))
 
 
+def _stall(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.stall import bench_stall
+
+    return {"stall_no_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=False),
+            "stall_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=True)}
+
+
 def _spark(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.spark import SparkBench
 
@@ -123,7 +130,7 @@ def _spark(ctx: BenchContext) -> dict:
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
     "threads": _threads, "copier": _copier, "coordinators": _coordinators,
-    "orderly": _orderly, "spark": _spark}
+    "orderly": _orderly, "stall": _stall, "spark": _spark}
 CASES = tuple(CASE_RUNS)
 
 

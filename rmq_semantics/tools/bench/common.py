@@ -40,11 +40,14 @@ class BenchSettings:
     latency_threads: int = 16
     # Seconds of /proc/stat sampled before and after each case run (the machine's load).
     load_sample_s: float = 1.0
+    # The stall case's kills per run until one finds a transaction open.
+    stall_attempts: int = 5
 
     @classmethod
     def quick(cls) -> BenchSettings:
         return cls(count=20000, latency_seconds=5.0, repeat=2, check_messages=100,
-                   thread_counts=(1, 8), calls_per_thread=20, load_sample_s=0.5)
+                   thread_counts=(1, 8), calls_per_thread=20, load_sample_s=0.5,
+                   stall_attempts=1)
 
 
 def percentile(values: list[float], q: float) -> float:

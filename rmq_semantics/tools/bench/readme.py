@@ -113,6 +113,16 @@ def _threads_rows(r: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    if r.get("stall_no_restart_s") is None and r.get("stall_restart_s") is None:
+        return []  # a results file from before the case
+    label = "read_committed reader of a business topic held back by a SIGKILLed coordinator"
+    return [("stall", f"{label}, none started again",
+             _fig(r.get("stall_no_restart_s"), _x, " s"), ""),
+            ("stall", f"{label}, a new one started at once",
+             _fig(r.get("stall_restart_s"), _x, " s"), "")]
+
+
 def _rows(r: dict) -> list[tuple[str, str, str, str]]:
     """(case, label, result, goal) for every figure in ``r``."""
     g = r.get
@@ -159,6 +169,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
          _goal(f"≥ {GOAL_ORDERLY}{TIMES} plain", _at_least(g("orderly_ratio"), GOAL_ORDERLY))),
         ("orderly", "takeover after SIGKILL of the lock holder",
          _fig(g("takeover_s"), _x, " s"), ""),
+        *_stall_rows(r),
         ("spark", "Spark job on a promoted topic against a plain one",
          _fig(g("spark_ratio"), _x, TIMES),
          _goal(f"≥ {GOAL_SPARK}{TIMES} every run",
