@@ -98,12 +98,17 @@ def resolve_maven_jars(pom: Path, target: Path, what: str,
     return target
 
 
-def kafka_classpath(version: str | None = None) -> str:
-    """The jars of Apache Kafka ``version`` (default: the pom's), resolved once per version."""
-    version = version or kafka_version()
+def checked_version(version: str) -> str:
+    """``version`` if it names a release (it becomes a Maven property and a cache dir)."""
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise EmbeddedKafkaError(f"--version {version!r}: want an Apache Kafka release such "
                                  "as 4.1.1")
+    return version
+
+
+def kafka_classpath(version: str | None = None) -> str:
+    """The jars of Apache Kafka ``version`` (default: the pom's), resolved once per version."""
+    version = checked_version(version or kafka_version())
     libs = resolve_maven_jars(_pom(), cache_dir() / f"kafka-{version}" / "libs",
                               f"Apache Kafka {version}", [f"-Dkafka.version={version}"])
     return str(libs / "*")

@@ -25,6 +25,7 @@ from rmq_semantics.embedded import (
     STOP_TIMEOUT_S,
     EmbeddedKafka,
     _cluster_id,
+    checked_version,
     free_port,
     kafka_version,
     port_free,
@@ -135,7 +136,7 @@ class EmbeddedCluster:
                                      "missing); start one with --brokers N")
         ports = ([port + i for i in range(brokers)] if port is not None
                  else [free_port() for _ in range(brokers)])
-        return {"brokers": brokers, "version": version or kafka_version(),
+        return {"brokers": brokers, "version": checked_version(version or kafka_version()),
                 "cluster_id": _cluster_id(),
                 "nodes": [{"id": i + 1, "port": p, "controller_port": free_port()}
                           for i, p in enumerate(ports)]}
