@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
-	test-docker-full test-group-protocol
+	test-docker-full test-group-protocol test-cluster
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ test-docker: setup
 
 test-docker-full: setup
 	PY=$(PY) docker/test.sh full
+
+# The cluster suite (tests/cluster): a 3-node KRaft cluster of the embedded jars on free
+# ports, broker kills mid-stream; excluded from `make test` by its marker.
+test-cluster: setup
+	$(PY) -m pytest -m cluster tests/cluster
 
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup

@@ -287,7 +287,8 @@ class LockService:
     def _startup(self, stop: threading.Event) -> None:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
-                ensure_topics(self.conf, lock_topic_specs(self.settings))
+                ensure_topics(self.conf, lock_topic_specs(self.settings), replicated=True,
+                              replication_factor=self.settings.system_replication_factor)
         requests = topic_partition_count(self.conf, self.topics.lock_request)
         state = topic_partition_count(self.conf, self.topics.lock)
         replies = topic_partition_count(self.conf, self.topics.lock_reply)

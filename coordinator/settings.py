@@ -31,6 +31,9 @@ class CoordinatorSettings:
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
     half_partitions: int = setting(8, "partitions of the half/op (and lock) topics")
     check_partitions: int = setting(8, "partitions of the check-request topic")
+    system_replication_factor: int | None = setting(
+        None, "replication factor of the system topics this creates, min ISR min(2, it) "
+              "(default: min(3, brokers in the cluster))")
     instance_id: str = setting("", "stable id of this instance (default: random); reusing "
                                    "it after a crash fences the old process at once")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics and /healthz on this "
@@ -59,6 +62,8 @@ class CoordinatorSettings:
                               f"lock_lease_ms={self.lock_lease_ms}")
         if self.reappend_horizon_ms is not None:
             positive("reappend_horizon_ms")
+        if self.system_replication_factor is not None:
+            positive("system_replication_factor")
         validate_prefix(self.topic_prefix)
         port = self.metrics_port
         if port is not None and (isinstance(port, bool) or not isinstance(port, int)

@@ -312,7 +312,8 @@ class TransactionService:
         # A broker that is still starting is waited for; a wrong setting fails at once.
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
-                ensure_topics(self.conf, system_topic_specs(self.settings))
+                ensure_topics(self.conf, system_topic_specs(self.settings), replicated=True,
+                              replication_factor=self.settings.system_replication_factor)
                 self._markers = load_verifier(self.conf, self.settings, self._marker_key,
                                               self.instance_id)
         require_copartitioned(self.conf, self.topics.half, self.topics.op)

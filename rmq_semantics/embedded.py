@@ -49,6 +49,7 @@ def _pom() -> Path:
 
 
 def kafka_version() -> str:
+    """The Apache Kafka release the pom pins: the default of ``--version``."""
     match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom().read_text())
     if not match:
         raise EmbeddedKafkaError(f"{_pom()} does not pin <kafka.version>")
@@ -64,7 +65,8 @@ def cache_dir() -> Path:
     return Path(xdg) / "rmq-semantics"
 
 
-def resolve_maven_jars(pom: Path, target: Path, what: str) -> Path:
+def resolve_maven_jars(pom: Path, target: Path, what: str,
+                       properties: list[str] | None = None) -> Path:
     """Copy the runtime dependencies of ``pom`` into ``target`` once, atomically."""
     if target.is_dir() and any(target.glob("*.jar")):
         return target
@@ -79,7 +81,7 @@ def resolve_maven_jars(pom: Path, target: Path, what: str) -> Path:
     log.info("resolving %s jars from Maven Central into %s", what, target)
     settings = Path(str(resources.files("rmq_semantics") / "kafka" / "maven-settings.xml"))
     cmd = [mvn, "-q", "-B", "-s", str(settings), "-f", str(pom), "dependency:copy-dependencies",
-           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]
+           f"-DoutputDirectory={partial}", "-DincludeScope=runtime", *(properties or [])]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
@@ -96,9 +98,19 @@ def resolve_maven_jars(pom: Path, target: Path, what: str) -> Path:
     return target
 
 
-def kafka_classpath() -> str:
-    libs = resolve_maven_jars(_pom(), cache_dir() / f"kafka-{kafka_version()}" / "libs",
-                              "Apache Kafka")
+def checked_version(version: str) -> str:
+    """``version`` if it names a release (it becomes a Maven property and a cache dir)."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise EmbeddedKafkaError(f"--version {version!r}: want an Apache Kafka release such "
+                                 "as 4.1.1")
+    return version
+
+
+def kafka_classpath(version: str | None = None) -> str:
+    """The jars of Apache Kafka ``version`` (default: the pom's), resolved once per version."""
+    version = checked_version(version or kafka_version())
+    libs = resolve_maven_jars(_pom(), cache_dir() / f"kafka-{version}" / "libs",
+                              f"Apache Kafka {version}", [f"-Dkafka.version={version}"])
     return str(libs / "*")
 
 
@@ -178,6 +190,7 @@ class EmbeddedKafka:
     heap: str = DEFAULT_HEAP
     sasl_users: dict[str, str] | None = None
     acls: bool = False
+    version: str | None = None  # the Apache Kafka release; None: the pom's
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser().resolve()
@@ -232,15 +245,24 @@ class EmbeddedKafka:
         if self.running_pid() is not None:
             self.port = state["port"]
             return self.bootstrap
+        proc = self.launch()
+        try:
+            self._await_ready(proc, timeout_s)
+        except BaseException:
+            self._kill(proc.pid)
+            raise
+        return self.bootstrap
+
+    def launch(self) -> subprocess.Popen:
+        """Format the data dir if new and spawn the broker, without waiting for it."""
+        state = self._read_state()
         self.port = self.port or state.get("port") or DEFAULT_PORT
         if not port_free(self.port):
             raise EmbeddedKafkaError(f"port {self.port} on 127.0.0.1 is already in use; "
                                      "stop whatever listens there or pass --port")
-        controller_port = state.get("controller_port")
-        if not controller_port or not port_free(controller_port):
-            controller_port = free_port()
+        controller_port = self._controller_port(state)
         java = java_executable()
-        classpath = kafka_classpath()
+        classpath = kafka_classpath(self.version)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         props = self._write_properties(controller_port)
         self._format_storage(java, classpath, props)
@@ -252,7 +274,7 @@ class EmbeddedKafka:
         cmd = [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
                "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
                "-XX:+ExplicitGCInvokesConcurrent",
-               "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+               "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true", *self._jvm_extra(),
                f"-Dkafka.logs.dir={self.data_dir}",
                f"-Dlog4j2.configurationFile={log4j}",
                "-cp", classpath, "kafka.Kafka", str(props)]
@@ -261,14 +283,28 @@ class EmbeddedKafka:
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self._state_file.write_text(json.dumps(
             {"pid": proc.pid, "port": self.port, "controller_port": controller_port}))
-        try:
-            self._await_ready(proc, timeout_s)
-        except BaseException:
-            self._kill(proc.pid)
-            raise
-        return self.bootstrap
+        return proc
+
+    # Hooks a node of a multi-node cluster (rmq_semantics/kafka_cluster.py) overrides.
+    def _controller_port(self, state: dict) -> int:
+        controller_port = state.get("controller_port")
+        if not controller_port or not port_free(controller_port):
+            controller_port = free_port()
+        return controller_port
+
+    def _jvm_extra(self) -> list[str]:
+        return []
+
+    def _new_cluster_id(self) -> str:
+        return _cluster_id()
 
     def _write_properties(self, controller_port: int) -> Path:
+        path = self.data_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in
+                                self._properties(controller_port).items()))
+        return path
+
+    def _properties(self, controller_port: int) -> dict[str, str]:
         listener = "SASL_PLAINTEXT" if self.sasl_users else "PLAINTEXT"
         lines = {
             "process.roles": "broker,controller",
@@ -319,9 +355,7 @@ class EmbeddedKafka:
                     "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
                 lines["super.users"] = f"User:{admin_user};User:ANONYMOUS"
                 lines["allow.everyone.if.no.acl.found"] = "true"
-        path = self.data_dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
-        return path
+        return lines
 
     def _format_storage(self, java: str, classpath: str, props: Path) -> None:
         meta = self._log_dir / "meta.properties"
@@ -333,7 +367,7 @@ class EmbeddedKafka:
                     f"({meta} is missing or has no cluster.id); remove it or choose "
                     "another --data-dir")
             return
-        cluster_id = _cluster_id()
+        cluster_id = self._new_cluster_id()
         cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
                "-t", cluster_id, "-c", str(props), "--ignore-formatted"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

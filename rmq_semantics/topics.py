@@ -27,6 +27,7 @@ __all__ = [
     "is_system_topic",
     "list_topics",
     "refuse_system_destination",
+    "replication_for",
     "require_copartitioned",
     "txn_topic_specs",
 ]
@@ -223,35 +224,64 @@ def list_topics(conf: dict, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetada
     return _metadata(admin, watch, conf, "listing topics", timeout_s=timeout_s)
 
 
-def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]]) -> None:
+def replication_for(brokers: int, factor: int | None = None) -> tuple[int, int]:
+    """Replication factor and min ISR of a system topic on ``brokers`` brokers: ``factor``
+    copies (default three, or as many as there are brokers), of which two must take a write
+    (one when there is a single copy)."""
+    copies = factor if factor is not None else min(3, brokers)
+    return copies, min(2, copies)
+
+
+def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
+                  replicated: bool = False, replication_factor: int | None = None) -> None:
     """Create the topics in ``specs`` (name -> (partitions, configs)) that do not exist, and
-    return once the broker's metadata shows every one of them with all its partitions."""
+    return once the broker's metadata shows every one of them with all its partitions.
+
+    Without ``replicated`` the broker's defaults apply (a user's topic). With it (the system
+    topics) they get :func:`replication_for` the cluster's broker count and
+    ``replication_factor``, and ``min.insync.replicas`` unless their configs set it."""
     admin, watch = _admin(conf)
-    existing = _metadata(admin, watch, conf, "listing topics").topics
+    meta = _metadata(admin, watch, conf, "listing topics")
+    factor, min_isr = -1, None
+    if replicated:
+        factor, min_isr = replication_for(len(meta.brokers), replication_factor)
     missing = [
-        NewTopic(name, num_partitions=parts, replication_factor=-1, config=configs)
+        NewTopic(name, num_partitions=parts, replication_factor=factor,
+                 config={**({"min.insync.replicas": str(min_isr)} if min_isr else {}),
+                         **configs})
         for name, (parts, configs) in specs.items()
-        if name not in existing
+        if name not in meta.topics
     ]
     if not missing:
         return
     for name, future in admin.create_topics(missing, request_timeout=ADMIN_TIMEOUT_S).items():
         try:
             future.result(timeout=ADMIN_TIMEOUT_S)
-            log.info("created topic %s", name)
+            log.info("created topic %s (replication factor %s)", name,
+                     factor if replicated else "broker default")
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaOperationError.wrap(f"creating topic {name}", err) from exc
-    _await_visible(admin, watch, conf, {t.topic: specs[t.topic][0] for t in missing})
+    created = {t.topic: specs[t.topic][0] for t in missing}
+    _await_visible(admin, watch, conf, created)
+    # Each KRaft broker applies a new topic on its own: until all have, a client asking
+    # another broker (the next process's first metadata request) is told it does not exist.
+    for node in meta.brokers.values() if len(meta.brokers) > 1 else ():
+        one_broker = {**conf, "bootstrap.servers": f"{node.host}:{node.port}"}
+        _await_visible(*_admin(one_broker), one_broker, created, fresh_client=True)
 
 
 def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
-                   topics: dict[str, int]) -> None:
+                   topics: dict[str, int], fresh_client: bool = False) -> None:
     """A created topic is in the controller's log before the broker's metadata cache has it
-    (KRaft applies it asynchronously); wait until every partition has a leader."""
+    (KRaft applies it asynchronously); wait until every partition has a leader.
+    ``fresh_client``: ask through a new client each time, so the one broker ``conf``
+    bootstraps from answers (a client that knows the cluster asks any broker)."""
     deadline = time.monotonic() + ADMIN_TIMEOUT_S
     while True:
+        if fresh_client:
+            admin, watch = _admin(conf)
         meta = _metadata(admin, watch, conf, "reading metadata of new topics").topics
         waiting = [name for name, parts in topics.items()
                    if name not in meta or meta[name].error is not None

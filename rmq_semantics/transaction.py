@@ -155,7 +155,7 @@ class TransactionProducer:
         # discard topic is the coordinator's alone.
         specs = txn_topic_specs(self.topics, self._half_partitions, self._check_partitions)
         ensure_topics(self._conf, {t: specs[t] for t in (self.topics.half, self.topics.op,
-                                                         self.topics.check)})
+                                                         self.topics.check)}, replicated=True)
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
         self._producer = confluent_kafka.Producer(self._conf)

@@ -263,7 +263,8 @@ def test_the_client_and_the_coordinator_create_the_transactional_topics_alike():
 def test_transaction_producer_start_creates_its_topics_with_the_shared_specs(monkeypatch):
     created: dict = {}
 
-    def capture(conf, specs):
+    def capture(conf, specs, *, replicated=False, replication_factor=None):
+        assert replicated, "system topics are created replicated"
         created.update(specs)
         raise RuntimeError("stop here")
 
