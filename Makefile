@@ -57,7 +57,7 @@ test-docker-full: setup
 # The cluster suite (tests/cluster): a 3-node KRaft cluster of the embedded jars on free
 # ports, broker kills mid-stream; excluded from `make test` by its marker.
 test-cluster: setup
-	$(PY) -m pytest -m cluster tests/cluster
+	$(PY) -m pytest -m cluster tests/cluster $(CLUSTER_ARGS)
 
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup
