@@ -4,7 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
-	test-docker-full test-group-protocol test-cluster
+	test-docker-full test-group-protocol test-cluster \
+	test-matrix
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +59,16 @@ test-docker-full: setup
 # ports, broker kills mid-stream; excluded from `make test` by its marker.
 test-cluster: setup
 	$(PY) -m pytest -m cluster tests/cluster $(CLUSTER_ARGS)
+
+# The transactional and orderly suites on each Kafka release we support (the embedded jars
+# of each, resolved from Maven Central once): the pinned default and the oldest line, 3.9.
+KAFKA_VERSIONS ?= 4.1.1 3.9.2
+test-matrix: setup
+	@for v in $(KAFKA_VERSIONS); do \
+		echo "test-matrix: Apache Kafka $$v"; \
+		RMQ_TEST_KAFKA_VERSION=$$v $(PY) -m pytest tests/integration/test_transactions.py \
+			tests/integration/test_orderly.py $(MATRIX_ARGS) || exit 1; \
+	done
 
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup

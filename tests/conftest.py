@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.topics import ensure_topics
 from tests.group_protocol import GROUP_PROTOCOL
 from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
@@ -70,7 +70,10 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
         yield Broker(os.environ["RMQ_BOOTSTRAP_SERVERS"], "existing")
         return
-    if docker_answers():
+    # The version matrix (make test-matrix) runs the embedded jars of the version it names
+    # (not RMQ_KAFKA_*: those env vars are Kafka client options of the coordinator).
+    version = os.environ.get("RMQ_TEST_KAFKA_VERSION") or None
+    if version is None and docker_answers():
         image, why_not = ensure_kafka_image(lambda line: _announce(request, line))
         if image is not None:
             with kafka_container(image) as bootstrap:
@@ -80,10 +83,11 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         _announce(request, f"\nkafka broker: a Docker engine answers but no Kafka image: "
                            f"{why_not}; using the embedded broker")
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-kafka-"))
-    embedded = EmbeddedKafka(data_dir, port=free_port())
+    embedded = EmbeddedKafka(data_dir, port=free_port(), version=version)
     try:
         embedded.start()
-        _announce(request, f"\nkafka broker: embedded Apache Kafka at {embedded.bootstrap}")
+        _announce(request, f"\nkafka broker: embedded Apache Kafka "
+                           f"{version or kafka_version()} at {embedded.bootstrap}")
         yield Broker(embedded.bootstrap, "embedded", embedded)
     finally:
         embedded.stop()
