@@ -169,14 +169,18 @@ class KafkaTransactions:
                 producer.abort_transaction(TXN_CALL_TIMEOUT_S)
             raise
 
-    def finish(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
-        """Send ``offsets`` and commit the transaction :meth:`body` began, or abort it.
-        Safe on another thread than the body's, once the body has returned."""
+    def finish(self, offsets: Sequence[TopicPartition], group_metadata: object,
+               failed: Callable[[], object] | None = None) -> None:
+        """Send ``offsets`` and commit the transaction :meth:`body` began, or abort it
+        (``failed()`` is called first: the abort can take long). Safe on another thread than
+        the body's, once the body has returned."""
         try:
             self._call("sending offsets", self.producer.send_offsets_to_transaction,
                        list(offsets), group_metadata)
             self._end("committing", self.producer.commit_transaction)
         except KafkaException as exc:
+            if failed is not None:
+                failed()
             self._abort(exc.args[0], exc)
 
     def close(self) -> None:
@@ -232,9 +236,10 @@ class KafkaTransactions:
             self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         self.producer = confluent_kafka.Producer(self._conf)
         self.renewals += 1
+        # Initialised by the next body(), on the caller's thread and its retry policy: an
+        # init can wait minutes (CONCURRENT_TRANSACTIONS until the old abort's markers are
+        # written, e.g. below min ISR), longer than a commit may take.
         self._init_due = True
-        with contextlib.suppress(KafkaOperationError):  # the next body() tries again
-            self.init()
 
     def _fatal(self, what: str, err: KafkaError) -> FatalKafkaError:
         self._broken = True

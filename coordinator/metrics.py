@@ -60,6 +60,10 @@ class CoordinatorMetrics:
             "rmq_promotion_latency_seconds", "Half message born -> promoted",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r)
+        self.promotion_blocked = Gauge(
+            "rmq_promotion_blocked", "1 while promotion is blocked for this reason (the last "
+            "Kafka transaction aborted with records not taken in time); 0 once one commits",
+            ["reason"], registry=r)
         self.lock_events = Counter("rmq_lock_events", "Queue-lock grants/expiries/denials",
                                    ["event"], registry=r)
 

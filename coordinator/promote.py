@@ -12,6 +12,7 @@ from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from coordinator.blocked import TIMED_OUT, Blockage
 from coordinator.kafka_txn import KafkaTransactions
 from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
@@ -74,12 +75,15 @@ class TransactionWriter:
 
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
                  metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
-                 marker_key: MarkerKey, unwritable: TopicProbe | None = None) -> None:
+                 marker_key: MarkerKey, unwritable: TopicProbe | None = None,
+                 blockage: Blockage | None = None) -> None:
         self.topics = topics
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
         self.ledger = ledger
         self.unwritable = unwritable
+        self.blockage = blockage  # why promotion is blocked, while it is
+        self._timed_out: set[tuple[str, int]] = set()  # partitions that timed out, this txn
         # Two transactional producers take turns, one transaction open at a time (so offsets
         # stay ordered): a transaction begun on the producer whose commit just returned gets
         # CONCURRENT_TRANSACTIONS while the broker writes that commit's markers, and
@@ -134,6 +138,7 @@ class TransactionWriter:
             raise IllegalStateError("the previous transaction is not settled")
         self._done_entries = {}
         self._failed = []
+        self._timed_out: set[tuple[str, int]] = set()
         self._blamed = False
         self.txn = self._txns[self._turn]
         self.producer = self.txn.producer
@@ -147,7 +152,7 @@ class TransactionWriter:
             self._aborted(actions, aborted)
             raise
         self._in_flight = (actions, self._committer.submit(self.txn.finish, offsets,
-                                                           group_metadata))
+                                                           group_metadata, self._failing))
 
     def settle(self) -> None:
         """Wait for the transaction :meth:`submit` left committing (nothing if none): count
@@ -165,9 +170,16 @@ class TransactionWriter:
             # Its own calls are bounded well below this: the producer is wedged.
             raise FatalKafkaError(f"a transaction's commit did not end within "
                                   f"{SETTLE_TIMEOUT_S:.0f} s") from exc
+        if self.blockage is not None:
+            self.blockage.committed()
         count_written(self.metrics, self.topics, actions)
         self.ledger.settle((a.half.partition, a.half.offset) for a in actions
                            if not isinstance(a, LateCommit))
+
+    def _failing(self) -> None:
+        # On the committer thread, before the abort (which may wait minutes below min ISR).
+        if self.blockage is not None:
+            self.blockage.aborted(self._timed_out)
 
     def _aborted(self, actions: Sequence[Action], aborted: TransactionAborted) -> None:
         self.metrics.aborted.inc()
@@ -192,10 +204,12 @@ class TransactionWriter:
                 self._blame(action, verdict)
                 raise TransactionAborted(f"{self._where(action)}: {verdict.detail}") from exc
 
-    def _on_delivery(self, action: Action, err: KafkaError | None, _msg: object) -> None:
+    def _on_delivery(self, action: Action, err: KafkaError | None, msg: object) -> None:
         # Called for failed deliveries only (delivery.report.only.error), during the commit.
         if err is not None:
             self._failed.append((action, err))
+            if err.code() in TIMED_OUT and msg is not None:
+                self._timed_out.add((msg.topic(), msg.partition()))
 
     def _blame_failures(self, actions: Sequence[Action], cause: BaseException | None) -> None:
         """After an abort: charge the records whose delivery failed. A refusal that names

@@ -14,6 +14,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from coordinator.blocked import Blockage, BlockProbe
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
@@ -266,8 +267,7 @@ class TransactionService:
 
     def _publish_counters(self) -> None:
         # The oldest-pending age scans every pending entry: once a second is fresh enough.
-        age_due = time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S
-        if age_due:
+        if age_due := time.monotonic() - self._gauges_at >= GAUGE_INTERVAL_S:
             self._gauges_at = time.monotonic()
         publish_partition_counters(self.metrics, self.topics, self.states, age_due)
 
@@ -322,7 +322,8 @@ class TransactionService:
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics, self.ledger, marker_key=self._markers.key,
-            unwritable=self.destinations.unwritable)
+            unwritable=self.destinations.unwritable, blockage=Blockage(
+                BlockProbe(self._admin_client), self.metrics.promotion_blocked))
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
