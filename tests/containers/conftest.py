@@ -45,24 +45,32 @@ def announce(request: pytest.FixtureRequest):
     return say
 
 
+def _require_images(*names: str) -> str:
+    """Fail (no engine is a failure here) unless ``names`` are built; return the Kafka image."""
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        for name in names:
+            try:
+                client.images.get(name)
+            except docker.errors.ImageNotFound:
+                _no_engine(f"no image {name} (make images builds it)")
+    finally:
+        client.close()
+    kafka, why_not = ensure_kafka_image()
+    if kafka is None:
+        _no_engine(why_not)
+    return kafka
+
+
 @pytest.fixture(scope="session")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     if not docker_answers():
         _no_engine("no Docker engine answers (make test-docker sets one up)")
     from testcontainers.core.network import Network
 
-    import docker
-
-    client = docker.from_env(timeout=10)
-    try:
-        client.images.get(coordinator_image())
-    except docker.errors.ImageNotFound:
-        _no_engine(f"no image {coordinator_image()} (make images builds it)")
-    finally:
-        client.close()
-    image, why_not = ensure_kafka_image()
-    if image is None:
-        _no_engine(why_not)
+    image = _require_images(coordinator_image())
     network = Network().create()
     try:
         with kafka_container(image, network=network) as bootstrap:
@@ -92,20 +100,6 @@ def compose_images() -> dict[str, str]:
         _no_engine(f"`docker compose version` failed: {exc}")
     if version.returncode != 0:
         _no_engine("no docker compose plugin (docker/engine.sh ensure builds it)")
-    import docker
-
     images = {"coordinator": coordinator_image(),
               "spark": coordinator_image().replace("-coordinator:", "-spark:")}
-    client = docker.from_env(timeout=10)
-    try:
-        for image in images.values():
-            try:
-                client.images.get(image)
-            except docker.errors.ImageNotFound:
-                _no_engine(f"no image {image} (make images builds it)")
-    finally:
-        client.close()
-    kafka, why_not = ensure_kafka_image()
-    if kafka is None:
-        _no_engine(why_not)
-    return {**images, "kafka": kafka}
+    return {**images, "kafka": _require_images(*images.values())}
