@@ -17,9 +17,12 @@ the same way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from typing import Any, NoReturn
@@ -39,6 +42,7 @@ from rmq_semantics.retry import retrying
 
 __all__ = [
     "RETRY_BACKOFF_MS",
+    "CommitThread",
     "KafkaTransactions",
     "TxnErrorKind",
     "transactional_loop",
@@ -65,6 +69,13 @@ RETRY_BACKOFF_MS = 2
 RETRY_BACKOFF_MAX_MS = 20
 # After a failed step (not an abort): pause before replaying, so a broken broker is no spin.
 RETRY_PAUSE_S = 0.5
+# A call still running this long has ignored its own timeout: librdkafka can wait forever for
+# a group coordinator that left the cluster (librdkafka #5456, #5511).
+WEDGED_AFTER_S = TXN_CALL_TIMEOUT_S + 15.0
+# What librdkafka reports once the broker has bumped our epoch: another instance's init, or
+# the broker's own abort of a transaction that outlived transaction.timeout.ms.
+FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                    KafkaError.INVALID_PRODUCER_EPOCH})
 
 
 class TxnErrorKind(Enum):
@@ -103,9 +114,13 @@ class KafkaTransactions:
     def __init__(self, conf: dict, transactional_id: str, *, who: str) -> None:
         self.transactional_id = transactional_id
         self.who = who
-        self.renewals = 0  # producers re-created after an EndTxn timed out
+        self.renewals = 0  # producers re-created (an EndTxn timed out, a fence, a wedge)
+        self.abandoned = False  # left to a call that never returned (see abandon())
         self._init_due = False  # a re-created producer whose init failed
         self._broken = False  # a fatal error met: the producer is unusable
+        self._begun_at: float | None = None  # monotonic start of the open transaction
+        self._busy_since: float | None = None  # monotonic start of the call in progress
+        self._source_conf = conf
         self._conf = client_conf(conf, who=who, forced={
             "transactional.id": transactional_id,
             "enable.idempotence": True,
@@ -136,6 +151,14 @@ class KafkaTransactions:
             raise KafkaOperationError.wrap(what, err) from exc
         self._init_due = False
 
+    def ensure_initialised(self, stop: threading.Event | None = None) -> None:
+        """Initialise a re-created producer (see :meth:`_renew`, :meth:`abandon`). A replay
+        calls this before it reads the committed offsets: once the new epoch is in place the
+        old producer's transaction is either committed (its offsets are read) or aborted,
+        never committed after the read."""
+        if self._init_due:
+            self.init(stop)
+
     @contextlib.contextmanager
     def transaction(self, offsets: Sequence[TopicPartition],
                     group_metadata: object) -> Iterator[confluent_kafka.Producer]:
@@ -153,11 +176,11 @@ class KafkaTransactions:
     def body(self) -> Iterator[confluent_kafka.Producer]:
         """Begin a transaction; the ``with`` block produces into it. A failure aborts it
         (as :meth:`transaction`); the caller then calls :meth:`finish` to commit it."""
-        if self._init_due:
-            self.init()
+        self.ensure_initialised()
         producer = self.producer
         try:
             producer.begin_transaction()
+            self._begun_at = time.monotonic()
             yield producer
         except KafkaException as exc:
             self._abort(exc.args[0], exc)
@@ -177,11 +200,34 @@ class KafkaTransactions:
         try:
             self._call("sending offsets", self.producer.send_offsets_to_transaction,
                        list(offsets), group_metadata)
+            if self.abandoned:  # its caller was told it aborted: it must not commit now
+                raise KafkaException(KafkaError(KafkaError._FENCED))
             self._end("committing", self.producer.commit_transaction)
         except KafkaException as exc:
+            if self.abandoned:  # its successor has taken over: nothing here is ours to do
+                raise TransactionAborted(f"abandoned producer: {exc.args[0].str()}") from exc
             if failed is not None:
                 failed()
             self._abort(exc.args[0], exc)
+
+    def stuck_for(self) -> float:
+        """Seconds the call in progress has run (0 when none is running)."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def abandon(self) -> KafkaTransactions:
+        """Leave this producer to the thread stuck in one of its calls, and return a
+        successor with the same transactional id: its init (in its first body) bumps the
+        epoch, which aborts the stuck transaction and fences its late requests."""
+        self.abandoned = True
+        log.warning("%s: a transactional call on %s has not returned in %.0f s, past its "
+                    "%.0f s timeout (librdkafka #5456, #5511); re-creating the producer: its "
+                    "new epoch aborts the stuck transaction", self.who,
+                    self.transactional_id, self.stuck_for(), TXN_CALL_TIMEOUT_S)
+        successor = KafkaTransactions(self._source_conf, self.transactional_id, who=self.who)
+        successor.renewals = self.renewals + 1
+        successor._init_due = True
+        return successor
 
     def close(self) -> None:
         """Deliver what is queued; after a fatal error drop it (it never would be). Never
@@ -202,7 +248,7 @@ class KafkaTransactions:
         calls it again until ``deadline_s`` (default ``RETRY_DEADLINE_S``) or ``stop``."""
         deadline_s = RETRY_DEADLINE_S if deadline_s is None else deadline_s
         try:
-            fn(*args, TXN_CALL_TIMEOUT_S)
+            self._timed(fn, *args, TXN_CALL_TIMEOUT_S)
             return
         except KafkaException as exc:
             # Outside the policy first: the hot path pays no tenacity bookkeeping.
@@ -211,7 +257,15 @@ class KafkaTransactions:
             log.warning("%s: %s %s (retriable); retrying for up to %.0f s", self.who, what,
                         exc.args[0].str(), deadline_s)
         policy = retrying(deadline_s, stop).copy(retry=retry_if_exception(retry))
-        policy(fn, *args, TXN_CALL_TIMEOUT_S)
+        policy(self._timed, fn, *args, TXN_CALL_TIMEOUT_S)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> None:
+        # What stuck_for() reads from another thread: one float, written here only.
+        self._busy_since = time.monotonic()
+        try:
+            fn(*args)
+        finally:
+            self._busy_since = None
 
     def _end(self, what: str, end_txn: Callable[..., Any]) -> None:
         """Commit or abort (EndTxn). One that timed out may leave this transaction's requests
@@ -224,21 +278,23 @@ class KafkaTransactions:
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError._TIMED_OUT or err.fatal() or err.txn_requires_abort():
                 raise  # an abortable timeout (a record's) was never an EndTxn sent
-            self._renew(what, err)
+            self._renew(f"{what} timed out", err)
             raise TransactionAborted(f"{what} timed out ({err.str()}); the transactional "
                                      f"producer was re-created") from exc
 
     def _renew(self, what: str, err: KafkaError) -> None:
-        log.warning("%s: %s timed out (%s); re-creating transactional producer %s: its new "
-                    "epoch fences the old one's late requests", self.who, what, err.str(),
+        if self.abandoned:
+            return  # its successor's epoch already fences this producer
+        log.warning("%s: %s (%s); re-creating transactional producer %s: its new epoch "
+                    "fences the old one's late requests", self.who, what, err.str(),
                     self.transactional_id)
         with contextlib.suppress(KafkaException, RuntimeError):
             self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         self.producer = confluent_kafka.Producer(self._conf)
         self.renewals += 1
-        # Initialised by the next body(), on the caller's thread and its retry policy: an
-        # init can wait minutes (CONCURRENT_TRANSACTIONS until the old abort's markers are
-        # written, e.g. below min ISR), longer than a commit may take.
+        # Initialised by the replay or the next body(), on the caller's thread and its retry
+        # policy: an init can wait minutes (CONCURRENT_TRANSACTIONS until the old abort's
+        # markers are written, e.g. below min ISR), longer than a commit may take.
         self._init_due = True
 
     def _fatal(self, what: str, err: KafkaError) -> FatalKafkaError:
@@ -247,17 +303,79 @@ class KafkaTransactions:
             f"{self.who}: {what}: {err.str()} (fatal: fenced by another instance with "
             f"transactional.id {self.transactional_id}, or the producer broke)", err)
 
+    def _outlived_its_timeout(self, err: KafkaError) -> bool:
+        """A fence of a transaction open past transaction.timeout.ms: the broker aborted it
+        and bumped the epoch (a slow cluster, a dead coordinator), so no twin is implied;
+        a twin fences a fresh transaction."""
+        return (err.code() in FENCED and self._begun_at is not None
+                and time.monotonic() - self._begun_at > TRANSACTION_TIMEOUT_MS / 1000)
+
+    def _fenced_or_fatal(self, what: str, err: KafkaError) -> RmqError:
+        """The error to raise for a fatal ``err``: a replay on a new producer when the
+        broker fenced a transaction it had timed out, else FatalKafkaError."""
+        if not self._outlived_its_timeout(err):
+            return self._fatal(what, err)
+        self._renew(f"{what}: fenced after the transaction outlived its "
+                    f"{TRANSACTION_TIMEOUT_MS} ms timeout", err)
+        return TransactionAborted(f"{what}: {err.str()}; the transactional producer was "
+                                  f"re-created")
+
     def _abort(self, err: KafkaError, exc: BaseException) -> NoReturn:
         if triage(err) is TxnErrorKind.FATAL:
-            raise self._fatal("transaction", err) from exc
+            raise self._fenced_or_fatal("transaction", err) from exc
         log.warning("%s: transaction failed (%s); aborting and replaying from committed "
                     "offsets", self.who, err.str())
         try:
             self._end("aborting", self.producer.abort_transaction)
         except KafkaException as abort_exc:
-            # The transaction's state is unknown: only a new producer (a restart) is safe.
-            raise self._fatal("aborting", abort_exc.args[0]) from abort_exc
+            # The transaction's state is unknown: only a new epoch (a new producer, or a
+            # restart) is safe.
+            raise self._fenced_or_fatal("aborting", abort_exc.args[0]) from abort_exc
         raise TransactionAborted(err.str()) from exc
+
+
+class CommitThread:
+    """Runs commits one at a time on a daemon thread. A call stuck inside librdkafka must
+    block neither the next transaction (which runs on a new CommitThread, see
+    :meth:`KafkaTransactions.abandon`) nor the process's exit, as an executor's thread would."""
+
+    _STOP = object()
+
+    def __init__(self, name: str = "rmq-commit") -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def wait(self, future: concurrent.futures.Future, txn: KafkaTransactions) -> bool:
+        """Wait for ``future`` (a commit on ``txn``): True once it is done, False when one of
+        ``txn``'s calls has run past :data:`WEDGED_AFTER_S` (the caller abandons ``txn``)."""
+        while True:
+            try:
+                future.exception(timeout=1.0)
+                return True
+            except concurrent.futures.TimeoutError:
+                if txn.stuck_for() > WEDGED_AFTER_S:
+                    return False
+
+    def close(self, timeout: float) -> None:
+        """Idempotent; the job running finishes first, for up to ``timeout`` seconds."""
+        self._jobs.put(self._STOP)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not self._STOP:
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the waiter, as an executor does
+                future.set_exception(exc)
 
 
 def transactional_loop(who: str, step: Callable[[], object], replay: Callable[[], object],

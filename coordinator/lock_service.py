@@ -460,6 +460,7 @@ class LockService:
         """After an abort or a failed step: the partitions of the batch in flight go back to
         their committed state (tables rebuilt from the lock topic, requests re-read from the
         committed offsets)."""
+        self._clients().txn.ensure_initialised()  # a re-created producer, before any read
         replay = sorted(self._in_flight & self._assigned)
         self._in_flight = set()
         if replay:

@@ -13,7 +13,7 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.blocked import TIMED_OUT, Blockage
-from coordinator.kafka_txn import KafkaTransactions
+from coordinator.kafka_txn import WEDGED_AFTER_S, CommitThread, KafkaTransactions
 from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.poison import FailureKind, PoisonLedger, Verdict, classify, on_system_topic
@@ -27,7 +27,7 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
-from rmq_semantics.errors import FatalKafkaError, IllegalStateError, TransactionAborted
+from rmq_semantics.errors import IllegalStateError, TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reappend import reappended_headers
@@ -54,9 +54,6 @@ STUB_HEADER_BYTES = 1024
 # The second transactional producer's id: the first's plus this (a restart with the same
 # instance id fences both).
 SECOND_PRODUCER_SUFFIX = ".2"
-# A commit's calls give up within RETRY_DEADLINE_S plus a call timeout or two; past this the
-# producer is wedged and only a restart is safe.
-SETTLE_TIMEOUT_S = 120.0
 
 #: ``unwritable(topics)``: which of these real topics the broker refuses us, and why.
 TopicProbe = Callable[[set[str]], dict[str, DiscardReason]]
@@ -98,14 +95,19 @@ class TransactionWriter:
         self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
         self._blamed = False
         # One thread sends each transaction's offsets and commits it (see submit()).
-        self._committer = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="rmq-commit")
-        self._in_flight: tuple[Sequence[Action], concurrent.futures.Future] | None = None
+        self._committer = CommitThread()
+        self._in_flight: tuple[Sequence[Action], concurrent.futures.Future,
+                               KafkaTransactions] | None = None
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Initialise transactions (fences an older instance with the same id)."""
         for txn in self._txns:
             txn.init(stop)
+
+    def prepare(self, stop: threading.Event | None = None) -> None:
+        """Before a replay reads the committed offsets: initialise re-created producers."""
+        for txn in self._txns:
+            txn.ensure_initialised(stop)
 
     def write(self, actions: Sequence[Action], offsets: list[TopicPartition],
               group_metadata: object) -> None:
@@ -152,29 +154,39 @@ class TransactionWriter:
             self._aborted(actions, aborted)
             raise
         self._in_flight = (actions, self._committer.submit(self.txn.finish, offsets,
-                                                           group_metadata, self._failing))
+                                                           group_metadata, self._failing),
+                           self.txn)
 
     def settle(self) -> None:
         """Wait for the transaction :meth:`submit` left committing (nothing if none): count
         it once committed; TransactionAborted or FatalKafkaError as :meth:`write`."""
         if self._in_flight is None:
             return
-        actions, commit = self._in_flight
+        actions, commit, txn = self._in_flight
         self._in_flight = None
+        if not self._committer.wait(commit, txn):
+            self._abandon(txn)
+            self.metrics.aborted.inc()
+            raise TransactionAborted(f"a commit stuck for over {WEDGED_AFTER_S:.0f} s was "
+                                     f"abandoned; the transactional producer was re-created")
         try:
-            commit.result(timeout=SETTLE_TIMEOUT_S)
+            commit.result()
         except TransactionAborted as aborted:
             self._aborted(actions, aborted)
             raise
-        except concurrent.futures.TimeoutError as exc:
-            # Its own calls are bounded well below this: the producer is wedged.
-            raise FatalKafkaError(f"a transaction's commit did not end within "
-                                  f"{SETTLE_TIMEOUT_S:.0f} s") from exc
         if self.blockage is not None:
             self.blockage.committed()
         count_written(self.metrics, self.topics, actions)
         self.ledger.settle((a.half.partition, a.half.offset) for a in actions
                            if not isinstance(a, LateCommit))
+
+    def _abandon(self, txn: KafkaTransactions) -> None:
+        """Swap ``txn`` (stuck in a call) for its successor, and the commit thread it holds
+        for a new one; the stuck thread ends by itself if the call ever returns."""
+        successor = txn.abandon()
+        self._txns = tuple(successor if t is txn else t for t in self._txns)
+        self._committer.close(timeout=0)
+        self._committer = CommitThread()
 
     def _failing(self) -> None:
         # On the committer thread, before the abort (which may wait minutes below min ISR).
@@ -338,7 +350,7 @@ class TransactionWriter:
     def close(self) -> None:
         """Idempotent; call :meth:`settle` first, or a transaction in flight is waited for
         here and its outcome left to the next start's replay."""
-        self._committer.shutdown(wait=True)
+        self._committer.close(timeout=WEDGED_AFTER_S)
         self._in_flight = None
         for txn in self._txns:
             txn.close()

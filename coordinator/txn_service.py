@@ -286,11 +286,11 @@ class TransactionService:
             out.append(TopicPartition(self.topics.op, p, pair[1]))
         return out, changed
 
-    def _replay(self, consumer: confluent_kafka.Consumer) -> None:
-        """After an aborted transaction or a failed step: forget in-memory state and re-read
-        from commits."""
+    def _replay(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:
+        """After an aborted transaction or a failed step: re-read state from the commits."""
         self._settle_quietly("a replay")
         self._settle_error = None  # this replay is what it asked for
+        writer.prepare()
         self.states.clear()
         self._committed.clear()
         self._sent.clear()
@@ -346,7 +346,7 @@ class TransactionService:
                  self.settings.topic_prefix)
         try:
             transactional_loop("transaction service", lambda: self._step(consumer, writer),
-                               lambda: self._replay(consumer), stop)
+                               lambda: self._replay(consumer, writer), stop)
         finally:
             # The transaction in flight completes before the consumer leaves the group.
             try:

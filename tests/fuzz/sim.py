@@ -305,8 +305,8 @@ class Simulation:
                 self._stop.set()
 
         self._steps_left, self._stop = steps, threading.Event()
-        kafka_txn.transactional_loop("sim", step, lambda: service._replay(self._consumer),
-                                     self._stop)
+        kafka_txn.transactional_loop(
+            "sim", step, lambda: service._replay(self._consumer, self._writer), self._stop)
 
     # -- producers ---------------------------------------------------------------------------
     def send_good(self, inline: EndState | None) -> Good:

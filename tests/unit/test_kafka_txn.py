@@ -282,3 +282,49 @@ def test_close_after_a_fatal_error_drops_the_queue_and_never_raises(make_txn):
     txn.producer.flush = None  # would raise TypeError if called
     txn.close()
     assert txn.producer.calls[-1] == "purge"
+
+
+def test_a_fence_of_a_transaction_that_outlived_its_timeout_re_creates_the_producer(
+        make_txn, monkeypatch, caplog):
+    # The broker aborted the transaction itself and bumped the epoch: a slow cluster, not a
+    # twin with our transactional id; the process must not exit over it.
+    monkeypatch.setattr(kafka_txn, "TRANSACTION_TIMEOUT_MS", -1)
+    txn = make_txn(offsets=[kafka_exc(KafkaError._STATE)],
+                   abort=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted, match="re-created"):
+        run_one(txn)
+    assert txn.producer is not old and txn.renewals == 1
+    assert "outlived its -1 ms timeout" in caplog.text
+    txn.producer.errors = {}
+    assert run_one(txn)[:2] == ["init", "begin"]
+
+
+def test_a_fence_of_a_fresh_transaction_still_stops_the_process(make_txn):
+    txn = make_txn(abort=[kafka_exc(KafkaError._FENCED, fatal=True)],
+                   offsets=[kafka_exc(KafkaError._STATE)])
+    with pytest.raises(FatalKafkaError, match="aborting"):
+        run_one(txn)
+
+
+def test_a_commit_stuck_past_its_timeout_is_abandoned_for_a_new_producer(make_txn,
+                                                                          monkeypatch):
+    # librdkafka #5456/#5511: send_offsets_to_transaction can wait forever for a group
+    # coordinator that left the cluster.
+    monkeypatch.setattr(kafka_txn, "WEDGED_AFTER_S", 0.0)
+    txn = make_txn()
+    release = threading.Event()
+    txn.producer.send_offsets_to_transaction = lambda *_args: release.wait(30)
+    committer = kafka_txn.CommitThread()
+    with txn.body() as producer:
+        producer.produce("t", b"v")
+    commit = committer.submit(txn.finish, OFFSETS, object())
+    assert committer.wait(commit, txn) is False
+    successor = txn.abandon()
+    assert txn.abandoned and successor.transactional_id == "tid-1"
+    release.set()  # the stuck call returns: the abandoned object touches nothing more
+    with pytest.raises(TransactionAborted):
+        commit.result(10)
+    assert txn.producer.calls == ["begin", "produce"]
+    committer.close(10)
+    assert run_one(successor)[:2] == ["init", "begin"]
