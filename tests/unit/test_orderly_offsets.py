@@ -310,6 +310,36 @@ def test_over_the_bound_the_commit_carries_a_prefix_and_never_skips_unfinished_w
     assert len(again - unfinished) < 40_000 - 17_000  # the prefix's done offsets are skipped
 
 
+def test_a_restored_state_over_the_bound_never_stalls_the_partition():
+    """Restored by a holder with a smaller bound: nothing in flight, so records are taken;
+    once some are, back-pressure waits for them; finishing them lets more in."""
+    rng = random.Random(9)
+    done = {o for o in range(1, 15_000) if rng.random() < 0.5}
+    committed, metadata = _stuck_at_low(15_000, lambda o: o in done).committable(OWNER)
+    small = OffsetTracker.restore(committed, metadata, max_metadata_bytes=500)
+    assert small.full is False  # nothing in flight: waiting would never help
+    taken, waits = [], 0
+    for offset in range(committed, 15_000):
+        while not small.accepting():
+            waits += 1
+            small.done(small.lowest_unfinished)
+        if small.add(offset):
+            taken.append(offset)
+    while small.in_flight:
+        small.done(small.lowest_unfinished)
+    assert taken == [o for o in range(15_000) if o not in done]
+    assert waits > 0
+    assert small.committable() == (15_000, "")
+
+
+def test_a_restored_span_beyond_max_span_is_ignored(caplog):
+    stuck = _stuck_at_low(200_000, lambda _o: True)
+    committed, metadata = stuck.committable(OWNER)
+    tracker = OffsetTracker.restore(committed, metadata, max_span=100_000)
+    assert tracker.gap == 0
+    assert "spans more than" in caplog.text
+
+
 def test_status_reports_in_flight_gap_and_back_pressure():
     tracker = OffsetTracker(max_metadata_bytes=30)
     for offset in range(10, 20):
