@@ -45,7 +45,9 @@ class Message:
     list of ``(name, value)`` pairs. ``partition=None`` places the record by key with the
     Java client's partitioner. ``tags`` and ``keys`` are RocketMQ's, carried in
     ``rmq.tags``/``rmq.keys``. ``check_immunity_ms`` delays the first back-check of a
-    transactional message. Listeners also see ``transaction_id``.
+    transactional message. ``message_group`` is the ordering key of key-ordered consumption
+    (RocketMQ 5's MessageGroup), carried in ``rmq.message_group``. Listeners also see
+    ``transaction_id``.
     """
 
     topic: str
@@ -56,6 +58,7 @@ class Message:
     tags: str | None = None
     keys: str | None = None
     check_immunity_ms: int | None = None
+    message_group: str | None = None
     transaction_id: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +70,10 @@ class Message:
         if self.check_immunity_ms is not None and self.check_immunity_ms < 0:
             raise ConfigError(
                 f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}")
+        if self.message_group is not None and (not isinstance(self.message_group, str)
+                                               or not self.message_group):
+            raise ConfigError(f"Message.message_group must be a non-empty str or None, got "
+                              f"{self.message_group!r}")
         object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
         object.__setattr__(self, "headers", normalize_headers(self.headers))
@@ -76,6 +83,17 @@ class Message:
 
     def user_headers(self) -> Headers:
         return list(self.headers or [])  # type: ignore[arg-type]
+
+    def rmq_headers(self) -> Headers:
+        """The ``rmq.*`` headers every producer writes for this message's own fields."""
+        out: Headers = []
+        if self.tags is not None:
+            out.append((H.TAGS, self.tags.encode()))
+        if self.keys is not None:
+            out.append((H.KEYS, self.keys.encode()))
+        if self.message_group is not None:
+            out.append((H.MESSAGE_GROUP, self.message_group.encode()))
+        return out
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from rmq_semantics.errors import (
     UnknownPartitionError,
 )
 from rmq_semantics.message import Message, SendResult
-from rmq_semantics.records.headers import H
 from rmq_semantics.selector import apply_selector, java_partition
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -212,11 +211,7 @@ class Producer:
         elif sharding_key is not None:
             key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
             partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
-        headers = msg.user_headers()
-        if msg.tags is not None:
-            headers.append((H.TAGS, msg.tags.encode()))
-        if msg.keys is not None:
-            headers.append((H.KEYS, msg.keys.encode()))
+        headers = msg.user_headers() + msg.rmq_headers()
         waiter = DeliveryWaiter()
         kwargs: dict[str, Any] = {"key": msg.key, "headers": headers, "on_delivery": waiter}
         if partition is not None:

@@ -303,6 +303,7 @@ class TransactionProducer:
                                                         LocalTransactionState]:
         local_msg = Message(msg.topic, msg.value, key=msg.key, headers=msg.user_headers(),
                             partition=msg.partition, tags=msg.tags, keys=msg.keys,
+                            message_group=msg.message_group,
                             check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
         try:
             state = _as_state(self.listener.execute_local_transaction(local_msg, arg),
@@ -396,7 +397,8 @@ class TransactionProducer:
     def _answer_check(self, check: CheckRequest) -> None:
         msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
                       partition=check.partition, transaction_id=check.txn_id,
-                      tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS))
+                      tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS),
+                      message_group=check.header_text(H.MESSAGE_GROUP) or None)
         try:
             state = _as_state(self.listener.check_local_transaction(msg),
                               "check_local_transaction", self.topics.half,

@@ -31,10 +31,7 @@ def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: byte
         headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
     if msg.check_immunity_ms is not None:
         headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
-    if msg.tags is not None:
-        headers.append((H.TAGS, msg.tags.encode()))
-    if msg.keys is not None:
-        headers.append((H.KEYS, msg.keys.encode()))
+    headers += msg.rmq_headers()
     return headers
 
 

@@ -27,6 +27,8 @@ class H:
     CHECK_IMMUNITY_MS: Final = "rmq.check_immunity_ms"
     TAGS: Final = "rmq.tags"
     KEYS: Final = "rmq.keys"
+    # The ordering key of key-ordered consumption (RocketMQ 5's MessageGroup).
+    MESSAGE_GROUP: Final = "rmq.message_group"
     # Promoted records.
     PROMOTED_FROM: Final = "rmq.promoted_from"
     # Records set aside in the discard topic.
@@ -54,7 +56,7 @@ class H:
 
 
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
-PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS)
+PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS, H.MESSAGE_GROUP)
 #: What the coordinator adds to a record it sets aside in the discard topic.
 DISCARD_HEADERS: Final = (H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT, H.DISCARD_REASON,
                           H.DISCARDED_TS)

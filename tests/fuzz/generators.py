@@ -369,6 +369,7 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.CHECK_IMMUNITY_MS: lambda rng, ctx: _number_text(rng),
     H.TAGS: lambda rng, ctx: pick(rng, [not_utf8(rng), huge_text(rng).encode()]),
     H.KEYS: lambda rng, ctx: pick(rng, [not_utf8(rng), huge_text(rng).encode()]),
+    H.MESSAGE_GROUP: lambda rng, ctx: pick(rng, [not_utf8(rng), huge_text(rng).encode(), b""]),
     H.PROMOTED_FROM: lambda rng, ctx: pick(rng, [b"0:0", b"x:y", not_utf8(rng)]),
     H.HALF_PARTITION: lambda rng, ctx: _number_text(rng),
     H.HALF_OFFSET: lambda rng, ctx: _number_text(rng),

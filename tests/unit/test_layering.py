@@ -25,7 +25,8 @@ PURE_CORES = ["rmq_semantics.records", "rmq_semantics.records.codec",
               "rmq_semantics.records.headers", "rmq_semantics.records.half",
               "rmq_semantics.records.txn", "rmq_semantics.records.locks", "coordinator.state",
               "coordinator.lock", "rmq_semantics.orderly.queue", "coordinator.horizon",
-              "rmq_semantics.records.reappend"]
+              "rmq_semantics.records.reappend", "rmq_semantics.orderly.offsets",
+              "rmq_semantics.orderly.keys"]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
