@@ -72,10 +72,6 @@ RETRY_PAUSE_S = 0.5
 # A call still running this long has ignored its own timeout: librdkafka can wait forever for
 # a group coordinator that left the cluster (librdkafka #5456, #5511).
 WEDGED_AFTER_S = TXN_CALL_TIMEOUT_S + 15.0
-# What librdkafka reports once the broker has bumped our epoch: another instance's init, or
-# the broker's own abort of a transaction that outlived transaction.timeout.ms.
-FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                    KafkaError.INVALID_PRODUCER_EPOCH})
 
 
 class TxnErrorKind(Enum):
@@ -198,8 +194,10 @@ class KafkaTransactions:
         (``failed()`` is called first: the abort can take long). Safe on another thread than
         the body's, once the body has returned."""
         try:
+            # A timed-out call is not retried in place: the abort, and its EndTxn's own
+            # timeout, decide sooner whether the transaction coordinator is gone.
             self._call("sending offsets", self.producer.send_offsets_to_transaction,
-                       list(offsets), group_metadata)
+                       list(offsets), group_metadata, retry=_retry_in_place_unless_timed_out)
             if self.abandoned:  # its caller was told it aborted: it must not commit now
                 raise KafkaException(KafkaError(KafkaError._FENCED))
             self._end("committing", self.producer.commit_transaction)
@@ -303,19 +301,20 @@ class KafkaTransactions:
             f"{self.who}: {what}: {err.str()} (fatal: fenced by another instance with "
             f"transactional.id {self.transactional_id}, or the producer broke)", err)
 
-    def _outlived_its_timeout(self, err: KafkaError) -> bool:
-        """A fence of a transaction open past transaction.timeout.ms: the broker aborted it
-        and bumped the epoch (a slow cluster, a dead coordinator), so no twin is implied;
-        a twin fences a fresh transaction."""
-        return (err.code() in FENCED and self._begun_at is not None
+    def _outlived_its_timeout(self) -> bool:
+        """Whether the open transaction is older than transaction.timeout.ms: the broker has
+        aborted it and bumped the epoch (a frozen or dying broker), and librdkafka reports
+        what follows as fatal (fenced, invalid state). No twin is implied: a twin fences a
+        fresh transaction."""
+        return (self._begun_at is not None
                 and time.monotonic() - self._begun_at > TRANSACTION_TIMEOUT_MS / 1000)
 
     def _fenced_or_fatal(self, what: str, err: KafkaError) -> RmqError:
         """The error to raise for a fatal ``err``: a replay on a new producer when the
-        broker fenced a transaction it had timed out, else FatalKafkaError."""
-        if not self._outlived_its_timeout(err):
+        transaction outlived its timeout, else FatalKafkaError."""
+        if not self._outlived_its_timeout():
             return self._fatal(what, err)
-        self._renew(f"{what}: fenced after the transaction outlived its "
+        self._renew(f"{what} failed after the transaction outlived its "
                     f"{TRANSACTION_TIMEOUT_MS} ms timeout", err)
         return TransactionAborted(f"{what}: {err.str()}; the transactional producer was "
                                   f"re-created")

@@ -37,6 +37,10 @@ REAP_TIMEOUT_S = 10.0
 READY_LINE = re.compile(rb"transaction service \S+ running")
 
 
+# Lines of the child's log quoted when it exited unexpectedly (its last words).
+EXIT_LOG_LINES = 12
+
+
 class CoordinatorProcess:
     """One coordinator child process, its log in ``log_path`` (appended to, so a restart
     with the same path keeps the history).
@@ -185,7 +189,9 @@ class CoordinatorProcess:
             code = self._proc.wait(REAP_TIMEOUT_S) if self._proc is not None else None
         except subprocess.TimeoutExpired:
             code = None
-        raise RmqError(f"the coordinator exited (code {code}); see {self.log_path}")
+        last = self.log.splitlines()[-EXIT_LOG_LINES:]
+        raise RmqError(f"the coordinator exited (code {code}); see {self.log_path}; it ended "
+                       "with:\n" + "\n".join(last))
 
 
 def _validate(settings: dict[str, object]) -> None:

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.topics import SystemTopics
+from tests.cluster.faults import describe_leaders, half_op_leaders
 from tests.integration.txn_helpers import (
     FAST,
     CoordinatorProcess,
@@ -35,20 +36,6 @@ def _inline(value: bytes) -> S:
     back-check, the rest commit at once."""
     case = int(value.split(b"-")[1]) % 10
     return {3: S.ROLLBACK_MESSAGE, 7: S.UNKNOW}.get(case, S.COMMIT_MESSAGE)
-
-
-def _leaders_of(admin: AdminClient, topics: SystemTopics) -> Counter:
-    """Half/op partitions led by each node."""
-    meta = admin.list_topics(timeout=10).topics
-    return Counter(p.leader for t in (topics.half, topics.op)
-                   for p in meta[t].partitions.values())
-
-
-def _leaders(admin: AdminClient, *names: str) -> str:
-    """Leader and ISR of each partition, for a failure message."""
-    meta = admin.list_topics(timeout=10).topics
-    return "; ".join(f"{t}[{n}] leader {p.leader} isr {p.isrs}" for t in names if t in meta
-                     for n, p in sorted(meta[t].partitions.items()))
 
 
 def _assert_replicated(admin: AdminClient, topics: SystemTopics) -> None:
@@ -84,14 +71,13 @@ def test_sigkill_of_the_busiest_half_op_leader_loses_and_duplicates_nothing(
                 target=lambda: [producer.send_message_in_transaction(m) for m in messages])
             sender.start()
             reader.read_until(lambda r: len(r) >= KILL_AFTER, 120, "the first promotions")
-            victim = _leaders_of(admin, topics).most_common(1)[0][0]
+            victim = half_op_leaders(admin, topics).most_common(1)[0][0]
             assert cluster.stop(victim, kill=True) == [victim]
-            # Restart once the cluster has moved the victim's leaderships, not on progress:
-            # while the coordinators' group coordinator is dead, send_offsets_to_transaction
-            # can hang past its timeout (librdkafka #5456, #5511), stalling promotion.
-            wait_for(lambda: victim not in _leaders_of(admin, topics), 60,
+            # Restart once the cluster has moved the victim's leaderships: a node back at once
+            # would hide the failover.
+            wait_for(lambda: victim not in half_op_leaders(admin, topics), 60,
                      f"the half/op leaderships of node {victim} to move",
-                     details=lambda: _leaders(admin, topics.half, topics.op, topic))
+                     details=lambda: describe_leaders(admin, topics.half, topics.op, topic))
             cluster.start_node(victim)
             victim = None
             sender.join(300)

@@ -10,12 +10,12 @@ import urllib.request
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.embedded import free_port
+from tests.cluster.faults import java_partition, warm_up_internal_topics
 from tests.integration.txn_helpers import (
     CoordinatorProcess,
     ScriptedListener,
@@ -36,25 +36,6 @@ def _blocked(port: int, reason: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def _java_partition(key: str, partitions: int) -> int:
-    """Kafka's coordinator partition for a group or transactional id:
-    Utils.abs(key.hashCode()) % partitions."""
-    h = 0
-    for ch in key:
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    h = h - (1 << 32) if h >= 1 << 31 else h
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
-
-
-def _internal_topics(conf: dict, topic: str) -> None:
-    """Kafka creates its offsets and transaction-state topics on first use: use both."""
-    producer = Producer({**conf, "transactional.id": f"warm-{topic}"})
-    producer.init_transactions(60)
-    consumer = Consumer({**conf, "group.id": f"warm-{topic}"})
-    consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
-    consumer.close()
-
-
 def _bystander(admin: AdminClient, topic: str, prefix: str, instance: str) -> int | None:
     """A node that leads no partition of ``topic`` and coordinates neither the transaction
     service's group nor its two transactional ids: stopping it only takes an in-sync replica
@@ -66,7 +47,7 @@ def _bystander(admin: AdminClient, topic: str, prefix: str, instance: str) -> in
                            ("__transaction_state", [f"{group}-{instance}",
                                                     f"{group}-{instance}.2"])):
         parts = meta[internal].partitions
-        busy |= {parts[_java_partition(k, len(parts))].leader for k in keys}
+        busy |= {parts[java_partition(k, len(parts))].leader for k in keys}
     return next((n for n in (1, 2, 3) if n not in busy), None)
 
 
@@ -80,7 +61,7 @@ def test_below_min_isr_promotion_waits_shows_why_and_resumes_once(
         "min.insync.replicas": "3"})])[topic].result(30)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     port = free_port()
-    _internal_topics(conf, topic)
+    warm_up_internal_topics(conf, topic)
     # An instance id whose coordinators leave one node free: that node is stopped.
     instance, stopped_node = next(
         (i, n) for i, n in ((i, _bystander(admin, topic, prefix, i))

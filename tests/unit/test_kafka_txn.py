@@ -130,8 +130,16 @@ def test_retriable_commit_errors_retry_the_commit_only(make_txn):
 
 
 def test_retriable_send_offsets_errors_retry_the_same_call(make_txn):
-    txn = make_txn(offsets=[kafka_exc(retriable=True)])
+    txn = make_txn(offsets=[kafka_exc(NOT_COORDINATOR, retriable=True)])
     assert run_one(txn) == ["begin", "produce", "offsets", "offsets", "commit"]
+
+
+def test_a_timed_out_send_offsets_aborts_at_once(make_txn):
+    # The abort's own timeout then tells sooner whether the transaction coordinator is gone.
+    txn = make_txn(offsets=[kafka_exc(retriable=True)])
+    with pytest.raises(TransactionAborted):
+        run_one(txn)
+    assert txn.producer.calls == ["begin", "produce", "offsets", "abort"]
 
 
 def test_an_abortable_error_aborts_and_raises_transaction_aborted(make_txn):
@@ -295,9 +303,15 @@ def test_a_fence_of_a_transaction_that_outlived_its_timeout_re_creates_the_produ
     with pytest.raises(TransactionAborted, match="re-created"):
         run_one(txn)
     assert txn.producer is not old and txn.renewals == 1
-    assert "outlived its -1 ms timeout" in caplog.text
+    assert "failed after the transaction outlived its -1 ms timeout" in caplog.text
     txn.producer.errors = {}
     assert run_one(txn)[:2] == ["init", "begin"]
+
+    # Whatever the fatal error: an invalid state after the broker's abort is no twin either.
+    txn = make_txn(offsets=[kafka_exc(KafkaError._STATE)],
+                   abort=[kafka_exc(KafkaError.INVALID_TXN_STATE, fatal=True)])
+    with pytest.raises(TransactionAborted, match="re-created"):
+        run_one(txn)
 
 
 def test_a_fence_of_a_fresh_transaction_still_stops_the_process(make_txn):

@@ -20,7 +20,7 @@ from rmq_semantics.tools.bench.txn import (
     bench_txn,
 )
 
-__all__ = ["CASES", "CASE_RUNS", "BenchContext", "derive"]
+__all__ = ["CASES", "CASE_RUNS", "KNOWN_CASES", "BenchContext", "derive"]
 
 # The txn case's first run is preceded by a smaller one (the coordinator's first batches).
 TXN_WARM_COUNT = 2000
@@ -38,6 +38,7 @@ class BenchContext:
     work: Path
     coordinator_pid: int | None = None
     broker_pid: int | None = None  # the embedded broker's, for its CPU share; None if external
+    cluster: Any = None  # the EmbeddedCluster of --brokers N (N > 1), for the failover case
     log: Callable[[str], None] = print
     promoted_topic: str = ""
     warmed: set[str] = field(default_factory=set)
@@ -116,6 +117,18 @@ def _stall(ctx: BenchContext) -> dict:
             "stall_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=True)}
 
 
+def _failover(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.failover import bench_failover
+
+    if ctx.cluster is None:
+        ctx.log("failover: nothing to fail over to on one broker (run it with --brokers 3)")
+        return {}
+    return {"failover_kill_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster,
+                                               kill=True),
+            "failover_stop_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster,
+                                               kill=False)}
+
+
 def _spark(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.spark import SparkBench
 
@@ -130,8 +143,10 @@ def _spark(ctx: BenchContext) -> dict:
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
     "threads": _threads, "copier": _copier, "coordinators": _coordinators,
-    "orderly": _orderly, "stall": _stall, "spark": _spark}
-CASES = tuple(CASE_RUNS)
+    "orderly": _orderly, "stall": _stall, "spark": _spark, "failover": _failover}
+KNOWN_CASES = tuple(CASE_RUNS)
+#: A full run's cases: failover needs a cluster (``--brokers 3 --cases failover``).
+CASES = tuple(c for c in KNOWN_CASES if c != "failover")
 
 
 def _get(results: dict, *path: str) -> dict | None:

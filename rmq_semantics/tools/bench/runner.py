@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
-from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, BenchContext, derive
+from rmq_semantics.kafka_cluster import EmbeddedCluster
+from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, KNOWN_CASES, BenchContext, derive
 from rmq_semantics.tools.bench.collector import Collector
 from rmq_semantics.tools.bench.common import BenchSettings, aggregate, pooled_samples, sketch
 from rmq_semantics.tools.bench.console import BenchConsole
@@ -96,23 +97,31 @@ def _run_cases(ctx: BenchContext, cases: tuple[str, ...], screen: BenchConsole,
 
 def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = None,
               cases: tuple[str, ...] = CASES, bootstrap: str | None = None,
-              screen: BenchConsole | None = None) -> dict:
-    """Run ``cases`` against ``bootstrap`` (an embedded broker if None); merge into ``out``."""
-    unknown = sorted(set(cases) - set(CASES))
+              screen: BenchConsole | None = None, brokers: int = 1) -> dict:
+    """Run ``cases`` against ``bootstrap`` (if None an embedded broker, or a cluster of
+    ``brokers`` embedded nodes); merge into ``out``."""
+    unknown = sorted(set(cases) - set(KNOWN_CASES))
     if unknown:
-        raise ValueError(f"unknown bench cases {unknown}; known: {', '.join(CASES)}")
-    cases = tuple(c for c in CASES if c in cases)  # a full run's order, each case once
+        raise ValueError(f"unknown bench cases {unknown}; known: {', '.join(KNOWN_CASES)}")
+    cases = tuple(c for c in KNOWN_CASES if c in cases)  # a full run's order, each case once
     screen = screen or BenchConsole(len(cases) * s.repeat)
     work = Path(tempfile.mkdtemp(prefix="rmq-bench-"))
-    broker = None if bootstrap else EmbeddedKafka(work / "kafka", port=free_port())
-    if broker is not None:
+    cluster = EmbeddedCluster(work / "cluster", brokers=brokers) \
+        if brokers > 1 and not bootstrap else None
+    broker = EmbeddedKafka(work / "kafka", port=free_port()) \
+        if cluster is None and not bootstrap else None
+    if cluster is not None:
+        bootstrap = cluster.start()
+    elif broker is not None:
         bootstrap = broker.start()
     if bootstrap is None:
         raise ValueError("no broker to run against")
     prefix = f"__rmqbench{uuid.uuid4().hex[:6]}"
     ctx = BenchContext({"bootstrap.servers": bootstrap}, bootstrap, prefix, s, work,
-                       log=log or screen.log)
-    machine = machine_info(kafka_version() if broker is not None else f"external {bootstrap}")
+                       log=log or screen.log, cluster=cluster)
+    machine = machine_info(f"{kafka_version()}, {brokers} embedded nodes" if cluster
+                           else kafka_version() if broker is not None
+                           else f"external {bootstrap}")
     coordinator = coordinator_process(bootstrap, prefix, half_partitions=s.partitions)
     runs: dict[str, list[dict]] = {c: [] for c in cases}
     loads: dict[str, list[dict]] = {c: [] for c in cases}
@@ -130,6 +139,8 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = N
         coordinator.stop()
         if broker is not None:
             broker.stop()
+        if cluster is not None:
+            cluster.stop()
     results: dict[str, Any] = {"machine": machine, "settings": s.__dict__}
     for case in cases:
         results.update(aggregate(runs[case]))
@@ -181,7 +192,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases \
             else CASES
-        run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap)
+        run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap,
+                  brokers=args.brokers)
     if args.render_readme or args.readme:
         readme = Path(args.readme or "README.md")
         changed = rewrite_readme(readme, out)
@@ -202,9 +214,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="how long the latency cases offer their load")
     bench.add_argument("--repeat", type=int, help="runs per case (default 5; median, min-max)")
     bench.add_argument("--cases", help=f"comma-separated cases to run (default all: "
-                       f"{','.join(CASES)}); merged into --out")
+                       f"{','.join(CASES)}; also: failover); merged into --out")
     bench.add_argument("--bootstrap", help="an existing broker to use instead of an "
                        "embedded one")
+    bench.add_argument("--brokers", type=int, default=1, help="without --bootstrap: run on "
+                       "a cluster of this many embedded nodes (the failover case needs 2+)")
     bench.add_argument("--threads", help="thread counts of the threads case, e.g. 1,8,32")
     bench.add_argument("--calls-per-thread", dest="calls_per_thread", type=int,
                        help="calls each thread of the threads case makes per run")

@@ -15,6 +15,7 @@ from typing import Any
 
 import confluent_kafka
 
+from rmq_semantics.errors import RmqError
 from rmq_semantics.message import Message
 from rmq_semantics.tools.bench.collector import Collector
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, TXN_BATCH, WARM_UP, BenchSettings
@@ -32,6 +33,8 @@ __all__ = ["CHECK_TIMEOUT_MS", "NoopListener", "bench_baseline", "bench_check_la
 # The check case's transaction timeout: short, so a run takes seconds; what it measures is
 # the lateness past the deadline, which does not depend on the timeout's length.
 CHECK_TIMEOUT_MS = 1000
+# A send that raised during a failover is sent again this many times at most.
+SEND_ATTEMPTS = 5
 
 
 class NoopListener(TransactionListener):
@@ -126,11 +129,15 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     return collector.measured / elapsed, _latencies(listener, collector), topic
 
 
-def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> tuple[list[float], float]:
+def bench_latency(conf: dict, prefix: str, s: BenchSettings,
+                  fault: Callable[[], object] | None = None) -> tuple[list[float], float]:
     """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads,
     each calling ``send_message_in_transaction`` on a schedule of absolute due times (a late
     call does not push the later ones back: the offered rate stays the rate), and the rate
-    the calls achieved (below the offered one when the callers fell behind)."""
+    the calls achieved (below the offered one when the callers fell behind).
+
+    ``fault()`` is called halfway through the offered load, on a thread of its own (a broker
+    failover); a send that raises meanwhile is sent again, as a user's retry would."""
     topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     threads = max(1, s.latency_threads)
@@ -158,13 +165,16 @@ def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> tuple[list[float
                     delay = start + i / s.rate - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                    producer.send_message_in_transaction(
-                        Message(topic, value, key=str(i % 1000)))
+                    _send(producer, Message(topic, value, key=str(i % 1000)),
+                          retry=fault is not None)
             except Exception as exc:  # reported after the run, not lost in a thread
                 errors.append(exc)
 
         callers = [threading.Thread(target=caller, args=(n,), daemon=True,
                                     name=f"bench-lat-{n}") for n in range(threads)]
+        if fault is not None:
+            callers.append(threading.Timer(max(0.0, start - time.monotonic())
+                                           + s.latency_seconds / 2, fault))
         for c in callers:
             c.start()
         for c in callers:
@@ -175,6 +185,16 @@ def bench_latency(conf: dict, prefix: str, s: BenchSettings) -> tuple[list[float
     if errors:
         raise RuntimeError(f"latency: {len(errors)} callers failed: {errors[0]!r}")
     return _latencies(listener, collector), achieved
+
+
+def _send(producer: TransactionProducer, msg: Message, retry: bool) -> None:
+    for attempt in range(1, SEND_ATTEMPTS + 1):
+        try:
+            producer.send_message_in_transaction(msg)
+            return
+        except RmqError:
+            if not retry or attempt == SEND_ATTEMPTS:
+                raise
 
 
 def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[float]:
