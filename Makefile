@@ -62,7 +62,7 @@ test-cluster: setup
 
 # The transactional and orderly suites on each Kafka release we support (the embedded jars
 # of each, resolved from Maven Central once): the pinned default and the oldest line, 3.9.
-KAFKA_VERSIONS ?= 4.1.1 3.9.2
+KAFKA_VERSIONS ?= 4.4.0 4.1.1 3.9.2
 test-matrix: setup
 	@for v in $(KAFKA_VERSIONS); do \
 		echo "test-matrix: Apache Kafka $$v"; \

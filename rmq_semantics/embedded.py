@@ -102,7 +102,7 @@ def checked_version(version: str) -> str:
     """``version`` if it names a release (it becomes a Maven property and a cache dir)."""
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise EmbeddedKafkaError(f"--version {version!r}: want an Apache Kafka release such "
-                                 "as 4.1.1")
+                                 "as 4.4.0")
     return version
 
 

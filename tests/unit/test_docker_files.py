@@ -102,7 +102,7 @@ def test_coordinator_env_names_are_ones_the_coordinator_reads(compose):
 def test_compose_runs_kafka_kraft_single_node_and_two_coordinators(compose):
     services = compose["services"]
     kafka = services["kafka"]
-    assert kafka["image"] == "apache/kafka:4.1.1"  # the default stays the official image
+    assert kafka["image"] == "apache/kafka:4.4.0"  # the default stays the official image
     env = {k: str(v) for k, v in kafka["environment"].items()}
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller" and env["CLUSTER_ID"]
     for name in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
@@ -116,7 +116,7 @@ def test_compose_runs_kafka_kraft_single_node_and_two_coordinators(compose):
         assert services[name]["depends_on"]["kafka"]["condition"] == "service_healthy"
 
 
-KAFKA_IMAGE_VARIABLE = "${RMQ_KAFKA_IMAGE:-apache/kafka:4.1.1}"
+KAFKA_IMAGE_VARIABLE = "${RMQ_KAFKA_IMAGE:-apache/kafka:4.4.0}"
 
 
 def test_one_variable_picks_the_kafka_image_of_every_service_that_runs_it():
