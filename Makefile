@@ -73,7 +73,7 @@ test-matrix: setup
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup
 	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
-		tests/integration/test_foundation.py $(GP_ARGS)
+		tests/integration/test_orderly_keys.py tests/integration/test_foundation.py $(GP_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
