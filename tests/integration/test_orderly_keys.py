@@ -7,10 +7,12 @@ consumers joining and leaving, and an ``async def`` listener on one event loop."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import confluent_kafka
@@ -46,15 +48,23 @@ SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 BLOCK_TIMEOUT_S = 30.0
 
 
-@pytest.fixture
-def locks(broker, unique):
-    """A lock service of this test's own prefix, in a background thread."""
+@contextlib.contextmanager
+def lock_service_of(broker, unique) -> Iterator[LockServiceRunner]:
+    """A lock service of its own prefix, in a background thread."""
     runner = LockServiceRunner(broker.conf(), CoordinatorSettings(
         topic_prefix=unique("rmqk").replace("-", ""), lock_lease_ms=LEASE_MS,
         lock_renew_ms=RENEW_MS, half_partitions=2))
     runner.start()
-    yield runner
-    runner.stop()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
+@pytest.fixture
+def locks(broker, unique):
+    with lock_service_of(broker, unique) as runner:
+        yield runner
 
 
 def ordering_key_of(m) -> tuple:
