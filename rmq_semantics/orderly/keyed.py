@@ -17,6 +17,7 @@ key moves on. A unit whose lease lapsed before its call goes back uncounted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.orderly.api import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -225,7 +227,7 @@ class KeyPool:
                 self._settle(unit, status, context.suspend_ms)
             except Exception:  # a bug must not kill the thread with the unit in flight
                 log.exception("%s: key worker error", unit.where)
-                self._back(unit, time.monotonic() + WAIT_SLICE_S)
+                self._back_if_in_flight(unit)
 
     # -- async: one event loop, one dispatcher thread -----------------------------------------
     def _dispatch_async(self) -> None:
@@ -242,8 +244,12 @@ class KeyPool:
             if not self._runnable(unit):
                 continue
             context = self._context(unit)
-            future = asyncio.run_coroutine_threadsafe(
-                self._listener(unit.messages(), context), loop)
+            try:
+                future = asyncio.run_coroutine_threadsafe(
+                    self._listener(unit.messages(), context), loop)
+            except Exception as exc:  # wrong arguments, or it returned no coroutine
+                future = Future()
+                future.set_exception(exc)
             future.add_done_callback(
                 lambda f, u=unit, c=context: self._complete_async(u, c, f))
 
@@ -269,7 +275,7 @@ class KeyPool:
                 self._settle(unit, status, context.suspend_ms)
             except Exception:
                 log.exception("%s: key dispatcher error", unit.where)
-                self._back(unit, time.monotonic() + WAIT_SLICE_S)
+                self._back_if_in_flight(unit)
 
     # -- outcomes ---------------------------------------------------------------------------------
     @staticmethod
@@ -303,6 +309,11 @@ class KeyPool:
             self._scheduler.suspend(unit, until)
             unit.session.in_flight -= 1
             self._cv.notify_all()
+
+    def _back_if_in_flight(self, unit: Unit) -> None:
+        """After a bug: give the unit back unless it was settled already."""
+        with contextlib.suppress(IllegalStateError):  # settled: nothing is in flight
+            self._back(unit, time.monotonic() + WAIT_SLICE_S)
 
     def _finish(self, unit: Unit) -> None:
         """Done: the key's next unit may go; the offsets are done in the partition's tracker

@@ -95,7 +95,8 @@ class KeyFeeder:
                 finally:
                     q.consume_lock.release()
         finally:
-            if self._sessions.get(q.tp) is previous:
+            session = self._sessions.get(q.tp)
+            if session is not None and session.q is q:  # not a newer assignment's
                 self._sessions.pop(q.tp, None)
 
     def _serve(self, q: LiveQueue, previous: Session | None) -> Session | None:
