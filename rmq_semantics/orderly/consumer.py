@@ -18,7 +18,7 @@ from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
-from rmq_semantics.orderly.keyed import DEFAULT_KEY_WORKERS, KeyPool
+from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS, DEFAULT_KEY_WORKERS, KeyPool
 from rmq_semantics.orderly.keyfeed import KeyFeeder
 from rmq_semantics.orderly.leases import LeaseKeeper
 from rmq_semantics.orderly.poller import PollThread
@@ -89,8 +89,10 @@ class OrderlyConsumer:
     different keys run in parallel on ``max_workers`` threads (default 16), or on one event
     loop when the listener is ``async def``. Each call gets up to ``batch_size`` consecutive
     records of one key; a suspension delays only that key, and ``max_reconsume_times``
-    defaults to 16 there. The commit carries the done offsets above the committed one (see
-    :mod:`~rmq_semantics.orderly.offsets`), so a new holder neither redoes nor skips work.
+    defaults to 16 there; a call running past ``consume_timeout_ms`` (default 15 min) counts
+    as failed (an ``async def`` one is cancelled). The commit carries the done offsets above
+    the committed one (see :mod:`~rmq_semantics.orderly.offsets`), so a new holder neither
+    redoes nor skips work.
 
     ``subscribe(topics)``, ``start()`` (background threads), ``shutdown()`` (idempotent,
     bounded); a context manager that shuts down on exit. No network in ``__init__``.
@@ -101,7 +103,8 @@ class OrderlyConsumer:
                  max_reconsume_times: int | None = None, lock_lease_ms: int = 60000,
                  lock_renew_ms: int = 20000, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
                  batch_size: int = 1, client_id: str | None = None,
-                 ordering: str = "partition", max_workers: int | None = None) -> None:
+                 ordering: str = "partition", max_workers: int | None = None,
+                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS) -> None:
         self._conf = consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -116,6 +119,7 @@ class OrderlyConsumer:
             max_workers = DEFAULT_KEY_WORKERS
         for name, value, low in (("max_reconsume_times", max_reconsume_times, -1),
                                  ("max_workers", max_workers, 1),
+                                 ("consume_timeout_ms", consume_timeout_ms, 1),
                                  ("lock_lease_ms", lock_lease_ms, 1),
                                  ("lock_renew_ms", lock_renew_ms, 1),
                                  ("batch_size", batch_size, 1)):
@@ -155,7 +159,7 @@ class OrderlyConsumer:
             self._key_pool = KeyPool(listen, max_workers=max_workers,
                                      max_reconsume_times=max_reconsume_times,
                                      commits=self._commits, dead_letters=self._dead_letters,
-                                     name=self.group)
+                                     name=self.group, consume_timeout_ms=consume_timeout_ms)
             self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size)
             run_queue = self._key_feeder.run
         else:

@@ -12,6 +12,11 @@ committable offset (with the done offsets above it) for the poll thread to commi
 against the lock epoch the call ran under. SUSPEND (or a raise, or a wrong return) delays
 only that key; once retried ``max_reconsume_times`` times the unit is dead-lettered and the
 key moves on. A unit whose lease lapsed before its call goes back uncounted.
+
+``consume_timeout_ms`` (RocketMQ's ``consumeTimeout``): an ``async def`` call still running
+then is cancelled and counts as failed; a sync call cannot be stopped, so it holds its key
+until it returns and then counts as failed whatever it returned (its work is redone: at
+least once). Either way a key that keeps timing out reaches the DLQ.
 """
 
 from __future__ import annotations
@@ -47,12 +52,15 @@ if TYPE_CHECKING:
     from rmq_semantics.orderly.dlq import DeadLetters
     from rmq_semantics.orderly.keyfeed import Session
 
-__all__ = ["DEFAULT_KEY_WORKERS", "KeyPool", "Unit", "is_async_listener"]
+__all__ = ["DEFAULT_CONSUME_TIMEOUT_MS", "DEFAULT_KEY_WORKERS", "KeyPool", "Unit",
+           "is_async_listener"]
 
 log = logging.getLogger(__name__)
 
 #: Key mode's default ``max_workers`` (Parallel Consumer's benchmark ran 16 threads).
 DEFAULT_KEY_WORKERS = 16
+#: RocketMQ's ``consumeTimeout`` default, 15 minutes.
+DEFAULT_CONSUME_TIMEOUT_MS = 15 * 60 * 1000
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
 
@@ -109,8 +117,9 @@ class KeyPool:
 
     def __init__(self, listener: Callable[..., Any], *, max_workers: int,
                  max_reconsume_times: int, commits: Commits, dead_letters: DeadLetters,
-                 name: str) -> None:
+                 name: str, consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS) -> None:
         self._listener = listener
+        self._timeout_s = consume_timeout_ms / 1000
         self.max_workers = max_workers
         self.max_reconsume_times = max_reconsume_times
         self._commits = commits
@@ -220,10 +229,13 @@ class KeyPool:
                 if not self._runnable(unit):
                     continue
                 context = self._context(unit)
+                started = time.monotonic()
                 try:
                     status = _status_of(self._listener(unit.messages(), context), unit.where)
                 except Exception as exc:
                     status = self._raised(unit, exc, context)
+                if time.monotonic() - started > self._timeout_s:
+                    status = self._timed_out(unit, context)
                 self._settle(unit, status, context.suspend_ms)
             except Exception:  # a bug must not kill the thread with the unit in flight
                 log.exception("%s: key worker error", unit.where)
@@ -245,8 +257,8 @@ class KeyPool:
                 continue
             context = self._context(unit)
             try:
-                future = asyncio.run_coroutine_threadsafe(
-                    self._listener(unit.messages(), context), loop)
+                future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(
+                    self._listener(unit.messages(), context), self._timeout_s), loop)
             except Exception as exc:  # wrong arguments, or it returned no coroutine
                 future = Future()
                 future.set_exception(exc)
@@ -268,7 +280,9 @@ class KeyPool:
             try:
                 if future.cancelled():
                     status = SUSPEND
-                elif (exc := future.exception()) is not None:
+                elif isinstance(exc := future.exception(), TimeoutError):
+                    status = self._timed_out(unit, context)  # wait_for cancelled the call
+                elif exc is not None:
                     status = self._raised(unit, exc, context)
                 else:
                     status = _status_of(future.result(), unit.where)
@@ -287,6 +301,12 @@ class KeyPool:
     def _raised(unit: Unit, exc: BaseException,
                 context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         log.warning("%s: listener raised %r; suspending the key for %d ms", unit.where, exc,
+                    context.suspend_ms)
+        return SUSPEND
+
+    def _timed_out(self, unit: Unit, context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        log.warning("%s: listener call ran past consume_timeout_ms (%d ms); counted as failed,"
+                    " suspending the key for %d ms", unit.where, int(self._timeout_s * 1000),
                     context.suspend_ms)
         return SUSPEND
 

@@ -445,3 +445,44 @@ def test_an_async_listener_runs_keys_concurrently_on_one_event_loop(
     assert len({c.thread for c in journal.snapshot()}) == 1  # one event loop thread
     expected = expected_offsets(broker, topic, 1)
     assert {k: offsets_in_call_order(c) for k, c in journal.per_key().items()} == expected
+
+
+# -- consume_timeout_ms: a hanging key is cancelled, retried, parked; the others go on ------
+def test_a_hanging_async_key_times_out_into_the_dlq_while_the_other_keys_finish(
+        broker, make_topic, unique, locks):
+    service = locks
+    topic, group = make_topic("hang-keys"), unique("g")
+    records = [(0, "H", "hang", None)] + [(0, f"k{i % 4}", f"v{i}", None) for i in range(40)]
+    records += [(0, "H", "H1", None)]
+    produce_records(broker, topic, records)
+    journal = KeyJournal()
+    cancelled: list[str] = []
+
+    async def listener(msgs, context):
+        key = journal.enter("async", msgs, context)
+        context.suspend_ms = 20
+        try:
+            if msgs[0].value == b"hang":
+                await asyncio.Event().wait()  # never set: only the timeout ends this call
+            return SUCCESS
+        except asyncio.CancelledError:
+            cancelled.append(msgs[0].value.decode())
+            raise
+        finally:
+            journal.leave(key)
+
+    consumer = key_consumer(broker, group, topic, service, listener, "async", max_workers=4,
+                            consume_timeout_ms=300, max_reconsume_times=1)
+    try:
+        wait_for(lambda: committed(broker, group, topic, 1) == {0: len(records)}, 60,
+                 "every record consumed or dead-lettered")
+    finally:
+        consumer.shutdown()
+
+    assert cancelled == ["hang", "hang"]
+    per_key = journal.per_key()
+    assert [(c.values[0], c.reconsume) for c in per_key[(0, "k", b"H")]] == [
+        ("hang", 0), ("hang", 1), ("H1", 0)]
+    assert {v for c in journal.snapshot() for v in c.values} == {v for *_, v, _ in records}
+    [dead] = read_all(broker, SystemTopics(service.prefix).dlq(group), 1)
+    assert (dead.value(), dict(dead.headers())[DLQ_RECONSUME_TIMES]) == (b"hang", b"1")

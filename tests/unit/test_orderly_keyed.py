@@ -157,3 +157,30 @@ def test_a_pool_run_commits_forward_only_and_ends_past_the_last_record():
     for key in {k for k, _ in seen}:
         assert [o for k, o in seen if k == key] == [o for o in range(200)
                                                     if b"k%d" % (o % 5) == key]
+
+
+def test_a_sync_call_past_consume_timeout_counts_as_failed_and_is_retried():
+    q = aligned_queue()
+    session = Session(q, 3, OffsetTracker())
+    commits = FakeCommits(end=1)
+    calls: list[int] = []
+
+    def listener(msgs, context):
+        context.suspend_ms = 1
+        calls.append(msgs[0].reconsume_times)
+        if not msgs[0].reconsume_times:
+            time.sleep(0.2)  # past the 50 ms timeout: its SUCCESS does not count
+        return ConsumeOrderlyStatus.SUCCESS
+
+    pool = KeyPool(listener, max_workers=2, max_reconsume_times=-1, commits=commits,
+                   dead_letters=None, name="t", consume_timeout_ms=50)
+    q.state.add([FakeRecord(0, b"k")])
+    with q.cv:
+        units = KeyFeeder(pool, batch_size=1)._take(q.state, session)
+    pool.offer(units)
+    pool.start()
+    try:
+        assert commits.reached_end.wait(30)
+    finally:
+        pool.stop(time.monotonic() + 5)
+    assert calls == [0, 1]
