@@ -176,9 +176,9 @@ class KeyFeeder:
 
         def give_up() -> bool:
             now = time.monotonic()
-            with q.cv:
+            with q.cv:  # a lost or lapsed lock: the calls' outcomes cannot commit anyway
                 return now >= deadline or session.epoch != q.state.epoch or not (
-                    q.state.held and now < q.state.deadline)
+                    q.state.held and now < q.state.deadline) or q.state.phase is QueuePhase.LOST
 
         if not self._pool.wait_idle(session, give_up):
             log.warning("%s: %d listener calls still running at the end of lock epoch %d; "
