@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix
+	test-matrix test-keys
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,7 +73,14 @@ test-matrix: setup
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup
 	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
+		tests/integration/test_orderly_keys.py tests/integration/test_orderly_keys_procs.py \
 		tests/integration/test_foundation.py $(GP_ARGS)
+
+# Key-ordered consumption across processes, the long run: four consumer processes joining,
+# leaving, SIGKILLed and SIGSTOPped over three rounds (the default run has a short one).
+test-keys: setup
+	RMQ_TEST_KEYS_LONG=1 $(PY) -m pytest tests/integration/test_orderly_keys_procs.py \
+		tests/integration/test_orderly_keys.py $(KEYS_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

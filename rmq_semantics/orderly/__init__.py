@@ -22,6 +22,15 @@ The parts, each in its module:
 - :mod:`~rmq_semantics.orderly.worker`: one worker thread per partition;
 - :mod:`~rmq_semantics.orderly.dlq`: dead letters;
 - :mod:`~rmq_semantics.orderly.consumer`: the facade, :class:`OrderlyConsumer`.
+
+Key mode (``ordering="key"``: order per message group or key, keys in parallel) replaces
+the per-partition workers with:
+
+- :mod:`~rmq_semantics.orderly.keys`: the key scheduler, per-key FIFO chains (pure);
+- :mod:`~rmq_semantics.orderly.offsets`: the offset tracker, done offsets in the commit
+  metadata (pure);
+- :mod:`~rmq_semantics.orderly.keyfeed`: one feeder thread per partition (tracker, sessions);
+- :mod:`~rmq_semantics.orderly.keyed`: the worker pool (threads, or one event loop).
 """
 
 from rmq_semantics.orderly.api import (

@@ -207,6 +207,11 @@ class PartitionStatus:
     lapsed), ``"lapsed"`` (granted, but not renewed in time: not processing) or
     ``"unlocked"``. ``committed_offset`` is the next offset to consume (-1: none committed
     yet); ``lag`` is the partition's end minus that (-1 when unknown).
+
+    Key mode (``ordering="key"``) also fills ``in_flight_keys`` (keys with a listener call
+    running), ``offset_gap`` (offsets from the lowest unfinished to the highest done one,
+    carried in the commit metadata) and ``back_pressure`` (no new records are taken from the
+    partition until the gap shrinks); ``queued`` and ``in_flight`` then count records.
     """
 
     topic: str
@@ -220,6 +225,9 @@ class PartitionStatus:
     in_flight: int
     reconsume_times: int
     suspended: bool
+    in_flight_keys: int = 0
+    offset_gap: int = 0
+    back_pressure: bool = False
 
     @property
     def locked(self) -> bool:

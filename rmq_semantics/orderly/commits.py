@@ -5,7 +5,8 @@ on, and the poll thread commits every queue's offset in one asynchronous request
 polls, at most every :data:`COMMIT_INTERVAL_S`, each checked against its lock right before
 (like RocketMQ's offset store, with a shorter period). A crash between a batch and that
 commit redelivers the batch to the next holder, in order. Revocation and shutdown commit
-synchronously. Every commit carries ``client:epoch`` as metadata.
+synchronously. Every commit carries ``client:epoch`` as metadata; in key mode the done
+offsets above the committed one go in front of it (see :mod:`~rmq_semantics.orderly.offsets`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.errors import CommitRefusedError, LockLostError, RmqError
 from rmq_semantics.orderly.calls import ConsumerCalls
+from rmq_semantics.orderly.offsets import compose_metadata, split_metadata
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue, QueueRegistry, event
 from rmq_semantics.retry import retrying
 
@@ -63,13 +65,14 @@ class Commits:
         with q.cv:
             return q.state.may_commit(epoch, time.monotonic())
 
-    def processed(self, q: LiveQueue, offset: int, epoch: int) -> None:
-        """The batch up to ``offset`` is done: the worker goes on with the next one while the
-        poll thread commits (see flush). Checked here, and again before the commit."""
+    def processed(self, q: LiveQueue, offset: int, epoch: int, done: str = "") -> None:
+        """The batch up to ``offset`` is done (and ``done``, key mode's done offsets above it):
+        the worker goes on with the next one while the poll thread commits (see flush).
+        Checked here, and again before the commit."""
         with q.cv:
             reason = q.state.may_commit(epoch, time.monotonic())
             if reason is None:
-                q.state.processed(offset, epoch)
+                q.state.processed(offset, epoch, done)
                 return
         self._skip(q, offset, epoch, reason)  # the batch stays in flight
 
@@ -82,23 +85,24 @@ class Commits:
         now = time.monotonic()
         if now < self._retry_at or now < self._next_round:
             return
-        batch: list[tuple[LiveQueue, int, int]] = []
+        batch: list[tuple[LiveQueue, int, int, str]] = []
         for q in self._queues.all():
             with q.cv:
                 due = q.state.commit_due()
                 if due is None:
                     continue
                 offset, epoch = due
+                done = q.state.pending_done
                 reason = q.state.may_commit(epoch, time.monotonic())
             if reason is not None:
                 self._skip(q, offset, epoch, reason)
             else:
-                batch.append((q, offset, epoch))
+                batch.append((q, offset, epoch, done))
         if not batch:
             return
         self._next_round = now + COMMIT_INTERVAL_S
-        tps = [TopicPartition(q.tp[0], q.tp[1], offset, metadata=f"{self.client_id}:{epoch}")
-               for q, offset, epoch in batch]
+        tps = [TopicPartition(q.tp[0], q.tp[1], offset, metadata=self._metadata(epoch, done))
+               for q, offset, epoch, done in batch]
         try:
             consumer.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
@@ -106,9 +110,9 @@ class Commits:
                         exc.args[0].str())
             self._retry_at = time.monotonic() + WAIT_SLICE_S
             return
-        for q, offset, _epoch in batch:
+        for q, offset, _epoch, done in batch:
             with q.cv:
-                q.state.commit_sent = offset
+                q.state.commit_sent, q.state.sent_done = offset, done
 
     def on_commit(self, err: KafkaError | None, partitions: list) -> None:
         """librdkafka's commit outcome (poll thread, inside consume()); then the caller's own
@@ -124,7 +128,7 @@ class Commits:
             if q is None:
                 continue
             if error is None:
-                self._done(q, tp.offset, _epoch_of(tp.metadata))
+                self._done(q, tp.offset, _epoch_of(tp.metadata), split_metadata(tp.metadata)[0])
                 continue
             with q.cv:
                 q.state.commit_failed(tp.offset)
@@ -144,13 +148,17 @@ class Commits:
                 with attempt:
                     with q.cv:
                         pending, epoch = q.state.pending_commit, q.state.pending_epoch
-                    if pending is not None and not self._commit(q, pending, epoch):
+                        done = q.state.pending_done
+                    if pending is not None and not self._commit(q, pending, epoch, done):
                         with q.cv:
                             if q.state.pending_commit is not None:
                                 raise CommitRefusedError(f"commit of {q.where}@{pending} "
                                                          "refused")
 
-    def _commit(self, q: LiveQueue, offset: int, epoch: int) -> bool:
+    def _metadata(self, epoch: int, done: str) -> str:
+        return compose_metadata(done, f"{self.client_id}:{epoch}")
+
+    def _commit(self, q: LiveQueue, offset: int, epoch: int, done: str = "") -> bool:
         """Commit ``offset`` now if the lock of ``epoch`` still holds (else LockLostError); a
         refused commit stays pending."""
         reason = self.may_commit(q, epoch)
@@ -158,7 +166,7 @@ class Commits:
             self._skip(q, offset, epoch, reason)
             raise LockLostError(f"not committing {q.where}@{offset}: {reason} (epoch {epoch})")
         where = f"{q.where}@{offset}"
-        tp = TopicPartition(q.tp[0], q.tp[1], offset, metadata=f"{self.client_id}:{epoch}")
+        tp = TopicPartition(q.tp[0], q.tp[1], offset, metadata=self._metadata(epoch, done))
 
         def commit(consumer: confluent_kafka.Consumer) -> None:
             result = consumer.commit(offsets=[tp], asynchronous=False)
@@ -174,7 +182,7 @@ class Commits:
             level = logging.INFO if code in REBALANCE_CODES else logging.WARNING
             log.log(level, "commit %s failed (%s); retrying", where, detail)
             return False
-        self._done(q, offset, epoch)
+        self._done(q, offset, epoch, done)
         return True
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -186,9 +194,9 @@ class Commits:
         with q.cv:
             q.state.commit_skipped(offset)
 
-    def _done(self, q: LiveQueue, offset: int, epoch: int) -> None:
+    def _done(self, q: LiveQueue, offset: int, epoch: int, done: str = "") -> None:
         with q.cv:
-            q.state.commit_done(offset)
+            q.state.commit_done(offset, done)
         log.debug("committed %s@%d epoch=%d", q.where, offset, epoch,
                   extra=event("committed", topic=q.tp[0], partition=q.tp[1], offset=offset,
                               epoch=epoch))

@@ -18,6 +18,8 @@ from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
+from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS, DEFAULT_KEY_WORKERS, KeyPool
+from rmq_semantics.orderly.keyfeed import KeyFeeder
 from rmq_semantics.orderly.leases import LeaseKeeper
 from rmq_semantics.orderly.poller import PollThread
 from rmq_semantics.orderly.rebalance import Rebalance
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 
 # shutdown(): joining the poll thread (which finishes in-flight batches) and the others.
 SHUTDOWN_TIMEOUT_S = 60.0
+ORDERINGS = ("partition", "key")
+#: Key mode's default max_reconsume_times: a failing key holds its partition's offset gap
+#: (and, past the metadata bound, the partition) only this long, then goes to the DLQ.
+KEY_MAX_RECONSUME_TIMES = 16
 
 
 def consumer_conf(conf: dict) -> dict:
@@ -77,21 +83,43 @@ class OrderlyConsumer:
     ``lock_renew_ms``. ``client_id`` names this instance at the lock service (default
     random; never reuse one across processes).
 
+    ``ordering="key"`` (RocketMQ 5's message groups): within the partitions whose lock this
+    consumer holds, records of one ordering key (the ``rmq.message_group`` header, else the
+    record key, else the partition) are handed over one call at a time in offset order, and
+    different keys run in parallel on ``max_workers`` threads (default 16), or on one event
+    loop when the listener is ``async def``. Each call gets up to ``batch_size`` consecutive
+    records of one key; a suspension delays only that key, and ``max_reconsume_times``
+    defaults to 16 there; a call running past ``consume_timeout_ms`` (default 15 min) counts
+    as failed (an ``async def`` one is cancelled). The commit carries the done offsets above
+    the committed one (see :mod:`~rmq_semantics.orderly.offsets`), so a new holder neither
+    redoes nor skips work.
+
     ``subscribe(topics)``, ``start()`` (background threads), ``shutdown()`` (idempotent,
     bounded); a context manager that shuts down on exit. No network in ``__init__``.
     """
 
     def __init__(self, conf: dict, *,
                  listener: MessageListenerOrderly | Callable[..., Any],
-                 max_reconsume_times: int = -1, lock_lease_ms: int = 60000,
+                 max_reconsume_times: int | None = None, lock_lease_ms: int = 60000,
                  lock_renew_ms: int = 20000, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-                 batch_size: int = 1, client_id: str | None = None) -> None:
+                 batch_size: int = 1, client_id: str | None = None,
+                 ordering: str = "partition", max_workers: int | None = None,
+                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS) -> None:
         self._conf = consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
         self.topics = SystemTopics(self.topic_prefix)
         listen = _listener_callable(listener)
+        if ordering not in ORDERINGS:
+            raise ConfigError(f"ordering must be 'partition' or 'key', got {ordering!r}")
+        self.ordering = ordering
+        if max_reconsume_times is None:
+            max_reconsume_times = KEY_MAX_RECONSUME_TIMES if ordering == "key" else -1
+        if max_workers is None:
+            max_workers = DEFAULT_KEY_WORKERS
         for name, value, low in (("max_reconsume_times", max_reconsume_times, -1),
+                                 ("max_workers", max_workers, 1),
+                                 ("consume_timeout_ms", consume_timeout_ms, 1),
                                  ("lock_lease_ms", lock_lease_ms, 1),
                                  ("lock_renew_ms", lock_renew_ms, 1),
                                  ("batch_size", batch_size, 1)):
@@ -124,11 +152,23 @@ class OrderlyConsumer:
                                    client_id=self.client_id, lease_ms=lock_lease_ms,
                                    renew_ms=lock_renew_ms, queues=self._queues,
                                    calls=self._calls)
-        worker = Worker(listen, batch_size=batch_size, max_reconsume_times=max_reconsume_times,
-                        commits=self._commits, dead_letters=self._dead_letters)
+        self.max_workers = max_workers
+        self._key_pool: KeyPool | None = None
+        self._key_feeder: KeyFeeder | None = None
+        if ordering == "key":
+            self._key_pool = KeyPool(listen, max_workers=max_workers,
+                                     max_reconsume_times=max_reconsume_times,
+                                     commits=self._commits, dead_letters=self._dead_letters,
+                                     name=self.group, consume_timeout_ms=consume_timeout_ms)
+            self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size)
+            run_queue = self._key_feeder.run
+        else:
+            run_queue = Worker(listen, batch_size=batch_size,
+                               max_reconsume_times=max_reconsume_times, commits=self._commits,
+                               dead_letters=self._dead_letters).run
         self._rebalance = Rebalance(client_id=self.client_id, queues=self._queues,
                                     calls=self._calls, commits=self._commits,
-                                    leases=self._leases, worker=worker.run,
+                                    leases=self._leases, worker=run_queue,
                                     stopping=self._stopping)
 
     # -- public API ------------------------------------------------------------------------
@@ -161,6 +201,8 @@ class OrderlyConsumer:
                                       daemon=True)
             self._threads.append(thread)
         self._calls.consumer, self._calls.thread = consumer, self._threads[0]
+        if self._key_pool is not None:
+            self._key_pool.start()
         for thread in self._threads:
             thread.start()
         log.info("orderly consumer %s started on %s", self.client_id, self._topics)
@@ -184,6 +226,8 @@ class OrderlyConsumer:
         for thread in self._threads[1:] + self._queues.workers():
             if thread is not threading.current_thread():  # shutdown() from a listener
                 thread.join(max(0.1, deadline - time.monotonic()))
+        if self._key_pool is not None:
+            self._key_pool.stop(deadline)
         self._lock_client.close()
         self._dead_letters.close(max(0.1, deadline - time.monotonic()))
         log.info("orderly consumer %s shut down", self.client_id)
@@ -202,5 +246,7 @@ class OrderlyConsumer:
             with q.cv:
                 status = q.state.status(now)
             if status is not None:
+                if self._key_feeder is not None:
+                    status = self._key_feeder.status(q, status)
                 out[q.tp] = status
         return out

@@ -141,7 +141,7 @@ class LeaseKeeper:
                 q.state.align_failed()  # asked for again on the next lock round
             return
         with q.cv:
-            if q.state.align(epoch, tp.offset):
+            if q.state.align(epoch, tp.offset, tp.metadata):
                 q.cv.notify_all()
 
     def unlock(self, queues: list[LiveQueue]) -> None:

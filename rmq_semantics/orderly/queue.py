@@ -84,6 +84,9 @@ class QueueState:
     buffers start at. Offsets: ``released`` = everything below was processed;
     ``pending_commit`` = processed, commit not confirmed (under ``pending_epoch``);
     ``commit_sent`` = the commit request in flight; ``committed`` = confirmed.
+    Key mode (:mod:`~rmq_semantics.orderly.keyed`) also commits ``pending_done``, the done
+    offsets above ``pending_commit`` (``sent_done`` with ``commit_sent``), and restores
+    them from ``committed_metadata``, read at alignment; partition mode leaves them "".
     """
 
     def __init__(self, tp: tuple[str, int], *,
@@ -106,6 +109,9 @@ class QueueState:
         self.pending_epoch = -1
         self.commit_sent = -1
         self.committed = -1
+        self.committed_metadata = ""  # of the commit read at alignment (key mode reads it)
+        self.pending_done = ""
+        self.sent_done = ""
         self.reconsume_times = 0
         self.suspended_until = 0.0
         self.paused = False  # fetching paused by flow control (poll thread)
@@ -182,7 +188,7 @@ class QueueState:
         if self.phase in (QueuePhase.LOCKED, QueuePhase.ALIGNED):
             self._move(QueuePhase.ASSIGNED)
 
-    def align(self, epoch: int, committed: int) -> bool:
+    def align(self, epoch: int, committed: int, metadata: str | None = None) -> bool:
         """Start at ``committed``, the group's offset read after the grant of ``epoch``: the
         previous holder may have committed past what we fetched, or we may hold work it
         redid. False (nothing changed) when the queue is gone or the epoch moved on."""
@@ -202,6 +208,7 @@ class QueueState:
                 self.pending_commit = None
             self.min_offset = committed
         self.committed = self.released = committed
+        self.committed_metadata = metadata or ""
         self.aligned_epoch = epoch
         if self.phase is QueuePhase.LOCKED:
             self._move(QueuePhase.ALIGNED)
@@ -253,12 +260,13 @@ class QueueState:
             return batch
         return [dataclasses.replace(m, reconsume_times=self.reconsume_times) for m in batch]
 
-    def processed(self, offset: int, epoch: int) -> None:
+    def processed(self, offset: int, epoch: int, done: str = "") -> None:
         """The in-flight batch is done up to ``offset`` under ``epoch``: the next one may
-        start while its commit is pending."""
+        start while its commit is pending. ``done``: key mode's done offsets above it."""
         self.inflight = []
         self.reconsume_times = 0
         self.pending_commit = offset
+        self.pending_done = done
         self.pending_epoch = epoch
         self.released = offset
 
@@ -281,7 +289,7 @@ class QueueState:
         """(offset, epoch) of a processed batch whose commit is not sent yet."""
         if self.phase in GONE or self.pending_commit is None:
             return None
-        if self.pending_commit == self.commit_sent:
+        if self.pending_commit == self.commit_sent and self.pending_done == self.sent_done:
             return None
         return self.pending_commit, self.pending_epoch
 
@@ -295,8 +303,8 @@ class QueueState:
         if self.commit_sent == offset:
             self.commit_sent = -1
 
-    def commit_done(self, offset: int) -> None:
-        if self.pending_commit == offset:
+    def commit_done(self, offset: int, done: str = "") -> None:
+        if self.pending_commit == offset and self.pending_done == done:
             self.pending_commit = None
         self.committed = max(self.committed, offset)
 

@@ -11,7 +11,8 @@ Every line it appends to ``--result`` is one JSON object:
   (``lock_granted``, ``lock_lost``, ``committed``, ``commit_skipped``, ``dlq``), taken from
   its log records.
 
-SIGTERM shuts the consumer down cleanly and exits 0.
+SIGTERM shuts the consumer down cleanly and exits 0. ``--ordering key`` runs key mode with
+``--max-workers`` threads; ``--work-ms`` makes each call work a random 0..N ms.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import signal
 import sys
 import threading
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--slow-prefix", default="slow")
     parser.add_argument("--slow-s", type=float, default=3.0)
+    parser.add_argument("--ordering", default="partition")
+    parser.add_argument("--max-workers", type=int, default=None)
+    parser.add_argument("--work-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
 
     result = ResultFile(args.result, args.client_id)
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             result.write("start", **fields)
             if (m.value or b"").startswith(slow):
                 time.sleep(args.slow_s)  # simulated work: the window a test acts in
+            elif args.work_ms:
+                time.sleep(random.uniform(0, args.work_ms) / 1000)  # simulated work
             result.write("end", **fields)
         return ConsumeOrderlyStatus.SUCCESS
 
@@ -97,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = OrderlyConsumer(conf, listener=listener, lock_lease_ms=args.lock_lease_ms,
                                lock_renew_ms=args.lock_renew_ms, topic_prefix=args.topic_prefix,
-                               client_id=args.client_id)
+                               client_id=args.client_id, ordering=args.ordering,
+                               max_workers=args.max_workers)
     consumer.subscribe([args.topic])
     consumer.start()
     result.write("ready")

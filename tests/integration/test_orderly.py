@@ -263,7 +263,8 @@ class Worker:
     """tests/integration/orderly_worker.py in a subprocess, and what it wrote."""
 
     def __init__(self, broker, tmp_path: Path, name: str, *, prefix: str, group: str,
-                 topic: str, lease_ms: int = LEASE_MS, renew_ms: int = RENEW_MS) -> None:
+                 topic: str, lease_ms: int = LEASE_MS, renew_ms: int = RENEW_MS,
+                 extra: tuple[str, ...] = ()) -> None:
         self.client_id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.path = tmp_path / f"{name}.jsonl"
         self.path.touch()
@@ -273,7 +274,8 @@ class Worker:
              "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix,
              "--group", group, "--topic", topic, "--result", str(self.path),
              "--client-id", self.client_id, "--lock-lease-ms", str(lease_ms),
-             "--lock-renew-ms", str(renew_ms), "--session-timeout-ms", str(SESSION_TIMEOUT_MS)],
+             "--lock-renew-ms", str(renew_ms), "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+             *extra],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr)
 
     def lines(self) -> list[dict]:
