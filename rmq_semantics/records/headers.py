@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "REAPPEND_HEADERS",
-           "RESERVED_PREFIX", "H"]
+           "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
 
 #: The header namespace the product owns; user headers may not start with it.
 RESERVED_PREFIX: Final = "rmq."
@@ -48,11 +48,28 @@ class H:
     CHECKS_ANSWERED: Final = "rmq.checks_answered"
     ANSWERED_SEQ: Final = "rmq.answered_seq"
     NEXT_CHECK_TS: Final = "rmq.next_check_ts"
-    # Dead letters of an orderly consumer.
+    # A promoted record: when the coordinator promoted it (ms); its Kafka timestamp is the
+    # producer's (CreateTime, the birth time).
+    PROMOTED_AT: Final = "rmq.promoted_at"
+    # A message re-sent to a retry topic by a concurrent consumer (RECONSUME_LATER): how
+    # often it was consumed before, where it came from, its first failure and when it is due.
+    RECONSUME_TIMES: Final = "rmq.reconsume_times"
+    ORIGINAL_TOPIC: Final = "rmq.original_topic"
+    ORIGINAL_PARTITION: Final = "rmq.original_partition"
+    ORIGINAL_OFFSET: Final = "rmq.original_offset"
+    FIRST_FAILURE_TS: Final = "rmq.first_failure_ts"
+    RETRY_DUE_TS: Final = "rmq.retry_due_ts"
+    # Dead letters of the orderly and the concurrent consumer: where the message came from,
+    # how often it was consumed, the last listener exception (class, message) if it raised,
+    # and its first and last failure (ms).
     DLQ_ORIGINAL_TOPIC: Final = "rmq.dlq.original_topic"
     DLQ_ORIGINAL_PARTITION: Final = "rmq.dlq.original_partition"
     DLQ_ORIGINAL_OFFSET: Final = "rmq.dlq.original_offset"
     DLQ_RECONSUME_TIMES: Final = "rmq.dlq.reconsume_times"
+    DLQ_EXCEPTION: Final = "rmq.dlq.exception"
+    DLQ_EXCEPTION_MESSAGE: Final = "rmq.dlq.exception_message"
+    DLQ_FIRST_FAILURE_TS: Final = "rmq.dlq.first_failure_ts"
+    DLQ_LAST_FAILURE_TS: Final = "rmq.dlq.last_failure_ts"
 
 
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
@@ -63,6 +80,10 @@ DISCARD_HEADERS: Final = (H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT, H.DISC
 #: What the coordinator adds to a half record it re-appends (all of them, always).
 REAPPEND_HEADERS: Final = (H.REAPPEND_OF, H.ORIGIN_OFFSET, H.ORIGIN_TS, H.CHECKS_ISSUED,
                            H.CHECKS_ANSWERED, H.ANSWERED_SEQ, H.NEXT_CHECK_TS)
-#: What an orderly consumer adds to a dead letter.
+#: What a consumer adds to a dead letter (the exception pair only if the listener raised).
 DLQ_HEADERS: Final = (H.DLQ_ORIGINAL_TOPIC, H.DLQ_ORIGINAL_PARTITION, H.DLQ_ORIGINAL_OFFSET,
-                      H.DLQ_RECONSUME_TIMES)
+                      H.DLQ_RECONSUME_TIMES, H.DLQ_EXCEPTION, H.DLQ_EXCEPTION_MESSAGE,
+                      H.DLQ_FIRST_FAILURE_TS, H.DLQ_LAST_FAILURE_TS)
+#: What a concurrent consumer adds to a message it sends to a retry topic.
+RETRY_HEADERS: Final = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,
+                        H.ORIGINAL_OFFSET, H.FIRST_FAILURE_TS, H.RETRY_DUE_TS)
