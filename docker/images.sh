@@ -16,6 +16,8 @@ DEFAULT_BASE=python:3.11-slim
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)"
 KAFKA_VERSION="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' \
     rmq_semantics/kafka/pom.xml)"
+KAFKA_TOOLS_VERSION="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' \
+    docker/kafka/tools-pom.xml)"
 COORDINATOR_IMAGE="rmq-semantics-coordinator:$VERSION"
 SPARK_VERSION="$(sed -n 's:.*<spark\.version>\(.*\)</spark\.version>.*:\1:p' spark/pom.xml)"
 SPARK_IMAGE="rmq-semantics-spark:$VERSION"
@@ -122,10 +124,10 @@ prepare_kafka() {
     # An absolute directory: Maven resolves a relative one against the pom's own.
     if ! mvn -q -B -s rmq_semantics/kafka/maven-settings.xml -f docker/kafka/tools-pom.xml \
             dependency:copy-dependencies -DexcludeTransitive=true \
-            "-Dkafka.version=$KAFKA_VERSION" "-DoutputDirectory=$PWD/$context/libs" \
+            "-DoutputDirectory=$PWD/$context/libs" \
             >"$BUILD/kafka-tools.mvn.log" 2>&1; then
         tail -n 5 "$BUILD/kafka-tools.mvn.log" >&2
-        say "resolving kafka-tools $KAFKA_VERSION failed (full log: $BUILD/kafka-tools.mvn.log)"
+        say "resolving kafka-tools $KAFKA_TOOLS_VERSION failed (full log: $BUILD/kafka-tools.mvn.log)"
         return 1
     fi
     local tool
