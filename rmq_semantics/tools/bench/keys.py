@@ -16,6 +16,7 @@ the timestamps on 2 cores already shared with the broker and the coordinator.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random
 import threading
@@ -32,16 +33,12 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import SystemTopics, ensure_topics
 
-__all__ = ["KEY_MODES", "PC_SECONDS", "bench_keys", "critical_path_bound", "mode_keys",
+__all__ = ["KEY_MODES", "bench_keys", "critical_path_bound", "key_figures", "mode_keys",
            "waits"]
 
 #: The modes of one run, in the order they are taken.
 KEY_MODES = ("partition", "key_1", "key_5", "key_20", "key_10000", "zipf", "unordered",
              "failing_key")
-#: Parallel Consumer's published table (10,000 messages of 0-5 ms, 1 partition, 16
-#: threads), seconds per mode; the README shows them beside ours.
-PC_SECONDS = {"partition": 22.2, "key_1": 26.7, "key_20": 2.24, "key_10000": 2.13,
-              "unordered": 2.83}
 KEY_WORKERS = 16
 MAX_WAIT_S = 0.005
 # Fixed seeds: every mode and every run sleeps the same per-record waits on the same keys.
@@ -195,6 +192,53 @@ def _topics(conf: dict, s: BenchSettings, log: Callable[[str], None]) -> dict[st
     return {m: topics[SOURCE.get(m, m)] for m in KEY_MODES}
 
 
+def _failing_run(conf: dict, prefix: str, topic: str, sleeps: list[float],
+                 log: Callable[[str], None]) -> dict:
+    """The ``failing_key`` mode: the other keys' time, when the failing key's last record
+    was handed to the DLQ, and how many of its records the DLQ holds."""
+    keys = mode_keys("failing_key", len(sleeps))
+    failing_key = keys[0].encode()
+    bad = sum(k.encode() == failing_key for k in keys)
+    listener = _TimedListener(sleeps, len(sleeps) - bad, failing_key, bad)
+    # Each parked record logs a warning: 1/20 of the records would scroll the progress away.
+    dlq_log = logging.getLogger("rmq_semantics.orderly.dlq")
+    level = dlq_log.level
+    dlq_log.setLevel(logging.ERROR)
+    try:
+        group = _consume(conf, prefix, topic, "failing_key", listener, log)
+    finally:
+        dlq_log.setLevel(level)
+    return {"seconds": listener.seconds(listener.last_success),
+            "parked_s": listener.seconds(listener.last_parked), "records": bad,
+            "dlq": float(_dead_lettered(conf, SystemTopics(prefix).dlq(group), topic,
+                                        failing_key))}
+
+
+def key_figures(seconds: dict[str, float], failing: dict, count: int, bound: float) -> dict:
+    """One run's figures from each mode's ``seconds`` (``failing_key``: the other keys'),
+    the failing run's ``records`` / ``dlq`` / ``parked_s``, and the Zipf keys' bound."""
+    partition_s = seconds["partition"]
+    modes = {mode: {"seconds": t, "speedup": partition_s / t,
+                    "msgs_per_s": (count - failing["records"] if mode == "failing_key"
+                                   else count) / t} for mode, t in seconds.items()}
+    return {"keys": {
+        "modes": modes,
+        "key20_speedup": partition_s / seconds["key_20"],
+        "key1_vs_partition": seconds["key_1"] / partition_s,
+        "zipf_bound_s": bound,
+        "zipf_vs_bound": bound / seconds["zipf"],
+        "failing_key_ratio": modes["failing_key"]["msgs_per_s"] / modes["key_20"]["msgs_per_s"],
+        "failing_key_parked_s": failing["parked_s"],
+        "failing_key_dlq_records": failing["dlq"],
+        "failing_key_records": failing["records"],
+        # Constants (ints and strings): a float would become a figure over the runs.
+        "settings": {"messages": count, "partitions": 1, "workers": KEY_WORKERS,
+                     "max_wait_ms": round(MAX_WAIT_S * 1000), "zipf_s": str(ZIPF_S),
+                     "zipf_keys": ZIPF_KEYS, "failing_keys": FAILING_KEYS,
+                     "failing_max_reconsume_times": FAILING_RECONSUME_TIMES,
+                     "failing_suspend_ms": FAILING_SUSPEND_MS}}}
+
+
 def bench_keys(conf: dict, prefix: str, s: BenchSettings, state: dict,
                log: Callable[[str], None] = print) -> dict:
     """One run of every mode; ``state`` keeps the topics (filled on the first run)."""
@@ -204,38 +248,12 @@ def bench_keys(conf: dict, prefix: str, s: BenchSettings, state: dict,
         _consume(conf, prefix, state["topics"]["key_20"], "key_20",
                  _TimedListener(waits(s.keys_count), s.keys_count), log)
     topics, sleeps, count = state["topics"], waits(s.keys_count), s.keys_count
-    modes: dict[str, dict[str, float]] = {}
+    seconds: dict[str, float] = {}
     for mode in KEY_MODES[:-1]:
         listener = _TimedListener(sleeps, count)
         _consume(conf, prefix, topics[mode], mode, listener, log)
-        seconds = listener.seconds(listener.last_success)
-        modes[mode] = {"seconds": seconds, "msgs_per_s": count / seconds}
-    failing = mode_keys("failing_key", count)
-    failing_key = failing[0].encode()
-    bad = sum(k.encode() == failing_key for k in failing)
-    listener = _TimedListener(sleeps, count - bad, failing_key, bad)
-    group = _consume(conf, prefix, topics["failing_key"], "failing_key", listener, log)
-    others_s = listener.seconds(listener.last_success)
-    modes["failing_key"] = {"seconds": others_s, "msgs_per_s": (count - bad) / others_s}
-    partition_s = modes["partition"]["seconds"]
-    for figures in modes.values():
-        figures["speedup"] = partition_s / figures["seconds"]
-    bound = critical_path_bound(sleeps, mode_keys("zipf", count), KEY_WORKERS)
-    return {"keys": {
-        "modes": modes,
-        "key20_speedup": partition_s / modes["key_20"]["seconds"],
-        "key1_vs_partition": modes["key_1"]["seconds"] / partition_s,
-        "zipf_bound_s": bound,
-        "zipf_vs_bound": bound / modes["zipf"]["seconds"],
-        "failing_key_ratio": modes["failing_key"]["msgs_per_s"]
-        / modes["key_20"]["msgs_per_s"],
-        "failing_key_parked_s": listener.seconds(listener.last_parked),
-        "failing_key_dlq_records": float(_dead_lettered(
-            conf, SystemTopics(prefix).dlq(group), topics["failing_key"], failing_key)),
-        "failing_key_records": bad,
-        # Constants (ints and strings): a float would become a figure over the runs.
-        "settings": {"messages": count, "partitions": 1, "workers": KEY_WORKERS,
-                     "max_wait_ms": round(MAX_WAIT_S * 1000), "zipf_s": str(ZIPF_S),
-                     "zipf_keys": ZIPF_KEYS, "failing_keys": FAILING_KEYS,
-                     "failing_max_reconsume_times": FAILING_RECONSUME_TIMES,
-                     "failing_suspend_ms": FAILING_SUSPEND_MS}}}
+        seconds[mode] = listener.seconds(listener.last_success)
+    failing = _failing_run(conf, prefix, topics["failing_key"], sleeps, log)
+    seconds["failing_key"] = failing["seconds"]
+    return key_figures(seconds, failing, count,
+                       critical_path_bound(sleeps, mode_keys("zipf", count), KEY_WORKERS))
