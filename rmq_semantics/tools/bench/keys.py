@@ -195,7 +195,7 @@ def _topics(conf: dict, s: BenchSettings, log: Callable[[str], None]) -> dict[st
 def _failing_run(conf: dict, prefix: str, topic: str, sleeps: list[float],
                  log: Callable[[str], None]) -> dict:
     """The ``failing_key`` mode: the other keys' time, when the failing key's last record
-    was handed to the DLQ, and how many of its records the DLQ holds."""
+    had its last call (the DLQ's next), and how many of its records the DLQ holds."""
     keys = mode_keys("failing_key", len(sleeps))
     failing_key = keys[0].encode()
     bad = sum(k.encode() == failing_key for k in keys)
