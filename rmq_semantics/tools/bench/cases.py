@@ -43,6 +43,8 @@ class BenchContext:
     promoted_topic: str = ""
     warmed: set[str] = field(default_factory=set)
     spark: Any = None
+    # What a case keeps from its first run for the next ones (the keys case's topics).
+    kept: dict[str, dict] = field(default_factory=dict)
 
     def first_run(self, case: str) -> bool:
         """True once per case: its first run is preceded by an unmeasured warm-up run."""
@@ -110,6 +112,12 @@ def _orderly(ctx: BenchContext) -> dict:
                          dataclasses.replace(ctx.s, repeat=1))
 
 
+def _keys(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.keys import bench_keys
+
+    return bench_keys(ctx.conf, ctx.prefix, ctx.s, ctx.kept.setdefault("keys", {}), ctx.log)
+
+
 def _stall(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.stall import bench_stall
 
@@ -143,7 +151,7 @@ def _spark(ctx: BenchContext) -> dict:
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
     "threads": _threads, "copier": _copier, "coordinators": _coordinators,
-    "orderly": _orderly, "stall": _stall, "spark": _spark, "failover": _failover}
+    "orderly": _orderly, "keys": _keys, "stall": _stall, "spark": _spark, "failover": _failover}
 KNOWN_CASES = tuple(CASE_RUNS)
 #: A full run's cases: failover needs a cluster (``--brokers 3 --cases failover``).
 CASES = tuple(c for c in KNOWN_CASES if c != "failover")

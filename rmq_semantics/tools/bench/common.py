@@ -42,12 +42,14 @@ class BenchSettings:
     load_sample_s: float = 1.0
     # The stall case's kills per run until one finds a transaction open.
     stall_attempts: int = 5
+    # The keys case: records per mode (Parallel Consumer's table has 10,000).
+    keys_count: int = 10000
 
     @classmethod
     def quick(cls) -> BenchSettings:
         return cls(count=20000, latency_seconds=5.0, repeat=2, check_messages=100,
                    thread_counts=(1, 8), calls_per_thread=20, load_sample_s=0.5,
-                   stall_attempts=1)
+                   stall_attempts=1, keys_count=1000)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -58,14 +60,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str]) -> None:
-    """Write ``count`` random values of ``size`` bytes, record ``i`` keyed ``key(i)``."""
+def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str],
+         headers: Callable[[int], list[tuple[str, bytes]]] | None = None) -> None:
+    """Write ``count`` random values of ``size`` bytes, record ``i`` keyed ``key(i)`` (and
+    with the headers ``headers(i)``)."""
     producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
     value = os.urandom(size)
     for i in range(count):
         while True:
             try:
-                producer.produce(topic, value, key=key(i).encode())
+                producer.produce(topic, value, key=key(i).encode(),
+                                 headers=headers(i) if headers else None)
                 break
             except BufferError:
                 producer.poll(0.05)

@@ -29,6 +29,20 @@ RMQ_RAW = 13274  # sync sends from 32 threads
 GOAL_THREADS, GOAL_THREADS_P50_MS = 11295, 3.0
 GOAL_TXN_VS_COPIER, GOAL_LATENCY_VS_COPIER = 0.8, 1.2
 GOAL_ORDERLY, GOAL_SPARK = 0.8, 0.9
+# Parallel Consumer's published table (10,000 messages of 0-5 ms, 1 partition, 16 threads),
+# seconds per mode of the keys case; "unordered" is its UNORDERED mode.
+PC_SECONDS = {"partition": 22.2, "key_1": 26.7, "key_20": 2.24, "key_10000": 2.13,
+              "unordered": 2.83}
+# Goals of issue 16: key order with 20 keys at least 10x partition order and at least
+# Parallel Consumer's ratio; 1 key within 20 % of partition order; the rest below.
+GOAL_KEY20_SPEEDUP = max(10.0, PC_SECONDS["partition"] / PC_SECONDS["key_20"])
+GOAL_KEY1_VS_PARTITION, GOAL_ZIPF_VS_BOUND, GOAL_FAILING_KEY = 1.2, 0.8, 0.9
+KEY_MODE_LABELS = {"partition": "partition order", "key_1": "key order, 1 key",
+                   "key_5": "key order, 5 keys", "key_20": "key order, 20 keys",
+                   "key_10000": "key order, 10,000 keys",
+                   "zipf": "key order, Zipf(1.1) over 1,000 keys",
+                   "unordered": "every record its own key (unordered)",
+                   "failing_key": "20 keys, one always failing: the other 19"}
 
 
 # -- numbers ------------------------------------------------------------------------------
@@ -123,6 +137,69 @@ def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
              _fig(r.get("stall_restart_s"), _x, " s"), "")]
 
 
+def _keys_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    """The keys case's goals (issue 16); none before the case was first run."""
+    k = r.get("keys")
+    if not isinstance(k, dict):
+        return []
+    modes, g = k.get("modes") or {}, k.get
+    zipf, unordered = modes.get("zipf") or {}, modes.get("unordered") or {}
+    speedup_met = _at_least(g("key20_speedup"), GOAL_KEY20_SPEEDUP)
+    ratio_met = _at_least(g("failing_key_ratio"), GOAL_FAILING_KEY)
+    dlq = g("failing_key_dlq_records")
+    dlq_low = dlq.get("min") if isinstance(dlq, dict) else None
+    failing_met = None if ratio_met is None or dlq_low is None \
+        else ratio_met and dlq_low == g("failing_key_records")
+    pc = PC_SECONDS["partition"] / PC_SECONDS["key_20"]
+    return [
+        ("keys", "key order, 20 keys, against partition order (speed-up)",
+         _fig(g("key20_speedup"), _x, TIMES),
+         _goal(f"≥ 10{TIMES} and ≥ Parallel Consumer's {pc:.1f}{TIMES}", speedup_met)),
+        ("keys", "key order, 1 key, against partition order (seconds)",
+         _fig(g("key1_vs_partition"), _x, TIMES),
+         _goal(f"≤ {GOAL_KEY1_VS_PARTITION}{TIMES} (within 20 %)",
+               _at_most(g("key1_vs_partition"), GOAL_KEY1_VS_PARTITION))),
+        ("keys", "Zipf(1.1) keys over 1,000: critical-path bound / measured",
+         f"{_fig(g('zipf_vs_bound'), _x, TIMES)} (bound {_fig(g('zipf_bound_s'), _x, ' s')}, "
+         f"measured {_fig(zipf.get('seconds'), _x, ' s')}; unordered "
+         f"{_fig(unordered.get('seconds'), _x, ' s')})",
+         _goal(f"≥ {GOAL_ZIPF_VS_BOUND}{TIMES}",
+               _at_least(g("zipf_vs_bound"), GOAL_ZIPF_VS_BOUND))),
+        ("keys", "one key always failing: the other keys' rate against 20 healthy keys",
+         f"{_fig(g('failing_key_ratio'), _x, TIMES)}; in the DLQ "
+         f"{_fig(dlq, _int)} of its {_int(g('failing_key_records') or '?')} records",
+         _goal(f"≥ {GOAL_FAILING_KEY}{TIMES}, all of them in the DLQ", failing_met)),
+    ]
+
+
+def _keys_table(r: dict) -> list[str]:
+    """Every mode of the keys case beside Parallel Consumer's published seconds."""
+    k = r.get("keys")
+    if not isinstance(k, dict):
+        return []
+    modes, s = k.get("modes") or {}, k.get("settings") or {}
+    pc_partition = PC_SECONDS["partition"]
+    lines = ["### Key-ordered consumption and Parallel Consumer", "",
+             f"| mode | seconds: median (min{DASH}max) | speed-up against partition order "
+             "| Parallel Consumer (published) |", "| --- | --- | --- | --- |"]
+    for mode, label in KEY_MODE_LABELS.items():
+        m = modes.get(mode) or {}
+        pc = PC_SECONDS.get(mode)
+        theirs = "—" if pc is None else f"{pc:g} s ({_x(pc_partition / pc)}{TIMES})"
+        lines.append(f"| {label} | {_fig(m.get('seconds'), _x, ' s')} | "
+                     f"{_fig(m.get('speedup'), _x, TIMES)} | {theirs} |")
+    lines += ["", f"Each mode consumes {_int(s.get('messages', '?'))} records of one partition "
+              f"with {s.get('workers', '?')} workers; the listener sleeps a seeded random "
+              f"0{DASH}{s.get('max_wait_ms', '?')} ms per record, the same in every mode, and "
+              "a mode is timed from its first call to its last completion. The failing key "
+              f"is suspended for {s.get('failing_suspend_ms', '?')} ms each time and parks "
+              f"to the DLQ after {s.get('failing_max_reconsume_times', '?')} retries; its row "
+              "times the other keys. Parallel Consumer's figures are those of its README "
+              f"(10,000 messages of 0{DASH}5 ms, 1 partition, 16 threads), not re-measured.",
+              ""]
+    return lines
+
+
 def _rows(r: dict) -> list[tuple[str, str, str, str]]:
     """(case, label, result, goal) for every figure in ``r``."""
     g = r.get
@@ -170,6 +247,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
         ("orderly", "takeover after SIGKILL of the lock holder",
          _fig(g("takeover_s"), _x, " s"), ""),
         *_stall_rows(r),
+        *_keys_rows(r),
         ("spark", "Spark job on a promoted topic against a plain one",
          _fig(g("spark_ratio"), _x, TIMES),
          _goal(f"≥ {GOAL_SPARK}{TIMES} every run",
@@ -261,6 +339,11 @@ def _comparison(r: dict) -> list[str]:
             "this product's are read from `bench/results.json`."]
 
 
+def _keys_block(results: dict) -> list[str]:
+    table = _keys_table(results)
+    return ["", *table[:-1]] if table else []
+
+
 def render_block(results: dict) -> str:
     """The README's bench block (markers included) for ``results``."""
     busy = {c for c, info in (results.get("cases") or {}).items()
@@ -275,7 +358,7 @@ def render_block(results: dict) -> str:
     if busy:
         lines += [f"{BUSY_MARK} taken on a busy machine (over a quarter of the CPU busy "
                   f"before the case started): {', '.join(sorted(busy))}.", ""]
-    lines += [_sizing_line(results), "", *_comparison(results), END]
+    lines += [_sizing_line(results), "", *_comparison(results), *_keys_block(results), END]
     return "\n".join(lines)
 
 

@@ -174,7 +174,8 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
                                    ("repeat", args.repeat)) if v is not None}
     if args.threads:
         overrides["thread_counts"] = tuple(int(n) for n in args.threads.split(","))
-    for name in ("calls_per_thread", "latency_seconds", "check_messages", "load_sample_s"):
+    for name in ("calls_per_thread", "latency_seconds", "check_messages", "load_sample_s",
+                 "keys_count"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     return BenchSettings(**{**base.__dict__, **overrides})
@@ -224,6 +225,8 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
                        help="calls each thread of the threads case makes per run")
     bench.add_argument("--check-messages", dest="check_messages", type=int,
                        help="UNKNOW transactions of the check case per run")
+    bench.add_argument("--keys-count", dest="keys_count", type=int,
+                       help="records per mode of the keys case (default 10,000)")
     bench.add_argument("--load-sample", dest="load_sample_s", type=float,
                        help="seconds of /proc/stat sampled before and after each case run")
     bench.add_argument("--readme", help="after the run, re-render this README's bench block "
