@@ -120,11 +120,13 @@ prepare_kafka() {
         'from rmq_semantics.embedded import kafka_classpath; print(kafka_classpath())')"
     rm -rf "$context" && mkdir -p "$context/bin"
     cp -r "${libs%/\*}" "$context/libs"
-    # The tools jar alone: what it needs besides is on the broker's classpath already.
-    # An absolute directory: Maven resolves a relative one against the pom's own.
+    # The tools with their own dependencies, apart from the broker's jars: they are a client
+    # (they talk to the broker over the network), and kafka-tools may lag the broker's
+    # release (tools-pom.xml). An absolute directory: Maven resolves a relative one against
+    # the pom's own.
     if ! mvn -q -B -s rmq_semantics/kafka/maven-settings.xml -f docker/kafka/tools-pom.xml \
-            dependency:copy-dependencies -DexcludeTransitive=true \
-            "-DoutputDirectory=$PWD/$context/libs" \
+            dependency:copy-dependencies -DincludeScope=runtime \
+            "-DoutputDirectory=$PWD/$context/tools-libs" \
             >"$BUILD/kafka-tools.mvn.log" 2>&1; then
         tail -n 5 "$BUILD/kafka-tools.mvn.log" >&2
         say "resolving kafka-tools $KAFKA_TOOLS_VERSION failed (full log: $BUILD/kafka-tools.mvn.log)"

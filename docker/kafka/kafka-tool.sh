@@ -14,4 +14,4 @@ esac
 # A small client JVM: the healthcheck runs this every few seconds next to the broker.
 exec java -Xmx64m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
     -Dlog4j2.configurationFile=/opt/kafka/tools-log4j2.properties \
-    -cp "/opt/kafka/libs/*" "$class" "$@"
+    -cp "/opt/kafka/tools-libs/*" "$class" "$@"
