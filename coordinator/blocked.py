@@ -24,10 +24,14 @@ NOT_ENOUGH_REPLICAS = "not_enough_replicas"
 NO_LEADER = "no_leader"
 TIMED_OUT_REASON = "timed_out"
 REASONS = (NOT_ENOUGH_REPLICAS, NO_LEADER, TIMED_OUT_REASON)
-#: Delivery errors that mean "not taken in time" rather than "refused".
+#: Delivery errors that mean "not taken in time" rather than "refused". A fence is one too:
+#: when the records wait past transaction.timeout.ms the broker may abort the transaction
+#: (bumping the epoch) before librdkafka times them out, and they fail as fenced.
 TIMED_OUT = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT,
                        KafkaError.NOT_ENOUGH_REPLICAS,
-                       KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND})
+                       KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                       KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                       KafkaError.INVALID_PRODUCER_EPOCH})
 PROBE_TIMEOUT_S = 10.0
 
 

@@ -49,19 +49,31 @@ SENDERS = 2
 # the pause lands: a commit in flight at once; otherwise the offsets' call times out first and
 # the abort's EndTxn a call timeout later.
 PAUSE_S = 2 * TXN_CALL_TIMEOUT_S + 15
+# check_max: the slow messages are answered UNKNOW through the whole pause, not discarded.
 SETTINGS = {"half_partitions": 4, "check_partitions": 2, "transaction_timeout_ms": 3000,
-            "check_interval_ms": 2500}
+            "check_interval_ms": 2500, "check_max": 200}
+# Messages whose back-checks keep both coordinators writing transactions during the pause.
+SLOW = 40
 
 
 class LocalDatabase(TransactionListener):
     """The user's side: each local transaction's outcome, which its back-check reads. Every
-    10th commits only on its back-check (UNKNOW first) and every 10th rolls back."""
+    10th commits only on its back-check (UNKNOW first) and every 10th rolls back. A
+    ``slow-`` message's back-check answers UNKNOW until :meth:`decide` (its local
+    transaction is still running), which keeps the coordinators checking, so writing Kafka
+    transactions, while a node is paused."""
 
     def __init__(self) -> None:
         self.outcomes: dict[bytes, S] = {}
+        self.undecided: set[bytes] = set()
         self.lock = threading.Lock()
 
     def execute_local_transaction(self, msg, arg):
+        if msg.value.startswith(b"slow-"):
+            with self.lock:
+                self.outcomes[msg.value] = S.COMMIT_MESSAGE
+                self.undecided.add(msg.value)
+            return S.UNKNOW
         case = int(msg.value.split(b"-")[1]) % 10
         outcome = S.ROLLBACK_MESSAGE if case == 3 else S.COMMIT_MESSAGE
         with self.lock:
@@ -71,7 +83,13 @@ class LocalDatabase(TransactionListener):
     def check_local_transaction(self, msg):
         # A half record whose send raised never ran its local transaction: roll it back.
         with self.lock:
+            if msg.value in self.undecided:
+                return S.UNKNOW
             return self.outcomes.get(msg.value, S.ROLLBACK_MESSAGE)
+
+    def decide(self) -> None:
+        with self.lock:
+            self.undecided.clear()
 
     def committed(self) -> set[bytes]:
         with self.lock:
@@ -166,6 +184,8 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
             down.clear()
 
             stage(0.3)
+            for i in range(SLOW):
+                producer.send_message_in_transaction(Message(topic, f"slow-{i}".encode()))
             tid = f"{topics.coordinator_group}-{ids[0]}"
             txn_node = coordinator_node(admin, "__transaction_state", tid)
             pause(cluster, txn_node)
@@ -173,6 +193,7 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
             time.sleep(PAUSE_S)  # the fault itself is a duration: nothing to await
             resume(cluster, txn_node)
             down.clear()
+            database.decide()
 
             stage(0.5)
             txn_node = coordinator_node(admin, "__transaction_state", tid)
