@@ -48,6 +48,10 @@ class ConsumeOrderlyStatus(Enum):
 
     SUCCESS = "SUCCESS"
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+    #: With ``context.auto_commit`` False: commit everything delivered up to this batch.
+    COMMIT = "COMMIT"
+    #: With ``context.auto_commit`` False: re-deliver everything since the last commit.
+    ROLLBACK = "ROLLBACK"
 
 
 class ConsumeOrderlyContext:
@@ -55,13 +59,40 @@ class ConsumeOrderlyContext:
 
     ``lock_epoch`` is the fencing epoch of the queue lock the batch runs under; a
     listener can store it with its side effects to reject writes of a deposed holder.
+    ``auto_commit`` (default True) is RocketMQ's ``setAutoCommit``: with False, SUCCESS
+    does not commit, COMMIT does, ROLLBACK re-delivers from the last commit. Partition
+    mode only: in key mode the commit point is a watermark across keys.
     """
 
-    def __init__(self, topic: str, partition: int, lock_epoch: int = 0) -> None:
+    def __init__(self, topic: str, partition: int, lock_epoch: int = 0, *,
+                 key_mode: bool = False) -> None:
         self.topic = topic
         self.partition = partition
         self.lock_epoch = lock_epoch
         self._suspend_ms = DEFAULT_SUSPEND_MS
+        self._auto_commit = True
+        self._key_mode = key_mode
+
+    @property
+    def auto_commit(self) -> bool:
+        """Whether SUCCESS commits the batch (RocketMQ's ``autoCommit``), default True."""
+        return self._auto_commit
+
+    @auto_commit.setter
+    def auto_commit(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"auto_commit must be a bool, got {value!r}")
+        if not value and self._key_mode:
+            raise ConfigError("auto_commit=False needs ordering='partition': with "
+                              "ordering='key' the commit point is a watermark across keys")
+        self._auto_commit = value
+
+    # RocketMQ's spellings, so a ported listener runs unchanged.
+    def setAutoCommit(self, value: bool) -> None:
+        self.auto_commit = value
+
+    def setSuspendCurrentQueueTimeMillis(self, value: int) -> None:
+        self.suspend_ms = value
 
     @property
     def suspend_ms(self) -> int:
@@ -79,7 +110,8 @@ class ConsumeOrderlyContext:
 
     def __repr__(self) -> str:
         return (f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
-                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms})")
+                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
+                f"auto_commit={self._auto_commit})")
 
 
 class MessageListenerOrderly:

@@ -63,6 +63,7 @@ DEFAULT_KEY_WORKERS = 16
 DEFAULT_CONSUME_TIMEOUT_MS = 15 * 60 * 1000
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
+ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ConsumeOrderlyStatus.ROLLBACK})
 
 
 class Unit:
@@ -295,7 +296,7 @@ class KeyPool:
     @staticmethod
     def _context(unit: Unit) -> ConsumeOrderlyContext:
         tp = unit.session.q.tp
-        return ConsumeOrderlyContext(tp[0], tp[1], unit.session.epoch)
+        return ConsumeOrderlyContext(tp[0], tp[1], unit.session.epoch, key_mode=True)
 
     @staticmethod
     def _raised(unit: Unit, exc: BaseException,
@@ -311,7 +312,8 @@ class KeyPool:
         return SUSPEND
 
     def _settle(self, unit: Unit, status: ConsumeOrderlyStatus, suspend_ms: int) -> None:
-        if status is SUCCESS:
+        # Auto-commit is always on here: COMMIT and ROLLBACK ack, as in RocketMQ.
+        if status in ACKS:
             self._finish(unit)
             return
         retried = not 0 <= self.max_reconsume_times <= unit.reconsume_times

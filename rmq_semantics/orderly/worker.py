@@ -4,7 +4,10 @@ under a live lease, see :meth:`QueueState.runnable`); partitions run in parallel
 
 A suspended batch (or one whose listener raised or returned something else) is handed over
 again after ``context.suspend_ms``; once retried ``max_reconsume_times`` times (-1: forever)
-it is dead-lettered and the queue moves on.
+it is dead-lettered and the queue moves on. With ``context.auto_commit`` False (RocketMQ's
+``ConsumeMessageOrderlyService``): SUCCESS keeps the batch uncommitted, COMMIT commits up to
+it, ROLLBACK hands everything since the last commit over again after ``suspend_ms`` (not
+counted as a reconsume, as in RocketMQ).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ __all__ = ["Worker"]
 log = logging.getLogger(__name__)
 
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+SUCCESS = ConsumeOrderlyStatus.SUCCESS
+ROLLBACK = ConsumeOrderlyStatus.ROLLBACK
+ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ROLLBACK})
 
 
 class Worker:
@@ -82,7 +88,18 @@ class Worker:
                 batch = st.next_batch(self.batch_size)
             context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
             status = self._call_listener(batch, context)
-            if status is ConsumeOrderlyStatus.SUCCESS:
+            if status in ACKS and not context.auto_commit:
+                if status is ROLLBACK:
+                    with q.cv:
+                        st.rollback()
+                        st.suspend(time.monotonic() + context.suspend_ms / 1000,
+                                   retried=False)
+                    return
+                if status is SUCCESS:
+                    with q.cv:
+                        st.hold()
+                    continue
+            if status in ACKS:  # with auto_commit, COMMIT and ROLLBACK ack, as in RocketMQ
                 self._commits.processed(q, batch[-1].offset + 1, epoch)
                 continue
             retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
