@@ -345,14 +345,18 @@ class KeyPool:
             self._scheduler.finished(unit)
             unit.session.in_flight -= 1
             self._cv.notify_all()
-        session = unit.session
+        self.done_offsets(unit.session, [record.offset() for record in unit.records])
+
+    def done_offsets(self, session: Any, offsets: list[int]) -> None:
+        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter):
+        leave the new committable offset for the poll thread."""
         q = session.q
         with q.cv:  # one completion at a time per partition: commits never go backwards
             if session.closed:
                 return
             tracker = session.tracker
-            for record in unit.records:
-                tracker.done(record.offset())
+            for offset in offsets:
+                tracker.done(offset)
             committable = tracker.committable()
             q.cv.notify_all()  # the feeder may be waiting for the gap to shrink
             if committable is not None:

@@ -26,6 +26,7 @@ from rmq_semantics.orderly.api import (
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
+from rmq_semantics.tags import TagFilter
 
 __all__ = ["Worker"]
 
@@ -48,6 +49,7 @@ class Worker:
         self.max_reconsume_times = max_reconsume_times
         self._commits = commits
         self._dead_letters = dead_letters
+        self.tag_filter = TagFilter()  # set by OrderlyConsumer.subscribe
 
     def run(self, q: LiveQueue) -> None:
         st = q.state
@@ -86,6 +88,10 @@ class Worker:
                     return
                 epoch = st.epoch
                 batch = st.next_batch(self.batch_size)
+                if not self.tag_filter.keeps_all:
+                    batch = self._matching(st, batch)
+            if not batch:  # the tag filter left out the whole batch: commit past it
+                continue
             context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
             status = self._call_listener(batch, context)
             if status in ACKS and not context.auto_commit:
@@ -109,6 +115,18 @@ class Worker:
             with q.cv:
                 st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=retried)
             return
+
+    def _matching(self, st: Any, batch: list[OrderlyMessage]) -> list[OrderlyMessage]:
+        """The batch's messages the tag filter keeps (``q.cv`` held). A batch it leaves out
+        whole is settled here: committed past, or held with the uncommitted ones."""
+        kept = [m for m in batch if self.tag_filter.matches(m.headers)]
+        if kept:
+            return kept
+        if st.uncommitted:  # auto_commit off: the next COMMIT covers it
+            st.hold()
+        else:
+            st.processed(batch[-1].offset + 1, st.epoch)
+        return []
 
     def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int) -> bool:
         reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on
