@@ -151,6 +151,18 @@ class OrderlyMessage:
     def where(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
+    @property
+    def born_timestamp(self) -> int:
+        """When the producer made the message (ms): ``rmq.born_ts`` where a record carries
+        it, else the record's timestamp (a promoted record keeps the birth time there)."""
+        for name, value in self.headers:
+            if name == H.BORN_TS:
+                try:
+                    return int(value)
+                except ValueError:
+                    break
+        return self.timestamp
+
     def _fields(self) -> tuple:
         return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,
                 self.timestamp, self.reconsume_times)
