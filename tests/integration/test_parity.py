@@ -4,6 +4,8 @@ by the orderly consumer read back by naming it (never through a pattern)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import confluent_kafka
@@ -19,6 +21,7 @@ from tests.integration.test_orderly import (
     RENEW_MS,
     committed,
     orderly_conf,
+    read_all,
     start_consumer,
     wait_for,
 )
@@ -121,6 +124,30 @@ def test_a_dlq_made_by_the_orderly_consumer_is_read_by_name_never_through_a_patt
         while pattern.skipped_system_records == 0:
             extra = pattern.poll(0.5)
             assert extra is None or extra.error() is not None, extra.topic()
+
+    # dlq list shows the reasons; dlq redrive sends it back to where it came from.
+    listed = dlq_cli(broker, "list", group, locks.prefix)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{topic}[0]@0" in listed.stdout and "0:0" in listed.stdout
+    bad = dlq_cli(broker, "redrive", group, locks.prefix, "--offset", "7")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"rmq-semantics: error: no dead letter at 0:7 in {dlq}"]
+    redriven = dlq_cli(broker, "redrive", group, locks.prefix, "--offset", "0")
+    assert redriven.returncode == 0, redriven.stderr
+    records = read_all(broker, topic, 1)
+    assert [m.value() for m in records] == [b"poison", b"poison"]
+    again = dict(records[1].headers())
+    assert again["user"] == b"h" and records[1].key() == b"k"
+    assert again[H.REDRIVE_OF] == f"{dlq}[0]@0".encode()
+    assert not [k for k in again if k.startswith("rmq.dlq.")]
+
+
+def dlq_cli(broker, action: str, group: str, prefix: str,
+            *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rmq_semantics", "dlq", action, "--group",
+                           group, "--bootstrap-servers", broker.bootstrap, "--topic-prefix",
+                           prefix, *extra], capture_output=True, text=True, timeout=120)
 
 
 def _one(consumer: Consumer) -> confluent_kafka.Message | None:
