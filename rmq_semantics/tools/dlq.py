@@ -14,20 +14,17 @@ as RocketMQ's resend does.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 import time
 from dataclasses import dataclass
 
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
-from rich.console import Console
 from rich.table import Table
 
 from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.producer import producer_defaults
 from rmq_semantics.records.headers import DLQ_HEADERS, RETRY_HEADERS, H
-from rmq_semantics.tools.admin import READ_TIMEOUT_S, _read_to_eof, _reader
+from rmq_semantics.tools.admin import READ_TIMEOUT_S, _read_to_eof, _reader, cli_context
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -165,12 +162,7 @@ def _ts(ms: int | None) -> str:
 
 
 def _cmd_dlq(args: argparse.Namespace) -> int:
-    from rmq_semantics.settings import kafka_conf_from_args
-
-    conf = kafka_conf_from_args(args)
-    if not getattr(args, "verbose", False):
-        logging.getLogger("rmq_semantics.librdkafka").setLevel(logging.CRITICAL)
-    console = Console(width=None if sys.stdout.isatty() else 250)
+    conf, console = cli_context(args)
     if args.action == "list":
         table = Table("dlq", "original", "reconsumes", "exception", "first failure (UTC)",
                       "last failure (UTC)", "key")
