@@ -313,7 +313,9 @@ class TransactionWriter:
         half = action.half
         if isinstance(action, Finish):
             if action.outcome is TxnState.COMMITTED:
-                kwargs = {"key": half.key, "headers": half.promoted_headers(),
+                # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
+                kwargs = {"key": half.key, "headers": half.promoted_headers(_now_ms()),
+                          "timestamp": half.born_ts,
                           "on_delivery": partial(self._on_delivery, action)}
                 if half.real_partition is not None:
                     kwargs["partition"] = half.real_partition

@@ -27,7 +27,11 @@ from rmq_semantics.orderly import (
     PartitionStatus,
 )
 from rmq_semantics.producer import Producer
-from rmq_semantics.selector import MessageQueueSelector, SelectMessageQueueByHash
+from rmq_semantics.selector import (
+    MessageQueueSelector,
+    SelectMessageQueueByHash,
+    SelectMessageQueueByRandom,
+)
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -60,6 +64,7 @@ __all__ = [
     "RmqError",
     "RmqTimeoutError",
     "SelectMessageQueueByHash",
+    "SelectMessageQueueByRandom",
     "SelectorError",
     "SendResult",
     "SystemTopicError",

@@ -138,9 +138,10 @@ def _subcommand_registrars() -> list:
     from rmq_semantics.tools.admin import register_cli as txn
     from rmq_semantics.tools.bench.runner import register_cli as bench
     from rmq_semantics.tools.demo import register_cli as demo
+    from rmq_semantics.tools.dlq import register_cli as dlq
     from spark.job import register_cli as spark
 
-    return [coordinator, txn, spark, demo, bench]
+    return [coordinator, txn, dlq, spark, demo, bench]
 
 
 def main(argv: list[str] | None = None) -> int:

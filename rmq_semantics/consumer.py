@@ -9,8 +9,10 @@ from typing import Any
 import confluent_kafka
 
 from rmq_semantics.clientconf import client_conf, new_client
+from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
+    is_readable_system_topic,
     is_system_topic,
     refuse_system_topics,
     validate_prefix,
@@ -29,7 +31,13 @@ def consumer_defaults(conf: dict) -> dict:
 class Consumer:
     """Drop-in for ``confluent_kafka.Consumer``: ``read_committed`` by default, and records
     of the product's system topics (``<topic_prefix>_*``) are never returned, even when a
-    subscription pattern matches them. Subscribing to a system topic by name is an error.
+    subscription pattern matches them. Subscribing to a system topic by name is an error,
+    but for a DLQ or retry topic (``<prefix>_dlq_<group>``): named explicitly, it is read.
+
+    ``subscribe(topics, tags="TagA || TagB")`` returns only records whose ``rmq.tags`` is
+    one of them. This consumer never commits for the user: a record the filter leaves out
+    only has its offset stored (``store_offsets``; librdkafka does it itself with
+    ``enable.auto.offset.store`` on), so the user's commit, or auto-commit, covers it.
     """
 
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
@@ -38,16 +46,30 @@ class Consumer:
         self._consumer = new_client(confluent_kafka.Consumer, self._conf, "consumer")
         #: Records of system topics that a pattern matched and this consumer dropped.
         self.skipped_system_records = 0
+        #: Records the tag filter left out.
+        self.skipped_tag_records = 0
+        self._tags = TagFilter()
+        self._named: frozenset[str] = frozenset()  # DLQ/retry topics subscribed by name
+        # With auto store on, librdkafka stores a record's offset when poll returns it.
+        self._store_skipped = str(self._conf.get("enable.auto.offset.store", True)).lower() \
+            in ("false", "0")
         self._closed = False
 
     def _visible(self, msg: confluent_kafka.Message | None) -> bool:
         if msg is None:
             return False
         topic = msg.topic()
-        if topic is not None and is_system_topic(topic, self.topic_prefix):
+        if topic is not None and is_system_topic(topic, self.topic_prefix) and (
+                topic not in self._named):
             self.skipped_system_records += 1
             return False
-        return True
+        if self._tags.keeps_all or msg.error() is not None or self._tags.matches(
+                msg.headers()):
+            return True
+        self.skipped_tag_records += 1
+        if self._store_skipped:
+            self._consumer.store_offsets(message=msg)
+        return False
 
     # -- reading ---------------------------------------------------------------------------
     def poll(self, timeout: float | None = None) -> confluent_kafka.Message | None:
@@ -63,17 +85,27 @@ class Consumer:
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
         return [m for m in self._consumer.consume(num_messages, timeout) if self._visible(m)]
 
-    def subscribe(self, topics: list[str], **kwargs: Any) -> None:
-        refuse_system_topics(list(topics), self.topic_prefix)
-        self._consumer.subscribe(list(topics), **kwargs)
+    def subscribe(self, topics: list[str], tags: str | None = None, **kwargs: Any) -> None:
+        """confluent_kafka's ``subscribe``, plus RocketMQ's tag expression for all ``topics``."""
+        topics = list(topics)
+        tag_filter = TagFilter(tags)
+        refuse_system_topics(topics, self.topic_prefix)
+        self._consumer.subscribe(topics, **kwargs)
+        self._tags = tag_filter
+        self._named = self._readable(topics)
+
+    def _readable(self, topics: list[str]) -> frozenset[str]:
+        return frozenset(t for t in topics if is_readable_system_topic(t, self.topic_prefix))
 
     def assign(self, partitions: list) -> None:
         refuse_system_topics([tp.topic for tp in partitions], self.topic_prefix)
         self._consumer.assign(partitions)
+        self._named = self._readable([tp.topic for tp in partitions])
 
     def incremental_assign(self, partitions: list) -> None:
         refuse_system_topics([tp.topic for tp in partitions], self.topic_prefix)
         self._consumer.incremental_assign(partitions)
+        self._named |= self._readable([tp.topic for tp in partitions])
 
     # -- confluent_kafka.Consumer, delegated ------------------------------------------------
     def unsubscribe(self) -> None:

@@ -47,7 +47,12 @@ class Message:
     ``rmq.tags``/``rmq.keys``. ``check_immunity_ms`` delays the first back-check of a
     transactional message. ``message_group`` is the ordering key of key-ordered consumption
     (RocketMQ 5's MessageGroup), carried in ``rmq.message_group``. Listeners also see
-    ``transaction_id``.
+    ``transaction_id``; ``check_local_transaction`` also ``check_times`` (this back-check's
+    number, 1 first: RocketMQ's ``TRANSACTION_CHECK_TIMES``) and ``born_timestamp`` (ms).
+
+    ``key`` is always ``bytes`` (or None) once built: a str key is UTF-8 encoded, and every
+    listener (``execute_local_transaction``, ``check_local_transaction``, orderly and
+    concurrent consumers) sees bytes, as Kafka and ``confluent_kafka`` do.
     """
 
     topic: str
@@ -60,6 +65,8 @@ class Message:
     check_immunity_ms: int | None = None
     message_group: str | None = None
     transaction_id: str | None = field(default=None, compare=False)
+    check_times: int | None = field(default=None, compare=False)
+    born_timestamp: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
@@ -177,7 +176,8 @@ class Producer:
 
     Differences: idempotence and ``acks=all`` are on unless the conf says otherwise, and
     records are partitioned with Java's murmur2 partitioner. ``send`` adds RocketMQ's
-    ordered send: ``selector=`` (``(partitions, msg, arg) -> partition``) or
+    ordered send: ``selector=`` (``(partitions, msg, arg) -> partition``, or an object with
+    that ``select`` method such as ``SelectMessageQueueByHash()``) or
     ``sharding_key=``; it waits for the broker's acknowledgement.
 
     Neither ``send`` nor ``produce`` writes to a system topic of ``topic_prefix`` (or of the
@@ -197,7 +197,7 @@ class Producer:
         """Partition ids of ``topic`` (cached for a short while)."""
         return self._partitions.partitions(topic, timeout)
 
-    def send(self, msg: Message, selector: Callable[..., Any] | None = None, arg: Any = None,
+    def send(self, msg: Message, selector: Any = None, arg: Any = None,
              sharding_key: bytes | str | None = None, *,
              timeout: float = SEND_TIMEOUT_S) -> SendResult:
         """Send ``msg`` and wait for its acknowledgement; return where it landed."""

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rmq_semantics.errors import SelectorError
 
-__all__ = ["MessageQueueSelector", "SelectMessageQueueByHash", "java_partition", "murmur2"]
+__all__ = ["MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom",
+           "apply_selector", "java_partition", "murmur2"]
 
 
 class MessageQueueSelector(Protocol):
-    """``(partitions, message, arg) -> partition``, as RocketMQ's ``select(mqs, msg, arg)``."""
+    """``(partitions, message, arg) -> partition``, as RocketMQ's ``select(mqs, msg, arg)``.
+
+    A selector is any callable with that signature, or an object with that ``select``
+    method (RocketMQ's interface).
+    """
 
     def __call__(self, partitions: Sequence[int], message: Any, arg: Any) -> int: ...
 
@@ -52,15 +58,55 @@ def java_partition(key: bytes, num_partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
-def SelectMessageQueueByHash(partitions: Sequence[int], message: Any, arg: Any) -> int:
-    """RocketMQ's stock selector: ``hash(arg) % len(partitions)`` (murmur2 of str(arg))."""
-    return partitions[java_partition(str(arg).encode(), len(partitions))]
+class _StockSelector:
+    """RocketMQ's stock selectors: constructed with no arguments; ``select(partitions, msg,
+    arg)``, and callable with the same three arguments (a plain selector function)."""
+
+    def select(self, partitions: Sequence[int], message: Any, arg: Any) -> int:
+        raise NotImplementedError
+
+    def __call__(self, partitions: Sequence[int], message: Any, arg: Any) -> int:
+        return self.select(partitions, message, arg)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
-def apply_selector(selector: Callable[..., Any], partitions: Sequence[int], message: Any,
-                   arg: Any) -> int:
-    """Run a selector and check that it named a partition the topic has."""
-    chosen = selector(partitions, message, arg)
+class SelectMessageQueueByHash(_StockSelector):
+    """``hash(arg) % len(partitions)``, with murmur2 of ``str(arg)`` as the hash (the same
+    partition from Java and Python, where RocketMQ uses Java's ``hashCode``)."""
+
+    def select(self, partitions: Sequence[int], message: Any, arg: Any) -> int:
+        return partitions[java_partition(str(arg).encode(), len(partitions))]
+
+
+class SelectMessageQueueByRandom(_StockSelector):
+    """A random partition (``arg`` unused), as RocketMQ's ``SelectMessageQueueByRandom``."""
+
+    def select(self, partitions: Sequence[int], message: Any, arg: Any) -> int:
+        return random.choice(partitions)
+
+
+def apply_selector(selector: Any, partitions: Sequence[int], message: Any, arg: Any) -> int:
+    """Run a selector and check that it named a partition the topic has.
+
+    ``selector``: an object with ``select(partitions, msg, arg)``, a callable with those
+    arguments, or a selector class whose instances are one (built with no arguments, so
+    ``selector=SelectMessageQueueByHash`` works as it did when that was a function).
+    """
+    if isinstance(selector, type):
+        try:
+            selector = selector()
+        except TypeError as exc:
+            raise SelectorError(f"selector class {selector.__name__} needs arguments ({exc}); "
+                                f"pass an instance") from None
+    select = getattr(selector, "select", None)
+    if not callable(select):
+        select = selector
+    if not callable(select):
+        raise SelectorError(f"selector must be callable (partitions, msg, arg) or have "
+                            f"select(partitions, msg, arg), got {selector!r}")
+    chosen = select(partitions, message, arg)
     partition = getattr(chosen, "partition", chosen)
     if isinstance(partition, bool) or not isinstance(partition, int) or (
             partition not in partitions):

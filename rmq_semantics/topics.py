@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_TOPIC_PREFIX",
     "SystemTopics",
     "ensure_topics",
+    "is_readable_system_topic",
     "is_system_topic",
     "list_topics",
     "refuse_system_destination",
@@ -151,13 +152,22 @@ def txn_topic_specs(topics: SystemTopics, half_partitions: int, check_partitions
     }
 
 
+def is_readable_system_topic(topic: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> bool:
+    """A DLQ or retry topic (``<prefix>_dlq_<group>``, ``<prefix>_retry_<group>_<level>``):
+    a consumer may read one it names explicitly, as RocketMQ users re-consume ``%DLQ%``."""
+    return topic.startswith(tuple(f"{p}{kind}" for p in system_prefixes(prefix)
+                                  for kind in ("dlq_", "retry_")))
+
+
 def refuse_system_topics(topics: list[str], prefix: str) -> None:
-    """Raise for an explicit subscription to a system topic (patterns are filtered later)."""
+    """Raise for an explicit subscription to a system topic (patterns are filtered later);
+    a DLQ or retry topic named explicitly is allowed."""
     for topic in topics:
-        if not topic.startswith("^") and is_system_topic(topic, prefix):
+        if (not topic.startswith("^") and is_system_topic(topic, prefix)
+                and not is_readable_system_topic(topic, prefix)):
             raise SystemTopicError(
                 f"{topic!r} is a system topic of rmq_semantics; business consumers read "
-                "only promoted topics"
+                "only promoted topics (and DLQ or retry topics named explicitly)"
             )
 
 

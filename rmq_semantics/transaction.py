@@ -398,7 +398,8 @@ class TransactionProducer:
         msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
                       partition=check.partition, transaction_id=check.txn_id,
                       tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS),
-                      message_group=check.header_text(H.MESSAGE_GROUP) or None)
+                      message_group=check.header_text(H.MESSAGE_GROUP) or None,
+                      check_times=check.check_seq, born_timestamp=check.born_ts)
         try:
             state = _as_state(self.listener.check_local_transaction(msg),
                               "check_local_transaction", self.topics.half,

@@ -157,6 +157,8 @@ def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
     # every row between them.
     raw = _load_source(spark, settings)
     kept = transforms.drop_unpromoted(raw) if settings.require_promoted else raw
+    if settings.tag_values is not None:
+        kept = transforms.keep_tags(kept, settings.tag_values)
     if settings.schema is None:
         out = transforms.decode_string(kept)
         errors = F.count(F.when(F.lit(False), 1))  # observe() takes aggregates only
@@ -318,6 +320,7 @@ def register_cli(sub: Any) -> None:
     cmd.add_argument("--master", dest="spark_master", metavar="MASTER", help=h("spark_master"))
     cmd.add_argument("--sink", choices=SINKS, help=h("sink"))
     cmd.add_argument("--topic-prefix", help=h("topic_prefix"))
+    cmd.add_argument("--tags", metavar="EXPR", help=h("tags"))
     cmd.add_argument("--allow-unpromoted", action="store_false", dest="require_promoted",
                      default=None, help="keep records without rmq.promoted_from (plain, "
                                         f"non-RMQ topics; env {env_name('require_promoted')}=0)")

@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.settings import env_name, load, setting
+from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 from spark.kafka_options import cli_source_options, source_options
 from spark.schema import RecordSchema, load_schema, parse_record_schema
@@ -51,6 +52,8 @@ class JobSettings:
     sink: str = setting("parquet", f"where rows go: {' or '.join(SINKS)}")
     require_promoted: bool = setting(True, "drop (and count) records without rmq.promoted_from")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of the system topics")
+    tags: str = setting("*", "RocketMQ tag expression on rmq.tags, e.g. 'TagA || TagB' "
+                             "(* keeps all)")
     kafka_options: Mapping[str, str] = dataclasses.field(
         default_factory=dict, metadata={"help": "options for Spark's Kafka source"})
     spark_master: str | None = setting(None, "Spark master (default local[*])")
@@ -67,6 +70,8 @@ class JobSettings:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be True or False")
         if self.sink not in SINKS:
             raise ConfigError(f"sink={self.sink!r}: use one of {', '.join(SINKS)}")
+        put("_tag_filter", TagFilter(self.tags))  # refuses a malformed expression
+        put("tags", self._tag_filter.expression)
         topics = self.topics if isinstance(self.topics, str) else tuple(self.topics)
         put("topics", topics)
         put("_subscription", guard_subscription(topics, self.topic_prefix))
@@ -86,6 +91,12 @@ class JobSettings:
     def subscription(self) -> Subscription:
         """How the Kafka source subscribes (already guarded)."""
         return self._subscription
+
+    @property
+    def tag_values(self) -> tuple[str, ...] | None:
+        """The tags a record's ``rmq.tags`` must be one of; None keeps every record."""
+        tags = self._tag_filter.tags
+        return None if tags is None else tuple(sorted(t.decode() for t in tags))
 
     @property
     def source_options(self) -> Mapping[str, str]:

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rmq_semantics.errors import ConfigError, SystemTopicError
-from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics, is_system_topic
+from rmq_semantics.topics import (
+    DEFAULT_TOPIC_PREFIX,
+    SystemTopics,
+    is_readable_system_topic,
+    is_system_topic,
+)
 from spark import topic_regex
 
 if TYPE_CHECKING:
@@ -65,9 +70,10 @@ def guard_subscription(topics: str | list[str] | tuple[str, ...],
         return Subscription("subscribePattern", patterns[0])
     names = [n for item in items for n in re.split(r"[,\s]+", item) if n]
     for name in names:
-        if is_system_topic(name, prefix):
+        if is_system_topic(name, prefix) and not is_readable_system_topic(name, prefix):
             raise SystemTopicError(f"topic {name!r} is a system topic of rmq_semantics; the "
-                                   "Spark job reads only promoted (business) topics")
+                                   "Spark job reads only promoted (business) topics, and "
+                                   "DLQ or retry topics named explicitly")
     return Subscription("subscribe", ",".join(dict.fromkeys(names)))
 
 

@@ -61,6 +61,12 @@ def is_promoted(headers: str | Column = "headers") -> Column:
                       F.lit(False))
 
 
+def keep_tags(df: DataFrame, tags: tuple[str, ...]) -> DataFrame:
+    """Keep only records whose ``rmq.tags`` is one of ``tags`` (RocketMQ's ``TagA || TagB``;
+    a record without the header matches none)."""
+    return df.where(F.coalesce(header_value(H.TAGS).isin(list(tags)), F.lit(False)))
+
+
 def drop_unpromoted(df: DataFrame) -> DataFrame:
     """Keep only records the coordinator promoted (those with header ``rmq.promoted_from``).
 

@@ -48,6 +48,10 @@ class ConsumeOrderlyStatus(Enum):
 
     SUCCESS = "SUCCESS"
     SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+    #: With ``context.auto_commit`` False: commit everything delivered up to this batch.
+    COMMIT = "COMMIT"
+    #: With ``context.auto_commit`` False: re-deliver everything since the last commit.
+    ROLLBACK = "ROLLBACK"
 
 
 class ConsumeOrderlyContext:
@@ -55,13 +59,40 @@ class ConsumeOrderlyContext:
 
     ``lock_epoch`` is the fencing epoch of the queue lock the batch runs under; a
     listener can store it with its side effects to reject writes of a deposed holder.
+    ``auto_commit`` (default True) is RocketMQ's ``setAutoCommit``: with False, SUCCESS
+    does not commit, COMMIT does, ROLLBACK re-delivers from the last commit. Partition
+    mode only: in key mode the commit point is a watermark across keys.
     """
 
-    def __init__(self, topic: str, partition: int, lock_epoch: int = 0) -> None:
+    def __init__(self, topic: str, partition: int, lock_epoch: int = 0, *,
+                 key_mode: bool = False) -> None:
         self.topic = topic
         self.partition = partition
         self.lock_epoch = lock_epoch
         self._suspend_ms = DEFAULT_SUSPEND_MS
+        self._auto_commit = True
+        self._key_mode = key_mode
+
+    @property
+    def auto_commit(self) -> bool:
+        """Whether SUCCESS commits the batch (RocketMQ's ``autoCommit``), default True."""
+        return self._auto_commit
+
+    @auto_commit.setter
+    def auto_commit(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"auto_commit must be a bool, got {value!r}")
+        if not value and self._key_mode:
+            raise ConfigError("auto_commit=False needs ordering='partition': with "
+                              "ordering='key' the commit point is a watermark across keys")
+        self._auto_commit = value
+
+    # RocketMQ's spellings, so a ported listener runs unchanged.
+    def setAutoCommit(self, value: bool) -> None:
+        self.auto_commit = value
+
+    def setSuspendCurrentQueueTimeMillis(self, value: int) -> None:
+        self.suspend_ms = value
 
     @property
     def suspend_ms(self) -> int:
@@ -79,7 +110,8 @@ class ConsumeOrderlyContext:
 
     def __repr__(self) -> str:
         return (f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
-                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms})")
+                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
+                f"auto_commit={self._auto_commit})")
 
 
 class MessageListenerOrderly:
@@ -118,6 +150,18 @@ class OrderlyMessage:
     @property
     def where(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    @property
+    def born_timestamp(self) -> int:
+        """When the producer made the message (ms): ``rmq.born_ts`` where a record carries
+        it, else the record's timestamp (a promoted record keeps the birth time there)."""
+        for name, value in self.headers:
+            if name == H.BORN_TS:
+                try:
+                    return int(value)
+                except ValueError:
+                    break
+        return self.timestamp
 
     def _fields(self) -> tuple:
         return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,

@@ -25,6 +25,7 @@ from rmq_semantics.orderly.poller import PollThread
 from rmq_semantics.orderly.rebalance import Rebalance
 from rmq_semantics.orderly.runtime import QueueRegistry
 from rmq_semantics.orderly.worker import Worker
+from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -155,6 +156,7 @@ class OrderlyConsumer:
         self.max_workers = max_workers
         self._key_pool: KeyPool | None = None
         self._key_feeder: KeyFeeder | None = None
+        self._worker: Worker | None = None
         if ordering == "key":
             self._key_pool = KeyPool(listen, max_workers=max_workers,
                                      max_reconsume_times=max_reconsume_times,
@@ -163,24 +165,32 @@ class OrderlyConsumer:
             self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size)
             run_queue = self._key_feeder.run
         else:
-            run_queue = Worker(listen, batch_size=batch_size,
-                               max_reconsume_times=max_reconsume_times, commits=self._commits,
-                               dead_letters=self._dead_letters).run
+            self._worker = Worker(listen, batch_size=batch_size,
+                                  max_reconsume_times=max_reconsume_times,
+                                  commits=self._commits, dead_letters=self._dead_letters)
+            run_queue = self._worker.run
         self._rebalance = Rebalance(client_id=self.client_id, queues=self._queues,
                                     calls=self._calls, commits=self._commits,
                                     leases=self._leases, worker=run_queue,
                                     stopping=self._stopping)
 
     # -- public API ------------------------------------------------------------------------
-    def subscribe(self, topics: Sequence[str]) -> None:
-        """Topics to consume in order (before ``start()``); system topics are refused."""
+    def subscribe(self, topics: Sequence[str], tags: str | None = None) -> None:
+        """Topics to consume in order (before ``start()``); system topics are refused, but
+        for a DLQ or retry topic named explicitly. ``tags``: RocketMQ's expression
+        (``"TagA || TagB"``, ``"*"``) on ``rmq.tags``; records it leaves out are committed
+        past without reaching the listener."""
         if isinstance(topics, str) or not topics or not all(
                 isinstance(t, str) and t for t in topics):
             raise ConfigError(f"subscribe wants a non-empty list of topic names, got {topics!r}")
         if self._started:
             raise IllegalStateError("subscribe() must be called before start()")
+        tag_filter = TagFilter(tags)
         refuse_system_topics(list(topics), self.topic_prefix)
         self._topics = list(topics)
+        for part in (self._worker, self._key_feeder):
+            if part is not None:
+                part.tag_filter = tag_filter
 
     def start(self) -> None:
         """Join the group and consume in background threads."""

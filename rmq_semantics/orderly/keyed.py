@@ -63,6 +63,7 @@ DEFAULT_KEY_WORKERS = 16
 DEFAULT_CONSUME_TIMEOUT_MS = 15 * 60 * 1000
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
+ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ConsumeOrderlyStatus.ROLLBACK})
 
 
 class Unit:
@@ -295,7 +296,7 @@ class KeyPool:
     @staticmethod
     def _context(unit: Unit) -> ConsumeOrderlyContext:
         tp = unit.session.q.tp
-        return ConsumeOrderlyContext(tp[0], tp[1], unit.session.epoch)
+        return ConsumeOrderlyContext(tp[0], tp[1], unit.session.epoch, key_mode=True)
 
     @staticmethod
     def _raised(unit: Unit, exc: BaseException,
@@ -311,7 +312,8 @@ class KeyPool:
         return SUSPEND
 
     def _settle(self, unit: Unit, status: ConsumeOrderlyStatus, suspend_ms: int) -> None:
-        if status is SUCCESS:
+        # Auto-commit is always on here: COMMIT and ROLLBACK ack, as in RocketMQ.
+        if status in ACKS:
             self._finish(unit)
             return
         retried = not 0 <= self.max_reconsume_times <= unit.reconsume_times
@@ -343,14 +345,18 @@ class KeyPool:
             self._scheduler.finished(unit)
             unit.session.in_flight -= 1
             self._cv.notify_all()
-        session = unit.session
+        self.done_offsets(unit.session, [record.offset() for record in unit.records])
+
+    def done_offsets(self, session: Any, offsets: list[int]) -> None:
+        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter):
+        leave the new committable offset for the poll thread."""
         q = session.q
         with q.cv:  # one completion at a time per partition: commits never go backwards
             if session.closed:
                 return
             tracker = session.tracker
-            for record in unit.records:
-                tracker.done(record.offset())
+            for offset in offsets:
+                tracker.done(offset)
             committable = tracker.committable()
             q.cv.notify_all()  # the feeder may be waiting for the gap to shrink
             if committable is not None:

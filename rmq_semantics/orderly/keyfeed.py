@@ -31,6 +31,7 @@ from rmq_semantics.orderly.keys import ordering_key
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.orderly.queue import QueuePhase, QueueState
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
+from rmq_semantics.tags import TagFilter
 
 __all__ = ["KEY_BACKLOG", "KeyFeeder", "Session"]
 
@@ -71,6 +72,7 @@ class KeyFeeder:
     def __init__(self, pool: KeyPool, *, batch_size: int) -> None:
         self._pool = pool
         self.batch_size = batch_size
+        self.tag_filter = TagFilter()  # set by OrderlyConsumer.subscribe
         self._sessions: dict[tuple[str, int], Session] = {}
 
     def run(self, q: LiveQueue) -> None:
@@ -131,18 +133,24 @@ class KeyFeeder:
                 if (st.gone or st.phase is QueuePhase.REVOKING or st.reset_to is not None
                         or st.aligned_epoch != session.epoch):
                     return
-                units = []
+                units, skipped = [], []
                 if st.phase is QueuePhase.ALIGNED and st.lease_ok(time.monotonic()):
-                    units = self._take(st, session)
+                    units = self._take(st, session, skipped)
+                if skipped:  # records the tag filter left out are done: commit past them
+                    self._pool.done_offsets(session, skipped)
                 if not units:
                     q.cv.wait(WAIT_SLICE_S)
                     continue
             self._pool.offer(units)
 
-    def _take(self, st: QueueState, session: Session) -> list[Unit]:
+    def _take(self, st: QueueState, session: Session,
+              skipped: list[int] | None = None) -> list[Unit]:
         """Up to FEED_CHUNK buffered records as units (``q.cv`` held); records the tracker
-        says are done (restored from the commit) are skipped."""
+        says are done (restored from the commit) are skipped, and the offsets of those the
+        tag filter leaves out are added to ``skipped``."""
         tracker = session.tracker
+        tags = None if self.tag_filter.keeps_all else self.tag_filter
+        skipped = [] if skipped is None else skipped
         room = min(KEY_BACKLOG - tracker.in_flight, FEED_CHUNK)
         if room <= 0 or not tracker.accepting():
             return []
@@ -160,6 +168,9 @@ class KeyFeeder:
             if not tracker.add(offset):
                 continue  # finished before the takeover or restart
             room -= 1
+            if tags is not None and not tags.matches(record.headers()):
+                skipped.append(offset)
+                continue
             key = ordering_key(kafka_view(record))
             if last is not None and last.key == key and len(last.records) < batch_size:
                 last.records.append(record)

@@ -102,6 +102,9 @@ class QueueState:
         self.aligned_epoch = -1
         self.msgs: deque[Any] = deque()  # records, see offset_of and views
         self.inflight: list[Any] = []
+        # Delivered with auto_commit off and not committed yet (RocketMQ's
+        # consumingMsgOrderlyTreeMap): ROLLBACK hands them over again.
+        self.uncommitted: list[Any] = []
         self.min_offset = -1  # fetched messages below this are stale (before alignment)
         self.reset_to: int | None = None  # backward seek for the poll thread
         self.released = -1
@@ -194,6 +197,8 @@ class QueueState:
         redid. False (nothing changed) when the queue is gone or the epoch moved on."""
         if self.phase in GONE or epoch != self.epoch:
             return False
+        if self.uncommitted:  # a new epoch starts from the group's commit: redo them
+            self.rollback()
         if committed >= 0:
             offset_of = self._offset_of
             self.inflight = [m for m in self.inflight if offset_of(m) >= committed]
@@ -227,6 +232,7 @@ class QueueState:
         self.revoke()
         self._move(QueuePhase.LOST)
         self.msgs.clear()
+        self.uncommitted = []
 
     def drop(self) -> None:
         """Revocation is over: forget the buffered messages (a lost queue stays LOST).
@@ -234,6 +240,7 @@ class QueueState:
         if self.phase not in GONE:
             self._move(QueuePhase.DROPPED)
         self.msgs.clear()
+        self.uncommitted = []
 
     # -- messages and batches ----------------------------------------------------------------
     def add(self, msgs: list[Any]) -> bool:
@@ -264,11 +271,27 @@ class QueueState:
         """The in-flight batch is done up to ``offset`` under ``epoch``: the next one may
         start while its commit is pending. ``done``: key mode's done offsets above it."""
         self.inflight = []
+        self.uncommitted = []
         self.reconsume_times = 0
         self.pending_commit = offset
         self.pending_done = done
         self.pending_epoch = epoch
         self.released = offset
+
+    def hold(self) -> None:
+        """The in-flight batch succeeded with auto_commit off: keep it for a later COMMIT
+        or ROLLBACK, go on with the next batch (nothing to commit yet)."""
+        self.uncommitted.extend(self.inflight)
+        self.inflight = []
+        self.reconsume_times = 0
+
+    def rollback(self) -> None:
+        """ROLLBACK: everything delivered since the last commit goes back in front of the
+        buffer, in offset order (RocketMQ's ``ProcessQueue.rollback``)."""
+        self.msgs.extendleft(reversed(self.uncommitted + self.inflight))
+        self.uncommitted = []
+        self.inflight = []
+        self.reconsume_times = 0
 
     def suspend(self, until: float, *, retried: bool) -> None:
         """Hand the in-flight batch over again at ``until``; ``retried`` counts a redelivery."""
@@ -282,6 +305,7 @@ class QueueState:
         if reset_to is not None:
             self.msgs.clear()
             self.inflight = []
+            self.uncommitted = []
         return reset_to
 
     # -- commits -------------------------------------------------------------------------------

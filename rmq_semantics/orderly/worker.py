@@ -4,7 +4,10 @@ under a live lease, see :meth:`QueueState.runnable`); partitions run in parallel
 
 A suspended batch (or one whose listener raised or returned something else) is handed over
 again after ``context.suspend_ms``; once retried ``max_reconsume_times`` times (-1: forever)
-it is dead-lettered and the queue moves on.
+it is dead-lettered and the queue moves on. With ``context.auto_commit`` False (RocketMQ's
+``ConsumeMessageOrderlyService``): SUCCESS keeps the batch uncommitted, COMMIT commits up to
+it, ROLLBACK hands everything since the last commit over again after ``suspend_ms`` (not
+counted as a reconsume, as in RocketMQ).
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ from rmq_semantics.orderly.api import (
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
+from rmq_semantics.tags import TagFilter
 
 __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+SUCCESS = ConsumeOrderlyStatus.SUCCESS
+ROLLBACK = ConsumeOrderlyStatus.ROLLBACK
+ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ROLLBACK})
 
 
 class Worker:
@@ -42,6 +49,7 @@ class Worker:
         self.max_reconsume_times = max_reconsume_times
         self._commits = commits
         self._dead_letters = dead_letters
+        self.tag_filter = TagFilter()  # set by OrderlyConsumer.subscribe
 
     def run(self, q: LiveQueue) -> None:
         st = q.state
@@ -80,9 +88,24 @@ class Worker:
                     return
                 epoch = st.epoch
                 batch = st.next_batch(self.batch_size)
+                if not self.tag_filter.keeps_all:
+                    batch = self._matching(st, batch)
+            if not batch:  # the tag filter left out the whole batch: commit past it
+                continue
             context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
             status = self._call_listener(batch, context)
-            if status is ConsumeOrderlyStatus.SUCCESS:
+            if status in ACKS and not context.auto_commit:
+                if status is ROLLBACK:
+                    with q.cv:
+                        st.rollback()
+                        st.suspend(time.monotonic() + context.suspend_ms / 1000,
+                                   retried=False)
+                    return
+                if status is SUCCESS:
+                    with q.cv:
+                        st.hold()
+                    continue
+            if status in ACKS:  # with auto_commit, COMMIT and ROLLBACK ack, as in RocketMQ
                 self._commits.processed(q, batch[-1].offset + 1, epoch)
                 continue
             retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
@@ -92,6 +115,18 @@ class Worker:
             with q.cv:
                 st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=retried)
             return
+
+    def _matching(self, st: Any, batch: list[OrderlyMessage]) -> list[OrderlyMessage]:
+        """The batch's messages the tag filter keeps (``q.cv`` held). A batch it leaves out
+        whole is settled here: committed past, or held with the uncommitted ones."""
+        kept = [m for m in batch if self.tag_filter.matches(m.headers)]
+        if kept:
+            return kept
+        if st.uncommitted:  # auto_commit off: the next COMMIT covers it
+            st.hold()
+        else:
+            st.processed(batch[-1].offset + 1, st.epoch)
+        return []
 
     def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int) -> bool:
         reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on

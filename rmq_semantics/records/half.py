@@ -63,11 +63,14 @@ class HalfMessage:
     def user_headers(self) -> Headers:
         return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
 
-    def promoted_headers(self) -> Headers:
-        """User headers, the kept ``rmq.*`` ones, and ``rmq.promoted_from``."""
+    def promoted_headers(self, promoted_at_ms: int | None = None) -> Headers:
+        """User headers, the kept ``rmq.*`` ones, ``rmq.promoted_from`` and (when given)
+        ``rmq.promoted_at``: the record's timestamp stays the producer's birth time."""
         kept = [(k, v) for k, v in self.headers
                 if not k.startswith(RESERVED_PREFIX) or k in PROMOTED_KEEPS]
         kept.append((H.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
+        if promoted_at_ms is not None:
+            kept.append((H.PROMOTED_AT, str(promoted_at_ms).encode()))
         return kept
 
     def first_check_ts(self, transaction_timeout_ms: int, now_ms: int | None = None) -> int:

@@ -249,7 +249,8 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     return waiter.partition, waiter.offset
 
 
-def _cmd_txn(args: argparse.Namespace) -> int:
+def cli_context(args: argparse.Namespace) -> tuple[dict, Console]:
+    """The Kafka conf and the console of an admin subcommand (``txn``, ``dlq``)."""
     from rmq_semantics.settings import kafka_conf_from_args
 
     conf = kafka_conf_from_args(args)
@@ -258,7 +259,11 @@ def _cmd_txn(args: argparse.Namespace) -> int:
         # own retry chatter about it only shows with -v.
         logging.getLogger("rmq_semantics.librdkafka").setLevel(logging.CRITICAL)
     # Piped output keeps whole ids rather than wrapping them to 80 columns.
-    console = Console(width=None if sys.stdout.isatty() else 250)
+    return conf, Console(width=None if sys.stdout.isatty() else 250)
+
+
+def _cmd_txn(args: argparse.Namespace) -> int:
+    conf, console = cli_context(args)
     if args.action == "pending":
         table = Table("txn id", "real topic", "producer group", "age (s)", "checks",
                       "answered", "half")

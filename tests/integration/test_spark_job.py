@@ -247,3 +247,25 @@ def test_cli_refuses_a_system_topic_pattern_with_one_error_line(broker, tmp_path
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0].startswith("rmq-semantics: error: topic pattern '^__rmq.*' is refused")
+
+
+def test_tags_keep_exactly_the_records_whose_rmq_tags_match(
+        broker, make_topic, spark, schema_file, tmp_path):
+    topic = make_topic("tagged")
+    conf = broker.conf()
+    producer = Producer({**conf, "transactional.id": f"test-tags-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(KAFKA_TIMEOUT_S)
+    producer.begin_transaction()
+    for i, tag in enumerate(["TagA", "TagC", "TagB", None, "TagA"], start=1):
+        headers = [("rmq.promoted_from", f"3:{i}")] + ([("rmq.tags", tag)] if tag else [])
+        producer.produce(topic, key=f"k{i}", value=encode(order(i)), headers=headers)
+    producer.commit_transaction(KAFKA_TIMEOUT_S)
+    output = tmp_path / "tags-out"
+    job = JobSettings(bootstrap_servers=broker.bootstrap, topics=topic, output=output,
+                      avro_schema=schema_file, available_now=True, tags="TagA || TagB",
+                      kafka_options=source_options(conf))
+
+    result = run_job(job, spark=spark, timeout_s=JOB_TIMEOUT_S)
+
+    assert result.rows_written == 3
+    assert [r["id"] for r in read_rows(spark, output)] == [1, 3, 5]

@@ -7,6 +7,7 @@ import pytest
 from rmq_semantics import ConfigError, Message, Producer, SelectorError
 from rmq_semantics.selector import (
     SelectMessageQueueByHash,
+    SelectMessageQueueByRandom,
     apply_selector,
     java_partition,
     murmur2,
@@ -55,10 +56,46 @@ def test_java_partition_masks_the_sign_bit_like_the_java_client():
 
 def test_select_by_hash_is_stable_and_in_range():
     partitions = list(range(6))
-    chosen = {SelectMessageQueueByHash(partitions, None, order_id) for order_id in range(100)}
+    by_hash = SelectMessageQueueByHash()
+    chosen = {by_hash(partitions, None, order_id) for order_id in range(100)}
     assert chosen <= set(partitions) and len(chosen) > 1
-    assert SelectMessageQueueByHash(partitions, None, 42) == SelectMessageQueueByHash(
+    assert by_hash(partitions, None, 42) == by_hash.select(
         partitions, None, 42) == java_partition(b"42", 6)
+
+
+@pytest.mark.parametrize("selector", [
+    SelectMessageQueueByHash(), SelectMessageQueueByHash().select, SelectMessageQueueByHash,
+    lambda mqs, msg, arg: SelectMessageQueueByHash()(mqs, msg, arg)])
+def test_a_selector_instance_its_select_the_bare_class_and_a_function_agree(selector):
+    assert apply_selector(selector, [0, 1, 2, 3], None, 42) == java_partition(b"42", 4)
+
+
+def test_an_object_with_only_select_is_a_selector():
+    class ByOrderId:  # RocketMQ's MessageQueueSelector interface
+        def select(self, mqs, msg, arg):
+            return mqs[arg % len(mqs)]
+
+    assert [apply_selector(ByOrderId(), [0, 1, 2], None, i) for i in range(4)] == [0, 1, 2, 0]
+
+
+def test_select_by_random_stays_in_range_and_spreads():
+    by_random = SelectMessageQueueByRandom()
+    chosen = {apply_selector(by_random, [0, 1, 2], None, None) for _ in range(200)}
+    assert chosen == {0, 1, 2}
+
+
+def test_a_selector_class_that_needs_arguments_or_a_non_callable_is_one_clear_error():
+    class NeedsArgs:
+        def __init__(self, n):
+            self.n = n
+
+        def select(self, mqs, msg, arg):
+            return mqs[0]
+
+    with pytest.raises(SelectorError, match="NeedsArgs needs arguments"):
+        apply_selector(NeedsArgs, [0], None, None)
+    with pytest.raises(SelectorError, match="must be callable"):
+        apply_selector(42, [0], None, None)
 
 
 def test_selector_result_may_be_a_queue_object_with_a_partition():

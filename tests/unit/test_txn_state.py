@@ -142,6 +142,8 @@ def test_promoted_headers_keep_user_and_allowed_rmq_headers():
     h = half(7)
     assert h.promoted_headers() == [("app", b"1"), ("rmq.txn_id", b"t7"), ("rmq.tags", b"A"),
                                     ("rmq.promoted_from", b"0:7")]
+    assert h.promoted_headers(1234)[-2:] == [("rmq.promoted_from", b"0:7"),
+                                             ("rmq.promoted_at", b"1234")]
 
 
 def test_half_without_rmq_headers_is_malformed():
