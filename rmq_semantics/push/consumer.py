@@ -15,7 +15,7 @@ from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS
 from rmq_semantics.producer import producer_defaults
 from rmq_semantics.push.api import MessageListenerConcurrently
 from rmq_semantics.push.ledger import Ledger
-from rmq_semantics.push.poller import PollLoop, PollSettings
+from rmq_semantics.push.poller import TRANSACTION_TIMEOUT_MS, PollLoop, PollSettings
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS, check_delay_levels
 from rmq_semantics.tags import TagFilter
@@ -154,7 +154,8 @@ class PushConsumer:
             consumer_conf=self._conf,
             producer_conf=client_conf(producer_defaults(self._conf, internal=True),
                                       forced={"transactional.id": f"{self.topic_prefix}_push_"
-                                              f"{self.client_id}"}),
+                                              f"{self.client_id}",
+                                              "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}),
             topics=self._topics,
             retry_levels={t: i + 1 for i, t in enumerate(self.retry_topics)},
             delay_levels=self.delay_levels, tags=self._tags, batch_size=self.batch_size,

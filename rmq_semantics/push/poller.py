@@ -33,6 +33,11 @@ POLL_WAIT_S = 0.05  # one consume() wait: how late a due retry head or a stop is
 COMMIT_INTERVAL_S = 0.1  # one transaction per interval at most, for copies and offsets
 FETCH_MAX = 500  # records per consume() call
 TXN_TIMEOUT_S = 30.0
+# The broker aborts a dead instance's open transaction after this: until then the retry
+# partitions it wrote to stop at it (read_committed) and its offsets read as unstable.
+TRANSACTION_TIMEOUT_MS = 10000
+# Reading the committed offsets waits out such a transaction (KIP-447's stable offsets).
+COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
 TP = tuple[str, int]
 
 
@@ -137,7 +142,8 @@ class PollLoop:
 
     # -- rebalance ---------------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        committed = consumer.committed(partitions, timeout=COMMIT_TIMEOUT_S) if partitions else []
+        committed = (consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions
+                     else [])
         for tp in committed:
             level = self.s.retry_levels.get(tp.topic, 0)
             where = f"{tp.topic}[{tp.partition}]"
