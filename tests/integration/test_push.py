@@ -8,7 +8,9 @@ N messages: 2,000 by default, ``RMQ_TEST_PUSH_N`` (``make test-push``: 10,000) f
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,10 +18,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 
 from rmq_semantics.push import ConsumeConcurrentlyStatus, PushConsumer
 from rmq_semantics.records.headers import H
+from tests.fuzz.categories import PUSH_CATEGORIES, cases
+from tests.fuzz.generators import Ctx
 from tests.group_protocol import group_conf
 from tests.integration.push_helpers import (
     LEVELS,
@@ -268,3 +273,38 @@ def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_t
         retried = Counter((x["n"], x["reconsume"]) for x in worker.lines()
                           if x["reconsume"] > 0)
         assert set(retried.values()) == {1}, [k for k, v in retried.items() if v > 1]
+
+
+# -- untrusted retry records -------------------------------------------------------------------
+def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_consumer(
+        broker, make_topic, unique, caplog):
+    topic, group, prefix = make_topic("push-fuzz"), unique("push-fz"), unique("__rmqp")
+    seen: list[tuple[bytes | None, str | None]] = []
+
+    def listener(msgs, context):
+        seen.extend((m.value, m.retry_topic) for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    caplog.set_level(logging.WARNING, logger="rmq_semantics.push")
+    consumer = start(broker, group, topic, prefix, listener)  # creates the retry topics
+    try:
+        rng = random.Random(17)
+        made = cases(rng, Ctx(real_topic=topic), list(PUSH_CATEGORIES), 60)
+        retry_topic = f"{prefix}_retry_{group}_1"
+        producer = confluent_kafka.Producer(broker.conf())
+        for case in made:
+            for raw in case.records:
+                producer.produce(retry_topic, raw.value, key=raw.key, headers=raw.headers,
+                                 partition=0)
+        assert producer.flush(30) == 0
+        produce_numbers(broker.conf(), topic, range(20))  # good records after the bad ones
+        wait_for(lambda: len(seen) == 80, 60, "every record delivered")
+    finally:
+        consumer.shutdown()
+    bad = sum(1 if c.bad is None else c.bad for c in made)
+    assert bad and consumer.counts["malformed"] == bad
+    assert sum(1 for _, retry in seen if retry == retry_topic) == 60
+    assert sorted(int(v) for v, retry in seen if retry is None) == list(range(20))
+    logged = [r.getMessage() for r in caplog.records if "retry record with" in r.getMessage()]
+    assert len(logged) == bad
+    assert all(line.startswith(f"{retry_topic}[0]@") for line in logged)
