@@ -71,13 +71,14 @@ class ListenerPool:
             if batch.settled:
                 return
             try:
-                result = await asyncio.wait_for(self._listener(list(batch.msgs), context),
-                                                max(batch.deadline - time.monotonic(), 0.001))
-            except TimeoutError:
-                self._failed(batch, context, ConsumeTimeoutError(
-                    f"listener call ran past consume_timeout_ms ({self._timeout_s:.3f} s)"))
-                return
-            except Exception as exc:
+                try:
+                    result = await asyncio.wait_for(
+                        self._listener(list(batch.msgs), context),
+                        max(batch.deadline - time.monotonic(), 0.001))
+                except TimeoutError as exc:  # wait_for cancelled the call
+                    raise ConsumeTimeoutError(f"listener call ran past consume_timeout_ms "
+                                              f"({self._timeout_s:.3f} s)") from exc
+            except Exception as exc:  # the listener's own failure, or the timeout
                 self._failed(batch, context, exc)
                 return
         self._done(batch, context, result)
