@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rmq_semantics.clientconf import client_conf
+from rmq_semantics.clientconf import client_conf, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError, RmqTimeoutError
 from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS
 from rmq_semantics.producer import producer_defaults
@@ -42,15 +42,9 @@ RETRY_RETENTION_MS = str(7 * 24 * 3600 * 1000)
 def push_consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what the concurrent consumer needs (the caller's dict is untouched):
     it commits itself, inside its transactions, and reads only committed retry copies."""
-    if isinstance(conf, dict) and str(conf.get("enable.auto.commit", "false")).lower() not in (
-            "false", "0"):
-        raise ConfigError("enable.auto.commit must be false: the PushConsumer commits offsets "
-                          "in the transactions that write its retry copies")
-    out = client_conf(conf, who="PushConsumer", forced={
-        "enable.auto.commit": False, "enable.auto.offset.store": False,
-        "isolation.level": "read_committed"})
-    if not out.get("group.id"):
-        raise ConfigError("conf needs 'group.id': the consumer group (RocketMQ's consumerGroup)")
+    out = self_committing_conf(conf, who="PushConsumer", why="the PushConsumer commits "
+                               "offsets in the transactions that write its retry copies",
+                               forced={"isolation.level": "read_committed"})
     if out.get("group.protocol", "classic") == "classic":
         # Incremental assignment: the rebalance callbacks assign and unassign themselves.
         out["partition.assignment.strategy"] = "cooperative-sticky"

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import confluent_kafka
-import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from rmq_semantics.push import ConsumeConcurrentlyStatus
@@ -95,18 +94,6 @@ class Recorder:
 
     def successes(self) -> list[int]:
         return [d.n for d in self.snapshot() if d.outcome == "CONSUME_SUCCESS"]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``condition`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def produce_numbers(conf: dict, topic: str, numbers: range,

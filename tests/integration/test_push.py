@@ -38,8 +38,8 @@ from tests.integration.push_helpers import (
     produce_numbers,
     raises,
     read_all,
-    wait_for,
 )
+from tests.integration.txn_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("RMQ_TEST_PUSH_N", "2000"))

@@ -11,7 +11,7 @@ from typing import Any
 
 import confluent_kafka
 
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
+from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
 from rmq_semantics.tools.bench.orderly import _CountingListener, _next_offsets
 from rmq_semantics.topics import ensure_topics
 
@@ -66,15 +66,7 @@ def _push_rate(conf: dict, topic: str, count: int) -> float:
                              "auto.offset.reset": "earliest"}, listener=listener,
                             max_workers=PUSH_WORKERS, topic_prefix=BENCH_PREFIX,
                             delay_levels=(1,))
-    consumer.subscribe([topic])
-    consumer.start()
-    deadline = time.monotonic() + CASE_TIMEOUT_S
-    try:
-        while listener.seen < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return listener.rate()
-    finally:
-        consumer.shutdown()
+    return started_rate(consumer, topic, listener, count)
 
 
 def bench_push(conf: dict, s: BenchSettings) -> dict:
