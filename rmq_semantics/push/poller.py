@@ -22,7 +22,7 @@ from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
-from rmq_semantics.push.retry import read_retry
+from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.tags import TagFilter
 
 __all__ = ["PollLoop", "PollSettings"]
@@ -251,16 +251,17 @@ class PollLoop:
         info = read_retry(list(headers), where=where,
                           level_delay_ms=int(self.s.delay_levels[part.level - 1] * 1000),
                           now_ms=now_ms, max_reconsume_times=self.s.max_reconsume_times)
+        if info.due_ms > now_ms:
+            return None, info.due_ms  # read again once due: counted then, once
         if info.problems:
             self.ledger.counts["malformed"] += 1
             log.warning("%s[%d]@%d: retry record with %s; delivering it repaired", *where,
                         "; ".join(info.problems),
                         extra=event("malformed_retry", topic=where[0], partition=where[1],
                                     offset=where[2], reason="; ".join(info.problems)))
-        if info.due_ms > now_ms:
-            return None, info.due_ms
         return PushMessage(info.topic, info.partition, info.offset, record.key(),
-                           record.value(), headers, born, born, info.reconsume_times,
+                           record.value(), headers, born, born_of(headers, born),
+                           info.reconsume_times,
                            record.topic()), info.first_failure_ms
 
     # -- transactions ------------------------------------------------------------------------

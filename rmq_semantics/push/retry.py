@@ -19,7 +19,7 @@ from rmq_semantics.push.api import PushMessage
 from rmq_semantics.records.dead_letter import dlq_headers, retry_headers
 from rmq_semantics.records.headers import H
 
-__all__ = ["DEFAULT_DELAY_LEVELS", "OutRecord", "RetryRead", "check_delay_levels",
+__all__ = ["DEFAULT_DELAY_LEVELS", "OutRecord", "RetryRead", "born_of", "check_delay_levels",
            "level_of", "out_record", "read_retry"]
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,30 @@ def out_record(msg: PushMessage, *, now_ms: int, topic: str, retry: bool, due_ms
         headers = retry_headers(msg.headers, topic=msg.topic, partition=msg.partition,
                                 offset=msg.offset, reconsume_times=msg.reconsume_times + 1,
                                 first_failure_ms=first, due_ms=due_ms)
-        return OutRecord(topic, msg.key, msg.value, headers, msg.born_timestamp, source)
+        return OutRecord(topic, msg.key, msg.value, _with_born(headers, msg), now_ms, source)
     headers = dlq_headers(msg.headers, topic=msg.topic, partition=msg.partition,
                           offset=msg.offset, reconsume_times=msg.reconsume_times, error=error,
                           first_failure_ms=first, last_failure_ms=now_ms)
-    return OutRecord(topic, msg.key, msg.value, headers, msg.born_timestamp, source)
+    return OutRecord(topic, msg.key, msg.value, _with_born(headers, msg), now_ms, source)
+
+
+def _with_born(headers: list[tuple[str, bytes]], msg: PushMessage) -> list[tuple[str, bytes]]:
+    """A copy is written at now (retention counts from there, so a message born long ago is
+    not deleted at once); its birth time travels in ``rmq.born_ts``."""
+    return [*(h for h in headers if h[0] != H.BORN_TS),
+            (H.BORN_TS, str(msg.born_timestamp).encode())]
+
+
+def born_of(headers: list[tuple[str, bytes]] | tuple, record_ts: int) -> int:
+    """The birth time a copy carries, else (absent or garbage) its record timestamp."""
+    for name, value in headers:
+        if name == H.BORN_TS:
+            try:
+                born = int(value.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                return record_ts
+            return born if 0 <= born < 1 << 62 else record_ts
+    return record_ts
 
 
 @dataclass(frozen=True)

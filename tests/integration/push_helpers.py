@@ -54,6 +54,7 @@ class Delivery:
     outcome: str
     topic: str
     offset: int
+    born: int
 
 
 class Recorder:
@@ -74,7 +75,7 @@ class Recorder:
         with self._lock:
             self.deliveries.append(Delivery(n, m.reconsume_times, at_ms,
                                             int(due) if due else None, result, m.topic,
-                                            m.offset))
+                                            m.offset, m.born_timestamp))
         if result == "RAISED":
             raise ValueError(f"message {n} always fails")
         return result

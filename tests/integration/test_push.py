@@ -126,9 +126,10 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
     for n in numbers:
         tries = sum(1 for k in range(MAX_RECONSUME + 2) if (n, k) in deliveries)
         assert tries == (MAX_RECONSUME + 1 if fails_always(n) else 2 if fails_once(n) else 1)
-    # A retry shows its ORIGINAL coordinates, as RocketMQ does.
-    firsts = {d.n: (d.topic, d.offset) for d in recorder.snapshot() if d.reconsume_times == 0}
-    assert all((d.topic, d.offset) == firsts[d.n] for d in recorder.snapshot())
+    # A retry shows its ORIGINAL coordinates and birth time, as RocketMQ does.
+    firsts = {d.n: (d.topic, d.offset, d.born) for d in recorder.snapshot()
+              if d.reconsume_times == 0}
+    assert all((d.topic, d.offset, d.born) == firsts[d.n] for d in recorder.snapshot())
     check_retry_waits(recorder)
     check_dlq(broker, prefix, group, topic, dead)
     committed, ends = committed_ends(broker.conf(), group, topic)

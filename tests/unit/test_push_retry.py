@@ -99,3 +99,14 @@ def test_push_consumer_refuses_bad_settings_in_one_line():
         consumer.subscribe(["__rmq_retry_g_1"])
     with pytest.raises(ConfigError, match="tags"):
         consumer.subscribe(["t"], tags="A ||")
+
+
+def test_a_copy_is_written_now_and_carries_its_birth_time():
+    from rmq_semantics.push import PushMessage
+    from rmq_semantics.push.retry import born_of, out_record
+
+    msg = PushMessage("t", 0, 5, b"k", b"v", (("app", b"1"),), 1000, 1000)
+    copy = out_record(msg, now_ms=9000, topic="r", retry=True, due_ms=9500, error=None,
+                      first_failure_ms=None, source="t[0]@5")
+    assert copy.timestamp == 9000 and born_of(copy.headers, 9000) == 1000
+    assert born_of([(H.BORN_TS, b"x")], 9000) == 9000
