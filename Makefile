@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix test-keys
+	test-matrix test-keys test-push
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,13 +74,17 @@ test-matrix: setup
 test-group-protocol: setup
 	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
 		tests/integration/test_orderly_keys.py tests/integration/test_orderly_keys_procs.py \
-		tests/integration/test_foundation.py $(GP_ARGS)
+		tests/integration/test_foundation.py tests/integration/test_push.py $(GP_ARGS)
 
 # Key-ordered consumption across processes, the long run: four consumer processes joining,
 # leaving, SIGKILLed and SIGSTOPped over three rounds (the default run has a short one).
 test-keys: setup
 	RMQ_TEST_KEYS_LONG=1 $(PY) -m pytest tests/integration/test_orderly_keys_procs.py \
 		tests/integration/test_orderly_keys.py $(KEYS_ARGS)
+
+# The concurrent consumer with 10,000 messages (the default run has 2,000).
+test-push: setup
+	RMQ_TEST_PUSH_N=10000 $(PY) -m pytest tests/integration/test_push.py $(PUSH_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -27,6 +27,13 @@ from rmq_semantics.orderly import (
     PartitionStatus,
 )
 from rmq_semantics.producer import Producer
+from rmq_semantics.push import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    MessageListenerConcurrently,
+    PushConsumer,
+    PushMessage,
+)
 from rmq_semantics.selector import (
     MessageQueueSelector,
     SelectMessageQueueByHash,
@@ -45,6 +52,8 @@ __all__ = [
     "AuthenticationError",
     "BrokerUnavailableError",
     "ConfigError",
+    "ConsumeConcurrentlyContext",
+    "ConsumeConcurrentlyStatus",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "Consumer",
@@ -55,12 +64,15 @@ __all__ = [
     "LockLostError",
     "MalformedRecordError",
     "Message",
+    "MessageListenerConcurrently",
     "MessageListenerOrderly",
     "MessageQueueSelector",
     "OrderlyConsumer",
     "OrderlyMessage",
     "PartitionStatus",
     "Producer",
+    "PushConsumer",
+    "PushMessage",
     "RmqError",
     "RmqTimeoutError",
     "SelectMessageQueueByHash",

@@ -18,7 +18,8 @@ from confluent_kafka import KafkaException
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["LIBRDKAFKA_LOGGER", "SECURITY_KEYS", "client_conf", "new_client", "shared_conf"]
+__all__ = ["LIBRDKAFKA_LOGGER", "SECURITY_KEYS", "client_conf", "new_client",
+           "self_committing_conf", "shared_conf"]
 
 LIBRDKAFKA_LOGGER = "rmq_semantics.librdkafka"
 #: Security settings without the ``sasl.``/``ssl.`` prefix that every client must also get.
@@ -60,6 +61,24 @@ def client_conf(conf: Mapping[str, Any], *, who: str = "client", internal: bool 
     for key, value in (defaults or {}).items():
         out.setdefault(key, value)
     out.update(forced or {})
+    return out
+
+
+def self_committing_conf(conf: Mapping[str, Any], *, who: str, why: str,
+                         defaults: Mapping[str, Any] | None = None,
+                         forced: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The conf of a consumer that commits its own offsets (``why`` says how): auto commit
+    must stay off, ``group.id`` is required, and the classic protocol assigns incrementally
+    (cooperative-sticky) unless the caller chose a strategy."""
+    if isinstance(conf, Mapping) and str(conf.get("enable.auto.commit", "false")).lower() not in (
+            "false", "0"):
+        raise ConfigError(f"enable.auto.commit must be false: {why}")
+    out = client_conf(conf, who=who, defaults=defaults, forced={
+        "enable.auto.commit": False, "enable.auto.offset.store": False, **(forced or {})})
+    if not out.get("group.id"):
+        raise ConfigError(f"conf needs 'group.id': the {who} group")
+    if out.get("group.protocol", "classic") == "classic":
+        out.setdefault("partition.assignment.strategy", "cooperative-sticky")
     return out
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "BrokerUnavailableError",
     "CommitRefusedError",
     "ConfigError",
+    "ConsumeTimeoutError",
     "EmbeddedKafkaError",
     "FatalKafkaError",
     "IllegalStateError",
@@ -180,3 +181,10 @@ class UnknownPartitionError(ConfigError):
     """A message names a partition its topic does not have (RocketMQ's queue check)."""
 
     code = "unknown_partition"
+
+
+class ConsumeTimeoutError(RmqTimeoutError):
+    """A concurrent listener call ran past ``consume_timeout_ms`` (RocketMQ's
+    ``consumeTimeout``): its messages are reconsumed later."""
+
+    code = "consume_timeout"

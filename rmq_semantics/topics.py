@@ -102,6 +102,10 @@ class SystemTopics:
     def dlq(self, group: str) -> str:
         return f"{self.prefix}_dlq_{group}"
 
+    def retry(self, group: str, level: int) -> str:
+        """The retry topic of ``group``'s delay ``level`` (the concurrent consumer's)."""
+        return f"{self.prefix}_retry_{group}_{level}"
+
     @property
     def coordinator_group(self) -> str:
         return f"{self.prefix}_coordinator"

@@ -11,7 +11,7 @@ from typing import Any
 
 import confluent_kafka
 
-from rmq_semantics.clientconf import client_conf, new_client
+from rmq_semantics.clientconf import new_client, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
 from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
@@ -47,18 +47,9 @@ KEY_MAX_RECONSUME_TIMES = 16
 
 def consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
-    if isinstance(conf, dict) and str(conf.get("enable.auto.commit", "false")).lower() not in (
-            "false", "0"):
-        raise ConfigError("enable.auto.commit must be false: the orderly consumer commits "
-                          "each batch itself, under its queue lock")
-    out = client_conf(conf, who="OrderlyConsumer", defaults={
-        "isolation.level": "read_committed"}, forced={
-        "enable.auto.commit": False, "enable.auto.offset.store": False})
-    if not out.get("group.id"):
-        raise ConfigError("conf needs 'group.id': the orderly consumer group")
-    if out.get("group.protocol", "classic") == "classic":
-        out.setdefault("partition.assignment.strategy", "cooperative-sticky")
-    return out
+    return self_committing_conf(conf, who="OrderlyConsumer", why="the orderly consumer commits "
+                                "each batch itself, under its queue lock",
+                                defaults={"isolation.level": "read_committed"})
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:

@@ -14,15 +14,10 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.errors import KafkaOperationError, RmqError, RmqTimeoutError
-from rmq_semantics.orderly.api import (
-    DLQ_ORIGINAL_OFFSET,
-    DLQ_ORIGINAL_PARTITION,
-    DLQ_ORIGINAL_TOPIC,
-    DLQ_RECONSUME_TIMES,
-    OrderlyMessage,
-)
+from rmq_semantics.orderly.api import OrderlyMessage
 from rmq_semantics.orderly.runtime import event
 from rmq_semantics.producer import producer_defaults
+from rmq_semantics.records.dead_letter import dlq_headers
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["DeadLetters"]
@@ -80,11 +75,8 @@ class DeadLetters:
                 errors.append(err)
 
         for m in batch:
-            headers = [*m.headers,
-                       (DLQ_ORIGINAL_TOPIC, m.topic.encode()),
-                       (DLQ_ORIGINAL_PARTITION, str(m.partition).encode()),
-                       (DLQ_ORIGINAL_OFFSET, str(m.offset).encode()),
-                       (DLQ_RECONSUME_TIMES, str(m.reconsume_times).encode())]
+            headers = dlq_headers(m.headers, topic=m.topic, partition=m.partition,
+                                  offset=m.offset, reconsume_times=m.reconsume_times)
             producer.produce(self.topic, m.value, key=m.key, headers=headers,
                              on_delivery=on_delivery)
         left = producer.flush(DLQ_TIMEOUT_S)

@@ -36,6 +36,7 @@ from tests.fuzz.generators import (
     MARKER_TYPES,
     NUMERIC_HALF,
     REQUIRED_HALF,
+    RETRY_PARSED,
     V1_OUTCOMES,
     VALID,
     Ctx,
@@ -55,10 +56,13 @@ from tests.fuzz.generators import (
     txn_id,
     valid_bytes,
     valid_half,
+    valid_retry,
 )
 
 #: Topics a case writes to (the runner maps them to ``<prefix>_<topic>``).
 HALF, OP, CHECK, LOCK_REQUEST = "half", "op", "check", "lock_request"
+#: A concurrent consumer's level-1 retry topic (the push test maps it to its group's).
+RETRY = "retry"
 #: Groups of stale lock requests start with this: none of them may ever be HELD.
 STALE_LOCK_GROUP = "fuzz-stale-"
 
@@ -446,6 +450,39 @@ CATEGORIES: tuple[Category, ...] = (
     Category("lock_stale_epoch", LOCK_REQUEST, lock_stale_epoch, True),
     Category("lock_odd", LOCK_REQUEST, lock_odd, False),
     Category("lock_stale_request", LOCK_REQUEST, lock_stale_request, True),
+)
+
+
+# -- retry records of a concurrent consumer (PushConsumer) ----------------------------------
+def retry_bad_header(rng: random.Random, ctx: Ctx) -> Case:
+    raw = valid_retry(rng, ctx)
+    name = pick(rng, RETRY_PARSED)
+    raw.headers = set_header(raw.headers or [], name, HEADER_VALUES[name](rng, ctx))
+    return Case("retry_bad_header", RETRY, [raw])
+
+
+def retry_missing_header(rng: random.Random, ctx: Ctx) -> Case:
+    raw = valid_retry(rng, ctx)
+    drop = pick(rng, RETRY_PARSED)
+    raw.headers = [h for h in raw.headers or [] if h[0] != drop]
+    return Case("retry_missing_header", RETRY, [raw])
+
+
+def retry_forged_dlq_headers(rng: random.Random, ctx: Ctx) -> Case:
+    """A good retry copy carrying forged ``rmq.dlq.*`` headers: not a problem to read
+    (a dead letter writes its own afresh), so nothing is owed a count."""
+    raw = valid_retry(rng, ctx)
+    for name in (H.DLQ_RECONSUME_TIMES, H.DLQ_EXCEPTION, H.DLQ_LAST_FAILURE_TS):
+        raw.headers = set_header(raw.headers or [], name, HEADER_VALUES[name](rng, ctx))
+    return Case("retry_forged_dlq_headers", RETRY, [raw], bad=0)
+
+
+#: Run by tests/integration/test_push.py against a PushConsumer, not by the coordinator
+#: runner: ``counted`` means the consumer's ``malformed`` count moves.
+PUSH_CATEGORIES: tuple[Category, ...] = (
+    Category("retry_bad_header", RETRY, retry_bad_header, True),
+    Category("retry_missing_header", RETRY, retry_missing_header, True),
+    Category("retry_forged_dlq_headers", RETRY, retry_forged_dlq_headers, False),
 )
 BY_NAME = {c.name: c for c in CATEGORIES}
 KNOWN_BAD = {c.name: c.known_bad for c in CATEGORIES if c.known_bad}

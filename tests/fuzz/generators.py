@@ -22,6 +22,7 @@ import fastavro
 
 from rmq_semantics.message import Message
 from rmq_semantics.records.codec import CURRENT_VERSION, MAGIC, RecordType, encode, schema
+from rmq_semantics.records.dead_letter import retry_headers
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import (
@@ -389,6 +390,36 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.ANSWERED_SEQ: lambda rng, ctx: _number_text(rng),
     H.NEXT_CHECK_TS: lambda rng, ctx: _number_text(rng),
 }
+# The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
+# values a forged retry or dead-letter record may carry.
+HEADER_VALUES.update({
+    H.PROMOTED_AT: lambda rng, ctx: _number_text(rng),
+    H.RECONSUME_TIMES: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"-1", b"0",
+                                                   str(2**40).encode()]),
+    H.ORIGINAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
+    H.ORIGINAL_PARTITION: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
+    H.ORIGINAL_OFFSET: lambda rng, ctx: pick(rng, [_number_text(rng), b"-7"]),
+    H.FIRST_FAILURE_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
+    H.RETRY_DUE_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1",
+                                                str(ctx.now_ms + 10**9).encode()]),
+    H.DLQ_EXCEPTION: lambda rng, ctx: _any(rng),
+    H.DLQ_EXCEPTION_MESSAGE: lambda rng, ctx: _any(rng),
+    H.DLQ_FIRST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
+    H.DLQ_LAST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
+})
+#: The retry headers a concurrent consumer parses (each odd value above is refused).
+RETRY_PARSED = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,
+                H.ORIGINAL_OFFSET, H.FIRST_FAILURE_TS, H.RETRY_DUE_TS)
+
+
+def valid_retry(rng: random.Random, ctx: Ctx, *, reconsume_times: int = 1) -> Raw:
+    """A retry copy as a PushConsumer writes it, due now, from ``ctx.real_topic``."""
+    headers = retry_headers([("app", b"1")], topic=ctx.real_topic, partition=0,
+                            offset=rng.randrange(1000), reconsume_times=reconsume_times,
+                            first_failure_ms=ctx.now_ms, due_ms=ctx.now_ms)
+    return Raw(some_bytes(rng), pick(rng, [None, b"k"]), list(headers), 0)
+
+
 #: Headers a half record must carry (``records.half``), and the optional numeric ones.
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,20 @@ def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
+
+
+def started_rate(consumer: Any, topic: str, listener: Any, count: int) -> float:
+    """Subscribe ``consumer`` (an orderly or push consumer) to ``topic``, start it, wait until
+    ``listener`` counted ``count`` messages (or the case timeout), shut it down; its rate."""
+    consumer.subscribe([topic])
+    consumer.start()
+    deadline = time.monotonic() + CASE_TIMEOUT_S
+    try:
+        while listener.seen < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return listener.rate()
+    finally:
+        consumer.shutdown()
 
 
 # -- figures ------------------------------------------------------------------------------

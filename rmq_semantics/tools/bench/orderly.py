@@ -15,7 +15,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
+from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["ORDERLY_BATCH", "bench_orderly"]
@@ -113,15 +113,7 @@ def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
     consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
                                 "auto.offset.reset": "earliest"}, listener=listener,
                                topic_prefix=prefix, batch_size=ORDERLY_BATCH)
-    consumer.subscribe([topic])
-    consumer.start()
-    deadline = time.monotonic() + CASE_TIMEOUT_S
-    try:
-        while listener.seen < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return listener.rate()
-    finally:
-        consumer.shutdown()
+    return started_rate(consumer, topic, listener, count)
 
 
 def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> float:

@@ -1,0 +1,318 @@
+"""The concurrent consumer's poll thread: it owns the Kafka consumer and the transactional
+producer, turns records into listener calls, holds retry partitions until their head is
+due, and writes retry copies, dead letters and offsets in one transaction per round.
+
+It never sleeps: a held retry partition is paused (and sought back to its head) with a
+due time the loop checks on every round; back-pressure pauses the other partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import confluent_kafka
+from confluent_kafka import KafkaException, TopicPartition
+
+from rmq_semantics.clientconf import new_client
+from rmq_semantics.orderly.offsets import OffsetTracker
+from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
+from rmq_semantics.push.api import PushMessage
+from rmq_semantics.push.ledger import Batch, Ledger, Part
+from rmq_semantics.push.pool import ListenerPool
+from rmq_semantics.push.retry import born_of, read_retry
+from rmq_semantics.tags import TagFilter
+
+__all__ = ["PollLoop", "PollSettings"]
+
+log = logging.getLogger(__name__)
+
+POLL_WAIT_S = 0.05  # one consume() wait: how late a due retry head or a stop is noticed
+COMMIT_INTERVAL_S = 0.1  # one transaction per interval at most, for copies and offsets
+FETCH_MAX = 500  # records per consume() call
+TXN_TIMEOUT_S = 30.0
+# The broker aborts a dead instance's open transaction after this: until then the retry
+# partitions it wrote to stop at it (read_committed) and its offsets read as unstable.
+TRANSACTION_TIMEOUT_MS = 10000
+# Reading the committed offsets waits out such a transaction (KIP-447's stable offsets).
+COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
+TP = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    consumer_conf: dict
+    producer_conf: dict
+    topics: list[str]
+    retry_levels: dict[str, int]  # retry topic -> its delay level
+    delay_levels: tuple[float, ...]
+    tags: TagFilter
+    batch_size: int
+    backlog: int  # listener calls queued or running before the partitions are paused
+    max_reconsume_times: int
+    consume_timeout_ms: int
+    drain_timeout_s: float
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PollLoop:
+    """Run by the poll thread: :meth:`run` until ``stopping`` is set, then drains."""
+
+    def __init__(self, settings: PollSettings, ledger: Ledger, pool: ListenerPool,
+                 stopping: threading.Event, name: str) -> None:
+        self.s = settings
+        self.ledger = ledger
+        self.pool = pool
+        self.stopping = stopping
+        self.name = name
+        self.consumer: confluent_kafka.Consumer | None = None
+        self.producer: confluent_kafka.Producer | None = None
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self._held: dict[TP, int] = {}  # retry partitions paused until the due ms
+        self._bp_paused: set[TP] = set()
+        self._last_commit = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._open()
+            self.started.set()
+            while not self.stopping.is_set():
+                self._round()
+            self._drain()
+        except BaseException as exc:  # the thread's end: kept for shutdown() to report
+            self.error = exc
+            log.exception("push consumer %s stopped on an error", self.name)
+        finally:
+            self.started.set()
+            self._close()
+
+    def _open(self) -> None:
+        self.producer = new_client(confluent_kafka.Producer, self.s.producer_conf,
+                                   "PushConsumer producer")
+        self.producer.init_transactions(TXN_TIMEOUT_S)
+        self.consumer = new_client(confluent_kafka.Consumer, self.s.consumer_conf,
+                                   "PushConsumer")
+        self.consumer.subscribe([*self.s.topics, *self.s.retry_levels],
+                                on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+
+    def _round(self) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        now = time.monotonic()
+        for batch in self.ledger.expired(now):
+            self.pool.expire(batch)
+        self._resume_due()
+        self._back_pressure(consumer)
+        records = consumer.consume(FETCH_MAX, POLL_WAIT_S)
+        if records:
+            self._dispatch(consumer, records)
+        if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
+            self._commit()
+
+    def _drain(self) -> None:
+        """Stop: take nothing new, let running calls end (bounded), commit what is done."""
+        consumer = self.consumer
+        assert consumer is not None
+        assignment = consumer.assignment()
+        if assignment:
+            consumer.pause(assignment)
+        deadline = time.monotonic() + self.s.drain_timeout_s
+        while self.ledger.in_flight and time.monotonic() < deadline:
+            consumer.consume(FETCH_MAX, POLL_WAIT_S)  # serves callbacks; all paused
+        self._commit()
+
+    def _close(self) -> None:
+        if self.consumer is not None:
+            try:
+                self.consumer.close()  # on_revoke commits what is left
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("push consumer %s: closing the consumer: %s", self.name, exc)
+            self.consumer = None
+        if self.producer is not None:
+            self.producer.flush(COMMIT_TIMEOUT_S)
+            self.producer = None
+
+    # -- rebalance ---------------------------------------------------------------------------
+    def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        committed = (consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions
+                     else [])
+        for tp in committed:
+            level = self.s.retry_levels.get(tp.topic, 0)
+            where = f"{tp.topic}[{tp.partition}]"
+            tracker = OffsetTracker.restore(tp.offset, tp.metadata, where=where)
+            self.ledger.assign(Part((tp.topic, tp.partition), tracker, level))
+            if tp.offset < 0 and level:
+                # A retry topic is read from its start: its records exist only for us.
+                tp.offset = confluent_kafka.OFFSET_BEGINNING
+        if committed:
+            log.info("push consumer %s assigned %s", self.name,
+                     [f"{tp.topic}[{tp.partition}]" for tp in committed])
+        consumer.incremental_assign(committed)
+
+    def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        self._commit()  # what is done of them is committed before another owner starts
+        self._forget(partitions)
+
+    def _on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        self._forget(partitions)  # someone else may own them: no commit
+
+    def _forget(self, partitions: list) -> None:
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self.ledger.revoke(key)
+            self._held.pop(key, None)
+            self._bp_paused.discard(key)
+        if self.consumer is not None and partitions:
+            self.consumer.incremental_unassign(partitions)
+
+    # -- pausing -----------------------------------------------------------------------------
+    def _resume_due(self) -> None:
+        if not self._held:
+            return
+        now = _now_ms()
+        due = [tp for tp, at in self._held.items() if at <= now]
+        for tp in due:
+            del self._held[tp]
+        if due and self.consumer is not None:
+            self.consumer.resume([TopicPartition(*tp) for tp in due
+                                  if tp not in self._bp_paused])
+
+    def _back_pressure(self, consumer: confluent_kafka.Consumer) -> None:
+        busy = self.ledger.in_flight
+        if busy >= self.s.backlog and not self._bp_paused:
+            self._bp_paused = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            if self._bp_paused:
+                consumer.pause([TopicPartition(*tp) for tp in self._bp_paused])
+        elif busy < self.s.backlog // 2 and self._bp_paused:
+            resume = [TopicPartition(*tp) for tp in self._bp_paused if tp not in self._held]
+            self._bp_paused = set()
+            if resume:
+                consumer.resume(resume)
+
+    def _hold(self, consumer: confluent_kafka.Consumer, tp: TP, offset: int,
+              due_ms: int) -> None:
+        """Pause retry partition ``tp`` with its head at ``offset`` until ``due_ms``."""
+        part = TopicPartition(tp[0], tp[1], offset)
+        consumer.pause([part])
+        consumer.seek(part)
+        self._held[tp] = due_ms
+
+    # -- records -----------------------------------------------------------------------------
+    def _dispatch(self, consumer: confluent_kafka.Consumer, records: list) -> None:
+        pending: dict[TP, Batch] = {}
+        deadline = time.monotonic() + self.s.consume_timeout_ms / 1000
+        now_ms = _now_ms()
+        for record in records:
+            if record.error() is not None:
+                log.warning("push consumer %s: %s", self.name, record.error())
+                continue
+            tp = (record.topic(), record.partition())
+            part = self.ledger.part(tp)
+            if part is None or tp in self._held:
+                continue  # revoked, or held: records after a held head come again later
+            message, first_failure = self._message(record, part, now_ms)
+            if message is None:
+                self._hold(consumer, tp, record.offset(), first_failure or now_ms)
+                continue
+            if not self.ledger.take(part, record.offset()):
+                continue  # done before a restart (the restored commit says so)
+            if not part.level and not self.s.tags.matches(message.headers):
+                self.ledger.skip(part, record.offset())
+                continue
+            batch = pending.get(tp)
+            if batch is None:
+                batch = pending[tp] = Batch(part, [], [], [], deadline)
+            batch.msgs.append(message)
+            batch.offsets.append(record.offset())
+            batch.first_failures.append(first_failure)
+            if len(batch.msgs) >= self.s.batch_size:
+                self.pool.submit(pending.pop(tp))
+        for batch in pending.values():
+            self.pool.submit(batch)
+
+    def _message(self, record: confluent_kafka.Message, part: Part,
+                 now_ms: int) -> tuple[PushMessage | None, int | None]:
+        """The listener's view of ``record`` and its first failure time; (None, due ms)
+        for a retry record not due yet."""
+        headers = tuple((k, v if v is not None else b"") for k, v in record.headers() or ())
+        born = record.timestamp()[1]
+        if not part.level:
+            return PushMessage(record.topic(), record.partition(), record.offset(),
+                               record.key(), record.value(), headers, born, born), None
+        where = (record.topic(), record.partition(), record.offset())
+        info = read_retry(list(headers), where=where,
+                          level_delay_ms=int(self.s.delay_levels[part.level - 1] * 1000),
+                          now_ms=now_ms, max_reconsume_times=self.s.max_reconsume_times)
+        if info.due_ms > now_ms:
+            return None, info.due_ms  # read again once due: counted then, once
+        if info.problems:
+            self.ledger.counts["malformed"] += 1
+            log.warning("%s[%d]@%d: retry record with %s; delivering it repaired", *where,
+                        "; ".join(info.problems),
+                        extra=event("malformed_retry", topic=where[0], partition=where[1],
+                                    offset=where[2], reason="; ".join(info.problems)))
+        return PushMessage(info.topic, info.partition, info.offset, record.key(),
+                           record.value(), headers, born, born_of(headers, born),
+                           info.reconsume_times,
+                           record.topic()), info.first_failure_ms
+
+    # -- transactions ------------------------------------------------------------------------
+    def _commit(self) -> None:
+        """Write the owed copies and commit the offsets, in one Kafka transaction."""
+        self._last_commit = time.monotonic()
+        consumer, producer = self.consumer, self.producer
+        if consumer is None or producer is None:
+            return
+        copies, offsets = self.ledger.take_commit()
+        if not copies and not offsets:
+            return
+        try:
+            producer.begin_transaction()
+            for _part, records in copies:
+                for rec in records:
+                    producer.produce(rec.topic, rec.value, key=rec.key, headers=rec.headers,
+                                     timestamp=rec.timestamp)
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(p.tp[0], p.tp[1], off, metadata=meta)
+                     for p, (off, meta) in offsets.items()],
+                    consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            producer.commit_transaction(TXN_TIMEOUT_S)
+        except KafkaException as exc:
+            self._failed_transaction(exc, copies)
+            return
+        self.ledger.committed(offsets)
+        for _part, records in copies:
+            for rec in records:
+                log.info("%s sent to %s", rec.source, rec.topic,
+                         extra=event("retry_write", source=rec.source, topic=rec.topic))
+
+    def _failed_transaction(self, exc: KafkaException, copies: list) -> None:
+        err = exc.args[0]
+        log.warning("push consumer %s: transaction failed (%s); retrying", self.name, err)
+        self.ledger.put_back(copies)
+        producer = self.producer
+        assert producer is not None
+        if err.fatal():
+            # A fatal producer error (e.g. fenced) ends this producer: start a new one.
+            self.producer = None
+            producer.flush(0)
+            self.producer = new_client(confluent_kafka.Producer, self.s.producer_conf,
+                                       "PushConsumer producer")
+            self.producer.init_transactions(TXN_TIMEOUT_S)
+            return
+        try:
+            producer.abort_transaction(TXN_TIMEOUT_S)
+        except KafkaException as abort_exc:
+            log.warning("push consumer %s: abort failed (%s)", self.name, abort_exc.args[0])
+
+
+
