@@ -51,7 +51,7 @@ class BlockProbe:
     def __init__(self, admin: Callable[[], AdminClient]) -> None:
         self.admin = admin
 
-    def reason(self, partitions: Iterable[tuple[str, int]]) -> str:
+    def reason(self, partitions: Iterable[tuple[str, int | None]]) -> str:
         partitions = set(partitions)
         topics = {t for t, _ in partitions}
         try:
@@ -67,11 +67,14 @@ class BlockProbe:
         reasons = set()
         for topic, partition in partitions:
             meta = metadata.get(topic)
-            part = meta.partitions.get(partition) if meta is not None else None
-            if part is None:
+            # No partition: a record placed by its key, so any partition of the topic.
+            parts = [] if meta is None else list(meta.partitions.values()) \
+                if partition is None else [meta.partitions.get(partition)]
+            if not parts or None in parts:
                 reasons.add(TIMED_OUT_REASON)
                 continue
-            reasons.add(blocked_reason(len(part.isrs), min_isr.get(topic), part.leader))
+            reasons.update(blocked_reason(len(p.isrs), min_isr.get(topic), p.leader)
+                           for p in parts)
         # The most specific cause wins: it is the one an operator can act on.
         return next((r for r in REASONS if r in reasons), TIMED_OUT_REASON)
 
@@ -87,14 +90,16 @@ class Blockage:
         self._since = 0.0
         self._set(None)
 
-    def aborted(self, partitions: set[tuple[str, int]]) -> None:
-        """A transaction aborted; ``partitions`` did not take its records in time."""
+    def aborted(self, partitions: set[tuple[str, int | None]]) -> None:
+        """A transaction aborted; ``partitions`` did not take its records in time (a None
+        partition: some partition of that topic)."""
         if not partitions:
             return
         reason = self.probe.reason(partitions)
         if reason != self.reason:
             log.warning("promotion blocked (%s) on %s; replaying until it clears", reason,
-                        ", ".join(f"{t}[{p}]" for t, p in sorted(partitions)))
+                        ", ".join(sorted(f"{t}[{'*' if p is None else p}]"
+                                         for t, p in partitions)))
             if self.reason is None:
                 self._since = time.monotonic()
         self._set(reason)

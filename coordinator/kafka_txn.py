@@ -189,9 +189,9 @@ class KafkaTransactions:
             raise
 
     def finish(self, offsets: Sequence[TopicPartition], group_metadata: object,
-               failed: Callable[[], object] | None = None) -> None:
+               failed: Callable[[KafkaError], object] | None = None) -> None:
         """Send ``offsets`` and commit the transaction :meth:`body` began, or abort it
-        (``failed()`` is called first: the abort can take long). Safe on another thread than
+        (``failed(error)`` is called first: the abort can take long). Safe on another thread than
         the body's, once the body has returned."""
         try:
             # A timed-out call is not retried in place: the abort, and its EndTxn's own
@@ -205,7 +205,7 @@ class KafkaTransactions:
             if self.abandoned:  # its successor has taken over: nothing here is ours to do
                 raise TransactionAborted(f"abandoned producer: {exc.args[0].str()}") from exc
             if failed is not None:
-                failed()
+                failed(exc.args[0])
             self._abort(exc.args[0], exc)
 
     def stuck_for(self) -> float:

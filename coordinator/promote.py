@@ -81,6 +81,7 @@ class TransactionWriter:
         self.unwritable = unwritable
         self.blockage = blockage  # why promotion is blocked, while it is
         self._timed_out: set[tuple[str, int]] = set()  # partitions that timed out, this txn
+        self._promoted_to: set[tuple[str, int | None]] = set()  # (topic, partition?), this txn
         # Two transactional producers take turns, one transaction open at a time (so offsets
         # stay ordered): a transaction begun on the producer whose commit just returned gets
         # CONCURRENT_TRANSACTIONS while the broker writes that commit's markers, and
@@ -141,6 +142,7 @@ class TransactionWriter:
         self._done_entries = {}
         self._failed = []
         self._timed_out: set[tuple[str, int]] = set()
+        self._promoted_to = set()
         self._blamed = False
         self.txn = self._txns[self._turn]
         self.producer = self.txn.producer
@@ -188,10 +190,13 @@ class TransactionWriter:
         self._committer.close(timeout=0)
         self._committer = CommitThread()
 
-    def _failing(self) -> None:
+    def _failing(self, err: KafkaError) -> None:
         # On the committer thread, before the abort (which may wait minutes below min ISR).
+        # A fatal or transaction-wide failure may come before any delivery report: then the
+        # cause is looked for on every real topic this transaction promoted into.
         if self.blockage is not None:
-            self.blockage.aborted(self._timed_out)
+            self.blockage.aborted(self._timed_out or (
+                self._promoted_to if err.code() in TIMED_OUT else set()))
 
     def _aborted(self, actions: Sequence[Action], aborted: TransactionAborted) -> None:
         self.metrics.aborted.inc()
@@ -320,6 +325,7 @@ class TransactionWriter:
                 if half.real_partition is not None:
                     kwargs["partition"] = half.real_partition
                 self.producer.produce(half.real_topic, half.value, **kwargs)
+                self._promoted_to.add((half.real_topic, half.real_partition))
             self._done(half, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
             self.producer.produce(

@@ -127,6 +127,10 @@ class PushConsumer:
         if self._thread is not None:
             raise IllegalStateError("subscribe() must be called before start()")
         refuse_system_topics(list(topics), self.topic_prefix)
+        own = sorted(set(topics) & set(self.retry_topics))
+        if own:  # read by this consumer already, at their due times
+            raise ConfigError(f"{own[0]!r} is one of this consumer's retry topics: a system "
+                              "topic it reads by itself")
         self._tags = TagFilter(tags)
         self._topics = list(topics)
 
