@@ -118,6 +118,14 @@ def _keys(ctx: BenchContext) -> dict:
     return bench_keys(ctx.conf, ctx.prefix, ctx.s, ctx.kept.setdefault("keys", {}), ctx.log)
 
 
+def _push(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.push import bench_push
+
+    # One run per call: the runner takes the runs in turns and makes the figures.
+    run = bench_push(ctx.conf, dataclasses.replace(ctx.s, repeat=1))
+    return {k: v for k, v in run.items() if k not in ("push_runs", "plain_consumer_runs")}
+
+
 def _stall(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.stall import bench_stall
 
@@ -151,7 +159,8 @@ def _spark(ctx: BenchContext) -> dict:
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
     "threads": _threads, "copier": _copier, "coordinators": _coordinators,
-    "orderly": _orderly, "keys": _keys, "stall": _stall, "spark": _spark, "failover": _failover}
+    "orderly": _orderly, "keys": _keys, "push": _push, "stall": _stall, "spark": _spark,
+    "failover": _failover}
 KNOWN_CASES = tuple(CASE_RUNS)
 #: A full run's cases: failover needs a cluster (``--brokers 3 --cases failover``).
 CASES = tuple(c for c in KNOWN_CASES if c != "failover")
