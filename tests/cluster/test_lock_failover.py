@@ -5,9 +5,8 @@ lock epoch is granted to two consumers."""
 
 from __future__ import annotations
 
-import itertools
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -15,7 +14,11 @@ from confluent_kafka.admin import AdminClient
 from rmq_semantics.orderly import OrderlyConsumer
 from rmq_semantics.topics import SystemTopics
 from tests.cluster.faults import describe_leaders
-from tests.integration.test_orderly import Journal, assert_in_order, produce
+from tests.integration.test_orderly import (
+    Journal,
+    assert_keys_in_order_and_partitions_exclusive,
+    produce,
+)
 from tests.integration.txn_helpers import CoordinatorProcess, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -92,20 +95,4 @@ def test_orderly_consumers_keep_order_and_exclusivity_through_a_lock_leader_kill
         exit_code = coordinator.stop()
     assert exit_code == 0, coordinator.log[-3000:]
 
-    rows = journal.by_partition()
-    per_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for partition_rows in rows.values():
-        for row in partition_rows:
-            key, seq = row.value.split(":")
-            per_key[key].append((int(seq), row.epoch))
-    for key in KEYS:
-        assert_in_order(per_key[key], ROUNDS, key)
-    for partition, partition_rows in rows.items():
-        for before, after in itertools.pairwise(partition_rows):
-            assert before.end <= after.start, (
-                f"partition {partition} processed by {before.consumer} and {after.consumer} "
-                "at the same time")
-        owners = defaultdict(set)
-        for row in partition_rows:
-            owners[row.epoch].add(row.consumer)
-        assert all(len(names) == 1 for names in owners.values()), owners
+    assert_keys_in_order_and_partitions_exclusive(journal, KEYS, ROUNDS)

@@ -204,6 +204,31 @@ def assert_in_order(seen: list[tuple[int, int]], count: int, what: str) -> None:
     assert max(n for n, _ in seen) == count - 1, (what, seen)
 
 
+def assert_keys_in_order_and_partitions_exclusive(journal: Journal, keys: list[str],
+                                                  count: int) -> dict[int, list[Row]]:
+    """Over every listener call of ``"key:seq"`` values: each key's ``count`` messages in
+    order (:func:`assert_in_order`), no partition processed by two consumers at once, and
+    each lock epoch held by one consumer. Returns the rows by partition."""
+    rows = journal.by_partition()
+    per_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for partition_rows in rows.values():
+        for row in partition_rows:
+            key, seq = row.value.split(":")
+            per_key[key].append((int(seq), row.epoch))
+    for key in keys:
+        assert_in_order(per_key[key], count, key)
+    for partition, partition_rows in rows.items():
+        for before, after in itertools.pairwise(partition_rows):
+            assert before.end <= after.start, (
+                f"partition {partition} processed by {before.consumer} and {after.consumer} "
+                "at the same time")
+        owners = defaultdict(set)
+        for row in partition_rows:
+            owners[row.epoch].add(row.consumer)
+        assert all(len(names) == 1 for names in owners.values()), owners
+    return rows
+
+
 # -- Kafka helpers ---------------------------------------------------------------------------
 def committed(broker, group: str, topic: str, partitions: int) -> dict[int, int]:
     consumer = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
@@ -354,26 +379,10 @@ def test_three_consumers_keep_key_order_and_never_process_a_partition_together(
         for consumer in consumers.values():
             consumer.shutdown()
 
-    rows = journal.by_partition()
-    per_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for partition_rows in rows.values():
-        for row in partition_rows:
-            key, seq = row.value.split(":")
-            per_key[key].append((int(seq), row.epoch))
-    for key in keys:
-        assert_in_order(per_key[key], 20, key)
-    for partition, partition_rows in rows.items():
-        for before, after in itertools.pairwise(partition_rows):
-            assert before.end <= after.start, (
-                f"partition {partition} processed by {before.consumer} and {after.consumer} "
-                "at the same time")
-        # Epochs only grow, and each belongs to one consumer.
+    rows = assert_keys_in_order_and_partitions_exclusive(journal, keys, 20)
+    for partition_rows in rows.values():  # and epochs only grow
         epochs = [r.epoch for r in partition_rows]
         assert epochs == sorted(epochs)
-        owners = defaultdict(set)
-        for row in partition_rows:
-            owners[row.epoch].add(row.consumer)
-        assert all(len(names) == 1 for names in owners.values()), owners
     assert {r.consumer for r in journal.snapshot()} == {"c1", "c2", "c3"}
 
 
