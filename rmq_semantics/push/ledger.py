@@ -60,6 +60,7 @@ class Ledger:
     def __init__(self, *, retry_topic: Callable[[int], str], dlq_topic: str,
                  delay_levels: tuple[float, ...], max_reconsume_times: int) -> None:
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # a call settled: in_flight went down
         self._parts: dict[TP, Part] = {}
         self._batches: set[Batch] = set()
         self._retry_topic = retry_topic
@@ -106,6 +107,11 @@ class Ledger:
     def in_flight(self) -> int:
         return len(self._batches)
 
+    def wait_for_room(self, limit: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until fewer than ``limit`` calls are in flight."""
+        with self._room:
+            return self._room.wait_for(lambda: len(self._batches) < limit, timeout_s)
+
     # -- outcomes (workers, and the poll thread for timeouts) --------------------------------
     def settle(self, batch: Batch, status: object, context: ConsumeConcurrentlyContext,
                error: BaseException | None) -> None:
@@ -116,6 +122,7 @@ class Ledger:
                 return
             batch.settled = True
             self._batches.discard(batch)
+            self._room.notify_all()
             part = batch.part
             if self._parts.get(part.tp) is not part:
                 return  # revoked meanwhile: the new owner redoes it
