@@ -80,11 +80,11 @@ def test_a_check_before_the_local_transaction_refuses_it_before_its_body(db):
     msg = txn_message()
     assert barrier.check(db.connect(), msg) == ROLLBACK
     body_ran = False
-    with pytest.raises(BarrierRollback, match=f"txn={msg.transaction_id}: a back-check "
-                                              "decided ROLLBACK before the local transaction"):
-        with barrier.local_transaction(db.connect(), msg) as txn:
-            body_ran = True
-            db.insert_order(txn.cursor, msg)
+    refused = f"txn={msg.transaction_id}: a back-check decided ROLLBACK before the local"
+    with pytest.raises(BarrierRollback, match=refused), \
+            barrier.local_transaction(db.connect(), msg) as txn:
+        body_ran = True
+        db.insert_order(txn.cursor, msg)
     assert not body_ran
     assert db.committed() == set()
     assert barrier.check(db.connect(), msg) == ROLLBACK  # the decision stands
@@ -117,9 +117,9 @@ def test_committed_rolled_back_and_unknown_local_transactions(db):
     assert db.committed() == {committed.transaction_id}
     assert barrier.check(db.connect(), committed) == COMMIT
     assert barrier.check(db.connect(), rolled_back) == ROLLBACK
-    with pytest.raises(IllegalStateError, match="already ran and committed"):
-        with barrier.local_transaction(db.connect(), committed):
-            pass
+    with pytest.raises(IllegalStateError, match="already ran and committed"), \
+            barrier.local_transaction(db.connect(), committed):
+        pass
 
 
 def test_purge_deletes_only_rows_older_than_the_horizon(db):
@@ -141,9 +141,10 @@ def test_purge_deletes_only_rows_older_than_the_horizon(db):
 def test_a_connection_with_an_open_transaction_is_refused(db):
     conn = db.connect()
     conn.execute(f"INSERT INTO {db.orders} VALUES ({db.param}, {db.param})", ("x", "y"))
-    with pytest.raises(IllegalStateError, match="no transaction open"):
-        with TransactionBarrier(table=db.barrier_table).local_transaction(conn, txn_message()):
-            pass
+    barrier = TransactionBarrier(table=db.barrier_table)
+    with pytest.raises(IllegalStateError, match="no transaction open"), \
+            barrier.local_transaction(conn, txn_message()):
+        pass
 
 
 @pytest.mark.parametrize("options, message", [
@@ -160,7 +161,7 @@ def test_a_message_without_transaction_id_or_an_unknown_connection_is_refused(tm
     barrier = TransactionBarrier()
     conn = sqlite3.connect(tmp_path / "x.db")
     barrier.create_table(conn)
-    with pytest.raises(ConfigError, match="needs msg.transaction_id"):
+    with pytest.raises(ConfigError, match=r"needs msg\.transaction_id"):
         barrier.check(conn, Message("orders", b"v"))
     with pytest.raises(ConfigError, match="needs a sqlite3 or psycopg"):
         barrier.check(object(), txn_message())
