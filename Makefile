@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix test-keys test-push
+	test-matrix test-keys test-push test-barrier
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The jars from Maven Central, and the barrier tests' PostgreSQL (Debian's package) when missing.
 setup: $(VENV)/.installed
 	$(PY) -m rmq_semantics setup
+	tests/barrier/postgres.sh ensure
 
 demo: setup
 	$(PY) -m rmq_semantics demo
@@ -85,6 +87,11 @@ test-keys: setup
 # The concurrent consumer with 10,000 messages (the default run has 2,000).
 test-push: setup
 	RMQ_TEST_PUSH_N=10000 $(PY) -m pytest tests/integration/test_push.py $(PUSH_ARGS)
+
+# The transaction barrier's races with 1,000 transactions per database (the default run has
+# 150); on SQLite and on a PostgreSQL server of its own (tests/barrier/postgres.sh installs it).
+test-barrier: setup
+	RMQ_TEST_BARRIER_N=1000 $(PY) -m pytest tests/barrier $(BARRIER_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

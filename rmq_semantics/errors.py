@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the pure cores import this module and no Kafka client
 
 __all__ = [
     "AuthenticationError",
+    "BarrierRollback",
     "BrokerUnavailableError",
     "CommitRefusedError",
     "ConfigError",
@@ -188,3 +189,10 @@ class ConsumeTimeoutError(RmqTimeoutError):
     ``consumeTimeout``): its messages are reconsumed later."""
 
     code = "consume_timeout"
+
+
+class BarrierRollback(RmqError, RuntimeError):
+    """A back-check decided ROLLBACK before this local transaction began (its barrier row
+    was already there): the local transaction is refused before its body runs."""
+
+    code = "barrier_rollback"

@@ -3,7 +3,9 @@
 An order service writes each order to SQLite inside its local transaction and publishes an
 ``OrderCreated`` event as a transactional message. Some orders commit, some roll back, and
 some end UNKNOWN as if the service crashed before sending its decision, so the
-coordinator's back-check must resolve them from the database. An orderly consumer processes
+coordinator's back-check must resolve them from the database; the transaction barrier
+(rmq_semantics/barrier) makes that answer exact, also for two slow orders whose local
+transaction is still open when their check comes. An orderly consumer processes
 each customer's events in order, the Spark job copies the promoted topic to Parquet, and
 the summary compares Spark's rows with the database's committed orders.
 """
@@ -30,16 +32,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rmq_semantics.barrier import BarrierTransactionListener, TransactionBarrier
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.message import Message
 from rmq_semantics.tools.admin import list_discarded, list_pending
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
-from rmq_semantics.transaction import (
-    LocalTransactionState,
-    TransactionListener,
-    TransactionProducer,
-)
+from rmq_semantics.transaction import LocalTransactionState, TransactionProducer
 
 __all__ = ["register_cli", "run_demo"]
 
@@ -49,6 +48,8 @@ CUSTOMERS = 6
 COORDINATOR_SETTINGS = {"transaction_timeout_ms": 2000, "check_interval_ms": 2000,
                         "check_max": 5, "half_partitions": 4, "check_partitions": 2}
 RESOLVE_TIMEOUT_S = 90.0
+# A slow order holds its local transaction open until its back-check waits on it, or this long.
+SLOW_ORDER_WAIT_S = 15.0
 
 
 def order_schema() -> dict:
@@ -56,56 +57,69 @@ def order_schema() -> dict:
 
 
 def _scenario(n: int) -> str:
-    # 60 % commit, 20 % roll back, 10 % crash after the local commit, 10 % crash before it.
+    # 60 % commit, 20 % roll back, 10 % crash after the local commit, 10 % crash before it;
+    # two orders are slow: their local transaction is still open when the back-check comes.
+    if n % 30 == 15:
+        return "slow-commit"
     return {0: "commit", 1: "commit", 2: "commit", 3: "rollback", 4: "crash-committed",
             5: "commit", 6: "commit", 7: "commit", 8: "rollback", 9: "crash-uncommitted"}[n % 10]
 
 
-class OrderService(TransactionListener):
-    """The local transaction is an INSERT into SQLite; the check looks the order up."""
+class OrderService(BarrierTransactionListener):
+    """The local transaction is an INSERT into SQLite under the transaction barrier, so the
+    back-check answers from the barrier row: it waits for a local transaction still open
+    and rolls back one that has not begun."""
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self.lock = threading.Lock()
         self.checked: set[str] = set()
-        with self._db() as db:
+        self._lock = threading.Lock()
+        self._waited: dict[str, threading.Event] = {}
+        super().__init__(TransactionBarrier(on_wait=self._check_waits), connect=self._db,
+                         business=self._insert_order)
+        db = self._db()
+        try:
+            self.barrier.create_table(db)
             db.execute("CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, "
                        "customer TEXT, seq INT, amount_cents INT, txn_id TEXT UNIQUE)")
+            db.commit()
+        finally:
+            db.close()
 
     def _db(self) -> sqlite3.Connection:
         return sqlite3.connect(self.db_path, timeout=10)
 
+    def _waiting(self, txn_id: str) -> threading.Event:
+        with self._lock:
+            return self._waited.setdefault(txn_id, threading.Event())
+
+    def _check_waits(self, txn_id: str) -> None:
+        self._waiting(txn_id).set()
+
     def execute_local_transaction(self, msg: Message, arg: dict) -> LocalTransactionState:
+        if arg["scenario"] == "crash-uncommitted":
+            return LocalTransactionState.UNKNOW  # "crashed" before its local transaction
+        return super().execute_local_transaction(msg, arg)
+
+    def _insert_order(self, cursor: sqlite3.Cursor, msg: Message,
+                      arg: dict) -> LocalTransactionState:
+        cursor.execute("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+                       (arg["order_id"], arg["customer"], arg["seq"], arg["amount_cents"],
+                        msg.transaction_id))
         scenario = arg["scenario"]
-        with self.lock:
-            db = self._db()
-            try:
-                db.execute("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
-                           (arg["order_id"], arg["customer"], arg["seq"], arg["amount_cents"],
-                            msg.transaction_id))
-                if scenario in ("rollback", "crash-uncommitted"):
-                    db.rollback()
-                else:
-                    db.commit()
-            finally:
-                db.close()
-        if scenario == "commit":
-            return LocalTransactionState.COMMIT_MESSAGE
+        if scenario == "slow-commit":
+            # Held open until its back-check waits on it (the check then answers COMMIT).
+            self._waiting(msg.transaction_id or "").wait(SLOW_ORDER_WAIT_S)
         if scenario == "rollback":
             return LocalTransactionState.ROLLBACK_MESSAGE
-        return LocalTransactionState.UNKNOW  # "crashed": no decision reaches the coordinator
+        if scenario == "crash-committed":
+            return LocalTransactionState.UNKNOW  # no decision reaches the coordinator
+        return LocalTransactionState.COMMIT_MESSAGE
 
     def check_local_transaction(self, msg: Message) -> LocalTransactionState:
-        with self.lock:
+        with self._lock:
             self.checked.add(msg.transaction_id or "")
-            db = self._db()
-            try:
-                row = db.execute("SELECT 1 FROM orders WHERE txn_id = ?",
-                                 (msg.transaction_id,)).fetchone()
-            finally:
-                db.close()
-        return (LocalTransactionState.COMMIT_MESSAGE if row
-                else LocalTransactionState.ROLLBACK_MESSAGE)
+        return super().check_local_transaction(msg)
 
     def committed_orders(self) -> set[str]:
         db = self._db()
@@ -120,6 +134,7 @@ class Summary:
     committed: int = 0
     rolled_back: int = 0
     resolved_by_check: int = 0
+    checks_waited: int = 0
     discarded: int = 0
     orderly_processed: int = 0
     orderly_in_order: bool = True
@@ -243,6 +258,7 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
         summary.rolled_back = sum(1 for s in scenarios.values()
                                   if s in ("rollback", "crash-uncommitted"))
         summary.resolved_by_check = len(service.checked)
+        summary.checks_waited = service.barrier.waited_checks
         summary.discarded = len(list_discarded(conf))
 
         console.print("[bold]4/5[/bold] orderly consumer: per-customer order events ...")
@@ -260,6 +276,8 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
     table.add_row("orders committed (SQLite)", str(summary.committed))
     table.add_row("orders rolled back", str(summary.rolled_back))
     table.add_row("resolved by back-check", str(summary.resolved_by_check))
+    table.add_row("back-checks that found a local transaction running",
+                  str(summary.checks_waited))
     table.add_row("discarded", str(summary.discarded))
     order_note = "" if summary.orderly_in_order else " (OUT OF ORDER)"
     table.add_row("events processed in order (orderly consumer)",

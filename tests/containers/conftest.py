@@ -13,6 +13,7 @@ import pytest
 
 from tests.containers.coordinator_container import coordinator_image
 from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
+from tests.require import missing
 
 os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 
@@ -28,9 +29,7 @@ class Stack:
 
 
 def _no_engine(why: str) -> None:
-    if os.environ.get("RMQ_REQUIRE") == "docker":
-        pytest.fail(f"RMQ_REQUIRE=docker: {why}", pytrace=False)
-    pytest.skip(why)
+    missing("docker", why)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def test_demo_prints_pass_and_exits_zero():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "PASS" in proc.stdout
     assert "orders committed (SQLite)" in proc.stdout
+    # The slow order (one in 30) held its local transaction open until its check waited on it.
+    waited = re.search(r"back-checks that found a local transaction running\D+(\d+)", proc.stdout)
+    assert waited and int(waited.group(1)) >= 1, proc.stdout[-3000:]
 
 
 def test_demo_interrupted_with_ctrl_c_stops_everything_it_started(tmp_path):

@@ -12,7 +12,8 @@ ENTRY_MODULES = ["rmq_semantics", "coordinator", "coordinator.server", "coordina
                  "rmq_semantics.records.codec", "rmq_semantics.orderly",
                  "rmq_semantics.lock_client", "rmq_semantics.cli", "spark.job",
                  "rmq_semantics.tools.admin", "rmq_semantics.tools.demo",
-                 "rmq_semantics.tools.bench.runner", "rmq_semantics.tools.bench.orderly_child"]
+                 "rmq_semantics.tools.bench.runner", "rmq_semantics.tools.bench.orderly_child",
+                 "rmq_semantics.barrier", "rmq_semantics.barrier.postgres"]
 
 
 @pytest.mark.parametrize("module", ENTRY_MODULES)

@@ -1,0 +1,18 @@
+"""dtm's two-phase message barrier for ``TransactionProducer`` listeners (SQLite, PostgreSQL).
+
+A back-check that reads the business tables can answer ROLLBACK while the local transaction
+is still open, or before it began, and the local transaction then commits what was never
+promoted. The barrier makes the local transaction and the check race for one row: see
+:class:`TransactionBarrier`.
+"""
+
+from rmq_semantics.barrier.barrier import BarrierTransaction, TransactionBarrier
+from rmq_semantics.barrier.listener import BarrierTransactionListener
+from rmq_semantics.errors import BarrierRollback
+
+__all__ = [
+    "BarrierRollback",
+    "BarrierTransaction",
+    "BarrierTransactionListener",
+    "TransactionBarrier",
+]
