@@ -32,6 +32,7 @@ __all__ = [
     "SparkJobError",
     "SystemTopicError",
     "TransactionAborted",
+    "TransactionSizeError",
     "UnknownPartitionError",
 ]
 
@@ -188,3 +189,10 @@ class ConsumeTimeoutError(RmqTimeoutError):
     ``consumeTimeout``): its messages are reconsumed later."""
 
     code = "consume_timeout"
+
+
+class TransactionSizeError(RmqError, ValueError):
+    """A multi-message transaction is empty, or over ``max_transaction_messages`` or
+    ``max_transaction_bytes``; raised before anything is written."""
+
+    code = "transaction_size"
