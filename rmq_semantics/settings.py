@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.half import MAX_TXN_SIZE
 
 __all__ = ["MAX_TRANSACTION_BYTES", "MAX_TRANSACTION_MESSAGES", "ProducerSettings",
            "add_arguments", "add_kafka_arguments", "env_name", "flag_name",
@@ -135,8 +136,8 @@ def kafka_conf_from_args(args: argparse.Namespace) -> dict:
 
 
 #: The coordinator's cap on the members of one transaction (it holds them in memory until the
-#: transaction is decided, and sets a larger one aside as malformed).
-MAX_TRANSACTION_MESSAGES = 1000
+#: transaction is decided, and sets a larger one aside as malformed): the wire's one constant.
+MAX_TRANSACTION_MESSAGES = MAX_TXN_SIZE
 MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
 
 
