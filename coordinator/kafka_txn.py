@@ -72,6 +72,12 @@ RETRY_PAUSE_S = 0.5
 # A call still running this long has ignored its own timeout: librdkafka can wait forever for
 # a group coordinator that left the cluster (librdkafka #5456, #5511).
 WEDGED_AFTER_S = TXN_CALL_TIMEOUT_S + 15.0
+# Inside a transaction a stuck call is given up sooner: once the transaction is this much
+# older than transaction.timeout.ms the broker aborts it whatever the call returns, so waiting
+# for WEDGED_AFTER_S only adds to a failover (a SIGKILLed coordinator broker cost 45 s).
+DOOMED_MARGIN_S = 5.0
+# ... but only a call that has itself run this long (not one that just started late).
+DOOMED_CALL_MIN_S = 5.0
 
 
 class TxnErrorKind(Enum):
@@ -201,6 +207,7 @@ class KafkaTransactions:
             if self.abandoned:  # its caller was told it aborted: it must not commit now
                 raise KafkaException(KafkaError(KafkaError._FENCED))
             self._end("committing", self.producer.commit_transaction)
+            self._begun_at = None  # no transaction open: wedged() only counts a call's time
         except KafkaException as exc:
             if self.abandoned:  # its successor has taken over: nothing here is ours to do
                 raise TransactionAborted(f"abandoned producer: {exc.args[0].str()}") from exc
@@ -213,15 +220,28 @@ class KafkaTransactions:
         since = self._busy_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def wedged(self) -> bool:
+        """Whether the call in progress should be abandoned (see :meth:`abandon`): it ran past
+        :data:`WEDGED_AFTER_S`, or it ran :data:`DOOMED_CALL_MIN_S` in a transaction the
+        broker has certainly aborted by now (its timeout plus :data:`DOOMED_MARGIN_S`)."""
+        stuck, begun = self.stuck_for(), self._begun_at
+        if stuck > WEDGED_AFTER_S:
+            return True
+        return (stuck > DOOMED_CALL_MIN_S and begun is not None and time.monotonic() - begun
+                > TRANSACTION_TIMEOUT_MS / 1000 + DOOMED_MARGIN_S)
+
     def abandon(self) -> KafkaTransactions:
         """Leave this producer to the thread stuck in one of its calls, and return a
         successor with the same transactional id: its init (in its first body) bumps the
         epoch, which aborts the stuck transaction and fences its late requests."""
         self.abandoned = True
-        log.warning("%s: a transactional call on %s has not returned in %.0f s, past its "
-                    "%.0f s timeout (librdkafka #5456, #5511); re-creating the producer: its "
-                    "new epoch aborts the stuck transaction", self.who,
-                    self.transactional_id, self.stuck_for(), TXN_CALL_TIMEOUT_S)
+        begun = self._begun_at
+        age = "" if begun is None else f" in a transaction {time.monotonic() - begun:.0f} s old"
+        log.warning("%s: a transactional call on %s has not returned in %.0f s%s, past its "
+                    "%.0f s timeout or the transaction's %d ms (librdkafka #5456, #5511); "
+                    "re-creating the producer: its new epoch aborts the stuck transaction",
+                    self.who, self.transactional_id, self.stuck_for(), age,
+                    TXN_CALL_TIMEOUT_S, TRANSACTION_TIMEOUT_MS)
         successor = KafkaTransactions(self._source_conf, self.transactional_id, who=self.who)
         successor.renewals = self.renewals + 1
         successor._init_due = True
@@ -280,12 +300,18 @@ class KafkaTransactions:
             raise TransactionAborted(f"{what} timed out ({err.str()}); the transactional "
                                      f"producer was re-created") from exc
 
-    def _renew(self, what: str, err: KafkaError) -> None:
+    def renew(self, why: str) -> None:
+        """Re-create this producer while no call of it runs: after its sibling's call wedged
+        (see :meth:`abandon`), this one's librdkafka likely holds the same stale coordinator,
+        and its next transaction would wedge in turn."""
+        self._renew(why, None)
+
+    def _renew(self, what: str, err: KafkaError | None) -> None:
         if self.abandoned:
             return  # its successor's epoch already fences this producer
-        log.warning("%s: %s (%s); re-creating transactional producer %s: its new epoch "
-                    "fences the old one's late requests", self.who, what, err.str(),
-                    self.transactional_id)
+        log.warning("%s: %s%s; re-creating transactional producer %s: its new epoch "
+                    "fences the old one's late requests", self.who, what,
+                    "" if err is None else f" ({err.str()})", self.transactional_id)
         with contextlib.suppress(KafkaException, RuntimeError):
             self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         self.producer = confluent_kafka.Producer(self._conf)
@@ -352,13 +378,13 @@ class CommitThread:
 
     def wait(self, future: concurrent.futures.Future, txn: KafkaTransactions) -> bool:
         """Wait for ``future`` (a commit on ``txn``): True once it is done, False when one of
-        ``txn``'s calls has run past :data:`WEDGED_AFTER_S` (the caller abandons ``txn``)."""
+        ``txn``'s calls is wedged (:meth:`KafkaTransactions.wedged`; the caller abandons it)."""
         while True:
             try:
                 future.exception(timeout=1.0)
                 return True
             except concurrent.futures.TimeoutError:
-                if txn.stuck_for() > WEDGED_AFTER_S:
+                if txn.wedged():
                     return False
 
     def close(self, timeout: float) -> None:

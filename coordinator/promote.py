@@ -176,8 +176,8 @@ class TransactionWriter:
         if not self._committer.wait(commit, txn):
             self._abandon(txn)
             self.metrics.aborted.inc()
-            raise TransactionAborted(f"a commit stuck for over {WEDGED_AFTER_S:.0f} s was "
-                                     f"abandoned; the transactional producer was re-created")
+            raise TransactionAborted(f"a commit stuck for {txn.stuck_for():.0f} s was abandoned; "
+                                     f"the transactional producer was re-created")
         try:
             commit.result()
         except TransactionAborted as aborted:
@@ -193,6 +193,9 @@ class TransactionWriter:
         """Swap ``txn`` (stuck in a call) for its successor, and the commit thread it holds
         for a new one; the stuck thread ends by itself if the call ever returns."""
         successor = txn.abandon()
+        for sibling in self._txns:
+            if sibling is not txn:
+                sibling.renew("its sibling's call wedged on a coordinator that likely left")
         self._txns = tuple(successor if t is txn else t for t in self._txns)
         self._committer.close(timeout=0)
         self._committer = CommitThread()

@@ -240,6 +240,6 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
     # Which of the three paths shows depends on where the pause lands (an EndTxn in flight
     # times out; a send_offsets_to_transaction never returns, librdkafka #5456; or the
     # broker times the transaction out first and fences it): each re-creates the producer.
-    assert re.search(r"((committing|aborting) timed out|has not returned in \d+ s, past its "
+    assert re.search(r"((committing|aborting) timed out|has not returned in \d+ s[^\n]*past its "
                      r"\d+ s timeout|outlived its \d+ ms timeout)[^\n]*re-creating", logs), (
         "no producer was re-created after the pause")

@@ -4,6 +4,7 @@ flow on a scripted producer, and the main loop both services share."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -342,3 +343,48 @@ def test_a_commit_stuck_past_its_timeout_is_abandoned_for_a_new_producer(make_tx
     assert txn.producer.calls == ["begin", "produce"]
     committer.close(10)
     assert run_one(successor)[:2] == ["init", "begin"]
+
+
+def test_a_call_stuck_in_a_transaction_past_its_timeout_is_wedged_before_the_call_timeout(
+        make_txn, monkeypatch):
+    # The broker aborts a transaction older than transaction.timeout.ms whatever a stuck
+    # call returns: waiting for WEDGED_AFTER_S would only lengthen a failover.
+    monkeypatch.setattr(kafka_txn, "DOOMED_CALL_MIN_S", 0.0)
+    monkeypatch.setattr(kafka_txn, "TRANSACTION_TIMEOUT_MS", 0)
+    monkeypatch.setattr(kafka_txn, "DOOMED_MARGIN_S", 0.0)
+    txn = make_txn()
+    release = threading.Event()
+    txn.producer.send_offsets_to_transaction = lambda *_args: release.wait(30)
+    committer = kafka_txn.CommitThread()
+    with txn.body() as producer:
+        producer.produce("t", b"v")
+    commit = committer.submit(txn.finish, OFFSETS, object())
+    assert committer.wait(commit, txn) is False  # long before WEDGED_AFTER_S (45 s)
+    txn.abandon()
+    release.set()
+    with pytest.raises(TransactionAborted):
+        commit.result(10)
+    committer.close(10)
+
+
+def test_a_slow_call_outside_a_transaction_is_not_wedged(make_txn, monkeypatch):
+    # After a commit no transaction is open: only WEDGED_AFTER_S can abandon a call then
+    # (an init may legitimately wait for a loading coordinator).
+    monkeypatch.setattr(kafka_txn, "DOOMED_CALL_MIN_S", 0.0)
+    monkeypatch.setattr(kafka_txn, "TRANSACTION_TIMEOUT_MS", 0)
+    monkeypatch.setattr(kafka_txn, "DOOMED_MARGIN_S", 0.0)
+    txn = make_txn()
+    run_one(txn)
+    txn._busy_since = time.monotonic() - 1.0  # a call running for a second
+    assert txn.wedged() is False
+
+
+def test_a_renewed_idle_producer_is_initialised_by_its_next_transaction(make_txn, caplog):
+    # A sibling's wedge: this producer is idle but likely holds the same stale coordinator.
+    txn = make_txn()
+    run_one(txn)
+    old = txn.producer
+    txn.renew("its sibling's call wedged")
+    assert txn.producer is not old and txn.renewals == 1
+    assert run_one(txn)[:2] == ["init", "begin"]
+    assert "its sibling's call wedged; re-creating transactional producer tid-1" in caplog.text

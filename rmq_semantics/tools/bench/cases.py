@@ -129,7 +129,7 @@ def _push(ctx: BenchContext) -> dict:
 
     # One run per call: the runner takes the runs in turns and makes the figures.
     run = bench_push(ctx.conf, dataclasses.replace(ctx.s, repeat=1))
-    return {k: v for k, v in run.items() if k not in ("push_runs", "plain_consumer_runs")}
+    return {k: v for k, v in run.items() if k not in ("push_runs", "push_plain_runs")}
 
 
 def _stall(ctx: BenchContext) -> dict:

@@ -64,6 +64,10 @@ def _x(v: float) -> str:
     return f"{v:.2f}"
 
 
+def _whole(v: float) -> str:
+    return f"{v:.0f}"
+
+
 def _fig(f: Any, fmt: Callable[[float], str], unit: str = "") -> str:
     """``median (min-max)`` of a figure; a bare number (an older results file) as is."""
     if isinstance(f, (int, float)):
@@ -257,6 +261,12 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
          _fig(g("takeover_s"), _x, " s"), ""),
         *_stall_rows(r),
         *_keys_rows(r),
+        ("push", f"PushConsumer, {_fig(g('push_workers'), _whole)} workers, a "
+                 f"{_fig(g('listener_io_ms'), _whole, ' ms')} I/O listener, against a plain "
+                 "consumer taking one message at a time",
+         f"{_fig(g('push_msgs_per_s'), _rate, '/s')} against "
+         f"{_fig(g('push_plain_msgs_per_s'), _rate, '/s')}: "
+         f"{_fig(g('push_ratio'), _x, TIMES)}", ""),
         ("spark", "Spark job on a promoted topic against a plain one",
          _fig(g("spark_ratio"), _x, TIMES),
          _goal(f"≥ {GOAL_SPARK}{TIMES} every run",
