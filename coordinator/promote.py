@@ -100,8 +100,7 @@ class TransactionWriter:
         self._blamed = False
         # Records of the action being produced that are in the transaction already, so a
         # retry after a full queue never writes a member twice; and its discard timestamp.
-        self._produced = 0
-        self._stamp = b""
+        self._produced, self._stamp = 0, b""
         # One thread sends each transaction's offsets and commits it (see submit()).
         self._committer = CommitThread()
         self._in_flight: tuple[Sequence[Action], concurrent.futures.Future,

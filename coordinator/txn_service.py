@@ -364,13 +364,12 @@ class TransactionService:
         self._raise_settle_error()
         # With a commit in flight, take what is there and go wait for the commit.
         waited = writer.in_flight
-        batch = self.settings.max_batch
-        actions, read = self._read(consumer, batch, 0 if waited else POLL_WAIT_S)
+        actions, read = self._read(consumer, self.settings.max_batch, 0 if waited else POLL_WAIT_S)
         self._settle(writer)
         if waited and read < REREAD_BELOW:
             # What arrived meanwhile joins this transaction, not one a whole commit later
             # (a light load; under a heavy one, reading now would not overlap any commit).
-            actions += self._read(consumer, batch - read, 0)[0]
+            actions += self._read(consumer, self.settings.max_batch - read, 0)[0]
         now = _now_ms()
         for state in self.states.values():
             actions.extend(state.due(now))
