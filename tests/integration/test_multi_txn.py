@@ -2,8 +2,8 @@
 transaction's members promoted or none, across topics, a coordinator crash, a producer that
 died mid-send, and more members than the coordinator reads per step.
 
-Members are written by :class:`MemberWriter` as the wire contract has them (the producer
-API, ``send_transaction``, writes the same records)."""
+The first two send with ``send_transaction``; the others write members with
+:class:`MemberWriter` as the wire contract has them (a producer killed mid-send, huge sizes)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,12 @@ def _members(topics: list[str], plan: str, n: int, size: int) -> list[Message]:
                     headers={"app": str(i)}, tags="TagA") for i in range(size)]
 
 
+def _executed(value: bytes) -> S:
+    # The plan is in the first member's value; check_* plans leave it to the back-check.
+    return {b"commit-": S.COMMIT_MESSAGE, b"rollback-": S.ROLLBACK_MESSAGE}.get(
+        value.split(b"-", 1)[0] + b"-", S.UNKNOW)
+
+
 def _checked(value: bytes) -> S:
     return S.COMMIT_MESSAGE if value.startswith(b"check_commit") else S.ROLLBACK_MESSAGE
 
@@ -63,19 +69,16 @@ def test_transactions_of_1_to_50_messages_over_3_topics_are_seen_all_or_nothing(
     rng = random.Random(18)
     sizes = [1, 50, 2, *(rng.randrange(1, 51) for _ in range(17))]
     plans = ["commit", "rollback", "check_commit", "check_rollback"]
-    inline = {"commit": EndState.COMMIT, "rollback": EndState.ROLLBACK}
-    listener = ScriptedListener(lambda v: S.UNKNOW, _checked)
+    listener = ScriptedListener(_executed, _checked)
     sent: dict[str, tuple[str, set[bytes]]] = {}
     with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
             conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=PARTITIONS):
-        writer = MemberWriter(conf, prefix, group, PARTITIONS)
+            half_partitions=PARTITIONS) as producer:
         for n, size in enumerate(sizes):
             plan = plans[n % len(plans)]
             msgs = _members(topics, plan, n, size)
-            txn_id, _, _ = writer.send(msgs, inline.get(plan))
-            sent[txn_id] = (plan, {m.value for m in msgs})
-        writer.close()
+            result = producer.send_transaction(msgs)
+            sent[result.transaction_id] = (plan, {m.value for m in msgs})
         wait_for(lambda: no_pending(coordinator, PARTITIONS), 90,
                  "every transaction to be decided")
     promoted = by_txn([m for t in topics for m in read_to_end(conf, t, 2)])
@@ -104,13 +107,15 @@ def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_on
     instance = f"coord-{uuid.uuid4().hex[:8]}"
     coordinator = CoordinatorProcess(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
     coordinator.wait_ready()
-    writer = MemberWriter(conf, prefix, group, PARTITIONS)
+    committing = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    producer = TransactionProducer(conf, producer_group=group, listener=committing,
+                                   topic_prefix=prefix, half_partitions=PARTITIONS).start()
     sent: dict[str, int] = {}
 
     def send_all() -> None:
         for n, size in enumerate(sizes):
-            txn_id, _, _ = writer.send(_members([topic], "c", n, size), EndState.COMMIT)
-            sent[txn_id] = size
+            result = producer.send_transaction(_members([topic], "c", n, size))
+            sent[result.transaction_id] = size
 
     reader = TopicReader(conf, topic, 3)
     sender = threading.Thread(target=send_all)
@@ -127,7 +132,7 @@ def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_on
     finally:
         exit_code = coordinator.stop()
         reader.close()
-        writer.close()
+        producer.shutdown()
     assert exit_code == 0
     promoted = by_txn(read_to_end(conf, topic, 3))
     assert len(promoted) == 500 and set(promoted) == set(sent)
