@@ -61,6 +61,13 @@ class Finish:
     half: HalfMessage
     outcome: TxnState
     checks_answered: int = 0
+    # Every member of a multi-message transaction, in index order (``half`` is one of
+    # them); empty for a transaction of one. All are written in this one Kafka transaction.
+    members: tuple[HalfMessage, ...] = ()
+
+    @property
+    def records(self) -> tuple[HalfMessage, ...]:
+        return self.members or (self.half,)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,11 @@ class Discard:
     reason: DiscardReason
     checks_answered: int
     detail: str = ""  # for the log line
+    members: tuple[HalfMessage, ...] = ()  # as Finish.members: every one is set aside
+
+    @property
+    def records(self) -> tuple[HalfMessage, ...]:
+        return self.members or (self.half,)
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class Pending:
     marker_op_offset: int | None = None  # latest check marker read back from Op
     state: TxnState = TxnState.PENDING
     poison: DiscardReason | None = None  # never promotable: set aside when due
+    detail: str = ""  # why it is poison, for the log line
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,18 @@ class Destinations:
             return blame.reason, blame.detail
         if isinstance(action, IssueCheck):
             return None
-        count = self.partition_count(half.real_topic, half.real_partition, half.timestamp_ms)
-        if count is None:
-            return DiscardReason.UNKNOWN_TOPIC, f"topic {half.real_topic!r} does not exist"
-        if half.real_partition is not None and half.real_partition >= count:
-            return (DiscardReason.UNKNOWN_PARTITION,
-                    f"partition {half.real_partition} of {half.real_topic!r}, which has {count}")
+        # One member with nowhere to go sets the whole transaction aside: never in part.
+        for member in action.records:  # type: ignore[union-attr]  # a Finish
+            count = self.partition_count(member.real_topic, member.real_partition,
+                                         member.timestamp_ms)
+            prefix = f"member {member.txn_index}: " if member.is_member else ""
+            if count is None:
+                return (DiscardReason.UNKNOWN_TOPIC,
+                        f"{prefix}topic {member.real_topic!r} does not exist")
+            if member.real_partition is not None and member.real_partition >= count:
+                return (DiscardReason.UNKNOWN_PARTITION,
+                        f"{prefix}partition {member.real_partition} of {member.real_topic!r}, "
+                        f"which has {count}")
         return None
 
     def vet(self, actions: list[Action], states: dict[int, PartitionState]) -> list[Action]:

@@ -62,6 +62,11 @@ class Reappend:
 
     half: HalfMessage
     carried: Carried
+    members: tuple[HalfMessage, ...] = ()  # as Finish.members: all written again, in order
+
+    @property
+    def records(self) -> tuple[HalfMessage, ...]:
+        return self.members or (self.half,)
 
 
 @dataclass
@@ -197,7 +202,7 @@ class ReappendSteps:
     early_markers: dict
 
     if TYPE_CHECKING:
-        def _leave(self, offset: int) -> Pending: ...
+        def _leave(self, offset: int) -> tuple[Pending, tuple[HalfMessage, ...]]: ...
         def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]: ...
         def on_end_request(self, request: EndRequest, now_ms: int) -> list[Action]: ...
 
@@ -242,12 +247,12 @@ class ReappendSteps:
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
         for offset in self.horizon.due(now_ms, self.pending):
-            entry = self._leave(offset)
+            entry, members = self._leave(offset)
             half = entry.half
             origin = self.horizon.leaving(half.txn_id, offset, now_ms)
             actions.append(Reappend(half, Carried(
                 offset, origin, half.timestamp_ms, entry.checks_issued, entry.checks_answered,
-                entry.answered_seq, entry.next_check_ts)))
+                entry.answered_seq, entry.next_check_ts), members))
         if self.half_at_end:
             for request in self.horizon.lost(now_ms):
                 actions += self._apply_end(request, now_ms)

@@ -126,7 +126,10 @@ def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics
             elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
                           "unknown_ignored"):
                 metrics.conflicting.labels(name).inc(count)
-        metrics.malformed.labels(topics.half).inc(state.counters.pop("malformed_reappend", 0))
+        # Half records the parse accepted but the state could not: bad re-append headers, a
+        # member contradicting the other members of its transaction.
+        metrics.malformed.labels(topics.half).inc(state.counters.pop("malformed_reappend", 0)
+                                                  + state.counters.pop("malformed_member", 0))
         state.counters.clear()
         metrics.pending.labels(str(p)).set(len(state.pending))
         metrics.tracked.labels(str(p)).set(state.tracked)

@@ -4,6 +4,7 @@ coordinator's consumer offsets, committed atomically (exactly-once promotion).""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from coordinator.state import (
 )
 from rmq_semantics.errors import IllegalStateError, TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
+from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reappend import reappended_headers
 from rmq_semantics.records.reasons import DiscardReason
@@ -49,7 +51,8 @@ _OUTCOME = {TxnState.COMMITTED: Outcome.COMMITTED, TxnState.ROLLED_BACK: Outcome
 PRODUCE_ATTEMPTS = 3
 QUEUE_FULL_WAIT_S = 0.5
 # A discard copy that failed once is written again as a stub: these headers, this long.
-STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS)
+STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS,
+                H.TXN_SIZE, H.TXN_INDEX)
 STUB_HEADER_BYTES = 1024
 # The second transactional producer's id: the first's plus this (a restart with the same
 # instance id fences both).
@@ -95,6 +98,9 @@ class TransactionWriter:
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
         self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
         self._blamed = False
+        # Records of the action being produced that are in the transaction already, so a
+        # retry after a full queue never writes a member twice; and its discard timestamp.
+        self._produced, self._stamp = 0, b""
         # One thread sends each transaction's offsets and commits it (see submit()).
         self._committer = CommitThread()
         self._in_flight: tuple[Sequence[Action], concurrent.futures.Future,
@@ -210,6 +216,7 @@ class TransactionWriter:
         """Produce one action. Whatever it raises is classified (:mod:`coordinator.poison`)
         and, unless transient or fatal, blamed on its half record; then the transaction is
         aborted, and the replay sets the record aside once the ledger says so."""
+        self._produced, self._stamp = 0, str(_now_ms()).encode()
         for attempt in range(1, PRODUCE_ATTEMPTS + 1):
             try:
                 self._produce(action)
@@ -242,9 +249,12 @@ class TransactionWriter:
         if verdict.kind is not FailureKind.DISCARD:
             return
         promotions = [a for a in actions if _is_promotion(a)]
-        refused = self.unwritable({a.half.real_topic for a in promotions}) if promotions else {}
+        refused = self.unwritable({h.real_topic for a in promotions for h in a.records}
+                                  ) if promotions else {}
         for action in promotions:
-            reason = refused.get(action.half.real_topic)
+            # One member's topic refused sets the whole transaction aside.
+            reason = next((refused[h.real_topic] for h in action.records
+                           if h.real_topic in refused), None)
             if reason is not None:
                 self._blame(action, Verdict(FailureKind.DISCARD, reason, verdict.detail))
 
@@ -270,33 +280,23 @@ class TransactionWriter:
     def _where(self, action: Action) -> str:
         return _where(self.topics, action)
 
-    def _copy_to_discard(self, action: Discard) -> None:
-        half = action.half
-        if self.ledger.stub((half.partition, half.offset)):
-            # The full copy failed (over the discard topic's size...): keep what names it.
-            value, key = None, None
-            headers = [(k, v[:STUB_HEADER_BYTES] if v else v) for k, v in half.headers
-                       if k in STUB_HEADERS]
-        else:
-            value, key, headers = half.value, half.key, list(half.headers)
-        headers += [(H.HALF_PARTITION, str(half.partition).encode()),
-                    (H.HALF_OFFSET, str(half.offset).encode()),
-                    (H.CHECK_COUNT, str(action.checks_answered).encode()),
-                    (H.DISCARD_REASON, action.reason.encode()),
-                    (H.DISCARDED_TS, str(_now_ms()).encode())]
-        self.producer.produce(self.topics.discard, value, key=key, headers=headers,
-                              on_delivery=partial(self._on_delivery, action))
+    def _each(self, records: tuple[HalfMessage, ...]):
+        """``records`` of the action being produced that no failed attempt produced."""
+        for i, half in enumerate(records):
+            if i >= self._produced:
+                yield half
+                self._produced = i + 1
 
-    def _note_late_commit(self, action: LateCommit) -> None:
-        """A record with no value in the discard topic: ``txn discarded`` marks the
-        transaction discarded at that half offset as committed too late."""
-        headers = [(H.TXN_ID, action.txn_id.encode()),
-                   (H.PRODUCER_GROUP, action.producer_group.encode()),
-                   (H.HALF_PARTITION, str(action.partition).encode()),
-                   (H.HALF_OFFSET, str(action.half_offset).encode()),
-                   (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
-                   (H.DISCARDED_TS, str(_now_ms()).encode())]
-        self.producer.produce(self.topics.discard, None, headers=headers)
+    def _set_aside(self, action: Discard) -> None:
+        """Every member of the transaction to the discard topic, each with the same
+        ``rmq.discarded_ts`` (that and the transaction id is how ``txn discarded`` tells one
+        discard from a later one), and done as DISCARDED."""
+        stub = self.ledger.stub((action.half.partition, action.half.offset))
+        for half in self._each(action.records):
+            value, key, headers = discard_copy(action, half, stub, self._stamp)
+            self.producer.produce(self.topics.discard, value, key=key, headers=headers,
+                                  on_delivery=partial(self._on_delivery, action))
+            self._done(half, TxnState.DISCARDED, action.checks_answered)
 
     def _op(self, partition: int, record: SystemRecord) -> None:
         record = self.marker_key.sign(self.topics.op, partition, record)
@@ -316,20 +316,16 @@ class TransactionWriter:
 
     def _produce(self, action: Action) -> None:
         if isinstance(action, LateCommit):
-            self._note_late_commit(action)
+            # No value: `txn discarded` marks that discard as committed too late.
+            self.producer.produce(self.topics.discard, None, headers=late_commit_headers(action))
             return
         half = action.half
         if isinstance(action, Finish):
-            if action.outcome is TxnState.COMMITTED:
-                # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
-                kwargs = {"key": half.key, "headers": half.promoted_headers(_now_ms()),
-                          "timestamp": half.born_ts,
-                          "on_delivery": partial(self._on_delivery, action)}
-                if half.real_partition is not None:
-                    kwargs["partition"] = half.real_partition
-                self.producer.produce(half.real_topic, half.value, **kwargs)
-                self._promoted_to.add((half.real_topic, half.real_partition))
-            self._done(half, action.outcome, action.checks_answered)
+            # Every member of a transaction in this one Kafka transaction, in index order.
+            for member in self._each(action.records):
+                if action.outcome is TxnState.COMMITTED:
+                    self._promote(action, member)
+                self._done(member, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
             self.producer.produce(
                 self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
@@ -338,20 +334,29 @@ class TransactionWriter:
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)
         elif isinstance(action, Discard):
-            self._copy_to_discard(action)
-            self._done(half, TxnState.DISCARDED, action.checks_answered)
+            self._set_aside(action)
         elif isinstance(action, Reappend):
             self._reappend(action)
 
+    def _promote(self, action: Finish, half: HalfMessage) -> None:
+        where = {} if half.real_partition is None else {"partition": half.real_partition}
+        # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
+        self.producer.produce(half.real_topic, half.value, key=half.key,
+                              headers=half.promoted_headers(_now_ms()), timestamp=half.born_ts,
+                              on_delivery=partial(self._on_delivery, action), **where)
+        self._promoted_to.add((half.real_topic, half.real_partition))
+
     def _reappend(self, action: Reappend) -> None:
         """The half record again, at the end of its own half partition (same key, value and
-        headers plus what it carries), and its old offset done: both or neither."""
-        half = action.half
-        self.producer.produce(self.topics.half, half.value, key=half.key,
-                              partition=half.partition,
-                              headers=reappended_headers(half, action.carried),
-                              on_delivery=partial(self._on_delivery, action))
-        self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
+        headers plus what it carries), and its old offset done: both or neither. Members of
+        a transaction all go, in index order, each naming its own old offset."""
+        for half in self._each(action.records):
+            carried = dataclasses.replace(action.carried, previous_offset=half.offset)
+            self.producer.produce(self.topics.half, half.value, key=half.key,
+                                  partition=half.partition,
+                                  headers=reappended_headers(half, carried),
+                                  on_delivery=partial(self._on_delivery, action))
+            self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
 
     def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
         self._op(action.half.partition, CheckMarker(
@@ -365,6 +370,33 @@ class TransactionWriter:
         self._in_flight = None
         for txn in self._txns:
             txn.close()
+
+
+def discard_copy(action: Discard, half: HalfMessage, stub: bool,
+                 discarded_ts: bytes) -> tuple[bytes | None, bytes | None, list]:
+    """(value, key, headers) of ``half``'s copy in the discard topic; a ``stub`` when the
+    full copy failed once (over the discard topic's size...): only what names it."""
+    if stub:
+        value, key = None, None
+        headers = [(k, v[:STUB_HEADER_BYTES] if v else v) for k, v in half.headers
+                   if k in STUB_HEADERS]
+    else:
+        value, key, headers = half.value, half.key, list(half.headers)
+    headers += [(H.HALF_PARTITION, str(half.partition).encode()),
+                (H.HALF_OFFSET, str(half.offset).encode()),
+                (H.CHECK_COUNT, str(action.checks_answered).encode()),
+                (H.DISCARD_REASON, action.reason.encode()),
+                (H.DISCARDED_TS, discarded_ts)]
+    return value, key, headers
+
+
+def late_commit_headers(action: LateCommit) -> list[tuple[str, bytes]]:
+    return [(H.TXN_ID, action.txn_id.encode()),
+            (H.PRODUCER_GROUP, action.producer_group.encode()),
+            (H.HALF_PARTITION, str(action.partition).encode()),
+            (H.HALF_OFFSET, str(action.half_offset).encode()),
+            (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
+            (H.DISCARDED_TS, str(_now_ms()).encode())]
 
 
 def _where(topics: SystemTopics, action: Action) -> str:
@@ -391,7 +423,7 @@ def count_written(metrics: CoordinatorMetrics, topics: SystemTopics,
         half = action.half
         if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
             # The hot path: no per-record string unless debug logging is on.
-            promotions += 1
+            promotions += len(action.records)
             metrics.promotion_latency.observe(max(0.0, now - half.born_ts / 1000))
             if debug:
                 log.debug("%s[%d]@%d txn=%s promoted to %s", topics.half,
@@ -412,7 +444,8 @@ def count_written(metrics: CoordinatorMetrics, topics: SystemTopics,
                      max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
         elif isinstance(action, Discard):
             metrics.discarded.labels(action.reason).inc()
-            log.warning("%s discarded (%s)%s", where, action.reason,
+            log.warning("%s discarded (%s)%s%s", where, action.reason,
+                        f" with its {len(action.members)} members" if action.members else "",
                         f": {action.detail}" if action.detail else "")
     if promotions:
         metrics.promotions.inc(promotions)

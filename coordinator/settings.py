@@ -26,6 +26,8 @@ class CoordinatorSettings:
               "(default: 3 x check_interval_ms)")
     replay_max: int = setting(3, "aborted Kafka transactions one half message may cause "
                                  "before it is discarded (replay_limit)")
+    max_batch: int = setting(4000, "records read per step, so decided per Kafka transaction "
+                                   "(a multi-message transaction is never split by it)")
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
@@ -54,7 +56,8 @@ class CoordinatorSettings:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
         for name in ("transaction_timeout_ms", "check_interval_ms", "check_max", "replay_max",
-                     "lock_lease_ms", "lock_renew_ms", "half_partitions", "check_partitions"):
+                     "max_batch", "lock_lease_ms", "lock_renew_ms", "half_partitions",
+                     "check_partitions"):
             positive(name)
         if not self.lock_renew_ms < self.lock_lease_ms:
             raise ConfigError("need 0 < lock_renew_ms < lock_lease_ms, got "

@@ -9,6 +9,7 @@ write in one Kafka transaction. It also computes the offsets to commit with them
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from coordinator.actions import (
     transition,
 )
 from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
+from coordinator.members import Assemblies
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reasons import DiscardReason
@@ -104,6 +106,9 @@ class PartitionState(ReappendSteps):
     _marker_ops: list[tuple[int, int]] = field(default_factory=list)  # (marker op, half)
     _deferred_ops: list[tuple[int, int]] = field(default_factory=list)  # (end op, half)
     horizon: Horizon = field(default_factory=Horizon)  # re-appends, and where txns moved
+    # Multi-message transactions: one pending entry at the anchor (its first member read),
+    # every member offset unresolved until the whole transaction is.
+    assemblies: Assemblies = field(default_factory=Assemblies)
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
@@ -119,7 +124,10 @@ class PartitionState(ReappendSteps):
         if half is None:
             self.malformed_half.add(offset)
             self.counters["malformed_half"] += 1
-        elif offset not in self.decided and offset not in self.pending:
+        elif offset not in self.decided and offset not in self.pending and (
+                offset not in self.assemblies):
+            if half.is_member and (joined := self._join(offset, half, now_ms)) is not None:
+                return joined
             self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms,
                                                                       now_ms))
             heapq.heappush(self._schedule, (self.pending[offset].next_check_ts, offset))
@@ -131,8 +139,27 @@ class PartitionState(ReappendSteps):
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
+    def _join(self, offset: int, half: HalfMessage, now_ms: int) -> list[Action] | None:
+        """Member ``half`` joins its transaction: None when it is the first member read
+        (the caller makes it pending, as the anchor), else what became applicable."""
+        anchor, problem = self.assemblies.add(offset, half)
+        if anchor == offset:
+            return None
+        if anchor is None:  # contradicts the members read before it: set aside alone
+            self.counters["malformed_member"] += 1
+            return self.on_poison_half(offset, half, DiscardReason.MALFORMED, now_ms, problem)
+        heapq.heappush(self._pending_heap, offset)
+        return [*self._drain_deferred(now_ms, only=offset), *self._complete(anchor)]
+
+    def _complete(self, anchor: int) -> list[Action]:
+        """A member arrived: a COMMIT that waited for the last one promotes them all now."""
+        unit = self.assemblies.unit(anchor)
+        if unit is None or unit.commit is None or not unit.complete:
+            return []
+        return [self._finish(anchor, TxnState.COMMITTED)]
+
     def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
-                       now_ms: int) -> list[Action]:
+                       now_ms: int, detail: str = "") -> list[Action]:
         """A half record that must never be promoted (malformed, a system topic as its
         destination). It waits as pending until recovery is over, so a done marker read
         back first keeps it from being set aside twice; then ``due()`` discards it."""
@@ -140,7 +167,7 @@ class PartitionState(ReappendSteps):
         self.half_at_end = False
         self.malformed_half.add(offset)  # end requests for it are rejected
         if offset not in self.decided and offset not in self.pending:
-            self.pending[offset] = Pending(half, now_ms, poison=reason)
+            self.pending[offset] = Pending(half, now_ms, poison=reason, detail=detail)
             heapq.heappush(self._schedule, (now_ms, offset))
             heapq.heappush(self._pending_heap, offset)
         return self._drain_deferred(now_ms, only=offset)
@@ -149,17 +176,25 @@ class PartitionState(ReappendSteps):
                   detail: str) -> Discard:
         """``action``, a promotion or a check of the batch being written, can never be
         written: discard its half message instead (its done marker says DISCARDED)."""
-        offset = action.half.offset
-        if offset in self.pending:
-            return self._discard(offset, reason, detail)
-        self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
-        self.outcomes[offset] = TxnState.DISCARDED
-        self._discarded(offset, self.op_position - 1)
-        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail)
+        if action.half.offset in self.pending:
+            return self._discard(action.half.offset, reason, detail)
+        members = getattr(action, "members", ())
+        for half in members or (action.half,):
+            offset = half.offset
+            self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
+            self.outcomes[offset] = TxnState.DISCARDED
+            self._discarded(offset, self.op_position - 1)
+        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail,
+                       members)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
         low = self.half_commit
+        anchor = self.assemblies.anchor(half_offset)
+        if anchor is not None:  # every member is done in the same Kafka transaction
+            self.assemblies.remove(anchor)
+            self.pending.pop(anchor, None)
+            self.early_markers.pop(anchor, None)
         self.pending.pop(half_offset, None)
         self.early_markers.pop(half_offset, None)
         if half_offset >= low:
@@ -257,6 +292,10 @@ class PartitionState(ReappendSteps):
         return actions
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
+        # A member's offset (member 0's, when another was read first) names its transaction.
+        anchor = self.assemblies.anchor(request.half_offset)
+        if anchor is not None and anchor != request.half_offset:
+            request = dataclasses.replace(request, half_offset=anchor)
         # Re-appended: readdressed where the transaction is now, or it waits for the record.
         if request.half_offset not in self.pending and (
                 request := self.horizon.follow(request)) is None:
@@ -286,6 +325,14 @@ class PartitionState(ReappendSteps):
             self.counters["rejected_mismatch"] += 1
             self.rejections.append((request, f"does not match the half message (txn "
                                               f"{half.txn_id}, group {half.producer_group})"))
+            return []
+        unit = self.assemblies.unit(offset)
+        if unit is not None and unit.commit is not None:  # COMMIT was the first decision
+            self.counters["duplicate_decisions" if request.state == "COMMIT" else
+                          "conflicting_decisions"] += 1
+            return []
+        if request.state == "COMMIT" and unit is not None and not unit.complete:
+            self.assemblies.commit_waits(unit, now_ms, request.op_offset)
             return []
         if request.state == "COMMIT":
             return [self._finish(offset, TxnState.COMMITTED)]
@@ -317,24 +364,30 @@ class PartitionState(ReappendSteps):
         while len(self.outcomes) > RECENT_OUTCOMES:
             self.outcomes.popitem(last=False)
 
-    def _finish(self, offset: int, outcome: TxnState) -> Finish:
+    def _resolve(self, offset: int, outcome: TxnState) -> tuple[Pending, tuple[HalfMessage,
+                                                                               ...]]:
+        """Take the transaction pending at ``offset`` out: it and every member it has (all
+        their offsets get ``outcome``; no member is ever resolved alone)."""
         entry = self.pending.pop(offset)
         transition(entry.state, outcome)
-        self._remember(offset, outcome)
-        return Finish(entry.half, outcome, entry.checks_answered)
+        unit = self.assemblies.remove(offset)
+        members = unit.ordered() if unit is not None else ()
+        for half in members or (entry.half,):
+            self._remember(half.offset, outcome)
+        return entry, members
 
-    def _leave(self, offset: int) -> Pending:  # being re-appended: this offset is done
-        entry = self.pending.pop(offset)
-        transition(entry.state, TxnState.REAPPENDED)
-        self._remember(offset, TxnState.REAPPENDED)
-        return entry
+    def _finish(self, offset: int, outcome: TxnState) -> Finish:
+        entry, members = self._resolve(offset, outcome)
+        return Finish(entry.half, outcome, entry.checks_answered, members)
+
+    def _leave(self, offset: int) -> tuple[Pending, tuple[HalfMessage, ...]]:
+        return self._resolve(offset, TxnState.REAPPENDED)  # this offset is done, not the txn
 
     def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard:
-        entry = self.pending.pop(offset)
-        transition(entry.state, TxnState.DISCARDED)
-        self._remember(offset, TxnState.DISCARDED)
-        self._discarded(offset, self.op_position - 1)
-        return Discard(entry.half, reason, entry.checks_answered, detail)
+        entry, members = self._resolve(offset, TxnState.DISCARDED)
+        for half in members or (entry.half,):
+            self._discarded(half.offset, self.op_position - 1)
+        return Discard(entry.half, reason, entry.checks_answered, detail, members)
 
     def _discarded(self, offset: int, op_boundary: int) -> None:
         self.discarded_at[offset] = min(op_boundary, self.discarded_at.get(offset, op_boundary))
@@ -347,14 +400,18 @@ class PartitionState(ReappendSteps):
             return []
         actions: list[Action] = self._drain_deferred(now_ms)
         actions += self._reappends_due(now_ms)  # before checks: they go to the new offset
+        actions += self._incomplete(now_ms)
         while self._schedule and self._schedule[0][0] <= now_ms:
             due_ts, offset = heapq.heappop(self._schedule)
             entry = self.pending.get(offset)
             if entry is None or entry.next_check_ts != due_ts:
                 continue  # resolved, or rescheduled (a stale heap entry)
             if entry.poison is not None:
-                actions.append(self._discard(offset, entry.poison))
+                actions.append(self._discard(offset, entry.poison, entry.detail))
                 continue
+            unit = self.assemblies.unit(offset)
+            if unit is not None and unit.commit is not None:
+                continue  # decided: promoted or discarded as its members come or don't
             next_ts = now_ms + self.check_interval_ms
             if self.retention_ms is not None and (
                     next_ts >= entry.half.timestamp_ms + self.retention_ms):
@@ -368,6 +425,17 @@ class PartitionState(ReappendSteps):
                                       entry.checks_answered, entry.answered_seq, next_ts))
         return actions
 
+    def _incomplete(self, now_ms: int) -> list[Action]:
+        """Transactions committed with members missing, once the half partition was read to
+        its end a while after the COMMIT: those members never came (the producer died
+        mid-send); never promoted in part, every member read is set aside."""
+        if not self.half_at_end:
+            return []
+        return [self._discard(unit.anchor, DiscardReason.INCOMPLETE,
+                              f"committed with {unit.count} members read")
+                for unit in self.assemblies.waiting_commits()
+                if now_ms - unit.waiting_since >= DEFER_GRACE_MS]
+
     def next_due_ms(self) -> int | None:
         return self._schedule[0][0] if self._schedule else None
 
@@ -375,7 +443,7 @@ class PartitionState(ReappendSteps):
     @property
     def half_commit(self) -> int:
         heap = self._pending_heap
-        while heap and heap[0] not in self.pending:
+        while heap and heap[0] not in self.pending and heap[0] not in self.assemblies:
             heapq.heappop(heap)
         return heap[0] if heap else self.half_position
 
@@ -405,5 +473,6 @@ class PartitionState(ReappendSteps):
         if deferred_ops:
             needed.append(deferred_ops[0][0])
         needed += [m[0] for m in self.early_markers.values()]
+        needed += self.assemblies.waiting_ops()
         needed += self.horizon.waiting_ops()
         return min(needed)

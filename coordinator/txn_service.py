@@ -53,10 +53,12 @@ log = logging.getLogger(__name__)
 
 # First poll waits this long for a record, so due checks fire at most this late.
 POLL_WAIT_S = 0.05
-# Records read per step, so per Kafka transaction at most. A transaction costs ~12 ms of
-# round trips whatever its size (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger
-# batches amortise them (1000 -> 4000: +15% msgs/s). Idle, a batch is whatever has arrived.
-MAX_BATCH = 4000
+# Records read per step (CoordinatorSettings.max_batch, default 4000), so per Kafka
+# transaction at most. A transaction costs ~12 ms of round trips whatever its size
+# (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger batches amortise them (1000 ->
+# 4000: +15% msgs/s). Idle, a batch is whatever has arrived. A multi-message transaction is
+# promoted once all its members are read, whatever batches they came in.
+MAX_BATCH: int = CoordinatorSettings.max_batch  # the default, which the bench copier mirrors
 # Fewer records than this read while a commit ran: read again once it has settled.
 REREAD_BELOW = 200
 COMMITTED_TIMEOUT_S = 30.0
@@ -362,12 +364,12 @@ class TransactionService:
         self._raise_settle_error()
         # With a commit in flight, take what is there and go wait for the commit.
         waited = writer.in_flight
-        actions, read = self._read(consumer, MAX_BATCH, 0 if waited else POLL_WAIT_S)
+        actions, read = self._read(consumer, self.settings.max_batch, 0 if waited else POLL_WAIT_S)
         self._settle(writer)
         if waited and read < REREAD_BELOW:
             # What arrived meanwhile joins this transaction, not one a whole commit later
             # (a light load; under a heavy one, reading now would not overlap any commit).
-            actions += self._read(consumer, MAX_BATCH - read, 0)[0]
+            actions += self._read(consumer, self.settings.max_batch - read, 0)[0]
         now = _now_ms()
         for state in self.states.values():
             actions.extend(state.due(now))

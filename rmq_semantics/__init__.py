@@ -15,6 +15,7 @@ from rmq_semantics.errors import (
     RmqTimeoutError,
     SelectorError,
     SystemTopicError,
+    TransactionSizeError,
     UnknownPartitionError,
 )
 from rmq_semantics.message import Message, SendResult
@@ -39,9 +40,11 @@ from rmq_semantics.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
+from rmq_semantics.settings import ProducerSettings
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 from rmq_semantics.transaction import (
     LocalTransactionState,
+    Transaction,
     TransactionListener,
     TransactionProducer,
     TransactionSendResult,
@@ -71,6 +74,7 @@ __all__ = [
     "OrderlyMessage",
     "PartitionStatus",
     "Producer",
+    "ProducerSettings",
     "PushConsumer",
     "PushMessage",
     "RmqError",
@@ -81,8 +85,10 @@ __all__ = [
     "SendResult",
     "SystemTopicError",
     "SystemTopics",
+    "Transaction",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "TransactionSizeError",
     "UnknownPartitionError",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "SparkJobError",
     "SystemTopicError",
     "TransactionAborted",
+    "TransactionSizeError",
     "UnknownPartitionError",
 ]
 
@@ -196,3 +197,10 @@ class BarrierRollback(RmqError, RuntimeError):
     was already there): the local transaction is refused before its body runs."""
 
     code = "barrier_rollback"
+
+
+class TransactionSizeError(RmqError, ValueError):
+    """A multi-message transaction is empty, or over ``max_transaction_messages`` or
+    ``max_transaction_bytes``; raised before anything is written."""
+
+    code = "transaction_size"

@@ -11,12 +11,15 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.half import MAX_TXN_SIZE
 
-__all__ = ["add_arguments", "add_kafka_arguments", "env_name", "flag_name", "kafka_conf_from_args",
-           "kafka_env_conf", "load", "setting"]
+__all__ = ["MAX_TRANSACTION_BYTES", "MAX_TRANSACTION_MESSAGES", "ProducerSettings",
+           "add_arguments", "add_kafka_arguments", "env_name", "flag_name",
+           "kafka_conf_from_args", "kafka_env_conf", "load", "setting"]
 
 T = TypeVar("T")
 
@@ -130,3 +133,32 @@ def kafka_conf_from_args(args: argparse.Namespace) -> dict:
         conf[key.strip()] = value
     conf["bootstrap.servers"] = args.bootstrap_servers
     return conf
+
+
+#: The coordinator's cap on the members of one transaction (it holds them in memory until the
+#: transaction is decided, and sets a larger one aside as malformed): the wire's one constant.
+MAX_TRANSACTION_MESSAGES = MAX_TXN_SIZE
+MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """Tunables of a ``TransactionProducer`` beyond its Kafka conf: kwargs of its
+    constructor, else env ``RMQ_<NAME>`` (e.g. ``RMQ_MAX_TRANSACTION_BYTES``), else these."""
+
+    max_transaction_messages: int = setting(
+        MAX_TRANSACTION_MESSAGES, "messages one send_transaction may carry (at most "
+                                  f"{MAX_TRANSACTION_MESSAGES})")
+    max_transaction_bytes: int = setting(
+        MAX_TRANSACTION_BYTES, "bytes (keys, values and headers of its half records) one "
+                               "send_transaction may carry")
+
+    def __post_init__(self) -> None:
+        for name in ("max_transaction_messages", "max_transaction_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.max_transaction_messages > MAX_TRANSACTION_MESSAGES:
+            raise ConfigError(f"max_transaction_messages must be at most "
+                              f"{MAX_TRANSACTION_MESSAGES} (the coordinator's cap), got "
+                              f"{self.max_transaction_messages}")

@@ -3,6 +3,8 @@
 The flow (DESIGN.md, "Transactional flow"): write the half message, run the local
 transaction, send an end-transaction request to the Op topic; answer the coordinator's
 back-checks for this producer group from a background check consumer and a bounded pool.
+``send_transaction`` does the same for many messages as one transaction (its records:
+:mod:`rmq_semantics.multi`; the listener's view: :mod:`rmq_semantics.transaction_api`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Sequence
 from typing import Any
 
 import confluent_kafka
@@ -23,8 +24,15 @@ from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
     MalformedRecordError,
+    RmqError,
 )
 from rmq_semantics.message import Message
+from rmq_semantics.multi import (
+    check_view,
+    half_partition_for,
+    listener_message,
+    member_headers,
+)
 from rmq_semantics.producer import (
     SEND_TIMEOUT_S,
     DeliveryPoller,
@@ -35,8 +43,8 @@ from rmq_semantics.producer import (
 )
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.half import half_headers
-from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
+from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
@@ -46,9 +54,16 @@ from rmq_semantics.topics import (
     txn_topic_specs,
     validate_prefix,
 )
+from rmq_semantics.transaction_api import (
+    LocalTransactionState,
+    Transaction,
+    TransactionListener,
+    TransactionSendResult,
+)
 
 __all__ = [
     "LocalTransactionState",
+    "Transaction",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
@@ -61,36 +76,6 @@ log = logging.getLogger(__name__)
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
 END_BATCH_MAX = 1000
-
-
-class LocalTransactionState(Enum):
-    """Outcome of a local transaction (RocketMQ's spelling; ``UNKNOWN`` is an alias)."""
-
-    COMMIT_MESSAGE = "COMMIT"
-    ROLLBACK_MESSAGE = "ROLLBACK"
-    UNKNOW = "UNKNOWN"
-    UNKNOWN = "UNKNOWN"
-
-
-class TransactionListener:
-    """Implement both methods; an exception or ``None`` counts as ``UNKNOW``."""
-
-    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
-        raise NotImplementedError
-
-    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class TransactionSendResult:
-    """Where the half message went and what the local transaction said."""
-
-    transaction_id: str
-    local_transaction_state: LocalTransactionState
-    half_partition: int
-    half_offset: int
-    producer_group: str = ""
 
 
 # The end state each local transaction state asks the coordinator for.
@@ -117,13 +102,19 @@ class TransactionProducer:
 
     ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
     never mutated. Call :meth:`start` before sending; :meth:`shutdown` (or leaving the
-    ``with`` block) flushes and stops the check consumer. Idempotent.
+    ``with`` block) flushes and stops the check consumer. Idempotent. The bounds of
+    :meth:`send_transaction` are :class:`ProducerSettings` (kwargs, else ``RMQ_*`` env).
     """
 
     def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
                  topic_prefix: str = DEFAULT_TOPIC_PREFIX, half_partitions: int = 8,
                  check_partitions: int = 8, check_queue_size: int = CHECK_QUEUE_SIZE,
-                 send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+                 send_timeout_s: float = SEND_TIMEOUT_S,
+                 max_transaction_messages: int | None = None,
+                 max_transaction_bytes: int | None = None) -> None:
+        self.settings = load(ProducerSettings, {
+            "max_transaction_messages": max_transaction_messages,
+            "max_transaction_bytes": max_transaction_bytes})
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
         if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
@@ -201,11 +192,52 @@ class TransactionProducer:
         self._require_started()
         self._validate([msg])
         producer = self._call_producer()
-        [(txn_id, waiter)] = self._write_halves([msg], producer, validated=True,
-                                                waiter_type=SignalledWaiter)
+        [(txn_id, waiter)] = _write_halves(producer, self.topics.half, self.producer_group,
+                                           [msg], SignalledWaiter)
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
-        result, state = self._execute_local(msg, arg, txn_id, waiter)
+        result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
+        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
+                       producer=producer)
+        return result
+
+    def send_transaction(self, messages: Sequence[Message], arg: Any = None,
+                         ) -> TransactionSendResult:
+        """Send ``messages`` (any topics) as ONE transaction: all promoted or none.
+
+        Each is written as a half record to one half partition; once all are, the listener's
+        ``execute_local_transaction`` runs once with a :class:`Transaction` view and one end
+        request names the first (``half_offset``). An empty list, one over the bounds, a
+        system topic or a partition its topic lacks raise before anything is written; a
+        message not written raises once a ROLLBACK went for what was, and the local
+        transaction is not run.
+        """
+        self._require_started()
+        msgs, txn_id = list(messages), uuid.uuid4().hex
+        headers = member_headers(msgs, txn_id, self.producer_group.encode(),
+                                 str(int(time.time() * 1000)).encode(),
+                                 max_messages=self.settings.max_transaction_messages,
+                                 max_bytes=self.settings.max_transaction_bytes)
+        half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
+        partition = half_partition_for(txn_id, len(half_partitions))
+        producer = self._call_producer()
+        waiters: list[SignalledWaiter] = []
+        deadline = time.monotonic() + self._send_timeout_s  # for all the members together
+        try:
+            _write_members(producer, self.topics.half, partition, msgs, headers, waiters)
+            _wait_members(producer, waiters, txn_id, deadline)
+        except (RmqError, BufferError):
+            # ROLLBACK what was written (named by member 0), so it is dropped, not checked.
+            rollback = LocalTransactionState.ROLLBACK_MESSAGE
+            first = _first_written(producer, waiters, txn_id, deadline)
+            if first is not None:
+                self._send_end(TransactionSendResult(
+                    txn_id, rollback, first.partition, first.offset, self.producer_group,
+                    len(msgs)), rollback, from_check=False, check_seq=0, wait=False,
+                    producer=producer)
+            raise
+        view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
+        result, state = self._execute_local(view, arg, waiters[0], len(msgs))
         self._send_end(result, state, from_check=False, check_seq=0, wait=False,
                        producer=producer)
         return result
@@ -237,7 +269,8 @@ class TransactionProducer:
         for a system topic or a partition its topic lacks raises for the whole batch before
         any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
-        pending = self._write_halves(msgs)
+        self._validate(msgs)
+        pending = _write_halves(producer, self.topics.half, self.producer_group, msgs)
         deadline = time.monotonic() + self._send_timeout_s
         waiting = 0  # index of the first half write not known to be delivered
         while waiting < len(pending) and time.monotonic() < deadline:
@@ -250,14 +283,14 @@ class TransactionProducer:
         first_decided_at = 0.0
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
             if waiter.delivered and waiter.error is None:
-                result, state = self._execute_local(msg, arg, txn_id, waiter)
+                result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
                 results.append(result)
                 if not decided:
                     first_decided_at = time.monotonic()
                 decided.append((result, state))
                 if (len(decided) >= END_BATCH_MAX
                         or time.monotonic() - first_decided_at >= END_FLUSH_S):
-                    self._send_ends(decided)
+                    _send_end_batches(producer, self.topics.op, self.producer_group, decided)
                     decided = []
                 continue
             reason = waiter.error.str() if waiter.error is not None else "timed out"
@@ -265,13 +298,13 @@ class TransactionProducer:
                       "not run", self.topics.half, txn_id, msg.topic, reason)
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
-        self._send_ends(decided)
+        _send_end_batches(producer, self.topics.op, self.producer_group, decided)
         return results
 
-    def _validate(self, msgs: list[Message]) -> None:
+    def _validate(self, msgs: list[Message]) -> PartitionCache:
         """Refuse, before any half write, a message the coordinator could never promote:
         one for a system topic, or for a partition its topic lacks (RocketMQ's
-        ``Validators.checkMessage`` and queue check)."""
+        ``Validators.checkMessage`` and queue check). Returns the partition cache."""
         partitions = self._partitions
         if partitions is None:
             raise IllegalStateError("TransactionProducer is not started")
@@ -279,34 +312,14 @@ class TransactionProducer:
             refuse_system_destination(msg.topic, self.topics.prefix)
             if msg.partition is not None:
                 partitions.require(msg.topic, msg.partition, self._send_timeout_s)
+        return partitions
 
-    def _write_halves(self, msgs: list[Message], producer: confluent_kafka.Producer | None = None,
-                      *, validated: bool = False,
-                      waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
-                      ) -> list[tuple[str, DeliveryWaiter]]:
-        producer = producer or self._require_started()
-        if not validated:
-            self._validate(msgs)
-        born = str(int(time.time() * 1000)).encode()
-        group = self.producer_group.encode()
-        out = []
-        for msg in msgs:
-            txn_id = uuid.uuid4().hex
-            waiter = waiter_type()
-            producer.produce(self.topics.half, msg.value, key=msg.key,
-                             headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
-            out.append((txn_id, waiter))
-        return out
-
-    def _execute_local(self, msg: Message, arg: Any, txn_id: str,
-                       waiter: DeliveryWaiter) -> tuple[TransactionSendResult,
+    def _execute_local(self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter,
+                       message_count: int = 1) -> tuple[TransactionSendResult,
                                                         LocalTransactionState]:
-        local_msg = Message(msg.topic, msg.value, key=msg.key, headers=msg.user_headers(),
-                            partition=msg.partition, tags=msg.tags, keys=msg.keys,
-                            message_group=msg.message_group,
-                            check_immunity_ms=msg.check_immunity_ms, transaction_id=txn_id)
+        txn_id = view.transaction_id or ""
         try:
-            state = _as_state(self.listener.execute_local_transaction(local_msg, arg),
+            state = _as_state(self.listener.execute_local_transaction(view, arg),
                               "execute_local_transaction", self.topics.half, waiter.partition,
                               waiter.offset, txn_id)
         except Exception:
@@ -314,38 +327,8 @@ class TransactionProducer:
                           "UNKNOW)", self.topics.half, waiter.partition, waiter.offset, txn_id)
             state = LocalTransactionState.UNKNOW
         result = TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
-                                       self.producer_group)
+                                       self.producer_group, message_count)
         return result, state
-
-    def _send_ends(self, decided: list[tuple[TransactionSendResult,
-                                             LocalTransactionState]]) -> None:
-        """Inline decisions of a batch: one END_REQUESTS record per half partition (one
-        record per decision cost as much again as the half write itself)."""
-        if not decided:
-            return
-        producer = self._require_started()
-        by_partition: dict[int, list[EndEntry]] = {}
-        for result, state in decided:
-            by_partition.setdefault(result.half_partition, []).append(
-                EndEntry(result.transaction_id, result.half_offset, _END_STATE[state]))
-        now = int(time.time() * 1000)
-        for partition, entries in by_partition.items():
-            producer.produce(self.topics.op, encode(EndRequests(
-                self.producer_group, partition, tuple(entries), now)), partition=partition,
-                on_delivery=self._on_ends_delivery)
-        producer.poll(0)
-
-    def _on_ends_delivery(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
-        if err is None:
-            return
-        # Not lost: the transactions stay pending and the back-check resolves them.
-        try:
-            txn_ids = [e.txn_id for e in decode_as(EndRequests, msg.value()).entries]
-        except MalformedRecordError:
-            txn_ids = []
-        log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
-                    "%s", msg.topic(), msg.partition(), len(txn_ids), err.str(),
-                    ", ".join(txn_ids[:20]) + (" ..." if len(txn_ids) > 20 else ""))
 
     def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
                         *, timeout: float | None = None) -> None:
@@ -395,13 +378,9 @@ class TransactionProducer:
         return self._checks.dropped
 
     def _answer_check(self, check: CheckRequest) -> None:
-        msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
-                      partition=check.partition, transaction_id=check.txn_id,
-                      tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS),
-                      message_group=check.header_text(H.MESSAGE_GROUP) or None,
-                      check_times=check.check_seq, born_timestamp=check.born_ts)
+        view = check_view(check)  # a member of several: the first one and the count
         try:
-            state = _as_state(self.listener.check_local_transaction(msg),
+            state = _as_state(self.listener.check_local_transaction(view),
                               "check_local_transaction", self.topics.half,
                               check.half_partition, check.half_offset, check.txn_id)
         except Exception:
@@ -412,6 +391,20 @@ class TransactionProducer:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
         self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
+
+
+def _log_failed_ends(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+    """Delivery callback of a batch's end requests: log a failure."""
+    if err is None:
+        return
+    # Not lost: the transactions stay pending and the back-check resolves them.
+    try:
+        txn_ids = [e.txn_id for e in decode_as(EndRequests, msg.value()).entries]
+    except MalformedRecordError:
+        txn_ids = []
+    log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
+                "%s", msg.topic(), msg.partition(), len(txn_ids), err.str(),
+                ", ".join(txn_ids[:20]) + (" ..." if len(txn_ids) > 20 else ""))
 
 
 def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):
@@ -426,3 +419,75 @@ def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):
 
     return on_delivery
 
+
+def _write_members(producer: confluent_kafka.Producer, half_topic: str, partition: int,
+                   msgs: list[Message], headers: list[list], waiters: list[SignalledWaiter],
+                   ) -> None:
+    """Queue every member of one transaction, in index order, to one half partition (one
+    idempotent producer keeps that order there), a waiter per member queued in ``waiters``;
+    a full local queue raises BufferError as the one-message path does."""
+    for msg, member in zip(msgs, headers, strict=True):
+        waiter = SignalledWaiter()
+        producer.produce(half_topic, msg.value, key=msg.key, headers=member,
+                         partition=partition, on_delivery=waiter)
+        waiters.append(waiter)
+
+
+def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
+                  txn_id: str, deadline: float) -> None:
+    """Wait for every member's delivery report until ``deadline`` (monotonic); raise as the
+    one-message path does for the first member not written."""
+    for index, waiter in enumerate(waiters):
+        waiter.wait(producer, f"writing the half message {index} of {len(waiters)} of txn "
+                              f"{txn_id}", max(0.0, deadline - time.monotonic()))
+
+
+def _write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
+                  msgs: list[Message], waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
+                  ) -> list[tuple[str, DeliveryWaiter]]:
+    """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
+    born = str(int(time.time() * 1000)).encode()
+    group = producer_group.encode()
+    out = []
+    for msg in msgs:
+        txn_id = uuid.uuid4().hex
+        waiter = waiter_type()
+        producer.produce(half_topic, msg.value, key=msg.key,
+                         headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
+        out.append((txn_id, waiter))
+    return out
+
+
+def _send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer_group: str,
+                      decided: list[tuple[TransactionSendResult, LocalTransactionState]],
+                      ) -> None:
+    """Inline decisions of a batch: one END_REQUESTS record per half partition (one
+    record per decision cost as much again as the half write itself)."""
+    if not decided:
+        return
+    by_partition: dict[int, list[EndEntry]] = {}
+    for result, state in decided:
+        by_partition.setdefault(result.half_partition, []).append(
+            EndEntry(result.transaction_id, result.half_offset, _END_STATE[state]))
+    now = int(time.time() * 1000)
+    for partition, entries in by_partition.items():
+        producer.produce(op_topic, encode(EndRequests(
+            producer_group, partition, tuple(entries), now)), partition=partition,
+            on_delivery=_log_failed_ends)
+    producer.poll(0)
+
+
+def _first_written(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
+                   txn_id: str, deadline: float) -> SignalledWaiter | None:
+    """Member 0's waiter once it is known to be written; None if it was not (then nothing
+    names the transaction: a member that did land is checked, and its local transaction
+    never ran)."""
+    try:
+        first = waiters[0]
+        first.wait(producer, f"writing the first half message of txn {txn_id}",
+                   max(0.0, deadline - time.monotonic()))
+    except (IndexError, RmqError):
+        log.warning("txn=%s: its first half message was not written; no ROLLBACK sent",
+                    txn_id)
+        return None
+    return first

@@ -9,12 +9,16 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["MAX_TXN_ID_LENGTH", "HalfMessage", "half_headers", "parse_half", "unparsed_half"]
+__all__ = ["MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE", "HalfMessage", "half_headers", "parse_half",
+           "unparsed_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 # Every done marker carries the transaction id, and one Op record holds a whole batch's
 # markers: a longer id is malformed, so a batch stays far below max.message.bytes.
 MAX_TXN_ID_LENGTH = 128
+# Members of one transaction at most (the producer's max_transaction_messages can't exceed
+# it): the coordinator holds a transaction's members in memory until it is decided.
+MAX_TXN_SIZE = 1000
 
 
 def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes) -> Headers:
@@ -55,6 +59,15 @@ class HalfMessage:
     key: bytes | None
     value: bytes | None
     headers: Headers
+    # Members of a multi-message transaction (rmq.txn_size / rmq.txn_index); 1 and 0 for a
+    # transaction of one.
+    txn_size: int = 1
+    txn_index: int = 0
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this record is one member of a multi-message transaction."""
+        return self.txn_size > 1
 
     @property
     def where(self) -> str:
@@ -100,6 +113,7 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     try:
         real_partition = found.get(H.REAL_PARTITION)
         immunity = found.get(H.CHECK_IMMUNITY_MS)
+        size, index = _membership(found, partition, offset)
         return HalfMessage(
             partition=partition, offset=offset, timestamp_ms=timestamp_ms,
             txn_id=found[H.TXN_ID].decode(),
@@ -110,9 +124,29 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
             born_ts=_in_range(found[H.BORN_TS], H.BORN_TS, INT64_MAX),
             check_immunity_ms=_in_range(immunity, H.CHECK_IMMUNITY_MS, INT64_MAX)
             if immunity else None,
-            key=key, value=value, headers=list(headers or []))
+            key=key, value=value, headers=list(headers or []), txn_size=size, txn_index=index)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
+
+
+def _membership(found: dict[str, bytes], partition: int, offset: int) -> tuple[int, int]:
+    """(txn_size, txn_index): (1, 0) when both headers are absent; both present, decimal,
+    2 <= size <= MAX_TXN_SIZE and index < size, or the record is malformed."""
+    size_raw, index_raw = found.get(H.TXN_SIZE), found.get(H.TXN_INDEX)
+    if size_raw is None and index_raw is None:
+        return 1, 0
+    where = f"half[{partition}]@{offset}"
+    if not size_raw or not index_raw:
+        raise MalformedRecordError(f"{where}: {H.TXN_SIZE} and {H.TXN_INDEX} go together, "
+                                   f"got only {H.TXN_SIZE if size_raw else H.TXN_INDEX}")
+    if not all(raw.isdigit() and len(raw) <= 10 for raw in (size_raw, index_raw)):
+        raise MalformedRecordError(f"{where}: {H.TXN_SIZE}/{H.TXN_INDEX} are not decimal "
+                                   f"numbers: {size_raw[:20]!r}/{index_raw[:20]!r}")
+    size, index = int(size_raw), int(index_raw)
+    if not 2 <= size <= MAX_TXN_SIZE or index >= size:
+        raise MalformedRecordError(f"{where}: {H.TXN_INDEX}={index} of {H.TXN_SIZE}={size} "
+                                   f"(need 2 <= size <= {MAX_TXN_SIZE}, index < size)")
+    return size, index
 
 
 def _in_range(raw: bytes, name: str, high: int) -> int:

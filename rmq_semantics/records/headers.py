@@ -29,6 +29,10 @@ class H:
     KEYS: Final = "rmq.keys"
     # The ordering key of key-ordered consumption (RocketMQ 5's MessageGroup).
     MESSAGE_GROUP: Final = "rmq.message_group"
+    # Members of a multi-message transaction: how many, and which one (0-based); absent on
+    # a transaction of one.
+    TXN_SIZE: Final = "rmq.txn_size"
+    TXN_INDEX: Final = "rmq.txn_index"
     # Promoted records.
     PROMOTED_FROM: Final = "rmq.promoted_from"
     # Records set aside in the discard topic.

@@ -25,6 +25,9 @@ class DiscardReason(StrEnum):
     # Nobody decided in time.
     CHECK_MAX = "check_max"
     RETENTION = "retention"
+    # A multi-message transaction committed with members that never arrived: never promoted
+    # in part, every member read set aside.
+    INCOMPLETE = "incomplete"
     # Not a discard: a COMMIT that arrived after the transaction was discarded.
     LATE_COMMIT = "late_commit"
 

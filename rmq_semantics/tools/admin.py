@@ -64,6 +64,20 @@ class DiscardedTxn:
     half_partition: int | None = None
     half_offset: int | None = None
     late_commit: bool = False  # a COMMIT for it came after it was discarded
+    # A multi-message transaction: its members' discard copies (index order), and how many
+    # members it has (rmq.txn_size). One discard copy per member read.
+    members: tuple[confluent_kafka.Message, ...] = ()
+    size: int = 1
+    discarded_ms: int = 0
+
+    @property
+    def count(self) -> str:
+        """Members set aside / members in the transaction (``1/1`` for a single message)."""
+        return f"{len(self.members) or 1}/{self.size}"
+
+    @property
+    def complete(self) -> bool:
+        return (len(self.members) or 1) == self.size
 
     @property
     def status(self) -> str:
@@ -159,6 +173,8 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
         return []
     consumer = _reader(conf, f"{topics.prefix}_admin")
     latest: dict[str, DiscardedTxn] = {}
+    # Members of one discard share the transaction id and rmq.discarded_ts (promote.py).
+    groups: dict[tuple[str, int], list[DiscardedTxn]] = {}
     late: set[tuple[str, int | None, int | None]] = set()
     now_ms = int(time.time() * 1000)
     try:
@@ -174,16 +190,39 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
                 continue
             if not txn_id and where[1] is None:
                 continue
-            latest[txn_id or f"{where[0]}:{where[1]}"] = DiscardedTxn(
+            discarded_ms = _number(headers.get(H.DISCARDED_TS)) or now_ms
+            found = DiscardedTxn(
                 txn_id, headers.get(H.REAL_TOPIC, "?"),
                 headers.get(H.PRODUCER_GROUP, "?"),
                 int(headers.get(H.CHECK_COUNT, "0") or 0), reason,
-                (now_ms - int(headers.get(H.DISCARDED_TS, now_ms) or now_ms)) / 1000,
-                msg.offset(), msg, *where)
+                (now_ms - discarded_ms) / 1000, msg.offset(), msg, *where,
+                size=_number(headers.get(H.TXN_SIZE)) or 1, discarded_ms=discarded_ms)
+            if found.size > 1 and txn_id:
+                groups.setdefault((txn_id, discarded_ms), []).append(found)
+            else:
+                latest[txn_id or f"{where[0]}:{where[1]}"] = found
     finally:
         consumer.close()
+    for copies in groups.values():
+        whole = _one_line(copies)
+        if whole.txn_id not in latest or latest[whole.txn_id].discarded_ms <= whole.discarded_ms:
+            latest[whole.txn_id] = whole
     return [replace(t, late_commit=True) if (t.txn_id, t.half_partition, t.half_offset) in late
             else t for t in latest.values()]
+
+
+def _member_index(copy: DiscardedTxn) -> int:
+    return _number(dict(copy.record.headers() or []).get(H.TXN_INDEX, b"").decode()) or 0
+
+
+def _one_line(copies: list[DiscardedTxn]) -> DiscardedTxn:
+    """The discard copies of one multi-message transaction's members as one transaction:
+    named by member 0 (the lowest index set aside), the others in ``members``."""
+    ordered = sorted(copies, key=_member_index)
+    first = ordered[0]
+    offsets = [c.half_offset for c in ordered if c.half_offset is not None]
+    return replace(first, members=tuple(c.record for c in ordered),
+                   half_offset=min(offsets) if offsets else None)
 
 
 def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str,
@@ -224,6 +263,10 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     found = {t.txn_id: t for t in list_discarded(conf, topic_prefix) if t.txn_id}.get(txn_id)
     if found is None:
         raise ConfigError(f"no discarded transaction {txn_id!r} under prefix {topic_prefix!r}")
+    if not found.complete:
+        raise ConfigError(f"transaction {txn_id} was discarded as {found.reason} with "
+                          f"{found.count} of its members: re-driving cannot bring back the "
+                          "members that never arrived")
     if found.reason in NOT_REDRIVABLE:
         raise ConfigError(f"transaction {txn_id} was discarded as {found.reason}: its half "
                           "message names no transaction or real topic a check could decide; "
@@ -235,18 +278,25 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     if promoted is not None:
         raise ConfigError(f"transaction {txn_id} was already promoted after its discard (done "
                           f"marker {promoted}): re-driving it again would promote it twice")
-    record = found.record
-    original = {k: v for k, v in record.headers() or []}
-    headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
-    headers.append((H.REDRIVE_OF,
-                    f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
-                    f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode()))
     producer = confluent_kafka.Producer(producer_defaults(conf, internal=True))
-    waiter = DeliveryWaiter()
-    producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
-                     headers=headers, on_delivery=waiter)
-    waiter.wait(producer, f"re-driving txn {txn_id}", READ_TIMEOUT_S)
-    return waiter.partition, waiter.offset
+    # Every member, in index order, to the half partition they were in (one idempotent
+    # producer keeps that order): the coordinator sees the whole transaction again.
+    records = found.members or (found.record,)
+    waiters = []
+    for record in records:
+        original = {k: v for k, v in record.headers() or []}
+        headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
+        headers.append((H.REDRIVE_OF,
+                        f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
+                        f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode()))
+        partition = {"partition": found.half_partition} if found.members and (
+            found.half_partition is not None) else {}
+        waiters.append(DeliveryWaiter())
+        producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
+                         headers=headers, on_delivery=waiters[-1], **partition)
+    for waiter in waiters:
+        waiter.wait(producer, f"re-driving txn {txn_id}", READ_TIMEOUT_S)
+    return waiters[0].partition, waiters[0].offset
 
 
 def cli_context(args: argparse.Namespace) -> tuple[dict, Console]:
@@ -274,10 +324,11 @@ def _cmd_txn(args: argparse.Namespace) -> int:
         console.print(table)
     elif args.action == "discarded":
         table = Table("txn id", "real topic", "producer group", "checks", "reason",
-                      "discarded (s ago)", "half")
+                      "discarded (s ago)", "half", "members")
         for t in list_discarded(conf, args.topic_prefix):
             table.add_row(t.txn_id or "-", t.real_topic, t.producer_group, str(t.check_count),
-                          t.status, f"{t.age_s:.1f}", f"{t.half_partition}:{t.half_offset}")
+                          t.status, f"{t.age_s:.1f}", f"{t.half_partition}:{t.half_offset}",
+                          t.count)
         console.print(table)
     else:
         partition, offset = redrive(conf, args.txn_id, args.topic_prefix)

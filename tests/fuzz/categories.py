@@ -56,6 +56,7 @@ from tests.fuzz.generators import (
     txn_id,
     valid_bytes,
     valid_half,
+    valid_members,
     valid_retry,
 )
 
@@ -207,6 +208,41 @@ def half_system_topic(rng: random.Random, ctx: Ctx) -> Case:
 def half_unknown_topic(rng: random.Random, ctx: Ctx) -> Case:
     raw, txn = valid_half(rng, ctx, topic=ctx.missing_topic)
     return _half_case("half_unknown_topic", raw, txn, ctx, commit=True, never_promoted=True)
+
+
+# -- members of multi-message transactions (issue 18) ---------------------------------------
+BAD_MEMBERSHIP = ((b"x", b"0"), (b"", b"0"), (b"1", b"0"), (b"0", b"0"), (b"-3", b"1"),
+                  (b"3", b"3"), (b"3", b"9"), (b"1001", b"0"), (str(2**64).encode(), b"0"),
+                  (b"3", None), (None, b"1"), (b"2", b"-1"), (b"\xff", b"0"))
+
+
+def txn_bad_membership(rng: random.Random, ctx: Ctx) -> Case:
+    """A member whose size/index no transaction can have (not numbers, size < 2, index >=
+    size, a huge size, one header alone): malformed, never promoted, even on COMMIT."""
+    raws, txn = valid_members(rng, ctx, 2)
+    size, index = pick(rng, BAD_MEMBERSHIP)
+    headers = [h for h in raws[0].headers or [] if h[0] not in (H.TXN_SIZE, H.TXN_INDEX)]
+    headers += [(name, value) for name, value in ((H.TXN_SIZE, size), (H.TXN_INDEX, index))
+                if value is not None]
+    raw = Raw(raws[0].value, raws[0].key, headers, raws[0].partition)
+    return _half_case("txn_bad_membership", raw, txn, ctx, commit=rng.random() < 0.5,
+                      never_promoted=True)
+
+
+def txn_member_mismatch(rng: random.Random, ctx: Ctx) -> Case:
+    """Good members then one contradicting them (another size, an index already read,
+    another producer group), and a COMMIT: the odd one is set aside as malformed, the rest
+    are never promoted in part (discarded as incomplete)."""
+    size = rng.randrange(2, 5)
+    raws, txn = valid_members(rng, ctx, size)
+    good = raws[:rng.randrange(1, size)]
+    odd = pick(rng, raws[:len(good)])
+    name, value = pick(rng, [(H.TXN_SIZE, str(size + 1).encode()),
+                             (H.TXN_INDEX, dict(odd.headers or [])[H.TXN_INDEX]),
+                             (H.PRODUCER_GROUP, b"fuzz-other-group")])
+    odd = Raw(odd.value, odd.key, set_header(odd.headers or [], name, value), odd.partition)
+    return Case("txn_member_mismatch", HALF, [*good, odd], _commit_after(txn, ctx), txn,
+                never_promoted=True, bad=1)
 
 
 # -- Op records ------------------------------------------------------------------------------
@@ -432,6 +468,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("half_partition_out_of_range", HALF, half_partition_out_of_range, True),
     Category("half_system_topic", HALF, half_system_topic, True),
     Category("half_unknown_topic", HALF, half_unknown_topic, True),
+    Category("txn_bad_membership", HALF, txn_bad_membership, True),
+    Category("txn_member_mismatch", HALF, txn_member_mismatch, True),
     Category("op_garbage", OP, op_garbage, True),
     Category("op_broken", OP, op_broken, True),
     Category("op_not_an_op_record", OP, op_not_an_op_record, True),

@@ -131,6 +131,20 @@ def valid_half(rng: random.Random, ctx: Ctx, *, topic: str | None = None,
     return Raw(msg.value, msg.key, headers, rng.randrange(ctx.partitions)), txn
 
 
+def valid_members(rng: random.Random, ctx: Ctx, size: int) -> tuple[list[Raw], str]:
+    """The ``size`` half records of one multi-message transaction as a producer writes them
+    (one partition, index order, ``rmq.txn_size`` / ``rmq.txn_index``); and its txn id."""
+    first, txn = valid_half(rng, ctx)
+    out = []
+    for index in range(size):
+        raw = first if index == 0 else valid_half(rng, ctx)[0]
+        headers = set_header(raw.headers or [], H.TXN_ID, txn.encode())
+        headers = set_header(headers, H.TXN_SIZE, str(size).encode())
+        out.append(Raw(raw.value, raw.key, set_header(headers, H.TXN_INDEX, str(index).encode()),
+                       first.partition))
+    return out, txn
+
+
 def end_request(ctx: Ctx, partition: int, offset: int, txn: str,
                 state: EndState = EndState.COMMIT, group: str | None = None) -> EndRequest:
     return EndRequest(txn, group or ctx.group, partition, offset, state, False, 0, ctx.now_ms)
@@ -389,6 +403,11 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.CHECKS_ANSWERED: lambda rng, ctx: _number_text(rng),
     H.ANSWERED_SEQ: lambda rng, ctx: _number_text(rng),
     H.NEXT_CHECK_TS: lambda rng, ctx: _number_text(rng),
+    # Alone, or next to a good partner, each of these is a malformed member (issue 18).
+    H.TXN_SIZE: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"0", b"1", b"-2",
+                                            b"1001", b"3x", not_utf8(rng)]),
+    H.TXN_INDEX: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"-1", b"1000",
+                                             b"1e3", not_utf8(rng)]),
 }
 # The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
 # values a forged retry or dead-letter record may carry.
@@ -422,7 +441,7 @@ def valid_retry(rng: random.Random, ctx: Ctx, *, reconsume_times: int = 1) -> Ra
 
 #: Headers a half record must carry (``records.half``), and the optional numeric ones.
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
-NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS)
+NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS, H.TXN_SIZE, H.TXN_INDEX)
 
 
 def header_names() -> set[str]:

@@ -30,7 +30,7 @@ from rmq_semantics.records.codec import decode, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
 from tests.fuzz.categories import HALF, OP, Case, Category, uncounted
-from tests.fuzz.generators import Ctx, Raw, pick, valid_half
+from tests.fuzz.generators import Ctx, Raw, pick, valid_half, valid_members
 
 REAL_TOPIC = "orders"
 SIM_CONF = {"bootstrap.servers": "sim:9092"}
@@ -42,6 +42,8 @@ SETTLE_ROUNDS = 50
 # ... and stops early when this many rounds in a row (half a minute of its clock) decided nothing
 # (a replay loop, or what only a fix will decide).
 STUCK_ROUNDS = 3
+# Members of the good transactions: mostly one, some multi-message (issue 18).
+GOOD_SIZES = (1, 1, 1, 2, 4)
 
 
 class Message:
@@ -232,6 +234,7 @@ class Good:
     partition: int
     offset: int
     inline: EndState | None  # None: UNKNOW until its back-check
+    size: int = 1  # members (issue 18): a COMMIT promotes every one, once
 
     @property
     def final(self) -> EndState:
@@ -309,13 +312,21 @@ class Simulation:
             "sim", step, lambda: service._replay(self._consumer, self._writer), self._stop)
 
     # -- producers ---------------------------------------------------------------------------
-    def send_good(self, inline: EndState | None) -> Good:
-        """A transaction as ``TransactionProducer`` sends it; ``inline`` None is UNKNOW."""
+    def send_good(self, inline: EndState | None, size: int = 1) -> Good:
+        """A transaction as ``TransactionProducer`` sends it (``size`` > 1: its members as
+        ``send_transaction`` does, then one end request for member 0); ``inline`` None is
+        UNKNOW."""
         ctx = Ctx(prefix=self.ctx.prefix, partitions=self.ctx.partitions,
                   real_topic=REAL_TOPIC, now_ms=self.cluster.clock_ms)
-        raw, txn = valid_half(self.rng, ctx)
-        partition, offset = self.cluster.append(f"{ctx.prefix}_{HALF}", raw)
-        good = self.good[txn] = Good(txn, partition, offset, inline)
+        if size > 1:
+            raws, txn = valid_members(self.rng, ctx, size)
+        else:
+            raw, txn = valid_half(self.rng, ctx)
+            raws = [raw]
+        partition, offset = self.cluster.append(f"{ctx.prefix}_{HALF}", raws[0])
+        for raw in raws[1:]:
+            self.cluster.append(f"{ctx.prefix}_{HALF}", raw)
+        good = self.good[txn] = Good(txn, partition, offset, inline, size)
         if inline is not None:
             self.cluster.append(f"{ctx.prefix}_{OP}", Raw(encode(EndRequests(
                 ctx.group, partition, (EndEntry(txn, offset, inline),), ctx.now_ms)),
@@ -376,8 +387,8 @@ class Simulation:
     def undecided(self) -> list[Good]:
         """Good transactions not promoted exactly once (COMMIT) or promoted (ROLLBACK)."""
         promoted = self.promoted()
-        want = {EndState.COMMIT: 1, EndState.ROLLBACK: 0}
-        return [g for g in self.good.values() if promoted[g.txn_id] != want[g.final]]
+        want = {EndState.COMMIT: 1, EndState.ROLLBACK: 0}  # times each member
+        return [g for g in self.good.values() if promoted[g.txn_id] != want[g.final] * g.size]
 
     def violations(self, *, counts: bool = True) -> list[str]:
         """The invariants this run broke (checked after it ran); ``counts``: also that every
@@ -445,7 +456,8 @@ def fuzz(rng: random.Random, categories: list[Category], cases: int, *, good: in
         for i in range(total):
             if rng.randrange(total - i) < good:
                 good -= 1
-                sim.send_good(pick(rng, [EndState.COMMIT, EndState.ROLLBACK, None]))
+                sim.send_good(pick(rng, [EndState.COMMIT, EndState.ROLLBACK, None]),
+                              pick(rng, GOOD_SIZES))
             else:
                 ctx = replace(sim.ctx, targets=sim.targets(), now_ms=sim.cluster.clock_ms)
                 sim.send_case(pick(rng, categories).make(rng, ctx))

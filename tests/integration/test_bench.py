@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 # Every figure of a full run (key paths), the derived ones included.
 FIGURES = (
-    "baseline_msgs_per_s", "txn_msgs_per_s", "txn_ratio", "commit_to_visible_saturation_ms.p99",
+    "baseline_msgs_per_s", "txn_msgs_per_s", "multi_msgs_per_s", "multi_txns_per_s",
+    "txn_ratio", "commit_to_visible_saturation_ms.p99",
     "commit_to_visible_ms.p50", "commit_to_visible_ms.p99", "commit_to_visible_ms.max",
     "commit_to_visible_ms.achieved_msgs_per_s",
     "check_lateness_ms.p50", "check_lateness_ms.p99", "threads.1.confirmed_per_s",
@@ -71,3 +72,18 @@ def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, 
          "--readme", str(readme)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert render.returncode == 0, render.stderr[-3000:]
     assert readme.read_text() == f"# bench\n{render_block(results)}\nprose\n"
+
+
+def test_the_multi_case_alone_reports_msgs_and_transactions_per_s(broker, tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rmq_semantics", "bench", "--quick", "--repeat", "1",
+         "--cases", "multi", "--count", "300", "--load-sample", "0.1", "--out", str(out),
+         "--bootstrap", broker.bootstrap],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["cases"]) == {"multi"}
+    msgs, txns = results["multi_msgs_per_s"], results["multi_txns_per_s"]
+    assert msgs["median"] > 0 and txns["median"] == pytest.approx(msgs["median"] / 10)
+    assert "transactions of 10 messages" in render_block(results)

@@ -6,15 +6,22 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition
 
 from coordinator.server import Server
 from coordinator.settings import CoordinatorSettings
-from rmq_semantics import LocalTransactionState, TransactionListener
+from rmq_semantics import LocalTransactionState, Message, TransactionListener
+from rmq_semantics.producer import DeliveryWaiter
+from rmq_semantics.records.codec import encode
+from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.headers import H
+from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools import coordinator_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,3 +202,63 @@ def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: 
         exit_code = coordinator.stop()
         reader.close()
     return exit_code
+
+
+class MemberWriter:
+    """Writes transactions of N messages as the wire contract has them (issue 18): N half
+    records to one half partition, ``crc32(txn_id) % half_partitions``, in index order by one
+    idempotent producer, each with ``rmq.txn_size`` / ``rmq.txn_index`` (none for N = 1);
+    then, if asked, one end request naming member 0. What a killed producer leaves behind
+    is written with ``members`` short of ``size``."""
+
+    def __init__(self, conf: dict, prefix: str, group: str, half_partitions: int) -> None:
+        self.producer = RawProducer({**conf, "enable.idempotence": True, "linger.ms": 5})
+        self.prefix, self.group, self.partitions = prefix, group, half_partitions
+
+    def write(self, msgs: list[Message], txn_id: str | None = None,
+              size: int | None = None) -> tuple[str, int, list[int]]:
+        """Members 0..len(msgs)-1 of a transaction of ``size`` (default len(msgs)); returns
+        (txn id, half partition, member offsets) once every one is acknowledged."""
+        txn_id = txn_id or uuid.uuid4().hex
+        size = size or len(msgs)
+        partition = zlib.crc32(txn_id.encode()) % self.partitions
+        born = str(int(time.time() * 1000)).encode()
+        waiters = []
+        for index, msg in enumerate(msgs):
+            headers = half_headers(msg, txn_id, self.group.encode(), born)
+            if size > 1:
+                headers += [(H.TXN_SIZE, str(size).encode()), (H.TXN_INDEX, str(index).encode())]
+            waiters.append(DeliveryWaiter())
+            self.producer.produce(f"{self.prefix}_half", msg.value, key=msg.key, headers=headers,
+                                  partition=partition, on_delivery=waiters[-1])
+        for waiter in waiters:
+            waiter.wait(self.producer, f"writing txn {txn_id}", 30)
+        return txn_id, partition, [w.offset for w in waiters]
+
+    def end(self, txn_id: str, partition: int, offset: int, state: EndState) -> None:
+        """The producer's end request for the transaction whose member 0 is at ``offset``."""
+        request = EndRequest(txn_id, self.group, partition, offset, state, False, 0,
+                             int(time.time() * 1000))
+        waiter = DeliveryWaiter()
+        self.producer.produce(f"{self.prefix}_op", encode(request), partition=partition,
+                              on_delivery=waiter)
+        waiter.wait(self.producer, f"ending txn {txn_id}", 30)
+
+    def send(self, msgs: list[Message], state: EndState | None) -> tuple[str, int, list[int]]:
+        """A whole transaction, then its end request (None: none, left to the check)."""
+        txn_id, partition, offsets = self.write(msgs)
+        if state is not None:
+            self.end(txn_id, partition, offsets[0], state)
+        return txn_id, partition, offsets
+
+    def close(self) -> None:
+        self.producer.flush(30)
+
+
+def by_txn(records: list) -> dict[str, list]:
+    """Promoted records by their ``rmq.txn_id`` header."""
+    out: dict[str, list] = {}
+    for msg in records:
+        txn = dict(msg.headers() or []).get(H.TXN_ID, b"?").decode()
+        out.setdefault(txn, []).append(msg)
+    return out

@@ -153,3 +153,26 @@ def test_a_run_of_latency_cases_only_plots_without_rates(tmp_path):
     samples = {"commit_to_visible_ms": [5.0, 9.0, 30.0], "copier_latency_ms": [4.0, 8.0]}
     files = plot({"settings": {}}, samples, tmp_path)
     assert files == ["latency.png"] and (tmp_path / "latency.png").stat().st_size > 0
+
+
+def test_the_multi_case_is_a_default_case_reporting_msgs_and_transactions_per_s(monkeypatch):
+    from rmq_semantics.tools.bench import multi
+    from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, BenchContext
+
+    calls = []
+
+    def fake(conf, prefix, s, count):
+        calls.append((conf, prefix, count))
+        return {"multi_msgs_per_s": 1000.0, "multi_txns_per_s": 100.0}
+
+    monkeypatch.setattr(multi, "bench_multi", fake)
+    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(count=500),
+                       Path("."))
+    assert "multi" in CASES and multi.MULTI_SIZE == 10
+    assert CASE_RUNS["multi"](ctx) == {"multi_msgs_per_s": 1000.0, "multi_txns_per_s": 100.0}
+    assert calls == [({"bootstrap.servers": "b"}, "__rmqx", 500)]
+    block = render_block({**FIXTURE, "multi_msgs_per_s": figure([900.0, 1000.0, 1100.0]),
+                          "multi_txns_per_s": figure([90.0, 100.0, 110.0])})
+    assert ("| `send_transaction`, transactions of 10 messages from 8 threads | 1,000 msgs/s "
+            "(900\u20131,100), 100 transactions/s (90\u2013110) |  |") in block.splitlines()
+    assert "send_transaction" not in render_block(FIXTURE)  # results from before the case

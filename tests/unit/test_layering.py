@@ -26,7 +26,8 @@ PURE_CORES = ["rmq_semantics.records", "rmq_semantics.records.codec",
               "rmq_semantics.records.txn", "rmq_semantics.records.locks", "coordinator.state",
               "coordinator.lock", "rmq_semantics.orderly.queue", "coordinator.horizon",
               "rmq_semantics.records.reappend", "rmq_semantics.orderly.offsets",
-              "rmq_semantics.orderly.keys"]
+              "rmq_semantics.orderly.keys", "rmq_semantics.multi",
+              "rmq_semantics.transaction_api"]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:

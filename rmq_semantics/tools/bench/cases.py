@@ -70,6 +70,12 @@ def _txn(ctx: BenchContext) -> dict:
     return {"txn_msgs_per_s": rate, "commit_to_visible_saturation_ms": {"samples": latencies}}
 
 
+def _multi(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.multi import bench_multi
+
+    return bench_multi(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)
+
+
 def _latency(ctx: BenchContext) -> dict:
     latencies, achieved = bench_latency(ctx.conf, ctx.prefix, ctx.s)
     return {"commit_to_visible_ms": {"samples": latencies, "offered_msgs_per_s": ctx.s.rate,
@@ -157,7 +163,7 @@ def _spark(ctx: BenchContext) -> dict:
 
 #: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
-    "baseline": _baseline, "txn": _txn, "latency": _latency, "check": _check,
+    "baseline": _baseline, "txn": _txn, "multi": _multi, "latency": _latency, "check": _check,
     "threads": _threads, "copier": _copier, "coordinators": _coordinators,
     "orderly": _orderly, "keys": _keys, "push": _push, "stall": _stall, "spark": _spark,
     "failover": _failover}

@@ -131,6 +131,14 @@ def _threads_rows(r: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _multi_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    if r.get("multi_msgs_per_s") is None:
+        return []  # a results file from before the case
+    return [("multi", "`send_transaction`, transactions of 10 messages from 8 threads",
+             f"{_fig(r.get('multi_msgs_per_s'), _rate, ' msgs/s')}, "
+             f"{_fig(r.get('multi_txns_per_s'), _rate, ' transactions/s')}", "")]
+
+
 def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
     if r.get("stall_no_restart_s") is None and r.get("stall_restart_s") is None:
         return []  # a results file from before the case
@@ -213,6 +221,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
          _fig(g("baseline_msgs_per_s"), _rate, "/s"), ""),
         ("txn", "batch API, `send_messages_in_transaction` batches of 500",
          f"{_fig(g('txn_msgs_per_s'), _rate, '/s')}, {_fig(g('txn_ratio'), _x, TIMES)} raw", ""),
+        *_multi_rows(r),
         ("copier", "bare exactly-once copier (consume → produce in Kafka transactions)",
          _fig(g("copier_msgs_per_s"), _rate, "/s"), ""),
         ("copier", "batch API against the copier", _fig(g("txn_vs_copier"), _x, TIMES),

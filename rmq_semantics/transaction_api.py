@@ -1,0 +1,92 @@
+"""The transactional producer's public types: RocketMQ's ``TransactionListener`` contract
+(local transaction states, the listener base), the send result, and the view a listener gets
+of a transaction of several messages. Pure: no Kafka import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.message import Headers, Message
+
+__all__ = ["LocalTransactionState", "Transaction", "TransactionListener",
+           "TransactionSendResult"]
+
+
+class LocalTransactionState(Enum):
+    """Outcome of a local transaction (RocketMQ's spelling; ``UNKNOWN`` is an alias)."""
+
+    COMMIT_MESSAGE = "COMMIT"
+    ROLLBACK_MESSAGE = "ROLLBACK"
+    UNKNOW = "UNKNOWN"
+    UNKNOWN = "UNKNOWN"
+
+
+class TransactionListener:
+    """Implement both methods; an exception or ``None`` counts as ``UNKNOW``. ``msg`` is a
+    :class:`Message`, or a :class:`Transaction` for one sent with ``send_transaction``."""
+
+    def execute_local_transaction(self, msg: Message | Transaction,
+                                  arg: Any) -> LocalTransactionState:
+        raise NotImplementedError
+
+    def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """Where the half message went and what the local transaction said. For a transaction
+    of several messages, ``half_partition`` holds every one of them and ``half_offset`` is
+    the first one's (the offset the end request and the back-checks name)."""
+
+    transaction_id: str
+    local_transaction_state: LocalTransactionState
+    half_partition: int
+    half_offset: int
+    producer_group: str = ""
+    message_count: int = 1
+
+
+def _first(name: str) -> property:
+    return property(lambda self: getattr(self.messages[0], name),
+                    doc=f"The first message's ``{name}``.")
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """What the listener gets for a transaction sent with ``send_transaction``: its id, its
+    messages and, for a listener written for one message, the first message's fields
+    (``topic``, ``value``, ``key``, ``headers``, ``tags``, ``keys``, ...).
+
+    In ``check_local_transaction`` only the first message travels: ``messages`` is
+    ``(first,)`` and ``message_count`` says how many the transaction has. All of them would
+    not fit one check record (a transaction may hold 16 MiB, a record ``max.message.bytes``).
+    """
+
+    transaction_id: str
+    messages: tuple[Message, ...]
+    message_count: int
+    #: In a back-check: its number (1 first) and the transaction's birth time (ms).
+    check_times: int | None = None
+    born_timestamp: int | None = None
+
+    topic = _first("topic")
+    value = _first("value")
+    key = _first("key")
+    headers = _first("headers")
+    partition = _first("partition")
+    tags = _first("tags")
+    keys = _first("keys")
+    message_group = _first("message_group")
+    check_immunity_ms = _first("check_immunity_ms")
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise ConfigError("a Transaction needs at least one message")
+
+    def user_headers(self) -> Headers:
+        """The first message's user headers."""
+        return self.messages[0].user_headers()
