@@ -6,9 +6,12 @@ consumer holds: records of one key are handed out one at a time in the order off
 
 The ordering key of a record is its ``rmq.message_group`` header, else its key, else its
 partition alone; keys are scoped per (topic, partition), so one key on two partitions is
-two chains. Ready keys are served round-robin: a key that finishes goes behind every key
-that was waiting, so a hot key with a long backlog holds one slot and never starves the
-others. A suspended key waits alone and its record is redelivered first, after ``until``.
+two chains. Every key holds at most one slot. Picks alternate between the ready key with the
+longest backlog and the ready keys in turn (round-robin: a key that finishes goes behind
+every key that was waiting). The first keeps the hottest key's serial chain, which bounds
+when a skewed partition is done, from waiting behind hundreds of cold keys; the second means
+no key waits more than two picks per key ahead of it. A suspended key waits alone and its
+record is redelivered first, after ``until``.
 
 Pure: no Kafka, no threads; the clock is passed in and the caller locks around each call.
 """
@@ -62,8 +65,8 @@ class _Chain:
     """One key's records: ``queue`` waits (its head is a suspended record, if any),
     ``in_flight`` is handed out. ``orphan``: the partition was dropped while in flight."""
 
-    __slots__ = ("in_flight", "key", "orphan", "queue", "ready", "reconsume_times",
-                 "suspended_until")
+    __slots__ = ("in_flight", "key", "orphan", "queue", "ready", "ready_seq",
+                 "reconsume_times", "suspended_until")
 
     def __init__(self, key: OrderingKey) -> None:
         self.key = key
@@ -71,7 +74,8 @@ class _Chain:
         self.in_flight: Any = None
         self.suspended_until: float | None = None
         self.reconsume_times = 0  # suspensions of the record at the head / in flight
-        self.ready = False  # in the ready ring
+        self.ready = False  # may be picked (its entries in the ring and the heap)
+        self.ready_seq = 0  # which of its ring / heap entries are current: the newest
         self.orphan = False
 
 
@@ -94,7 +98,12 @@ class KeyScheduler:
         self._offset_of = offset_of
         self._chains: dict[Hashable, _Chain] = {}
         self._keys_of_tp: dict[TopicPartition, set[Hashable]] = {}
-        self._ready: deque[_Chain] = deque()  # round-robin ring of keys that may go
+        # Ready keys, twice: a round-robin ring and a heap by backlog (longest first).
+        # Entries are (ready_seq, chain) behind: stale ones are skipped when met, and both are
+        # compacted when stale entries outnumber the chains.
+        self._ring: deque[tuple[int, _Chain]] = deque()
+        self._longest: list[tuple[int, int, int, _Chain]] = []  # (-backlog, tie, seq, chain)
+        self._longest_turn = False  # picks alternate: longest backlog, then the ring
         self._sleeping: list[tuple[float, int, _Chain]] = []  # heap of suspended keys
         self._tie = itertools.count()
         self._in_flight = 0
@@ -112,33 +121,72 @@ class KeyScheduler:
             self._keys_of_tp.setdefault(_tp(key), set()).add(key)
         chain.queue.append(record)
         self._queued[_tp(key)] += 1
-        self._make_ready(chain)
+        if chain.ready:  # its backlog grew: a newer heap entry with the larger one
+            self._push_longest(chain)
+        else:
+            self._make_ready(chain)
 
     def _make_ready(self, chain: _Chain) -> None:
         if not chain.ready and chain.in_flight is None and chain.suspended_until is None \
                 and chain.queue:
             chain.ready = True
-            self._ready.append(chain)
+            chain.ready_seq += 1
+            self._ring.append((chain.ready_seq, chain))
+            self._push_longest(chain)
+            if len(self._ring) > 2 * len(self._chains) + 64:
+                self._compact()
+
+    def _push_longest(self, chain: _Chain) -> None:
+        heapq.heappush(self._longest,
+                       (-len(chain.queue), next(self._tie), chain.ready_seq, chain))
+        if len(self._longest) > 2 * len(self._chains) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries of the ring and the heap. Each ready chain has exactly one
+        current ring entry (one per time it was made ready), from which the heap is rebuilt."""
+        self._ring = deque((seq, c) for seq, c in self._ring if self._current(c, seq))
+        self._longest = [(-len(c.queue), next(self._tie), seq, c) for seq, c in self._ring]
+        heapq.heapify(self._longest)
+
+    def _current(self, chain: _Chain, seq: int) -> bool:
+        return chain.ready and chain.ready_seq == seq and self._chains.get(chain.key) is chain
 
     # -- records out ---------------------------------------------------------------------------
     def next_ready(self, now: float) -> Any | None:
-        """A record whose key has nothing in flight and is not suspended at ``now`` (keys
-        taken round-robin); None when there is none or ``max_in_flight`` are out."""
+        """A record whose key has nothing in flight and is not suspended at ``now`` (the
+        longest backlog and round-robin in turn, see the module docstring); None when there is
+        none or ``max_in_flight`` are out."""
         if self._in_flight >= self.max_in_flight:
             return None
         self._wake(now)
-        while self._ready:
-            chain = self._ready.popleft()
+        chain = self._take_ready()
+        if chain is not None:
             chain.ready = False
-            if self._chains.get(chain.key) is not chain or chain.in_flight is not None \
-                    or chain.suspended_until is not None or not chain.queue:
-                continue  # dropped, or taken since it joined the ring
             record = chain.in_flight = chain.queue.popleft()
             tp = _tp(chain.key)
             self._queued[tp] -= 1
             self._in_flight_keys[tp] += 1
             self._in_flight += 1
             return record
+        return None
+
+    def _take_ready(self) -> _Chain | None:
+        longest, ring = self._longest, self._ring
+        self._longest_turn = not self._longest_turn
+        if self._longest_turn:
+            while longest:
+                _, _, seq, chain = heapq.heappop(longest)
+                if self._current(chain, seq):
+                    return chain
+        while ring:
+            seq, chain = ring.popleft()
+            if self._current(chain, seq):
+                return chain
+        while longest:  # only stale ring entries were left
+            _, _, seq, chain = heapq.heappop(longest)
+            if self._current(chain, seq):
+                return chain
         return None
 
     def _wake(self, now: float) -> None:
