@@ -14,6 +14,7 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.blocked import TIMED_OUT, Blockage
+from coordinator.check_routes import CheckRoutes
 from coordinator.kafka_txn import WEDGED_AFTER_S, CommitThread, KafkaTransactions
 from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
@@ -76,8 +77,10 @@ class TransactionWriter:
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
                  metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
                  marker_key: MarkerKey, unwritable: TopicProbe | None = None,
-                 blockage: Blockage | None = None) -> None:
+                 blockage: Blockage | None = None, check_routes: CheckRoutes | None = None,
+                 ) -> None:
         self.topics = topics
+        self.check_routes = check_routes  # which check partition an affinity's instance holds
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
         self.ledger = ledger
@@ -327,9 +330,13 @@ class TransactionWriter:
                     self._promote(action, member)
                 self._done(member, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
+            # To a partition its instance holds (check affinity), else spread by transaction.
+            partition = None if self.check_routes is None else self.check_routes.partition_for(
+                half.producer_group, half.check_affinity, half.txn_id)
+            where = {"key": half.txn_id.encode()} if partition is None else {"partition": partition}
             self.producer.produce(
                 self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
-                key=half.producer_group.encode(), on_delivery=partial(self._on_delivery, action))
+                **where, on_delivery=partial(self._on_delivery, action))
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)

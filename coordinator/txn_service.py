@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from coordinator.blocked import Blockage, BlockProbe
+from coordinator.check_routes import CheckRoutes
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
@@ -136,6 +137,7 @@ class TransactionService:
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
         self._writer: TransactionWriter | None = None
+        self._check_routes: CheckRoutes | None = None
         # Offsets of the last transaction submitted (committed once it settles), and a
         # commit failure met inside a rebalance callback, raised by the next step.
         self._sent: dict[int, tuple[int, int]] = {}
@@ -197,6 +199,8 @@ class TransactionService:
                 return self._set_aside_malformed(state, msg, exc, now)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
                 return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
+            if half.check_affinity and self._check_routes is not None:
+                self._check_routes.note(half.producer_group)  # known before its first check
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
@@ -321,11 +325,14 @@ class TransactionService:
         require_copartitioned(self.conf, self.topics.half, self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = read_retention(self._admin, self.topics.half)
+        self._check_routes = CheckRoutes(self._admin, self.topics)
+        self._check_routes.start()
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable, blockage=Blockage(
-                BlockProbe(self._admin_client), self.metrics.promotion_blocked))
+                BlockProbe(self._admin_client), self.metrics.promotion_blocked),
+            check_routes=self._check_routes)
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
@@ -356,6 +363,7 @@ class TransactionService:
             finally:
                 consumer.close()
                 writer.close()
+                self._check_routes.stop()
             log.info("transaction service %s stopped", self.instance_id)
 
     def _step(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:

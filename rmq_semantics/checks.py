@@ -1,31 +1,45 @@
 """Back-checks on the producer side: RocketMQ's ``checkTransactionState`` for one group.
 
-The coordinator writes check requests for a producer group to the check topic; every live
-producer of the group is a member of one consumer group over it, so each request reaches
-one of them. A :class:`CheckResponder` consumes them, drops those superseded by a newer
-check of the same half record, and hands each to a bounded pool that asks the listener.
+The coordinator writes check requests for a producer group to the check topic, spread over
+its partitions by transaction id, or to a partition held by the instance named in the half
+record's ``rmq.check_affinity`` while that instance is a live member (see
+``coordinator/check_routes.py``). Every live producer of the group is a member of one consumer
+group over the check topic, so each request reaches one of them, and the group's checks are
+shared by all of them. A :class:`CheckResponder` consumes them, drops those superseded by a
+newer check of the same half record, and hands each to a :class:`CheckPool` that asks the
+listener with a timeout. A request's offset is committed only once it is answered (or
+skipped), so an instance that dies mid-check leaves it to the next owner of the partition.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import os
+import socket
 import threading
+import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from tenacity import retry_if_exception
 
+from rmq_semantics.check_pool import CheckJob, CheckPool
 from rmq_semantics.clientconf import client_conf
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.errors import ConfigError, MalformedRecordError
+from rmq_semantics.multi import check_view
 from rmq_semantics.records.codec import decode
+from rmq_semantics.records.half import MAX_INSTANCE_ID_LENGTH
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
+from rmq_semantics.transaction_api import LocalTransactionState, as_state
 
-__all__ = ["CHECK_QUEUE_SIZE", "CheckResponder"]
+__all__ = ["CHECK_CLIENT_PREFIX", "CHECK_QUEUE_SIZE", "CheckResponder", "ask_listener",
+           "valid_instance_id"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +52,37 @@ POLL_SLICE_S = 0.2
 CHECK_RETRY_DEADLINE_S = 300.0
 # Remember this many transactions' newest check, to skip superseded requests.
 SEEN_CHECKS = 100_000
+# Answered checks' offsets are committed at most this often (and on a revoke or shutdown).
+COMMIT_EVERY_S = 0.5
+#: The check consumer's client.id is this plus the producer's instance id: how the
+#: coordinator tells which live instance holds which check partitions (check affinity).
+CHECK_CLIENT_PREFIX = "rmq-check."
+
+
+def valid_instance_id(given: str | None) -> str:
+    """``given`` if it is a valid instance id, else one made of host, pid and a random part
+    (unique per producer, also across processes of one host)."""
+    if given is None:
+        return f"{socket.gethostname()[:64]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if not isinstance(given, str) or not given or len(given.encode()) > MAX_INSTANCE_ID_LENGTH \
+            or not given.isascii() or not given.isprintable():
+        raise ConfigError(f"instance_id must be printable ASCII of 1 to "
+                          f"{MAX_INSTANCE_ID_LENGTH} bytes, got {given!r}")
+    return given
+
+
+def ask_listener(listener: Any, half_topic: str, check: CheckRequest) -> LocalTransactionState:
+    """``listener.check_local_transaction``'s answer to ``check``; a listener that raises
+    answers UNKNOW. A request no message can be built from raises (the pool logs and skips
+    it)."""
+    view = check_view(check)  # a member of several: the first one and the count
+    try:
+        return as_state(listener.check_local_transaction(view), "check_local_transaction",
+                        half_topic, check.half_partition, check.half_offset, check.txn_id)
+    except Exception:
+        log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
+                      half_topic, check.half_partition, check.half_offset, check.txn_id)
+        return LocalTransactionState.UNKNOW
 
 
 def _fatal(err: KafkaError) -> bool:
@@ -45,60 +90,131 @@ def _fatal(err: KafkaError) -> bool:
 
 
 class CheckResponder:
-    """Consumes one producer group's check requests and answers each through ``answer``.
+    """Consumes one producer group's check requests; ``ask(check)`` is the listener's
+    answer (it may hang: see :class:`CheckPool`), ``reply(check, state)`` sends it.
+    A KafkaOperationError or BufferError from ``reply`` is logged (the coordinator checks
+    again later)."""
 
-    ``answer(check)`` asks the listener and sends the end request; a KafkaOperationError or
-    BufferError from it is logged (the coordinator checks again later).
-    """
-
-    def __init__(self, conf: dict, topics: SystemTopics, producer_group: str,
-                 answer: Callable[[CheckRequest], None],
+    def __init__(self, conf: dict, topics: SystemTopics, producer_group: str, *,
+                 instance_id: str,
+                 ask: Callable[[CheckRequest], LocalTransactionState],
+                 reply: Callable[[CheckRequest, LocalTransactionState], object],
+                 threads: int = 1, timeout_s: float = 60.0,
                  queue_size: int = CHECK_QUEUE_SIZE) -> None:
         self.producer_group = producer_group
         self.topics = topics
         self._conf = client_conf(conf, who="check consumer", internal=True, forced={
             "group.id": topics.check_group(producer_group),
+            "client.id": CHECK_CLIENT_PREFIX + instance_id,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
-            "enable.auto.commit": True,
+            "enable.auto.commit": False,
             "session.timeout.ms": 10000,
             "heartbeat.interval.ms": 1000,
         })
-        self._answer = answer
-        self._checks: queue.Queue[CheckRequest] = queue.Queue(maxsize=queue_size)
+        self._pool = CheckPool(threads=threads, timeout_s=timeout_s, queue_size=queue_size,
+                               ask=ask, reply=reply, done=self._done,
+                               name=producer_group)
         self._seen: OrderedDict[str, int] = OrderedDict()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._consumer: confluent_kafka.Consumer | None = None
+        # Offsets per check partition: read up to (next offset) and jobs not yet done.
+        self._offsets_lock = threading.Lock()
+        self._read_to: dict[int, int] = {}
+        self._unfinished: dict[int, set[int]] = {}
+        self._committed: dict[int, int] = {}
         #: Check requests dropped because the check queue was full.
         self.dropped = 0
-        self.answered = 0
+
+    @property
+    def answered(self) -> int:
+        return self._pool.answered
+
+    @property
+    def timed_out(self) -> int:
+        return self._pool.timed_out
 
     def start(self) -> None:
         self._consumer = confluent_kafka.Consumer(self._conf)
-        self._consumer.subscribe([self.topics.check])
-        for name, target in (("rmq-check-consumer", self._consume),
-                             ("rmq-check-worker", self._answer_loop)):
-            thread = threading.Thread(target=target, name=f"{name}-{self.producer_group}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._consumer.subscribe([self.topics.check], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._pool.start()
+        thread = threading.Thread(target=self._consume, daemon=True,
+                                  name=f"rmq-check-consumer-{self.producer_group}")
+        thread.start()
+        self._threads.append(thread)
 
     def stop(self, timeout: float) -> None:
-        """Stop both threads and leave the check group. Idempotent."""
+        """Stop the consumer and the workers, commit what was answered and leave the check
+        group. Idempotent."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+        self._pool.stop(timeout)
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
+            self._commit(consumer, asynchronous=False)
             consumer.close()
 
-    def _where(self, check: CheckRequest) -> str:
-        """``<half topic>[p]@o`` of the half record a check request is about."""
-        return f"{self.topics.half}[{check.half_partition}]@{check.half_offset}"
+    # -- offsets: committed only below the first check not yet answered ------------------
+    def _done(self, job: CheckJob) -> None:
+        with self._offsets_lock:
+            unfinished = self._unfinished.get(job.partition)
+            if unfinished is not None:
+                unfinished.discard(job.offset)
 
-    def _superseded(self, half_id: str, seq: int) -> bool:
+    def _commit(self, consumer: confluent_kafka.Consumer, asynchronous: bool = True,
+                partitions: list[int] | None = None) -> None:
+        with self._offsets_lock:
+            wanted = []
+            for p in self._read_to if partitions is None else partitions:
+                if p not in self._read_to:
+                    continue
+                unfinished = self._unfinished.get(p)
+                position = min(unfinished) if unfinished else self._read_to[p]
+                if self._committed.get(p) != position:
+                    self._committed[p] = position
+                    wanted.append(TopicPartition(self.topics.check, p, position))
+        if not wanted:
+            return
+        try:
+            consumer.commit(offsets=wanted, asynchronous=asynchronous)
+        except (KafkaException, RuntimeError) as exc:  # checked again: nothing is lost
+            log.warning("check consumer of producer group %s: commit failed: %s",
+                        self.producer_group, exc)
+            with self._offsets_lock:
+                for tp in wanted:
+                    self._committed.pop(tp.partition, None)
+
+    def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        with self._offsets_lock:
+            for tp in partitions:
+                self._read_to.pop(tp.partition, None)
+                self._unfinished[tp.partition] = set()
+                self._committed.pop(tp.partition, None)
+
+    def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        # Checks still running for these partitions are answered anyway; their requests
+        # are read again by the next owner, whose answer is a harmless duplicate.
+        self._commit(consumer, asynchronous=False, partitions=[tp.partition for tp in partitions])
+        self._forget(partitions)
+
+    def _on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        self._forget(partitions)
+
+    def _forget(self, partitions: list) -> None:
+        with self._offsets_lock:
+            for tp in partitions:
+                for table in (self._read_to, self._unfinished, self._committed):
+                    table.pop(tp.partition, None)
+
+    def _superseded(self, job: CheckJob) -> bool:
+        # A re-driven transaction is a new half record whose checks count from 1 again.
+        check = job.check
+        half_id = f"{check.txn_id}@{check.half_partition}:{check.half_offset}"
+        seq = check.check_seq
         newest = self._seen.get(half_id, 0)
         if seq <= newest:
             return True
@@ -109,7 +225,7 @@ class CheckResponder:
         return False
 
     def _consume(self) -> None:
-        """Feed check requests to the worker until stopped. A failing consume is retried with
+        """Feed check requests to the pool until stopped. A failing consume is retried with
         the shared policy's pauses for as long as the producer runs (checks must resume after
         a broker outage); a fatal error stops this thread with one log line, and sending goes
         on (the coordinator checks again later)."""
@@ -117,6 +233,7 @@ class CheckResponder:
             sleep=self._stop.wait,  # a shutdown cuts a pause short
             retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException)
                                      and not _fatal(exc.args[0])))
+        last_commit = time.monotonic()
         while not self._stop.is_set():
             try:
                 msgs = policy(self._consumer.consume, 500, POLL_SLICE_S)
@@ -132,56 +249,56 @@ class CheckResponder:
                 return
             except RuntimeError:  # closed under us: shutdown gave up waiting for this thread
                 return
-            newest: dict[str, CheckRequest] = {}
-            for msg in msgs:
-                if msg.error() is not None:
-                    if _fatal(msg.error()):
-                        self._stopped(msg.error())
-                        return
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("check consumer: %s", msg.error().str())
-                    continue
-                try:
-                    record = decode(msg.value())
-                except MalformedRecordError as exc:
-                    log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
-                                msg.offset(), exc)
-                    continue
-                if not isinstance(record, CheckRequest) or (
-                        record.producer_group != self.producer_group):
-                    continue
-                current = newest.get(record.txn_id)
-                if current is None or record.check_seq > current.check_seq:
-                    newest[record.txn_id] = record
-            self._enqueue(newest.values())
+            self._take(msgs)
+            if time.monotonic() - last_commit >= COMMIT_EVERY_S:
+                last_commit = time.monotonic()
+                self._commit(self._consumer)
+
+    def _take(self, msgs: list) -> None:
+        """Queue the newest check of each transaction in ``msgs``; every other record is done
+        when read (malformed ones are logged with where they were read)."""
+        newest: dict[str, CheckJob] = {}
+        read_to: dict[int, int] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if _fatal(err):
+                    self._stopped(err)
+                    self._stop.set()
+                    return
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("check consumer: %s", err.str())
+                continue
+            read_to[msg.partition()] = msg.offset() + 1
+            try:
+                record = decode(msg.value())
+            except MalformedRecordError as exc:
+                log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
+                            msg.offset(), exc)
+                continue
+            if not isinstance(record, CheckRequest) or (
+                    record.producer_group != self.producer_group):
+                continue
+            current = newest.get(record.txn_id)
+            if current is None or record.check_seq > current.check.check_seq:
+                newest[record.txn_id] = CheckJob(record, msg.topic(), msg.partition(),
+                                                 msg.offset())
+        jobs = [job for job in newest.values() if not self._superseded(job)]
+        with self._offsets_lock:
+            for partition, offset in read_to.items():
+                if partition in self._unfinished:  # still ours
+                    self._read_to[partition] = offset
+            jobs = [job for job in jobs if job.partition in self._unfinished]
+            for job in jobs:
+                self._unfinished[job.partition].add(job.offset)
+        for job in jobs:
+            if not self._pool.submit(job):
+                self.dropped += 1
+                self._done(job)
+                log.warning("%s: check queue full (%d), dropping check #%d; the coordinator "
+                            "will check it again", job.where, self._pool.maxsize,
+                            job.check.check_seq)
 
     def _stopped(self, err: KafkaError) -> None:
         log.error("check consumer of producer group %s stopped: %s (fatal); back-checks go "
                   "unanswered until the producer restarts", self.producer_group, err.str())
-
-    def _enqueue(self, checks) -> None:
-        for check in checks:
-            # A re-driven transaction is a new half record whose checks count from 1 again.
-            half_id = f"{check.txn_id}@{check.half_partition}:{check.half_offset}"
-            if self._superseded(half_id, check.check_seq):
-                continue
-            try:
-                self._checks.put_nowait(check)
-            except queue.Full:
-                self.dropped += 1
-                log.warning("%s txn=%s: check queue full (%d), dropping check #%d; the "
-                            "coordinator will check it again", self._where(check),
-                            check.txn_id, self._checks.maxsize, check.check_seq)
-
-    def _answer_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                check = self._checks.get(timeout=POLL_SLICE_S)
-            except queue.Empty:
-                continue
-            try:
-                self._answer(check)
-                self.answered += 1
-            except Exception as exc:  # one unanswerable request must not stop the others
-                log.warning("%s txn=%s: could not answer check #%d: %r", self._where(check),
-                            check.txn_id, check.check_seq, exc)

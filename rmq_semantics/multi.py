@@ -41,7 +41,8 @@ def record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> in
 
 
 def member_headers(msgs: Sequence[Message], txn_id: str, producer_group: bytes,
-                   born_ts: bytes, *, max_messages: int, max_bytes: int) -> list[Headers]:
+                   born_ts: bytes, *, max_messages: int, max_bytes: int,
+                   affinity: bytes | None = None) -> list[Headers]:
     """The half-record headers of every member of one transaction, in index order; raises
     :class:`TransactionSizeError` for an empty list or one over the bounds (before anything
     is written), :class:`ConfigError` for an item that is not a Message."""
@@ -59,7 +60,7 @@ def member_headers(msgs: Sequence[Message], txn_id: str, producer_group: bytes,
     size = len(msgs)
     out, total = [], 0
     for index, msg in enumerate(msgs):
-        headers = half_headers(msg, txn_id, producer_group, born_ts)
+        headers = half_headers(msg, txn_id, producer_group, born_ts, affinity)
         if size > 1:
             headers += [(H.TXN_SIZE, str(size).encode()), (H.TXN_INDEX, str(index).encode())]
         total += record_bytes(msg.key, msg.value, headers)  # type: ignore[arg-type]

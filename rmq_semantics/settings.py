@@ -152,9 +152,21 @@ class ProducerSettings:
     max_transaction_bytes: int = setting(
         MAX_TRANSACTION_BYTES, "bytes (keys, values and headers of its half records) one "
                                "send_transaction may carry")
+    check_threads: int = setting(
+        4, "threads answering back-checks (RocketMQ's setExecutorService): a hung "
+           "check_local_transaction holds one until check_timeout_ms")
+    check_timeout_ms: int = setting(
+        30_000, "a check_local_transaction running longer is answered UNKNOW (the coordinator "
+                "checks again later) and its thread replaced")
+    check_affinity: bool = setting(
+        True, "name this instance in its half records (rmq.check_affinity), so their back-checks "
+              "come to it while it is a live member of the group")
 
     def __post_init__(self) -> None:
-        for name in ("max_transaction_messages", "max_transaction_bytes"):
+        if not isinstance(self.check_affinity, bool):
+            raise ConfigError(f"check_affinity must be a bool, got {self.check_affinity!r}")
+        for name in ("max_transaction_messages", "max_transaction_bytes", "check_threads",
+                     "check_timeout_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")

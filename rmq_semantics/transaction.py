@@ -19,7 +19,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError
 
-from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder
+from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder, ask_listener, valid_instance_id
 from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
@@ -28,7 +28,6 @@ from rmq_semantics.errors import (
 )
 from rmq_semantics.message import Message
 from rmq_semantics.multi import (
-    check_view,
     half_partition_for,
     listener_message,
     member_headers,
@@ -59,6 +58,7 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
+    as_state,
 )
 
 __all__ = [
@@ -82,21 +82,6 @@ END_BATCH_MAX = 1000
 _END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
 
 
-def _as_state(value: Any, method: str, half_topic: str, partition: int, offset: int,
-              txn_id: str) -> LocalTransactionState:
-    """The listener's answer; anything but a LocalTransactionState counts as UNKNOW and is
-    logged (None, the documented "don't know", only at debug level)."""
-    if isinstance(value, LocalTransactionState):
-        return value
-    if value is None:
-        log.debug("%s[%d]@%d txn=%s: %s returned None (counts as UNKNOW)", half_topic,
-                  partition, offset, txn_id, method)
-    else:
-        log.warning("%s[%d]@%d txn=%s: %s returned %r, not a LocalTransactionState (counts "
-                    "as UNKNOW)", half_topic, partition, offset, txn_id, method, value)
-    return LocalTransactionState.UNKNOW
-
-
 class TransactionProducer:
     """RocketMQ's ``TransactionMQProducer`` on Kafka.
 
@@ -111,10 +96,13 @@ class TransactionProducer:
                  check_partitions: int = 8, check_queue_size: int = CHECK_QUEUE_SIZE,
                  send_timeout_s: float = SEND_TIMEOUT_S,
                  max_transaction_messages: int | None = None,
-                 max_transaction_bytes: int | None = None) -> None:
+                 max_transaction_bytes: int | None = None,
+                 check_threads: int | None = None, check_timeout_ms: int | None = None,
+                 check_affinity: bool | None = None, instance_id: str | None = None) -> None:
         self.settings = load(ProducerSettings, {
             "max_transaction_messages": max_transaction_messages,
-            "max_transaction_bytes": max_transaction_bytes})
+            "max_transaction_bytes": max_transaction_bytes, "check_threads": check_threads,
+            "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity})
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
         if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
@@ -122,13 +110,19 @@ class TransactionProducer:
                               "check_local_transaction")
         self.producer_group = producer_group
         self.listener = listener
+        #: This instance's id: its check consumer's, and its half records' check affinity.
+        self.instance_id = valid_instance_id(instance_id)
+        self._affinity = self.instance_id.encode() if self.settings.check_affinity else None
         self.topics = SystemTopics(validate_prefix(topic_prefix))
         self._conf = producer_defaults(conf)
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
-        self._checks = CheckResponder(self._conf, self.topics, producer_group,
-                                      self._answer_check, check_queue_size)
+        self._checks = CheckResponder(
+            self._conf, self.topics, producer_group, instance_id=self.instance_id,
+            ask=lambda check: ask_listener(self.listener, self.topics.half, check),
+            reply=self._reply_check, threads=self.settings.check_threads,
+            timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
         # The per-call path's own producer (see _call_producer), made on first use.
         self._call: confluent_kafka.Producer | None = None
@@ -193,7 +187,7 @@ class TransactionProducer:
         self._validate([msg])
         producer = self._call_producer()
         [(txn_id, waiter)] = _write_halves(producer, self.topics.half, self.producer_group,
-                                           [msg], SignalledWaiter)
+                                           [msg], SignalledWaiter, self._affinity)
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
         result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
@@ -217,7 +211,8 @@ class TransactionProducer:
         headers = member_headers(msgs, txn_id, self.producer_group.encode(),
                                  str(int(time.time() * 1000)).encode(),
                                  max_messages=self.settings.max_transaction_messages,
-                                 max_bytes=self.settings.max_transaction_bytes)
+                                 max_bytes=self.settings.max_transaction_bytes,
+                                 affinity=self._affinity)
         half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = self._call_producer()
@@ -270,7 +265,8 @@ class TransactionProducer:
         any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
         self._validate(msgs)
-        pending = _write_halves(producer, self.topics.half, self.producer_group, msgs)
+        pending = _write_halves(producer, self.topics.half, self.producer_group, msgs,
+                                affinity=self._affinity)
         deadline = time.monotonic() + self._send_timeout_s
         waiting = 0  # index of the first half write not known to be delivered
         while waiting < len(pending) and time.monotonic() < deadline:
@@ -319,7 +315,7 @@ class TransactionProducer:
                                                         LocalTransactionState]:
         txn_id = view.transaction_id or ""
         try:
-            state = _as_state(self.listener.execute_local_transaction(view, arg),
+            state = as_state(self.listener.execute_local_transaction(view, arg),
                               "execute_local_transaction", self.topics.half, waiter.partition,
                               waiter.offset, txn_id)
         except Exception:
@@ -377,17 +373,12 @@ class TransactionProducer:
         """Check requests dropped because the check queue was full."""
         return self._checks.dropped
 
-    def _answer_check(self, check: CheckRequest) -> None:
-        view = check_view(check)  # a member of several: the first one and the count
-        try:
-            state = _as_state(self.listener.check_local_transaction(view),
-                              "check_local_transaction", self.topics.half,
-                              check.half_partition, check.half_offset, check.txn_id)
-        except Exception:
-            log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
-                          self.topics.half, check.half_partition, check.half_offset,
-                          check.txn_id)
-            state = LocalTransactionState.UNKNOW
+    @property
+    def checks_timed_out(self) -> int:
+        """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
+        return self._checks.timed_out
+
+    def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
         self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
@@ -444,7 +435,7 @@ def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWai
 
 def _write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
                   msgs: list[Message], waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
-                  ) -> list[tuple[str, DeliveryWaiter]]:
+                  affinity: bytes | None = None) -> list[tuple[str, DeliveryWaiter]]:
     """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
     born = str(int(time.time() * 1000)).encode()
     group = producer_group.encode()
@@ -453,7 +444,8 @@ def _write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_
         txn_id = uuid.uuid4().hex
         waiter = waiter_type()
         producer.produce(half_topic, msg.value, key=msg.key,
-                         headers=half_headers(msg, txn_id, group, born), on_delivery=waiter)
+                         headers=half_headers(msg, txn_id, group, born, affinity),
+                         on_delivery=waiter)
         out.append((txn_id, waiter))
     return out
 

@@ -4,6 +4,7 @@ of a transaction of several messages. Pure: no Kafka import."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -12,7 +13,9 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Headers, Message
 
 __all__ = ["LocalTransactionState", "Transaction", "TransactionListener",
-           "TransactionSendResult"]
+           "TransactionSendResult", "as_state"]
+
+log = logging.getLogger("rmq_semantics.transaction")
 
 
 class LocalTransactionState(Enum):
@@ -90,3 +93,18 @@ class Transaction:
     def user_headers(self) -> Headers:
         """The first message's user headers."""
         return self.messages[0].user_headers()
+
+
+def as_state(value: Any, method: str, half_topic: str, partition: int, offset: int,
+              txn_id: str) -> LocalTransactionState:
+    """The listener's answer; anything but a LocalTransactionState counts as UNKNOW and is
+    logged (None, the documented "don't know", only at debug level)."""
+    if isinstance(value, LocalTransactionState):
+        return value
+    if value is None:
+        log.debug("%s[%d]@%d txn=%s: %s returned None (counts as UNKNOW)", half_topic,
+                  partition, offset, txn_id, method)
+    else:
+        log.warning("%s[%d]@%d txn=%s: %s returned %r, not a LocalTransactionState (counts "
+                    "as UNKNOW)", half_topic, partition, offset, txn_id, method, value)
+    return LocalTransactionState.UNKNOW

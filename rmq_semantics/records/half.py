@@ -9,8 +9,8 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE", "HalfMessage", "half_headers", "parse_half",
-           "unparsed_half"]
+__all__ = ["MAX_INSTANCE_ID_LENGTH", "MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE", "HalfMessage",
+           "half_headers", "parse_half", "unparsed_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 # Every done marker carries the transaction id, and one Op record holds a whole batch's
@@ -19,12 +19,16 @@ MAX_TXN_ID_LENGTH = 128
 # Members of one transaction at most (the producer's max_transaction_messages can't exceed
 # it): the coordinator holds a transaction's members in memory until it is decided.
 MAX_TXN_SIZE = 1000
+# A producer instance id (rmq.check_affinity; the check consumer's client.id carries it).
+MAX_INSTANCE_ID_LENGTH = 128
 
 
-def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes) -> Headers:
+def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes,
+                 affinity: bytes | None = None) -> Headers:
     """The headers of ``msg``'s half record: its user headers plus the ``rmq.*`` ones.
 
-    ``producer_group`` and ``born_ts`` come encoded: they are the same for a whole batch.
+    ``producer_group``, ``born_ts`` and ``affinity`` (the producer instance that should
+    answer the back-checks first, if any) come encoded: they are the same for a whole batch.
     """
     headers = [*msg.user_headers(),
                (H.TXN_ID, txn_id.encode()),
@@ -35,6 +39,8 @@ def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: byte
         headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
     if msg.check_immunity_ms is not None:
         headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
+    if affinity:
+        headers.append((H.CHECK_AFFINITY, affinity))
     headers += msg.rmq_headers()
     return headers
 
@@ -63,6 +69,8 @@ class HalfMessage:
     # transaction of one.
     txn_size: int = 1
     txn_index: int = 0
+    # rmq.check_affinity: the producer instance that should answer the back-checks first.
+    check_affinity: str | None = None
 
     @property
     def is_member(self) -> bool:
@@ -124,9 +132,22 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
             born_ts=_in_range(found[H.BORN_TS], H.BORN_TS, INT64_MAX),
             check_immunity_ms=_in_range(immunity, H.CHECK_IMMUNITY_MS, INT64_MAX)
             if immunity else None,
-            key=key, value=value, headers=list(headers or []), txn_size=size, txn_index=index)
+            key=key, value=value, headers=list(headers or []), txn_size=size, txn_index=index,
+            check_affinity=_affinity(found.get(H.CHECK_AFFINITY), partition, offset))
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
+
+
+def _affinity(raw: bytes | None, partition: int, offset: int) -> str | None:
+    """An instance id of printable ASCII, at most MAX_INSTANCE_ID_LENGTH bytes; empty means
+    none; anything else makes the record malformed."""
+    if not raw:
+        return None
+    if len(raw) > MAX_INSTANCE_ID_LENGTH or not raw.isascii() or not raw.decode().isprintable():
+        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.CHECK_AFFINITY} is not an "
+                                   f"instance id (printable ASCII, at most "
+                                   f"{MAX_INSTANCE_ID_LENGTH} bytes)")
+    return raw.decode()
 
 
 def _membership(found: dict[str, bytes], partition: int, offset: int) -> tuple[int, int]:

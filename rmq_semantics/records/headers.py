@@ -33,6 +33,8 @@ class H:
     # a transaction of one.
     TXN_SIZE: Final = "rmq.txn_size"
     TXN_INDEX: Final = "rmq.txn_index"
+    # The producer instance that should answer this transaction's back-checks first.
+    CHECK_AFFINITY: Final = "rmq.check_affinity"
     # Promoted records.
     PROMOTED_FROM: Final = "rmq.promoted_from"
     # Records set aside in the discard topic.

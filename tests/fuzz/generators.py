@@ -408,6 +408,9 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
                                             b"1001", b"3x", not_utf8(rng)]),
     H.TXN_INDEX: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"-1", b"1000",
                                              b"1e3", not_utf8(rng)]),
+    # Not an instance id (printable ASCII, at most 128 bytes): the record is malformed.
+    H.CHECK_AFFINITY: lambda rng, ctx: pick(rng, [not_utf8(rng), b"x" * 129, b"id\x00",
+                                                  b"caf\xc3\xa9", b"a\nb"]),
 }
 # The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
 # values a forged retry or dead-letter record may carry.
@@ -439,9 +442,11 @@ def valid_retry(rng: random.Random, ctx: Ctx, *, reconsume_times: int = 1) -> Ra
     return Raw(some_bytes(rng), pick(rng, [None, b"k"]), list(headers), 0)
 
 
-#: Headers a half record must carry (``records.half``), and the optional numeric ones.
+#: Headers a half record must carry (``records.half``), and those whose odd value makes it
+#: malformed (numbers, and the check affinity's instance id).
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
-NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS, H.TXN_SIZE, H.TXN_INDEX)
+NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS, H.TXN_SIZE, H.TXN_INDEX,
+                H.CHECK_AFFINITY)
 
 
 def header_names() -> set[str]:

@@ -8,6 +8,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.checks import CheckResponder
 from rmq_semantics.topics import SystemTopics
+from rmq_semantics.transaction_api import LocalTransactionState as S
 from tests.unit.stops import RecordingStop
 
 
@@ -31,7 +32,8 @@ class FailingConsumer:
 def producer_with(consumer: FailingConsumer) -> CheckResponder:
     """The check side of a TransactionProducer, with a scripted consumer."""
     responder = CheckResponder({"bootstrap.servers": "127.0.0.1:1"}, SystemTopics("__rmq"), "pg",
-                               answer=lambda check: None)
+                               instance_id="i1", ask=lambda check: S.UNKNOW,
+                               reply=lambda check, state: None)
     responder._consumer = consumer
     responder._stop = RecordingStop()
     return responder

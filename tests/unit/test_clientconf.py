@@ -39,10 +39,14 @@ def test_internal_clients_get_every_security_key_and_none_of_the_tuning():
 
 def test_every_internal_client_the_product_builds_gets_the_security_keys():
     lock = LockClient(USER)._conf
-    checks = CheckResponder(USER, SystemTopics("__rmq"), "pg", answer=print)._conf
+    checks = CheckResponder(USER, SystemTopics("__rmq"), "pg", instance_id="i1", ask=print,
+                            reply=print)._conf
     dlq = producer_defaults(USER, internal=True)
     for conf in (lock, checks, dlq):
-        assert {k: conf[k] for k in SECURITY} == SECURITY
+        # The check consumer names its producer instance instead (the coordinator routes
+        # checks by it: check affinity).
+        expected = {**SECURITY, "client.id": "rmq-check.i1"} if conf is checks else SECURITY
+        assert {k: conf[k] for k in SECURITY} == expected
         assert "linger.ms" not in conf and conf["logger"].name == "rmq_semantics.librdkafka"
 
 

@@ -26,6 +26,7 @@ from rmq_semantics import (
     TransactionListener,
     TransactionProducer,
     UnknownPartitionError,
+    transaction_api,
 )
 from rmq_semantics import topics as topics_module
 from rmq_semantics import transaction as transaction_module
@@ -293,7 +294,7 @@ def test_unequal_half_and_op_partition_counts_are_one_clear_error(monkeypatch):
 def test_a_listener_answer_that_is_not_a_state_counts_as_unknow_and_is_logged(
         caplog, answer, level):
     with caplog.at_level(logging.DEBUG, logger="rmq_semantics.transaction"):
-        state = transaction_module._as_state(answer, "check_local_transaction", "__rmq_half",
+        state = transaction_api.as_state(answer, "check_local_transaction", "__rmq_half",
                                              2, 17, "abc")
     assert state is LocalTransactionState.UNKNOW
     [record] = caplog.records
@@ -303,7 +304,7 @@ def test_a_listener_answer_that_is_not_a_state_counts_as_unknow_and_is_logged(
 
 def test_a_listener_answer_that_is_a_state_is_not_logged(caplog):
     with caplog.at_level(logging.DEBUG, logger="rmq_semantics.transaction"):
-        assert transaction_module._as_state(LocalTransactionState.ROLLBACK_MESSAGE, "m", "h", 0,
+        assert transaction_api.as_state(LocalTransactionState.ROLLBACK_MESSAGE, "m", "h", 0,
                                             0, "t") is LocalTransactionState.ROLLBACK_MESSAGE
     assert caplog.records == []
 

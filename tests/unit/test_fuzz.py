@@ -15,13 +15,13 @@ import os
 import queue
 import random
 import threading
-import time
 import zlib
 from dataclasses import replace
 
 import pytest
 
 from coordinator.lock import LockTable
+from rmq_semantics.check_pool import CheckJob
 from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.orderly.api import OrderlyMessage
 from rmq_semantics.orderly.queue import QueuePhase, QueueState
@@ -205,21 +205,17 @@ def test_the_check_worker_survives_any_check_request(rng, category):
         with contextlib.suppress(MalformedRecordError):
             checks.append(decode_as(CheckRequest, case.records[0].value))
     sentinel = replace(gen.VALID[RecordType.CHECK_REQUEST](rng, ctx), value=b"sentinel")
-    responder = producer._checks
-    worker = threading.Thread(target=responder._answer_loop, daemon=True)
-    worker.start()
+    pool = producer._checks._pool  # one worker: a request that killed it would stop the rest
+    pool._threads = 1
+    pool.start()
     try:
-        responder._enqueue([*checks, sentinel])
-        deadline = time.monotonic() + 10
-        while worker.is_alive() and time.monotonic() < deadline:
-            if listener.sentinel.wait(0.05):
-                break
-        assert listener.sentinel.is_set(), (
+        for offset, check in enumerate([*checks, sentinel]):
+            assert pool.submit(CheckJob(check, "__rmq_check", 0, offset))
+        assert listener.sentinel.wait(10), (
             f"the check worker stopped answering after {answers.qsize()} of {len(checks)} "
-            f"{category.name} checks (alive: {worker.is_alive()})")
+            f"{category.name} checks")
     finally:
-        responder._stop.set()
-        worker.join(5)
+        pool.stop(5)
 
 
 # -- the lock table -------------------------------------------------------------------------

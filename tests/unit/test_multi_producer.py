@@ -254,7 +254,8 @@ def test_the_check_answer_names_member_0_and_the_listener_sees_the_count():
     producer, main, _, listener = _producer()
     sent = []
     main.produce = lambda topic, value, **kw: sent.append((topic, value, kw))
-    producer._answer_check(_check([(H.TXN_SIZE, b"7"), (H.TXN_INDEX, b"0")]))
+    check = _check([(H.TXN_SIZE, b"7"), (H.TXN_INDEX, b"0")])
+    producer._reply_check(check, producer._checks._pool._ask(check))
     [view] = listener.checked
     assert isinstance(view, Transaction) and view.message_count == 7
     [(topic, value, kw)] = sent

@@ -1,0 +1,43 @@
+"""Producer instance "A" of the check-affinity test, in its own process so it can be
+SIGKILLed. Each line it reads on stdin names a batch: it sends that many transactions whose
+local transaction answers UNKNOW, values ``<batch>-<i>``, and prints ``SENT <batch>``. Its
+back-checks print ``CHECKED <value>`` and answer COMMIT, except for batches named ``doomed``,
+whose checks hang (the test kills A before or while they run)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from rmq_semantics import LocalTransactionState, Message, TransactionListener, TransactionProducer
+
+
+class Listener(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, msg):
+        print(f"CHECKED {msg.value.decode()}", flush=True)
+        if msg.value.startswith(b"doomed-"):
+            threading.Event().wait()
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def main() -> None:
+    bootstrap, prefix, group, topic, half_partitions, check_partitions = sys.argv[1:7]
+    producer = TransactionProducer(
+        {"bootstrap.servers": bootstrap}, producer_group=group, listener=Listener(),
+        topic_prefix=prefix, half_partitions=int(half_partitions),
+        check_partitions=int(check_partitions), instance_id="A")
+    producer.start()
+    print("STARTED", flush=True)
+    for line in sys.stdin:
+        batch, count = line.split()
+        for i in range(int(count)):
+            producer.send_message_in_transaction(Message(topic, f"{batch}-{i}".encode()))
+        print(f"SENT {batch}", flush=True)
+    producer.shutdown()
+
+
+if __name__ == "__main__":
+    main()
