@@ -10,7 +10,9 @@ members, which is what survives a producer's death.
 
 Membership comes from describing the check groups (each member's client.id names its
 instance, see ``rmq_semantics.checks.CHECK_CLIENT_PREFIX``) on a background thread every
-``REFRESH_S``; the write path only reads the last answer and never waits. A SIGKILLed
+``REFRESH_S``, and at once when a group is first noted (its half records are read long
+before their first check is due); the write path only reads the last answer and never
+waits. A SIGKILLed
 instance stays a member until its session times out (10 s): a check written to it meanwhile
 is read by whichever member takes its partitions over, since check offsets are committed
 only once answered.
@@ -24,7 +26,7 @@ import time
 import zlib
 from collections.abc import Iterable
 
-from confluent_kafka import KafkaException
+from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from rmq_semantics.checks import CHECK_CLIENT_PREFIX
@@ -34,8 +36,10 @@ __all__ = ["CheckRoutes", "holdings", "route"]
 
 log = logging.getLogger(__name__)
 
-# How often the check groups are described, and how long one description may take.
+# How often the check groups are described (sooner while one is rebalancing: its members
+# hold nothing meanwhile), and how long one description may take.
 REFRESH_S = 2.0
+UNSETTLED_REFRESH_S = 0.25
 DESCRIBE_TIMEOUT_S = 5.0
 # A producer group whose checks were not routed for this long is no longer described.
 FORGET_AFTER_S = 600.0
@@ -83,14 +87,19 @@ class CheckRoutes:
         self._groups: dict[str, float] = {}  # producer group -> last noted (monotonic)
         self._held: dict[str, Holdings] = {}  # producer group -> its instances' partitions
         self._failing: set[str] = set()  # groups whose description failed last time (logged)
+        self._unsettled = False  # a described group was rebalancing
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a group noted for the first time: describe it now
         self._thread: threading.Thread | None = None
 
     def note(self, producer_group: str) -> None:
         """A half record of ``producer_group`` asks for affinity: describe its check group
         from now on (its first check comes a transaction timeout later)."""
         with self._lock:
+            new = producer_group not in self._groups
             self._groups[producer_group] = time.monotonic()
+        if new:
+            self._wake.set()
 
     def partition_for(self, producer_group: str, affinity: str | None, txn_id: str,
                       ) -> int | None:
@@ -99,19 +108,25 @@ class CheckRoutes:
         self.note(producer_group)
         return route(self._held.get(producer_group, {}), affinity, txn_id)
 
-    def start(self) -> None:
+    def start(self) -> CheckRoutes:
         self._thread = threading.Thread(target=self._run, name="rmq-check-routes", daemon=True)
         self._thread.start()
+        return self
 
     def stop(self, timeout: float = DESCRIBE_TIMEOUT_S) -> None:
         """Idempotent."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._refresh_s):
+        while True:
+            self._wake.wait(UNSETTLED_REFRESH_S if self._unsettled else self._refresh_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.refresh()
             except Exception:  # routing is best effort: checks then go by transaction id
@@ -125,6 +140,7 @@ class CheckRoutes:
                 del self._groups[group]
             groups = list(self._groups)
         held = {g: h for g, h in self._held.items() if g in groups}
+        unsettled = False
         if groups:
             futures = self._admin.describe_consumer_groups(
                 [self._topics.check_group(g) for g in groups], request_timeout=DESCRIBE_TIMEOUT_S)
@@ -141,4 +157,6 @@ class CheckRoutes:
                     continue
                 self._failing.discard(group)
                 held[group] = holdings(description.members, self._topics.check)
+                unsettled |= description.state != ConsumerGroupState.STABLE
         self._held = held  # one reference swap: partition_for reads it without the lock
+        self._unsettled = unsettled

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -66,6 +67,12 @@ class CoordinatorMetrics:
             ["reason"], registry=r)
         self.lock_events = Counter("rmq_lock_events", "Queue-lock grants/expiries/denials",
                                    ["event"], registry=r)
+
+    def forget_partition(self, partition: int) -> None:
+        """Drop the per-partition gauges of a half/op partition this instance gave up."""
+        for gauge in (self.pending, self.oldest_pending_age, self.tracked):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(partition))
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -37,6 +38,7 @@ from rmq_semantics.records.reappend import reappended_headers
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, CheckRequest, DoneEntry, DoneMarkers, Outcome
 from rmq_semantics.topics import SystemTopics
+from rmq_semantics.tracing import promote_span
 
 __all__ = ["TransactionWriter"]
 
@@ -80,7 +82,7 @@ class TransactionWriter:
                  blockage: Blockage | None = None, check_routes: CheckRoutes | None = None,
                  ) -> None:
         self.topics = topics
-        self.check_routes = check_routes  # which check partition an affinity's instance holds
+        self.check_routes = check_routes  # check affinity (started by the caller, stopped here)
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
         self.ledger = ledger
@@ -232,7 +234,8 @@ class TransactionWriter:
                     self.producer.poll(QUEUE_FULL_WAIT_S)
                     continue
                 self._blame(action, verdict)
-                raise TransactionAborted(f"{self._where(action)}: {verdict.detail}") from exc
+                where = _where(self.topics, action)
+                raise TransactionAborted(f"{where}: {verdict.detail}") from exc
 
     def _on_delivery(self, action: Action, err: KafkaError | None, msg: object) -> None:
         # Called for failed deliveries only (delivery.report.only.error), during the commit.
@@ -278,10 +281,7 @@ class TransactionWriter:
             outcome = f"it will be set aside ({blame.reason})"
         else:
             outcome = f"replay {blame.replays} of at most {self.ledger.replay_max}"
-        log.warning("%s: %s; %s", self._where(action), verdict.detail, outcome)
-
-    def _where(self, action: Action) -> str:
-        return _where(self.topics, action)
+        log.warning("%s: %s; %s", _where(self.topics, action), verdict.detail, outcome)
 
     def _each(self, records: tuple[HalfMessage, ...]):
         """``records`` of the action being produced that no failed attempt produced."""
@@ -330,13 +330,10 @@ class TransactionWriter:
                     self._promote(action, member)
                 self._done(member, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
-            # To a partition its instance holds (check affinity), else spread by transaction.
-            partition = None if self.check_routes is None else self.check_routes.partition_for(
-                half.producer_group, half.check_affinity, half.txn_id)
-            where = {"key": half.txn_id.encode()} if partition is None else {"partition": partition}
             self.producer.produce(
                 self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
-                **where, on_delivery=partial(self._on_delivery, action))
+                **_check_destination(self.check_routes, half),
+                on_delivery=partial(self._on_delivery, action))
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)
@@ -346,11 +343,7 @@ class TransactionWriter:
             self._reappend(action)
 
     def _promote(self, action: Finish, half: HalfMessage) -> None:
-        where = {} if half.real_partition is None else {"partition": half.real_partition}
-        # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
-        self.producer.produce(half.real_topic, half.value, key=half.key,
-                              headers=half.promoted_headers(_now_ms()), timestamp=half.born_ts,
-                              on_delivery=partial(self._on_delivery, action), **where)
+        _promote(self.producer, half, partial(self._on_delivery, action))
         self._promoted_to.add((half.real_topic, half.real_partition))
 
     def _reappend(self, action: Reappend) -> None:
@@ -377,6 +370,28 @@ class TransactionWriter:
         self._in_flight = None
         for txn in self._txns:
             txn.close()
+        if self.check_routes is not None:
+            self.check_routes.stop()
+
+
+def _promote(producer: Any, half: HalfMessage, on_delivery: Callable) -> None:
+    """The promoted copy of ``half``; a ``promote`` span in the producer's trace, if its
+    ``traceparent`` header (kept on the record) names one: from the birth to now."""
+    where = {} if half.real_partition is None else {"partition": half.real_partition}
+    now = _now_ms()
+    # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
+    producer.produce(half.real_topic, half.value, key=half.key,
+                     headers=half.promoted_headers(now), timestamp=half.born_ts,
+                     on_delivery=on_delivery, **where)
+    promote_span(half.headers, half.real_topic, half.txn_id, half.born_ts, now)
+
+
+def _check_destination(routes: CheckRoutes | None, half: HalfMessage) -> dict:
+    """A check-topic partition the transaction's instance holds (check affinity), else the
+    transaction id as the key: spread over the group."""
+    partition = None if routes is None else routes.partition_for(
+        half.producer_group, half.check_affinity, half.txn_id)
+    return {"key": half.txn_id.encode()} if partition is None else {"partition": partition}
 
 
 def discard_copy(action: Discard, half: HalfMessage, stub: bool,

@@ -22,6 +22,7 @@ from typing import Any
 
 from coordinator.lock_service import LockService
 from coordinator.metrics import CoordinatorMetrics, MetricsServer
+from coordinator.otel import configure_from_env
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import ConfigError, RmqError
@@ -190,11 +191,14 @@ class Server:
 
 def _cmd_coordinator(args: argparse.Namespace) -> int:
     server = Server(kafka_conf_from_args(args), load(CoordinatorSettings, args))
+    tracer_provider = configure_from_env()  # the [otel] extra and OTEL_* only
     # Everything imported so far lives as long as the process: frozen, it is no longer
     # scanned by full collections, which halves their pauses (~25 -> ~10 ms measured) on
     # the promotion path.
     gc.freeze()
     code = server.run()
+    if tracer_provider is not None:
+        tracer_provider.shutdown()  # exports the spans still batched
     if server.force_exit:
         # Do not wait for librdkafka to tear down clients still inside a call.
         logging.shutdown()

@@ -4,7 +4,6 @@ with :class:`TransactionWriter`."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -137,7 +136,6 @@ class TransactionService:
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
         self._writer: TransactionWriter | None = None
-        self._check_routes: CheckRoutes | None = None
         # Offsets of the last transaction submitted (committed once it settles), and a
         # commit failure met inside a rebalance callback, raised by the next step.
         self._sent: dict[int, tuple[int, int]] = {}
@@ -171,10 +169,7 @@ class TransactionService:
             self._committed.pop(p, None)
             self._sent.pop(p, None)
             self.ledger.forget_partition(p)
-            for gauge in (self.metrics.pending, self.metrics.oldest_pending_age,
-                          self.metrics.tracked):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(str(p))
+            self.metrics.forget_partition(p)
         log.info("revoked half/op partitions %s", sorted({tp.partition for tp in partitions}))
 
     # -- records -------------------------------------------------------------------------
@@ -199,8 +194,8 @@ class TransactionService:
                 return self._set_aside_malformed(state, msg, exc, now)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
                 return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
-            if half.check_affinity and self._check_routes is not None:
-                self._check_routes.note(half.producer_group)  # known before its first check
+            if half.check_affinity and self._writer and self._writer.check_routes:
+                self._writer.check_routes.note(half.producer_group)  # before its first check
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
@@ -283,8 +278,7 @@ class TransactionService:
 
     def _offsets(self) -> tuple[list[TopicPartition], bool]:
         """Offsets to commit for every owned partition, and whether any moved."""
-        changed = False
-        out = []
+        changed, out = False, []
         for p, state in self.states.items():
             pair = (state.half_commit, state.op_commit)
             changed |= self._sent.get(p, self._committed.get(p)) != pair
@@ -325,14 +319,12 @@ class TransactionService:
         require_copartitioned(self.conf, self.topics.half, self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = read_retention(self._admin, self.topics.half)
-        self._check_routes = CheckRoutes(self._admin, self.topics)
-        self._check_routes.start()
         writer = TransactionWriter(
             self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable, blockage=Blockage(
                 BlockProbe(self._admin_client), self.metrics.promotion_blocked),
-            check_routes=self._check_routes)
+            check_routes=CheckRoutes(self._admin, self.topics).start())
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
@@ -363,7 +355,6 @@ class TransactionService:
             finally:
                 consumer.close()
                 writer.close()
-                self._check_routes.stop()
             log.info("transaction service %s stopped", self.instance_id)
 
     def _step(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:

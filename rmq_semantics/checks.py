@@ -36,6 +36,7 @@ from rmq_semantics.records.half import MAX_INSTANCE_ID_LENGTH
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
+from rmq_semantics.tracing import check_span
 from rmq_semantics.transaction_api import LocalTransactionState, as_state
 
 __all__ = ["CHECK_CLIENT_PREFIX", "CHECK_QUEUE_SIZE", "CheckResponder", "ask_listener",
@@ -77,8 +78,9 @@ def ask_listener(listener: Any, half_topic: str, check: CheckRequest) -> LocalTr
     it)."""
     view = check_view(check)  # a member of several: the first one and the count
     try:
-        return as_state(listener.check_local_transaction(view), "check_local_transaction",
-                        half_topic, check.half_partition, check.half_offset, check.txn_id)
+        with check_span(check.headers, check.topic, check.txn_id, check.check_seq):
+            return as_state(listener.check_local_transaction(view), "check_local_transaction",
+                            half_topic, check.half_partition, check.half_offset, check.txn_id)
     except Exception:
         log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
                       half_topic, check.half_partition, check.half_offset, check.txn_id)

@@ -11,13 +11,22 @@ import threading
 
 from rmq_semantics import LocalTransactionState, Message, TransactionListener, TransactionProducer
 
+_out = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line at a time: check threads print concurrently."""
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
 
 class Listener(TransactionListener):
     def execute_local_transaction(self, msg, arg):
         return LocalTransactionState.UNKNOW
 
     def check_local_transaction(self, msg):
-        print(f"CHECKED {msg.value.decode()}", flush=True)
+        say(f"CHECKED {msg.value.decode()}")
         if msg.value.startswith(b"doomed-"):
             threading.Event().wait()
         return LocalTransactionState.COMMIT_MESSAGE
@@ -30,12 +39,12 @@ def main() -> None:
         topic_prefix=prefix, half_partitions=int(half_partitions),
         check_partitions=int(check_partitions), instance_id="A")
     producer.start()
-    print("STARTED", flush=True)
+    say("STARTED")
     for line in sys.stdin:
         batch, count = line.split()
         for i in range(int(count)):
             producer.send_message_in_transaction(Message(topic, f"{batch}-{i}".encode()))
-        print(f"SENT {batch}", flush=True)
+        say(f"SENT {batch}")
     producer.shutdown()
 
 

@@ -93,8 +93,8 @@ def test_a_hung_check_times_out_unknow_while_both_producers_go_on_answering(
                       check_timeout_ms=1000) as p1, \
             _producer(conf, prefix, group, fine, "fine") as p2:
         try:
-            wait_for(lambda: len(_check_members(conf, prefix, group)) == 2, 60,
-                     "both producers in the check group")
+            wait_for(lambda: sorted(_check_members(conf, prefix, group).values()) == [1, 1],
+                     60, "both producers each holding a check partition")
             [hang_value] = _send(p1, topic, "hang", 1)
             expected = _send(p1, topic, "p1", 10) | _send(p2, topic, "p2", 10)
             wait_for(lambda: set(_promoted(conf, topic)) >= expected, 90,
@@ -102,7 +102,8 @@ def test_a_hung_check_times_out_unknow_while_both_producers_go_on_answering(
                      details=lambda: f"promoted {sorted(_promoted(conf, topic))}")
             wait_for(lambda: p1.checks_timed_out >= 1, 30, "the hung check to time out")
             # The hung instance answered its own other checks: its pool kept working.
-            assert hung.values(b"p1-") == {v for v in expected if v.startswith(b"p1-")}
+            assert hung.values(b"p1-") == {v for v in expected if v.startswith(b"p1-")}, (
+                f"hung checked {sorted(hung.checked)}, fine checked {sorted(fine.checked)}")
             assert fine.values(b"p2-") == {v for v in expected if v.startswith(b"p2-")}
             assert hang_value not in fine.checked  # affinity: A's check never went to B
         finally:
@@ -166,7 +167,9 @@ def test_checks_go_to_the_instance_that_sent_the_half_and_to_the_group_after_it_
             wait_for(lambda: set(_promoted(conf, topic)) >= first | from_b, 90,
                      "the first batches promoted")
             wait_for(lambda: a_says(None) or first <= checked_by_a, 30,
-                     "A's lines about its checks")
+                     "A's lines about its checks", details=lambda: (
+                         f"A checked {sorted(checked_by_a)}, B checked "
+                         f"{sorted(b_listener.checked)}"))
             assert not (from_b & checked_by_a), "B's checks went to A"
             assert not b_listener.values(b"first-"), "A's checks went to B while A lived"
             assert b_listener.values(b"b-") == from_b

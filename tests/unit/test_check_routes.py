@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import ConsumerGroupState, TopicPartition
 
 from coordinator.check_routes import CheckRoutes, holdings, route
 from rmq_semantics.topics import SystemTopics
@@ -45,7 +45,7 @@ class FakeAdmin:
     def _result(self, timeout):
         if self.fail:
             raise TimeoutError("no answer")
-        return SimpleNamespace(members=self.members)
+        return SimpleNamespace(members=self.members, state=ConsumerGroupState.STABLE)
 
 
 def test_routes_describe_only_noted_groups_and_fall_back_when_they_cannot():
