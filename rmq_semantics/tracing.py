@@ -25,11 +25,14 @@ from opentelemetry.trace import Link, SpanKind
 
 from rmq_semantics.message import Headers
 
-__all__ = ["TRACE_HEADERS", "check_span", "enabled", "promote_span", "span", "traced_headers"]
+__all__ = ["TRACE_HEADERS", "attributes", "check_span", "enabled", "process_span",
+           "promote_span", "span", "traced_headers"]
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 
-_tracer = trace.get_tracer("rmq_semantics")
+def _tracer() -> trace.Tracer:
+    # Asked for each span, never kept: the application may install its SDK after import.
+    return trace.get_tracer_provider().get_tracer("rmq_semantics")
 
 
 def enabled() -> bool:
@@ -56,7 +59,7 @@ def span(name: str, kind: SpanKind = SpanKind.INTERNAL,
     if not enabled():
         yield None
         return
-    with _tracer.start_as_current_span(name, kind=kind, attributes=attrs) as current:
+    with _tracer().start_as_current_span(name, kind=kind, attributes=attrs) as current:
         yield current
 
 
@@ -91,7 +94,7 @@ def check_span(headers: Sequence[tuple[str, bytes | None]] | None, destination: 
         linked = trace.get_current_span(origin).get_span_context()
         if linked.is_valid:
             links.append(Link(linked))
-    with _tracer.start_as_current_span(
+    with _tracer().start_as_current_span(
             "check local transaction", kind=SpanKind.CONSUMER, links=links,
             context=trace.set_span_in_context(trace.INVALID_SPAN),
             attributes=attributes(destination, "process", txn_id,
@@ -110,8 +113,24 @@ def promote_span(headers: Sequence[tuple[str, bytes | None]] | None, destination
     if origin is None:
         return
     start_ns = min(born_ms, promoted_ms) * 1_000_000
-    promote = _tracer.start_span(
+    promote = _tracer().start_span(
         "promote", context=origin, kind=SpanKind.PRODUCER, start_time=start_ns,
         attributes=attributes(destination, "send", txn_id,
                               pending_ms=max(0, promoted_ms - born_ms)))
     promote.end(end_time=promoted_ms * 1_000_000)
+
+
+@contextlib.contextmanager
+def process_span(headers: Sequence[tuple[str, bytes | None]] | None, destination: str,
+                 batch_size: int = 1) -> Iterator[Any]:
+    """A consumer's span around handling a promoted record (the first of a batch): a child of
+    the trace its ``traceparent`` names, so "event consumed" joins "order committed". The
+    concurrent consumer wraps each listener call in one; with the drop-in ``Consumer``,
+    ``with process_span(msg.headers(), msg.topic()): handle(msg)``."""
+    if not enabled():
+        yield None
+        return
+    with _tracer().start_as_current_span(
+            f"process {destination}", context=_context(headers), kind=SpanKind.CONSUMER,
+            attributes=attributes(destination, "process", batch_size=batch_size)) as current:
+        yield current

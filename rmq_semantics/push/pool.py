@@ -17,6 +17,7 @@ from rmq_semantics.errors import ConsumeTimeoutError
 from rmq_semantics.orderly.keyed import is_async_listener
 from rmq_semantics.push.api import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
 from rmq_semantics.push.ledger import Batch, Ledger
+from rmq_semantics.tracing import process_span
 
 __all__ = ["ListenerPool"]
 
@@ -58,8 +59,10 @@ class ListenerPool:
     def _run_sync(self, batch: Batch, context: ConsumeConcurrentlyContext) -> None:
         if batch.settled:
             return  # timed out while queued
+        first = batch.msgs[0]
         try:
-            result = self._listener(list(batch.msgs), context)
+            with process_span(first.headers, first.topic, len(batch.msgs)):
+                result = self._listener(list(batch.msgs), context)
         except Exception as exc:  # the listener's own failure: RECONSUME_LATER, as RocketMQ
             self._failed(batch, context, exc)
             return
@@ -71,10 +74,12 @@ class ListenerPool:
             if batch.settled:
                 return
             try:
+                first = batch.msgs[0]
                 try:
-                    result = await asyncio.wait_for(
-                        self._listener(list(batch.msgs), context),
-                        max(batch.deadline - time.monotonic(), 0.001))
+                    with process_span(first.headers, first.topic, len(batch.msgs)):
+                        result = await asyncio.wait_for(
+                            self._listener(list(batch.msgs), context),
+                            max(batch.deadline - time.monotonic(), 0.001))
                 except TimeoutError as exc:  # wait_for cancelled the call
                     raise ConsumeTimeoutError(f"listener call ran past consume_timeout_ms "
                                               f"({self._timeout_s:.3f} s)") from exc
