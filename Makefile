@@ -13,10 +13,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# The jars from Maven Central, and the barrier tests' PostgreSQL (Debian's package) when missing.
+# The jars from Maven Central, and when missing the barrier tests' PostgreSQL and the
+# monitoring tests' Prometheus (Debian's packages, their services kept off).
 setup: $(VENV)/.installed
 	$(PY) -m rmq_semantics setup
 	tests/barrier/postgres.sh ensure
+	tests/monitoring/prometheus.sh ensure
 
 demo: setup
 	$(PY) -m rmq_semantics demo

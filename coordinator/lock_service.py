@@ -477,6 +477,11 @@ class LockService:
             family.labels(event).inc()
 
     # -- inspection ------------------------------------------------------------------------
+    @property
+    def request_partitions(self) -> int:
+        """The lock-request topic's partition count (0 until started)."""
+        return self._request_partitions
+
     def owned_partitions(self) -> list[int]:
         """Request partitions this instance owns and serves."""
         return sorted(self._assigned - self._unready)

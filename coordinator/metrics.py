@@ -14,6 +14,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.reasons import DiscardReason
 
 if TYPE_CHECKING:
     from coordinator.state import PartitionState
@@ -23,6 +24,13 @@ __all__ = ["CoordinatorMetrics", "MetricsServer", "publish_partition_counters"]
 
 log = logging.getLogger(__name__)
 
+# Label values created at 0 when the registry is made: a counter series that first appears
+# already at 1 has no increase() to Prometheus, so the first discard would never alert.
+REJECT_REASONS = ("mismatch", "no_such_offset", "not_half", "wrong_partition")
+CHECK_ANSWERS = ("commit", "rollback", "unknown")
+LOCK_EVENTS = ("granted", "renewed", "taken_over", "released", "held_by_other", "stale")
+SERVICES = ("transactions", "locks")
+
 
 class CoordinatorMetrics:
     def __init__(self) -> None:
@@ -31,6 +39,16 @@ class CoordinatorMetrics:
         self.promotions = Counter("rmq_promotions", "Committed half messages promoted", registry=r)
         self.rollbacks = Counter("rmq_rollbacks", "Half messages rolled back", registry=r)
         self.checks_issued = Counter("rmq_checks_issued", "Back-check requests sent", registry=r)
+        self.checks_answered = Counter("rmq_checks_answered", "Back-check answers read, by "
+                                       "the state answered", ["state"], registry=r)
+        self.check_horizon = Gauge(
+            "rmq_check_horizon_seconds", "Age by which a half message is decided or discarded "
+            "(transaction_timeout_ms + check_max x check_interval_ms) if its checks are "
+            "answered", registry=r)
+        self.partitions = Gauge("rmq_partitions", "Partitions of the half topic (transactions) "
+                                "or the lock-request topic (locks)", ["service"], registry=r)
+        self.owned_partitions = Gauge("rmq_owned_partitions", "Of those, the ones this "
+                                      "instance owns", ["service"], registry=r)
         self.discarded = Counter("rmq_discarded", "Half messages discarded", ["reason"],
                                  registry=r)
         self.rejected = Counter("rmq_rejected_requests", "End requests rejected", ["reason"],
@@ -67,6 +85,18 @@ class CoordinatorMetrics:
             ["reason"], registry=r)
         self.lock_events = Counter("rmq_lock_events", "Queue-lock grants/expiries/denials",
                                    ["event"], registry=r)
+        for family, values in ((self.discarded, [str(d) for d in DiscardReason]),
+                               (self.rejected, REJECT_REASONS),
+                               (self.checks_answered, CHECK_ANSWERS),
+                               (self.lock_events, LOCK_EVENTS)):
+            for value in values:
+                family.labels(value)
+
+    def watch_partitions(self, service: str, total: Callable[[], int],
+                         owned: Callable[[], int]) -> None:
+        """``rmq_partitions`` / ``rmq_owned_partitions`` of ``service``, read at each scrape."""
+        self.partitions.labels(service).set_function(total)
+        self.owned_partitions.labels(service).set_function(owned)
 
     def forget_partition(self, partition: int) -> None:
         """Drop the per-partition gauges of a half/op partition this instance gave up."""
@@ -130,6 +160,8 @@ def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics
         for name, count in state.counters.items():
             if name.startswith("rejected_"):
                 metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)
+            elif name.startswith("checks_answered_"):
+                metrics.checks_answered.labels(name.removeprefix("checks_answered_")).inc(count)
             elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
                           "unknown_ignored"):
                 metrics.conflicting.labels(name).inc(count)

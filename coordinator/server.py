@@ -64,6 +64,11 @@ class Server:
         self.force_exit = False
         self.transactions = TransactionService(self.conf, self.settings, self.metrics)
         self.locks = LockService(self.conf, self.settings, metrics=self.metrics)
+        txns = self.transactions
+        self.metrics.watch_partitions("transactions", lambda: txns.half_partition_count,
+                                      lambda: len(txns.states))
+        self.metrics.watch_partitions("locks", lambda: self.locks.request_partitions,
+                                      lambda: len(self.locks.owned_partitions()))
         self._errors: list[BaseException] = []
         self._threads: dict[str, threading.Thread] = {}
         self._http: MetricsServer | None = None

@@ -292,6 +292,8 @@ class PartitionState(ReappendSteps):
         return actions
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
+        if request.from_check:
+            self.counters[f"checks_answered_{request.state.lower()}"] += 1
         # A member's offset (member 0's, when another was read first) names its transaction.
         anchor = self.assemblies.anchor(request.half_offset)
         if anchor is not None and anchor != request.half_offset:

@@ -68,10 +68,16 @@ GAUGE_INTERVAL_S = 1.0
 
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
     """The client library's specs (``TransactionProducer.start()`` creates the same)."""
-    horizon = settings.transaction_timeout_ms + settings.check_max * settings.check_interval_ms
+    horizon = check_horizon_ms(settings)
     return {**txn_topic_specs(SystemTopics(settings.topic_prefix), settings.half_partitions,
                               settings.check_partitions, horizon_ms=horizon),
             **keys_topic_spec(settings)}
+
+
+def check_horizon_ms(settings: CoordinatorSettings) -> int:
+    """The age by which a half message is decided, or discarded as ``check_max``, if its
+    producer group answers its checks."""
+    return settings.transaction_timeout_ms + settings.check_max * settings.check_interval_ms
 
 
 def _now_ms() -> int:
@@ -127,6 +133,8 @@ class TransactionService:
         self._marker_key = configured_key(settings, self.conf)
         self._markers: MarkerVerifier | None = None
         self.states: dict[int, PartitionState] = {}
+        self.half_partition_count = 0  # read at startup
+        self.metrics.check_horizon.set(check_horizon_ms(settings) / 1000)
         self._committed: dict[int, tuple[int, int]] = {}
         self._retention_ms: int | None = None
         # Survives replays: which half records made a Kafka transaction abort, and why.
@@ -316,7 +324,8 @@ class TransactionService:
                               replication_factor=self.settings.system_replication_factor)
                 self._markers = load_verifier(self.conf, self.settings, self._marker_key,
                                               self.instance_id)
-        require_copartitioned(self.conf, self.topics.half, self.topics.op)
+        self.half_partition_count = require_copartitioned(self.conf, self.topics.half,
+                                                          self.topics.op)
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = read_retention(self._admin, self.topics.half)
         writer = TransactionWriter(

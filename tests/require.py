@@ -1,5 +1,5 @@
 """``RMQ_REQUIRE``: a comma list of components whose absence fails the run instead of
-skipping it (CI sets it), e.g. ``RMQ_REQUIRE=docker`` or ``RMQ_REQUIRE=docker,postgres``."""
+skipping it (CI sets it), e.g. ``RMQ_REQUIRE=docker`` or ``RMQ_REQUIRE=postgres,prometheus``."""
 
 from __future__ import annotations
 

@@ -196,3 +196,72 @@ def test_docker_compose_config_accepts_the_file():
     proc = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- monitoring: Prometheus and Grafana under a profile, the dashboard, the alert rules -------
+DEFAULT_SERVICES = {"kafka", "topics", "coordinator", "spark"}
+MONITORING = DOCKER / "prometheus", DOCKER / "grafana"
+
+
+def test_the_default_profile_is_unchanged_and_monitoring_needs_its_profile(compose):
+    services = compose["services"]
+    default = {name for name, s in services.items() if not s.get("profiles")}
+    assert default == DEFAULT_SERVICES  # what `up -d --wait` starts and waits for
+    assert {name: s.get("profiles") for name, s in services.items() if name not in default} \
+        == {"prometheus": ["monitoring"], "grafana": ["monitoring"]}
+    # Nothing of the default run waits on a monitoring service.
+    for name in default:
+        assert not set(services[name].get("depends_on", {})) & {"prometheus", "grafana"}
+
+
+def test_monitoring_services_mount_files_that_exist_and_publish_on_loopback_only(compose):
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE.parent / source).exists(), f"{name}: {source}"
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+    config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    [job] = config["scrape_configs"]
+    assert job["job_name"] == "rmq-coordinator"  # the job the alert rules select
+    env = compose["services"]["coordinator"]["environment"]
+    assert job["dns_sd_configs"][0]["port"] == int(env["RMQ_METRICS_PORT"])
+    assert job["dns_sd_configs"][0]["names"] == ["coordinator"]
+    prov = DOCKER / "grafana" / "provisioning"
+    [source] = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
+    providers = yaml.safe_load((prov / "dashboards" / "rmq-semantics.yml").read_text())
+    [provider] = providers["providers"]
+    dashboard_mount = next(v for v in services["grafana"]["volumes"] if "rmq-semantics.json" in v)
+    assert dashboard_mount.split(":")[1].startswith(provider["options"]["path"] + "/")
+    dashboard = json.loads((DOCKER / "grafana" / "rmq-semantics.json").read_text())
+    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} \
+        == {source["uid"]}
+
+
+def _metric_names(text: str) -> set[str]:
+    return set(re.findall(r"\b(rmq_[a-z_]+)", text))
+
+
+def test_the_dashboard_and_the_alerts_use_only_metrics_the_coordinator_exports():
+    from coordinator.metrics import CoordinatorMetrics
+
+    exported = set()
+    for family in CoordinatorMetrics().registry.collect():
+        exported |= {sample.name for sample in family.samples} | {family.name}
+    dashboard = json.loads((DOCKER / "grafana" / "rmq-semantics.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for wanted in ("promotions", "pending", "oldest pending", "checks", "discards", "rejected",
+                   "aborted", "latency", "lock"):
+        assert wanted in titles, wanted
+    rules = [r for g in yaml.safe_load((DOCKER / "prometheus" / "alerts.yml").read_text())[
+        "groups"] for r in g["rules"]]
+    used = _metric_names(" ".join(exprs + [r["expr"] for r in rules]))
+    assert used and used <= exported, used - exported
+    assert {r["alert"] for r in rules} >= {"RmqPendingPastCheckHorizon",
+                                           "RmqHalfMessagesDiscarded", "RmqEndRequestsRejected",
+                                           "RmqCoordinatorDown", "RmqPartitionWithoutOwner"}
+    assert all(r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
+               for r in rules)
