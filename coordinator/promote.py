@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.blocked import TIMED_OUT, Blockage
-from coordinator.check_routes import CheckRoutes
 from coordinator.kafka_txn import WEDGED_AFTER_S, CommitThread, KafkaTransactions
 from coordinator.marker_auth import MarkerKey
 from coordinator.metrics import CoordinatorMetrics
@@ -79,10 +79,9 @@ class TransactionWriter:
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
                  metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
                  marker_key: MarkerKey, unwritable: TopicProbe | None = None,
-                 blockage: Blockage | None = None, check_routes: CheckRoutes | None = None,
-                 ) -> None:
+                 blockage: Blockage | None = None, check_partitions: int = 0) -> None:
         self.topics = topics
-        self.check_routes = check_routes  # check affinity (started by the caller, stopped here)
+        self.check_partitions = check_partitions  # of the check topic (0: unknown)
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
         self.ledger = ledger
@@ -332,7 +331,7 @@ class TransactionWriter:
         elif isinstance(action, IssueCheck):
             self.producer.produce(
                 self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
-                **_check_destination(self.check_routes, half),
+                **_check_destination(half, self.check_partitions),
                 on_delivery=partial(self._on_delivery, action))
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
@@ -370,8 +369,6 @@ class TransactionWriter:
         self._in_flight = None
         for txn in self._txns:
             txn.close()
-        if self.check_routes is not None:
-            self.check_routes.stop()
 
 
 def _promote(producer: Any, half: HalfMessage, on_delivery: Callable) -> None:
@@ -386,12 +383,16 @@ def _promote(producer: Any, half: HalfMessage, on_delivery: Callable) -> None:
     promote_span(half.headers, half.real_topic, half.txn_id, half.born_ts, now)
 
 
-def _check_destination(routes: CheckRoutes | None, half: HalfMessage) -> dict:
-    """A check-topic partition the transaction's instance holds (check affinity), else the
-    transaction id as the key: spread over the group."""
-    partition = None if routes is None else routes.partition_for(
-        half.producer_group, half.check_affinity, half.txn_id)
-    return {"key": half.txn_id.encode()} if partition is None else {"partition": partition}
+def _check_destination(half: HalfMessage, check_partitions: int) -> dict:
+    """Check affinity: one of the check partitions the producer instance held when it wrote
+    the half record (``rmq.check_partitions``; chosen by transaction id), so the check
+    reaches it while it still holds them and whoever took them over once it is gone. Else,
+    or for a partition the check topic lacks, the transaction id as the key: spread over the
+    group's live members."""
+    held = [p for p in half.check_partitions if p < check_partitions]
+    if not held:
+        return {"key": half.txn_id.encode()}
+    return {"partition": held[zlib.crc32(half.txn_id.encode()) % len(held)]}
 
 
 def discard_copy(action: Discard, half: HalfMessage, stub: bool,

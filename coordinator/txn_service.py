@@ -14,7 +14,6 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from coordinator.blocked import Blockage, BlockProbe
-from coordinator.check_routes import CheckRoutes
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
@@ -44,6 +43,7 @@ from rmq_semantics.topics import (
     ensure_topics,
     is_system_topic,
     require_copartitioned,
+    topic_partition_count,
     txn_topic_specs,
 )
 
@@ -202,8 +202,6 @@ class TransactionService:
                 return self._set_aside_malformed(state, msg, exc, now)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
                 return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
-            if half.check_affinity and self._writer and self._writer.check_routes:
-                self._writer.check_routes.note(half.producer_group)  # before its first check
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
@@ -333,7 +331,7 @@ class TransactionService:
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable, blockage=Blockage(
                 BlockProbe(self._admin_client), self.metrics.promotion_blocked),
-            check_routes=CheckRoutes(self._admin, self.topics).start())
+            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0)
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={

@@ -1,14 +1,16 @@
 """Back-checks on the producer side: RocketMQ's ``checkTransactionState`` for one group.
 
 The coordinator writes check requests for a producer group to the check topic, spread over
-its partitions by transaction id, or to a partition held by the instance named in the half
-record's ``rmq.check_affinity`` while that instance is a live member (see
-``coordinator/check_routes.py``). Every live producer of the group is a member of one consumer
-group over the check topic, so each request reaches one of them, and the group's checks are
-shared by all of them. A :class:`CheckResponder` consumes them, drops those superseded by a
-newer check of the same half record, and hands each to a :class:`CheckPool` that asks the
-listener with a timeout. A request's offset is committed only once it is answered (or
-skipped), so an instance that dies mid-check leaves it to the next owner of the partition.
+its partitions by transaction id, or, with check affinity, to one of the partitions the
+sending instance's check consumer held when it wrote the half record
+(``rmq.check_partitions``): the check reaches that instance while it still holds them, and
+whoever took them over once it is gone. Every live producer of the group is a member of one
+consumer group over the check topic, so each request reaches one of them.
+
+A :class:`CheckResponder` consumes them, drops those superseded by a newer check of the same
+half record, and hands each to a :class:`CheckPool` that asks the listener with a timeout.
+A request's offset is committed only once it is answered (or skipped), so an instance that
+dies mid-check leaves it to the next owner of the partition.
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from rmq_semantics.topics import SystemTopics
 from rmq_semantics.tracing import check_span
 from rmq_semantics.transaction_api import LocalTransactionState, as_state
 
-__all__ = ["CHECK_CLIENT_PREFIX", "CHECK_QUEUE_SIZE", "CheckResponder", "ask_listener",
-           "valid_instance_id"]
+__all__ = ["CHECK_QUEUE_SIZE", "CheckResponder", "ask_listener", "valid_instance_id"]
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,6 @@ CHECK_RETRY_DEADLINE_S = 300.0
 SEEN_CHECKS = 100_000
 # Answered checks' offsets are committed at most this often (and on a revoke or shutdown).
 COMMIT_EVERY_S = 0.5
-#: The check consumer's client.id is this plus the producer's instance id: how the
-#: coordinator tells which live instance holds which check partitions (check affinity).
-CHECK_CLIENT_PREFIX = "rmq-check."
 
 
 def valid_instance_id(given: str | None) -> str:
@@ -107,7 +105,6 @@ class CheckResponder:
         self.topics = topics
         self._conf = client_conf(conf, who="check consumer", internal=True, forced={
             "group.id": topics.check_group(producer_group),
-            "client.id": CHECK_CLIENT_PREFIX + instance_id,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -126,6 +123,9 @@ class CheckResponder:
         self._read_to: dict[int, int] = {}
         self._unfinished: dict[int, set[int]] = {}
         self._committed: dict[int, int] = {}
+        self.instance_id = instance_id
+        #: The check partitions held now (check affinity: named in each half record).
+        self.held_partitions: tuple[int, ...] = ()
         #: Check requests dropped because the check queue was full.
         self.dropped = 0
 
@@ -196,6 +196,7 @@ class CheckResponder:
                 self._read_to.pop(tp.partition, None)
                 self._unfinished[tp.partition] = set()
                 self._committed.pop(tp.partition, None)
+            self.held_partitions = tuple(sorted(self._unfinished))
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         # Checks still running for these partitions are answered anyway; their requests
@@ -211,6 +212,7 @@ class CheckResponder:
             for tp in partitions:
                 for table in (self._read_to, self._unfinished, self._committed):
                     table.pop(tp.partition, None)
+            self.held_partitions = tuple(sorted(self._unfinished))
 
     def _superseded(self, job: CheckJob) -> bool:
         # A re-driven transaction is a new half record whose checks count from 1 again.

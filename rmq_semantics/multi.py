@@ -42,7 +42,7 @@ def record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> in
 
 def member_headers(msgs: Sequence[Message], txn_id: str, producer_group: bytes,
                    born_ts: bytes, *, max_messages: int, max_bytes: int,
-                   affinity: bytes | None = None) -> list[Headers]:
+                   affinity: Headers = ()) -> list[Headers]:
     """The half-record headers of every member of one transaction, in index order; raises
     :class:`TransactionSizeError` for an empty list or one over the bounds (before anything
     is written), :class:`ConfigError` for an item that is not a Message."""

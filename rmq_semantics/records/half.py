@@ -9,8 +9,8 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["MAX_INSTANCE_ID_LENGTH", "MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE", "HalfMessage",
-           "half_headers", "parse_half", "unparsed_half"]
+__all__ = ["MAX_CHECK_PARTITIONS", "MAX_INSTANCE_ID_LENGTH", "MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE",
+           "HalfMessage", "affinity_headers", "half_headers", "parse_half", "unparsed_half"]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 # Every done marker carries the transaction id, and one Op record holds a whole batch's
@@ -21,14 +21,25 @@ MAX_TXN_ID_LENGTH = 128
 MAX_TXN_SIZE = 1000
 # A producer instance id (rmq.check_affinity; the check consumer's client.id carries it).
 MAX_INSTANCE_ID_LENGTH = 128
+# Check partitions one half record may name (rmq.check_partitions).
+MAX_CHECK_PARTITIONS = 256
+
+
+def affinity_headers(instance_id: str, check_partitions: tuple[int, ...]) -> Headers:
+    """Check affinity: the instance, and the check partitions it holds now, where the
+    coordinator writes this transaction's checks; none while it holds no partition."""
+    if not check_partitions:
+        return []
+    return [(H.CHECK_AFFINITY, instance_id.encode()),
+            (H.CHECK_PARTITIONS, ",".join(map(str, check_partitions)).encode())]
 
 
 def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes,
-                 affinity: bytes | None = None) -> Headers:
+                 affinity: Headers = ()) -> Headers:
     """The headers of ``msg``'s half record: its user headers plus the ``rmq.*`` ones.
 
-    ``producer_group``, ``born_ts`` and ``affinity`` (the producer instance that should
-    answer the back-checks first, if any) come encoded: they are the same for a whole batch.
+    ``producer_group``, ``born_ts`` and ``affinity`` (:func:`affinity_headers`, or none) come
+    encoded: they are the same for a whole batch.
     """
     headers = [*msg.user_headers(),
                (H.TXN_ID, txn_id.encode()),
@@ -39,8 +50,7 @@ def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: byte
         headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
     if msg.check_immunity_ms is not None:
         headers.append((H.CHECK_IMMUNITY_MS, str(msg.check_immunity_ms).encode()))
-    if affinity:
-        headers.append((H.CHECK_AFFINITY, affinity))
+    headers += affinity
     headers += msg.rmq_headers()
     return headers
 
@@ -69,8 +79,10 @@ class HalfMessage:
     # transaction of one.
     txn_size: int = 1
     txn_index: int = 0
-    # rmq.check_affinity: the producer instance that should answer the back-checks first.
+    # rmq.check_affinity: the producer instance that should answer the back-checks first;
+    # rmq.check_partitions: the check partitions it held when it wrote this record.
     check_affinity: str | None = None
+    check_partitions: tuple[int, ...] = ()
 
     @property
     def is_member(self) -> bool:
@@ -133,7 +145,9 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
             check_immunity_ms=_in_range(immunity, H.CHECK_IMMUNITY_MS, INT64_MAX)
             if immunity else None,
             key=key, value=value, headers=list(headers or []), txn_size=size, txn_index=index,
-            check_affinity=_affinity(found.get(H.CHECK_AFFINITY), partition, offset))
+            check_affinity=_affinity(found.get(H.CHECK_AFFINITY), partition, offset),
+            check_partitions=_check_partitions(found.get(H.CHECK_PARTITIONS), partition,
+                                               offset))
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
 
@@ -148,6 +162,19 @@ def _affinity(raw: bytes | None, partition: int, offset: int) -> str | None:
                                    f"instance id (printable ASCII, at most "
                                    f"{MAX_INSTANCE_ID_LENGTH} bytes)")
     return raw.decode()
+
+
+def _check_partitions(raw: bytes | None, partition: int, offset: int) -> tuple[int, ...]:
+    """Decimal partition numbers separated by commas, at most MAX_CHECK_PARTITIONS; empty
+    means none; anything else makes the record malformed."""
+    if not raw:
+        return ()
+    parts = raw.split(b",")
+    if len(parts) > MAX_CHECK_PARTITIONS or not all(
+            p.isdigit() and p.isascii() and len(p) <= 10 for p in parts):
+        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.CHECK_PARTITIONS} is not "
+                                   f"a list of at most {MAX_CHECK_PARTITIONS} partitions")
+    return tuple(_in_range(p, H.CHECK_PARTITIONS, INT32_MAX) for p in parts)
 
 
 def _membership(found: dict[str, bytes], partition: int, offset: int) -> tuple[int, int]:

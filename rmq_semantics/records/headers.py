@@ -33,8 +33,10 @@ class H:
     # a transaction of one.
     TXN_SIZE: Final = "rmq.txn_size"
     TXN_INDEX: Final = "rmq.txn_index"
-    # The producer instance that should answer this transaction's back-checks first.
+    # The producer instance that should answer this transaction's back-checks first, and
+    # the check partitions its check consumer held when it wrote the half record.
     CHECK_AFFINITY: Final = "rmq.check_affinity"
+    CHECK_PARTITIONS: Final = "rmq.check_partitions"
     # Promoted records.
     PROMOTED_FROM: Final = "rmq.promoted_from"
     # Records set aside in the discard topic.

@@ -411,6 +411,10 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     # Not an instance id (printable ASCII, at most 128 bytes): the record is malformed.
     H.CHECK_AFFINITY: lambda rng, ctx: pick(rng, [not_utf8(rng), b"x" * 129, b"id\x00",
                                                   b"caf\xc3\xa9", b"a\nb"]),
+    # Not a list of check partitions: the record is malformed.
+    H.CHECK_PARTITIONS: lambda rng, ctx: pick(rng, [b"-1", b"1,,2", b"a", b"1;2", b" 1",
+                                                    b"99999999999", b"0," * 300 + b"0",
+                                                    not_utf8(rng)]),
 }
 # The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
 # values a forged retry or dead-letter record may carry.
@@ -446,7 +450,7 @@ def valid_retry(rng: random.Random, ctx: Ctx, *, reconsume_times: int = 1) -> Ra
 #: malformed (numbers, and the check affinity's instance id).
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS, H.TXN_SIZE, H.TXN_INDEX,
-                H.CHECK_AFFINITY)
+                H.CHECK_AFFINITY, H.CHECK_PARTITIONS)
 
 
 def header_names() -> set[str]:

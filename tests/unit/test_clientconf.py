@@ -43,10 +43,7 @@ def test_every_internal_client_the_product_builds_gets_the_security_keys():
                             reply=print)._conf
     dlq = producer_defaults(USER, internal=True)
     for conf in (lock, checks, dlq):
-        # The check consumer names its producer instance instead (the coordinator routes
-        # checks by it: check affinity).
-        expected = {**SECURITY, "client.id": "rmq-check.i1"} if conf is checks else SECURITY
-        assert {k: conf[k] for k in SECURITY} == expected
+        assert {k: conf[k] for k in SECURITY} == SECURITY
         assert "linger.ms" not in conf and conf["logger"].name == "rmq_semantics.librdkafka"
 
 
