@@ -41,7 +41,7 @@ from rmq_semantics.producer import (
     producer_defaults,
 )
 from rmq_semantics.records.codec import decode_as, encode
-from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.half import affinity_headers, half_headers
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
@@ -112,7 +112,6 @@ class TransactionProducer:
         self.listener = listener
         #: This instance's id: its check consumer's, and its half records' check affinity.
         self.instance_id = valid_instance_id(instance_id)
-        self._affinity = self.instance_id.encode() if self.settings.check_affinity else None
         self.topics = SystemTopics(validate_prefix(topic_prefix))
         self._conf = producer_defaults(conf)
         self._half_partitions = half_partitions
@@ -187,7 +186,7 @@ class TransactionProducer:
         self._validate([msg])
         producer = self._call_producer()
         [(txn_id, waiter)] = _write_halves(producer, self.topics.half, self.producer_group,
-                                           [msg], SignalledWaiter, self._affinity)
+                                           [msg], SignalledWaiter, self._affinity())
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
         result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
@@ -212,7 +211,7 @@ class TransactionProducer:
                                  str(int(time.time() * 1000)).encode(),
                                  max_messages=self.settings.max_transaction_messages,
                                  max_bytes=self.settings.max_transaction_bytes,
-                                 affinity=self._affinity)
+                                 affinity=self._affinity())
         half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = self._call_producer()
@@ -266,7 +265,7 @@ class TransactionProducer:
         producer = self._require_started()
         self._validate(msgs)
         pending = _write_halves(producer, self.topics.half, self.producer_group, msgs,
-                                affinity=self._affinity)
+                                affinity=self._affinity())
         deadline = time.monotonic() + self._send_timeout_s
         waiting = 0  # index of the first half write not known to be delivered
         while waiting < len(pending) and time.monotonic() < deadline:
@@ -378,6 +377,11 @@ class TransactionProducer:
         """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
         return self._checks.timed_out
 
+    def _affinity(self) -> list:
+        """Check affinity's headers for the half records written now (see checks.py)."""
+        return affinity_headers(self.instance_id, self._checks.held_partitions) \
+            if self.settings.check_affinity else []
+
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
@@ -435,7 +439,7 @@ def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWai
 
 def _write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
                   msgs: list[Message], waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
-                  affinity: bytes | None = None) -> list[tuple[str, DeliveryWaiter]]:
+                  affinity: list | tuple = ()) -> list[tuple[str, DeliveryWaiter]]:
     """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
     born = str(int(time.time() * 1000)).encode()
     group = producer_group.encode()

@@ -1,5 +1,6 @@
 """Producer instance "A" of the check-affinity test, in its own process so it can be
-SIGKILLed. Each line it reads on stdin names a batch: it sends that many transactions whose
+SIGKILLed. ``holds`` on stdin prints ``HOLDS <n>``: how many check partitions it holds now
+(what its half records name). Any other line names a batch: it sends that many transactions whose
 local transaction answers UNKNOW, values ``<batch>-<i>``, and prints ``SENT <batch>``. Its
 back-checks print ``CHECKED <value>`` and answer COMMIT, except for batches named ``doomed``,
 whose checks hang (the test kills A before or while they run)."""
@@ -41,6 +42,9 @@ def main() -> None:
     producer.start()
     say("STARTED")
     for line in sys.stdin:
+        if line.strip() == "holds":  # the check partitions it would name now
+            say(f"HOLDS {len(producer._checks.held_partitions)}")
+            continue
         batch, count = line.split()
         for i in range(int(count)):
             producer.send_message_in_transaction(Message(topic, f"{batch}-{i}".encode()))

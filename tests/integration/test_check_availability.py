@@ -73,12 +73,12 @@ def _promoted(conf, topic) -> list[bytes]:
     return [m.value() for m in read_to_end(conf, topic, 1)]
 
 
-def _check_members(conf: dict, prefix: str, group: str) -> dict[str, int]:
-    """client.id -> check partitions held, of the group's check consumer group."""
+def _check_members(conf: dict, prefix: str, group: str) -> list[int]:
+    """How many check partitions each member of the group's check consumer group holds."""
     admin = AdminClient(conf)
     check_group = SystemTopics(prefix).check_group(group)
     description = admin.describe_consumer_groups([check_group])[check_group].result(10)
-    return {m.client_id: len(m.assignment.topic_partitions) for m in description.members}
+    return sorted(len(m.assignment.topic_partitions) for m in description.members)
 
 
 def test_a_hung_check_times_out_unknow_while_both_producers_go_on_answering(
@@ -93,7 +93,8 @@ def test_a_hung_check_times_out_unknow_while_both_producers_go_on_answering(
                       check_timeout_ms=1000) as p1, \
             _producer(conf, prefix, group, fine, "fine") as p2:
         try:
-            wait_for(lambda: sorted(_check_members(conf, prefix, group).values()) == [1, 1],
+            wait_for(lambda: _check_members(conf, prefix, group) == [1, 1] and all(
+                len(p._checks.held_partitions) == 1 for p in (p1, p2)),
                      60, "both producers each holding a check partition")
             [hang_value] = _send(p1, topic, "hang", 1)
             expected = _send(p1, topic, "p1", 10) | _send(p2, topic, "p2", 10)
@@ -143,21 +144,28 @@ def test_checks_go_to_the_instance_that_sent_the_half_and_to_the_group_after_it_
                          daemon=True).start()
         checked_by_a: set[bytes] = set()
 
-        def a_says(expected: str | None) -> None:
-            """Read A's lines until ``expected`` (None: until none is waiting)."""
+        def a_says(expected: str | None) -> str | None:
+            """Read A's lines until one starting with ``expected`` (None: until none is
+            waiting); that line."""
             while True:
                 try:
                     line = lines.get(timeout=60) if expected else lines.get_nowait()
                 except queue.Empty:
-                    return
+                    return None
                 if line.startswith("CHECKED "):
                     checked_by_a.add(line.split()[1].encode())
-                elif line == expected:
-                    return
+                elif expected and line.startswith(expected):
+                    return line
+
+        def a_holds() -> int:
+            a.stdin.write("holds\n")
+            a.stdin.flush()
+            return int(a_says("HOLDS").split()[1])
 
         try:
             a_says("STARTED")
-            wait_for(lambda: sorted(_check_members(conf, prefix, group).values()) == [1, 1], 60,
+            wait_for(lambda: _check_members(conf, prefix, group) == [1, 1] and a_holds() == 1
+                     and len(b._checks.held_partitions) == 1, 60,
                      "A and B each holding a check partition")
             a.stdin.write("first 10\n")
             a.stdin.flush()
