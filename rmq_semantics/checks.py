@@ -32,9 +32,10 @@ from tenacity import retry_if_exception
 from rmq_semantics.check_pool import CheckJob, CheckPool
 from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import ConfigError, MalformedRecordError
+from rmq_semantics.message import Headers
 from rmq_semantics.multi import check_view
 from rmq_semantics.records.codec import decode
-from rmq_semantics.records.half import MAX_INSTANCE_ID_LENGTH
+from rmq_semantics.records.half import MAX_INSTANCE_ID_LENGTH, affinity_headers
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
@@ -99,7 +100,7 @@ class CheckResponder:
                  instance_id: str,
                  ask: Callable[[CheckRequest], LocalTransactionState],
                  reply: Callable[[CheckRequest, LocalTransactionState], object],
-                 threads: int = 1, timeout_s: float = 60.0,
+                 threads: int = 1, timeout_s: float = 60.0, affinity: bool = True,
                  queue_size: int = CHECK_QUEUE_SIZE) -> None:
         self.producer_group = producer_group
         self.topics = topics
@@ -124,6 +125,7 @@ class CheckResponder:
         self._unfinished: dict[int, set[int]] = {}
         self._committed: dict[int, int] = {}
         self.instance_id = instance_id
+        self._affinity = affinity
         #: The check partitions held now (check affinity: named in each half record).
         self.held_partitions: tuple[int, ...] = ()
         #: Check requests dropped because the check queue was full.
@@ -136,6 +138,12 @@ class CheckResponder:
     @property
     def timed_out(self) -> int:
         return self._pool.timed_out
+
+    def affinity(self) -> Headers:
+        """Check affinity's headers for a half record written now: this instance and the
+        check partitions it holds (none while it holds none, or with affinity off)."""
+        return affinity_headers(self.instance_id, self.held_partitions) if self._affinity \
+            else []
 
     def start(self) -> None:
         self._consumer = confluent_kafka.Consumer(self._conf)

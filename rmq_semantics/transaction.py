@@ -41,7 +41,7 @@ from rmq_semantics.producer import (
     producer_defaults,
 )
 from rmq_semantics.records.codec import decode_as, encode
-from rmq_semantics.records.half import affinity_headers, half_headers
+from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
@@ -121,6 +121,7 @@ class TransactionProducer:
             self._conf, self.topics, producer_group, instance_id=self.instance_id,
             ask=lambda check: ask_listener(self.listener, self.topics.half, check),
             reply=self._reply_check, threads=self.settings.check_threads,
+            affinity=self.settings.check_affinity,
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
         # The per-call path's own producer (see _call_producer), made on first use.
@@ -186,7 +187,7 @@ class TransactionProducer:
         self._validate([msg])
         producer = self._call_producer()
         [(txn_id, waiter)] = _write_halves(producer, self.topics.half, self.producer_group,
-                                           [msg], SignalledWaiter, self._affinity())
+                                           [msg], SignalledWaiter, self._checks.affinity())
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
         result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
@@ -211,7 +212,7 @@ class TransactionProducer:
                                  str(int(time.time() * 1000)).encode(),
                                  max_messages=self.settings.max_transaction_messages,
                                  max_bytes=self.settings.max_transaction_bytes,
-                                 affinity=self._affinity())
+                                 affinity=self._checks.affinity())
         half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = self._call_producer()
@@ -265,7 +266,7 @@ class TransactionProducer:
         producer = self._require_started()
         self._validate(msgs)
         pending = _write_halves(producer, self.topics.half, self.producer_group, msgs,
-                                affinity=self._affinity())
+                                affinity=self._checks.affinity())
         deadline = time.monotonic() + self._send_timeout_s
         waiting = 0  # index of the first half write not known to be delivered
         while waiting < len(pending) and time.monotonic() < deadline:
@@ -376,11 +377,6 @@ class TransactionProducer:
     def checks_timed_out(self) -> int:
         """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
         return self._checks.timed_out
-
-    def _affinity(self) -> list:
-        """Check affinity's headers for the half records written now (see checks.py)."""
-        return affinity_headers(self.instance_id, self._checks.held_partitions) \
-            if self.settings.check_affinity else []
 
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
