@@ -1,6 +1,7 @@
 """RocketMQ semantics on Apache Kafka: transactional messages with back-check, and ordered
 consumption with queue locks. See DESIGN.md for the contract."""
 
+from rmq_semantics.aio import AsyncConsumer, AsyncProducer, AsyncTransactionProducer
 from rmq_semantics.consumer import Consumer
 from rmq_semantics.errors import (
     AuthenticationError,
@@ -52,6 +53,9 @@ from rmq_semantics.transaction import (
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AsyncTransactionProducer",
     "AuthenticationError",
     "BrokerUnavailableError",
     "ConfigError",

@@ -201,6 +201,16 @@ class Producer:
              sharding_key: bytes | str | None = None, *,
              timeout: float = SEND_TIMEOUT_S) -> SendResult:
         """Send ``msg`` and wait for its acknowledgement; return where it landed."""
+        waiter = DeliveryWaiter()
+        self._producer.produce(msg.topic, msg.value, **self._record(
+            msg, selector, arg, sharding_key, timeout), on_delivery=waiter)
+        waiter.wait(self._producer, f"sending to {msg.topic}", timeout)
+        return SendResult(msg.topic, waiter.partition, waiter.offset)
+
+    def _record(self, msg: Message, selector: Any, arg: Any,
+                sharding_key: bytes | str | None, timeout: float) -> dict[str, Any]:
+        """``produce``'s keywords for ``msg`` (key, headers, partition); a selector or a
+        sharding key reads the topic's partitions (metadata, cached: may block)."""
         if selector is not None and sharding_key is not None:
             raise ConfigError("send: pass selector= or sharding_key=, not both")
         refuse_system_destination(msg.topic, self.topic_prefix)
@@ -211,14 +221,11 @@ class Producer:
         elif sharding_key is not None:
             key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
             partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
-        headers = msg.user_headers() + msg.rmq_headers()
-        waiter = DeliveryWaiter()
-        kwargs: dict[str, Any] = {"key": msg.key, "headers": headers, "on_delivery": waiter}
+        record: dict[str, Any] = {"key": msg.key,
+                                  "headers": msg.user_headers() + msg.rmq_headers()}
         if partition is not None:
-            kwargs["partition"] = partition
-        self._producer.produce(msg.topic, msg.value, **kwargs)
-        waiter.wait(self._producer, f"sending to {msg.topic}", timeout)
-        return SendResult(msg.topic, waiter.partition, waiter.offset)
+            record["partition"] = partition
+        return record
 
     # -- confluent_kafka.Producer, delegated ------------------------------------------------
     def produce(self, *args: Any, **kwargs: Any) -> None:

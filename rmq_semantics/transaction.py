@@ -17,13 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
 
 from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder, ask_listener, valid_instance_id
 from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
-    MalformedRecordError,
     RmqError,
 )
 from rmq_semantics.message import Message
@@ -40,9 +38,8 @@ from rmq_semantics.producer import (
     SignalledWaiter,
     producer_defaults,
 )
-from rmq_semantics.records.codec import decode_as, encode
-from rmq_semantics.records.half import half_headers
-from rmq_semantics.records.txn import CheckRequest, EndEntry, EndRequest, EndRequests, EndState
+from rmq_semantics.records.codec import encode
+from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -58,7 +55,14 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
-    as_state,
+)
+from rmq_semantics.txn_writes import (
+    end_request,
+    local_outcome,
+    log_failed_end,
+    send_end_batches,
+    write_halves,
+    write_members,
 )
 
 __all__ = [
@@ -76,10 +80,6 @@ log = logging.getLogger(__name__)
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
 END_BATCH_MAX = 1000
-
-
-# The end state each local transaction state asks the coordinator for.
-_END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
 
 
 class TransactionProducer:
@@ -186,13 +186,12 @@ class TransactionProducer:
         self._require_started()
         self._validate([msg])
         producer = self._call_producer()
-        [(txn_id, waiter)] = _write_halves(producer, self.topics.half, self.producer_group,
-                                           [msg], SignalledWaiter, self._checks.affinity())
+        [(txn_id, waiter)] = write_halves(producer, self.topics.half, self.producer_group,
+                                          [msg], SignalledWaiter, self._checks.affinity())
         waiter.wait(producer, f"writing the half message of txn {txn_id}",
                     self._send_timeout_s)
         result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
-        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
-                       producer=producer)
+        self._end_inline(result, state, producer)
         return result
 
     def send_transaction(self, messages: Sequence[Message], arg: Any = None,
@@ -219,23 +218,28 @@ class TransactionProducer:
         waiters: list[SignalledWaiter] = []
         deadline = time.monotonic() + self._send_timeout_s  # for all the members together
         try:
-            _write_members(producer, self.topics.half, partition, msgs, headers, waiters)
+            write_members(producer, self.topics.half, partition, msgs, headers, waiters,
+                          SignalledWaiter)
             _wait_members(producer, waiters, txn_id, deadline)
         except (RmqError, BufferError):
             # ROLLBACK what was written (named by member 0), so it is dropped, not checked.
-            rollback = LocalTransactionState.ROLLBACK_MESSAGE
-            first = _first_written(producer, waiters, txn_id, deadline)
-            if first is not None:
-                self._send_end(TransactionSendResult(
-                    txn_id, rollback, first.partition, first.offset, self.producer_group,
-                    len(msgs)), rollback, from_check=False, check_seq=0, wait=False,
-                    producer=producer)
+            self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id, deadline),
+                                    len(msgs), producer)
             raise
         view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
         result, state = self._execute_local(view, arg, waiters[0], len(msgs))
-        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
-                       producer=producer)
+        self._end_inline(result, state, producer)
         return result
+
+    def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
+                           producer: confluent_kafka.Producer) -> None:
+        """ROLLBACK a transaction whose members were not all written, named by member 0
+        (``first``; None when it was not written: nothing names the transaction then)."""
+        if first is not None:
+            rollback = LocalTransactionState.ROLLBACK_MESSAGE
+            self._end_inline(TransactionSendResult(txn_id, rollback, first.partition,
+                                                   first.offset, self.producer_group, count),
+                             rollback, producer)
 
     def _call_producer(self) -> confluent_kafka.Producer:
         """The producer of the one-message path: linger 0 unless the conf sets one, as a
@@ -265,15 +269,10 @@ class TransactionProducer:
         any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
         self._validate(msgs)
-        pending = _write_halves(producer, self.topics.half, self.producer_group, msgs,
+        pending = write_halves(producer, self.topics.half, self.producer_group, msgs,
                                 affinity=self._checks.affinity())
-        deadline = time.monotonic() + self._send_timeout_s
-        waiting = 0  # index of the first half write not known to be delivered
-        while waiting < len(pending) and time.monotonic() < deadline:
-            if pending[waiting][1].delivered:
-                waiting += 1
-            else:
-                producer.poll(0.01)
+        _poll_until_delivered(producer, [w for _, w in pending],
+                              time.monotonic() + self._send_timeout_s)
         results = []
         decided: list[tuple[TransactionSendResult, LocalTransactionState]] = []
         first_decided_at = 0.0
@@ -286,7 +285,7 @@ class TransactionProducer:
                 decided.append((result, state))
                 if (len(decided) >= END_BATCH_MAX
                         or time.monotonic() - first_decided_at >= END_FLUSH_S):
-                    _send_end_batches(producer, self.topics.op, self.producer_group, decided)
+                    send_end_batches(producer, self.topics.op, self.producer_group, decided)
                     decided = []
                 continue
             reason = waiter.error.str() if waiter.error is not None else "timed out"
@@ -294,7 +293,7 @@ class TransactionProducer:
                       "not run", self.topics.half, txn_id, msg.topic, reason)
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
-        _send_end_batches(producer, self.topics.op, self.producer_group, decided)
+        send_end_batches(producer, self.topics.op, self.producer_group, decided)
         return results
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
@@ -313,18 +312,12 @@ class TransactionProducer:
     def _execute_local(self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter,
                        message_count: int = 1) -> tuple[TransactionSendResult,
                                                         LocalTransactionState]:
-        txn_id = view.transaction_id or ""
         try:
-            state = as_state(self.listener.execute_local_transaction(view, arg),
-                              "execute_local_transaction", self.topics.half, waiter.partition,
-                              waiter.offset, txn_id)
-        except Exception:
-            log.exception("%s[%d]@%d txn=%s: execute_local_transaction raised (counts as "
-                          "UNKNOW)", self.topics.half, waiter.partition, waiter.offset, txn_id)
-            state = LocalTransactionState.UNKNOW
-        result = TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
-                                       self.producer_group, message_count)
-        return result, state
+            answer, error = self.listener.execute_local_transaction(view, arg), None
+        except Exception as exc:
+            answer, error = None, exc
+        return local_outcome(view, answer, error, waiter, self.producer_group,
+                             self.topics.half, message_count)
 
     def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
                         *, timeout: float | None = None) -> None:
@@ -338,10 +331,8 @@ class TransactionProducer:
                   timeout: float | None = None,
                   producer: confluent_kafka.Producer | None = None) -> None:
         producer = producer or self._require_started()
-        request = EndRequest(result.transaction_id, self.producer_group, result.half_partition,
-                             result.half_offset, _END_STATE[state], from_check, check_seq,
-                             int(time.time() * 1000))
-        waiter = DeliveryWaiter() if wait else _log_failed_end(
+        request = end_request(result, state, from_check=from_check, check_seq=check_seq)
+        waiter = DeliveryWaiter() if wait else log_failed_end(
             f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
             result.transaction_id, state)
         producer.produce(self.topics.op, encode(request),
@@ -351,6 +342,13 @@ class TransactionProducer:
                         timeout or self._send_timeout_s)
         elif producer is not self._call:  # the call producer's thread serves its reports
             producer.poll(0)
+
+    def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
+                    producer: confluent_kafka.Producer) -> None:
+        """The local transaction's outcome, sent without waiting (a failure is logged: the
+        back-check resolves the transaction)."""
+        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
+                       producer=producer)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
@@ -384,44 +382,15 @@ class TransactionProducer:
         self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
 
 
-def _log_failed_ends(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
-    """Delivery callback of a batch's end requests: log a failure."""
-    if err is None:
-        return
-    # Not lost: the transactions stay pending and the back-check resolves them.
-    try:
-        txn_ids = [e.txn_id for e in decode_as(EndRequests, msg.value()).entries]
-    except MalformedRecordError:
-        txn_ids = []
-    log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
-                "%s", msg.topic(), msg.partition(), len(txn_ids), err.str(),
-                ", ".join(txn_ids[:20]) + (" ..." if len(txn_ids) > 20 else ""))
-
-
-def _log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):
-    """Delivery callback for an end request nobody waits for: log a failure."""
-
-    def on_delivery(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
-        if err is not None:
-            # Not lost: the transaction stays pending and the back-check resolves it.
-            log.warning("%s txn=%s: %s end request to %s[%s] failed (%s); the back-check "
-                        "will resolve it", half_where, txn_id, state.value, msg.topic(),
-                        msg.partition(), err.str())
-
-    return on_delivery
-
-
-def _write_members(producer: confluent_kafka.Producer, half_topic: str, partition: int,
-                   msgs: list[Message], headers: list[list], waiters: list[SignalledWaiter],
-                   ) -> None:
-    """Queue every member of one transaction, in index order, to one half partition (one
-    idempotent producer keeps that order there), a waiter per member queued in ``waiters``;
-    a full local queue raises BufferError as the one-message path does."""
-    for msg, member in zip(msgs, headers, strict=True):
-        waiter = SignalledWaiter()
-        producer.produce(half_topic, msg.value, key=msg.key, headers=member,
-                         partition=partition, on_delivery=waiter)
-        waiters.append(waiter)
+def _poll_until_delivered(producer: confluent_kafka.Producer, waiters: list[DeliveryWaiter],
+                          deadline: float) -> None:
+    """Serve ``producer``'s delivery reports until every waiter has one, or ``deadline``."""
+    waiting = 0  # index of the first half write not known to be delivered
+    while waiting < len(waiters) and time.monotonic() < deadline:
+        if waiters[waiting].delivered:
+            waiting += 1
+        else:
+            producer.poll(0.01)
 
 
 def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
@@ -431,42 +400,6 @@ def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWai
     for index, waiter in enumerate(waiters):
         waiter.wait(producer, f"writing the half message {index} of {len(waiters)} of txn "
                               f"{txn_id}", max(0.0, deadline - time.monotonic()))
-
-
-def _write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
-                  msgs: list[Message], waiter_type: type[DeliveryWaiter] = DeliveryWaiter,
-                  affinity: list | tuple = ()) -> list[tuple[str, DeliveryWaiter]]:
-    """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
-    born = str(int(time.time() * 1000)).encode()
-    group = producer_group.encode()
-    out = []
-    for msg in msgs:
-        txn_id = uuid.uuid4().hex
-        waiter = waiter_type()
-        producer.produce(half_topic, msg.value, key=msg.key,
-                         headers=half_headers(msg, txn_id, group, born, affinity),
-                         on_delivery=waiter)
-        out.append((txn_id, waiter))
-    return out
-
-
-def _send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer_group: str,
-                      decided: list[tuple[TransactionSendResult, LocalTransactionState]],
-                      ) -> None:
-    """Inline decisions of a batch: one END_REQUESTS record per half partition (one
-    record per decision cost as much again as the half write itself)."""
-    if not decided:
-        return
-    by_partition: dict[int, list[EndEntry]] = {}
-    for result, state in decided:
-        by_partition.setdefault(result.half_partition, []).append(
-            EndEntry(result.transaction_id, result.half_offset, _END_STATE[state]))
-    now = int(time.time() * 1000)
-    for partition, entries in by_partition.items():
-        producer.produce(op_topic, encode(EndRequests(
-            producer_group, partition, tuple(entries), now)), partition=partition,
-            on_delivery=_log_failed_ends)
-    producer.poll(0)
 
 
 def _first_written(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],

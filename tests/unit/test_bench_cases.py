@@ -176,3 +176,29 @@ def test_the_multi_case_is_a_default_case_reporting_msgs_and_transactions_per_s(
     assert ("| `send_transaction`, transactions of 10 messages from 8 threads | 1,000 msgs/s "
             "(900\u20131,100), 100 transactions/s (90\u2013110) |  |") in block.splitlines()
     assert "send_transaction" not in render_block(FIXTURE)  # results from before the case
+
+
+def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(monkeypatch):
+    from rmq_semantics.tools.bench import aio
+    from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, BenchContext
+
+    calls = []
+
+    def fake(conf, prefix, s):
+        calls.append((conf, prefix))
+        return {"aio_sync_calls_per_s": 900.0, "aio_async_calls_per_s": 1800.0,
+                "aio_ratio": 2.0, "aio_loop_lag_ms": {"samples": [0.1, 0.2], "tick_ms": 5.0},
+                "aio_concurrency": aio.AIO_CONCURRENCY}
+
+    monkeypatch.setattr(aio, "bench_aio", fake)
+    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(), Path("."))
+    assert "aio" in CASES
+    assert CASE_RUNS["aio"](ctx)["aio_ratio"] == 2.0
+    assert calls == [({"bootstrap.servers": "b"}, "__rmqx")]
+    runs = aggregate([CASE_RUNS["aio"](ctx), CASE_RUNS["aio"](ctx)])
+    block = render_block({**FIXTURE, **runs})
+    row = next(line for line in block.splitlines() if line.startswith("| `AsyncTransaction"))
+    assert row.startswith("| `AsyncTransactionProducer`, 32 tasks on one loop, against "
+                          "`TransactionProducer` with 32 threads | 1,800/s against 900/s (2.00")
+    assert "loop lag p50 " in row
+    assert "AsyncTransactionProducer" not in render_block(FIXTURE)  # results from before

@@ -76,6 +76,12 @@ def _multi(ctx: BenchContext) -> dict:
     return bench_multi(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)
 
 
+def _aio(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.aio import bench_aio
+
+    return bench_aio(ctx.conf, ctx.prefix, ctx.s)
+
+
 def _latency(ctx: BenchContext) -> dict:
     latencies, achieved = bench_latency(ctx.conf, ctx.prefix, ctx.s)
     return {"commit_to_visible_ms": {"samples": latencies, "offered_msgs_per_s": ctx.s.rate,
@@ -163,8 +169,8 @@ def _spark(ctx: BenchContext) -> dict:
 
 #: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
-    "baseline": _baseline, "txn": _txn, "multi": _multi, "latency": _latency, "check": _check,
-    "threads": _threads, "copier": _copier, "coordinators": _coordinators,
+    "baseline": _baseline, "txn": _txn, "multi": _multi, "aio": _aio, "latency": _latency,
+    "check": _check, "threads": _threads, "copier": _copier, "coordinators": _coordinators,
     "orderly": _orderly, "keys": _keys, "push": _push, "stall": _stall, "spark": _spark,
     "failover": _failover}
 KNOWN_CASES = tuple(CASE_RUNS)

@@ -139,6 +139,18 @@ def _multi_rows(r: dict) -> list[tuple[str, str, str, str]]:
              f"{_fig(r.get('multi_txns_per_s'), _rate, ' transactions/s')}", "")]
 
 
+def _aio_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    if r.get("aio_async_calls_per_s") is None:
+        return []  # a results file from before the case
+    lag = r.get("aio_loop_lag_ms") or {}
+    n = r.get("aio_concurrency", "?")
+    return [("aio", f"`AsyncTransactionProducer`, {n} tasks on one loop, against "
+             f"`TransactionProducer` with {n} threads",
+             f"{_fig(r.get('aio_async_calls_per_s'), _rate, '/s')} against "
+             f"{_fig(r.get('aio_sync_calls_per_s'), _rate, '/s')} "
+             f"({_fig(r.get('aio_ratio'), _x, TIMES)}); loop lag {_pcts(lag)}", "")]
+
+
 def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
     if r.get("stall_no_restart_s") is None and r.get("stall_restart_s") is None:
         return []  # a results file from before the case
@@ -222,6 +234,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
         ("txn", "batch API, `send_messages_in_transaction` batches of 500",
          f"{_fig(g('txn_msgs_per_s'), _rate, '/s')}, {_fig(g('txn_ratio'), _x, TIMES)} raw", ""),
         *_multi_rows(r),
+        *_aio_rows(r),
         ("copier", "bare exactly-once copier (consume → produce in Kafka transactions)",
          _fig(g("copier_msgs_per_s"), _rate, "/s"), ""),
         ("copier", "batch API against the copier", _fig(g("txn_vs_copier"), _x, TIMES),

@@ -1,0 +1,139 @@
+"""The transactional producer's Kafka writes, shared by ``TransactionProducer`` and
+``AsyncTransactionProducer``: half records (one per transaction, or the members of one),
+end requests (one, or a batch's per half partition), and what a listener's answer makes of
+a transaction. None of these waits: the caller waits for the delivery reports its own way
+(a thread on a :class:`SignalledWaiter`, a coroutine on an asyncio future)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError
+
+from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.message import Headers, Message
+from rmq_semantics.producer import DeliveryWaiter
+from rmq_semantics.records.codec import decode_as, encode
+from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.txn import EndEntry, EndRequest, EndRequests, EndState
+from rmq_semantics.transaction_api import (
+    LocalTransactionState,
+    Transaction,
+    TransactionSendResult,
+    as_state,
+)
+
+__all__ = ["END_STATE", "end_request", "local_outcome", "log_failed_end", "send_end_batches",
+           "write_halves", "write_members"]
+
+log = logging.getLogger("rmq_semantics.transaction")
+
+#: The end state each local transaction state asks the coordinator for.
+END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
+
+
+def local_outcome(view: Message | Transaction, answer: Any, error: BaseException | None,
+                  waiter: DeliveryWaiter, producer_group: str, half_topic: str,
+                  message_count: int = 1) -> tuple[TransactionSendResult, LocalTransactionState]:
+    """What ``execute_local_transaction`` answered (or raised: ``error``) makes of the
+    transaction whose first half record ``waiter`` reported: a raise, None or anything but
+    a LocalTransactionState counts as UNKNOW, and is logged."""
+    txn_id = view.transaction_id or ""
+    if error is not None:
+        log.error("%s[%d]@%d txn=%s: execute_local_transaction raised (counts as UNKNOW)",
+                  half_topic, waiter.partition, waiter.offset, txn_id, exc_info=error)
+        state = LocalTransactionState.UNKNOW
+    else:
+        state = as_state(answer, "execute_local_transaction", half_topic, waiter.partition,
+                         waiter.offset, txn_id)
+    return TransactionSendResult(txn_id, state, waiter.partition, waiter.offset,
+                                 producer_group, message_count), state
+
+
+def end_request(result: TransactionSendResult, state: LocalTransactionState, *,
+                from_check: bool, check_seq: int) -> EndRequest:
+    """The end request of ``result``'s transaction, asking for ``state``."""
+    return EndRequest(result.transaction_id, result.producer_group, result.half_partition,
+                      result.half_offset, END_STATE[state], from_check, check_seq,
+                      int(time.time() * 1000))
+
+
+def _log_failed_ends(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+    """Delivery callback of a batch's end requests: log a failure."""
+    if err is None:
+        return
+    # Not lost: the transactions stay pending and the back-check resolves them.
+    try:
+        txn_ids = [e.txn_id for e in decode_as(EndRequests, msg.value()).entries]
+    except MalformedRecordError:
+        txn_ids = []
+    log.warning("%s[%s]: %d end requests failed (%s); the back-check will resolve txns "
+                "%s", msg.topic(), msg.partition(), len(txn_ids), err.str(),
+                ", ".join(txn_ids[:20]) + (" ..." if len(txn_ids) > 20 else ""))
+
+
+def log_failed_end(half_where: str, txn_id: str, state: LocalTransactionState):
+    """Delivery callback for an end request nobody waits for: log a failure."""
+
+    def on_delivery(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
+        if err is not None:
+            # Not lost: the transaction stays pending and the back-check resolves it.
+            log.warning("%s txn=%s: %s end request to %s[%s] failed (%s); the back-check "
+                        "will resolve it", half_where, txn_id, state.value, msg.topic(),
+                        msg.partition(), err.str())
+
+    return on_delivery
+
+
+def write_members(producer: confluent_kafka.Producer, half_topic: str, partition: int,
+                  msgs: list[Message], headers: list[list], waiters: list[DeliveryWaiter],
+                  new_waiter: Callable[[], DeliveryWaiter]) -> None:
+    """Queue every member of one transaction, in index order, to one half partition (one
+    idempotent producer keeps that order there), a waiter per member queued in ``waiters``;
+    a full local queue raises BufferError as the one-message path does."""
+    for msg, member in zip(msgs, headers, strict=True):
+        waiter = new_waiter()
+        producer.produce(half_topic, msg.value, key=msg.key, headers=member,
+                         partition=partition, on_delivery=waiter)
+        waiters.append(waiter)
+
+
+def write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
+                 msgs: list[Message], new_waiter: Callable[[], DeliveryWaiter] = DeliveryWaiter,
+                 affinity: Headers = ()) -> list[tuple[str, DeliveryWaiter]]:
+    """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
+    born = str(int(time.time() * 1000)).encode()
+    group = producer_group.encode()
+    out = []
+    for msg in msgs:
+        txn_id = uuid.uuid4().hex
+        waiter = new_waiter()
+        producer.produce(half_topic, msg.value, key=msg.key,
+                         headers=half_headers(msg, txn_id, group, born, affinity),
+                         on_delivery=waiter)
+        out.append((txn_id, waiter))
+    return out
+
+
+def send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer_group: str,
+                     decided: list[tuple[TransactionSendResult, LocalTransactionState]],
+                     ) -> None:
+    """Inline decisions of a batch: one END_REQUESTS record per half partition (one
+    record per decision cost as much again as the half write itself)."""
+    if not decided:
+        return
+    by_partition: dict[int, list[EndEntry]] = {}
+    for result, state in decided:
+        by_partition.setdefault(result.half_partition, []).append(
+            EndEntry(result.transaction_id, result.half_offset, END_STATE[state]))
+    now = int(time.time() * 1000)
+    for partition, entries in by_partition.items():
+        producer.produce(op_topic, encode(EndRequests(
+            producer_group, partition, tuple(entries), now)), partition=partition,
+            on_delivery=_log_failed_ends)
+    producer.poll(0)
