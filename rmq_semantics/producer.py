@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from rmq_semantics.clientconf import client_conf, new_client
 from rmq_semantics.errors import (
     ConfigError,
+    IllegalStateError,
     KafkaOperationError,
     RmqTimeoutError,
     UnknownPartitionError,
@@ -26,7 +27,7 @@ from rmq_semantics.topics import (
     validate_prefix,
 )
 
-__all__ = ["DeliveryPoller", "PartitionCache", "Producer", "SignalledWaiter"]
+__all__ = ["CallProducer", "DeliveryPoller", "PartitionCache", "Producer", "SignalledWaiter"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,48 @@ class DeliveryPoller:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+
+class CallProducer:
+    """The producer of a per-call path, made on first use: linger 0 unless the conf sets one,
+    as a caller waits for each write (librdkafka's default linger of 5 ms was most of a
+    call); concurrent callers still share batches while a request is in flight. A
+    :class:`DeliveryPoller` serves its reports. ``stop`` flushes and joins; idempotent."""
+
+    def __init__(self, conf: dict, name: str) -> None:
+        self._conf = conf
+        self._name = name
+        self._lock = threading.Lock()
+        self._poller: DeliveryPoller | None = None
+        self._stopped = False
+        #: The producer once made (None before the first call).
+        self.producer: confluent_kafka.Producer | None = None
+
+    def get(self) -> confluent_kafka.Producer:
+        with self._lock:
+            if self._stopped:  # stop ran while this call waited for the lock
+                raise IllegalStateError("the producer is shut down")
+            if self.producer is None:
+                conf = dict(self._conf)
+                if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
+                    conf["linger.ms"] = 0
+                self.producer = confluent_kafka.Producer(conf)
+                self._poller = DeliveryPoller(self.producer, self._name).start()
+            return self.producer
+
+    def flush(self, timeout: float) -> int:
+        """Wait for its queued records; returns how many are still queued."""
+        with self._lock:
+            producer = self.producer
+        return producer.flush(timeout) if producer is not None else 0
+
+    def stop(self, timeout: float) -> None:
+        with self._lock:
+            self._stopped = True
+            if self.producer is not None:
+                self.producer.flush(timeout)
+            if self._poller is not None:
+                self._poller.stop(timeout)
 
 
 class PartitionCache:

@@ -17,16 +17,17 @@ every function here returns at once and writes no header.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind
 
-from rmq_semantics.message import Headers
+from rmq_semantics.message import Headers, Message
 
-__all__ = ["TRACE_HEADERS", "attributes", "check_span", "enabled", "process_span",
-           "promote_span", "span", "traced_headers"]
+__all__ = ["TRACE_HEADERS", "attributes", "check_span", "enabled", "name_transaction",
+           "process_span", "promote_span", "span", "traced_headers", "traced_messages"]
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -53,13 +54,16 @@ def attributes(destination: str, operation: str, txn_id: str | None = None,
 
 
 @contextlib.contextmanager
-def span(name: str, kind: SpanKind = SpanKind.INTERNAL,
-         attrs: Mapping[str, Any] | None = None) -> Iterator[Any]:
-    """A child of the current span, current inside the block; nothing without an SDK."""
+def span(name: str, destination: str = "", operation: str = "send", txn_id: str | None = None,
+         *, kind: SpanKind = SpanKind.INTERNAL, **extra: Any) -> Iterator[Any]:
+    """A child of the current span with :func:`attributes`, current inside the block; nothing
+    (not even the attributes) without an SDK."""
     if not enabled():
         yield None
         return
-    with _tracer().start_as_current_span(name, kind=kind, attributes=attrs) as current:
+    with _tracer().start_as_current_span(
+            name, kind=kind, attributes=attributes(destination, operation, txn_id, **extra),
+    ) as current:
         yield current
 
 
@@ -71,6 +75,21 @@ def traced_headers(headers: Headers) -> Headers:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return [*headers, *((k, v.encode()) for k, v in carrier.items() if k in TRACE_HEADERS)]
+
+
+def traced_messages(msgs: list[Message]) -> list[Message]:
+    """``msgs`` with the current span's context in their headers (:func:`traced_headers`):
+    what the producer writes inside its ``send half`` span. The same list without an SDK."""
+    if not enabled():
+        return msgs
+    return [dataclasses.replace(m, headers=traced_headers(m.user_headers()))
+            if isinstance(m, Message) else m for m in msgs]  # the caller refuses the others
+
+
+def name_transaction(txn_id: str) -> None:
+    """Tag the current span with the transaction id, once the half write made it."""
+    if enabled():
+        trace.get_current_span().set_attribute("messaging.message.conversation_id", txn_id)
 
 
 def _context(headers: Sequence[tuple[str, bytes | None]] | None) -> Any | None:

@@ -10,14 +10,15 @@ back-checks for this producer group from a background check consumer and a bound
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import confluent_kafka
+from opentelemetry.trace import SpanKind
 
+from rmq_semantics import tracing
 from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder, ask_listener, valid_instance_id
 from rmq_semantics.errors import (
     ConfigError,
@@ -32,7 +33,7 @@ from rmq_semantics.multi import (
 )
 from rmq_semantics.producer import (
     SEND_TIMEOUT_S,
-    DeliveryPoller,
+    CallProducer,
     DeliveryWaiter,
     PartitionCache,
     SignalledWaiter,
@@ -57,10 +58,10 @@ from rmq_semantics.transaction_api import (
     TransactionSendResult,
 )
 from rmq_semantics.txn_writes import (
+    EndBatcher,
     end_request,
     local_outcome,
     log_failed_end,
-    send_end_batches,
     write_halves,
     write_members,
 )
@@ -74,12 +75,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
-# half partition, at the latest this long after the first of them was taken (so a batch of
-# slow local transactions does not hold back the early commits), with at most this many.
-END_FLUSH_S = 0.005
-END_BATCH_MAX = 1000
 
 
 class TransactionProducer:
@@ -124,10 +119,8 @@ class TransactionProducer:
             affinity=self.settings.check_affinity,
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
-        # The per-call path's own producer (see _call_producer), made on first use.
-        self._call: confluent_kafka.Producer | None = None
-        self._call_poller: DeliveryPoller | None = None
-        self._call_lock = threading.Lock()
+        # The one-message path's own producer (the batch path keeps the conf's batching).
+        self._call = CallProducer(self._conf, f"rmq-delivery-{producer_group}")
         self._partitions: PartitionCache | None = None
         self._started = False
         self._closed = False
@@ -157,11 +150,7 @@ class TransactionProducer:
         self._checks.stop(timeout)
         if self._producer is not None:
             self._producer.flush(timeout)
-        with self._call_lock:
-            if self._call is not None:
-                self._call.flush(timeout)
-            if self._call_poller is not None:
-                self._call_poller.stop(timeout)
+        self._call.stop(timeout)
 
     def __enter__(self) -> TransactionProducer:
         return self.start()
@@ -186,12 +175,16 @@ class TransactionProducer:
         self._require_started()
         self._validate([msg])
         producer = self._call_producer()
-        [(txn_id, waiter)] = write_halves(producer, self.topics.half, self.producer_group,
-                                          [msg], SignalledWaiter, self._checks.affinity())
-        waiter.wait(producer, f"writing the half message of txn {txn_id}",
-                    self._send_timeout_s)
-        result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
-        self._end_inline(result, state, producer)
+        with tracing.span("send transaction", msg.topic):
+            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
+                [(txn_id, waiter)] = write_halves(
+                    producer, self.topics.half, self.producer_group,
+                    tracing.traced_messages([msg]), SignalledWaiter, self._checks.affinity())
+                tracing.name_transaction(txn_id)
+                waiter.wait(producer, f"writing the half message of txn {txn_id}",
+                            self._send_timeout_s)
+            result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
+            self._end_inline(result, state, producer)
         return result
 
     def send_transaction(self, messages: Sequence[Message], arg: Any = None,
@@ -207,7 +200,22 @@ class TransactionProducer:
         """
         self._require_started()
         msgs, txn_id = list(messages), uuid.uuid4().hex
-        headers = member_headers(msgs, txn_id, self.producer_group.encode(),
+        with tracing.span("send transaction", self.topics.half, "send", txn_id,
+                          messages=len(msgs)):
+            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
+                waiters = self._write_members(msgs, txn_id)
+            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs),
+                               len(msgs))
+            result, state = self._execute_local(view, arg, waiters[0], len(msgs))
+            self._end_inline(result, state, self._call_producer())
+        return result
+
+    def _write_members(self, msgs: list[Message], txn_id: str) -> list[SignalledWaiter]:
+        """Write every member of one transaction and wait for them; if one was not written,
+        ROLLBACK what was (named by member 0, so it is dropped, not checked) and raise."""
+        tracing.name_transaction(txn_id)
+        headers = member_headers(tracing.traced_messages(msgs), txn_id,
+                                 self.producer_group.encode(),
                                  str(int(time.time() * 1000)).encode(),
                                  max_messages=self.settings.max_transaction_messages,
                                  max_bytes=self.settings.max_transaction_bytes,
@@ -222,14 +230,10 @@ class TransactionProducer:
                           SignalledWaiter)
             _wait_members(producer, waiters, txn_id, deadline)
         except (RmqError, BufferError):
-            # ROLLBACK what was written (named by member 0), so it is dropped, not checked.
             self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id, deadline),
                                     len(msgs), producer)
             raise
-        view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
-        result, state = self._execute_local(view, arg, waiters[0], len(msgs))
-        self._end_inline(result, state, producer)
-        return result
+        return waiters
 
     def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
                            producer: confluent_kafka.Producer) -> None:
@@ -242,22 +246,8 @@ class TransactionProducer:
                              rollback, producer)
 
     def _call_producer(self) -> confluent_kafka.Producer:
-        """The producer of the one-message path: linger 0 unless the conf sets one, as a
-        caller waits for each write (librdkafka's default linger of 5 ms was most of a
-        call); concurrent callers still share batches while a request is in flight. The
-        batch path keeps the conf's own producer and its batching."""
         self._require_started()
-        with self._call_lock:
-            if self._closed:  # shutdown ran while this call waited for the lock
-                raise IllegalStateError("TransactionProducer is shut down")
-            if self._call is None:
-                conf = dict(self._conf)
-                if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
-                    conf["linger.ms"] = 0
-                self._call = confluent_kafka.Producer(conf)
-                self._call_poller = DeliveryPoller(
-                    self._call, f"rmq-delivery-{self.producer_group}").start()
-            return self._call
+        return self._call.get()
 
     def send_messages_in_transaction(self, msgs: list[Message],
                                      arg: Any = None) -> list[TransactionSendResult]:
@@ -269,31 +259,24 @@ class TransactionProducer:
         any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
         self._validate(msgs)
-        pending = write_halves(producer, self.topics.half, self.producer_group, msgs,
-                                affinity=self._checks.affinity())
+        pending = write_halves(producer, self.topics.half, self.producer_group,
+                               tracing.traced_messages(msgs), affinity=self._checks.affinity())
         _poll_until_delivered(producer, [w for _, w in pending],
                               time.monotonic() + self._send_timeout_s)
         results = []
-        decided: list[tuple[TransactionSendResult, LocalTransactionState]] = []
-        first_decided_at = 0.0
+        ends = EndBatcher(producer, self.topics.op, self.producer_group)
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
             if waiter.delivered and waiter.error is None:
                 result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
                 results.append(result)
-                if not decided:
-                    first_decided_at = time.monotonic()
-                decided.append((result, state))
-                if (len(decided) >= END_BATCH_MAX
-                        or time.monotonic() - first_decided_at >= END_FLUSH_S):
-                    send_end_batches(producer, self.topics.op, self.producer_group, decided)
-                    decided = []
+                ends.add(result, state)
                 continue
             reason = waiter.error.str() if waiter.error is not None else "timed out"
             log.error("%s txn=%s: half message for %s not written (%s); local transaction "
                       "not run", self.topics.half, txn_id, msg.topic, reason)
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
-        send_end_batches(producer, self.topics.op, self.producer_group, decided)
+        ends.flush()
         return results
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
@@ -313,7 +296,8 @@ class TransactionProducer:
                        message_count: int = 1) -> tuple[TransactionSendResult,
                                                         LocalTransactionState]:
         try:
-            answer, error = self.listener.execute_local_transaction(view, arg), None
+            with tracing.span("local transaction", view.topic, "process", view.transaction_id):
+                answer, error = self.listener.execute_local_transaction(view, arg), None
         except Exception as exc:
             answer, error = None, exc
         return local_outcome(view, answer, error, waiter, self.producer_group,
@@ -340,25 +324,23 @@ class TransactionProducer:
         if isinstance(waiter, DeliveryWaiter):
             waiter.wait(producer, f"ending txn {result.transaction_id}",
                         timeout or self._send_timeout_s)
-        elif producer is not self._call:  # the call producer's thread serves its reports
+        elif producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
 
     def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
                     producer: confluent_kafka.Producer) -> None:
         """The local transaction's outcome, sent without waiting (a failure is logged: the
         back-check resolves the transaction)."""
-        self._send_end(result, state, from_check=False, check_seq=0, wait=False,
-                       producer=producer)
+        with tracing.span("end transaction", self.topics.op, "send", result.transaction_id,
+                          kind=SpanKind.PRODUCER, state=state.name):
+            self._send_end(result, state, from_check=False, check_seq=0, wait=False,
+                           producer=producer)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
         deadline = time.monotonic() + timeout
         queued = self._require_started().flush(timeout)
-        with self._call_lock:
-            call = self._call
-        if call is not None:
-            queued += call.flush(max(0.0, deadline - time.monotonic()))
-        return queued
+        return queued + self._call.flush(max(0.0, deadline - time.monotonic()))
 
     # -- back-checks ---------------------------------------------------------------------
     @property

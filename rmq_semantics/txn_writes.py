@@ -28,10 +28,17 @@ from rmq_semantics.transaction_api import (
     as_state,
 )
 
-__all__ = ["END_STATE", "end_request", "local_outcome", "log_failed_end", "send_end_batches",
-           "write_halves", "write_members"]
+__all__ = ["END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher", "end_request",
+           "local_outcome", "log_failed_end", "send_end_batches", "write_halves",
+           "write_members"]
 
 log = logging.getLogger("rmq_semantics.transaction")
+
+# send_messages_in_transaction sends the decisions of a batch as one END_REQUESTS record per
+# half partition, at the latest this long after the first of them was taken (so a batch of
+# slow local transactions does not hold back the early commits), with at most this many.
+END_FLUSH_S = 0.005
+END_BATCH_MAX = 1000
 
 #: The end state each local transaction state asks the coordinator for.
 END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
@@ -137,3 +144,26 @@ def send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer
             producer_group, partition, tuple(entries), now)), partition=partition,
             on_delivery=_log_failed_ends)
     producer.poll(0)
+
+
+class EndBatcher:
+    """The decisions of a batch of transactions, sent by :func:`send_end_batches` once
+    ``END_BATCH_MAX`` are taken or ``END_FLUSH_S`` after the first, and on :meth:`flush`."""
+
+    def __init__(self, producer: confluent_kafka.Producer, op_topic: str,
+                 producer_group: str) -> None:
+        self._producer, self._op_topic, self._group = producer, op_topic, producer_group
+        self._decided: list[tuple[TransactionSendResult, LocalTransactionState]] = []
+        self._first_at = 0.0
+
+    def add(self, result: TransactionSendResult, state: LocalTransactionState) -> None:
+        if not self._decided:
+            self._first_at = time.monotonic()
+        self._decided.append((result, state))
+        if (len(self._decided) >= END_BATCH_MAX
+                or time.monotonic() - self._first_at >= END_FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        send_end_batches(self._producer, self._op_topic, self._group, self._decided)
+        self._decided = []

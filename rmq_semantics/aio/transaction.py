@@ -18,6 +18,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
+from rmq_semantics import tracing
 from rmq_semantics.aio.bridge import (
     LoopDeliveryWaiter,
     LoopListener,
@@ -158,14 +161,18 @@ class AsyncTransactionProducer:
         else:
             await run_blocking(self._executor, core._validate, [msg])
         producer = core._call_producer()
-        [(txn_id, waiter)] = write_halves(producer, core.topics.half, core.producer_group,
-                                          [msg], functools.partial(LoopDeliveryWaiter, loop),
-                                          core._checks.affinity())
-        await waiter.delivered_within(f"writing the half message of txn {txn_id}",
-                                      core._send_timeout_s)
-        view = listener_message(msg, txn_id)
-        result, state = await self._execute_local(view, arg, waiter)
-        core._end_inline(result, state, producer)
+        with tracing.span("send transaction", msg.topic):
+            with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
+                [(txn_id, waiter)] = write_halves(
+                    producer, core.topics.half, core.producer_group,
+                    tracing.traced_messages([msg]), functools.partial(LoopDeliveryWaiter, loop),
+                    core._checks.affinity())
+                tracing.name_transaction(txn_id)
+                await waiter.delivered_within(f"writing the half message of txn {txn_id}",
+                                              core._send_timeout_s)
+            result, state = await self._execute_local(listener_message(msg, txn_id), arg,
+                                                      waiter)
+            core._end_inline(result, state, producer)
         return result
 
     async def send_transaction(self, messages: Sequence[Message],
@@ -175,7 +182,24 @@ class AsyncTransactionProducer:
         loop = self._require_started()
         core = self._core
         msgs, txn_id = list(messages), uuid.uuid4().hex
-        headers = member_headers(msgs, txn_id, core.producer_group.encode(),
+        with tracing.span("send transaction", core.topics.half, "send", txn_id,
+                          messages=len(msgs)):
+            with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
+                waiters = await self._write_members(loop, msgs, txn_id)
+            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs),
+                               len(msgs))
+            result, state = await self._execute_local(view, arg, waiters[0], len(msgs))
+            core._end_inline(result, state, core._call_producer())
+        return result
+
+    async def _write_members(self, loop: asyncio.AbstractEventLoop, msgs: list[Message],
+                             txn_id: str) -> list[LoopDeliveryWaiter]:
+        """Write every member and await them; if one was not written, ROLLBACK what was
+        (named by member 0) and raise, as the synchronous producer does."""
+        core = self._core
+        tracing.name_transaction(txn_id)
+        headers = member_headers(tracing.traced_messages(msgs), txn_id,
+                                 core.producer_group.encode(),
                                  str(int(time.time() * 1000)).encode(),
                                  max_messages=core.settings.max_transaction_messages,
                                  max_bytes=core.settings.max_transaction_bytes,
@@ -196,10 +220,7 @@ class AsyncTransactionProducer:
             core._roll_back_written(txn_id, await _first_written(waiters, txn_id, deadline),
                                     len(msgs), producer)
             raise
-        view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
-        result, state = await self._execute_local(view, arg, waiters[0], len(msgs))
-        core._end_inline(result, state, producer)
-        return result
+        return waiters
 
     def _half_partitions(self, msgs: list[Message]) -> list[int]:
         """Validate ``msgs`` and read the half topic's partitions (metadata: may block)."""
@@ -209,8 +230,9 @@ class AsyncTransactionProducer:
     async def _execute_local(self, view: Message | Transaction, arg: Any,
                              waiter: LoopDeliveryWaiter, message_count: int = 1,
                              ) -> tuple[TransactionSendResult, LocalTransactionState]:
-        answer, error = await call_listener(self.listener.execute_local_transaction,
-                                            self._executor, view, arg)
+        with tracing.span("local transaction", view.topic, "process", view.transaction_id):
+            answer, error = await call_listener(self.listener.execute_local_transaction,
+                                                self._executor, view, arg)
         return local_outcome(view, answer, error, waiter, self._core.producer_group,
                              self._core.topics.half, message_count)
 

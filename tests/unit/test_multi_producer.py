@@ -147,7 +147,7 @@ def _producer(fail: int | None = None, **settings):
     producer.listener = listener
     producer.settings = ProducerSettings(**settings)
     call = OffsetProducer(fail)
-    producer._call = call  # as _call_producer leaves it, without a broker
+    producer._call.producer = call  # as CallProducer.get leaves it, without a broker
     return producer, main, call, listener
 
 

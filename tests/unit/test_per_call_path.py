@@ -38,7 +38,7 @@ class ReportingProducer:
 def per_call_producer(error: KafkaError | None = None):
     producer, main, listener = started_txn_producer({"orders": 2})
     call = ReportingProducer(error)
-    producer._call = call  # as _call_producer leaves it, without a broker
+    producer._call.producer = call  # as CallProducer.get leaves it, without a broker
     return producer, main, call, listener
 
 
@@ -87,7 +87,7 @@ def test_the_delivery_poller_survives_a_raising_callback_and_stops_idempotently(
 def test_shutdown_flushes_the_per_call_producer_and_joins_its_thread():
     producer, _, call, _ = per_call_producer()
     poller = DeliveryPoller(call, "test-poller").start()
-    producer._call_poller = poller
+    producer._call._poller = poller
     producer._checks.stop = lambda timeout: None  # never started here
     main = producer._producer
     main.flush = lambda timeout: 0
