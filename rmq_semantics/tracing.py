@@ -30,6 +30,8 @@ __all__ = ["TRACE_HEADERS", "attributes", "check_span", "enabled", "name_transac
            "process_span", "promote_span", "span", "traced_headers", "traced_messages"]
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+# What span() gives without an SDK: reentrant and stateless, so one serves every caller.
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 def _tracer() -> trace.Tracer:
     # Asked for each span, never kept: the application may install its SDK after import.
@@ -53,18 +55,15 @@ def attributes(destination: str, operation: str, txn_id: str | None = None,
     return out
 
 
-@contextlib.contextmanager
 def span(name: str, destination: str = "", operation: str = "send", txn_id: str | None = None,
-         *, kind: SpanKind = SpanKind.INTERNAL, **extra: Any) -> Iterator[Any]:
-    """A child of the current span with :func:`attributes`, current inside the block; nothing
-    (not even the attributes) without an SDK."""
+         *, kind: SpanKind = SpanKind.INTERNAL,
+         **extra: Any) -> contextlib.AbstractContextManager[Any]:
+    """A child of the current span with :func:`attributes`, current inside the block (which
+    gets the span); without an SDK a shared do-nothing block, not even the attributes made."""
     if not enabled():
-        yield None
-        return
-    with _tracer().start_as_current_span(
-            name, kind=kind, attributes=attributes(destination, operation, txn_id, **extra),
-    ) as current:
-        yield current
+        return _NO_SPAN
+    return _tracer().start_as_current_span(
+        name, kind=kind, attributes=attributes(destination, operation, txn_id, **extra))
 
 
 def traced_headers(headers: Headers) -> Headers:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rmq_semantics.message import Message
 from rmq_semantics.tools.bench.cases import derive
 from rmq_semantics.tools.bench.common import BenchSettings, aggregate, figure, pooled_samples
 from rmq_semantics.tools.bench.coordinators import _held
@@ -202,3 +203,20 @@ def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(mo
                           "`TransactionProducer` with 32 threads | 1,800/s against 900/s (2.00")
     assert "loop lag p50 " in row
     assert "AsyncTransactionProducer" not in render_block(FIXTURE)  # results from before
+
+
+def test_the_tracing_case_times_the_hooks_without_an_sdk_against_a_call():
+    from opentelemetry import trace
+
+    from rmq_semantics.tools.bench import tracing_cost
+    from rmq_semantics.tools.bench.cases import CASES
+
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert "tracing" in CASES
+    tracing_cost._one_call_of_hooks(Message("orders", b"v"), "half", "op")  # runs with no SDK
+    runs = aggregate([{"tracing_hooks_us": 2.0, "tracing_call_us": 800.0,
+                       "tracing_share_pct": 0.25}])
+    row = next(line for line in render_block({**FIXTURE, **runs}).splitlines()
+               if line.startswith("| the producer's tracing hooks"))
+    assert "| 2.00 µs of 800 µs (0.25 %) |" in row
+    assert "tracing hooks" not in render_block(FIXTURE)  # results from before the case

@@ -82,6 +82,12 @@ def _aio(ctx: BenchContext) -> dict:
     return bench_aio(ctx.conf, ctx.prefix, ctx.s)
 
 
+def _tracing(ctx: BenchContext) -> dict:
+    from rmq_semantics.tools.bench.tracing_cost import bench_tracing
+
+    return bench_tracing(ctx.conf, ctx.prefix, ctx.s)
+
+
 def _latency(ctx: BenchContext) -> dict:
     latencies, achieved = bench_latency(ctx.conf, ctx.prefix, ctx.s)
     return {"commit_to_visible_ms": {"samples": latencies, "offered_msgs_per_s": ctx.s.rate,
@@ -169,7 +175,8 @@ def _spark(ctx: BenchContext) -> dict:
 
 #: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
-    "baseline": _baseline, "txn": _txn, "multi": _multi, "aio": _aio, "latency": _latency,
+    "baseline": _baseline, "txn": _txn, "multi": _multi, "aio": _aio, "tracing": _tracing,
+    "latency": _latency,
     "check": _check, "threads": _threads, "copier": _copier, "coordinators": _coordinators,
     "orderly": _orderly, "keys": _keys, "push": _push, "stall": _stall, "spark": _spark,
     "failover": _failover}

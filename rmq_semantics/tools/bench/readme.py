@@ -151,6 +151,16 @@ def _aio_rows(r: dict) -> list[tuple[str, str, str, str]]:
              f"({_fig(r.get('aio_ratio'), _x, TIMES)}); loop lag {_pcts(lag)}", "")]
 
 
+def _tracing_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    if r.get("tracing_hooks_us") is None:
+        return []  # a results file from before the case
+    return [("tracing", "the producer's tracing hooks without an OpenTelemetry SDK, per "
+             "`send_message_in_transaction`, against the call itself (1 thread)",
+             f"{_fig(r.get('tracing_hooks_us'), _ms, ' µs')} of "
+             f"{_fig(r.get('tracing_call_us'), _rate, ' µs')} "
+             f"({_fig(r.get('tracing_share_pct'), _ms, ' %')})", "")]
+
+
 def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
     if r.get("stall_no_restart_s") is None and r.get("stall_restart_s") is None:
         return []  # a results file from before the case
@@ -235,6 +245,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
          f"{_fig(g('txn_msgs_per_s'), _rate, '/s')}, {_fig(g('txn_ratio'), _x, TIMES)} raw", ""),
         *_multi_rows(r),
         *_aio_rows(r),
+        *_tracing_rows(r),
         ("copier", "bare exactly-once copier (consume → produce in Kafka transactions)",
          _fig(g("copier_msgs_per_s"), _rate, "/s"), ""),
         ("copier", "batch API against the copier", _fig(g("txn_vs_copier"), _x, TIMES),
