@@ -70,17 +70,25 @@ class LoopDeliveryWaiter(DeliveryWaiter):
             self._loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
-        if not self._future.done():  # a waiter that timed out cancelled it
+        if not self._future.done():  # it timed out, or its waiter was cancelled
             self._future.set_result(None)
+
+    def _time_out(self) -> None:
+        if not self._future.done():
+            self._future.set_exception(TimeoutError())
 
     async def delivered_within(self, what: str, timeout: float) -> None:
         """Wait for the report; raise as :meth:`DeliveryWaiter.wait` does."""
         if not self.delivered:
+            # A timer on the future itself: asyncio.wait_for would wrap it in a task per call.
+            timer = self._loop.call_later(max(0.0, timeout), self._time_out)
             try:
-                await asyncio.wait_for(self._future, max(0.0, timeout))
+                await self._future
             except TimeoutError:
                 raise RmqTimeoutError(f"{what}: no delivery report within {timeout:.1f} s") \
                     from None
+            finally:
+                timer.cancel()
         if self.error is not None:
             raise KafkaOperationError.wrap(what, self.error)
 
