@@ -415,6 +415,14 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.CHECK_PARTITIONS: lambda rng, ctx: pick(rng, [b"-1", b"1,,2", b"a", b"1;2", b" 1",
                                                     b"99999999999", b"0," * 300 + b"0",
                                                     not_utf8(rng)]),
+    # W3C trace context (issue 20): user headers the coordinator keeps on promotion and reads
+    # for its promote span; a forged one must neither stop it nor block the record.
+    "traceparent": lambda rng, ctx: pick(rng, [
+        not_utf8(rng), b"", b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01",
+        b"ff-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01", b"00-xyz-abc-01",
+        b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01-extra", huge_text(rng).encode()]),
+    "tracestate": lambda rng, ctx: pick(rng, [not_utf8(rng), b"=,=,", b"a=" * 1000,
+                                              huge_text(rng).encode()]),
 }
 # The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
 # values a forged retry or dead-letter record may carry.

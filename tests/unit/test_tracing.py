@@ -4,6 +4,7 @@ producer's trace, a check's span is linked to it; the coordinator's OTEL_* switc
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,7 @@ from opentelemetry.util._once import Once
 
 from coordinator.otel import configure_from_env, wanted
 from rmq_semantics import tracing
+from tests.fuzz import generators as gen
 
 
 def _reset() -> None:
@@ -78,6 +80,23 @@ def test_a_check_span_is_a_new_trace_linked_to_the_transactions(exporter):
     assert check.get_span_context().trace_id != origin.trace_id
     [link] = check.links
     assert link.context.span_id == origin.span_id
+
+
+def test_forged_trace_headers_make_a_span_of_their_own_and_never_raise(exporter):
+    # The fuzzer's odd traceparent/tracestate values, read by the coordinator (promote) and
+    # the consumers (check, process) with an SDK installed.
+    rng = random.Random(20)
+    ctx = gen.Ctx()
+    for _ in range(300):
+        headers = [(name, gen.HEADER_VALUES[name](rng, ctx))
+                   for name in ("traceparent", "tracestate") if rng.random() < 0.8]
+        tracing.promote_span(headers, "orders", "t", 1_000, 2_000)
+        with tracing.check_span(headers, "orders", "t", 1), tracing.process_span(headers,
+                                                                                  "orders"):
+            pass
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans].count("process orders") == 300
+    assert [s.name for s in spans].count("check local transaction") == 300
 
 
 @pytest.mark.parametrize(("env", "expected"), [
