@@ -100,7 +100,7 @@ wheelhouse() {
     fi
 }
 
-prepare_coordinator() { wheelhouse coordinator ""; }
+prepare_coordinator() { wheelhouse coordinator "[otel]"; }
 
 # The wheels with PySpark, and the Kafka source jars in the layout spark/jars.py reads
 # under RMQ_CACHE_DIR (spark-kafka-<version>/libs).

@@ -34,7 +34,8 @@ def coordinator_image() -> str:
 class CoordinatorContainer:
     """One coordinator replica; ``settings`` are CoordinatorSettings fields (CLI flags)."""
 
-    def __init__(self, network, kafka: str, name: str, **settings: object) -> None:
+    def __init__(self, network, kafka: str, name: str, env: dict[str, str] | None = None,
+                 **settings: object) -> None:
         args = ["--bootstrap-servers", kafka]
         for key, value in settings.items():
             args += [flag_name(key), str(value)]
@@ -42,6 +43,8 @@ class CoordinatorContainer:
         self.container = (DockerContainer(coordinator_image())
                           .with_name(name).with_network(network).with_command(args)
                           .with_kwargs(healthcheck=FAST_HEALTHCHECK))
+        for key, value in (env or {}).items():
+            self.container.with_env(key, value)
 
     def __enter__(self) -> CoordinatorContainer:
         self.container.start()
@@ -103,3 +106,16 @@ class CoordinatorContainer:
     def remove(self) -> None:
         with contextlib.suppress(Exception):  # never started, or gone already
             self.wrapped.remove(force=True)
+
+
+class OtlpReceiverContainer(CoordinatorContainer):
+    """An OTLP/HTTP receiver on port 4318 of the shared network (``otlp_receiver_main.py`` in
+    a container of the coordinator image): ``wait_log(r"span promote <trace id>")``."""
+
+    def __init__(self, network, name: str) -> None:
+        self.name = name
+        script = (Path(__file__).parent / "otlp_receiver_main.py").read_text()
+        self.container = (DockerContainer(coordinator_image())
+                          .with_name(name).with_network(network)
+                          .with_kwargs(entrypoint=["python", "-c", script], healthcheck={
+                              "test": ["NONE"]}))

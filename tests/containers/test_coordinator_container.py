@@ -16,7 +16,7 @@ from confluent_kafka import TopicPartition
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.topics import ensure_topics
-from tests.containers.coordinator_container import CoordinatorContainer
+from tests.containers.coordinator_container import CoordinatorContainer, OtlpReceiverContainer
 from tests.integration.txn_helpers import FAST, ScriptedListener, TopicReader, read_to_end
 
 pytestmark = pytest.mark.containers
@@ -28,8 +28,9 @@ def _names(stem: str) -> tuple[str, str]:
     return f"{stem}{tag}", f"{stem}-{tag}"
 
 
-def _coordinator(stack, name: str, prefix: str, **settings: object) -> CoordinatorContainer:
-    return CoordinatorContainer(stack.network, stack.kafka_inside, name,
+def _coordinator(stack, name: str, prefix: str, env: dict[str, str] | None = None,
+                 **settings: object) -> CoordinatorContainer:
+    return CoordinatorContainer(stack.network, stack.kafka_inside, name, env=env,
                                 topic_prefix=prefix, **{**FAST, **settings})
 
 
@@ -60,6 +61,11 @@ def _exactly_once(records: list, expected: set[bytes]) -> None:
                                      f"{len(set(counts) - expected)}")
 
 
+def _traceparent(i: int) -> str:
+    # What the application's own instrumentation would have put on message i.
+    return f"00-{i + 1:032x}-{i + 1:016x}-01"
+
+
 def test_commit_rollback_and_back_check_through_the_coordinator_container(stack, announce):
     prefix, name = _names("cc")
     topic = _topic(stack, "matrix", 2)
@@ -68,14 +74,20 @@ def test_commit_rollback_and_back_check_through_the_coordinator_container(stack,
     checked = {2: S.COMMIT_MESSAGE, 3: S.ROLLBACK_MESSAGE}
     listener = ScriptedListener(lambda v: inline[int(v.split(b"-")[1]) % 4],
                                 lambda v: checked.get(int(v.split(b"-")[1]) % 4, S.UNKNOW))
-    with _coordinator(stack, name, prefix, instance_id=name) as coordinator:
+    # The image's [otel] extra: OTEL_* variables alone send its promote spans to a receiver.
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{name}-otlp:4318",
+            "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_SERVICE_NAME": name}
+    with OtlpReceiverContainer(stack.network, f"{name}-otlp") as receiver, _coordinator(
+            stack, name, prefix, env=otel, instance_id=name) as coordinator:
+        receiver.wait_log("receiver listening")
         coordinator.wait_healthy()
         log = coordinator.wait_log(rf"transaction service {name} running")
         announce(f"\ncoordinator: container {name} ({coordinator.container.image}), healthy")
         with _producer(stack, prefix, listener) as producer:
             for i in range(40):
-                producer.send_message_in_transaction(Message(topic, f"m-{i}".encode(),
-                                                             key=f"k{i}"))
+                producer.send_message_in_transaction(Message(
+                    topic, f"m-{i}".encode(), key=f"k{i}",
+                    headers={"traceparent": _traceparent(i)}))
             expected = {f"m-{i}".encode() for i in range(40) if i % 4 in (0, 2)}
             reader = TopicReader(stack.conf(), topic, 2)
             try:
@@ -83,8 +95,15 @@ def test_commit_rollback_and_back_check_through_the_coordinator_container(stack,
                                   "the commits and the checked commits")
             finally:
                 reader.close()
-        assert "running" in log
-    _exactly_once(read_to_end(stack.conf(), topic, 2), expected)
+        # A commit's and a checked commit's promote spans, in the traces their headers name.
+        spans = receiver.wait_log(rf"span promote {_traceparent(2).split('-')[1]}", 60)
+        assert f"span promote {_traceparent(0).split('-')[1]}" in spans
+        assert f"span promote {_traceparent(1).split('-')[1]}" not in spans  # rolled back
+        assert "running" in log and "exporting spans over OTLP/HTTP" in log
+    records = read_to_end(stack.conf(), topic, 2)
+    _exactly_once(records, expected)
+    assert {dict(m.headers())["traceparent"].decode() for m in records
+            if m.value() == b"m-0"} == {_traceparent(0)}  # kept on the promoted record
     assert {int(v.split(b"-")[1]) % 4 for v in listener.checked} == {2, 3}
 
 
