@@ -23,7 +23,9 @@ from rmq_semantics.errors import BarrierRollback, ConfigError, IllegalStateError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState
 
-__all__ = ["DEFAULT_TABLE", "LOCK_TIMEOUT_S", "BarrierTransaction", "TransactionBarrier"]
+__all__ = ["DEFAULT_TABLE", "LOCK_TIMEOUT_S", "BarrierRules", "BarrierTransaction",
+           "RollbackRequested", "TransactionBarrier", "answer_of", "purge_seconds",
+           "transaction_id"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ REASON_COMMITTED = "msg"  # dtm's reason of the local transaction's row (its op)
 REASON_ROLLBACK = "rollback"
 
 
-class _RollbackRequested(Exception):
+class RollbackRequested(Exception):
     """Ends a local transaction by rolling it back without an error for the caller."""
 
 
@@ -66,7 +68,7 @@ def transaction_id(msg: Message) -> str:
     return gid
 
 
-def _seconds(older_than: object) -> float:
+def purge_seconds(older_than: object) -> float:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
         raise ConfigError(f"older_than must be a positive timedelta or number of seconds, "
@@ -74,11 +76,12 @@ def _seconds(older_than: object) -> float:
     return float(seconds)
 
 
-class TransactionBarrier:
-    """dtm's barrier for one table on SQLite (``sqlite3``) or PostgreSQL (psycopg 3) connections.
+class BarrierRules:
+    """What the synchronous and the asyncio barrier share: the settings, the count of checks
+    that waited, and what a row's reason means.
 
-    ``table`` is the barrier table (create it with :meth:`create_table`); ``lock_timeout_s``
-    bounds how long :meth:`check` waits for an open local transaction; ``on_wait(gid)`` is
+    ``table`` is the barrier table (create it with ``create_table``); ``lock_timeout_s``
+    bounds how long ``check`` waits for an open local transaction; ``on_wait(gid)`` is
     called when a check finds one (the count is :attr:`waited_checks`).
     """
 
@@ -97,6 +100,37 @@ class TransactionBarrier:
     def waited_checks(self) -> int:
         """Checks that found the transaction's local transaction still open and waited."""
         return self._waited
+
+    def _met_open_transaction(self, gid: str) -> None:
+        with self._lock:
+            self._waited += 1
+        if self._on_wait is not None:
+            self._on_wait(gid)
+
+    def _refuse(self, reason: str | None, gid: str) -> None:
+        if reason == REASON_COMMITTED:
+            raise IllegalStateError(f"txn={gid}: its local transaction already ran and "
+                                    f"committed (barrier table {self.table})")
+        raise BarrierRollback(f"txn={gid}: a back-check decided ROLLBACK before the local "
+                              f"transaction began (barrier table {self.table}); its body "
+                              f"was not run")
+
+    def _gave_up(self, gid: str) -> LocalTransactionState:
+        log.info("txn=%s: its local transaction still holds the barrier after %.1f s; "
+                 "answering UNKNOW (the coordinator checks again)", gid, self.lock_timeout_s)
+        return LocalTransactionState.UNKNOW
+
+
+def answer_of(reason: str | None) -> LocalTransactionState:
+    """A check's answer from the barrier row's reason."""
+    if reason == REASON_COMMITTED:
+        return LocalTransactionState.COMMIT_MESSAGE
+    return LocalTransactionState.ROLLBACK_MESSAGE
+
+
+class TransactionBarrier(BarrierRules):
+    """dtm's barrier for one table on SQLite (``sqlite3``) or PostgreSQL (psycopg 3)
+    connections; the settings are :class:`BarrierRules`'."""
 
     def create_table(self, conn: Any) -> None:
         """Create the barrier table and its purge index if missing (committed)."""
@@ -122,19 +156,11 @@ class TransactionBarrier:
                 txn.state = LocalTransactionState.ROLLBACK_MESSAGE  # until the body returns
                 yield txn
                 if txn.rollback_only:
-                    raise _RollbackRequested
+                    raise RollbackRequested
                 txn.state = LocalTransactionState.UNKNOW  # until the commit returns
             txn.state = LocalTransactionState.COMMIT_MESSAGE
-        except _RollbackRequested:
+        except RollbackRequested:
             txn.state = LocalTransactionState.ROLLBACK_MESSAGE
-
-    def _refuse(self, reason: str | None, gid: str) -> None:
-        if reason == REASON_COMMITTED:
-            raise IllegalStateError(f"txn={gid}: its local transaction already ran and "
-                                    f"committed (barrier table {self.table})")
-        raise BarrierRollback(f"txn={gid}: a back-check decided ROLLBACK before the local "
-                              f"transaction began (barrier table {self.table}); its body "
-                              f"was not run")
 
     def check(self, conn: Any, msg: Message) -> LocalTransactionState:
         """The back-check: insert a ROLLBACK row unless one exists, then answer from the row.
@@ -147,20 +173,12 @@ class TransactionBarrier:
         try:
             reason = self._decide(dialect, conn, gid, NO_WAIT_S)
         except RmqTimeoutError:
-            with self._lock:
-                self._waited += 1
-            if self._on_wait is not None:
-                self._on_wait(gid)
+            self._met_open_transaction(gid)
             try:
                 reason = self._decide(dialect, conn, gid, self.lock_timeout_s)
             except RmqTimeoutError:
-                log.info("txn=%s: its local transaction still holds the barrier after %.1f s; "
-                         "answering UNKNOW (the coordinator checks again)", gid,
-                         self.lock_timeout_s)
-                return LocalTransactionState.UNKNOW
-        if reason == REASON_COMMITTED:
-            return LocalTransactionState.COMMIT_MESSAGE
-        return LocalTransactionState.ROLLBACK_MESSAGE
+                return self._gave_up(gid)
+        return answer_of(reason)
 
     def _decide(self, dialect, conn: Any, gid: str, wait_s: float) -> str | None:
         with dialect.transaction(conn, wait_s=wait_s) as cursor:
@@ -171,7 +189,7 @@ class TransactionBarrier:
         """Delete barrier rows older than ``older_than``; returns how many went. Keep rows at
         least as long as a transaction can still be checked (README, "The barrier")."""
         dialect = dialect_of(conn)
-        seconds = _seconds(older_than)
+        seconds = purge_seconds(older_than)
         with dialect.transaction(conn) as cursor:
             cursor.execute(dialect.purge_sql(self.table), (seconds,))
             return cursor.rowcount

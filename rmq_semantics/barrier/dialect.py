@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["KEY", "Dialect", "dialect_of", "validate_table"]
+__all__ = ["KEY", "AsyncDialect", "Dialect", "async_dialect_of", "dialect_of", "validate_table"]
 
 # dtm's barrier key is (gid, branch_id, op, barrier_id); a message transaction has one
 # branch and one operation, so only gid (the transaction id) varies.
@@ -67,12 +67,57 @@ class Dialect:
         cursor.execute(self.insert_ignore_sql(table), (gid, *KEY, reason))
         return cursor.rowcount == 1
 
-    def reason(self, cursor: Any, table: str, gid: str) -> str | None:
+    def reason_sql(self, table: str) -> str:
         p = self.param
-        cursor.execute(f"SELECT reason FROM {table} WHERE gid = {p} AND branch_id = {p} "
-                       f"AND op = {p} AND barrier_id = {p}", (gid, *KEY))
+        return (f"SELECT reason FROM {table} WHERE gid = {p} AND branch_id = {p} "
+                f"AND op = {p} AND barrier_id = {p}")
+
+    def reason(self, cursor: Any, table: str, gid: str) -> str | None:
+        cursor.execute(self.reason_sql(table), (gid, *KEY))
         row = cursor.fetchone()
         return None if row is None else row[0]
+
+
+class AsyncDialect:
+    """A dialect's SQL on an asyncio connection (aiosqlite, psycopg's AsyncConnection): the
+    same statements, awaited; subclasses give the transaction."""
+
+    def __init__(self, sql: Dialect) -> None:
+        self.sql = sql
+        self.name = sql.name
+
+    def transaction(self, conn: Any, wait_s: float | None = None
+                    ) -> AbstractAsyncContextManager[Any]:
+        """As :meth:`Dialect.transaction`, awaited."""
+        raise NotImplementedError
+
+    async def insert_ignore(self, cursor: Any, table: str, gid: str, reason: str) -> bool:
+        await cursor.execute(self.sql.insert_ignore_sql(table), (gid, *KEY, reason))
+        return cursor.rowcount == 1
+
+    async def reason(self, cursor: Any, table: str, gid: str) -> str | None:
+        await cursor.execute(self.sql.reason_sql(table), (gid, *KEY))
+        row = await cursor.fetchone()
+        return None if row is None else row[0]
+
+
+def _from(conn: object, package: str) -> bool:
+    return any(cls.__module__.split(".")[0] == package for cls in type(conn).__mro__)
+
+
+def async_dialect_of(conn: object) -> AsyncDialect:
+    """The dialect of an asyncio connection: aiosqlite's, or psycopg 3's AsyncConnection."""
+    if _from(conn, "aiosqlite"):
+        from rmq_semantics.barrier.sqlite import ASYNC_SQLITE
+
+        return ASYNC_SQLITE
+    if _from(conn, "psycopg") and any(c.__name__ == "AsyncConnection"
+                                      for c in type(conn).__mro__):
+        from rmq_semantics.barrier.postgres import ASYNC_POSTGRES
+
+        return ASYNC_POSTGRES
+    raise ConfigError(f"the async barrier needs an aiosqlite or psycopg (3) AsyncConnection, "
+                      f"got {type(conn).__module__}.{type(conn).__name__}")
 
 
 def dialect_of(conn: object) -> Dialect:
@@ -81,11 +126,13 @@ def dialect_of(conn: object) -> Dialect:
         from rmq_semantics.barrier.sqlite import SQLITE
 
         return SQLITE
-    if any(cls.__module__.split(".")[0] == "psycopg" for cls in type(conn).__mro__):
+    if _from(conn, "psycopg") and not any(c.__name__ == "AsyncConnection"
+                                          for c in type(conn).__mro__):
         from rmq_semantics.barrier.postgres import POSTGRES
 
         return POSTGRES
     raise ConfigError(f"the barrier needs a sqlite3 or psycopg (3) connection, got "
-                      f"{type(conn).__module__}.{type(conn).__name__}")
+                      f"{type(conn).__module__}.{type(conn).__name__} (an asyncio "
+                      f"connection goes to AsyncTransactionBarrier)")
 
 

@@ -8,17 +8,17 @@ The wait is bounded by ``lock_timeout`` set for the check's own transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from rmq_semantics.barrier.dialect import Dialect
+from rmq_semantics.barrier.dialect import AsyncDialect, Dialect
 from rmq_semantics.errors import IllegalStateError, RmqTimeoutError
 
-__all__ = ["POSTGRES"]
+__all__ = ["ASYNC_POSTGRES", "POSTGRES"]
 
 
 class PostgresDialect(Dialect):
@@ -59,3 +59,28 @@ class PostgresDialect(Dialect):
 
 
 POSTGRES = PostgresDialect()
+
+
+class AsyncPostgresDialect(AsyncDialect):
+    """The same on psycopg's AsyncConnection: the server waits for the lock, the loop runs."""
+
+    @asynccontextmanager
+    async def transaction(self, conn: psycopg.AsyncConnection,
+                          wait_s: float | None = None) -> AsyncIterator[Any]:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise IllegalStateError("the barrier needs a connection with no transaction "
+                                    "open (commit or roll back first)")
+        try:
+            async with conn.transaction(), conn.cursor() as cursor:
+                if wait_s is not None:  # as the synchronous dialect's check
+                    await cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    await cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                                         (f"{max(1, round(wait_s * 1000))}ms",))
+                yield cursor
+        except pg_errors.LockNotAvailable as exc:
+            if wait_s is None:
+                raise
+            raise RmqTimeoutError(f"the barrier row stayed locked for {wait_s:.3f} s") from exc
+
+
+ASYNC_POSTGRES = AsyncPostgresDialect(POSTGRES)

@@ -10,13 +10,14 @@ its own statements and restores afterwards.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
-from rmq_semantics.barrier.dialect import Dialect
+from rmq_semantics.barrier.dialect import AsyncDialect, Dialect
 from rmq_semantics.errors import IllegalStateError, RmqTimeoutError
 
-__all__ = ["SQLITE"]
+__all__ = ["ASYNC_SQLITE", "SQLITE"]
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -76,3 +77,39 @@ class SqliteDialect(Dialect):
 
 
 SQLITE = SqliteDialect()
+
+
+class AsyncSqliteDialect(AsyncDialect):
+    """The same on an aiosqlite connection: its thread waits for the lock, never the loop."""
+
+    @asynccontextmanager
+    async def transaction(self, conn: Any, wait_s: float | None = None) -> AsyncIterator[Any]:
+        if conn.in_transaction:
+            raise IllegalStateError("the barrier needs a connection with no transaction "
+                                    "open (commit or roll back first)")
+        previous = None
+        if wait_s is not None:
+            async with conn.execute("PRAGMA busy_timeout") as cursor:
+                previous = (await cursor.fetchone())[0]
+            await conn.execute(f"PRAGMA busy_timeout = {max(0, round(wait_s * 1000))}")
+        cursor = await conn.cursor()
+        try:
+            await cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+                await conn.commit()
+            except BaseException:
+                if conn.in_transaction:
+                    await conn.rollback()
+                raise
+        except sqlite3.OperationalError as exc:
+            if wait_s is not None and _busy(exc):
+                raise RmqTimeoutError(f"the database stayed locked for {wait_s:.3f} s") from exc
+            raise
+        finally:
+            await cursor.close()
+            if previous is not None:
+                await conn.execute(f"PRAGMA busy_timeout = {int(previous)}")
+
+
+ASYNC_SQLITE = AsyncSqliteDialect(SQLITE)

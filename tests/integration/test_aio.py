@@ -1,6 +1,6 @@
 """The asyncio API on a real broker (issue 20): 1,000 concurrent transactions on one loop
-with an async SQLite local transaction and async back-checks, each committed message
-promoted exactly once; plain listeners, multi-message transactions and the sync errors
+with an async SQLite local transaction under the async barrier and async back-checks, every
+committed one promoted exactly once; plain listeners, multi-message transactions and the sync errors
 through the async producer; AsyncProducer's headers read back with ``async for``. Every
 test runs under the loop guard: a blocking Kafka or sqlite3 call on the loop's thread fails
 it (shown structurally, never by timing)."""
@@ -25,6 +25,7 @@ from rmq_semantics import (
     UnknownPartitionError,
 )
 from rmq_semantics import LocalTransactionState as S
+from rmq_semantics.barrier import AsyncTransactionBarrier
 from tests.integration.txn_helpers import (
     FAST,
     ThreadCoordinator,
@@ -38,46 +39,50 @@ pytestmark = pytest.mark.integration
 
 # 1,000 by default (well under a minute); RMQ_TEST_AIO_N=10000 for a longer run.
 CONCURRENT = int(os.environ.get("RMQ_TEST_AIO_N", "1000"))
-# What each transaction's local transaction does: the first two decide inline, the others
-# answer UNKNOW (with or without their row) and are decided by the async back-check.
-KINDS = ("commit", "rollback", "unknown_with_row", "unknown_without_row")
-INLINE = {"commit": S.COMMIT_MESSAGE, "rollback": S.ROLLBACK_MESSAGE,
-          "unknown_with_row": S.UNKNOW, "unknown_without_row": S.UNKNOW}
-ROW_WRITTEN = ("commit", "unknown_with_row")
+# What each transaction's local transaction does under the async barrier: the first two
+# decide inline; "unknown" commits its row and answers UNKNOW, "crash" dies before its local
+# transaction began (no row): the async back-check decides those two from the barrier row.
+KINDS = ("commit", "rollback", "unknown", "crash")
+INLINE = {"commit": S.COMMIT_MESSAGE, "rollback": S.ROLLBACK_MESSAGE, "unknown": S.UNKNOW,
+          "crash": S.UNKNOW}
+ROW_WRITTEN = ("commit", "unknown")
 
 
 class SqliteOrders(TransactionListener):
-    """The local transaction inserts an order row keyed by the transaction id (aiosqlite);
-    the back-check answers from that table, on a connection of its own."""
+    """The local transaction inserts an order row under the async barrier (aiosqlite); the
+    back-check answers from the barrier row, on a connection of its own."""
 
     def __init__(self, db: aiosqlite.Connection, check_db: aiosqlite.Connection) -> None:
+        self.barrier = AsyncTransactionBarrier(table="rmq_barrier")
         self.db, self.check_db = db, check_db
-        self.lock = asyncio.Lock()  # one connection: one database transaction at a time
+        # One connection holds one database transaction at a time.
+        self.lock, self.check_lock = asyncio.Lock(), asyncio.Lock()
         self.checked: list[bytes] = []
 
     async def execute_local_transaction(self, msg, kind):
-        if kind in ROW_WRITTEN:
-            async with self.lock:
-                await self.db.execute("BEGIN IMMEDIATE")
-                await self.db.execute("INSERT INTO orders (txn_id, value) VALUES (?, ?)",
-                                      (msg.transaction_id, msg.value))
-                await self.db.commit()
-        return INLINE[kind]
+        if kind == "crash":
+            return S.UNKNOW
+        async with self.lock, self.barrier.local_transaction(self.db, msg) as txn:
+            if kind == "rollback":
+                txn.set_rollback_only()
+            else:
+                await txn.cursor.execute("INSERT INTO orders (txn_id, value) VALUES (?, ?)",
+                                         (msg.transaction_id, msg.value))
+        return S.UNKNOW if kind == "unknown" else txn.state
 
     async def check_local_transaction(self, msg):
         self.checked.append(msg.value)
-        async with self.check_db.execute("SELECT 1 FROM orders WHERE txn_id = ?",
-                                         (msg.transaction_id,)) as cursor:
-            found = await cursor.fetchone()
-        return S.COMMIT_MESSAGE if found else S.ROLLBACK_MESSAGE
+        async with self.check_lock:
+            return await self.barrier.check(self.check_db, msg)
 
 
 async def _open_orders(path: Path) -> tuple[aiosqlite.Connection, aiosqlite.Connection]:
-    """The orders table (WAL: the checks read while the local transactions write) and two
-    connections to it, one for the local transactions and one for the checks."""
+    """The orders and barrier tables (WAL: the checks read while the local transactions
+    write) and two connections, one for the local transactions and one for the checks."""
     db = await aiosqlite.connect(path, isolation_level=None, timeout=30)
     await db.executescript("PRAGMA journal_mode=WAL; "
                            "CREATE TABLE orders (txn_id TEXT PRIMARY KEY, value BLOB);")
+    await AsyncTransactionBarrier(table="rmq_barrier").create_table(db)
     return db, await aiosqlite.connect(path, isolation_level=None, timeout=30)
 
 
