@@ -12,12 +12,17 @@ starts at or below the lowest unresolved member, so a replay finds the same anch
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rmq_semantics.records.half import HalfMessage
 
-__all__ = ["Assemblies", "Assembly"]
+__all__ = ["CLOSED_LIMIT", "Assemblies", "Assembly"]
+
+# Closed transactions remembered per half partition (a restart forgets them: a late member
+# is then checked on its own, and the producer answers as it did).
+CLOSED_LIMIT = 10_000
 
 
 @dataclass
@@ -59,6 +64,19 @@ class Assemblies:
     _units: dict[int, Assembly] = field(default_factory=dict)  # anchor -> its members
     _anchor_of: dict[int, int] = field(default_factory=dict)  # member offset -> anchor
     _waiting: set[int] = field(default_factory=set)  # anchors with a COMMIT waiting
+    # Transactions resolved while members were unread (rolled back, discarded), bounded:
+    # their outcome for a member read later, which would else start a unit of its own and
+    # be checked again, with itself as the message the listener sees.
+    _closed: OrderedDict[str, tuple] = field(default_factory=OrderedDict)
+
+    def close(self, txn_id: str, outcome: tuple) -> None:
+        """``txn_id`` was resolved with members unread: what they get when read."""
+        self._closed[txn_id] = outcome
+        if len(self._closed) > CLOSED_LIMIT:
+            self._closed.popitem(last=False)
+
+    def closed(self, txn_id: str) -> tuple | None:
+        return self._closed.get(txn_id)
 
     def add(self, offset: int, half: HalfMessage) -> tuple[int | None, str]:
         """Member ``half`` read at ``offset``: (its unit's anchor, ""), the anchor being

@@ -142,6 +142,8 @@ class PartitionState(ReappendSteps):
     def _join(self, offset: int, half: HalfMessage, now_ms: int) -> list[Action] | None:
         """Member ``half`` joins its transaction: None when it is the first member read
         (the caller makes it pending, as the anchor), else what became applicable."""
+        if (closed := self.assemblies.closed(half.txn_id)) is not None:
+            return [self._late_member(offset, half, *closed)]
         anchor, problem = self.assemblies.add(offset, half)
         if anchor == offset:
             return None
@@ -380,13 +382,28 @@ class PartitionState(ReappendSteps):
 
     def _finish(self, offset: int, outcome: TxnState) -> Finish:
         entry, members = self._resolve(offset, outcome)
+        self._close_unread(members, (outcome, None, ""))
         return Finish(entry.half, outcome, entry.checks_answered, members)
+
+    def _close_unread(self, members: tuple[HalfMessage, ...], outcome: tuple) -> None:
+        if members and len(members) < members[0].txn_size:
+            self.assemblies.close(members[0].txn_id, outcome)
+
+    def _late_member(self, offset: int, half: HalfMessage, outcome: TxnState,
+                     reason: DiscardReason | None, detail: str) -> Action:
+        """A member read after its transaction was rolled back or discarded: the same."""
+        self.pending[offset] = Pending(half, 0)
+        heapq.heappush(self._pending_heap, offset)
+        if reason is not None:
+            return self._discard(offset, reason, f"{detail} (a member read after that)")
+        return self._finish(offset, outcome)
 
     def _leave(self, offset: int) -> tuple[Pending, tuple[HalfMessage, ...]]:
         return self._resolve(offset, TxnState.REAPPENDED)  # this offset is done, not the txn
 
     def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard:
         entry, members = self._resolve(offset, TxnState.DISCARDED)
+        self._close_unread(members, (TxnState.DISCARDED, reason, detail))
         for half in members or (entry.half,):
             self._discarded(half.offset, self.op_position - 1)
         return Discard(entry.half, reason, entry.checks_answered, detail, members)

@@ -203,11 +203,33 @@ def test_a_refused_member_sets_the_whole_transaction_aside():
     assert st.decided[11][1] is TxnState.DISCARDED
 
 
-def test_a_late_member_after_a_rollback_is_its_own_transaction_decided_by_a_check():
+def test_a_late_member_after_a_rollback_is_rolled_back_at_once_never_checked():
     st = live(timeout=1000)
-    feed(st, member(10, 0, size=2))
+    feed(st, member(10, 0, size=3))
     st.on_end_request(end(0, 10, "ROLLBACK"), T0)
+    [late] = feed(st, member(11, 1, size=3))
+    assert isinstance(late, Finish) and late.outcome is TxnState.ROLLED_BACK
+    assert [h.offset for h in late.records] == [11]
+    assert st.pending == {} and st.due(T0 + 1000) == [] and st.half_commit == 12
+    [late] = feed(st, member(12, 2, size=3))
+    assert late.outcome is TxnState.ROLLED_BACK
+
+
+def test_a_late_member_after_a_discard_is_set_aside_with_the_same_reason():
+    st = live(check_max=1, timeout=1000)
+    feed(st, member(10, 0, size=2))
+    st.due(T0 + 1000)
+    [discard] = st.on_end_request(end(0, 10, "UNKNOWN", from_check=True, seq=1), T0)
+    assert discard.reason is DiscardReason.CHECK_MAX
+    [late] = feed(st, member(11, 1, size=2))
+    assert isinstance(late, Discard) and late.reason is DiscardReason.CHECK_MAX
+    assert "a member read after that" in late.detail and st.decided[11][1] is TxnState.DISCARDED
+
+
+def test_after_a_restart_a_late_member_is_checked_on_its_own():
+    # The closed transactions live in memory: a new state checks the member, and the
+    # producer answers ROLLBACK as it did the first time.
+    st = live(timeout=1000)
     feed(st, member(11, 1, size=2))
-    assert list(st.pending) == [11]
     [check] = st.due(T0 + 1000)
     assert isinstance(check, IssueCheck) and check.half.offset == 11
