@@ -7,7 +7,6 @@ open local transaction waits in aiosqlite's thread or in the server, never on th
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
@@ -25,13 +24,12 @@ from rmq_semantics.barrier.barrier import (
     transaction_id,
 )
 from rmq_semantics.barrier.dialect import AsyncDialect, async_dialect_of
+from rmq_semantics.barrier.listener import answered, failed, refused
 from rmq_semantics.errors import BarrierRollback, ConfigError, RmqTimeoutError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction_api import LocalTransactionState
 
 __all__ = ["AsyncBarrierTransactionListener", "AsyncTransactionBarrier"]
-
-log = logging.getLogger(__name__)
 
 
 class AsyncTransactionBarrier(BarrierRules):
@@ -133,17 +131,10 @@ class AsyncBarrierTransactionListener:
                 if answer is LocalTransactionState.ROLLBACK_MESSAGE:
                     txn.set_rollback_only()
         except BarrierRollback as exc:
-            log.info("%s", exc)
-            return LocalTransactionState.ROLLBACK_MESSAGE
+            return refused(exc)
         except Exception:
-            # Failed before the body or in the commit: the check answers from the barrier row.
-            state = txn.state if txn is not None else LocalTransactionState.UNKNOW
-            log.exception("txn=%s: local transaction failed (answering %s)",
-                          msg.transaction_id, state.name)
-            return state
-        if answer is LocalTransactionState.UNKNOW:
-            return LocalTransactionState.UNKNOW
-        return txn.state
+            return failed(txn, msg)
+        return answered(txn, answer)
 
     async def check_local_transaction(self, msg: Message) -> LocalTransactionState:
         async with self._connection() as conn:

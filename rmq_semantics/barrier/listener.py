@@ -12,11 +12,35 @@ from rmq_semantics.errors import BarrierRollback, ConfigError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState, TransactionListener
 
-__all__ = ["BarrierTransactionListener"]
+__all__ = ["BarrierTransactionListener", "answered", "failed", "refused"]
 
 log = logging.getLogger(__name__)
 
 Business = Callable[[Any, Message, Any], LocalTransactionState | None]
+
+
+# How a barrier listener's local transaction ends, for the synchronous and asyncio ones.
+def refused(exc: BarrierRollback) -> LocalTransactionState:
+    """A check decided ROLLBACK before the local transaction began: its body did not run."""
+    log.info("%s", exc)
+    return LocalTransactionState.ROLLBACK_MESSAGE
+
+
+def failed(txn: BarrierTransaction | None, msg: Message) -> LocalTransactionState:
+    """Called in the handler of what the local transaction raised (before the body, in it,
+    or in the commit): the barrier row's outcome, which the check answers from too."""
+    state = txn.state if txn is not None else LocalTransactionState.UNKNOW
+    log.exception("txn=%s: local transaction failed (answering %s)", msg.transaction_id,
+                  state.name)
+    return state
+
+
+def answered(txn: BarrierTransaction, answer: LocalTransactionState | None,
+             ) -> LocalTransactionState:
+    """The business answered ``answer`` and the block ended: UNKNOW stays UNKNOW (committed,
+    left to the check), else the outcome of the block."""
+    return LocalTransactionState.UNKNOW if answer is LocalTransactionState.UNKNOW \
+        else txn.state
 
 
 class BarrierTransactionListener(TransactionListener):
@@ -50,19 +74,12 @@ class BarrierTransactionListener(TransactionListener):
                 if answer is LocalTransactionState.ROLLBACK_MESSAGE:
                     txn.set_rollback_only()
         except BarrierRollback as exc:
-            log.info("%s", exc)
-            return LocalTransactionState.ROLLBACK_MESSAGE
+            return refused(exc)
         except Exception:
-            # Failed before the body or in the commit: the check answers from the barrier row.
-            state = txn.state if txn is not None else LocalTransactionState.UNKNOW
-            log.exception("txn=%s: local transaction failed (answering %s)",
-                          msg.transaction_id, state.name)
-            return state
+            return failed(txn, msg)
         finally:
             conn.close()
-        if answer is LocalTransactionState.UNKNOW:
-            return LocalTransactionState.UNKNOW
-        return txn.state
+        return answered(txn, answer)
 
     def check_local_transaction(self, msg: Message) -> LocalTransactionState:
         conn = self._connect()

@@ -16,41 +16,24 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from opentelemetry.util._once import Once
 
 from rmq_semantics import AsyncTransactionProducer, Message, TransactionProducer
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics.tracing import process_span
 from tests.integration.txn_helpers import FAST, ScriptedListener, ThreadCoordinator, wait_for
+from tests.otel_sdk import in_memory_spans
 
 pytestmark = pytest.mark.integration
 
 PRODUCER_SPANS = ("send transaction", "send half", "local transaction", "end transaction")
 
 
-def _reset_tracing_globals() -> None:
-    # What opentelemetry-test-utils' reset_trace_globals does: the API's proxy again.
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-
-
 @pytest.fixture(scope="module")
 def exporter() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _reset_tracing_globals()
-    trace.set_tracer_provider(provider)
-    try:
+    with in_memory_spans() as exporter:
         yield exporter
-    finally:
-        provider.shutdown()
-        _reset_tracing_globals()
 
 
 def _consume_one(conf: dict, topic: str, group: str):

@@ -8,37 +8,22 @@ import random
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.util._once import Once
 
 from coordinator.otel import configure_from_env, wanted
 from rmq_semantics import tracing
 from tests.fuzz import generators as gen
-
-
-def _reset() -> None:
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
+from tests.otel_sdk import in_memory_spans, reset_tracing_globals
 
 
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _reset()
-    trace.set_tracer_provider(provider)
-    try:
+    with in_memory_spans() as exporter:
         yield exporter
-    finally:
-        _reset()
 
 
 def test_without_an_sdk_nothing_is_written_or_made():
-    _reset()
+    reset_tracing_globals()
     assert not tracing.enabled()
     with tracing.span("send half") as current:
         assert current is None
@@ -112,11 +97,11 @@ def test_the_coordinator_exports_spans_only_when_otel_variables_say_so(env, expe
 
 
 def test_the_coordinator_installs_an_otlp_provider_from_the_variables():
-    _reset()
+    reset_tracing_globals()
     try:
         assert configure_from_env({}) is None and not tracing.enabled()
         provider = configure_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
         assert provider is not None and tracing.enabled()
         provider.shutdown()
     finally:
-        _reset()
+        reset_tracing_globals()
