@@ -72,6 +72,17 @@ def completed(all_workers: list[Worker]) -> set[str]:
     return {x["value"] for x in lines_of(all_workers) if x["kind"] == "end"}
 
 
+def holds_a_lock(worker: Worker) -> bool:
+    """Whether the last lock event of some partition in ``worker``'s lines is a grant: a
+    victim of the scenario must hold a lock, or there is nothing to take over (under load a
+    new member may still be waiting for a dead one's lease to lapse)."""
+    last: dict[int, str] = {}
+    for x in worker.lines():
+        if x["kind"] == "event" and x["event"] in ("lock_granted", "lock_lost"):
+            last[x["partition"]] = x["event"]
+    return "lock_granted" in last.values()
+
+
 def done_snapshot(broker, group: str, topic: str) -> tuple[float, dict[int, OffsetTracker]]:
     """(a time, per partition the tracker of the group's commit): what the group had
     committed as done by that time (taken after the reads, so no call after it can have
@@ -126,6 +137,9 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
     def alive() -> list[Worker]:
         return [w for w in everyone if w.proc.poll() is None and w.client_id not in killed]
 
+    def a_holder(what: str) -> Worker:
+        return wait_for(lambda: next((w for w in alive() if holds_a_lock(w)), None), 60, what)
+
     def progress(count: int, what: str) -> None:
         wait_for(lambda: len(completed(everyone)) >= count, 120, what)
 
@@ -137,14 +151,14 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
             start()  # join while there is work
         progress(len(stream.values) - WAVE // 2, f"round {round_no}: progress with 4 members")
         stream.send(WAVE)
-        victim = alive()[0]
+        victim = a_holder("a live worker holding a lock to kill")
         victim.proc.kill()  # SIGKILL, with calls in flight
         victim.proc.wait(10)
         killed.add(victim.client_id)
         kill_times[victim.client_id] = time.time()
         snapshots.append(done_snapshot(broker, group, topic))
         progress(len(stream.values) - WAVE // 2, f"round {round_no}: progress after the kill")
-        paused = alive()[0]
+        paused = a_holder("a live worker holding a lock to pause")
         paused.proc.send_signal(signal.SIGSTOP)
         wait_for(paused.is_stopped, 10, "the worker to be stopped")
         stopped_at = time.time()
