@@ -47,6 +47,8 @@ __all__ = [
 # A deferred end request whose half offset is still unseen after this long, while the half
 # partition reports it is at its end, names an offset that does not exist.
 DEFER_GRACE_MS = 2000
+# End requests waiting for their half record, at most (CoordinatorSettings.max_deferred_ends).
+MAX_DEFERRED_ENDS = 100_000
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
 
@@ -84,6 +86,11 @@ class PartitionState(ReappendSteps):
     deferred: dict[int, list[EndRequest]] = field(default_factory=dict)
     half_at_end: bool = False
     op_at_end: bool = False
+    # Ends of the half partition observed: a COMMIT waiting for members is declared
+    # incomplete only after an end observed after it (one read before it is stale: the
+    # members were written before the COMMIT, maybe after that end).
+    half_eofs: int = 0
+    max_deferred_ends: int = MAX_DEFERRED_ENDS
     counters: Counter = field(default_factory=Counter)
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
     # conflicting one after the offset left ``decided``.
@@ -105,6 +112,8 @@ class PartitionState(ReappendSteps):
     _done_ops: list[tuple[int, int]] = field(default_factory=list)  # (done op, half offset)
     _marker_ops: list[tuple[int, int]] = field(default_factory=list)  # (marker op, half)
     _deferred_ops: list[tuple[int, int]] = field(default_factory=list)  # (end op, half)
+    _commit_eofs: dict[int, int] = field(default_factory=dict)  # anchor -> half_eofs then
+    _probed_ms: int = -DEFER_GRACE_MS  # when the I/O layer was last asked for a fresh end
     horizon: Horizon = field(default_factory=Horizon)  # re-appends, and where txns moved
     # Multi-message transactions: one pending entry at the anchor (its first member read),
     # every member offset unresolved until the whole transaction is.
@@ -195,6 +204,7 @@ class PartitionState(ReappendSteps):
         anchor = self.assemblies.anchor(half_offset)
         if anchor is not None:  # every member is done in the same Kafka transaction
             self.assemblies.remove(anchor)
+            self._commit_eofs.pop(anchor, None)
             self.pending.pop(anchor, None)
             self.early_markers.pop(anchor, None)
         self.pending.pop(half_offset, None)
@@ -256,6 +266,7 @@ class PartitionState(ReappendSteps):
         """The consumer reached the end of the half or op partition."""
         if which == "half":
             self.half_at_end = True
+            self.half_eofs += 1
         else:
             self.op_at_end = True
         if self.recovering and self.half_at_end and self.op_at_end:
@@ -337,6 +348,7 @@ class PartitionState(ReappendSteps):
             return []
         if request.state == "COMMIT" and unit is not None and not unit.complete:
             self.assemblies.commit_waits(unit, now_ms, request.op_offset)
+            self._commit_eofs[unit.anchor] = self.half_eofs
             return []
         if request.state == "COMMIT":
             return [self._finish(offset, TxnState.COMMITTED)]
@@ -374,6 +386,7 @@ class PartitionState(ReappendSteps):
         their offsets get ``outcome``; no member is ever resolved alone)."""
         entry = self.pending.pop(offset)
         transition(entry.state, outcome)
+        self._commit_eofs.pop(offset, None)
         unit = self.assemblies.remove(offset)
         members = unit.ordered() if unit is not None else ()
         for half in members or (entry.half,):
@@ -446,14 +459,27 @@ class PartitionState(ReappendSteps):
 
     def _incomplete(self, now_ms: int) -> list[Action]:
         """Transactions committed with members missing, once the half partition was read to
-        its end a while after the COMMIT: those members never came (the producer died
-        mid-send); never promoted in part, every member read is set aside."""
+        an end observed after the COMMIT, a while after it: those members never came (the
+        producer died mid-send); never promoted in part, every member read is set aside."""
         if not self.half_at_end:
             return []
         return [self._discard(unit.anchor, DiscardReason.INCOMPLETE,
                               f"committed with {unit.count} members read")
-                for unit in self.assemblies.waiting_commits()
-                if now_ms - unit.waiting_since >= DEFER_GRACE_MS]
+                for unit in list(self.assemblies.waiting_commits())
+                if now_ms - unit.waiting_since >= DEFER_GRACE_MS
+                and self.half_eofs > self._commit_eofs.get(unit.anchor, self.half_eofs)]
+
+    def wants_half_end(self, now_ms: int) -> bool:
+        """Whether the I/O layer should read the half partition to its end again (a seek to
+        its position): a COMMIT waits for members with no end observed after it, which an
+        idle partition never reports by itself. At most once per grace period."""
+        if now_ms - self._probed_ms < DEFER_GRACE_MS or not any(
+                self._commit_eofs.get(unit.anchor, self.half_eofs) >= self.half_eofs
+                and now_ms - unit.waiting_since >= DEFER_GRACE_MS
+                for unit in self.assemblies.waiting_commits()):
+            return False
+        self._probed_ms = now_ms
+        return True
 
     def next_due_ms(self) -> int | None:
         return self._schedule[0][0] if self._schedule else None

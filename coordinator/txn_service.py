@@ -379,6 +379,8 @@ class TransactionService:
         now = _now_ms()
         for state in self.states.values():
             actions.extend(state.due(now))
+            if state.wants_half_end(now):
+                self._reread_half_end(consumer, state.partition)
         actions = self.destinations.vet(actions, self.states)
         self._publish_counters()
         offsets, moved = self._offsets()
@@ -387,6 +389,17 @@ class TransactionService:
         writer.submit(actions, offsets, consumer.consumer_group_metadata())
         self._sent = {p: (state.half_commit, state.op_commit)
                       for p, state in self.states.items()}
+
+    def _reread_half_end(self, consumer: confluent_kafka.Consumer, partition: int) -> None:
+        """Seek half ``partition`` to its position: librdkafka reports its end once, and a
+        COMMIT waiting for members needs an end read after it (the fetch starts now)."""
+        try:
+            [tp] = consumer.position([TopicPartition(self.topics.half, partition)])
+            if tp.offset >= 0:
+                consumer.seek(tp)
+        except KafkaException as exc:  # asked again a grace period later
+            log.warning("%s[%d]: could not read to its end again: %s", self.topics.half,
+                        partition, exc.args[0].str())
 
     def _read(self, consumer: confluent_kafka.Consumer, most: int,
               wait_s: float) -> tuple[list, int]:
