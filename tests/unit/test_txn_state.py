@@ -168,6 +168,7 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
 
     rng = random.Random(seed)
     st = live(check_max=100)
+    st.max_deferred_ends = rng.choice([2, 100_000])  # bounded: the farthest ahead dropped
     op = 0
     next_half = 0
     open_offsets: list[int] = []
@@ -198,6 +199,7 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
             st.on_check_marker(op, offset, 1, 0, 0, T0 + 60000)
             op += 1
         assert (st.half_commit, st.op_commit) == _reference_commits(st)
+        assert st.deferred_count == sum(map(len, st.deferred.values())) <= st.max_deferred_ends
 
 
 def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_are_done():
@@ -227,10 +229,10 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
                                                     False, 0, T0))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: deferred end requests are unbounded")
 def test_forged_end_requests_for_future_offsets_are_bounded_and_a_real_one_is_kept():
-    st = live()
-    st.max_deferred_ends = 3  # CoordinatorSettings.max_deferred_ends
+    st = PartitionState(0, 6000, 60000, 3, max_deferred_ends=3)
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
     st.on_half(0, half(0), T0)
     st.on_half(1, half(1), T0)  # not at the end: deferred requests wait
     for op, offset in enumerate((1000, 1001, 1002, 1003)):  # forged: offsets far ahead
@@ -244,7 +246,6 @@ def test_forged_end_requests_for_future_offsets_are_bounded_and_a_real_one_is_ke
     assert isinstance(finish, Finish) and finish.half.offset == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: conflicting decisions are only counted")
 def test_a_conflicting_decision_is_reported_with_both_decisions():
     st = live()
     st.on_half(0, half(0), T0)
