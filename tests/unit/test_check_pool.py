@@ -144,7 +144,6 @@ def test_a_revoked_partition_is_committed_then_forgotten(responder):
     assert consumer.commits == [[(1, 2)]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a thread per timed-out check, unbounded")
 def test_hung_checks_leave_a_bounded_number_of_threads_and_are_answered_unknow():
     release = threading.Event()
     rec = Recorder()
