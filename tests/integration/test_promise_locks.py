@@ -20,8 +20,6 @@ from tests.integration.txn_helpers import FAST, ThreadCoordinator
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the reply to a ~600 KB request is over "
-                                       "the broker's limit and the partition replays for ever")
 def test_a_crafted_lock_request_never_wedges_its_partition(broker, unique):
     prefix = unique("pl").replace("-", "")
     conf = broker.conf()
