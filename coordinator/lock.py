@@ -13,6 +13,7 @@ The entry, its key and lifecycle are the lock-state record of :mod:`rmq_semantic
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -34,6 +35,8 @@ __all__ = [
     "LockKey",
     "LockState",
     "LockTable",
+    "RequestPoison",
+    "lock_request_problem",
     "stale_lock_request",
     "transition",
 ]
@@ -42,6 +45,79 @@ log = logging.getLogger(__name__)
 
 # Distinct asked leases the cap is logged for (renewals repeat the same one).
 CAP_LOG_MAX = 64
+# A lock request's ids and group, at most (a reply repeats the client id in key and value,
+# and a denied queue its holder's; an orderly consumer's is ``group@`` and 12 hex digits).
+MAX_ID_CHARS = 255
+# A reply, at most, as estimated before it is written: under the broker's default 1 MB
+# (max.message.bytes), so one request can never make its reply unwritable.
+MAX_REPLY_BYTES = 900 * 1024
+# Per queue result: the fixed Avro fields (granted, reason, epoch, lease, expiry) at most.
+RESULT_OVERHEAD = 64
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+# Requests set aside, and suspects, remembered at most.
+POISON_MEMORY = 10_000
+
+Request = tuple[int, int]  # (request partition, offset)
+
+
+class RequestPoison:
+    """Lock requests whose Kafka transaction failed (coordinator/poison.py's idea for
+    promotions): after an abort every request of the batch is a suspect and goes alone;
+    one that fails alone ``replay_max`` times is set aside, so none wedges its partition."""
+
+    def __init__(self, replay_max: int) -> None:
+        self.replay_max = replay_max
+        self._suspects: dict[Request, int] = {}  # -> failures alone
+        self._poison: dict[Request, None] = {}  # insertion-ordered, bounded
+
+    def suspect(self, requests: list[Request]) -> bool:
+        """Whether any of ``requests`` is a suspect (then each goes in its own transaction)."""
+        return bool(self._suspects) and any(r in self._suspects for r in requests)
+
+    def __contains__(self, request: object) -> bool:
+        """Set aside: skipped (its offset is committed, it is never answered)."""
+        return request in self._poison
+
+    def passed(self, requests: list[Request]) -> None:
+        if len(requests) == 1:
+            self._suspects.pop(requests[0], None)
+
+    def failed(self, requests: list[Request]) -> Request | None:
+        """The transaction of ``requests`` aborted: the request set aside now, if any."""
+        if len(requests) != 1:
+            if len(self._suspects) > POISON_MEMORY:
+                self._suspects.clear()  # leftovers of lost partitions: one more replay at most
+            self._suspects.update({r: self._suspects.get(r, 0) for r in requests})
+            return None
+        [request] = requests
+        self._suspects[request] = self._suspects.get(request, 0) + 1
+        if self._suspects[request] < self.replay_max:
+            return None
+        del self._suspects[request]
+        self._poison[request] = None
+        while len(self._poison) > POISON_MEMORY:
+            del self._poison[next(iter(self._poison))]
+        return request
+
+
+def lock_request_problem(request: LockRequest) -> str | None:
+    """Why ``request`` is refused before it is decided (None: it is not): ids too long,
+    a topic that is no Kafka topic name, or a reply that would be too big to write."""
+    for name in ("client_id", "request_id", "group"):
+        value = getattr(request, name)
+        if not 0 < len(value) <= MAX_ID_CHARS:
+            return f"{name} of {len(value)} characters (1..{MAX_ID_CHARS})"
+    if not request.queues:
+        return "no queues"
+    for ref in request.queues:
+        if not _TOPIC.fullmatch(ref.topic) or ref.topic in (".", "..") or ref.partition < 0:
+            return f"queue {ref.topic[:64]!r}[{ref.partition}] is not a Kafka partition"
+    reply = 2 * len(request.client_id) + len(request.request_id) + sum(
+        len(ref.topic) + MAX_ID_CHARS + RESULT_OVERHEAD for ref in request.queues)
+    if reply > MAX_REPLY_BYTES:
+        return (f"{len(request.queues)} queues: its reply could reach {reply} bytes "
+                f"(at most {MAX_REPLY_BYTES}); send fewer per request")
+    return None
 
 
 def stale_lock_request(request: LockRequest, lease_ms: int, now_ms: int,

@@ -26,12 +26,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from coordinator.kafka_txn import (
     TRANSACTION_TIMEOUT_MS,
@@ -39,7 +38,14 @@ from coordinator.kafka_txn import (
     KafkaTransactions,
     transactional_loop,
 )
-from coordinator.lock import LeaseCeiling, LockTable, stale_lock_request
+from coordinator.lock import (
+    LeaseCeiling,
+    LockTable,
+    RequestPoison,
+    lock_request_problem,
+    stale_lock_request,
+)
+from coordinator.lock_rebuild import read_tables
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.clientconf import client_conf
 from rmq_semantics.errors import (
@@ -49,7 +55,7 @@ from rmq_semantics.errors import (
     MalformedRecordError,
     TransactionAborted,
 )
-from rmq_semantics.records.codec import decode_as, decode_lock_state, encode
+from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.locks import LockReply, LockRequest, QueueResult, RequestKind
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics, ensure_topics, topic_partition_count
@@ -65,7 +71,6 @@ MAX_BATCH = 500
 STARTUP_DEADLINE_S = 60.0
 # Stable committed offsets wait for a zombie's pending transaction (<= its timeout).
 COMMITTED_TIMEOUT_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
-REBUILD_TIMEOUT_S = 30.0
 # A dead service instance's partitions move to the others within this; well under a lease.
 SESSION_TIMEOUT_MS = 10000
 # Requests and replies are only useful for seconds; an hour leaves room for debugging.
@@ -149,51 +154,15 @@ def _open_clients(conf: dict, group: str, transactional_id: str,
     return _Clients(consumer, txn, reader)
 
 
-def _read_tables(reader: confluent_kafka.Consumer, topic: str, parts: list[int],
-                 default_lease_ms: int,
-                 count: Callable[[str], None]) -> tuple[dict[int, LockTable], int]:
-    """Read the lock topic's ``parts`` to their end into one table each; returns the tables
-    and how many records were loaded. Malformed records are counted and skipped."""
-    tables = {p: LockTable() for p in parts}
-    eof: set[int] = set()
-    reader.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in parts])
-    loaded = 0
-    try:
-        deadline = time.monotonic() + REBUILD_TIMEOUT_S
-        while len(eof) < len(parts):
-            if time.monotonic() > deadline:
-                raise KafkaOperationError(f"reading {topic} partitions {parts} did not reach "
-                                          f"the end within {REBUILD_TIMEOUT_S:.0f} s")
-            msg = reader.poll(0.1)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
-                    continue
-                raise KafkaOperationError.wrap(f"reading {topic}", msg.error())
-            if msg.value() is None:
-                continue
-            try:
-                entry = decode_lock_state(msg.key(), msg.value())
-            except MalformedRecordError as exc:
-                count("malformed")
-                log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(),
-                            exc)
-                continue
-            tables[msg.partition()].restore(entry, _now_ms(), entry.lease_ms or default_lease_ms)
-            loaded += 1
-    finally:
-        reader.unassign()
-    return tables, loaded
-
-
 class LockService:
     """Owns request partitions through a consumer group and answers lock requests.
 
     ``conf`` holds ``bootstrap.servers`` and any security settings; they are passed to
     every client untouched. ``run(stop)`` blocks until ``stop`` is set; ``close()`` is
     idempotent. ``metrics`` (optional) is a :class:`coordinator.metrics.CoordinatorMetrics`.
+
+    Over 300 lines because ownership, takeover, the batch step, its one transaction and
+    the poison handling of its requests share the clients, tables and in-flight partitions.
     """
 
     def __init__(self, conf: dict, settings: CoordinatorSettings, *,
@@ -215,6 +184,7 @@ class LockService:
         self._assigned: set[int] = set()
         self._unready: set[int] = set()
         self._in_flight: set[int] = set()  # partitions of the batch being processed
+        self._poison = RequestPoison(settings.replay_max)  # survives replays
         self._lease = LeaseCeiling(settings.lock_lease_ms)
         self._request_partitions = 0
         self._reply_partitions = 0
@@ -338,7 +308,7 @@ class LockService:
         except KafkaException as exc:
             raise KafkaOperationError.wrap("reading committed request offsets",
                                            exc.args[0]) from exc
-        tables, loaded = _read_tables(clients.reader, self.topics.lock, parts,
+        tables, loaded = read_tables(clients.reader, self.topics.lock, parts,
                                       self.settings.lock_lease_ms, self._count)
         for tp in committed:
             if tp.partition in self._unready:
@@ -374,9 +344,11 @@ class LockService:
             p = msg.partition()
             if p in self._assigned and p not in self._unready:
                 batch.append(msg)
-        if batch:
-            self._in_flight = {msg.partition() for msg in batch}
-            self._process(batch)
+        # After an abort, its requests go one per transaction: the one that fails is found.
+        alone = self._poison.suspect([(m.partition(), m.offset()) for m in batch])
+        for part in ([[m] for m in batch] if alone else [batch] if batch else []):
+            self._in_flight = {msg.partition() for msg in part}
+            self._process(part)
             self._in_flight = set()
 
     def _process(self, batch: list) -> None:
@@ -390,11 +362,18 @@ class LockService:
             table = staged.get(p)
             if table is None:
                 table = staged[p] = self._tables.setdefault(p, LockTable()).overlay()
+            if (p, msg.offset()) in self._poison:
+                continue  # set aside: counted and logged when it was
             try:
                 request = decode_as(LockRequest, msg.value())
             except MalformedRecordError as exc:
                 self._count("malformed")
                 log.warning("%s[%d]@%d skipped: %s", msg.topic(), p, msg.offset(), exc)
+                continue
+            if (problem := lock_request_problem(request)) is not None:
+                self._count("invalid_request")
+                log.warning("%s[%d]@%d lock request %.64s set aside, not answered: %s",
+                            msg.topic(), p, msg.offset(), request.request_id, problem)
                 continue
             self._count("requests")
             if _stale(msg, request, self._lease(request), now):
@@ -411,7 +390,7 @@ class LockService:
                             msg.topic(), p, msg.offset(), request.reply_partition)
         offsets = [TopicPartition(self.topics.lock_request, p, off + 1)
                    for p, off in sorted(last.items())]
-        self._write(staged, replies, offsets)
+        self._write(staged, replies, offsets, [(m.partition(), m.offset()) for m in batch])
         for p, table in staged.items():
             if p in self._tables:
                 self._tables[p].absorb(table)
@@ -439,8 +418,9 @@ class LockService:
         return decision.result()
 
     def _write(self, staged: dict[int, LockTable], replies: list[tuple[int, LockReply]],
-               offsets: list[TopicPartition]) -> None:
-        """One transaction: state changes, replies, offsets (TransactionAborted: replay)."""
+               offsets: list[TopicPartition], requests: list[tuple[int, int]]) -> None:
+        """One transaction: state changes, replies, offsets (TransactionAborted: replay,
+        and ``requests`` are suspects: see :meth:`_blame`)."""
         clients = self._clients()
         try:
             with clients.txn.transaction(offsets,
@@ -452,9 +432,15 @@ class LockService:
                 for partition, reply in replies:
                     producer.produce(self.topics.lock_reply, encode(reply),
                                      key=reply.client_id.encode(), partition=partition)
-        except TransactionAborted:
+        except TransactionAborted as exc:
             self._count("aborted")
+            if (poison := self._poison.failed(requests)) is not None:
+                self._count("poison")
+                log.warning("%s[%d]@%d lock request set aside, not answered: its transaction "
+                            "failed %d times alone (%s)", self.topics.lock_request, *poison,
+                            self.settings.replay_max, exc)
             raise
+        self._poison.passed(requests)
 
     def _replay(self) -> None:
         """After an abort or a failed step: the partitions of the batch in flight go back to

@@ -28,6 +28,9 @@ class CoordinatorSettings:
                                  "before it is discarded (replay_limit)")
     max_batch: int = setting(4000, "records read per step, so decided per Kafka transaction "
                                    "(a multi-message transaction is never split by it)")
+    max_deferred_ends: int = setting(
+        100_000, "end requests waiting for their half record, per half partition; beyond "
+                 "it the one addressed farthest ahead is dropped, counted and logged")
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of every system topic")
@@ -56,8 +59,8 @@ class CoordinatorSettings:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
         for name in ("transaction_timeout_ms", "check_interval_ms", "check_max", "replay_max",
-                     "max_batch", "lock_lease_ms", "lock_renew_ms", "half_partitions",
-                     "check_partitions"):
+                     "max_batch", "max_deferred_ends", "lock_lease_ms", "lock_renew_ms",
+                     "half_partitions", "check_partitions"):
             positive(name)
         if not self.lock_renew_ms < self.lock_lease_ms:
             raise ConfigError("need 0 < lock_renew_ms < lock_lease_ms, got "

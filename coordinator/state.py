@@ -27,6 +27,7 @@ from coordinator.actions import (
 )
 from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
 from coordinator.members import Assemblies
+from coordinator.waits import DEFER_GRACE_MS, MAX_DEFERRED_ENDS, WaitSteps
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reasons import DiscardReason
@@ -44,9 +45,6 @@ __all__ = [
     "TxnState",
 ]
 
-# A deferred end request whose half offset is still unseen after this long, while the half
-# partition reports it is at its end, names an offset that does not exist.
-DEFER_GRACE_MS = 2000
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
 
@@ -57,12 +55,13 @@ _OUTCOMES = {state.value: state for state in TxnState}
 
 
 @dataclass
-class PartitionState(ReappendSteps):
+class PartitionState(ReappendSteps, WaitSteps):
     """All the coordinator knows about half partition ``p`` and Op partition ``p``.
 
     Over 300 lines because every input (half records, poison ones, markers, end requests)
     moves the same heaps and offsets to commit: split, each part would reach into them. The
-    re-append steps already live in :class:`coordinator.horizon.ReappendSteps`.
+    re-append steps live in :class:`coordinator.horizon.ReappendSteps`, the bounds of what
+    waits in :class:`coordinator.waits.WaitSteps`.
     """
 
     partition: int
@@ -84,6 +83,11 @@ class PartitionState(ReappendSteps):
     deferred: dict[int, list[EndRequest]] = field(default_factory=dict)
     half_at_end: bool = False
     op_at_end: bool = False
+    # Ends of the half partition observed: a COMMIT waiting for members is declared
+    # incomplete only after an end observed after it (one read before it is stale: the
+    # members were written before the COMMIT, maybe after that end).
+    half_eofs: int = 0
+    max_deferred_ends: int = MAX_DEFERRED_ENDS
     counters: Counter = field(default_factory=Counter)
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
     # conflicting one after the offset left ``decided``.
@@ -105,6 +109,10 @@ class PartitionState(ReappendSteps):
     _done_ops: list[tuple[int, int]] = field(default_factory=list)  # (done op, half offset)
     _marker_ops: list[tuple[int, int]] = field(default_factory=list)  # (marker op, half)
     _deferred_ops: list[tuple[int, int]] = field(default_factory=list)  # (end op, half)
+    _commit_eofs: dict[int, int] = field(default_factory=dict)  # anchor -> half_eofs then
+    _probed_ms: int = -DEFER_GRACE_MS  # when the I/O layer was last asked for a fresh end
+    _deferred_count: int = 0  # end requests in ``deferred``
+    _deferred_far: list[int] = field(default_factory=list)  # max-heap (negated) of its keys
     horizon: Horizon = field(default_factory=Horizon)  # re-appends, and where txns moved
     # Multi-message transactions: one pending entry at the anchor (its first member read),
     # every member offset unresolved until the whole transaction is.
@@ -195,6 +203,7 @@ class PartitionState(ReappendSteps):
         anchor = self.assemblies.anchor(half_offset)
         if anchor is not None:  # every member is done in the same Kafka transaction
             self.assemblies.remove(anchor)
+            self._commit_eofs.pop(anchor, None)
             self.pending.pop(anchor, None)
             self.early_markers.pop(anchor, None)
         self.pending.pop(half_offset, None)
@@ -247,8 +256,7 @@ class PartitionState(ReappendSteps):
         self.op_position = max(self.op_position, request.op_offset + 1)
         if self.recovering or request.half_offset >= self.half_position:
             # Wait until every done marker before it (recovery) and the half record are read.
-            self.deferred.setdefault(request.half_offset, []).append(request)
-            heapq.heappush(self._deferred_ops, (request.op_offset, request.half_offset))
+            self._defer(request)
             return []
         return self._apply_end(request, now_ms)
 
@@ -256,6 +264,7 @@ class PartitionState(ReappendSteps):
         """The consumer reached the end of the half or op partition."""
         if which == "half":
             self.half_at_end = True
+            self.half_eofs += 1
         else:
             self.op_at_end = True
         if self.recovering and self.half_at_end and self.op_at_end:
@@ -275,7 +284,9 @@ class PartitionState(ReappendSteps):
         actions: list[Action] = []
         for offset in offsets:
             if offset < self.half_position:
-                for request in self.deferred.pop(offset):
+                requests = self.deferred.pop(offset)
+                self._deferred_count -= len(requests)
+                for request in requests:
                     actions.extend(self._apply_end(request, now_ms))
                 continue
             if not self.half_at_end:
@@ -287,6 +298,7 @@ class PartitionState(ReappendSteps):
                     self.rejections.append((request, "no half message at that offset"))
                 else:
                     still.append(request)
+            self._deferred_count -= len(self.deferred[offset]) - len(still)
             if still:
                 self.deferred[offset] = still
             else:
@@ -322,7 +334,7 @@ class PartitionState(ReappendSteps):
                                        request.producer_group, request.op_offset)]
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
                     outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
-                self.counters["duplicate_decisions" if same else "conflicting_decisions"] += 1
+                self._second_decision(request, outcome, same)
             return []
         half = entry.half
         if request.txn_id != half.txn_id or request.producer_group != half.producer_group:
@@ -332,11 +344,11 @@ class PartitionState(ReappendSteps):
             return []
         unit = self.assemblies.unit(offset)
         if unit is not None and unit.commit is not None:  # COMMIT was the first decision
-            self.counters["duplicate_decisions" if request.state == "COMMIT" else
-                          "conflicting_decisions"] += 1
+            self._second_decision(request, TxnState.COMMITTED, request.state == "COMMIT")
             return []
         if request.state == "COMMIT" and unit is not None and not unit.complete:
             self.assemblies.commit_waits(unit, now_ms, request.op_offset)
+            self._commit_eofs[unit.anchor] = self.half_eofs
             return []
         if request.state == "COMMIT":
             return [self._finish(offset, TxnState.COMMITTED)]
@@ -374,6 +386,7 @@ class PartitionState(ReappendSteps):
         their offsets get ``outcome``; no member is ever resolved alone)."""
         entry = self.pending.pop(offset)
         transition(entry.state, outcome)
+        self._commit_eofs.pop(offset, None)
         unit = self.assemblies.remove(offset)
         members = unit.ordered() if unit is not None else ()
         for half in members or (entry.half,):
@@ -443,17 +456,6 @@ class PartitionState(ReappendSteps):
             actions.append(IssueCheck(entry.half, entry.checks_issued, entry.checks_issued,
                                       entry.checks_answered, entry.answered_seq, next_ts))
         return actions
-
-    def _incomplete(self, now_ms: int) -> list[Action]:
-        """Transactions committed with members missing, once the half partition was read to
-        its end a while after the COMMIT: those members never came (the producer died
-        mid-send); never promoted in part, every member read is set aside."""
-        if not self.half_at_end:
-            return []
-        return [self._discard(unit.anchor, DiscardReason.INCOMPLETE,
-                              f"committed with {unit.count} members read")
-                for unit in self.assemblies.waiting_commits()
-                if now_ms - unit.waiting_since >= DEFER_GRACE_MS]
 
     def next_due_ms(self) -> int | None:
         return self._schedule[0][0] if self._schedule else None

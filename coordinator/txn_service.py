@@ -104,7 +104,20 @@ def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
 def new_partition_state(partition: int, s: CoordinatorSettings,
                         retention_ms: int | None) -> PartitionState:
     return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms, s.check_max,
-                          retention_ms, reappend_horizon_ms=s.reappend_after_ms)
+                          retention_ms, reappend_horizon_ms=s.reappend_after_ms,
+                          max_deferred_ends=s.max_deferred_ends)
+
+
+def reread_half_end(consumer: confluent_kafka.Consumer, topic: str, partition: int) -> None:
+    """Seek ``topic[partition]`` to its position: librdkafka reports a partition's end once,
+    and a COMMIT waiting for members needs an end read after it (the fetch starts now)."""
+    try:
+        [tp] = consumer.position([TopicPartition(topic, partition)])
+        if tp.offset >= 0:
+            consumer.seek(tp)
+    except KafkaException as exc:  # asked again a grace period later
+        log.warning("%s[%d]: could not read to its end again: %s", topic, partition,
+                    exc.args[0].str())
 
 
 def read_retention(admin: AdminClient, topic: str) -> int | None:
@@ -122,6 +135,11 @@ def read_retention(admin: AdminClient, topic: str) -> int | None:
 
 
 class TransactionService:
+    """Half/op partition pairs read, decided and written, through one consumer group.
+
+    Over 300 lines because the rebalance callbacks, the dispatch of every record kind, the
+    step and the replay all share one consumer, the partition states and the offsets sent."""
+
     def __init__(self, conf: dict, settings: CoordinatorSettings,
                  metrics: CoordinatorMetrics | None = None) -> None:
         self.conf = dict(conf)
@@ -379,6 +397,8 @@ class TransactionService:
         now = _now_ms()
         for state in self.states.values():
             actions.extend(state.due(now))
+            if state.wants_half_end(now):
+                reread_half_end(consumer, self.topics.half, state.partition)
         actions = self.destinations.vet(actions, self.states)
         self._publish_counters()
         offsets, moved = self._offsets()

@@ -142,3 +142,33 @@ def test_a_revoked_partition_is_committed_then_forgotten(responder):
     responder._done(job("late", 2, partition=1))  # a check finishing after the revoke
     responder._commit(consumer)
     assert consumer.commits == [[(1, 2)]]
+
+
+def test_hung_checks_leave_a_bounded_number_of_threads_and_are_answered_unknow():
+    release = threading.Event()
+    rec = Recorder()
+
+    def ask(c: CheckRequest) -> S:
+        release.wait(60)  # the database hangs
+        return S.COMMIT_MESSAGE
+
+    def threads() -> int:
+        return sum(t.name.startswith("rmq-check-worker-hang-") for t in threading.enumerate())
+
+    pool = CheckPool(threads=1, timeout_s=0.2, queue_size=20, ask=ask, reply=rec.reply,
+                     done=rec.finished, name="hang")
+    pool.start()
+    try:
+        for n in range(8):
+            assert pool.submit(job(f"t{n}", n))
+        rec.wait_for(8)  # every check answered, none by a thread started for it
+        assert sorted(rec.replies) == [(f"t{n}", S.UNKNOW) for n in range(8)]
+        assert threads() <= 2  # one worker and at most one abandoned (max_abandoned=threads)
+        assert pool.timed_out + pool.starved == 8 and pool.starved > 0
+        release.set()  # the database is back: an abandoned thread works again
+        assert pool.submit(job("after", 9))
+        rec.wait_for(9)
+        assert rec.replies[-1] == ("after", S.COMMIT_MESSAGE)
+    finally:
+        release.set()
+        pool.stop(5)

@@ -173,3 +173,33 @@ def test_records_round_trip_and_garbage_is_malformed():
                     b'{"v": 1, "kind": "lock", "queues": [{"topic": 1}]}', encode(reply)):
         with pytest.raises(MalformedRecordError):
             decode_as(LockRequest, garbage)
+
+
+def _request(client_id: str = "c1", topic: str = "orders", queues: int = 1) -> LockRequest:
+    return LockRequest(RequestKind.LOCK, "r1", client_id, "g", 0,
+                       tuple(QueueRef(topic, q) for q in range(queues)), 60000)
+
+
+def test_a_lock_request_whose_reply_could_not_be_written_is_refused_with_a_reason():
+    from coordinator.lock import lock_request_problem
+
+    assert lock_request_problem(_request()) is None
+    assert lock_request_problem(_request(queues=2000)) is None  # a big consumer, answered
+    assert "client_id of 600000" in lock_request_problem(_request("x" * 600_000))
+    assert "client_id of 256" in lock_request_problem(_request("x" * 256))
+    assert "not a Kafka partition" in lock_request_problem(_request(topic=".."))
+    assert "send fewer" in lock_request_problem(_request(queues=3000))
+
+
+def test_a_request_that_fails_alone_replay_max_times_is_set_aside():
+    from coordinator.lock import RequestPoison
+
+    poison = RequestPoison(replay_max=2)
+    batch = [(0, 5), (0, 6), (0, 7)]
+    assert not poison.suspect(batch) and poison.failed(batch) is None
+    assert poison.suspect(batch)  # each goes alone now
+    poison.passed([(0, 5)])
+    assert poison.failed([(0, 6)]) is None and (0, 6) not in poison
+    assert poison.failed([(0, 6)]) == (0, 6) and (0, 6) in poison
+    poison.passed([(0, 7)])
+    assert not poison.suspect(batch)

@@ -233,3 +233,28 @@ def test_after_a_restart_a_late_member_is_checked_on_its_own():
     feed(st, member(11, 1, size=2))
     [check] = st.due(T0 + 1000)
     assert isinstance(check, IssueCheck) and check.half.offset == 11
+
+
+def test_an_end_of_partition_read_before_the_commit_never_makes_it_incomplete():
+    st = live()
+    feed(st, member(10, 0, size=2))
+    st.on_eof("half", T0)  # the end as of member 0: member 1 not written yet
+    assert st.on_end_request(end(5, 10, "COMMIT"), T0 + 1) == []
+    # The half partition's fetch stalls: no record and no fresh end of partition for long.
+    assert [a for a in st.due(T0 + 10 * GRACE) if isinstance(a, Discard)] == []
+    [finish] = feed(st, member(11, 1, size=2))
+    assert isinstance(finish, Finish) and [h.offset for h in finish.records] == [10, 11]
+
+
+def test_an_end_of_partition_read_after_the_commit_makes_it_incomplete():
+    st = live()
+    feed(st, member(10, 0, size=2))
+    st.on_eof("half", T0)
+    st.on_end_request(end(5, 10, "COMMIT"), T0 + 1)
+    # An idle partition reports no end by itself: the I/O layer is asked to read to it again.
+    assert not st.wants_half_end(T0 + GRACE)
+    assert st.wants_half_end(T0 + GRACE + 1) and not st.wants_half_end(T0 + GRACE + 2)
+    st.on_eof("half", T0 + GRACE + 5)  # a fresh end: member 1 never came
+    assert not st.wants_half_end(T0 + 3 * GRACE)
+    [discard] = st.due(T0 + GRACE + 6)
+    assert isinstance(discard, Discard) and discard.reason is DiscardReason.INCOMPLETE

@@ -168,6 +168,7 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
 
     rng = random.Random(seed)
     st = live(check_max=100)
+    st.max_deferred_ends = rng.choice([2, 100_000])  # bounded: the farthest ahead dropped
     op = 0
     next_half = 0
     open_offsets: list[int] = []
@@ -198,6 +199,7 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
             st.on_check_marker(op, offset, 1, 0, 0, T0 + 60000)
             op += 1
         assert (st.half_commit, st.op_commit) == _reference_commits(st)
+        assert st.deferred_count == sum(map(len, st.deferred.values())) <= st.max_deferred_ends
 
 
 def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_are_done():
@@ -225,3 +227,31 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
     assert (st.half_commit, st.op_commit) == (3, 10)
     assert not st.on_op_marker(10, wire.EndRequest("t1", "pg", 0, 1, wire.EndState.COMMIT,
                                                     False, 0, T0))
+
+
+def test_forged_end_requests_for_future_offsets_are_bounded_and_a_real_one_is_kept():
+    st = PartitionState(0, 6000, 60000, 3, max_deferred_ends=3)
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    st.on_half(0, half(0), T0)
+    st.on_half(1, half(1), T0)  # not at the end: deferred requests wait
+    for op, offset in enumerate((1000, 1001, 1002, 1003)):  # forged: offsets far ahead
+        assert st.on_end_request(end(op, offset, "COMMIT"), T0) == []
+    assert st.on_end_request(end(9, 2, "COMMIT"), T0) == []  # the real one, just ahead
+    assert sum(len(r) for r in st.deferred.values()) == 3
+    assert st.counters["rejected_deferred_full"] == 2
+    dropped = sorted(r.half_offset for r, _ in st.rejections)
+    assert dropped == [1002, 1003] and "max_deferred_ends" in st.rejections[0][1]
+    [finish] = st.on_half(2, half(2), T0)
+    assert isinstance(finish, Finish) and finish.half.offset == 2
+
+
+def test_a_conflicting_decision_is_reported_with_both_decisions():
+    st = live()
+    st.on_half(0, half(0), T0)
+    st.on_end_request(end(0, 0, "COMMIT"), T0)
+    st.on_end_request(end(1, 0, "ROLLBACK"), T0)
+    [(request, reason)] = st.rejections
+    assert (request.op_offset, request.txn_id) == (1, "t0")
+    assert "ROLLBACK" in reason and "COMMITTED" in reason
+    assert st.counters["conflicting_decisions"] == 1
