@@ -9,7 +9,6 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer as RawProducer
-from confluent_kafka.admin import AdminClient, NewPartitions
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
@@ -30,8 +29,6 @@ def _sample(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
     return coordinator.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a forged marker below the first "
-                   "coordinator's upgrade watermark is trusted as a pre-upgrade one")
 def test_a_marker_forged_before_the_first_coordinator_starts_settles_nothing(
         broker, make_topic, unique):
     """Fresh prefix: a half is pending, a plain producer writes an unsigned DONE_MARKERS
