@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
@@ -57,3 +58,36 @@ def test_a_marker_forged_before_the_first_coordinator_starts_settles_nothing(
     assert listener.checked == [b"forged-before-start"]
     assert Counter(m.value() for m in read_to_end(conf, topic, 1)) == {
         b"forged-before-start": 1}
+
+
+def _discarded(coordinator: ThreadCoordinator) -> float:
+    registry = coordinator.server.metrics.registry
+    return sum(s.value for m in registry.collect() if m.name == "rmq_discarded"
+               for s in m.samples if s.name == "rmq_discarded_total")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: a COMMIT into a partition added since "
+                   "librdkafka last read the topic's metadata is discarded unknown_partition")
+def test_a_commit_into_a_partition_added_just_before_is_promoted_not_discarded(
+        broker, make_topic, unique):
+    """The coordinator has promoted into the topic (its clients know one partition); the
+    topic then grows a partition and a COMMIT goes straight into it."""
+    prefix = unique("grow").replace("-", "")
+    topic = make_topic("grown", partitions=1)
+    conf = broker.conf()
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator, \
+            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                topic_prefix=prefix, half_partitions=1) as producer:
+        producer.send_message_in_transaction(Message(topic, b"before", partition=0))
+        wait_for(lambda: _sample(coordinator, "rmq_promotions_total") == 1, 60,
+                 "the first promotion")
+        admin = AdminClient(conf)
+        admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+        producer.send_message_in_transaction(Message(topic, b"after", partition=1))
+        wait_for(lambda: _sample(coordinator, "rmq_promotions_total") == 2
+                 or _discarded(coordinator), 60, "the second transaction to be decided")
+        assert _discarded(coordinator) == 0
+    records = read_to_end(conf, topic, 2)
+    assert sorted((m.value(), m.partition()) for m in records) == [
+        (b"after", 1), (b"before", 0)]

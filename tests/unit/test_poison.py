@@ -279,6 +279,10 @@ class FakeProducer:
         self.polls += 1
         return 0
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        self.listed = [*getattr(self, "listed", []), topic]
+        return object()
+
     def flush(self, timeout: float) -> int:
         return 0
 
@@ -530,3 +534,25 @@ def test_a_half_record_for_a_system_topic_is_set_aside_at_intake():
     service._dispatch_guarded(FakeMessage(TOPICS.half, 1, headers), T0)
     [discard] = service.states[0].due(T0)
     assert (discard.reason, discard.half.real_topic) == (R.SYSTEM_TOPIC, TOPICS.op)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: produce()'s unknown partition (librdkafka's "
+                   "stale metadata) discards a COMMIT")
+def test_a_partition_the_producer_does_not_know_yet_is_read_again_not_blamed(make_writer):
+    writer = make_writer(raises={"orders": [
+        KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))]})
+    write(writer, promote())
+    assert writer.producer.listed == ["orders"]  # its metadata read again, then produced
+    assert [c[0] for c in writer.producer.committed if c[0] == "orders"] == ["orders"]
+    assert len(writer.ledger) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: a broker's unknown topic or partition in a "
+                   "delivery report discards a COMMIT without a fresh metadata read")
+def test_an_unknown_topic_in_a_delivery_report_is_replayed_not_blamed(make_writer):
+    stale: list[str] = []
+    writer = make_writer(fails={"orders": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)})
+    writer.stale = stale.append
+    with pytest.raises(TransactionAborted):
+        write(writer, promote())
+    assert len(writer.ledger) == 0 and stale == ["orders"]
