@@ -331,7 +331,8 @@ class TransactionService:
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable, blockage=Blockage(
                 BlockProbe(self._admin_client), self.metrics.promotion_blocked),
-            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0)
+            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
+            stale=self.destinations.stale)
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={

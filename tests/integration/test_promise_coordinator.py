@@ -66,8 +66,6 @@ def _discarded(coordinator: ThreadCoordinator) -> float:
                for s in m.samples if s.name == "rmq_discarded_total")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a COMMIT into a partition added since "
-                   "librdkafka last read the topic's metadata is discarded unknown_partition")
 def test_a_commit_into_a_partition_added_just_before_is_promoted_not_discarded(
         broker, make_topic, unique):
     """The coordinator has promoted into the topic (its clients know one partition); the

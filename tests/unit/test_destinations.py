@@ -79,7 +79,6 @@ def reasons(actions: list[Action]) -> list[DiscardReason | None]:
     return [a.reason if isinstance(a, Discard) else None for a in actions]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a failed list_topics reads as 'no topic'")
 def test_a_failed_metadata_read_discards_nothing_and_blames_no_record(monkeypatch):
     Clock(monkeypatch)
     admin = Admin({"orders": 1})
@@ -95,7 +94,6 @@ def test_a_failed_metadata_read_discards_nothing_and_blames_no_record(monkeypatc
     assert reasons(destinations.vet(commit(st, 0, "orders", 0), {0: st})) == [None]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a read under MIN_REFRESH_S old is trusted")
 def test_a_topic_created_just_after_an_unrelated_refresh_is_promoted(monkeypatch):
     clock = Clock(monkeypatch)
     admin = Admin({"orders": 1})
@@ -108,8 +106,6 @@ def test_a_topic_created_just_after_an_unrelated_refresh_is_promoted(monkeypatch
     assert reasons(destinations.vet(commit(st, 1, "new"), {0: st})) == [None]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a record stamped before the cached read "
-                   "(its producer's clock behind) never makes the cache read again")
 def test_a_producer_clock_behind_hides_no_new_topic(monkeypatch):
     clock = Clock(monkeypatch)
     admin = Admin({})
@@ -123,8 +119,6 @@ def test_a_producer_clock_behind_hides_no_new_topic(monkeypatch):
     assert reasons(destinations.vet(actions, {0: st})) == [None]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a topic-level metadata error reads as "
-                   "'no topic'")
 def test_a_transient_topic_error_in_the_metadata_is_retried_not_discarded(monkeypatch):
     Clock(monkeypatch)
     admin = Admin({"orders": 2})
