@@ -63,9 +63,8 @@ SECOND_PRODUCER_SUFFIX = ".2"
 
 #: ``unwritable(topics)``: which of these real topics the broker refuses us, and why.
 TopicProbe = Callable[[set[str]], dict[str, DiscardReason]]
-# A real topic or partition the producer or a broker calls unknown may be one created since
-# their metadata was read: the producer reads it again (this long at most) and retries, and
-# the replay's vetting decides on a fresh read. Never the record's fault by itself.
+# A real topic or partition called unknown may be newer than that metadata: the producer reads
+# it again and retries; the replay's vetting decides on a fresh read. No record's fault.
 _UNKNOWN_DESTINATION = (DiscardReason.UNKNOWN_TOPIC, DiscardReason.UNKNOWN_PARTITION)
 METADATA_TIMEOUT_S = 10.0
 
@@ -277,8 +276,7 @@ class TransactionWriter:
     def _read_metadata(self, topic: str) -> None:
         """The producer's metadata of ``topic``, read again (librdkafka only refreshes it
         every few minutes), so a partition added since is known to produce()."""
-        log.info("topic %s: a partition unknown to the producer; reading its metadata again",
-                 topic)
+        log.info("topic %s: unknown to the producer; reading its metadata again", topic)
         try:
             self.producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
@@ -292,9 +290,8 @@ class TransactionWriter:
             verdict = on_system_topic(verdict)
         elif verdict.reason in _UNKNOWN_DESTINATION:
             # Only a fresh metadata read lacking it may discard: the replay's vetting.
-            for topic in {h.real_topic for h in action.records}:  # type: ignore[union-attr]
-                if self.stale is not None:
-                    self.stale(topic)
+            for member in action.records if self.stale else ():  # type: ignore[union-attr]
+                self.stale(member.real_topic)  # type: ignore[misc]
             verdict = Verdict(FailureKind.RETRY, detail=verdict.detail)
         half = action.half
         blame = self.ledger.blame((half.partition, half.offset), verdict,

@@ -41,8 +41,6 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(txn_service, "COMMITTED_TIMEOUT_S", 0.1)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a failed committed() in "
-                   "_on_assign leaves poll() and ends the coordinator")
 def test_a_committed_offset_read_that_fails_once_is_retried_in_the_callback(fast):
     service = TransactionService(CONF, SETTINGS)
     consumer = FlakyConsumer(1, {("rb_half", 1): 7, ("rb_op", 1): 3})
@@ -52,8 +50,6 @@ def test_a_committed_offset_read_that_fails_once_is_retried_in_the_callback(fast
     service._raise_settle_error()  # nothing left for the loop
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a failed committed() in "
-                   "_on_assign leaves poll() and ends the coordinator")
 def test_a_committed_offset_read_that_keeps_failing_becomes_a_replay_not_an_exit(fast):
     service = TransactionService(CONF, SETTINGS)
     consumer = FlakyConsumer(10**6, {})
