@@ -4,7 +4,10 @@ ledger, before anything is produced.
 
 A promotion to a missing topic would wait ``transaction.timeout.ms`` for the topic and
 then get the producer fenced, so it is discarded as ``unknown_topic`` before it is tried,
-whatever order its end request was read in (deferred, replayed or not).
+whatever order its end request was read in (deferred, replayed or not). Only a successful
+metadata read taken after the batch was decided, lacking the topic or the partition, may
+discard: a failed read or a topic-level error there is retried (the batch replayed, no
+record blamed), and a cached "no such topic" is read again first.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from confluent_kafka.admin import AclOperation, AdminClient
 
 from coordinator.poison import PoisonLedger
 from coordinator.state import Action, Finish, IssueCheck, PartitionState, TxnState
+from rmq_semantics.errors import KafkaOperationError
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.topics import ADMIN_TIMEOUT_S
 
@@ -25,10 +29,8 @@ __all__ = ["Destinations"]
 
 log = logging.getLogger(__name__)
 
-# Metadata is read again at most this often, when a promotion names what the cache lacks;
-# sooner (not more than every MIN_REFRESH_S) when the cache is older than the half record:
-# a topic created just before the transaction is then never taken for a missing one.
-REFRESH_INTERVAL_S = 1.0
+# Reads of the cluster's metadata are at least this far apart (a stream of COMMITs into a
+# missing topic costs at most this many reads a second): the next one waits, never skips.
 MIN_REFRESH_S = 0.1
 LIST_TIMEOUT_S = 10.0
 _MAY_WRITE = {AclOperation.WRITE, AclOperation.ALL}
@@ -43,35 +45,57 @@ class Destinations:
         self.admin = admin
         self.ledger = ledger
         self._partitions: dict[str, int] = {}
-        self._read_at = 0.0
-        self._read_at_ms = 0  # wall clock, to compare with record timestamps
+        self._unsettled: dict[str, KafkaError] = {}  # topics the last read had an error for
+        self._stale: set[str] = set()  # a write found them missing: read before trusting
+        self._read_at: float | None = None  # monotonic start of the last successful read
+        self._tried_at = float("-inf")
 
-    def _refresh(self, newer_than_ms: int = 0) -> None:
-        age = time.monotonic() - self._read_at
-        if age < MIN_REFRESH_S or (age < REFRESH_INTERVAL_S
-                                   and self._read_at_ms >= newer_than_ms):
-            return
-        self._read_at = time.monotonic()
-        self._read_at_ms = int(time.time() * 1000)
+    def stale(self, topic: str) -> None:
+        """A write into ``topic`` was refused as unknown: its cached count is not trusted
+        until a read after now."""
+        self._stale.add(topic)
+
+    def _refresh(self) -> None:
+        """Read every topic's partitions now; KafkaOperationError (retriable: the caller's
+        batch is replayed) if the read fails."""
+        wait = MIN_REFRESH_S - (time.monotonic() - self._tried_at)
+        if wait > 0:
+            time.sleep(wait)
+        started = self._tried_at = time.monotonic()
         try:
             metadata = self.admin().list_topics(timeout=LIST_TIMEOUT_S)
         except KafkaException as exc:
-            log.warning("listing topics failed: %s", exc.args[0].str())
-            return
-        self._partitions = {name: len(t.partitions) for name, t in metadata.topics.items()
-                            if t.error is None}
+            raise KafkaOperationError.wrap("reading the cluster's metadata before promoting "
+                                           "(the batch is replayed)", exc.args[0]) from exc
+        partitions, unsettled = {}, {}
+        for name, topic in metadata.topics.items():
+            if topic.error is None:
+                partitions[name] = len(topic.partitions)
+            elif topic.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                unsettled[name] = topic.error
+        self._partitions, self._unsettled, self._read_at = partitions, unsettled, started
+        self._stale.clear()
 
     def partition_count(self, topic: str, partition: int | None = None,
-                        newer_than_ms: int = 0) -> int | None:
-        """Partitions of ``topic`` (None: it does not exist), read again when the cache
-        lacks the topic or ``partition``, or is older than ``newer_than_ms``."""
+                        decided_at: float | None = None) -> int | None:
+        """Partitions of ``topic``, None if it does not exist: a cached count that has the
+        topic and ``partition``, else a read taken after ``decided_at`` (monotonic; None:
+        now). Raises KafkaOperationError when no such read can say (retry, blame no one)."""
         count = self._partitions.get(topic)
-        if count is None or (partition is not None and partition >= count):
-            self._refresh(newer_than_ms)
+        lacking = count is None or (partition is not None and partition >= count)
+        fresh = (self._read_at is not None and decided_at is not None
+                 and self._read_at >= decided_at and topic not in self._stale)
+        if (lacking or topic in self._stale or topic in self._unsettled) and not fresh:
+            self._refresh()
             count = self._partitions.get(topic)
+        error = self._unsettled.get(topic)
+        if error is not None:
+            raise KafkaOperationError.wrap(f"the metadata of topic {topic!r} has an error "
+                                           "(the batch is replayed)", error)
         return count
 
-    def refusal(self, action: Action) -> tuple[DiscardReason, str] | None:
+    def refusal(self, action: Action, decided_at: float | None = None
+                ) -> tuple[DiscardReason, str] | None:
         """Why ``action`` must not be written (its record is discarded instead), or None."""
         if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
             half = action.half
@@ -87,7 +111,7 @@ class Destinations:
         # One member with nowhere to go sets the whole transaction aside: never in part.
         for member in action.records:  # type: ignore[union-attr]  # a Finish
             count = self.partition_count(member.real_topic, member.real_partition,
-                                         member.timestamp_ms)
+                                         decided_at)
             prefix = f"member {member.txn_index}: " if member.is_member else ""
             if count is None:
                 return (DiscardReason.UNKNOWN_TOPIC,
@@ -102,8 +126,9 @@ class Destinations:
         """``actions`` with each promotion or check that must not be written replaced by
         the discard of its half record."""
         out: list[Action] = []
+        decided_at = time.monotonic()  # a metadata read taken from now on is fresh
         for action in actions:
-            refused = self.refusal(action)
+            refused = self.refusal(action, decided_at)
             if refused is None:
                 out.append(action)
                 continue

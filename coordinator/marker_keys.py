@@ -5,15 +5,21 @@ The key is the ``marker_key`` setting (env ``RMQ_MARKER_KEY``) or the content of
 to start. With security off and neither given, one is generated and stored.
 
 ``<prefix>_keys`` (one partition, compacted; coordinators only) holds small JSON records of
-three kinds. Each writer uses a record key of its own, so compaction never removes one, and
+four kinds. Each writer uses a record key of its own, so compaction never removes one, and
 for each kind (each Op partition, for watermarks) the FIRST record in the log wins: two
 coordinators starting together both write, read back from the start and agree.
 
 - ``key``: the generated key (security off, no key given).
 - ``fingerprint``: a public name of the key in use; a coordinator given another key refuses
   to start rather than ignore every marker its peers write.
-- ``watermark``: an Op partition's end offset when the first coordinator of this version
-  started; unsigned markers below it were written by older coordinators and are trusted.
+- ``watermark``: the offset below which an Op partition's unsigned markers were written by
+  coordinators of a release before signing, and are trusted: the partition's end when the
+  first signing coordinator started, if one of those ran before; else 0 (a fresh install,
+  or a partition added since: a marker found there before any coordinator ran is forged).
+- ``history``: whether coordinators ran on these topics before the first signing one
+  (``earlier``), written once after that start's watermarks. Decided at that start from
+  this topic or, when it holds nothing, from the one trace an older release left that a
+  producer cannot write: committed offsets of the coordinators' group (the README's ACLs).
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from coordinator.marker_auth import MarkerKey, MarkerVerifier
 from coordinator.settings import CoordinatorSettings
-from rmq_semantics.clientconf import client_conf
+from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, SystemTopics, topic_partition_count
 
@@ -43,7 +50,9 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 READ_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 30.0
-KEY, FINGERPRINT, WATERMARK = "key", "fingerprint", "watermark"
+KEY, FINGERPRINT, WATERMARK, HISTORY = "key", "fingerprint", "watermark", "history"
+#: Every kind of record of the keys topic (the fuzzer has a generator for each).
+KINDS = (KEY, FINGERPRINT, WATERMARK, HISTORY)
 
 
 def security_on(conf: Mapping[str, Any]) -> bool:
@@ -99,10 +108,19 @@ def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | No
         wanted: list[tuple[str, dict]] = []
         if _first(records, FINGERPRINT) is None:
             wanted.append((FINGERPRINT, {"fingerprint": key.fingerprint()}))
-        if missing:
-            ends = store.end_offsets(topics.op, missing)
-            wanted += [(f"{WATERMARK}/{p}", {"partition": p, "offset": ends[p]})
+        history = _first(records, HISTORY)
+        if history is None:
+            # This start decides, once: records of ours (before history existed), or an
+            # older release's committed progress, say coordinators ran here before.
+            earlier = any(_watermarks(records).values()) or store.had_coordinator(
+                topics.coordinator_group, {topics.half, topics.op})
+            ends = store.end_offsets(topics.op, missing) if earlier and missing else {}
+            wanted += [(f"{WATERMARK}/{p}", {"partition": p, "offset": ends.get(p, 0)})
                        for p in missing]
+            wanted.append((HISTORY, {"earlier": earlier}))  # after them: they landed first
+        else:
+            # Added since the first signing coordinator: only signed markers belong there.
+            wanted += [(f"{WATERMARK}/{p}", {"partition": p, "offset": 0}) for p in missing]
         if wanted:
             store.write(wanted)
             records = store.read()
@@ -152,6 +170,8 @@ def _parse(value: bytes | None) -> dict | None:
         valid = isinstance(record.get("key"), str)
     elif kind == FINGERPRINT:
         valid = isinstance(record.get("fingerprint"), str)
+    elif kind == HISTORY:
+        valid = type(record.get("earlier")) is bool
     else:
         valid = (kind == WATERMARK and type(record.get("partition")) is int
                  and type(record.get("offset")) is int)
@@ -163,6 +183,7 @@ class _KeysTopic:
 
     def __init__(self, conf: dict, topic: str, instance_id: str) -> None:
         self.topic = topic
+        self.conf = conf
         self.instance_id = f"{instance_id}-{uuid.uuid4().hex[:8]}"
         self.reader = confluent_kafka.Consumer(client_conf(conf, who="coordinator",
                                                            internal=True, forced={
@@ -235,6 +256,21 @@ class _KeysTopic:
                                                exc.args[0]) from exc
             out[p] = high
         return out
+
+    def had_coordinator(self, group: str, topics: set[str]) -> bool:
+        """Whether ``group`` committed an offset on any partition of ``topics``."""
+        admin = AdminClient(shared_conf(self.conf))
+        request = [ConsumerGroupTopicPartitions(group)]
+        try:
+            committed = admin.list_consumer_group_offsets(
+                request, request_timeout=ADMIN_TIMEOUT_S)[group].result(ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return False
+            raise KafkaOperationError.wrap(f"reading the committed offsets of {group}",
+                                           exc.args[0]) from exc
+        return any(tp.topic in topics and tp.offset >= 0
+                   for tp in committed.topic_partitions or ())
 
     def close(self) -> None:
         self.reader.close()

@@ -63,6 +63,10 @@ SECOND_PRODUCER_SUFFIX = ".2"
 
 #: ``unwritable(topics)``: which of these real topics the broker refuses us, and why.
 TopicProbe = Callable[[set[str]], dict[str, DiscardReason]]
+# A real topic or partition called unknown may be newer than that metadata: the producer reads
+# it again and retries; the replay's vetting decides on a fresh read. No record's fault.
+_UNKNOWN_DESTINATION = (DiscardReason.UNKNOWN_TOPIC, DiscardReason.UNKNOWN_PARTITION)
+METADATA_TIMEOUT_S = 10.0
 
 
 def _now_ms() -> int:
@@ -79,8 +83,10 @@ class TransactionWriter:
     def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
                  metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
                  marker_key: MarkerKey, unwritable: TopicProbe | None = None,
-                 blockage: Blockage | None = None, check_partitions: int = 0) -> None:
+                 blockage: Blockage | None = None, check_partitions: int = 0,
+                 stale: Callable[[str], None] | None = None) -> None:
         self.topics = topics
+        self.stale = stale  # told of a real topic a write found unknown
         self.check_partitions = check_partitions  # of the check topic (0: unknown)
         self.marker_key = marker_key  # signs every marker: readers trust no other
         self.metrics = metrics
@@ -229,6 +235,10 @@ class TransactionWriter:
                 verdict = classify(exc)
                 if verdict.kind is FailureKind.FATAL:
                     raise
+                if _is_promotion(action) and verdict.reason in _UNKNOWN_DESTINATION \
+                        and attempt < PRODUCE_ATTEMPTS:
+                    self._read_metadata(action.records[self._produced].real_topic)
+                    continue
                 if verdict.kind is FailureKind.RETRY and attempt < PRODUCE_ATTEMPTS:
                     self.producer.poll(QUEUE_FULL_WAIT_S)
                     continue
@@ -263,11 +273,26 @@ class TransactionWriter:
             if reason is not None:
                 self._blame(action, Verdict(FailureKind.DISCARD, reason, verdict.detail))
 
+    def _read_metadata(self, topic: str) -> None:
+        """The producer's metadata of ``topic``, read again (librdkafka only refreshes it
+        every few minutes), so a partition added since is known to produce()."""
+        log.info("topic %s: unknown to the producer; reading its metadata again", topic)
+        try:
+            self.producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("reading the metadata of topic %s failed: %s", topic,
+                        exc.args[0].str())
+
     def _blame(self, action: Action, verdict: Verdict) -> None:
         if isinstance(action, LateCommit):
             return
         if not _is_promotion(action):
             verdict = on_system_topic(verdict)
+        elif verdict.reason in _UNKNOWN_DESTINATION:
+            # Only a fresh metadata read lacking it may discard: the replay's vetting.
+            for member in action.records if self.stale else ():  # type: ignore[union-attr]
+                self.stale(member.real_topic)  # type: ignore[misc]
+            verdict = Verdict(FailureKind.RETRY, detail=verdict.detail)
         half = action.half
         blame = self.ledger.blame((half.partition, half.offset), verdict,
                                   discard_copy=isinstance(action, Discard))

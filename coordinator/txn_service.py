@@ -12,6 +12,14 @@ import uuid
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_delay,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 from coordinator.blocked import Blockage, BlockProbe
 from coordinator.destinations import Destinations
@@ -61,7 +69,10 @@ POLL_WAIT_S = 0.05
 MAX_BATCH: int = CoordinatorSettings.max_batch  # the default, which the bench copier mirrors
 # Fewer records than this read while a commit ran: read again once it has settled.
 REREAD_BELOW = 200
-COMMITTED_TIMEOUT_S = 30.0
+# One committed-offset read; inside a rebalance callback they are retried this long, then
+# left to the loop's replay (the callback raising would end the coordinator through poll()).
+COMMITTED_TIMEOUT_S = 10.0
+COMMITTED_DEADLINE_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
 
@@ -166,6 +177,7 @@ class TransactionService:
         # commit failure met inside a rebalance callback, raised by the next step.
         self._sent: dict[int, tuple[int, int]] = {}
         self._settle_error: RmqError | None = None
+        self._stop = threading.Event()  # run()'s, once it runs
         self.ready = threading.Event()
 
     # -- setup ---------------------------------------------------------------------------
@@ -176,7 +188,33 @@ class TransactionService:
 
     # -- rebalance -----------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
+        try:
+            self._recover(consumer, partitions)
+        except KafkaOperationError as exc:
+            # Its partitions have no state: their records are dropped, never committed,
+            # until the next step raises this and the loop replays from committed offsets.
+            log.warning("transaction service: %s; replaying once the loop runs", exc)
+            self._settle_error = self._settle_error or exc
+
+    def _read_committed(self, consumer: confluent_kafka.Consumer, partitions: list) -> list:
+        """Committed offsets of ``partitions``, the read retried (any error but a fatal
+        one) until COMMITTED_DEADLINE_S or shutdown; KafkaOperationError after that."""
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, KafkaException)
+                                     and not e.args[0].fatal()),
+            stop=stop_after_delay(COMMITTED_DEADLINE_S) | stop_when_event_set(self._stop),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
+        try:
+            return retrying(consumer.committed, partitions, timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            raise KafkaOperationError.wrap("reading the committed offsets of half/op partitions "
+                                           f"{sorted({tp.partition for tp in partitions})}",
+                                           exc.args[0]) from exc
+
+    def _recover(self, consumer: confluent_kafka.Consumer, partitions: list) -> list:
+        """Pending state of ``partitions`` rebuilt from their committed offsets (returned)."""
+        committed = self._read_committed(consumer, partitions)
         for tp in committed:
             state = self.states.setdefault(tp.partition, new_partition_state(
                 tp.partition, self.settings, self._retention_ms))
@@ -187,6 +225,7 @@ class TransactionService:
             self._committed[p] = (st.half_position, st.op_position)
         log.info("assigned half/op partitions %s; recovering their pending state",
                  sorted({tp.partition for tp in partitions}))
+        return committed
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._settle_quietly("a revoke")
@@ -322,8 +361,7 @@ class TransactionService:
             assignment = consumer.assignment()
             if not assignment:
                 return
-            self._on_assign(consumer, assignment)
-            for tp in consumer.committed(assignment, timeout=COMMITTED_TIMEOUT_S):
+            for tp in self._recover(consumer, assignment):  # raises: replayed again
                 offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         except KafkaException as exc:  # the loop pauses and replays again
@@ -333,6 +371,7 @@ class TransactionService:
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; the transaction in progress always completes."""
+        self._stop = stop
         # A broker that is still starting is waited for; a wrong setting fails at once.
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
@@ -349,7 +388,8 @@ class TransactionService:
             self.metrics, self.ledger, marker_key=self._markers.key,
             unwritable=self.destinations.unwritable, blockage=Blockage(
                 BlockProbe(self._admin_client), self.metrics.promotion_blocked),
-            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0)
+            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
+            stale=self.destinations.stale)
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={

@@ -363,6 +363,41 @@ def flipped(rng: random.Random, data: bytes) -> bytes:
     return bytes(out)
 
 
+# -- the keys topic: small JSON records (coordinator/marker_keys.py) ----------------------
+def _keys_record(kind: str, **fields: Any) -> bytes:
+    return json.dumps({"v": 1, "kind": kind, **fields}).encode()
+
+
+#: A valid record of each kind of ``<prefix>_keys`` (house rule: a new kind adds one).
+KEYS_RECORDS: dict[str, Callable[[random.Random], bytes]] = {
+    "key": lambda rng: _keys_record("key", key=some_text(rng) or "k"),
+    "fingerprint": lambda rng: _keys_record("fingerprint", fingerprint=some_bytes(rng).hex()),
+    "watermark": lambda rng: _keys_record("watermark", partition=rng.randrange(64),
+                                          offset=rng.randrange(10**9)),
+    "history": lambda rng: _keys_record("history", earlier=rng.random() < 0.5),
+}
+#: Odd values for the fields of a keys record: wrong types, out of range, missing.
+KEYS_ODD_VALUES = (None, "", "1", 1.5, -1, True, [], {}, 2**70)
+
+
+def keys_mutation(rng: random.Random, data: bytes) -> bytes | None:
+    """A keys record with one field oddly set or dropped, its version or kind changed, or
+    its bytes broken."""
+    record = json.loads(data)
+    field_name = pick(rng, sorted(record))
+    how = rng.randrange(4)
+    if how == 0:
+        record[field_name] = pick(rng, KEYS_ODD_VALUES)
+    elif how == 1:
+        del record[field_name]
+    elif how == 2:
+        record["kind"] = pick(rng, [*KEYS_RECORDS, "other", None])
+    else:
+        return pick(rng, [None, b"", data[: rng.randrange(len(data))], not_utf8(rng),
+                          b"[" + data + b"]"])
+    return json.dumps(record).encode()
+
+
 # -- headers: an odd value for every rmq.* header --------------------------------------------
 def _number_text(rng: random.Random) -> bytes:
     return pick(rng, [b"abc", b"1.5", b"1e3", b"0x10", b"--1", b"\xff", b"12a"])

@@ -267,7 +267,7 @@ class Simulation:
         # What run() would load from the keys topic and read from the cluster's metadata.
         service._markers = MarkerVerifier(SIM_KEY, service.topics.op, {})
         service.destinations.partition_count = (
-            lambda topic, partition=None, newer_than_ms=0: self.cluster.topics.get(topic))
+            lambda topic, partition=None, decided_at=None: self.cluster.topics.get(topic))
         topics = [service.topics.half, service.topics.op]
         self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions,
                                       self.rng)

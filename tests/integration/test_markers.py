@@ -190,6 +190,11 @@ def test_coordinators_starting_together_agree_on_one_key_and_the_first_watermark
     settings = CoordinatorSettings(topic_prefix=prefix, half_partitions=2)
     ensure_topics(conf, system_topic_specs(settings))
     _forge(conf, prefix, 1, b"an end request of a producer")
+    # An older release's coordinator read it (its committed progress): an upgrade.
+    committer = RawConsumer({**conf, "group.id": f"{prefix}_coordinator",
+                             "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(f"{prefix}_op", 1, 1)], asynchronous=False)
+    committer.close()
     start = threading.Barrier(2)
     verifiers: list[MarkerVerifier] = []
 

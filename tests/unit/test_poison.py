@@ -279,6 +279,10 @@ class FakeProducer:
         self.polls += 1
         return 0
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        self.listed = [*getattr(self, "listed", []), topic]
+        return object()
+
     def flush(self, timeout: float) -> int:
         return 0
 
@@ -322,10 +326,10 @@ def test_a_refused_delivery_names_its_record_and_aborts(make_writer):
 
 def test_an_error_raised_by_produce_is_blamed_before_the_abort(make_writer):
     writer = make_writer(raises={"orders": [
-        KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))]})
+        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]})
     with pytest.raises(TransactionAborted, match=r"tp_half\[0\]@4 txn=t4"):
         write(writer, promote())
-    assert writer.ledger.discarding((0, 4)).reason is R.UNKNOWN_PARTITION
+    assert writer.ledger.discarding((0, 4)).reason is R.TOO_LARGE
 
 
 def test_any_exception_is_replayed_then_set_aside_and_never_escapes(make_writer):
@@ -427,23 +431,6 @@ def test_the_commit_that_caused_a_discard_read_again_by_a_replay_is_not_late():
     assert st.counters["conflicting_decisions"] == 1
 
 
-def test_metadata_older_than_the_half_record_is_read_again_before_a_topic_counts_as_missing(
-        monkeypatch):
-    from coordinator import destinations as module
-
-    clock = {"mono": 100.0, "wall": 50.0}
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock["mono"])
-    monkeypatch.setattr(module.time, "time", lambda: clock["wall"])
-    admin = FakeAdmin({})
-    destinations = Destinations(lambda: admin, PoisonLedger(3))
-    assert destinations.partition_count("new") is None and admin.listed == 1
-    admin.topics["new"] = 1
-    clock["mono"] += 0.5
-    assert destinations.partition_count("new", newer_than_ms=40_000) is None  # cache is newer
-    assert destinations.partition_count("new", newer_than_ms=60_000) == 1  # the record is
-    assert admin.listed == 2
-
-
 def test_only_size_or_our_own_exceptions_blame_a_record_for_a_system_topic_write():
     from coordinator.poison import on_system_topic
 
@@ -530,3 +517,21 @@ def test_a_half_record_for_a_system_topic_is_set_aside_at_intake():
     service._dispatch_guarded(FakeMessage(TOPICS.half, 1, headers), T0)
     [discard] = service.states[0].due(T0)
     assert (discard.reason, discard.half.real_topic) == (R.SYSTEM_TOPIC, TOPICS.op)
+
+
+def test_a_partition_the_producer_does_not_know_yet_is_read_again_not_blamed(make_writer):
+    writer = make_writer(raises={"orders": [
+        KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))]})
+    write(writer, promote())
+    assert writer.producer.listed == ["orders"]  # its metadata read again, then produced
+    assert [c[0] for c in writer.producer.committed if c[0] == "orders"] == ["orders"]
+    assert len(writer.ledger) == 0
+
+
+def test_an_unknown_topic_in_a_delivery_report_is_replayed_not_blamed(make_writer):
+    stale: list[str] = []
+    writer = make_writer(fails={"orders": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)})
+    writer.stale = stale.append
+    with pytest.raises(TransactionAborted):
+        write(writer, promote())
+    assert len(writer.ledger) == 0 and stale == ["orders"]
