@@ -30,6 +30,7 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
+from coordinator.written import action_where, count_written
 from rmq_semantics.errors import IllegalStateError, TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.half import HalfMessage
@@ -237,13 +238,13 @@ class TransactionWriter:
                     raise
                 if _is_promotion(action) and verdict.reason in _UNKNOWN_DESTINATION \
                         and attempt < PRODUCE_ATTEMPTS:
-                    self._read_metadata(action.records[self._produced].real_topic)
+                    read_metadata_again(self.producer, action.records[self._produced].real_topic)
                     continue
                 if verdict.kind is FailureKind.RETRY and attempt < PRODUCE_ATTEMPTS:
                     self.producer.poll(QUEUE_FULL_WAIT_S)
                     continue
                 self._blame(action, verdict)
-                where = _where(self.topics, action)
+                where = action_where(self.topics, action)
                 raise TransactionAborted(f"{where}: {verdict.detail}") from exc
 
     def _on_delivery(self, action: Action, err: KafkaError | None, msg: object) -> None:
@@ -263,25 +264,8 @@ class TransactionWriter:
         verdict = classify(cause)
         if verdict.kind is not FailureKind.DISCARD:
             return
-        promotions = [a for a in actions if _is_promotion(a)]
-        refused = self.unwritable({h.real_topic for a in promotions for h in a.records}
-                                  ) if promotions else {}
-        for action in promotions:
-            # One member's topic refused sets the whole transaction aside.
-            reason = next((refused[h.real_topic] for h in action.records
-                           if h.real_topic in refused), None)
-            if reason is not None:
-                self._blame(action, Verdict(FailureKind.DISCARD, reason, verdict.detail))
-
-    def _read_metadata(self, topic: str) -> None:
-        """The producer's metadata of ``topic``, read again (librdkafka only refreshes it
-        every few minutes), so a partition added since is known to produce()."""
-        log.info("topic %s: unknown to the producer; reading its metadata again", topic)
-        try:
-            self.producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            log.warning("reading the metadata of topic %s failed: %s", topic,
-                        exc.args[0].str())
+        for action, reason in refused_promotions(actions, self.unwritable):
+            self._blame(action, Verdict(FailureKind.DISCARD, reason, verdict.detail))
 
     def _blame(self, action: Action, verdict: Verdict) -> None:
         if isinstance(action, LateCommit):
@@ -305,7 +289,7 @@ class TransactionWriter:
             outcome = f"it will be set aside ({blame.reason})"
         else:
             outcome = f"replay {blame.replays} of at most {self.ledger.replay_max}"
-        log.warning("%s: %s; %s", _where(self.topics, action), verdict.detail, outcome)
+        log.warning("%s: %s; %s", action_where(self.topics, action), verdict.detail, outcome)
 
     def _each(self, records: tuple[HalfMessage, ...]):
         """``records`` of the action being produced that no failed attempt produced."""
@@ -396,6 +380,32 @@ class TransactionWriter:
             txn.close()
 
 
+def read_metadata_again(producer: Any, topic: str) -> None:
+    """The producer's metadata of ``topic``, read again (librdkafka only refreshes it
+    every few minutes), so a partition added since is known to produce()."""
+    log.info("topic %s: unknown to the producer; reading its metadata again", topic)
+    try:
+        producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        log.warning("reading the metadata of topic %s failed: %s", topic, exc.args[0].str())
+
+
+def refused_promotions(actions: Sequence[Action], unwritable: Callable[[set[str]], dict]
+                       ) -> list[tuple[Action, str]]:
+    """(promotion, reason) for each promotion one of whose real topics ``unwritable``
+    reports refused: one member's topic refused sets the whole transaction aside."""
+    promotions = [a for a in actions if _is_promotion(a)]
+    refused = unwritable({h.real_topic for a in promotions for h in a.records}
+                         ) if promotions else {}
+    found = []
+    for action in promotions:
+        reason = next((refused[h.real_topic] for h in action.records  # type: ignore[union-attr]
+                       if h.real_topic in refused), None)
+        if reason is not None:
+            found.append((action, reason))
+    return found
+
+
 def _promote(producer: Any, half: HalfMessage, on_delivery: Callable) -> None:
     """The promoted copy of ``half``; a ``promote`` span in the producer's trace, if its
     ``traceparent`` header (kept on the record) names one: from the birth to now."""
@@ -445,55 +455,3 @@ def late_commit_headers(action: LateCommit) -> list[tuple[str, bytes]]:
             (H.HALF_OFFSET, str(action.half_offset).encode()),
             (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
             (H.DISCARDED_TS, str(_now_ms()).encode())]
-
-
-def _where(topics: SystemTopics, action: Action) -> str:
-    if isinstance(action, LateCommit):
-        return f"{topics.half}[{action.partition}]@{action.half_offset} " \
-               f"txn={action.txn_id}"
-    half = action.half
-    return f"{topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
-
-
-def count_written(metrics: CoordinatorMetrics, topics: SystemTopics,
-                  actions: Sequence[Action]) -> None:
-    """Metrics and logs of a committed transaction's actions."""
-    now = time.time()
-    debug = log.isEnabledFor(logging.DEBUG)
-    promotions = 0
-    for action in actions:
-        if isinstance(action, LateCommit):
-            metrics.conflicting.labels("late_commit").inc()
-            log.warning("%s: COMMIT (op offset %d) after the transaction was discarded; "
-                        "noted as late_commit in %s", _where(topics, action), action.op_offset,
-                        topics.discard)
-            continue
-        half = action.half
-        if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
-            # The hot path: no per-record string unless debug logging is on.
-            promotions += len(action.records)
-            metrics.promotion_latency.observe(max(0.0, now - half.born_ts / 1000))
-            if debug:
-                log.debug("%s[%d]@%d txn=%s promoted to %s", topics.half,
-                          half.partition, half.offset, half.txn_id, half.real_topic)
-            continue
-        where = f"{topics.half}[{half.partition}]@{half.offset} txn={half.txn_id}"
-        if isinstance(action, Finish):
-            metrics.rollbacks.inc()
-            log.debug("%s rolled back", where)
-        elif isinstance(action, IssueCheck):
-            metrics.checks_issued.inc()
-            log.info("%s check #%d sent to producer group %s", where, action.check_seq,
-                     action.half.producer_group)
-        elif isinstance(action, Reappend):
-            metrics.reappended.inc()
-            log.info("%s re-appended to %s[%d] (pending since %.0f s, first written at "
-                     "offset %d)", where, topics.half, half.partition,
-                     max(0.0, now - half.timestamp_ms / 1000), action.carried.origin_offset)
-        elif isinstance(action, Discard):
-            metrics.discarded.labels(action.reason).inc()
-            log.warning("%s discarded (%s)%s%s", where, action.reason,
-                        f" with its {len(action.members)} members" if action.members else "",
-                        f": {action.detail}" if action.detail else "")
-    if promotions:
-        metrics.promotions.inc(promotions)
