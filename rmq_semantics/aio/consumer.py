@@ -74,6 +74,11 @@ class AsyncConsumer:
         return self._sync.skipped_system_records
 
     @property
+    def skipped_system_partitions(self) -> int:
+        """System-topic partitions a subscription pattern matched, left out at assignment."""
+        return self._sync.skipped_system_partitions
+
+    @property
     def skipped_tag_records(self) -> int:
         """Records the tag filter left out."""
         return self._sync.skipped_tag_records

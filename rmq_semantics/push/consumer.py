@@ -21,6 +21,7 @@ from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS, check_delay_levels
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
+    SystemPartitionFilter,
     SystemTopics,
     ensure_topics,
     refuse_system_topics,
@@ -106,6 +107,7 @@ class PushConsumer:
         self.retry_topics = [self.system_topics.retry(self.group, level)
                              for level in range(1, len(self.delay_levels) + 1)]
         self._topics: list[str] = []
+        self._system = SystemPartitionFilter(self.topic_prefix, f"push consumer {self.client_id}")
         self._tags = TagFilter()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,6 +135,8 @@ class PushConsumer:
                               "topic it reads by itself")
         self._tags = TagFilter(tags)
         self._topics = list(topics)
+        # Its own retry topics are system topics it reads by name.
+        self._system.name([*self._topics, *self.retry_topics])
 
     def start(self) -> None:
         """Create the retry and DLQ topics, join the group and consume in the background."""
@@ -159,7 +163,8 @@ class PushConsumer:
             delay_levels=self.delay_levels, tags=self._tags, batch_size=self.batch_size,
             backlog=max(4 * self.max_workers, 16), max_reconsume_times=self.max_reconsume_times,
             consume_timeout_ms=self.consume_timeout_ms, drain_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-        self._loop = PollLoop(settings, self.ledger, self._pool, self._stopping, self.client_id)
+        self._loop = PollLoop(settings, self.ledger, self._pool, self._stopping, self.client_id,
+                              self._system)
         self._thread = threading.Thread(target=self._loop.run, daemon=True,
                                         name=f"rmq-push-poll-{self.group}")
         self._thread.start()
@@ -194,6 +199,12 @@ class PushConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    @property
+    def skipped_system_partitions(self) -> int:
+        """System-topic partitions a subscription pattern matched, left out at assignment
+        (never fetched, delivered, retried or committed)."""
+        return self._system.skipped_partitions
 
     @property
     def counts(self) -> dict[str, int]:

@@ -24,6 +24,7 @@ from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.tags import TagFilter
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
 
 __all__ = ["PollLoop", "PollSettings"]
 
@@ -67,8 +68,10 @@ class PollLoop:
     """Run by the poll thread: :meth:`run` until ``stopping`` is set, then drains."""
 
     def __init__(self, settings: PollSettings, ledger: Ledger, pool: ListenerPool,
-                 stopping: threading.Event, name: str) -> None:
+                 stopping: threading.Event, name: str,
+                 system: SystemPartitionFilter | None = None) -> None:
         self.s = settings
+        self.system = system or SystemPartitionFilter(DEFAULT_TOPIC_PREFIX, name)
         self.ledger = ledger
         self.pool = pool
         self.stopping = stopping
@@ -145,6 +148,7 @@ class PollLoop:
 
     # -- rebalance ---------------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        partitions = self.system.keep(partitions)
         committed = (consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions
                      else [])
         for tp in committed:
@@ -162,19 +166,21 @@ class PollLoop:
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._commit()  # what is done of them is committed before another owner starts
-        self._forget(partitions)
+        self._forget(consumer, partitions)
 
     def _on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        self._forget(partitions)  # someone else may own them: no commit
+        self._forget(consumer, partitions)  # someone else may own them: no commit
 
-    def _forget(self, partitions: list) -> None:
+    def _forget(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        partitions = self.system.release(partitions)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self.ledger.revoke(key)
             self._held.pop(key, None)
             self._bp_paused.discard(key)
-        if self.consumer is not None and partitions:
-            self.consumer.incremental_unassign(partitions)
+        # Even an empty one: without a call the client unassigns the left-out ones too,
+        # which it refuses (they are not in the assignment).
+        consumer.incremental_unassign(partitions)
 
     # -- pausing -----------------------------------------------------------------------------
     def _resume_due(self) -> None:

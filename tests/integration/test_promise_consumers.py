@@ -131,7 +131,6 @@ def _committed_system_offsets(world: World, conf: dict) -> list[TopicPartition]:
         raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the drop-in is assigned and fetches system partitions")
 def test_consumer_pattern_never_reads_or_commits_system_partitions(world):
     conf = {**world.group_conf(), "enable.auto.commit": False}
     with Consumer(conf, topic_prefix=world.prefix) as consumer:
@@ -159,7 +158,6 @@ def test_consumer_pattern_never_reads_or_commits_system_partitions(world):
     assert _committed_system_offsets(world, conf) == []
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncConsumer is assigned and fetches system partitions")
 def test_async_consumer_pattern_never_reads_or_commits_system_partitions(world):
     conf = {**world.group_conf(), "enable.auto.commit": False}
 
@@ -186,7 +184,6 @@ def test_async_consumer_pattern_never_reads_or_commits_system_partitions(world):
     assert _committed_system_offsets(world, conf) == []
 
 
-@pytest.mark.xfail(strict=True, reason="PushConsumer delivers system-topic records")
 def test_push_consumer_pattern_never_delivers_system_records(world):
     def listener(msgs, context):
         for m in msgs:
@@ -203,7 +200,6 @@ def test_push_consumer_pattern_never_delivers_system_records(world):
         consumer.shutdown()
 
 
-@pytest.mark.xfail(strict=True, reason="OrderlyConsumer delivers and locks system partitions")
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_consumer_pattern_never_delivers_or_locks_system_partitions(world, ordering):
     def listener(msgs, context):
@@ -222,3 +218,4 @@ def test_orderly_consumer_pattern_never_delivers_or_locks_system_partitions(worl
         assert [tp for tp in queues if is_system_topic(tp[0], world.prefix)] == []
     finally:
         consumer.shutdown()
+
