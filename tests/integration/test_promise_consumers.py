@@ -219,3 +219,82 @@ def test_orderly_consumer_pattern_never_delivers_or_locks_system_partitions(worl
     finally:
         consumer.shutdown()
 
+
+def _produce(conf: dict, topic: str, values: list[bytes]) -> None:
+    producer = confluent_kafka.Producer({"bootstrap.servers": conf["bootstrap.servers"]})
+    for value in values:
+        producer.produce(topic, value)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="an exception in the poll loop ends the poll thread "
+                   "silently: nothing more is delivered")
+def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, make_topic,
+                                                                       unique):
+    topic = make_topic("pollerr")
+    raised = threading.Event()
+
+    def stats(_json: str) -> None:  # an application's monitoring hook with a bug
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("bug in the application's stats_cb")
+
+    got: list[bytes] = []
+
+    def listener(msgs, context):
+        got.extend(m.value for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    conf = group_conf(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest",
+                                     "statistics.interval.ms": 100, "stats_cb": stats}))
+    consumer = PushConsumer(conf, listener=listener, max_workers=2, delay_levels=(1.0,),
+                            topic_prefix=unique("pe").replace("-", ""))
+    consumer.subscribe([topic])
+    consumer.start()
+    try:
+        wait_for(raised.is_set, WAIT_S, "the stats callback to raise")
+        values = [f"v{i}".encode() for i in range(3)]
+        _produce(broker.conf(), topic, values)
+        wait_for(lambda: sorted(got) == values, WAIT_S, "the records after the exception",
+                 details=lambda: f"got {got}")
+        assert consumer.counts["poll_errors"] >= 1
+    finally:
+        consumer.shutdown()
+
+
+@pytest.mark.xfail(strict=True, reason="async for stores and commits the offsets of every "
+                   "prefetched record, seen or not")
+def test_async_for_commits_only_the_records_it_handed_out(broker, make_topic, unique):
+    topic = make_topic("aiter")
+    values = [f"v{i}".encode() for i in range(10)]
+    _produce(broker.conf(), topic, values)
+    conf = group_conf(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest"}))
+
+    async def first_three() -> list[bytes]:
+        got = []
+        async with AsyncConsumer(conf) as consumer:
+            await consumer.subscribe([topic])
+            async for msg in consumer:
+                got.append(msg.value())
+                if len(got) == 3:
+                    break
+        return got
+
+    assert asyncio.run(asyncio.wait_for(first_three(), 60)) == values[:3]
+    raw = confluent_kafka.Consumer({"bootstrap.servers": conf["bootstrap.servers"],
+                                    "group.id": conf["group.id"]})
+    try:
+        [tp] = raw.committed([TopicPartition(topic, 0)], timeout=10)
+    finally:
+        raw.close()
+    assert tp.offset == 3  # auto commit on close covered only what the loop handed out
+    rest: list[bytes] = []
+    with Consumer(conf) as consumer:
+        consumer.subscribe([topic])
+
+        def more() -> bool:
+            rest.extend(m.value() for m in consumer.consume(10, 0.2) if m.error() is None)
+            return len(rest) >= 7
+
+        wait_for(more, WAIT_S, "the records the first consumer never handed out")
+    assert rest == values[3:]
