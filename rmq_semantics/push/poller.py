@@ -42,6 +42,9 @@ TXN_TIMEOUT_S = 30.0
 TRANSACTION_TIMEOUT_MS = 10000
 # Reading the committed offsets waits out such a transaction (KIP-447's stable offsets).
 COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
+# A committed-offset read that failed in on_assign is tried again after this, doubling.
+UNREAD_RETRY_MIN_S = 1.0
+UNREAD_RETRY_MAX_S = 30.0
 TP = tuple[str, int]
 
 
@@ -81,6 +84,10 @@ class PollLoop:
         self.started = threading.Event()
         self.error: BaseException | None = None
         self._held: dict[TP, int] = {}  # retry partitions paused until the due ms
+        # Assigned, paused, their committed offsets not read yet (the read failed).
+        self._unread: set[TP] = set()
+        self._unread_delay = UNREAD_RETRY_MIN_S / 2
+        self._unread_at = 0.0
         self._bp_paused: set[TP] = set()
         self._last_commit = 0.0
 
@@ -115,6 +122,7 @@ class PollLoop:
         now = time.monotonic()
         for batch in self.ledger.expired(now):
             self.pool.expire(batch)
+        self._read_unassigned(consumer)
         self._resume_due()
         self._back_pressure(consumer)
         records = consumer.consume(FETCH_MAX, POLL_WAIT_S)
@@ -149,8 +157,24 @@ class PollLoop:
     # -- rebalance ---------------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         partitions = self.system.keep(partitions)
-        committed = (consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions
-                     else [])
+        if not partitions:
+            consumer.incremental_assign([])  # else the client assigns the left-out ones
+            return
+        try:
+            committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            # Ours now, but without their offsets: assigned paused, adopted by a later round
+            # (_read_unassigned). Raising here would end the poll thread.
+            consumer.incremental_assign(partitions)
+            consumer.pause(partitions)
+            self._unread |= {(tp.topic, tp.partition) for tp in partitions}
+            self._unread_failed(exc)
+            return
+        consumer.incremental_assign(self._adopt(committed))
+
+    def _adopt(self, committed: list) -> list:
+        """Track ``committed`` partitions in the ledger; returns them, a retry partition
+        without a commit set to its start."""
         for tp in committed:
             level = self.s.retry_levels.get(tp.topic, 0)
             where = f"{tp.topic}[{tp.partition}]"
@@ -162,7 +186,37 @@ class PollLoop:
         if committed:
             log.info("push consumer %s assigned %s", self.name,
                      [f"{tp.topic}[{tp.partition}]" for tp in committed])
-        consumer.incremental_assign(committed)
+        return committed
+
+    def _unread_failed(self, exc: KafkaException) -> None:
+        count = self.ledger.count("poll_errors")
+        self._unread_delay = min(UNREAD_RETRY_MAX_S, self._unread_delay * 2)
+        self._unread_at = time.monotonic() + self._unread_delay
+        log.warning("push consumer %s: reading the committed offsets of %s failed (%s; "
+                    "poll error #%d); they stay paused, read again in %.0f s", self.name,
+                    sorted(f"{t}[{p}]" for t, p in self._unread), exc.args[0], count,
+                    self._unread_delay)
+
+    def _read_unassigned(self, consumer: confluent_kafka.Consumer, force: bool = False) -> None:
+        """Adopt the partitions assigned while their committed offsets could not be read:
+        read them again (when due), seek to them and resume."""
+        if not self._unread or (not force and time.monotonic() < self._unread_at):
+            return
+        try:
+            committed = consumer.committed([TopicPartition(t, p) for t, p in self._unread],
+                                           timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            self._unread_failed(exc)
+            return
+        self._unread = set()
+        self._unread_delay = UNREAD_RETRY_MIN_S / 2
+        for tp in self._adopt(committed):
+            # Paused since assigned, so nothing was fetched: only a known start needs a seek
+            # (else librdkafka's auto.offset.reset start stands).
+            if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:
+                consumer.seek(tp)
+        consumer.resume([tp for tp in committed if (tp.topic, tp.partition)
+                         not in self._bp_paused])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._commit()  # what is done of them is committed before another owner starts
@@ -178,6 +232,7 @@ class PollLoop:
             self.ledger.revoke(key)
             self._held.pop(key, None)
             self._bp_paused.discard(key)
+            self._unread.discard(key)
         # Even an empty one: without a call the client unassigns the left-out ones too,
         # which it refuses (they are not in the assignment).
         consumer.incremental_unassign(partitions)
@@ -206,7 +261,8 @@ class PollLoop:
             if self._bp_paused:
                 consumer.pause([TopicPartition(*tp) for tp in self._bp_paused])
         elif busy < self.s.backlog // 2 and self._bp_paused:
-            resume = [TopicPartition(*tp) for tp in self._bp_paused if tp not in self._held]
+            resume = [TopicPartition(*tp) for tp in self._bp_paused
+                      if tp not in self._held and tp not in self._unread]
             self._bp_paused = set()
             if resume:
                 consumer.resume(resume)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 import confluent_kafka
-import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.push.ledger import Ledger
@@ -65,8 +64,6 @@ def _loop() -> PollLoop:
                     name="test")
 
 
-@pytest.mark.xfail(strict=True, reason="the committed() failure raises out of the rebalance "
-                   "callback and ends the poll thread")
 def test_a_failed_committed_read_in_on_assign_is_retried_and_never_raises():
     loop = _loop()
     consumer = FakeConsumer(failures=2)
@@ -86,8 +83,6 @@ def test_a_failed_committed_read_in_on_assign_is_retried_and_never_raises():
     assert loop.ledger.counts["poll_errors"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the committed() failure raises out of the rebalance "
-                   "callback and ends the poll thread")
 def test_a_partition_revoked_while_its_offsets_are_unread_is_forgotten():
     loop = _loop()
     consumer = FakeConsumer(failures=5)
@@ -100,8 +95,6 @@ def test_a_partition_revoked_while_its_offsets_are_unread_is_forgotten():
     assert loop.ledger.part(("orders", 0)) is None
 
 
-@pytest.mark.xfail(strict=True, reason="the committed() failure raises out of the rebalance "
-                   "callback and ends the poll thread")
 def test_a_retry_partition_without_a_commit_is_read_from_its_start_once_its_offsets_come():
     loop = _loop()
     loop.s = PollSettings(**{**loop.s.__dict__, "retry_levels": {"retry_1": 1}})
