@@ -115,6 +115,7 @@ class PushConsumer:
         self._pool: ListenerPool | None = None
         self._shutdown_lock = threading.Lock()
         self._shut = False
+        self._reported = False  # start() raised the poll thread's error already
         self.ledger = Ledger(retry_topic=lambda level: self.retry_topics[level - 1],
                              dlq_topic=self.dlq_topic, delay_levels=self.delay_levels,
                              max_reconsume_times=self.max_reconsume_times)
@@ -172,6 +173,7 @@ class PushConsumer:
             raise RmqTimeoutError(f"PushConsumer {self.client_id} did not start within "
                                   f"{START_TIMEOUT_S:.0f} s")
         if self._loop.error is not None:
+            self._reported = True
             raise self._loop.error
         log.info("push consumer %s started on %s (tags %s)", self.client_id, self._topics,
                  self._tags.expression)
@@ -193,6 +195,17 @@ class PushConsumer:
         if self._pool is not None:
             self._pool.close(max(0.1, deadline - time.monotonic()))
         log.info("push consumer %s shut down (%s)", self.client_id, self.ledger.counts)
+        error = self.poll_error
+        if error is not None and not self._reported:
+            self._reported = True
+            raise error
+
+    @property
+    def poll_error(self) -> BaseException | None:
+        """The error that ended the poll thread (a fatal Kafka error), or None while it runs
+        or ended normally; ``shutdown()`` raises it too. Errors it recovered from are counted
+        in ``counts["poll_errors"]`` and logged instead."""
+        return self._loop.error if self._loop is not None else None
 
     def __enter__(self) -> PushConsumer:
         return self
@@ -209,5 +222,5 @@ class PushConsumer:
     @property
     def counts(self) -> dict[str, int]:
         """Messages consumed, retried, dead-lettered, skipped (tags), malformed retry
-        records and timed-out calls, since start."""
+        records, timed-out calls and poll-thread errors recovered from, since start."""
         return dict(self.ledger.counts)

@@ -42,6 +42,9 @@ TXN_TIMEOUT_S = 30.0
 TRANSACTION_TIMEOUT_MS = 10000
 # Reading the committed offsets waits out such a transaction (KIP-447's stable offsets).
 COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
+# After an exception in a round the loop waits this long, doubling while they repeat.
+POLL_ERROR_BACKOFF_MIN_S = 0.1
+POLL_ERROR_BACKOFF_MAX_S = 5.0
 # A committed-offset read that failed in on_assign is tried again after this, doubling.
 UNREAD_RETRY_MIN_S = 1.0
 UNREAD_RETRY_MAX_S = 30.0
@@ -96,8 +99,20 @@ class PollLoop:
         try:
             self._open()
             self.started.set()
+            delay = POLL_ERROR_BACKOFF_MIN_S
             while not self.stopping.is_set():
-                self._round()
+                try:
+                    self._round()
+                    delay = POLL_ERROR_BACKOFF_MIN_S
+                except Exception as exc:  # anything but a fatal error: go on
+                    if isinstance(exc, KafkaException) and exc.args[0].fatal():
+                        raise  # the consumer is unusable: end, for shutdown() to report
+                    count = self.ledger.count("poll_errors")
+                    log.exception("push consumer %s: error in the poll loop (#%d); going on "
+                                  "in %.1f s", self.name, count, delay)
+                    self._rewind()
+                    self.stopping.wait(delay)
+                    delay = min(POLL_ERROR_BACKOFF_MAX_S, delay * 2)
             self._drain()
         except BaseException as exc:  # the thread's end: kept for shutdown() to report
             self.error = exc
@@ -130,6 +145,27 @@ class PollLoop:
             self._dispatch(consumer, records)
         if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
             self._commit()
+
+    def _rewind(self) -> None:
+        """After a failed round: seek every partition back to the first record not taken.
+        A consume() whose callback raised drops the records it fetched, and the tracker
+        reads a gap as no work: without this they would be committed past, never seen."""
+        consumer = self.consumer
+        if consumer is None:
+            return
+        earliest = str(self.s.consumer_conf.get("auto.offset.reset", "")).lower() in (
+            "earliest", "smallest", "beginning")
+        for part in self.ledger.parts():
+            offset = part.tracker.next_offset
+            if offset is None:  # nothing read yet, no commit: where the reset policy says
+                if not earliest:
+                    continue
+                offset = confluent_kafka.OFFSET_BEGINNING
+            try:
+                consumer.seek(TopicPartition(part.tp[0], part.tp[1], offset))
+            except KafkaException as exc:  # e.g. revoked meanwhile; the next owner reads it
+                log.warning("push consumer %s: rewinding %s[%d] to %d: %s", self.name,
+                            part.tp[0], part.tp[1], offset, exc.args[0])
 
     def _drain(self) -> None:
         """Stop: take nothing new, let running calls end (bounded), commit what is done."""

@@ -1,5 +1,6 @@
 """The push consumer's poll loop under faults only the broker can cause, injected through a
-fake Kafka consumer: a committed-offset read that fails in the rebalance callback."""
+fake Kafka consumer: a committed-offset read that fails in the rebalance callback, and the
+rewind after a failed round."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import threading
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from rmq_semantics.push.ledger import Ledger
+from rmq_semantics.orderly.offsets import OffsetTracker
+from rmq_semantics.push.ledger import Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
 from rmq_semantics.tags import TagFilter
 
@@ -103,3 +105,20 @@ def test_a_retry_partition_without_a_commit_is_read_from_its_start_once_its_offs
     loop._read_unassigned(consumer, force=True)  # type: ignore[arg-type]
     assert [(s.topic, s.offset) for s in consumer.sought] == [
         ("retry_1", confluent_kafka.OFFSET_BEGINNING)]
+
+
+def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record_not_taken():
+    """A consume() whose callback raised dropped what it fetched; the tracker reads a gap as
+    no work, so without the rewind those records would be committed past unseen."""
+    loop = _loop()
+    consumer = FakeConsumer(failures=0)
+    loop.consumer = consumer  # type: ignore[assignment]
+    taken = Part(("orders", 0), OffsetTracker.restore(5, None))
+    for offset in (5, 6):
+        assert loop.ledger.take(taken, offset)
+    loop.ledger.assign(taken)
+    loop.ledger.assign(Part(("orders", 1), OffsetTracker.restore(9, None)))
+    loop.ledger.assign(Part(("orders", 2), OffsetTracker()))  # no commit, nothing read
+    loop._rewind()
+    assert sorted((s.topic, s.partition, s.offset) for s in consumer.sought) == [
+        ("orders", 0, 7), ("orders", 1, 9)]
