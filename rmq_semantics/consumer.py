@@ -68,17 +68,22 @@ class Consumer:
     def _visible(self, msg: confluent_kafka.Message | None) -> bool:
         if msg is None:
             return False
+        skipped = self._skipped(msg)
+        if skipped == "tag" and self._store_skipped:
+            self._consumer.store_offsets(message=msg)
+        return skipped is None
+
+    def _skipped(self, msg: confluent_kafka.Message) -> str | None:
+        """Why ``msg`` is not handed out ("system", "tag"; counted), None if it is."""
         topic = msg.topic()
         if topic is not None and not self._system.keeps(topic):
             self.skipped_system_records += 1
-            return False
+            return "system"
         if self._tags.keeps_all or msg.error() is not None or self._tags.matches(
                 msg.headers()):
-            return True
+            return None
         self.skipped_tag_records += 1
-        if self._store_skipped:
-            self._consumer.store_offsets(message=msg)
-        return False
+        return "tag"
 
     # -- reading ---------------------------------------------------------------------------
     def poll(self, timeout: float | None = None) -> confluent_kafka.Message | None:

@@ -262,8 +262,6 @@ def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, m
         consumer.shutdown()
 
 
-@pytest.mark.xfail(strict=True, reason="async for stores and commits the offsets of every "
-                   "prefetched record, seen or not")
 def test_async_for_commits_only_the_records_it_handed_out(broker, make_topic, unique):
     topic = make_topic("aiter")
     values = [f"v{i}".encode() for i in range(10)]
