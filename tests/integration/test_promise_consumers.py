@@ -29,7 +29,7 @@ from rmq_semantics import LocalTransactionState as S
 from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
 from rmq_semantics.push import ConsumeConcurrentlyStatus, PushConsumer
 from rmq_semantics.topics import ensure_topics, is_system_topic
-from tests.group_protocol import group_conf
+from tests.group_protocol import GROUP_PROTOCOL, group_conf
 from tests.integration.txn_helpers import ThreadCoordinator, TopicReader, wait_for
 
 pytestmark = pytest.mark.integration
@@ -296,3 +296,22 @@ def test_async_for_commits_only_the_records_it_handed_out(broker, make_topic, un
 
         wait_for(more, WAIT_S, "the records the first consumer never handed out")
     assert rest == values[3:]
+
+
+def test_consumer_rebalance_callbacks_get_the_consumer_and_no_system_partition(world):
+    conf = {**world.group_conf(), "enable.auto.commit": False}
+    calls: list[tuple[str, object, list[str]]] = []
+    with Consumer(conf, topic_prefix=world.prefix) as consumer:
+        def on_assign(who, partitions):
+            calls.append(("assign", who, [tp.topic for tp in partitions]))
+            # The user's own assignment (made once, not twice), as their protocol wants it.
+            (who.assign if GROUP_PROTOCOL == "classic" else who.incremental_assign)(partitions)
+
+        consumer.subscribe([world.pattern], on_assign=on_assign,
+                           on_revoke=lambda who, parts: calls.append(
+                               ("revoke", who, [tp.topic for tp in parts])))
+        wait_for(lambda: (msg := consumer.poll(0.2)) is not None and msg.error() is None
+                 and msg.value() == b"commit-1", WAIT_S, "the committed message")
+        assert consumer.skipped_system_partitions > 0
+    assert calls[0] == ("assign", consumer, [world.topic])
+    assert all(who is consumer and topics in ([], [world.topic]) for _, who, topics in calls)
