@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from rmq_semantics.errors import (
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
+    "SystemPartitionFilter",
     "SystemTopics",
     "ensure_topics",
     "is_readable_system_topic",
@@ -173,6 +174,65 @@ def refuse_system_topics(topics: list[str], prefix: str) -> None:
                 f"{topic!r} is a system topic of rmq_semantics; business consumers read "
                 "only promoted topics (and DLQ or retry topics named explicitly)"
             )
+
+
+def incremental_assignment(conf: dict) -> bool:
+    """Whether a consumer of ``conf`` assigns incrementally (librdkafka's COOPERATIVE
+    protocol): the KIP-848 protocol, or a cooperative classic strategy."""
+    if str(conf.get("group.protocol", "classic")).lower() == "consumer":
+        return True
+    return "cooperative" in str(conf.get("partition.assignment.strategy", "")).lower()
+
+
+class SystemPartitionFilter:
+    """The one system-topic filter of every consumer class, applied at assignment.
+
+    A pattern subscription may match the product's own topics (``<prefix>_*`` and
+    ``__rmq_*``: half messages, Op records, locks, keys). Each rebalance callback passes its
+    partitions through :meth:`keep` before assigning them, so such a partition is never
+    fetched, delivered, locked, retried or committed; revocations pass through
+    :meth:`release`, so only what was assigned is unassigned. A DLQ or retry topic the
+    consumer names explicitly (``named``) is kept. ``skipped_partitions`` counts the
+    partitions left out (each assignment of one counts once); one log line per assignment.
+    Used by one thread at a time: the consumer's poll thread, which runs the callbacks.
+    """
+
+    def __init__(self, prefix: str, who: str) -> None:
+        self.prefix = prefix
+        self.who = who
+        self.named: frozenset[str] = frozenset()
+        self.skipped_partitions = 0
+        self._left_out: set[tuple[str, int]] = set()
+
+    def name(self, topics: Iterable[str]) -> None:
+        """The readable system topics (DLQ, retry) among ``topics``, named explicitly."""
+        self.named = frozenset(t for t in topics if is_readable_system_topic(t, self.prefix))
+
+    def keeps(self, topic: str) -> bool:
+        return topic in self.named or not is_system_topic(topic, self.prefix)
+
+    def keep(self, partitions: list) -> list:
+        """``partitions`` (TopicPartition) without the system ones, counted and logged."""
+        kept = [tp for tp in partitions if self.keeps(tp.topic)]
+        if len(kept) < len(partitions):
+            left = [tp for tp in partitions if not self.keeps(tp.topic)]
+            self.skipped_partitions += len(left)
+            self._left_out.update((tp.topic, tp.partition) for tp in left)
+            log.info("%s: not reading %d system-topic partitions its subscription pattern "
+                     "matched (%s)", self.who, len(left),
+                     ", ".join(sorted({tp.topic for tp in left})))
+        return kept
+
+    def release(self, partitions: list) -> list:
+        """Revoked or lost ``partitions`` without the ones :meth:`keep` left out."""
+        kept = []
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key in self._left_out:
+                self._left_out.discard(key)
+            else:
+                kept.append(tp)
+        return kept
 
 
 class _AuthWatch:

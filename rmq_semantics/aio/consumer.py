@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.aio.bridge import new_executor, run_blocking
 from rmq_semantics.consumer import Consumer
@@ -30,22 +31,63 @@ class AsyncConsumer:
 
     ``async for msg in consumer`` yields records (``confluent_kafka.Message``) until
     :meth:`close`; error events are logged and skipped, a fatal one raises
-    :class:`FatalKafkaError`. Every call to librdkafka runs on one thread of the consumer's
+    :class:`FatalKafkaError`. Only records handed to the application have their offsets
+    stored (as each is yielded, or returned by ``poll``/``consume``), so a commit, auto
+    commit or ``close()`` never covers a prefetched record the loop did not see.
+    Every call to librdkafka runs on one thread of the consumer's
     own, so calls never overlap (the client is not to be used by two threads at once) and
     none blocks the loop.
     """
 
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
+        # librdkafka would store the offset of every record consume() returns, and the
+        # iterator prefetches a batch: a commit (or auto commit) would cover records the
+        # application never saw. So offsets are stored here, as records are handed out.
+        self._store_seen = isinstance(conf, Mapping) and str(
+            conf.get("enable.auto.offset.store", True)).lower() not in ("false", "0")
+        if isinstance(conf, Mapping):
+            conf = {**conf, "enable.auto.offset.store": False}
         self._sync = Consumer(conf, topic_prefix=topic_prefix)
         self.topic_prefix = self._sync.topic_prefix
         self._executor = new_executor("consumer", threads=1)
-        self._buffer: collections.deque = collections.deque()
+        # (record, handed out?) in offset order; the others the tag filter skipped.
+        self._buffer: collections.deque[tuple[confluent_kafka.Message, bool]] = \
+            collections.deque()
+        self._to_store: dict[tuple[str, int], int] = {}  # next offset of what was passed
         self._closed = False
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
             raise IllegalStateError("AsyncConsumer is closed")
-        return await run_blocking(self._executor, lambda: fn(*args, **kwargs))
+        stores = self._take_stores()
+        return await run_blocking(self._executor,
+                                  lambda: self._stored(stores, fn(*args, **kwargs)))
+
+    def _take_stores(self) -> dict[tuple[str, int], int]:
+        stores, self._to_store = self._to_store, {}
+        return stores
+
+    def _stored(self, stores: dict[tuple[str, int], int], result: Any = None) -> Any:
+        """On the consumer's thread: store the offsets of what was handed out or skipped
+        (before ``result``'s call returns to the loop); returns ``result``."""
+        if stores:
+            try:
+                self._sync.store_offsets(offsets=[TopicPartition(t, p, offset)
+                                                  for (t, p), offset in stores.items()])
+            except KafkaException as exc:  # e.g. revoked meanwhile: the new owner reads it
+                log.info("consumer: storing offsets %s: %s", stores, exc.args[0].str())
+        return result
+
+    def _pass(self, msg: confluent_kafka.Message) -> None:
+        self._to_store[(msg.topic(), msg.partition())] = msg.offset() + 1
+
+    def _handed(self, records: list) -> list:
+        """``poll``/``consume`` hand records out at once: their offsets are stored."""
+        if self._store_seen:
+            for msg in records:
+                if msg.error() is None:
+                    self._pass(msg)
+        return records
 
     async def subscribe(self, topics: list[str], tags: str | None = None, **kwargs: Any) -> None:
         """``Consumer.subscribe``: RocketMQ's tag expression for all ``topics``."""
@@ -56,10 +98,13 @@ class AsyncConsumer:
 
     async def poll(self, timeout: float = CONSUME_SLICE_S) -> confluent_kafka.Message | None:
         """One record or event, or None after ``timeout`` (finite: it holds the thread)."""
-        return await self._call(self._sync.poll, timeout)
+        msg = await self._call(self._sync.poll, timeout)
+        if msg is not None:
+            self._handed([msg])
+        return msg
 
     async def consume(self, num_messages: int = 1, timeout: float = CONSUME_SLICE_S) -> list:
-        return await self._call(self._sync.consume, num_messages, timeout)
+        return self._handed(await self._call(self._sync.consume, num_messages, timeout))
 
     async def commit(self, *args: Any, **kwargs: Any) -> Any:
         """``Consumer.commit`` (a synchronous one waits on the consumer's thread)."""
@@ -74,6 +119,11 @@ class AsyncConsumer:
         return self._sync.skipped_system_records
 
     @property
+    def skipped_system_partitions(self) -> int:
+        """System-topic partitions a subscription pattern matched, left out at assignment."""
+        return self._sync.skipped_system_partitions
+
+    @property
     def skipped_tag_records(self) -> int:
         """Records the tag filter left out."""
         return self._sync.skipped_tag_records
@@ -83,15 +133,31 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> confluent_kafka.Message:
-        while not self._buffer:
+        """The next record; its offset is stored as it is handed out (with
+        ``enable.auto.offset.store`` on, the default), so a commit covers only records the
+        loop saw. Records the tag filter skips are stored as they are passed."""
+        while True:
+            while self._buffer:
+                msg, visible = self._buffer.popleft()
+                if self._store_seen or not visible:
+                    self._pass(msg)
+                if visible:
+                    return msg
             if self._closed:
                 raise StopAsyncIteration
             try:
-                batch = await self._call(self._sync.consume, CONSUME_BATCH, CONSUME_SLICE_S)
+                batch = await self._call(self._raw_consume)
             except IllegalStateError:
                 raise StopAsyncIteration from None  # closed while waiting for the thread
-            self._buffer.extend(self._usable(batch))
-        return self._buffer.popleft()
+            self._buffer.extend(batch)
+
+    def _raw_consume(self) -> list[tuple[confluent_kafka.Message, bool]]:
+        """On the consumer's thread: a batch, each record with whether it is handed out;
+        records of a system topic (assigned by hand through the raw client) are dropped."""
+        sync = self._sync
+        batch = sync._consumer.consume(CONSUME_BATCH, CONSUME_SLICE_S)
+        return [(msg, skipped is None) for msg in self._usable(batch)
+                if (skipped := sync._skipped(msg)) != "system"]
 
     @staticmethod
     def _usable(batch: list) -> list:
@@ -114,10 +180,15 @@ class AsyncConsumer:
         if self._closed:
             return
         self._closed = True
+        stores = self._take_stores()
         try:
-            await run_blocking(self._executor, self._sync.close)
+            await run_blocking(self._executor, lambda: self._close_stored(stores))
         finally:
             self._executor.shutdown(wait=False)
+
+    def _close_stored(self, stores: dict[tuple[str, int], int]) -> None:
+        self._stored(stores)  # before close(), whose auto commit then covers them
+        self._sync.close()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

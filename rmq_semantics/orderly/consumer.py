@@ -28,7 +28,9 @@ from rmq_semantics.orderly.worker import Worker
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
+    SystemPartitionFilter,
     SystemTopics,
+    incremental_assignment,
     refuse_system_topics,
     validate_prefix,
 )
@@ -128,6 +130,8 @@ class OrderlyConsumer:
         self.batch_size = batch_size
         self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
         self._topics: list[str] = []
+        self._system = SystemPartitionFilter(self.topic_prefix,
+                                             f"orderly consumer {self.client_id}")
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []  # the poll thread, then the lock thread
         self._started = False
@@ -163,7 +167,8 @@ class OrderlyConsumer:
         self._rebalance = Rebalance(client_id=self.client_id, queues=self._queues,
                                     calls=self._calls, commits=self._commits,
                                     leases=self._leases, worker=run_queue,
-                                    stopping=self._stopping)
+                                    stopping=self._stopping, system=self._system,
+                                    incremental=incremental_assignment(self._conf))
 
     # -- public API ------------------------------------------------------------------------
     def subscribe(self, topics: Sequence[str], tags: str | None = None) -> None:
@@ -179,6 +184,7 @@ class OrderlyConsumer:
         tag_filter = TagFilter(tags)
         refuse_system_topics(list(topics), self.topic_prefix)
         self._topics = list(topics)
+        self._system.name(self._topics)
         for part in (self._worker, self._key_feeder):
             if part is not None:
                 part.tag_filter = tag_filter
@@ -238,6 +244,12 @@ class OrderlyConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    @property
+    def skipped_system_partitions(self) -> int:
+        """System-topic partitions a subscription pattern matched, left out at assignment
+        (never fetched, locked, delivered or committed)."""
+        return self._system.skipped_partitions
 
     def status(self) -> dict[tuple[str, int], PartitionStatus]:
         """Lock state, epoch, lease left, committed offset and lag of each assigned queue."""

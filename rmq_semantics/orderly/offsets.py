@@ -372,6 +372,12 @@ class OffsetTracker:
         return self._in_flight
 
     @property
+    def next_offset(self) -> int | None:
+        """The offset after the highest one given (where reading goes on); None before any
+        offset is known."""
+        return None if self._low is None else self._last + 1
+
+    @property
     def lowest_unfinished(self) -> int | None:
         """The offset a commit now would carry (None before any offset is known)."""
         return self._low

@@ -20,6 +20,7 @@ from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.leases import LeaseKeeper
 from rmq_semantics.orderly.runtime import LiveQueue, QueueRegistry
+from rmq_semantics.topics import SystemPartitionFilter
 
 __all__ = ["Rebalance"]
 
@@ -40,8 +41,11 @@ class Rebalance:
 
     def __init__(self, *, client_id: str, queues: QueueRegistry, calls: ConsumerCalls,
                  commits: Commits, leases: LeaseKeeper,
-                 worker: Callable[[LiveQueue], None], stopping: threading.Event) -> None:
+                 worker: Callable[[LiveQueue], None], stopping: threading.Event,
+                 system: SystemPartitionFilter, incremental: bool) -> None:
         self.client_id = client_id
+        self.system = system
+        self._incremental = incremental
         self._queues = queues
         self._calls = calls
         self._commits = commits
@@ -50,21 +54,42 @@ class Rebalance:
         self._stopping = stopping
 
     def on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        added = self._queues.add([(tp.topic, tp.partition) for tp in partitions], self._worker,
-                                 idle=self._stopping.is_set())
-        for q in added:
-            if q.thread is not None:
-                q.thread.start()
-        if added:
-            log.info("orderly consumer %s assigned %s", self.client_id,
-                     [q.where for q in added])
-            self._leases.wake()
+        # System-topic partitions a pattern matched get no queue, no lock, no fetch.
+        partitions = self.system.keep(partitions)
+        try:
+            added = self._queues.add([(tp.topic, tp.partition) for tp in partitions],
+                                     self._worker, idle=self._stopping.is_set())
+            for q in added:
+                if q.thread is not None:
+                    q.thread.start()
+            if added:
+                log.info("orderly consumer %s assigned %s", self.client_id,
+                         [q.where for q in added])
+                self._leases.wake()
+        finally:
+            # Assigned here: left to itself the client would assign the system ones too.
+            if self._incremental:
+                consumer.incremental_assign(partitions)
+            else:
+                consumer.assign(partitions)
 
     def on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        self.release(self._take(partitions), lost=False)
+        self._revoked(consumer, partitions, lost=False)
 
     def on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        self.release(self._take(partitions), lost=True)
+        self._revoked(consumer, partitions, lost=True)
+
+    def _revoked(self, consumer: confluent_kafka.Consumer, partitions: list,
+                 lost: bool) -> None:
+        partitions = self.system.release(partitions)
+        try:
+            self.release(self._take(partitions), lost=lost)
+        finally:
+            # Only what was assigned (the client would unassign the left-out ones too).
+            if self._incremental:
+                consumer.incremental_unassign(partitions)
+            else:
+                consumer.unassign()
 
     def _take(self, partitions: list) -> list[LiveQueue]:
         return [q for tp in partitions

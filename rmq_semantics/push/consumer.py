@@ -21,6 +21,7 @@ from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS, check_delay_levels
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
+    SystemPartitionFilter,
     SystemTopics,
     ensure_topics,
     refuse_system_topics,
@@ -106,6 +107,7 @@ class PushConsumer:
         self.retry_topics = [self.system_topics.retry(self.group, level)
                              for level in range(1, len(self.delay_levels) + 1)]
         self._topics: list[str] = []
+        self._system = SystemPartitionFilter(self.topic_prefix, f"push consumer {self.client_id}")
         self._tags = TagFilter()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,6 +115,7 @@ class PushConsumer:
         self._pool: ListenerPool | None = None
         self._shutdown_lock = threading.Lock()
         self._shut = False
+        self._reported = False  # start() raised the poll thread's error already
         self.ledger = Ledger(retry_topic=lambda level: self.retry_topics[level - 1],
                              dlq_topic=self.dlq_topic, delay_levels=self.delay_levels,
                              max_reconsume_times=self.max_reconsume_times)
@@ -133,6 +136,8 @@ class PushConsumer:
                               "topic it reads by itself")
         self._tags = TagFilter(tags)
         self._topics = list(topics)
+        # Its own retry topics are system topics it reads by name.
+        self._system.name([*self._topics, *self.retry_topics])
 
     def start(self) -> None:
         """Create the retry and DLQ topics, join the group and consume in the background."""
@@ -159,7 +164,8 @@ class PushConsumer:
             delay_levels=self.delay_levels, tags=self._tags, batch_size=self.batch_size,
             backlog=max(4 * self.max_workers, 16), max_reconsume_times=self.max_reconsume_times,
             consume_timeout_ms=self.consume_timeout_ms, drain_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-        self._loop = PollLoop(settings, self.ledger, self._pool, self._stopping, self.client_id)
+        self._loop = PollLoop(settings, self.ledger, self._pool, self._stopping, self.client_id,
+                              self._system)
         self._thread = threading.Thread(target=self._loop.run, daemon=True,
                                         name=f"rmq-push-poll-{self.group}")
         self._thread.start()
@@ -167,6 +173,7 @@ class PushConsumer:
             raise RmqTimeoutError(f"PushConsumer {self.client_id} did not start within "
                                   f"{START_TIMEOUT_S:.0f} s")
         if self._loop.error is not None:
+            self._reported = True
             raise self._loop.error
         log.info("push consumer %s started on %s (tags %s)", self.client_id, self._topics,
                  self._tags.expression)
@@ -188,6 +195,17 @@ class PushConsumer:
         if self._pool is not None:
             self._pool.close(max(0.1, deadline - time.monotonic()))
         log.info("push consumer %s shut down (%s)", self.client_id, self.ledger.counts)
+        error = self.poll_error
+        if error is not None and not self._reported:
+            self._reported = True
+            raise error
+
+    @property
+    def poll_error(self) -> BaseException | None:
+        """The error that ended the poll thread (a fatal Kafka error), or None while it runs
+        or ended normally; ``shutdown()`` raises it too. Errors it recovered from are counted
+        in ``counts["poll_errors"]`` and logged instead."""
+        return self._loop.error if self._loop is not None else None
 
     def __enter__(self) -> PushConsumer:
         return self
@@ -196,7 +214,13 @@ class PushConsumer:
         self.shutdown()
 
     @property
+    def skipped_system_partitions(self) -> int:
+        """System-topic partitions a subscription pattern matched, left out at assignment
+        (never fetched, delivered, retried or committed)."""
+        return self._system.skipped_partitions
+
+    @property
     def counts(self) -> dict[str, int]:
         """Messages consumed, retried, dead-lettered, skipped (tags), malformed retry
-        records and timed-out calls, since start."""
+        records, timed-out calls and poll-thread errors recovered from, since start."""
         return dict(self.ledger.counts)

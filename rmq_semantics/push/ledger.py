@@ -68,7 +68,13 @@ class Ledger:
         self._levels = delay_levels
         self._max = max_reconsume_times
         self.counts = {"consumed": 0, "retried": 0, "dead": 0, "skipped": 0, "malformed": 0,
-                       "timed_out": 0}
+                       "timed_out": 0, "poll_errors": 0}
+
+    def count(self, name: str) -> int:
+        """One more ``name`` (e.g. a poll-thread error); the new count."""
+        with self._lock:
+            self.counts[name] += 1
+            return self.counts[name]
 
     # -- partitions (poll thread) ------------------------------------------------------------
     def assign(self, part: Part) -> None:

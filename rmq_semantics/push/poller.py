@@ -24,6 +24,7 @@ from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.tags import TagFilter
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
 
 __all__ = ["PollLoop", "PollSettings"]
 
@@ -41,6 +42,12 @@ TXN_TIMEOUT_S = 30.0
 TRANSACTION_TIMEOUT_MS = 10000
 # Reading the committed offsets waits out such a transaction (KIP-447's stable offsets).
 COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
+# After an exception in a round the loop waits this long, doubling while they repeat.
+POLL_ERROR_BACKOFF_MIN_S = 0.1
+POLL_ERROR_BACKOFF_MAX_S = 5.0
+# A committed-offset read that failed in on_assign is tried again after this, doubling.
+UNREAD_RETRY_MIN_S = 1.0
+UNREAD_RETRY_MAX_S = 30.0
 TP = tuple[str, int]
 
 
@@ -67,8 +74,10 @@ class PollLoop:
     """Run by the poll thread: :meth:`run` until ``stopping`` is set, then drains."""
 
     def __init__(self, settings: PollSettings, ledger: Ledger, pool: ListenerPool,
-                 stopping: threading.Event, name: str) -> None:
+                 stopping: threading.Event, name: str,
+                 system: SystemPartitionFilter | None = None) -> None:
         self.s = settings
+        self.system = system or SystemPartitionFilter(DEFAULT_TOPIC_PREFIX, name)
         self.ledger = ledger
         self.pool = pool
         self.stopping = stopping
@@ -78,6 +87,10 @@ class PollLoop:
         self.started = threading.Event()
         self.error: BaseException | None = None
         self._held: dict[TP, int] = {}  # retry partitions paused until the due ms
+        # Assigned, paused, their committed offsets not read yet (the read failed).
+        self._unread: set[TP] = set()
+        self._unread_delay = UNREAD_RETRY_MIN_S / 2
+        self._unread_at = 0.0
         self._bp_paused: set[TP] = set()
         self._last_commit = 0.0
 
@@ -86,8 +99,20 @@ class PollLoop:
         try:
             self._open()
             self.started.set()
+            delay = POLL_ERROR_BACKOFF_MIN_S
             while not self.stopping.is_set():
-                self._round()
+                try:
+                    self._round()
+                    delay = POLL_ERROR_BACKOFF_MIN_S
+                except Exception as exc:  # anything but a fatal error: go on
+                    if isinstance(exc, KafkaException) and exc.args[0].fatal():
+                        raise  # the consumer is unusable: end, for shutdown() to report
+                    count = self.ledger.count("poll_errors")
+                    log.exception("push consumer %s: error in the poll loop (#%d); going on "
+                                  "in %.1f s", self.name, count, delay)
+                    self._rewind()
+                    self.stopping.wait(delay)
+                    delay = min(POLL_ERROR_BACKOFF_MAX_S, delay * 2)
             self._drain()
         except BaseException as exc:  # the thread's end: kept for shutdown() to report
             self.error = exc
@@ -112,6 +137,7 @@ class PollLoop:
         now = time.monotonic()
         for batch in self.ledger.expired(now):
             self.pool.expire(batch)
+        self._read_unassigned(consumer)
         self._resume_due()
         self._back_pressure(consumer)
         records = consumer.consume(FETCH_MAX, POLL_WAIT_S)
@@ -119,6 +145,27 @@ class PollLoop:
             self._dispatch(consumer, records)
         if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
             self._commit()
+
+    def _rewind(self) -> None:
+        """After a failed round: seek every partition back to the first record not taken.
+        A consume() whose callback raised drops the records it fetched, and the tracker
+        reads a gap as no work: without this they would be committed past, never seen."""
+        consumer = self.consumer
+        if consumer is None:
+            return
+        earliest = str(self.s.consumer_conf.get("auto.offset.reset", "")).lower() in (
+            "earliest", "smallest", "beginning")
+        for part in self.ledger.parts():
+            offset = part.tracker.next_offset
+            if offset is None:  # nothing read yet, no commit: where the reset policy says
+                if not earliest:
+                    continue
+                offset = confluent_kafka.OFFSET_BEGINNING
+            try:
+                consumer.seek(TopicPartition(part.tp[0], part.tp[1], offset))
+            except KafkaException as exc:  # e.g. revoked meanwhile; the next owner reads it
+                log.warning("push consumer %s: rewinding %s[%d] to %d: %s", self.name,
+                            part.tp[0], part.tp[1], offset, exc.args[0])
 
     def _drain(self) -> None:
         """Stop: take nothing new, let running calls end (bounded), commit what is done."""
@@ -145,8 +192,25 @@ class PollLoop:
 
     # -- rebalance ---------------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        committed = (consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions
-                     else [])
+        partitions = self.system.keep(partitions)
+        if not partitions:
+            consumer.incremental_assign([])  # else the client assigns the left-out ones
+            return
+        try:
+            committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            # Ours now, but without their offsets: assigned paused, adopted by a later round
+            # (_read_unassigned). Raising here would end the poll thread.
+            consumer.incremental_assign(partitions)
+            consumer.pause(partitions)
+            self._unread |= {(tp.topic, tp.partition) for tp in partitions}
+            self._unread_failed(exc)
+            return
+        consumer.incremental_assign(self._adopt(committed))
+
+    def _adopt(self, committed: list) -> list:
+        """Track ``committed`` partitions in the ledger; returns them, a retry partition
+        without a commit set to its start."""
         for tp in committed:
             level = self.s.retry_levels.get(tp.topic, 0)
             where = f"{tp.topic}[{tp.partition}]"
@@ -158,23 +222,56 @@ class PollLoop:
         if committed:
             log.info("push consumer %s assigned %s", self.name,
                      [f"{tp.topic}[{tp.partition}]" for tp in committed])
-        consumer.incremental_assign(committed)
+        return committed
+
+    def _unread_failed(self, exc: KafkaException) -> None:
+        count = self.ledger.count("poll_errors")
+        self._unread_delay = min(UNREAD_RETRY_MAX_S, self._unread_delay * 2)
+        self._unread_at = time.monotonic() + self._unread_delay
+        log.warning("push consumer %s: reading the committed offsets of %s failed (%s; "
+                    "poll error #%d); they stay paused, read again in %.0f s", self.name,
+                    sorted(f"{t}[{p}]" for t, p in self._unread), exc.args[0], count,
+                    self._unread_delay)
+
+    def _read_unassigned(self, consumer: confluent_kafka.Consumer, force: bool = False) -> None:
+        """Adopt the partitions assigned while their committed offsets could not be read:
+        read them again (when due), seek to them and resume."""
+        if not self._unread or (not force and time.monotonic() < self._unread_at):
+            return
+        try:
+            committed = consumer.committed([TopicPartition(t, p) for t, p in self._unread],
+                                           timeout=COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            self._unread_failed(exc)
+            return
+        self._unread = set()
+        self._unread_delay = UNREAD_RETRY_MIN_S / 2
+        for tp in self._adopt(committed):
+            # Paused since assigned, so nothing was fetched: only a known start needs a seek
+            # (else librdkafka's auto.offset.reset start stands).
+            if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:
+                consumer.seek(tp)
+        consumer.resume([tp for tp in committed if (tp.topic, tp.partition)
+                         not in self._bp_paused])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._commit()  # what is done of them is committed before another owner starts
-        self._forget(partitions)
+        self._forget(consumer, partitions)
 
     def _on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        self._forget(partitions)  # someone else may own them: no commit
+        self._forget(consumer, partitions)  # someone else may own them: no commit
 
-    def _forget(self, partitions: list) -> None:
+    def _forget(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        partitions = self.system.release(partitions)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self.ledger.revoke(key)
             self._held.pop(key, None)
             self._bp_paused.discard(key)
-        if self.consumer is not None and partitions:
-            self.consumer.incremental_unassign(partitions)
+            self._unread.discard(key)
+        # Even an empty one: without a call the client unassigns the left-out ones too,
+        # which it refuses (they are not in the assignment).
+        consumer.incremental_unassign(partitions)
 
     # -- pausing -----------------------------------------------------------------------------
     def _resume_due(self) -> None:
@@ -200,7 +297,8 @@ class PollLoop:
             if self._bp_paused:
                 consumer.pause([TopicPartition(*tp) for tp in self._bp_paused])
         elif busy < self.s.backlog // 2 and self._bp_paused:
-            resume = [TopicPartition(*tp) for tp in self._bp_paused if tp not in self._held]
+            resume = [TopicPartition(*tp) for tp in self._bp_paused
+                      if tp not in self._held and tp not in self._unread]
             self._bp_paused = set()
             if resume:
                 consumer.resume(resume)
