@@ -25,7 +25,6 @@ from tests.integration.txn_helpers import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: two concurrent redrives both write the half")
 def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
         broker, make_topic, unique, monkeypatch, capsys):
     prefix = unique("rd").replace("-", "")
