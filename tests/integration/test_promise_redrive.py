@@ -79,10 +79,12 @@ def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
                  "the transaction behind to be promoted")
         wait_for(lambda: no_pending(coordinator, 1), 60, "the re-driven copies to be decided")
         half = read_to_end(conf, f"{prefix}_half", 1)
+        exits["third"] = main(argv)  # started after the commit: its checks see the copy
     promoted = [m.value() for m in read_to_end(conf, topic, 1)]
     assert sorted(promoted) == [b"behind", b"once"], "the discarded message was promoted twice"
     assert len([m for m in half if H.REDRIVE_OF in dict(m.headers() or [])]) == 1
-    assert (exits["first"], exits["second"]) == (2, 0)
-    errors = [line for line in capsys.readouterr().err.splitlines()
-              if line.startswith("rmq-semantics: error:")]
-    assert len(errors) == 1 and "fenced" in errors[0] and result.transaction_id in errors[0]
+    assert (exits["first"], exits["second"], exits["third"]) == (2, 0, 2)
+    fenced, refused = [line for line in capsys.readouterr().err.splitlines()
+                       if line.startswith("rmq-semantics: error:")]
+    assert "fenced" in fenced and result.transaction_id in fenced
+    assert "already promoted" in refused
