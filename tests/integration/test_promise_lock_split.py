@@ -12,7 +12,6 @@ from tests.integration.txn_helpers import ThreadCoordinator
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: one 4,000-queue request is refused unanswered")
 def test_four_thousand_queues_on_one_lock_partition_are_all_granted(broker, unique):
     prefix = unique("ls").replace("-", "")
     conf = broker.conf()

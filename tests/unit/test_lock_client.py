@@ -57,7 +57,6 @@ def _client(service: FakeLockService, client_id: str = "c" * 255) -> LockClient:
     return client
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: one request per partition, however big")
 def test_a_call_for_more_queues_than_one_reply_may_hold_is_split_and_all_granted():
     service = FakeLockService()
     # 249 characters: the longest topic name Kafka allows, so the fewest queues per request.
@@ -77,7 +76,6 @@ def test_a_call_for_more_queues_than_one_reply_may_hold_is_split_and_all_granted
     assert service.refused == [] and all(released.values())
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: ids the service refuses are sent anyway")
 def test_ids_the_service_would_refuse_are_a_config_error_at_once():
     with pytest.raises(ConfigError, match="client_id of 256 characters"):
         LockClient(NOWHERE, client_id="c" * 256)
