@@ -19,12 +19,15 @@ from dataclasses import dataclass, replace
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.locks import (
+    MAX_ID_CHARS,
+    MAX_REPLY_BYTES,
     LockEntry,
     LockKey,
     LockRequest,
     LockState,
     QueueResult,
     RequestKind,
+    reply_bound,
     transition,
 )
 
@@ -45,14 +48,6 @@ log = logging.getLogger(__name__)
 
 # Distinct asked leases the cap is logged for (renewals repeat the same one).
 CAP_LOG_MAX = 64
-# A lock request's ids and group, at most (a reply repeats the client id in key and value,
-# and a denied queue its holder's; an orderly consumer's is ``group@`` and 12 hex digits).
-MAX_ID_CHARS = 255
-# A reply, at most, as estimated before it is written: under the broker's default 1 MB
-# (max.message.bytes), so one request can never make its reply unwritable.
-MAX_REPLY_BYTES = 900 * 1024
-# Per queue result: the fixed Avro fields (granted, reason, epoch, lease, expiry) at most.
-RESULT_OVERHEAD = 64
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 # Requests set aside, and suspects, remembered at most.
 POISON_MEMORY = 10_000
@@ -112,8 +107,8 @@ def lock_request_problem(request: LockRequest) -> str | None:
     for ref in request.queues:
         if not _TOPIC.fullmatch(ref.topic) or ref.topic in (".", "..") or ref.partition < 0:
             return f"queue {ref.topic[:64]!r}[{ref.partition}] is not a Kafka partition"
-    reply = 2 * len(request.client_id) + len(request.request_id) + sum(
-        len(ref.topic) + MAX_ID_CHARS + RESULT_OVERHEAD for ref in request.queues)
+    reply = reply_bound(request.client_id, request.request_id,
+                        (ref.topic for ref in request.queues))
     if reply > MAX_REPLY_BYTES:
         return (f"{len(request.queues)} queues: its reply could reach {reply} bytes "
                 f"(at most {MAX_REPLY_BYTES}); send fewer per request")

@@ -34,7 +34,16 @@ from rmq_semantics.errors import (
     MalformedRecordError,
 )
 from rmq_semantics.records.codec import decode_as, encode
-from rmq_semantics.records.locks import LockKey, LockReply, LockRequest, QueueRef, RequestKind
+from rmq_semantics.records.locks import (
+    MAX_ID_CHARS,
+    MAX_REPLY_BYTES,
+    LockKey,
+    LockReply,
+    LockRequest,
+    QueueRef,
+    RequestKind,
+    reply_bound,
+)
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
@@ -51,6 +60,8 @@ DEFAULT_TIMEOUT_S = 5.0
 # Metadata and watermark look-ups when connecting.
 CONNECT_TIMEOUT_S = 10.0
 POLL_SLICE_S = 0.05
+# A request id: uuid4().hex.
+REQUEST_ID_CHARS = 32
 
 TP = tuple[str, int]
 
@@ -81,19 +92,46 @@ def _normalize(partitions: Iterable[Any]) -> list[TP]:
     return sorted(set(out))
 
 
+def _id_problem(name: str, value: str) -> ConfigError | None:
+    if 0 < len(value) <= MAX_ID_CHARS:
+        return None
+    return ConfigError(f"{name} of {len(value)} characters ({value[:32]!r}...): the "
+                       f"coordinator's lock service refuses ids over {MAX_ID_CHARS}")
+
+
+def split_requests(client_id: str, refs: list[QueueRef]) -> list[list[QueueRef]]:
+    """``refs`` (of one request partition) in runs, in order, each as many queues as one
+    request can carry while its reply stays within the service's :data:`MAX_REPLY_BYTES`
+    (about 2,600 queues of 30-character topics, 1,600 of the longest)."""
+    empty = reply_bound(client_id, "0" * REQUEST_ID_CHARS, ())
+    runs: list[list[QueueRef]] = []
+    size = MAX_REPLY_BYTES + 1  # the first queue starts a run
+    for ref in refs:
+        cost = reply_bound("", "", (ref.topic,))
+        if size + cost > MAX_REPLY_BYTES:
+            runs.append([])
+            size = empty
+        runs[-1].append(ref)
+        size += cost
+    return runs
+
+
 class LockClient:
     """Lock and unlock queues at the coordinator's queue-lock service.
 
     ``conf`` holds ``bootstrap.servers`` and security settings (copied, never mutated);
     ``client_id`` identifies this consumer instance to the coordinator (a restart must use
-    a new one: default random). Safe to call from several threads. No network in
-    ``__init__``; the first call connects.
+    a new one: default random; at most :data:`MAX_ID_CHARS` characters). Safe to call from
+    several threads. No network in ``__init__``; the first call connects. A call for more
+    queues than one request's reply may hold goes as several requests.
     """
 
     def __init__(self, conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
                  client_id: str | None = None) -> None:
         self.topics = SystemTopics(topic_prefix)
         self.client_id = client_id or f"lockclient-{uuid.uuid4().hex[:12]}"
+        if (problem := _id_problem("client_id", self.client_id)) is not None:
+            raise problem
         self._conf = shared_conf(conf, who="LockClient")
         self._producer: confluent_kafka.Producer | None = None
         self._consumer: confluent_kafka.Consumer | None = None
@@ -226,6 +264,8 @@ class LockClient:
               lease_ms: int, timeout: float) -> list[LockReply]:
         if not isinstance(group, str) or not group:
             raise ConfigError(f"group must be a non-empty str, got {group!r}")
+        if (problem := _id_problem("group", group)) is not None:
+            raise problem
         if not queues:
             return []
         if timeout <= 0:
@@ -239,7 +279,8 @@ class LockClient:
         for (topic, partition), epoch in queues.items():
             p = LockKey(group, topic, partition).request_partition(self._request_partitions)
             by_partition.setdefault(p, []).append(QueueRef(topic, partition, epoch))
-        batches = [(uuid.uuid4().hex, p, refs) for p, refs in sorted(by_partition.items())]
+        batches = [(uuid.uuid4().hex, p, run) for p, refs in sorted(by_partition.items())
+                   for run in split_requests(self.client_id, refs)]
         request_ids = [request_id for request_id, _, _ in batches]
         with self._replies_cv:
             self._pending.update(dict.fromkeys(request_ids))

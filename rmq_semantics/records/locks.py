@@ -20,6 +20,8 @@ from rmq_semantics.errors import ConfigError, IllegalTransitionError
 from rmq_semantics.selector import java_partition
 
 __all__ = [
+    "MAX_ID_CHARS",
+    "MAX_REPLY_BYTES",
     "LockEntry",
     "LockKey",
     "LockReply",
@@ -28,10 +30,28 @@ __all__ = [
     "QueueRef",
     "QueueResult",
     "RequestKind",
+    "reply_bound",
     "transition",
 ]
 
 Body = dict[str, Any]
+
+# The lock service's limits, shared so a client never sends what the service refuses.
+# A request's ids and group, at most (a reply repeats the client id in key and value,
+# and a denied queue its holder's; an orderly consumer's is ``group@`` and 12 hex digits).
+MAX_ID_CHARS = 255
+# A reply, at most, as estimated before it is written: under the broker's default 1 MB
+# (max.message.bytes), so one request can never make its reply unwritable.
+MAX_REPLY_BYTES = 900 * 1024
+# Per queue result: the fixed Avro fields (granted, reason, epoch, lease, expiry) at most.
+RESULT_OVERHEAD = 64
+
+
+def reply_bound(client_id: str, request_id: str, topics: Any) -> int:
+    """The most bytes the reply to a request for queues of ``topics`` (one name per queue)
+    can take: each result may name a holder of :data:`MAX_ID_CHARS`."""
+    return 2 * len(client_id) + len(request_id) + sum(
+        len(topic) + MAX_ID_CHARS + RESULT_OVERHEAD for topic in topics)
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -8,18 +8,26 @@ into the same :class:`coordinator.state.PartitionState`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
 from dataclasses import dataclass, replace
 
 import confluent_kafka
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import ConfigError, MalformedRecordError, RmqError, RmqTimeoutError
+from rmq_semantics.errors import (
+    ConfigError,
+    FatalKafkaError,
+    KafkaOperationError,
+    MalformedRecordError,
+    RmqError,
+    RmqTimeoutError,
+)
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
@@ -37,6 +45,11 @@ __all__ = ["DiscardedTxn", "PendingTxn", "list_discarded", "list_pending", "redr
 
 # Reading a partition to its end on a local broker takes well under this.
 READ_TIMEOUT_S = 60.0
+# A re-drive's Kafka transaction is a few records; a run killed inside one holds back the
+# coordinator's read_committed half reader this long at most (the next run aborts it at once).
+REDRIVE_TXN_TIMEOUT_MS = 10000
+# What a producer whose transactional id a later run took over is told.
+FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 @dataclass(frozen=True)
@@ -253,13 +266,8 @@ def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str,
     return found
 
 
-def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[int, int]:
-    """Write a discarded transaction back as a new half message, to be checked again.
-
-    Re-driving is not committing: the producer group's check decides. The new half record
-    keeps the transaction id and birth time (so it is checked at once) and names the
-    original in ``rmq.redrive_of``. Returns the new half (partition, offset).
-    """
+def _redrivable(conf: dict, txn_id: str, topic_prefix: str) -> DiscardedTxn:
+    """The discarded transaction ``txn_id`` if it may be re-driven now, else ConfigError."""
     found = {t.txn_id: t for t in list_discarded(conf, topic_prefix) if t.txn_id}.get(txn_id)
     if found is None:
         raise ConfigError(f"no discarded transaction {txn_id!r} under prefix {topic_prefix!r}")
@@ -278,12 +286,15 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     if promoted is not None:
         raise ConfigError(f"transaction {txn_id} was already promoted after its discard (done "
                           f"marker {promoted}): re-driving it again would promote it twice")
-    producer = confluent_kafka.Producer(producer_defaults(conf, internal=True))
-    # Every member, in index order, to the half partition they were in (one idempotent
-    # producer keeps that order): the coordinator sees the whole transaction again.
-    records = found.members or (found.record,)
+    return found
+
+
+def _write_back(producer: confluent_kafka.Producer, half_topic: str,
+                found: DiscardedTxn) -> list[DeliveryWaiter]:
+    """Produce every member, in index order, to the half partition they were in (the one
+    producer keeps that order): the coordinator sees the whole transaction again."""
     waiters = []
-    for record in records:
+    for record in found.members or (found.record,):
         original = {k: v for k, v in record.headers() or []}
         headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
         headers.append((H.REDRIVE_OF,
@@ -292,9 +303,48 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
         partition = {"partition": found.half_partition} if found.members and (
             found.half_partition is not None) else {}
         waiters.append(DeliveryWaiter())
-        producer.produce(SystemTopics(topic_prefix).half, record.value(), key=record.key(),
-                         headers=headers, on_delivery=waiters[-1], **partition)
-    for waiter in waiters:
+        producer.produce(half_topic, record.value(), key=record.key(), headers=headers,
+                         on_delivery=waiters[-1], **partition)
+    return waiters
+
+
+def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[int, int]:
+    """Write a discarded transaction back as a new half message, to be checked again.
+
+    Re-driving is not committing: the producer group's check decides. The new half record
+    keeps the transaction id and birth time (so it is checked at once) and names the
+    original in ``rmq.redrive_of``. Returns the new half (partition, offset).
+
+    Runs of one transaction exclude each other: each opens a transactional producer whose
+    id names the transaction, *before* its checks, and writes in one Kafka transaction. A
+    run started later fences an earlier one that has not committed (that one raises
+    :class:`FatalKafkaError`, having written nothing), and one started after a commit sees
+    the copy in its checks and refuses.
+    """
+    topics = SystemTopics(topic_prefix)
+    producer = confluent_kafka.Producer({
+        **producer_defaults(conf, internal=True),
+        "transactional.id": f"{topics.prefix}_txn_redrive_{txn_id}",
+        "transaction.timeout.ms": REDRIVE_TXN_TIMEOUT_MS})
+    try:
+        producer.init_transactions(READ_TIMEOUT_S)
+        found = _redrivable(conf, txn_id, topic_prefix)
+        producer.begin_transaction()
+        waiters = _write_back(producer, topics.half, found)
+        producer.commit_transaction(READ_TIMEOUT_S)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() in FENCED:
+            raise FatalKafkaError(f"re-driving txn {txn_id} was fenced: another `txn redrive` "
+                                  "of it started after this run, so this run wrote nothing "
+                                  f"({err.name()})", err) from None
+        if err.txn_requires_abort():
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(READ_TIMEOUT_S)
+        raise KafkaOperationError.wrap(f"re-driving txn {txn_id}", err) from None
+    finally:
+        producer.flush(0)
+    for waiter in waiters:  # committed: every delivery report was served by the commit
         waiter.wait(producer, f"re-driving txn {txn_id}", READ_TIMEOUT_S)
     return waiters[0].partition, waiters[0].offset
 
