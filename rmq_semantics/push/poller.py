@@ -17,11 +17,11 @@ import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
 from rmq_semantics.clientconf import new_client
-from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
+from rmq_semantics.push.positions import UnreadOffsets, adopt, rewind
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
@@ -45,9 +45,6 @@ COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
 # After an exception in a round the loop waits this long, doubling while they repeat.
 POLL_ERROR_BACKOFF_MIN_S = 0.1
 POLL_ERROR_BACKOFF_MAX_S = 5.0
-# A committed-offset read that failed in on_assign is tried again after this, doubling.
-UNREAD_RETRY_MIN_S = 1.0
-UNREAD_RETRY_MAX_S = 30.0
 TP = tuple[str, int]
 
 
@@ -88,9 +85,7 @@ class PollLoop:
         self.error: BaseException | None = None
         self._held: dict[TP, int] = {}  # retry partitions paused until the due ms
         # Assigned, paused, their committed offsets not read yet (the read failed).
-        self._unread: set[TP] = set()
-        self._unread_delay = UNREAD_RETRY_MIN_S / 2
-        self._unread_at = 0.0
+        self._unread = UnreadOffsets(name, COMMITTED_TIMEOUT_S)
         self._bp_paused: set[TP] = set()
         self._last_commit = 0.0
 
@@ -110,7 +105,7 @@ class PollLoop:
                     count = self.ledger.count("poll_errors")
                     log.exception("push consumer %s: error in the poll loop (#%d); going on "
                                   "in %.1f s", self.name, count, delay)
-                    self._rewind()
+                    rewind(self.consumer, self.ledger, self.s.consumer_conf, self.name)
                     self.stopping.wait(delay)
                     delay = min(POLL_ERROR_BACKOFF_MAX_S, delay * 2)
             self._drain()
@@ -145,27 +140,6 @@ class PollLoop:
             self._dispatch(consumer, records)
         if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
             self._commit()
-
-    def _rewind(self) -> None:
-        """After a failed round: seek every partition back to the first record not taken.
-        A consume() whose callback raised drops the records it fetched, and the tracker
-        reads a gap as no work: without this they would be committed past, never seen."""
-        consumer = self.consumer
-        if consumer is None:
-            return
-        earliest = str(self.s.consumer_conf.get("auto.offset.reset", "")).lower() in (
-            "earliest", "smallest", "beginning")
-        for part in self.ledger.parts():
-            offset = part.tracker.next_offset
-            if offset is None:  # nothing read yet, no commit: where the reset policy says
-                if not earliest:
-                    continue
-                offset = confluent_kafka.OFFSET_BEGINNING
-            try:
-                consumer.seek(TopicPartition(part.tp[0], part.tp[1], offset))
-            except KafkaException as exc:  # e.g. revoked meanwhile; the next owner reads it
-                log.warning("push consumer %s: rewinding %s[%d] to %d: %s", self.name,
-                            part.tp[0], part.tp[1], offset, exc.args[0])
 
     def _drain(self) -> None:
         """Stop: take nothing new, let running calls end (bounded), commit what is done."""
@@ -203,50 +177,21 @@ class PollLoop:
             # (_read_unassigned). Raising here would end the poll thread.
             consumer.incremental_assign(partitions)
             consumer.pause(partitions)
-            self._unread |= {(tp.topic, tp.partition) for tp in partitions}
-            self._unread_failed(exc)
+            self._unread.add(partitions, exc, self.ledger.count("poll_errors"))
             return
-        consumer.incremental_assign(self._adopt(committed))
-
-    def _adopt(self, committed: list) -> list:
-        """Track ``committed`` partitions in the ledger; returns them, a retry partition
-        without a commit set to its start."""
-        for tp in committed:
-            level = self.s.retry_levels.get(tp.topic, 0)
-            where = f"{tp.topic}[{tp.partition}]"
-            tracker = OffsetTracker.restore(tp.offset, tp.metadata, where=where)
-            self.ledger.assign(Part((tp.topic, tp.partition), tracker, level))
-            if tp.offset < 0 and level:
-                # A retry topic is read from its start: its records exist only for us.
-                tp.offset = confluent_kafka.OFFSET_BEGINNING
-        if committed:
-            log.info("push consumer %s assigned %s", self.name,
-                     [f"{tp.topic}[{tp.partition}]" for tp in committed])
-        return committed
-
-    def _unread_failed(self, exc: KafkaException) -> None:
-        count = self.ledger.count("poll_errors")
-        self._unread_delay = min(UNREAD_RETRY_MAX_S, self._unread_delay * 2)
-        self._unread_at = time.monotonic() + self._unread_delay
-        log.warning("push consumer %s: reading the committed offsets of %s failed (%s; "
-                    "poll error #%d); they stay paused, read again in %.0f s", self.name,
-                    sorted(f"{t}[{p}]" for t, p in self._unread), exc.args[0], count,
-                    self._unread_delay)
+        consumer.incremental_assign(adopt(committed, self.ledger, self.s.retry_levels, self.name))
 
     def _read_unassigned(self, consumer: confluent_kafka.Consumer, force: bool = False) -> None:
         """Adopt the partitions assigned while their committed offsets could not be read:
         read them again (when due), seek to them and resume."""
-        if not self._unread or (not force and time.monotonic() < self._unread_at):
+        if not self._unread.due(force):
             return
         try:
-            committed = consumer.committed([TopicPartition(t, p) for t, p in self._unread],
-                                           timeout=COMMITTED_TIMEOUT_S)
+            committed = self._unread.read(consumer)
         except KafkaException as exc:
-            self._unread_failed(exc)
+            self._unread.failed(exc, self.ledger.count("poll_errors"))
             return
-        self._unread = set()
-        self._unread_delay = UNREAD_RETRY_MIN_S / 2
-        for tp in self._adopt(committed):
+        for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name):
             # Paused since assigned, so nothing was fetched: only a known start needs a seek
             # (else librdkafka's auto.offset.reset start stands).
             if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:

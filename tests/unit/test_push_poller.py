@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.push.ledger import Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
+from rmq_semantics.push.positions import rewind
 from rmq_semantics.tags import TagFilter
 
 
@@ -119,6 +120,6 @@ def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record
     loop.ledger.assign(taken)
     loop.ledger.assign(Part(("orders", 1), OffsetTracker.restore(9, None)))
     loop.ledger.assign(Part(("orders", 2), OffsetTracker()))  # no commit, nothing read
-    loop._rewind()
+    rewind(consumer, loop.ledger, loop.s.consumer_conf, "test")  # type: ignore[arg-type]
     assert sorted((s.topic, s.partition, s.offset) for s in consumer.sought) == [
         ("orders", 0, 7), ("orders", 1, 9)]

@@ -1,0 +1,100 @@
+"""Where the push consumer's poll thread reads from: committed offsets adopted into the
+ledger, partitions assigned while their committed offsets could not be read (assigned
+paused, read again with a doubling delay: raising in the rebalance callback would end the
+poll thread), and the rewind after a failed round."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import confluent_kafka
+from confluent_kafka import KafkaException, TopicPartition
+
+from rmq_semantics.orderly.offsets import OffsetTracker
+from rmq_semantics.push.ledger import Ledger, Part
+
+__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "rewind"]
+
+log = logging.getLogger("rmq_semantics.push.poller")
+
+UNREAD_RETRY_MIN_S = 1.0
+UNREAD_RETRY_MAX_S = 30.0
+TP = tuple[str, int]
+
+
+class UnreadOffsets:
+    def __init__(self, name: str, timeout_s: float) -> None:
+        self.name, self.timeout_s = name, timeout_s
+        self.tps: set[TP] = set()
+        self._delay = UNREAD_RETRY_MIN_S / 2
+        self._due = 0.0
+
+    def __contains__(self, tp: TP) -> bool:
+        return tp in self.tps
+
+    def add(self, partitions: list, exc: KafkaException, count: int) -> None:
+        self.tps |= {(tp.topic, tp.partition) for tp in partitions}
+        self.failed(exc, count)
+
+    def discard(self, tp: TP) -> None:
+        self.tps.discard(tp)
+
+    def failed(self, exc: KafkaException, count: int) -> None:
+        """A read failed (poll error #``count``): the next one after a longer delay."""
+        self._delay = min(UNREAD_RETRY_MAX_S, self._delay * 2)
+        self._due = time.monotonic() + self._delay
+        log.warning("push consumer %s: reading the committed offsets of %s failed (%s; "
+                    "poll error #%d); they stay paused, read again in %.0f s", self.name,
+                    sorted(f"{t}[{p}]" for t, p in self.tps), exc.args[0], count, self._delay)
+
+    def due(self, force: bool = False) -> bool:
+        return bool(self.tps) and (force or time.monotonic() >= self._due)
+
+    def read(self, consumer: confluent_kafka.Consumer) -> list:
+        """The committed offsets of every unread partition, which are then no longer
+        unread; raises KafkaException (the caller counts it and calls :meth:`failed`)."""
+        committed = consumer.committed([TopicPartition(t, p) for t, p in self.tps],
+                                       timeout=self.timeout_s)
+        self.tps = set()
+        self._delay = UNREAD_RETRY_MIN_S / 2
+        return committed
+
+
+def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: str) -> list:
+    """Track ``committed`` partitions in the ledger; returns them, a retry partition
+    without a commit set to its start."""
+    for tp in committed:
+        level = retry_levels.get(tp.topic, 0)
+        where = f"{tp.topic}[{tp.partition}]"
+        tracker = OffsetTracker.restore(tp.offset, tp.metadata, where=where)
+        ledger.assign(Part((tp.topic, tp.partition), tracker, level))
+        if tp.offset < 0 and level:
+            # A retry topic is read from its start: its records exist only for us.
+            tp.offset = confluent_kafka.OFFSET_BEGINNING
+    if committed:
+        log.info("push consumer %s assigned %s", name,
+                 [f"{tp.topic}[{tp.partition}]" for tp in committed])
+    return committed
+
+
+def rewind(consumer: confluent_kafka.Consumer | None, ledger: Ledger, consumer_conf: dict,
+           name: str) -> None:
+    """After a failed round: seek every partition back to the first record not taken.
+    A consume() whose callback raised drops the records it fetched, and the tracker reads
+    a gap as no work: without this they would be committed past, never seen."""
+    if consumer is None:
+        return
+    earliest = str(consumer_conf.get("auto.offset.reset", "")).lower() in (
+        "earliest", "smallest", "beginning")
+    for part in ledger.parts():
+        offset = part.tracker.next_offset
+        if offset is None:  # nothing read yet, no commit: where the reset policy says
+            if not earliest:
+                continue
+            offset = confluent_kafka.OFFSET_BEGINNING
+        try:
+            consumer.seek(TopicPartition(part.tp[0], part.tp[1], offset))
+        except KafkaException as exc:  # e.g. revoked meanwhile; the next owner reads it
+            log.warning("push consumer %s: rewinding %s[%d] to %d: %s", name,
+                        part.tp[0], part.tp[1], offset, exc.args[0])
