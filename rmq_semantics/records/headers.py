@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "REAPPEND_HEADERS",
-           "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
+__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PRODUCER_HEADERS", "PROMOTED_KEEPS",
+           "REAPPEND_HEADERS", "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
 
 #: The header namespace the product owns; user headers may not start with it.
 RESERVED_PREFIX: Final = "rmq."
@@ -80,6 +80,9 @@ class H:
     DLQ_LAST_FAILURE_TS: Final = "rmq.dlq.last_failure_ts"
 
 
+#: The only ``rmq.*`` headers a business producer writes (a ``Message``'s own fields); every
+#: other one is written by the coordinator or a consumer, and trusted downstream.
+PRODUCER_HEADERS: Final = frozenset((H.TAGS, H.KEYS, H.MESSAGE_GROUP))
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
 PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS, H.MESSAGE_GROUP)
 #: What the coordinator adds to a record it sets aside in the discard topic.

@@ -40,8 +40,6 @@ FORGED = [[(H.PROMOTED_FROM, b"0:1")], {H.PROMOTED_FROM: "0:1"},
           [(H.DLQ_ORIGINAL_TOPIC, b"orders")]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the drop-in produce() writes "
-                   "rmq.promoted_from, which the Spark guard trusts")
 def test_a_forged_promoted_from_header_is_refused_and_never_written(broker, make_topic):
     topic = make_topic("forged")
     with Producer(broker.conf()) as producer:
@@ -63,7 +61,6 @@ def test_a_forged_promoted_from_header_is_refused_and_never_written(broker, make
 
 
 # -- produce_batch, cluster_id, close, truthiness -----------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 29: the drop-in Producer has no produce_batch")
 def test_produce_batch_keeps_each_messages_headers_and_callbacks(broker, make_topic):
     topic = make_topic("batch", partitions=2)
     reports: list[tuple[str, bytes]] = []
@@ -84,7 +81,6 @@ def test_produce_batch_keeps_each_messages_headers_and_callbacks(broker, make_to
     assert got[b"c"][2] == {}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the drop-ins have no cluster_id")
 def test_cluster_id_of_producer_and_consumer_is_the_clusters(broker, unique):
     expected = AdminClient(broker.conf()).list_topics(timeout=30).cluster_id
     assert expected
@@ -94,8 +90,6 @@ def test_cluster_id_of_producer_and_consumer_is_the_clusters(broker, unique):
         assert consumer.cluster_id(30) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: an idle drop-in Producer is falsy "
-                   "and close() only flushes")
 def test_close_delivers_what_is_queued_then_shuts_the_producer_down(broker, make_topic):
     topic = make_topic("close")
     producer = Producer(broker.conf(**{"linger.ms": 2000}))

@@ -20,7 +20,6 @@ def producer():
     p.close(0)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: Producer has __len__ without __bool__")
 def test_an_idle_producer_is_truthy_as_confluent_kafkas_is(producer, monkeypatch):
     # librdkafka's queue length counts its connection-error events too: stub an idle one.
     monkeypatch.setattr(producer, "_producer", type("Idle", (), {"__len__": lambda s: 0})())
@@ -28,7 +27,6 @@ def test_an_idle_producer_is_truthy_as_confluent_kafkas_is(producer, monkeypatch
     assert bool(producer) is True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: no produce_batch")
 def test_produce_batch_refuses_a_system_topic_and_malformed_batches(producer):
     with pytest.raises(SystemTopicError):
         producer.produce_batch("__rmq_half", [{"value": b"x"}])
