@@ -14,7 +14,11 @@ import confluent_kafka
 from rmq_semantics.clientconf import new_client, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
-from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
+from rmq_semantics.orderly.api import (
+    MessageListenerOrderly,
+    PartitionStatus,
+    listener_callable,
+)
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
@@ -53,12 +57,7 @@ def consumer_conf(conf: dict) -> dict:
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:
-    if isinstance(listener, MessageListenerOrderly):
-        return listener.consume_message
-    if callable(listener):
-        return listener
-    raise ConfigError("listener must be a MessageListenerOrderly or a callable "
-                      f"(msgs, context) -> ConsumeOrderlyStatus, got {listener!r}")
+    return listener_callable(listener, MessageListenerOrderly, "ConsumeOrderlyStatus")
 
 
 class OrderlyConsumer:

@@ -153,7 +153,6 @@ class JavaConcurrently:
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a consumeMessage listener is never called")
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_listener_with_rocketmqs_consume_message_name_is_called(
         broker, make_topic, unique, locks, ordering):
@@ -169,7 +168,6 @@ def test_orderly_listener_with_rocketmqs_consume_message_name_is_called(
     assert listener.values == [b"m0", b"m1", b"m2"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a duck-typed consumeMessage listener is refused")
 def test_push_listener_with_rocketmqs_consume_message_name_is_called(broker, make_topic,
                                                                       unique):
     topic, group = make_topic("java-push"), unique("g")

@@ -43,7 +43,6 @@ def test_produce_keeps_headers_outside_the_reserved_namespace(producer):
     producer.produce("t", b"x", None, -1, None, None, 0, [("rmq-ish", b"z")])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a listener without consume_message is accepted")
 def test_a_listener_without_any_consume_method_is_refused_at_construction():
     class NoOrderly(MessageListenerOrderly):
         pass
