@@ -11,7 +11,7 @@ import threading
 
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 
 from rmq_semantics import Consumer, Producer
 from rmq_semantics.errors import ConfigError, SystemTopicError
@@ -181,3 +181,41 @@ def test_push_listener_with_rocketmqs_consume_message_name_is_called(broker, mak
         consumer.start()
         wait_for(lambda: len(listener.values) >= 3, 60, "the listener's calls")
     assert sorted(listener.values) == [b"m0", b"m1", b"m2"]
+
+
+# -- the orderly DLQ ---------------------------------------------------------------------------
+def _topic_config_source(broker, topic: str, name: str) -> int:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    [future] = AdminClient(broker.conf()).describe_configs([resource]).values()
+    return future.result(timeout=30)[name].source
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: the orderly DLQ gets broker-default "
+                   "replication and its dead letters carry no reason or exception")
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_orderly_dead_letters_carry_reason_and_exception_on_a_replicated_dlq(
+        broker, make_topic, unique, locks, ordering):
+    topic, group = make_topic("dlq-reason"), unique("g")
+    produce(broker, topic, [(b"k", b"poison", 0)])
+
+    def listener(msgs, context):
+        context.suspend_ms = 50
+        raise ValueError(f"bad row {msgs[0].offset}")
+
+    with OrderlyConsumer(orderly_conf(broker, group), listener=listener, ordering=ordering,
+                         max_reconsume_times=1, lock_lease_ms=LEASE_MS,
+                         lock_renew_ms=RENEW_MS, topic_prefix=locks.prefix) as consumer:
+        consumer.subscribe([topic])
+        consumer.start()
+        dlq = SystemTopics(locks.prefix).dlq(group)
+        wait_for(lambda: getattr(consumer.status().get((topic, 0)), "committed_offset", -1)
+                 == 1, 60, "the poison message to be dead-lettered")
+    [dead] = read_all(broker.conf(), dlq)
+    headers = headers_of(dead)
+    assert (headers.get("rmq.dlq.reason"), headers.get(H.DLQ_EXCEPTION),
+            headers.get(H.DLQ_EXCEPTION_MESSAGE)) == (b"raised", b"ValueError", b"bad row 0")
+    assert int(headers[H.DLQ_LAST_FAILURE_TS]) >= int(headers[H.DLQ_FIRST_FAILURE_TS]) > 0
+    # Created like every system topic (replication_for): min.insync.replicas set on the
+    # topic, not left to the broker's default.
+    assert _topic_config_source(broker, dlq, "min.insync.replicas") == \
+        ConfigSource.DYNAMIC_TOPIC_CONFIG.value
