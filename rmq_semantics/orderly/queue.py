@@ -116,6 +116,8 @@ class QueueState:
         self.pending_done = ""
         self.sent_done = ""
         self.reconsume_times = 0
+        # The in-flight batch's last failure (the worker's, for its dead letter; opaque here).
+        self.failure: Any = None
         self.suspended_until = 0.0
         self.paused = False  # fetching paused by flow control (poll thread)
         self.high = -1  # partition end as last seen by the fetcher (for lag)
@@ -273,6 +275,7 @@ class QueueState:
         self.inflight = []
         self.uncommitted = []
         self.reconsume_times = 0
+        self.failure = None
         self.pending_commit = offset
         self.pending_done = done
         self.pending_epoch = epoch
@@ -284,6 +287,7 @@ class QueueState:
         self.uncommitted.extend(self.inflight)
         self.inflight = []
         self.reconsume_times = 0
+        self.failure = None
 
     def rollback(self) -> None:
         """ROLLBACK: everything delivered since the last commit goes back in front of the
@@ -292,6 +296,7 @@ class QueueState:
         self.uncommitted = []
         self.inflight = []
         self.reconsume_times = 0
+        self.failure = None
 
     def suspend(self, until: float, *, retried: bool) -> None:
         """Hand the in-flight batch over again at ``until``; ``retried`` counts a redelivery."""

@@ -186,12 +186,11 @@ def test_push_listener_with_rocketmqs_consume_message_name_is_called(broker, mak
 # -- the orderly DLQ ---------------------------------------------------------------------------
 def _topic_config_source(broker, topic: str, name: str) -> int:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    [future] = AdminClient(broker.conf()).describe_configs([resource]).values()
+    admin = AdminClient(broker.conf())  # kept alive until the answer came
+    [future] = admin.describe_configs([resource]).values()
     return future.result(timeout=30)[name].source
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the orderly DLQ gets broker-default "
-                   "replication and its dead letters carry no reason or exception")
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_dead_letters_carry_reason_and_exception_on_a_replicated_dlq(
         broker, make_topic, unique, locks, ordering):
@@ -212,7 +211,7 @@ def test_orderly_dead_letters_carry_reason_and_exception_on_a_replicated_dlq(
                  == 1, 60, "the poison message to be dead-lettered")
     [dead] = read_all(broker.conf(), dlq)
     headers = headers_of(dead)
-    assert (headers.get("rmq.dlq.reason"), headers.get(H.DLQ_EXCEPTION),
+    assert (headers.get(H.DLQ_REASON), headers.get(H.DLQ_EXCEPTION),
             headers.get(H.DLQ_EXCEPTION_MESSAGE)) == (b"raised", b"ValueError", b"bad row 0")
     assert int(headers[H.DLQ_LAST_FAILURE_TS]) >= int(headers[H.DLQ_FIRST_FAILURE_TS]) > 0
     # Created like every system topic (replication_for): min.insync.replicas set on the
