@@ -280,7 +280,9 @@ class PartitionStatus:
     Key mode (``ordering="key"``) also fills ``in_flight_keys`` (keys with a listener call
     running), ``offset_gap`` (offsets from the lowest unfinished to the highest done one,
     carried in the commit metadata) and ``back_pressure`` (no new records are taken from the
-    partition until the gap shrinks); ``queued`` and ``in_flight`` then count records.
+    partition until the gap shrinks, or the records taken reach ``max_queued_bytes``);
+    ``queued`` and ``in_flight`` then count records. ``queued_bytes``: the values' bytes
+    buffered (fetching pauses at ``max_queued_bytes``).
     """
 
     topic: str
@@ -297,6 +299,7 @@ class PartitionStatus:
     in_flight_keys: int = 0
     offset_gap: int = 0
     back_pressure: bool = False
+    queued_bytes: int = 0
 
     @property
     def locked(self) -> bool:

@@ -358,13 +358,17 @@ class KeyPool:
             self._scheduler.finished(unit)
             unit.session.in_flight -= 1
             self._cv.notify_all()
-        self.done_offsets(unit.session, [record.offset() for record in unit.records])
+        size_of = unit.session.q.state.size_of
+        self.done_offsets(unit.session, [record.offset() for record in unit.records],
+                          freed_bytes=sum(map(size_of, unit.records)))
 
-    def done_offsets(self, session: Any, offsets: list[int]) -> None:
-        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter):
-        leave the new committable offset for the poll thread."""
+    def done_offsets(self, session: Any, offsets: list[int], freed_bytes: int = 0) -> None:
+        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter),
+        and ``freed_bytes`` of the records it took with them: leave the new committable
+        offset for the poll thread."""
         q = session.q
         with q.cv:  # one completion at a time per partition: commits never go backwards
+            session.taken_bytes -= freed_bytes
             if session.closed:
                 return
             tracker = session.tracker

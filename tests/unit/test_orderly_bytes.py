@@ -23,8 +23,6 @@ def sized(*offsets: int, size: int = 100) -> list[OrderlyMessage]:
     return [OrderlyMessage(TP[0], TP[1], o, None, b"x" * size, (), 0) for o in offsets]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: orderly buffers are bounded by "
-                   "count only, not bytes")
 def test_buffered_bytes_follow_every_move_of_the_buffer():
     q = QueueState(TP)
     q.grant(7, 100.0)
@@ -45,8 +43,6 @@ def test_buffered_bytes_follow_every_move_of_the_buffer():
     assert q.status(0.0) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: orderly buffers are bounded by "
-                   "count only, not bytes")
 def test_fetching_pauses_at_the_byte_bound_below_the_count_bound_and_resumes_at_half():
     from rmq_semantics.orderly.poller import flow_control
 
@@ -67,8 +63,6 @@ def test_fetching_pauses_at_the_byte_bound_below_the_count_bound_and_resumes_at_
         True, False)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: orderly buffers are bounded by "
-                   "count only, not bytes")
 def test_key_mode_takes_no_more_records_while_the_taken_bytes_reach_the_bound():
     q = aligned_queue()
     session = Session(q, 3, OffsetTracker())
@@ -84,8 +78,6 @@ def test_key_mode_takes_no_more_records_while_the_taken_bytes_reach_the_bound():
     assert [u.offset for u in feeder._take(q.state, session)] == [3]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: orderly buffers are bounded by "
-                   "count only, not bytes")
 def test_max_queued_bytes_defaults_to_rocketmqs_100_mib_and_must_be_positive():
     conf = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
     listener = lambda msgs, context: None  # noqa: E731
