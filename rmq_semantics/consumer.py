@@ -24,6 +24,9 @@ __all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
 
+# cluster_id()'s default wait.
+CLUSTER_ID_TIMEOUT_S = 30.0
+
 
 def consumer_defaults(conf: dict) -> dict:
     # Aborted Kafka transactions (the coordinator's) must never surface.
@@ -214,6 +217,11 @@ class Consumer:
 
     def memberid(self) -> str | None:
         return self._consumer.memberid()
+
+    def cluster_id(self, timeout: float = CLUSTER_ID_TIMEOUT_S) -> str | None:
+        """The cluster id from the broker metadata (None if none came within ``timeout``;
+        confluent-kafka's default waits for ever)."""
+        return self._consumer.cluster_id(timeout)
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         self._consumer.set_sasl_credentials(username, password)

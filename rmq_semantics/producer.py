@@ -19,6 +19,7 @@ from rmq_semantics.errors import (
     UnknownPartitionError,
 )
 from rmq_semantics.message import Message, SendResult
+from rmq_semantics.records.headers import PRODUCER_HEADERS, RESERVED_PREFIX
 from rmq_semantics.selector import apply_selector, java_partition
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -223,10 +224,17 @@ class Producer:
     that ``select`` method such as ``SelectMessageQueueByHash()``) or
     ``sharding_key=``; it waits for the broker's acknowledgement.
 
-    Neither ``send`` nor ``produce`` writes to a system topic of ``topic_prefix`` (or of the
-    default prefix): they raise :class:`SystemTopicError`, as ``Consumer.subscribe`` does
-    for reading. Only the coordinator writes there, with its own clients.
+    Neither ``send``, ``produce`` nor ``produce_batch`` writes to a system topic of
+    ``topic_prefix`` (or of the default prefix): they raise :class:`SystemTopicError`, as
+    ``Consumer.subscribe`` does for reading. Only the coordinator writes there, with its own
+    clients. Nor do they write an ``rmq.*`` header the coordinator or a consumer owns
+    (``rmq.promoted_from``, which the Spark job trusts, ``rmq.txn_id``, ``rmq.dlq.*``, ...):
+    :class:`ConfigError`; ``rmq.tags``, ``rmq.keys`` and ``rmq.message_group`` (what ``send``
+    writes for a ``Message``'s fields) are allowed.
     """
+
+    #: ``cluster_id()``'s default wait (confluent-kafka's waits for ever).
+    CLUSTER_ID_TIMEOUT_S = 30.0
 
     def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
         self._conf = producer_defaults(conf)
@@ -234,6 +242,7 @@ class Producer:
         self._system_prefixes = system_prefixes(self.topic_prefix)
         self._producer = new_client(confluent_kafka.Producer, self._conf, "producer")
         self._partitions = PartitionCache(self._producer)
+        self._closed = False
 
     # -- RocketMQ-style send ---------------------------------------------------------------
     def partitions_for(self, topic: str, timeout: float = SEND_TIMEOUT_S) -> list[int]:
@@ -277,7 +286,75 @@ class Producer:
         # system topics too (a non-str topic is left to confluent_kafka to refuse).
         if isinstance(topic, str) and topic.startswith(self._system_prefixes):
             refuse_system_destination(topic, self.topic_prefix)
+        # headers is produce's 8th positional (topic, value, key, partition, callback,
+        # on_delivery, timestamp, headers).
+        headers = args[7] if len(args) > 7 else kwargs.get("headers")
+        if headers:
+            self._refuse_reserved(headers)
         self._producer.produce(*args, **kwargs)
+
+    def produce_batch(self, topic: str, messages: list, partition: int = -1,
+                      callback: Any = None, on_delivery: Any = None) -> int:
+        """confluent_kafka's ``produce_batch``: each dict's ``value``, ``key``,
+        ``partition``, ``timestamp``, ``headers`` and ``callback``; returns how many were
+        queued, and a message that was not gets an ``_error`` (a ``KafkaError``). Unlike
+        confluent-kafka's, each message keeps its ``headers`` (its C batch API drops them):
+        the messages are queued one by one, and librdkafka batches them all the same. The
+        whole batch is checked (types, system topic, reserved headers) before any is queued.
+        """
+        if isinstance(topic, str) and topic.startswith(self._system_prefixes):
+            refuse_system_destination(topic, self.topic_prefix)
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise TypeError(f"Message at index {i} must be a dict")
+            for field in ("value", "key"):
+                if not isinstance(m.get(field), (bytes, str, type(None))):
+                    raise TypeError(f"Message {field} at index {i} must be bytes or str")
+            if m.get("headers"):
+                self._refuse_reserved(m["headers"])
+        default_cb = callback if callback is not None else on_delivery
+        queued = 0
+        for m in messages:
+            record: dict[str, Any] = {"key": m.get("key"), "headers": m.get("headers")}
+            own_partition = m.get("partition")
+            record["partition"] = partition if own_partition is None else own_partition
+            if m.get("timestamp") is not None:
+                record["timestamp"] = m["timestamp"]
+            cb = m.get("callback") or default_cb
+            if cb is not None:
+                record["on_delivery"] = cb
+            try:
+                self._producer.produce(topic, m.get("value"), **record)
+            except BufferError:
+                m["_error"] = KafkaError(KafkaError._QUEUE_FULL)
+                continue
+            except KafkaException as exc:
+                m["_error"] = exc.args[0]
+                continue
+            queued += 1
+        return queued
+
+    def _refuse_reserved(self, headers: Any) -> None:
+        """Raise for an ``rmq.*`` header a business producer does not write: a record that
+        carries one would be trusted as the coordinator's (a forged promotion)."""
+        try:
+            names = list(headers.keys() if isinstance(headers, dict)
+                         else (item[0] for item in headers))
+        except (TypeError, IndexError, KeyError):
+            return  # malformed: confluent_kafka refuses it with its own error
+        for name in names:
+            if (isinstance(name, str) and name.startswith(RESERVED_PREFIX)
+                    and name not in PRODUCER_HEADERS):
+                raise ConfigError(
+                    f"header {name!r}: the rmq.* header namespace is reserved (written by "
+                    f"the coordinator and consumers, trusted downstream); business producers "
+                    f"may set only {sorted(PRODUCER_HEADERS)}")
+
+    def cluster_id(self, timeout: float = CLUSTER_ID_TIMEOUT_S) -> str | None:
+        """The cluster id from the broker metadata (None if none came within ``timeout``)."""
+        return self._producer.cluster_id(timeout)
 
     def poll(self, timeout: float = -1) -> int:
         return self._producer.poll(timeout)
@@ -312,10 +389,26 @@ class Producer:
     def __len__(self) -> int:
         return len(self._producer)
 
+    def __bool__(self) -> bool:
+        # With __len__ alone an idle producer would be falsy (`if producer:` skipped).
+        return True
+
     # -- lifecycle -------------------------------------------------------------------------
-    def close(self, timeout: float = SEND_TIMEOUT_S) -> None:
-        """Flush what is queued (bounded by ``timeout``). Idempotent."""
-        self._producer.flush(timeout)
+    def close(self, timeout: float = SEND_TIMEOUT_S) -> bool:
+        """confluent_kafka's ``close``: deliver what is queued, then shut the client down
+        (any later call raises ``RuntimeError``, as confluent-kafka's does). Unlike it, the
+        wait is bounded by ``timeout``: what is still undelivered then is purged, logged, and
+        reported to its delivery callbacks as purged. Idempotent; returns True."""
+        if self._closed:
+            return True
+        self._closed = True
+        left = self._producer.flush(timeout)
+        if left:
+            log.warning("closing the producer: %d records not delivered within %.1f s are "
+                        "purged (their delivery callbacks report it)", left, timeout)
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.flush(0)  # serves the purge reports
+        return bool(self._producer.close())
 
     def __enter__(self) -> Producer:
         return self

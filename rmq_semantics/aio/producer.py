@@ -83,11 +83,13 @@ class AsyncProducer:
                 self._executor.shutdown(wait=False)
 
     def _close(self, timeout: float) -> None:
-        self._sync.close(timeout)
+        # The delivery thread stops first: close() destroys the client it polls (close's
+        # own flush serves the last reports).
         with self._poller_lock:
             poller = self._poller
         if poller is not None:
             poller.stop(timeout)
+        self._sync.close(timeout)
 
     async def __aenter__(self) -> AsyncProducer:
         return self

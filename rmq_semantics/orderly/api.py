@@ -7,9 +7,10 @@ but only reads it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import H
@@ -30,6 +31,7 @@ __all__ = [
     "PartitionStatus",
     "kafka_view",
     "kafka_views",
+    "listener_callable",
 ]
 
 #: Headers of a dead-lettered message (besides its own key, value and headers); the names
@@ -115,12 +117,35 @@ class ConsumeOrderlyContext:
 
 
 class MessageListenerOrderly:
-    """Base class of orderly listeners; any callable ``(msgs, context) -> status`` works too."""
+    """Base class of orderly listeners; any callable ``(msgs, context) -> status`` works too,
+    and so does RocketMQ's name ``consumeMessage`` (a listener ported from Java, with or
+    without this base class)."""
 
     def consume_message(self, msgs: list[OrderlyMessage],
                         context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         """Process ``msgs`` (one partition, offset order); return SUCCESS or SUSPEND."""
         raise NotImplementedError
+
+
+#: The listener method's names: ours, then RocketMQ's (a listener ported from Java).
+LISTENER_METHODS = ("consume_message", "consumeMessage")
+
+
+def listener_callable(listener: object, base: type, returns: str) -> Callable[..., Any]:
+    """What a consumer calls for ``listener``: its ``consume_message``, else RocketMQ's
+    ``consumeMessage``, else the listener itself when it is a plain callable. ``base``'s
+    own unimplemented method does not count: a subclass that implements neither name is
+    refused here, instead of being called, raising, and suspending every batch for ever."""
+    for name in LISTENER_METHODS:
+        method = getattr(listener, name, None)
+        if callable(method) and getattr(type(listener), name, None) is not getattr(
+                base, name, None):
+            return method
+    if callable(listener) and not isinstance(listener, base):
+        return listener
+    raise ConfigError(
+        f"listener must implement consume_message(msgs, context) (or RocketMQ's "
+        f"consumeMessage) returning {returns}, or be such a callable; got {listener!r}")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -255,7 +280,9 @@ class PartitionStatus:
     Key mode (``ordering="key"``) also fills ``in_flight_keys`` (keys with a listener call
     running), ``offset_gap`` (offsets from the lowest unfinished to the highest done one,
     carried in the commit metadata) and ``back_pressure`` (no new records are taken from the
-    partition until the gap shrinks); ``queued`` and ``in_flight`` then count records.
+    partition until the gap shrinks, or the records taken reach ``max_queued_bytes``);
+    ``queued`` and ``in_flight`` then count records. ``queued_bytes``: the values' bytes
+    buffered (fetching pauses at ``max_queued_bytes``).
     """
 
     topic: str
@@ -272,6 +299,7 @@ class PartitionStatus:
     in_flight_keys: int = 0
     offset_gap: int = 0
     back_pressure: bool = False
+    queued_bytes: int = 0
 
     @property
     def locked(self) -> bool:

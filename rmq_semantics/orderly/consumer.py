@@ -14,14 +14,18 @@ import confluent_kafka
 from rmq_semantics.clientconf import new_client, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
-from rmq_semantics.orderly.api import MessageListenerOrderly, PartitionStatus
+from rmq_semantics.orderly.api import (
+    MessageListenerOrderly,
+    PartitionStatus,
+    listener_callable,
+)
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.commits import Commits
 from rmq_semantics.orderly.dlq import DeadLetters
 from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS, DEFAULT_KEY_WORKERS, KeyPool
 from rmq_semantics.orderly.keyfeed import KeyFeeder
 from rmq_semantics.orderly.leases import LeaseKeeper
-from rmq_semantics.orderly.poller import PollThread
+from rmq_semantics.orderly.poller import DEFAULT_MAX_QUEUED_BYTES, PollThread
 from rmq_semantics.orderly.rebalance import Rebalance
 from rmq_semantics.orderly.runtime import QueueRegistry
 from rmq_semantics.orderly.worker import Worker
@@ -55,12 +59,7 @@ def consumer_conf(conf: dict) -> dict:
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:
-    if isinstance(listener, MessageListenerOrderly):
-        return listener.consume_message
-    if callable(listener):
-        return listener
-    raise ConfigError("listener must be a MessageListenerOrderly or a callable "
-                      f"(msgs, context) -> ConsumeOrderlyStatus, got {listener!r}")
+    return listener_callable(listener, MessageListenerOrderly, "ConsumeOrderlyStatus")
 
 
 class OrderlyConsumer:
@@ -88,6 +87,11 @@ class OrderlyConsumer:
     the committed one (see :mod:`~rmq_semantics.orderly.offsets`), so a new holder neither
     redoes nor skips work.
 
+    Flow control (RocketMQ's ``pullThresholdForQueue``/``pullThresholdSizeForQueue``): a
+    partition with 10,000 records or ``max_queued_bytes`` of values (default 100 MiB)
+    buffered is paused until both are at half; in key mode the records taken into the
+    pool and unfinished are bounded by ``max_queued_bytes`` too.
+
     ``subscribe(topics)``, ``start()`` (background threads), ``shutdown()`` (idempotent,
     bounded); a context manager that shuts down on exit. No network in ``__init__``.
     """
@@ -98,7 +102,8 @@ class OrderlyConsumer:
                  lock_renew_ms: int = 20000, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
                  batch_size: int = 1, client_id: str | None = None,
                  ordering: str = "partition", max_workers: int | None = None,
-                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS) -> None:
+                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
         self._conf = consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -116,7 +121,8 @@ class OrderlyConsumer:
                                  ("consume_timeout_ms", consume_timeout_ms, 1),
                                  ("lock_lease_ms", lock_lease_ms, 1),
                                  ("lock_renew_ms", lock_renew_ms, 1),
-                                 ("batch_size", batch_size, 1)):
+                                 ("batch_size", batch_size, 1),
+                                 ("max_queued_bytes", max_queued_bytes, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
         if not lock_renew_ms < lock_lease_ms * CLIENT_LEASE_FRACTION:
@@ -128,6 +134,7 @@ class OrderlyConsumer:
         self.lock_lease_ms = lock_lease_ms
         self.lock_renew_ms = lock_renew_ms
         self.batch_size = batch_size
+        self.max_queued_bytes = max_queued_bytes
         self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
         self._topics: list[str] = []
         self._system = SystemPartitionFilter(self.topic_prefix,
@@ -157,7 +164,8 @@ class OrderlyConsumer:
                                      max_reconsume_times=max_reconsume_times,
                                      commits=self._commits, dead_letters=self._dead_letters,
                                      name=self.group, consume_timeout_ms=consume_timeout_ms)
-            self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size)
+            self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size,
+                                         max_taken_bytes=max_queued_bytes)
             run_queue = self._key_feeder.run
         else:
             self._worker = Worker(listen, batch_size=batch_size,
@@ -202,7 +210,8 @@ class OrderlyConsumer:
         self._started = True
         poller = PollThread(consumer, self._topics, client_id=self.client_id,
                             queues=self._queues, calls=self._calls, commits=self._commits,
-                            rebalance=self._rebalance, stopping=self._stopping)
+                            rebalance=self._rebalance, stopping=self._stopping,
+                            max_queued_bytes=self.max_queued_bytes)
         for name, target in (("poll", poller.run), ("locks", self._leases.run)):
             thread = threading.Thread(target=target, name=f"rmq-orderly-{name}-{self.group}",
                                       daemon=True)

@@ -40,6 +40,7 @@ from rmq_semantics.orderly.api import (
     OrderlyMessage,
     kafka_views,
 )
+from rmq_semantics.orderly.dlq import Failure
 from rmq_semantics.orderly.keys import KeyScheduler, KeysStatus, OrderingKey
 from rmq_semantics.orderly.offsets import split_metadata
 from rmq_semantics.orderly.queue import QueuePhase
@@ -70,7 +71,8 @@ class Unit:
     """Consecutive records of one ordering key in one partition session: one listener call.
     ``reconsume_times`` counts its suspensions (not the uncounted lease-lapse returns)."""
 
-    __slots__ = ("key", "offset", "reconsume_times", "records", "session")
+    __slots__ = ("error", "failure", "key", "offset", "reason", "reconsume_times", "records",
+                 "session")
 
     def __init__(self, key: OrderingKey, record: confluent_kafka.Message,
                  session: Session) -> None:
@@ -79,6 +81,11 @@ class Unit:
         self.records = [record]
         self.session = session
         self.reconsume_times = 0
+        # Why the current call failed, if it did (set by the outcome handlers), and the
+        # unit's failures so far (what its dead letter says).
+        self.reason: str | None = None
+        self.error: BaseException | None = None
+        self.failure: Failure | None = None
 
     @property
     def where(self) -> str:
@@ -105,11 +112,12 @@ def is_async_listener(listener: Callable[..., Any]) -> bool:
         getattr(listener, "__call__", None))  # noqa: B004 (a callable object's async __call__)
 
 
-def _status_of(result: object, where: str) -> ConsumeOrderlyStatus:
+def _status_of(result: object, unit: Unit) -> ConsumeOrderlyStatus:
     if isinstance(result, ConsumeOrderlyStatus):
         return result
     log.warning("%s: listener returned %r, not a ConsumeOrderlyStatus; suspending the key",
-                where, result)
+                unit.where, result)
+    unit.reason = "bad_status"
     return SUSPEND
 
 
@@ -232,7 +240,7 @@ class KeyPool:
                 context = self._context(unit)
                 started = time.monotonic()
                 try:
-                    status = _status_of(self._listener(unit.messages(), context), unit.where)
+                    status = _status_of(self._listener(unit.messages(), context), unit)
                 except Exception as exc:
                     status = self._raised(unit, exc, context)
                 if time.monotonic() - started > self._timeout_s:
@@ -286,7 +294,7 @@ class KeyPool:
                 elif exc is not None:
                     status = self._raised(unit, exc, context)
                 else:
-                    status = _status_of(future.result(), unit.where)
+                    status = _status_of(future.result(), unit)
                 self._settle(unit, status, context.suspend_ms)
             except Exception:
                 log.exception("%s: key dispatcher error", unit.where)
@@ -303,12 +311,14 @@ class KeyPool:
                 context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         log.warning("%s: listener raised %r; suspending the key for %d ms", unit.where, exc,
                     context.suspend_ms)
+        unit.reason, unit.error = "raised", exc
         return SUSPEND
 
     def _timed_out(self, unit: Unit, context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         log.warning("%s: listener call ran past consume_timeout_ms (%d ms); counted as failed,"
                     " suspending the key for %d ms", unit.where, int(self._timeout_s * 1000),
                     context.suspend_ms)
+        unit.reason, unit.error = "timed_out", None
         return SUSPEND
 
     def _settle(self, unit: Unit, status: ConsumeOrderlyStatus, suspend_ms: int) -> None:
@@ -316,6 +326,9 @@ class KeyPool:
         if status in ACKS:
             self._finish(unit)
             return
+        failure = unit.failure = unit.failure or Failure()
+        failure.record(unit.reason or "suspended", unit.error)
+        unit.reason = unit.error = None
         retried = not 0 <= self.max_reconsume_times <= unit.reconsume_times
         if not retried and self._dead_letter(unit):
             self._finish(unit)
@@ -345,13 +358,17 @@ class KeyPool:
             self._scheduler.finished(unit)
             unit.session.in_flight -= 1
             self._cv.notify_all()
-        self.done_offsets(unit.session, [record.offset() for record in unit.records])
+        size_of = unit.session.q.state.size_of
+        self.done_offsets(unit.session, [record.offset() for record in unit.records],
+                          freed_bytes=sum(map(size_of, unit.records)))
 
-    def done_offsets(self, session: Any, offsets: list[int]) -> None:
-        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter):
-        leave the new committable offset for the poll thread."""
+    def done_offsets(self, session: Any, offsets: list[int], freed_bytes: int = 0) -> None:
+        """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter),
+        and ``freed_bytes`` of the records it took with them: leave the new committable
+        offset for the poll thread."""
         q = session.q
         with q.cv:  # one completion at a time per partition: commits never go backwards
+            session.taken_bytes -= freed_bytes
             if session.closed:
                 return
             tracker = session.tracker
@@ -369,5 +386,5 @@ class KeyPool:
         if reason is not None:
             log.warning("%s: not dead-lettering: %s", unit.where, reason)
             return False
-        return self._dead_letters.send(unit.messages(), unit.session.epoch)
+        return self._dead_letters.send(unit.messages(), unit.session.epoch, unit.failure)
 

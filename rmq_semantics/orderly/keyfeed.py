@@ -8,8 +8,9 @@ consecutive same-key records, and keeps the partition's
 records a previous holder finished are skipped and everything else is processed.
 
 Back-pressure: while the tracker is not accepting (its done offsets would not fit the
-commit metadata) or ``KEY_BACKLOG`` records are taken and unfinished, the feeder takes
-nothing; the poll thread's buffer fills and it pauses the partition (its ``MAX_QUEUED``).
+commit metadata), or ``KEY_BACKLOG`` records or ``max_taken_bytes`` of values are taken and
+unfinished, the feeder takes nothing; the poll thread's buffer fills and it pauses the
+partition (its ``MAX_QUEUED`` and ``max_queued_bytes``).
 
 A session ends on revocation (its waiting units are dropped, the calls in flight finish
 while the lease lasts, then the feeder lets go of the consume lock: revocation commits and
@@ -29,6 +30,7 @@ from rmq_semantics.orderly.api import PartitionStatus, kafka_view
 from rmq_semantics.orderly.keyed import KeyPool, Unit
 from rmq_semantics.orderly.keys import ordering_key
 from rmq_semantics.orderly.offsets import OffsetTracker
+from rmq_semantics.orderly.poller import DEFAULT_MAX_QUEUED_BYTES
 from rmq_semantics.orderly.queue import QueuePhase, QueueState
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
 from rmq_semantics.tags import TagFilter
@@ -50,7 +52,7 @@ class Session:
     (``in_flight``, guarded by the pool's lock; the rest by ``q.cv``)."""
 
     __slots__ = ("closed", "epoch", "first_offset", "in_flight", "last_offset", "q",
-                 "tracker")
+                 "taken_bytes", "tracker")
 
     def __init__(self, q: LiveQueue, epoch: int, tracker: OffsetTracker) -> None:
         self.q = q
@@ -60,6 +62,7 @@ class Session:
         self.closed = False
         self.first_offset: int | None = None  # the first record taken out of the buffer
         self.last_offset = -1
+        self.taken_bytes = 0  # values of the records taken and not finished (q.cv)
 
 
 def _startable(st: QueueState, now: float) -> bool:
@@ -69,9 +72,11 @@ def _startable(st: QueueState, now: float) -> bool:
 class KeyFeeder:
     """What every partition thread runs in key mode (:meth:`run` is the thread's target)."""
 
-    def __init__(self, pool: KeyPool, *, batch_size: int) -> None:
+    def __init__(self, pool: KeyPool, *, batch_size: int,
+                 max_taken_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
         self._pool = pool
         self.batch_size = batch_size
+        self.max_taken_bytes = max_taken_bytes
         self.tag_filter = TagFilter()  # set by OrderlyConsumer.subscribe
         self._sessions: dict[tuple[str, int], Session] = {}
 
@@ -111,7 +116,7 @@ class KeyFeeder:
                 # Its records left the buffer: read again from the committed offset.
                 target = st.committed if st.committed >= 0 else previous.first_offset
                 st.reset_to = target
-                st.msgs.clear()
+                st.clear_buffer()
                 log.info("%s: new lock epoch %d; reading again from offset %d", q.where,
                          st.aligned_epoch, target)
                 return None
@@ -152,13 +157,16 @@ class KeyFeeder:
         tags = None if self.tag_filter.keeps_all else self.tag_filter
         skipped = [] if skipped is None else skipped
         room = min(KEY_BACKLOG - tracker.in_flight, FEED_CHUNK)
-        if room <= 0 or not tracker.accepting():
+        if (room <= 0 or not tracker.accepting()
+                or session.taken_bytes >= self.max_taken_bytes):
             return []
-        msgs, batch_size = st.msgs, self.batch_size
+        msgs, batch_size, size_of = st.msgs, self.batch_size, st.size_of
         units: list[Unit] = []
         last: Unit | None = None
-        while msgs and room > 0:
-            record: Any = msgs.popleft()
+        # The byte bound stops a round at the record that reaches it (one record over the
+        # bound still goes: it could never fit otherwise).
+        while msgs and room > 0 and session.taken_bytes < self.max_taken_bytes:
+            record: Any = st.take_first()
             offset = record.offset()
             if offset <= session.last_offset:
                 continue  # fetched again before a seek took effect
@@ -171,6 +179,7 @@ class KeyFeeder:
             if tags is not None and not tags.matches(record.headers()):
                 skipped.append(offset)
                 continue
+            session.taken_bytes += size_of(record)
             key = ordering_key(kafka_view(record))
             if last is not None and last.key == key and len(last.records) < batch_size:
                 last.records.append(record)
@@ -210,5 +219,6 @@ class KeyFeeder:
         return dataclasses.replace(
             base, queued=base.queued + (keys.queued if keys else 0),
             in_flight=session.in_flight, in_flight_keys=keys.in_flight_keys if keys else 0,
-            offset_gap=tracker.gap, back_pressure=tracker.back_pressure,
+            offset_gap=tracker.gap, back_pressure=tracker.back_pressure or (
+                session.taken_bytes >= self.max_taken_bytes),
             suspended=bool(keys and keys.suspended_keys))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rmq_semantics.orderly.commits import Commits
     from rmq_semantics.orderly.rebalance import Rebalance
 
-__all__ = ["MAX_QUEUED", "PollThread"]
+__all__ = ["DEFAULT_MAX_QUEUED_BYTES", "MAX_QUEUED", "PollThread", "flow_control"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # RocketMQ pulls a queue only while locked: fetching it only filled the buffer up to here
 # while the first lock was on its way, and the pause and refetch then cost a fetch round.
 MAX_QUEUED = 10_000
+#: RocketMQ's pullThresholdSizeForQueue: a partition whose buffered values reach this many
+#: bytes is paused too (10,000 records of 1 MiB would otherwise be 10 GiB).
+DEFAULT_MAX_QUEUED_BYTES = 100 * 1024 * 1024
 POLL_BATCH = 500
 # How often the partition ends (for status().lag) are read from librdkafka's cache; each
 # turn of the poll loop (about a thousand a second at full speed) was too often.
@@ -45,13 +48,27 @@ WATERMARK_INTERVAL_S = 0.1
 DRAIN_CAP_S = 10.0
 
 
+def flow_control(queued: int, queued_bytes: int, *, paused: bool, held: bool,
+                 max_queued_bytes: int) -> tuple[bool, bool]:
+    """(pause, resume) of a partition with ``queued`` records of ``queued_bytes`` buffered:
+    pause when its lock is not held or either bound is reached; resume once held and both
+    are at half (hysteresis, so a busy partition is not paused and resumed every poll)."""
+    pause = not paused and (not held or queued >= MAX_QUEUED
+                            or queued_bytes >= max_queued_bytes)
+    resume = (paused and held and queued <= MAX_QUEUED // 2
+              and queued_bytes <= max_queued_bytes // 2)
+    return pause, resume
+
+
 class PollThread:
     """The poll loop: dispatch, consumer calls, commits and flow control, then the drain."""
 
     def __init__(self, consumer: confluent_kafka.Consumer, topics: list[str], *,
                  client_id: str, queues: QueueRegistry, calls: ConsumerCalls,
-                 commits: Commits, rebalance: Rebalance, stopping: threading.Event) -> None:
+                 commits: Commits, rebalance: Rebalance, stopping: threading.Event,
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
         self.client_id = client_id
+        self.max_queued_bytes = max_queued_bytes
         self._consumer = consumer
         self._topics = topics
         self._queues = queues
@@ -134,8 +151,8 @@ class PollThread:
                     continue
                 reset_to = st.take_reset()
                 held = st.phase is QueuePhase.ALIGNED and st.lease_ok(now)
-                pause = not st.paused and (not held or len(st.msgs) >= MAX_QUEUED)
-                resume = st.paused and held and len(st.msgs) <= MAX_QUEUED // 2
+                pause, resume = flow_control(len(st.msgs), st.queued_bytes, paused=st.paused,
+                                             held=held, max_queued_bytes=self.max_queued_bytes)
             if not (watermarks or reset_to is not None or pause or resume):
                 continue
             tp = TopicPartition(q.tp[0], q.tp[1])

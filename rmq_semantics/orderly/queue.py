@@ -75,6 +75,10 @@ def transition(current: QueuePhase, target: QueuePhase) -> QueuePhase:
     return target
 
 
+def _value_size(msg: Any) -> int:
+    return len(msg.value or b"")
+
+
 class QueueState:
     """The lock, buffers and offsets of one assigned partition.
 
@@ -91,16 +95,20 @@ class QueueState:
 
     def __init__(self, tp: tuple[str, int], *,
                  offset_of: Callable[[Any], int] = operator.attrgetter("offset"),
-                 views: Callable[[list[Any]], list[OrderlyMessage]] | None = None) -> None:
+                 views: Callable[[list[Any]], list[OrderlyMessage]] | None = None,
+                 size_of: Callable[[Any], int] = _value_size) -> None:
         self.tp = tp
         self._offset_of = offset_of
         self._views = views
+        #: A record's size in bytes (its value's), for the byte bound.
+        self.size_of = size_of
         self.phase = QueuePhase.ASSIGNED
         self.epoch = -1
         self.held = False
         self.deadline = 0.0
         self.aligned_epoch = -1
         self.msgs: deque[Any] = deque()  # records, see offset_of and views
+        self.queued_bytes = 0  # of the records in msgs (size_of)
         self.inflight: list[Any] = []
         # Delivered with auto_commit off and not committed yet (RocketMQ's
         # consumingMsgOrderlyTreeMap): ROLLBACK hands them over again.
@@ -116,6 +124,8 @@ class QueueState:
         self.pending_done = ""
         self.sent_done = ""
         self.reconsume_times = 0
+        # The in-flight batch's last failure (the worker's, for its dead letter; opaque here).
+        self.failure: Any = None
         self.suspended_until = 0.0
         self.paused = False  # fetching paused by flow control (poll thread)
         self.high = -1  # partition end as last seen by the fetcher (for lag)
@@ -203,11 +213,11 @@ class QueueState:
             offset_of = self._offset_of
             self.inflight = [m for m in self.inflight if offset_of(m) >= committed]
             while self.msgs and offset_of(self.msgs[0]) < committed:
-                self.msgs.popleft()
+                self.queued_bytes -= self.size_of(self.msgs.popleft())
             if committed < max(self.committed, self.released):
                 # Moved back behind what this queue already let go of: re-read from it.
                 self.reset_to = committed
-                self.msgs.clear()
+                self.clear_buffer()
                 self.inflight = []
             if self.pending_commit is not None and self.pending_commit <= committed:
                 self.pending_commit = None
@@ -231,7 +241,7 @@ class QueueState:
             return
         self.revoke()
         self._move(QueuePhase.LOST)
-        self.msgs.clear()
+        self.clear_buffer()
         self.uncommitted = []
 
     def drop(self) -> None:
@@ -239,19 +249,30 @@ class QueueState:
         Only a revoking queue can be dropped."""
         if self.phase not in GONE:
             self._move(QueuePhase.DROPPED)
-        self.msgs.clear()
+        self.clear_buffer()
         self.uncommitted = []
 
     # -- messages and batches ----------------------------------------------------------------
+    def clear_buffer(self) -> None:
+        """Forget the buffered records (not the in-flight batch)."""
+        self.msgs.clear()
+        self.queued_bytes = 0
+
+    def take_first(self) -> Any:
+        """The first buffered record, out of the buffer (key mode's feeder)."""
+        record = self.msgs.popleft()
+        self.queued_bytes -= self.size_of(record)
+        return record
+
     def add(self, msgs: list[Any]) -> bool:
         """Buffer fetched records (offset order); False when they were not wanted."""
         if self.phase in GONE or self.reset_to is not None:
             return False
         low, offset_of = self.min_offset, self._offset_of
-        if msgs and offset_of(msgs[0]) >= low:  # offset order: no per-message test
-            self.msgs.extend(msgs)
-        else:
-            self.msgs.extend(m for m in msgs if offset_of(m) >= low)
+        if not (msgs and offset_of(msgs[0]) >= low):  # offset order: no per-message test
+            msgs = [m for m in msgs if offset_of(m) >= low]
+        self.msgs.extend(msgs)
+        self.queued_bytes += sum(map(self.size_of, msgs))
         return True
 
     def next_batch(self, size: int) -> list[OrderlyMessage]:
@@ -259,9 +280,11 @@ class QueueState:
         messages; a redelivered batch carries its ``reconsume_times``."""
         inflight = self.inflight
         if not inflight:
-            msgs = self.msgs
+            msgs, size_of = self.msgs, self.size_of
             for _ in range(min(size, len(msgs))):
-                inflight.append(msgs.popleft())
+                record = msgs.popleft()
+                self.queued_bytes -= size_of(record)
+                inflight.append(record)
         batch = list(inflight) if self._views is None else self._views(inflight)
         if not self.reconsume_times:  # built with 0: copy only for a redelivery
             return batch
@@ -273,6 +296,7 @@ class QueueState:
         self.inflight = []
         self.uncommitted = []
         self.reconsume_times = 0
+        self.failure = None
         self.pending_commit = offset
         self.pending_done = done
         self.pending_epoch = epoch
@@ -284,14 +308,18 @@ class QueueState:
         self.uncommitted.extend(self.inflight)
         self.inflight = []
         self.reconsume_times = 0
+        self.failure = None
 
     def rollback(self) -> None:
         """ROLLBACK: everything delivered since the last commit goes back in front of the
         buffer, in offset order (RocketMQ's ``ProcessQueue.rollback``)."""
-        self.msgs.extendleft(reversed(self.uncommitted + self.inflight))
+        back = self.uncommitted + self.inflight
+        self.msgs.extendleft(reversed(back))
+        self.queued_bytes += sum(map(self.size_of, back))
         self.uncommitted = []
         self.inflight = []
         self.reconsume_times = 0
+        self.failure = None
 
     def suspend(self, until: float, *, retried: bool) -> None:
         """Hand the in-flight batch over again at ``until``; ``retried`` counts a redelivery."""
@@ -303,7 +331,7 @@ class QueueState:
         """The offset to seek back to, if alignment asked for one (the buffers are emptied)."""
         reset_to, self.reset_to = self.reset_to, None
         if reset_to is not None:
-            self.msgs.clear()
+            self.clear_buffer()
             self.inflight = []
             self.uncommitted = []
         return reset_to
@@ -345,4 +373,4 @@ class QueueState:
             self.tp[0], self.tp[1], state, self.epoch,
             int(max(0.0, self.deadline - now) * 1000) if locked else 0, committed, lag,
             len(self.msgs), len(self.inflight), self.reconsume_times,
-            now < self.suspended_until)
+            now < self.suspended_until, queued_bytes=self.queued_bytes)

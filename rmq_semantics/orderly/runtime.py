@@ -55,7 +55,8 @@ class LiveQueue:
     def __init__(self, tp: tuple[str, int], consume_lock: threading.Lock) -> None:
         self.tp = tp
         # The poll thread buffers confluent_kafka.Messages; views are made per batch.
-        self.state = QueueState(tp, offset_of=_KAFKA_OFFSET, views=kafka_views)
+        # len of a confluent_kafka.Message is its value's (C: cheaper than a lambda).
+        self.state = QueueState(tp, offset_of=_KAFKA_OFFSET, views=kafka_views, size_of=len)
         self.cv = threading.Condition()
         self.consume_lock = consume_lock
         self.thread: threading.Thread | None = None

@@ -24,7 +24,7 @@ from rmq_semantics.orderly.api import (
     OrderlyMessage,
 )
 from rmq_semantics.orderly.commits import Commits
-from rmq_semantics.orderly.dlq import DeadLetters
+from rmq_semantics.orderly.dlq import DeadLetters, Failure
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S, LiveQueue
 from rmq_semantics.tags import TagFilter
 
@@ -93,7 +93,7 @@ class Worker:
             if not batch:  # the tag filter left out the whole batch: commit past it
                 continue
             context = ConsumeOrderlyContext(q.tp[0], q.tp[1], epoch)
-            status = self._call_listener(batch, context)
+            status, reason, error = self._call_listener(batch, context)
             if status in ACKS and not context.auto_commit:
                 if status is ROLLBACK:
                     with q.cv:
@@ -108,8 +108,11 @@ class Worker:
             if status in ACKS:  # with auto_commit, COMMIT and ROLLBACK ack, as in RocketMQ
                 self._commits.processed(q, batch[-1].offset + 1, epoch)
                 continue
+            with q.cv:  # what the batch's dead letter will say
+                failure = st.failure = st.failure or Failure()
+            failure.record(reason, error)
             retried = not 0 <= self.max_reconsume_times <= st.reconsume_times
-            if not retried and self._dead_letter(q, batch, epoch):
+            if not retried and self._dead_letter(q, batch, epoch, failure):
                 self._commits.processed(q, batch[-1].offset + 1, epoch)
                 continue
             with q.cv:
@@ -128,23 +131,25 @@ class Worker:
             st.processed(batch[-1].offset + 1, st.epoch)
         return []
 
-    def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int) -> bool:
+    def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int,
+                     failure: Failure) -> bool:
         reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on
         if reason is not None:
             log.warning("%s: not dead-lettering: %s", batch[0].where, reason)
             return False
-        return self._dead_letters.send(batch, epoch)
+        return self._dead_letters.send(batch, epoch, failure)
 
-    def _call_listener(self, batch: list[OrderlyMessage],
-                       context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+    def _call_listener(self, batch: list[OrderlyMessage], context: ConsumeOrderlyContext
+                       ) -> tuple[ConsumeOrderlyStatus, str, Exception | None]:
+        """The listener's status, and for a failed call why (a DLQ reason) and its error."""
         try:
             status = self._listener(batch, context)
         except Exception as exc:
             log.warning("%s: listener raised %r; suspending the queue for %d ms",
                         batch[0].where, exc, context.suspend_ms)
-            return SUSPEND
+            return SUSPEND, "raised", exc
         if not isinstance(status, ConsumeOrderlyStatus):
             log.warning("%s: listener returned %r, not a ConsumeOrderlyStatus; suspending",
                         batch[0].where, status)
-            return SUSPEND
-        return status
+            return SUSPEND, "bad_status", None
+        return status, "suspended", None

@@ -64,7 +64,8 @@ class ConsumeConcurrentlyContext:
 
 class MessageListenerConcurrently:
     """Base class of concurrent listeners; any callable ``(msgs, context) -> status`` (or an
-    ``async def`` one) works too."""
+    ``async def`` one) works too, and so does RocketMQ's name ``consumeMessage`` (a listener
+    ported from Java, with or without this base class)."""
 
     def consume_message(self, msgs: list[PushMessage],
                         context: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rmq_semantics.clientconf import client_conf, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError, RmqTimeoutError
+from rmq_semantics.orderly.api import listener_callable
 from rmq_semantics.orderly.keyed import DEFAULT_CONSUME_TIMEOUT_MS
 from rmq_semantics.producer import producer_defaults
 from rmq_semantics.push.api import MessageListenerConcurrently
@@ -53,12 +54,8 @@ def push_consumer_conf(conf: dict) -> dict:
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:
-    if isinstance(listener, MessageListenerConcurrently):
-        return listener.consume_message
-    if callable(listener):
-        return listener
-    raise ConfigError("listener must be a MessageListenerConcurrently or a callable "
-                      f"(msgs, context) -> ConsumeConcurrentlyStatus, got {listener!r}")
+    return listener_callable(listener, MessageListenerConcurrently,
+                             "ConsumeConcurrentlyStatus")
 
 
 def _check_int(name: str, value: object, low: int) -> int:

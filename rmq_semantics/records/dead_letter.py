@@ -25,9 +25,10 @@ def without(headers: Iterable[tuple[str, bytes | None]] | None,
 def dlq_headers(headers: Iterable[tuple[str, bytes | None]] | None, *, topic: str,
                 partition: int, offset: int, reconsume_times: int,
                 error: BaseException | None = None, first_failure_ms: int | None = None,
-                last_failure_ms: int | None = None) -> Headers:
+                last_failure_ms: int | None = None, reason: str | None = None) -> Headers:
     """A dead letter's headers: the message's own, where it came from, how often it was
-    reconsumed, the listener's last exception (if it raised) and its failure times (ms)."""
+    reconsumed, the listener's last exception (if it raised), its failure times (ms) and
+    why its last call failed (one of ``DLQ_REASONS``)."""
     out = without(headers)
     out += [(H.DLQ_ORIGINAL_TOPIC, topic.encode()),
             (H.DLQ_ORIGINAL_PARTITION, str(partition).encode()),
@@ -41,6 +42,8 @@ def dlq_headers(headers: Iterable[tuple[str, bytes | None]] | None, *, topic: st
         out.append((H.DLQ_FIRST_FAILURE_TS, str(first_failure_ms).encode()))
     if last_failure_ms is not None:
         out.append((H.DLQ_LAST_FAILURE_TS, str(last_failure_ms).encode()))
+    if reason is not None:
+        out.append((H.DLQ_REASON, reason.encode()))
     return out
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "PROMOTED_KEEPS", "REAPPEND_HEADERS",
-           "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
+__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "DLQ_REASONS", "PRODUCER_HEADERS", "PROMOTED_KEEPS",
+           "REAPPEND_HEADERS", "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
 
 #: The header namespace the product owns; user headers may not start with it.
 RESERVED_PREFIX: Final = "rmq."
@@ -69,7 +69,8 @@ class H:
     RETRY_DUE_TS: Final = "rmq.retry_due_ts"
     # Dead letters of the orderly and the concurrent consumer: where the message came from,
     # how often it was consumed, the last listener exception (class, message) if it raised,
-    # and its first and last failure (ms).
+    # and its first and last failure (ms); the orderly consumer's also say why the last
+    # call failed (DLQ_REASONS).
     DLQ_ORIGINAL_TOPIC: Final = "rmq.dlq.original_topic"
     DLQ_ORIGINAL_PARTITION: Final = "rmq.dlq.original_partition"
     DLQ_ORIGINAL_OFFSET: Final = "rmq.dlq.original_offset"
@@ -78,8 +79,12 @@ class H:
     DLQ_EXCEPTION_MESSAGE: Final = "rmq.dlq.exception_message"
     DLQ_FIRST_FAILURE_TS: Final = "rmq.dlq.first_failure_ts"
     DLQ_LAST_FAILURE_TS: Final = "rmq.dlq.last_failure_ts"
+    DLQ_REASON: Final = "rmq.dlq.reason"
 
 
+#: The only ``rmq.*`` headers a business producer writes (a ``Message``'s own fields); every
+#: other one is written by the coordinator or a consumer, and trusted downstream.
+PRODUCER_HEADERS: Final = frozenset((H.TAGS, H.KEYS, H.MESSAGE_GROUP))
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
 PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS, H.MESSAGE_GROUP)
 #: What the coordinator adds to a record it sets aside in the discard topic.
@@ -91,7 +96,10 @@ REAPPEND_HEADERS: Final = (H.REAPPEND_OF, H.ORIGIN_OFFSET, H.ORIGIN_TS, H.CHECKS
 #: What a consumer adds to a dead letter (the exception pair only if the listener raised).
 DLQ_HEADERS: Final = (H.DLQ_ORIGINAL_TOPIC, H.DLQ_ORIGINAL_PARTITION, H.DLQ_ORIGINAL_OFFSET,
                       H.DLQ_RECONSUME_TIMES, H.DLQ_EXCEPTION, H.DLQ_EXCEPTION_MESSAGE,
-                      H.DLQ_FIRST_FAILURE_TS, H.DLQ_LAST_FAILURE_TS)
+                      H.DLQ_FIRST_FAILURE_TS, H.DLQ_LAST_FAILURE_TS, H.DLQ_REASON)
+#: ``rmq.dlq.reason`` values: the listener raised, returned SUSPEND, returned something
+#: that is not a status, or ran past ``consume_timeout_ms``.
+DLQ_REASONS: Final = ("raised", "suspended", "bad_status", "timed_out")
 #: What a concurrent consumer adds to a message it sends to a retry topic.
 RETRY_HEADERS: Final = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,
                         H.ORIGINAL_OFFSET, H.FIRST_FAILURE_TS, H.RETRY_DUE_TS)

@@ -475,6 +475,7 @@ HEADER_VALUES.update({
     H.DLQ_EXCEPTION_MESSAGE: lambda rng, ctx: _any(rng),
     H.DLQ_FIRST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
     H.DLQ_LAST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
+    H.DLQ_REASON: lambda rng, ctx: pick(rng, [_any(rng), b"raised", b"", not_utf8(rng)]),
 })
 #: The retry headers a concurrent consumer parses (each odd value above is refused).
 RETRY_PARSED = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,

@@ -37,6 +37,9 @@ class FakeRecord:
     def value(self) -> bytes:
         return b"v%d" % self._offset
 
+    def __len__(self) -> int:  # confluent_kafka.Message's len is its value's
+        return len(self.value())
+
     def headers(self) -> None:
         return None
 
