@@ -105,8 +105,6 @@ def test_close_delivers_what_is_queued_then_shuts_the_producer_down(broker, make
 
 
 # -- rebalance callbacks -------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="issue 29: the drop-in Consumer's subscribe hands the "
-                   "raw client to on_assign; fixed on branch fix-consumers (remove at merge)")
 def test_rebalance_callback_gets_the_drop_in_which_refuses_system_topics(broker, make_topic,
                                                                          unique):
     topic = make_topic("cb")
