@@ -122,8 +122,10 @@ def check_exactly_once(history: History, *, topics: Iterable[str] | None = None,
     for msg_id, row in rows.items():
         members[row["txn_id"]].add(msg_id)
     for txn, msgs in members.items():
-        if txn in sends:
-            msgs = msgs | set(sends[txn]["msg_ids"])
+        if txn in sends:  # its members on the topics read
+            send = sends[txn]
+            msgs = msgs | {m for m, t in zip(send["msg_ids"], send["topics"], strict=False)
+                           if wanted is None or t in wanted}
         shown = sorted(m for m in msgs if visible.get(m))
         if 0 < len(shown) < len(msgs):
             violations.append(Violation("partial_txn", f"txn {txn}: {len(shown)} of "
