@@ -16,6 +16,7 @@ from tests.campaign.result import CheckResult, Violation
 __all__ = ["check_locks", "check_orderly", "check_push"]
 
 Record = tuple[str, int, int]  # topic, partition, offset
+MESSAGE_GROUP = "rmq.message_group"
 
 
 def _done(result: CheckResult, echo: bool) -> CheckResult:
@@ -47,7 +48,10 @@ def _order_violations(group: str, mode: str, first: dict[Record, Event],
     order."""
     lanes: dict[tuple, list[tuple[int, Event]]] = defaultdict(list)
     for rec, e in first.items():
-        key = (final[rec].get("key") if rec in final else None) or e.get("key")
+        # The ordering key: the message group header, else the record key (orderly/keys.py).
+        seen = final.get(rec)
+        key = ((seen.get("headers", {}).get(MESSAGE_GROUP) or seen.get("key")) if seen
+               else None) or e.get("key")
         lanes[(rec[0], rec[1], key) if mode == "key" else rec[:2]].append((rec[2], e))
     out = []
     for lane, items in lanes.items():

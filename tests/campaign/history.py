@@ -34,7 +34,8 @@ consumer side
   ``subscribe``     consumer ("orderly" | "push" | "spark"), group, instance, topics[], mode?
                     ("partition" | "key", orderly only)
   ``consumed``      consumer, group, instance, topic, partition, offset, key?, msg_id,
-                    result? ("SUCCESS" default | "RECONSUME_LATER" | "SUSPEND")
+                    result? ("SUCCESS" default | "RECONSUME_LATER" | "SUSPEND"); key is the
+                    ordering key (the rmq.message_group header, else the record key)
   ``batch``         queue ("group/topic/partition"), instance, epoch, lease_granted_ms,
                     lease_valid_until_ms, start_ms, end_ms, offsets[], committed (bool),
                     commit_ms?
@@ -43,7 +44,9 @@ consumer side
   ``push_retry``    group, msg_id, topic, partition, offset, reconsume_times, retry_topic?
   ``dlq``           consumer, group, msg_id, topic, partition, offset, reason?
   ``final_read``    topic, partition, offset, key?, msg_id?, txn_id?, headers{}: one record
-                    read read_committed by Apache Kafka's Java client after the run
+                    read read_committed by Apache Kafka's Java client after the run; msg_id
+                    is the workload's own id (its header, e.g. ``campaign.msg_id``), txn_id
+                    the ``rmq.txn_id`` header, headers all of them as text
   ``spark_row``     msg_id, topic?, partition?, offset?: one row of the Spark job's output
 faults, processes, cluster
   ``fault``         fault (kind of fault), target, start_ms, end_ms?, seed

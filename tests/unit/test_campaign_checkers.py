@@ -287,6 +287,13 @@ LISTED = _kafka_table(LIST_HEADERS, [("rmq-coord-0", "1", "1000", "CompleteCommi
                                      ("rmq-coord-1", "2", "1001", "Ongoing"),
                                      ("other-app", "2", "1005", "Ongoing")])
 NOTHING_HANGS = _kafka_table(FIND_HANGING_HEADERS, [])
+# Captured: kafka-tools 4.3.1 `list` against the embedded 4.4.0 broker, one transaction left
+# open and one committed.
+CAPTURED_LIST = ("TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n"
+                 "rmq-coord-1    \t1          \t1         \tCompleteCommit  \t\n"
+                 "rmq-coord-0    \t1          \t0         \tOngoing         \t\n")
+CAPTURED_NOTHING_HANGS = ("Topic\tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\t"
+                          "StartOffset\tLastTimestamp\tDuration(min)\t\n")
 
 
 def test_kafka_tool_tables_are_parsed_as_kafka_prints_them():
@@ -309,6 +316,9 @@ def test_a_transaction_left_ongoing_is_reported():
     result = check_kafka_transactions({1: NOTHING_HANGS}, LISTED, txn_id_prefix="rmq-coord")
     _fails_with(result, "open_txn", "rmq-coord-1 is Ongoing")
     assert {v.where["transactional_id"] for v in result.violations} == {"rmq-coord-1"}
+    captured = check_kafka_transactions({1: CAPTURED_NOTHING_HANGS}, CAPTURED_LIST)
+    _fails_with(captured, "open_txn", "rmq-coord-0 is Ongoing (coordinator 1, producer 0)")
+    assert len(captured.violations) == 1
 
 
 def test_unreadable_tool_output_fails_the_check():
@@ -412,3 +422,15 @@ def test_the_summary_counts_and_names_the_seed_and_history_on_failure(tmp_path):
     clean = run_all(history_of(clean_events()), horizon_s=HORIZON_S, minimums=MINIMUMS,
                     echo=False)
     assert failure_line(clean, 42, ["h"]) is None
+
+
+def test_key_mode_orders_by_the_message_group_header_before_the_record_key():
+    # m5a (key k2) shares message group k1 with m1 and m3: processed before m1, out of order.
+    regrouped = [e if not (e.kind is Kind.FINAL_READ and e["msg_id"] in ("m1", "m5a")) else
+                 at(ev.final_read(e["topic"], e["partition"], e["offset"], msg_id=e["msg_id"],
+                                  key=e["key"], headers={"rmq.message_group": "g1"}), 31.0)
+                 for e in clean_events()]
+    early = at(ev.consumed("orderly", "og", "c1", "orders", 0, 1, "m5a", key="k2"), 4.0)
+    assert check_orderly(history_of([*clean_events(), early])).passed
+    _fails_with(check_orderly(history_of([*regrouped, early])), "out_of_order", "key 'g1'",
+                "orders[0]@1")
