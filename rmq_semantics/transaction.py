@@ -315,7 +315,8 @@ class TransactionProducer:
                   timeout: float | None = None,
                   producer: confluent_kafka.Producer | None = None) -> None:
         producer = producer or self._require_started()
-        request = end_request(result, state, from_check=from_check, check_seq=check_seq)
+        request = end_request(result, state, producer_group=self.producer_group,
+                              from_check=from_check, check_seq=check_seq)
         waiter = DeliveryWaiter() if wait else log_failed_end(
             f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
             result.transaction_id, state)

@@ -63,9 +63,12 @@ def local_outcome(view: Message | Transaction, answer: Any, error: BaseException
 
 
 def end_request(result: TransactionSendResult, state: LocalTransactionState, *,
-                from_check: bool, check_seq: int) -> EndRequest:
-    """The end request of ``result``'s transaction, asking for ``state``."""
-    return EndRequest(result.transaction_id, result.producer_group, result.half_partition,
+                producer_group: str, from_check: bool, check_seq: int) -> EndRequest:
+    """The end request of ``result``'s transaction, asking for ``state``, from
+    ``producer_group``: the CALLING producer's group, never ``result.producer_group``, so the
+    coordinator's group check compares the half record with who asks (RocketMQ's
+    ``endTransaction`` sends the producer's own group)."""
+    return EndRequest(result.transaction_id, producer_group, result.half_partition,
                       result.half_offset, END_STATE[state], from_check, check_seq,
                       int(time.time() * 1000))
 

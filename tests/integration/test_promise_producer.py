@@ -27,9 +27,7 @@ def _sample(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
     return coordinator.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="end_request carries result.producer_group, not the "
-                   "caller's group (issue 29)")
-def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique):
+def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique, caplog):
     """ga's transactions stay UNKNOW; gb (sync and asyncio) asks COMMIT for them with the
     results ga got: both requests are rejected as a group mismatch, and ga's back-check
     decides (ROLLBACK): nothing is promoted."""
@@ -60,4 +58,7 @@ def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique):
         wait_for(lambda: no_pending(c, FAST["half_partitions"]), 60, "ga's checks to decide")
         assert _sample(c, "rmq_promotions_total") == 0
     assert sorted(ga_listener.checked) == [b"ga-1", b"ga-2"]
+    rejected = [r.getMessage() for r in caplog.records if "does not match" in r.getMessage()]
+    assert {first.transaction_id, second.transaction_id} == {
+        t for t in (first.transaction_id, second.transaction_id) for m in rejected if t in m}
     assert read_to_end(conf, topic, 1) == []
