@@ -9,7 +9,12 @@ import asyncio
 
 import pytest
 
-from rmq_semantics import AsyncTransactionProducer, Message, TransactionProducer
+from rmq_semantics import (
+    AsyncTransactionProducer,
+    Message,
+    TransactionListener,
+    TransactionProducer,
+)
 from rmq_semantics import LocalTransactionState as S
 from tests.integration.txn_helpers import (
     FAST,
@@ -62,3 +67,62 @@ def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique, c
     assert {first.transaction_id, second.transaction_id} == {
         t for t in (first.transaction_id, second.transaction_id) for m in rejected if t in m}
     assert read_to_end(conf, topic, 1) == []
+
+
+class JavaNamed(TransactionListener):
+    """A listener ported from Java: RocketMQ's method names only."""
+
+    def __init__(self) -> None:
+        self.executed: list[bytes] = []
+        self.checked: list[bytes] = []
+
+    def executeLocalTransaction(self, msg, arg):  # RocketMQ's name
+        self.executed.append(msg.value)
+        return S.COMMIT_MESSAGE if msg.value.startswith(b"commit") else S.UNKNOW
+
+    def checkLocalTransaction(self, msg):
+        self.checked.append(msg.value)
+        return S.COMMIT_MESSAGE
+
+
+class AsyncJavaNamed:
+    """The same for asyncio, duck-typed (no TransactionListener base) and ``async def``."""
+
+    def __init__(self) -> None:
+        self.executed: list[bytes] = []
+
+    async def executeLocalTransaction(self, msg, arg):
+        self.executed.append(msg.value)
+        return S.COMMIT_MESSAGE
+
+    async def checkLocalTransaction(self, msg):
+        return S.COMMIT_MESSAGE
+
+
+@pytest.mark.xfail(strict=True, reason="executeLocalTransaction is never called: the base's "
+                   "execute_local_transaction raises NotImplementedError (issue 29)")
+def test_a_listener_with_rocketmqs_method_names_is_called(broker, make_topic, unique):
+    prefix = unique("j").replace("-", "")
+    topic = make_topic("javanames")
+    conf = broker.conf()
+    options = {"topic_prefix": prefix, "half_partitions": FAST["half_partitions"]}
+    listener, async_listener = JavaNamed(), AsyncJavaNamed()
+
+    async def send_async() -> S:
+        async with AsyncTransactionProducer(conf, producer_group=unique("aj"),
+                                            listener=async_listener, **options) as producer:
+            result = await producer.send_message_in_transaction(Message(topic, b"commit-aio"))
+            return result.local_transaction_state
+
+    with ThreadCoordinator(conf, topic_prefix=prefix) as c, TransactionProducer(
+            conf, producer_group=unique("j"), listener=listener, **options) as producer:
+        inline = producer.send_message_in_transaction(Message(topic, b"commit-inline"))
+        checked = producer.send_message_in_transaction(Message(topic, b"checked"))
+        assert (inline.local_transaction_state, checked.local_transaction_state) == (
+            S.COMMIT_MESSAGE, S.UNKNOW)
+        assert asyncio.run(send_async()) is S.COMMIT_MESSAGE
+        wait_for(lambda: _sample(c, "rmq_promotions_total") == 3, 60, "three promotions")
+    assert listener.executed == [b"commit-inline", b"checked"]
+    assert listener.checked == [b"checked"] and async_listener.executed == [b"commit-aio"]
+    assert sorted(m.value() for m in read_to_end(conf, topic, 1)) == [
+        b"checked", b"commit-aio", b"commit-inline"]
