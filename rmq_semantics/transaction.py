@@ -56,6 +56,7 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
+    as_listener,
 )
 from rmq_semantics.txn_writes import (
     EndBatcher,
@@ -100,9 +101,11 @@ class TransactionProducer:
             "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity})
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
+        listener = as_listener(listener)
         if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
             raise ConfigError("listener must implement execute_local_transaction and "
-                              "check_local_transaction")
+                              "check_local_transaction (or RocketMQ's executeLocalTransaction "
+                              "and checkLocalTransaction)")
         self.producer_group = producer_group
         self.listener = listener
         #: This instance's id: its check consumer's, and its half records' check affinity.

@@ -38,6 +38,7 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
+    as_listener,
 )
 from rmq_semantics.txn_writes import local_outcome, write_halves, write_members
 
@@ -64,7 +65,7 @@ class AsyncTransactionProducer:
     def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
                  executor: concurrent.futures.Executor | None = None,
                  **options: Any) -> None:
-        self.listener = listener
+        self.listener = listener = as_listener(listener)
         self._checks_listener = LoopListener(listener, timeout_s=0.0)
         self._core = TransactionProducer(conf, producer_group=producer_group,
                                          listener=self._checks_listener, **options)

@@ -99,8 +99,6 @@ class AsyncJavaNamed:
         return S.COMMIT_MESSAGE
 
 
-@pytest.mark.xfail(strict=True, reason="executeLocalTransaction is never called: the base's "
-                   "execute_local_transaction raises NotImplementedError (issue 29)")
 def test_a_listener_with_rocketmqs_method_names_is_called(broker, make_topic, unique):
     prefix = unique("j").replace("-", "")
     topic = make_topic("javanames")
