@@ -41,12 +41,12 @@ from rmq_semantics.producer import (
 )
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.send_checks import SendChecks
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
     ensure_topics,
-    refuse_system_destination,
     require_copartitioned,
     txn_topic_specs,
     validate_prefix,
@@ -111,7 +111,9 @@ class TransactionProducer:
         #: This instance's id: its check consumer's, and its half records' check affinity.
         self.instance_id = valid_instance_id(instance_id)
         self.topics = SystemTopics(validate_prefix(topic_prefix))
-        self._conf = producer_defaults(conf)
+        # Its metadata reads of destination topics (send-time checks) must not create a
+        # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
+        self._conf = {"allow.auto.create.topics": False, **producer_defaults(conf)}
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
@@ -125,6 +127,7 @@ class TransactionProducer:
         # The one-message path's own producer (the batch path keeps the conf's batching).
         self._call = CallProducer(self._conf, f"rmq-delivery-{producer_group}")
         self._partitions: PartitionCache | None = None
+        self._send_checks: SendChecks | None = None
         self._started = False
         self._closed = False
 
@@ -172,8 +175,10 @@ class TransactionProducer:
         """Write ``msg`` as a half message, run the local transaction, send its outcome.
 
         If the half write fails the local transaction is not run and the error is raised;
-        so is a message for a system topic (:class:`SystemTopicError`) or for a partition its
-        topic lacks (:class:`UnknownPartitionError`), before anything is written.
+        so is, before anything is written, a message for a system topic
+        (:class:`SystemTopicError`), a topic that does not exist (:class:`UnknownTopicError`),
+        a partition its topic lacks (:class:`UnknownPartitionError`), or with an empty body
+        or over the topic's ``max.message.bytes`` (:class:`MessageSizeError`).
         """
         self._require_started()
         self._validate([msg])
@@ -284,16 +289,21 @@ class TransactionProducer:
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
         """Refuse, before any half write, a message the coordinator could never promote:
-        one for a system topic, or for a partition its topic lacks (RocketMQ's
-        ``Validators.checkMessage`` and queue check). Returns the partition cache."""
-        partitions = self._partitions
-        if partitions is None:
+        one for a system topic, a topic that does not exist, a partition its topic lacks, an
+        empty body or one over the topic's ``max.message.bytes`` (RocketMQ's
+        ``Validators.checkMessage``, topic route and queue checks). Returns the partition
+        cache."""
+        checks = self.send_checks()
+        checks.check(msgs, self._send_timeout_s)
+        return checks.partitions
+
+    def send_checks(self) -> SendChecks:
+        """The send-time checks, over the partition cache ``start`` made."""
+        if self._partitions is None:
             raise IllegalStateError("TransactionProducer is not started")
-        for msg in msgs:
-            refuse_system_destination(msg.topic, self.topics.prefix)
-            if msg.partition is not None:
-                partitions.require(msg.topic, msg.partition, self._send_timeout_s)
-        return partitions
+        if self._send_checks is None or self._send_checks.partitions is not self._partitions:
+            self._send_checks = SendChecks(self._partitions, self._conf, self.topics.prefix)
+        return self._send_checks
 
     def _execute_local(self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter,
                        message_count: int = 1) -> tuple[TransactionSendResult,

@@ -157,10 +157,7 @@ class AsyncTransactionProducer:
         """
         loop = self._require_started()
         core = self._core
-        if msg.partition is None:
-            core._validate([msg])  # only the system-topic refusal: no metadata to read
-        else:
-            await run_blocking(self._executor, core._validate, [msg])
+        await self._validate([msg])
         producer = core._call_producer()
         with tracing.span("send transaction", msg.topic):
             with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
@@ -222,6 +219,15 @@ class AsyncTransactionProducer:
                                     len(msgs), producer)
             raise
         return waiters
+
+    async def _validate(self, msgs: list[Message]) -> None:
+        """The synchronous producer's checks: on the loop when they need no metadata call
+        (cached), else on the executor."""
+        core = self._core
+        if core.send_checks().cached(msgs):
+            core._validate(msgs)
+        else:
+            await run_blocking(self._executor, core._validate, msgs)
 
     def _half_partitions(self, msgs: list[Message]) -> list[int]:
         """Validate ``msgs`` and read the half topic's partitions (metadata: may block)."""

@@ -139,8 +139,6 @@ def _half_end_offsets(conf: dict, prefix: str) -> list[int]:
         consumer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="no send-time check of the topic, the body size or an "
-                   "empty body: the local transaction runs (issue 29)")
 def test_a_message_that_could_never_be_promoted_is_refused_before_the_local_transaction(
         broker, make_topic, unique):
     """RocketMQ's send-time checks: a real topic that does not exist, a body over the
@@ -191,3 +189,31 @@ def _set_max_bytes(conf: dict, topic: str, max_bytes: int) -> None:
     admin = AdminClient(conf)  # kept alive until the futures are done
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
+
+
+def test_a_full_queue_after_the_local_transactions_never_raises_past_committed_work(
+        broker, make_topic, unique):
+    """send_messages_in_transaction: the local transaction of "outer" commits while the
+    producer's queue (one record, lingering) is full of another send's end request; queuing
+    its own end request must not raise past that committed work: the result says COMMIT and
+    the message is promoted once (by the end request once there is room, or the check)."""
+    prefix = unique("q").replace("-", "")
+    topic = make_topic("queue")
+    conf = broker.conf(**{"queue.buffering.max.messages": 1, "linger.ms": 300})
+    started: list[TransactionProducer] = []
+
+    def execute(value: bytes) -> S:
+        if value == b"outer":  # another batch's end request now waits in the queue
+            started[0].send_messages_in_transaction([Message(topic, b"inner")])
+        return S.COMMIT_MESSAGE
+
+    listener = ScriptedListener(execute, lambda v: S.COMMIT_MESSAGE)
+    with ThreadCoordinator(broker.conf(), topic_prefix=prefix) as c, TransactionProducer(
+            conf, producer_group=unique("q"), listener=listener, topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"]) as producer:
+        started.append(producer)
+        [outer] = producer.send_messages_in_transaction([Message(topic, b"outer")])
+        assert outer.local_transaction_state is S.COMMIT_MESSAGE
+        wait_for(lambda: _sample(c, "rmq_promotions_total") == 2, 60, "both promotions")
+    assert sorted(m.value() for m in read_to_end(broker.conf(), topic, 1)) == [
+        b"inner", b"outer"]
