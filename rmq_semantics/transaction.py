@@ -63,6 +63,7 @@ from rmq_semantics.txn_writes import (
     end_request,
     local_outcome,
     log_failed_end,
+    queue_end,
     write_halves,
     write_members,
 )
@@ -319,26 +320,26 @@ class TransactionProducer:
     def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
                         *, timeout: float | None = None) -> None:
         """Send ``state`` for a transaction (e.g. one left UNKNOW) and wait for the ack."""
-        self._require_started()
-        self._send_end(result, state, from_check=False, check_seq=0, wait=True,
-                       timeout=timeout)
+        producer, waiter = self._require_started(), DeliveryWaiter()
+        producer.produce(self.topics.op, encode(end_request(
+            result, state, producer_group=self.producer_group, from_check=False,
+            check_seq=0)), partition=result.half_partition, on_delivery=waiter)
+        waiter.wait(producer, f"ending txn {result.transaction_id}",
+                    timeout or self._send_timeout_s)
 
     def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
-                  from_check: bool, check_seq: int, wait: bool,
-                  timeout: float | None = None,
+                  from_check: bool, check_seq: int,
                   producer: confluent_kafka.Producer | None = None) -> None:
+        """Queue an end request nobody waits for (after the local transaction ran, or a
+        check's answer): it never raises; a failure is logged, the back-check resolves it."""
         producer = producer or self._require_started()
         request = end_request(result, state, producer_group=self.producer_group,
                               from_check=from_check, check_seq=check_seq)
-        waiter = DeliveryWaiter() if wait else log_failed_end(
-            f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
-            result.transaction_id, state)
-        producer.produce(self.topics.op, encode(request),
-                         partition=result.half_partition, on_delivery=waiter)
-        if isinstance(waiter, DeliveryWaiter):
-            waiter.wait(producer, f"ending txn {result.transaction_id}",
-                        timeout or self._send_timeout_s)
-        elif producer is not self._call.producer:  # its own thread serves its reports
+        queue_end(producer, self.topics.op, encode(request), result.half_partition,
+                  log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
+                                 f"{result.half_offset}", result.transaction_id, state),
+                  f"the {state.value} end request of txn {result.transaction_id}")
+        if producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
 
     def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
@@ -347,8 +348,7 @@ class TransactionProducer:
         back-check resolves the transaction)."""
         with tracing.span("end transaction", self.topics.op, "send", result.transaction_id,
                           kind=SpanKind.PRODUCER, state=state.name):
-            self._send_end(result, state, from_check=False, check_seq=0, wait=False,
-                           producer=producer)
+            self._send_end(result, state, from_check=False, check_seq=0, producer=producer)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
@@ -375,7 +375,7 @@ class TransactionProducer:
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
-        self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
+        self._send_end(result, state, from_check=True, check_seq=check.check_seq)
 
 
 def _poll_until_delivered(producer: confluent_kafka.Producer, waiters: list[DeliveryWaiter],

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
@@ -29,7 +29,7 @@ from rmq_semantics.transaction_api import (
 )
 
 __all__ = ["END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher", "end_request",
-           "local_outcome", "log_failed_end", "send_end_batches", "write_halves",
+           "local_outcome", "log_failed_end", "queue_end", "send_end_batches", "write_halves",
            "write_members"]
 
 log = logging.getLogger("rmq_semantics.transaction")
@@ -39,6 +39,11 @@ log = logging.getLogger("rmq_semantics.transaction")
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
 END_BATCH_MAX = 1000
+
+# How long queuing an end request after the local transaction ran waits for room in a full
+# local queue before it gives up (logged; the back-check resolves the transaction).
+END_ROOM_WAIT_S = 5.0
+ROOM_POLL_S = 0.05
 
 #: The end state each local transaction state asks the coordinator for.
 END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
@@ -143,10 +148,36 @@ def send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer
             EndEntry(result.transaction_id, result.half_offset, END_STATE[state]))
     now = int(time.time() * 1000)
     for partition, entries in by_partition.items():
-        producer.produce(op_topic, encode(EndRequests(
-            producer_group, partition, tuple(entries), now)), partition=partition,
-            on_delivery=_log_failed_ends)
+        queue_end(producer, op_topic, encode(EndRequests(producer_group, partition,
+                                                         tuple(entries), now)),
+                  partition, _log_failed_ends,
+                  f"{len(entries)} end requests ({entries[0].txn_id} ...)")
     producer.poll(0)
+
+
+def queue_end(producer: confluent_kafka.Producer, op_topic: str, value: bytes,
+              partition: int, on_delivery: Callable[[KafkaError | None, Any], None],
+              what: str) -> bool:
+    """Queue an end request once local transactions ran: never raise past that committed
+    work. A full local queue is waited on (serving delivery reports) up to
+    ``END_ROOM_WAIT_S``; then, or on any other refusal, it is logged and False returned
+    (the transactions stay pending and the back-check resolves them)."""
+    deadline = time.monotonic() + END_ROOM_WAIT_S
+    while True:
+        try:
+            producer.produce(op_topic, value, partition=partition, on_delivery=on_delivery)
+            return True
+        except BufferError:
+            if time.monotonic() >= deadline:
+                reason: object = f"the local queue stayed full for {END_ROOM_WAIT_S:.0f} s"
+                break
+            producer.poll(ROOM_POLL_S)
+        except (KafkaException, RuntimeError) as exc:  # closed or fatal: nothing to wait for
+            reason = exc
+            break
+    log.warning("%s[%d]: %s not queued (%s); the back-check will resolve them", op_topic,
+                partition, what, reason)
+    return False
 
 
 class EndBatcher:

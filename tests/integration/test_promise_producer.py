@@ -191,8 +191,6 @@ def _set_max_bytes(conf: dict, topic: str, max_bytes: int) -> None:
         future.result(30)
 
 
-@pytest.mark.xfail(strict=True, reason="BufferError from queuing the end requests raises "
-                   "after the local transaction committed (issue 29)")
 def test_a_full_queue_after_the_local_transactions_never_raises_past_committed_work(
         broker, make_topic, unique):
     """send_messages_in_transaction: the local transaction of "outer" commits while the
