@@ -4,13 +4,8 @@ should it land anyway (issue 29). First decision wins, as for any end request.""
 
 from __future__ import annotations
 
-import pytest
-
 from coordinator.state import Finish, PartitionState, TxnState
 from tests.unit.test_txn_state import T0, end, half, live
-
-pytestmark = pytest.mark.xfail(strict=True, reason="an end request with half offset -1 is "
-                               "matched to no transaction (issue 29)")
 
 
 def by_id(op: int, txn: str, *, group: str = "pg", state: str = "ROLLBACK"):
