@@ -66,8 +66,9 @@ class DeliveryWaiter:
 
     def __call__(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
         self.error = err
+        self.partition = msg.partition()  # also of a failed one: where it may still land
         if err is None:
-            self.partition, self.offset = msg.partition(), msg.offset()
+            self.offset = msg.offset()
         self.delivered = True
 
     def wait(self, producer: confluent_kafka.Producer, what: str, timeout: float) -> None:

@@ -19,7 +19,13 @@ import confluent_kafka
 from opentelemetry.trace import SpanKind
 
 from rmq_semantics import tracing
-from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder, ask_listener, valid_instance_id
+from rmq_semantics.checks import (
+    CHECK_QUEUE_SIZE,
+    CheckCounters,
+    CheckResponder,
+    ask_listener,
+    valid_instance_id,
+)
 from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
@@ -59,11 +65,14 @@ from rmq_semantics.transaction_api import (
     as_listener,
 )
 from rmq_semantics.txn_writes import (
+    DELIVERY_GRACE_S,
     EndBatcher,
     end_request,
+    half_write_conf,
     local_outcome,
     log_failed_end,
     queue_end,
+    roll_back_unwritten,
     write_halves,
     write_members,
 )
@@ -79,7 +88,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class TransactionProducer:
+class TransactionProducer(CheckCounters):
     """RocketMQ's ``TransactionMQProducer`` on Kafka.
 
     ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
@@ -115,6 +124,8 @@ class TransactionProducer:
         # Its metadata reads of destination topics (send-time checks) must not create a
         # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
         self._conf = {"allow.auto.create.topics": False, **producer_defaults(conf)}
+        # librdkafka gives up on a half write when the caller is told it failed.
+        self._producer_conf = half_write_conf(self._conf, send_timeout_s)
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
@@ -126,7 +137,7 @@ class TransactionProducer:
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
         # The one-message path's own producer (the batch path keeps the conf's batching).
-        self._call = CallProducer(self._conf, f"rmq-delivery-{producer_group}")
+        self._call = CallProducer(self._producer_conf, f"rmq-delivery-{producer_group}")
         self._partitions: PartitionCache | None = None
         self._send_checks: SendChecks | None = None
         self._started = False
@@ -143,7 +154,7 @@ class TransactionProducer:
                                                          self.topics.check)}, replicated=True)
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
-        self._producer = confluent_kafka.Producer(self._conf)
+        self._producer = confluent_kafka.Producer(self._producer_conf)
         self._partitions = PartitionCache(self._producer)
         self._checks.start()
         self._started = True
@@ -190,8 +201,13 @@ class TransactionProducer:
                     producer, self.topics.half, self.producer_group,
                     tracing.traced_messages([msg]), SignalledWaiter, self._checks.affinity())
                 tracing.name_transaction(txn_id)
-                waiter.wait(producer, f"writing the half message of txn {txn_id}",
-                            self._send_timeout_s)
+                try:
+                    waiter.wait(producer, f"writing the half message of txn {txn_id}",
+                                self._send_timeout_s + DELIVERY_GRACE_S)
+                except RmqError as exc:  # never promoted, should it land anyway
+                    roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
+                                        waiter, self._half_partitions_now, exc)
+                    raise
             result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
             self._end_inline(result, state, producer)
         return result
@@ -254,6 +270,9 @@ class TransactionProducer:
                                                    first.offset, self.producer_group, count),
                              rollback, producer)
 
+    def _half_partitions_now(self) -> list[int]:
+        return self._validate([]).partitions(self.topics.half, self._send_timeout_s)
+
     def _call_producer(self) -> confluent_kafka.Producer:
         self._require_started()
         return self._call.get()
@@ -271,7 +290,7 @@ class TransactionProducer:
         pending = write_halves(producer, self.topics.half, self.producer_group,
                                tracing.traced_messages(msgs), affinity=self._checks.affinity())
         _poll_until_delivered(producer, [w for _, w in pending],
-                              time.monotonic() + self._send_timeout_s)
+                              time.monotonic() + self._send_timeout_s + DELIVERY_GRACE_S)
         results = []
         ends = EndBatcher(producer, self.topics.op, self.producer_group)
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
@@ -283,6 +302,8 @@ class TransactionProducer:
             reason = waiter.error.str() if waiter.error is not None else "timed out"
             log.error("%s txn=%s: half message for %s not written (%s); local transaction "
                       "not run", self.topics.half, txn_id, msg.topic, reason)
+            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id, waiter,
+                                self._half_partitions_now, RmqError(reason))
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
         ends.flush()
@@ -356,22 +377,7 @@ class TransactionProducer:
         queued = self._require_started().flush(timeout)
         return queued + self._call.flush(max(0.0, deadline - time.monotonic()))
 
-    # -- back-checks ---------------------------------------------------------------------
-    @property
-    def checks_answered(self) -> int:
-        """Back-checks this producer answered."""
-        return self._checks.answered
-
-    @property
-    def dropped_checks(self) -> int:
-        """Check requests dropped because the check queue was full."""
-        return self._checks.dropped
-
-    @property
-    def checks_timed_out(self) -> int:
-        """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
-        return self._checks.timed_out
-
+    # -- back-checks (their counters: CheckCounters) -------------------------------------
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)

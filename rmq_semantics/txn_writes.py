@@ -15,7 +15,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.errors import MalformedRecordError, RmqError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.producer import DeliveryWaiter
 from rmq_semantics.records.codec import decode_as, encode
@@ -28,9 +28,9 @@ from rmq_semantics.transaction_api import (
     as_state,
 )
 
-__all__ = ["END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher", "end_request",
-           "local_outcome", "log_failed_end", "queue_end", "send_end_batches", "write_halves",
-           "write_members"]
+__all__ = ["DELIVERY_GRACE_S", "END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher",
+           "end_request", "half_write_conf", "local_outcome", "log_failed_end", "queue_end",
+           "roll_back_unwritten", "send_end_batches", "write_halves", "write_members"]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -44,6 +44,11 @@ END_BATCH_MAX = 1000
 # local queue before it gives up (logged; the back-check resolves the transaction).
 END_ROOM_WAIT_S = 5.0
 ROOM_POLL_S = 0.05
+
+# A half write's delivery report is awaited this much past the send timeout: librdkafka's
+# message.timeout.ms is set to the send timeout (half_write_conf), so by then it has given
+# up on the record and reported it (a record still in flight is reported later).
+DELIVERY_GRACE_S = 2.0
 
 #: The end state each local transaction state asks the coordinator for.
 END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
@@ -201,3 +206,47 @@ class EndBatcher:
     def flush(self) -> None:
         send_end_batches(self._producer, self._op_topic, self._group, self._decided)
         self._decided = []
+
+
+def half_write_conf(conf: dict, send_timeout_s: float) -> dict:
+    """``conf`` with librdkafka's ``message.timeout.ms`` no longer than the send timeout
+    (librdkafka's default of 300 s kept retrying a half write for minutes after the caller
+    was told it failed; a caller's shorter value stays). Above ``linger.ms``, as librdkafka
+    requires; 0 (librdkafka's "forever") counts as unset."""
+    out = dict(conf)
+    given = [int(v) for k in ("message.timeout.ms", "delivery.timeout.ms")
+             if (v := out.pop(k, None)) is not None and int(v) > 0]
+    linger = int(out.get("linger.ms", out.get("queue.buffering.max.ms", 5)))
+    out["message.timeout.ms"] = max(min([*given, max(1, int(send_timeout_s * 1000))]),
+                                    linger + 1)
+    return out
+
+
+def roll_back_unwritten(producer: confluent_kafka.Producer, op_topic: str, group: str,
+                        txn_id: str, waiter: DeliveryWaiter,
+                        half_partitions: Callable[[], list[int]], error: BaseException) -> None:
+    """A half write reported failed: ROLLBACK its transaction by id (no half offset is known)
+    on the Op partition of the half partition it went to (of every one when there was no
+    report, as for a record still in flight), so should the record land anyway it is rolled
+    back, never checked or promoted; the caller's ``error`` says so. Never raises (a failure
+    is logged with the transaction id)."""
+    partitions = [waiter.partition]
+    if waiter.partition < 0:
+        try:
+            partitions = half_partitions()
+        except RmqError as exc:
+            log.warning("txn=%s: half partitions not known (%s)", txn_id, exc)
+            partitions = []
+    now = int(time.time() * 1000)
+    rollback = END_STATE[LocalTransactionState.ROLLBACK_MESSAGE]
+    sent = [p for p in partitions if queue_end(
+        producer, op_topic, encode(EndRequest(txn_id, group, p, -1, rollback, False, 0, now)),
+        p, log_failed_end(f"txn={txn_id} (half write failed)", txn_id,
+                          LocalTransactionState.ROLLBACK_MESSAGE),
+        f"the ROLLBACK by id of txn {txn_id}")]
+    note = (f"; a ROLLBACK of txn {txn_id} was sent, so the half message is never promoted "
+            f"should it land" if sent else f"; the ROLLBACK of txn {txn_id} could not be "
+            f"queued: should the half message land, its back-check decides")
+    log.warning("txn=%s: half write failed (%s)%s", txn_id, error, note)
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.args[0] + note, *error.args[1:])

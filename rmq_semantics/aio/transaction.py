@@ -40,7 +40,13 @@ from rmq_semantics.transaction_api import (
     TransactionSendResult,
     as_listener,
 )
-from rmq_semantics.txn_writes import local_outcome, write_halves, write_members
+from rmq_semantics.txn_writes import (
+    DELIVERY_GRACE_S,
+    local_outcome,
+    roll_back_unwritten,
+    write_halves,
+    write_members,
+)
 
 __all__ = ["AsyncTransactionProducer"]
 
@@ -166,8 +172,14 @@ class AsyncTransactionProducer:
                     tracing.traced_messages([msg]), functools.partial(LoopDeliveryWaiter, loop),
                     core._checks.affinity())
                 tracing.name_transaction(txn_id)
-                await waiter.delivered_within(f"writing the half message of txn {txn_id}",
-                                              core._send_timeout_s)
+                try:
+                    await waiter.delivered_within(f"writing the half message of txn {txn_id}",
+                                                  core._send_timeout_s + DELIVERY_GRACE_S)
+                except RmqError as exc:  # never promoted, should it land anyway
+                    await run_blocking(self._executor, roll_back_unwritten, producer,
+                                       core.topics.op, core.producer_group, txn_id, waiter,
+                                       core._half_partitions_now, exc)
+                    raise
             result, state = await self._execute_local(listener_message(msg, txn_id), arg,
                                                       waiter)
             core._end_inline(result, state, producer)

@@ -127,8 +127,6 @@ def _set_config(admin: AdminClient, topic: str, name: str, value: str) -> None:
         future.result(30)
 
 
-@pytest.mark.xfail(strict=True, reason="librdkafka retries the failed half write for 300 s: it "
-                   "lands once the ISR is back and its check promotes it (issue 29)")
 def test_a_half_write_reported_failed_is_never_promoted_once_the_cluster_recovers(
         cluster, broker, unique):
     """The half topic's min.insync.replicas above its live replicas for about 40 s (a node
