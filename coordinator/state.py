@@ -27,23 +27,15 @@ from coordinator.actions import (
 )
 from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
 from coordinator.members import Assemblies
+from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
 from coordinator.waits import DEFER_GRACE_MS, MAX_DEFERRED_ENDS, WaitSteps
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, DoneMarker, DoneMarkers
 
-__all__ = [
-    "Action",
-    "Discard",
-    "Finish",
-    "IssueCheck",
-    "LateCommit",
-    "PartitionState",
-    "Reappend",
-    "SaveCheckCounts",
-    "TxnState",
-]
+__all__ = ["Action", "Discard", "Finish", "IssueCheck", "LateCommit", "PartitionState",
+           "Reappend", "SaveCheckCounts", "TxnState"]
 
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
@@ -55,7 +47,7 @@ _OUTCOMES = {state.value: state for state in TxnState}
 
 
 @dataclass
-class PartitionState(ReappendSteps, WaitSteps):
+class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
     """All the coordinator knows about half partition ``p`` and Op partition ``p``.
 
     Over 300 lines because every input (half records, poison ones, markers, end requests)
@@ -117,6 +109,7 @@ class PartitionState(ReappendSteps, WaitSteps):
     # Multi-message transactions: one pending entry at the anchor (its first member read),
     # every member offset unresolved until the whole transaction is.
     assemblies: Assemblies = field(default_factory=Assemblies)
+    rolled_back_ids: RollbackIds = field(default_factory=RollbackIds)  # ROLLBACKs by txn id
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
@@ -143,6 +136,8 @@ class PartitionState(ReappendSteps, WaitSteps):
             arrived = self._new_pending(offset, appended_ms, carried, now_ms)
             if offset in self.early_markers:
                 self.on_check_marker(*self.early_markers.pop(offset))
+            if carried is None:  # a first arrival whose producer reported it failed
+                arrived += self._rolled_back_on_arrival(offset, half)
         # Only requests for this offset can have become applicable (a scan of every
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
@@ -306,6 +301,8 @@ class PartitionState(ReappendSteps, WaitSteps):
         return actions
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
+        if request.half_offset < 0:
+            return self._end_by_id(request)
         if request.from_check:
             self.counters[f"checks_answered_{request.state.lower()}"] += 1
         # A member's offset (member 0's, when another was read first) names its transaction.
@@ -431,6 +428,7 @@ class PartitionState(ReappendSteps, WaitSteps):
         if self.recovering:
             return []
         actions: list[Action] = self._drain_deferred(now_ms)
+        self._expire_rollback_ids(now_ms)
         actions += self._reappends_due(now_ms)  # before checks: they go to the new offset
         actions += self._incomplete(now_ms)
         while self._schedule and self._schedule[0][0] <= now_ms:
@@ -495,5 +493,7 @@ class PartitionState(ReappendSteps, WaitSteps):
             needed.append(deferred_ops[0][0])
         needed += [m[0] for m in self.early_markers.values()]
         needed += self.assemblies.waiting_ops()
+        if (waiting_rollback := self.rolled_back_ids.oldest_op()) is not None:
+            needed.append(waiting_rollback)
         needed += self.horizon.waiting_ops()
         return min(needed)

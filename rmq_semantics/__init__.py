@@ -12,12 +12,14 @@ from rmq_semantics.errors import (
     KafkaOperationError,
     LockLostError,
     MalformedRecordError,
+    MessageSizeError,
     RmqError,
     RmqTimeoutError,
     SelectorError,
     SystemTopicError,
     TransactionSizeError,
     UnknownPartitionError,
+    UnknownTopicError,
 )
 from rmq_semantics.message import Message, SendResult
 from rmq_semantics.orderly import (
@@ -74,6 +76,7 @@ __all__ = [
     "MessageListenerConcurrently",
     "MessageListenerOrderly",
     "MessageQueueSelector",
+    "MessageSizeError",
     "OrderlyConsumer",
     "OrderlyMessage",
     "PartitionStatus",
@@ -95,4 +98,5 @@ __all__ = [
     "TransactionSendResult",
     "TransactionSizeError",
     "UnknownPartitionError",
+    "UnknownTopicError",
 ]

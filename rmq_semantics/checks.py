@@ -42,7 +42,8 @@ from rmq_semantics.topics import SystemTopics
 from rmq_semantics.tracing import check_span
 from rmq_semantics.transaction_api import LocalTransactionState, as_state
 
-__all__ = ["CHECK_QUEUE_SIZE", "CheckResponder", "ask_listener", "valid_instance_id"]
+__all__ = ["CHECK_QUEUE_SIZE", "CheckCounters", "CheckResponder", "ask_listener",
+           "valid_instance_id"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,27 @@ def ask_listener(listener: Any, half_topic: str, check: CheckRequest) -> LocalTr
         log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
                       half_topic, check.half_partition, check.half_offset, check.txn_id)
         return LocalTransactionState.UNKNOW
+
+
+class CheckCounters:
+    """The back-check counters of a producer whose ``_checks`` is its CheckResponder."""
+
+    _checks: CheckResponder
+
+    @property
+    def checks_answered(self) -> int:
+        """Back-checks this producer answered."""
+        return self._checks.answered
+
+    @property
+    def dropped_checks(self) -> int:
+        """Check requests dropped because the check queue was full."""
+        return self._checks.dropped
+
+    @property
+    def checks_timed_out(self) -> int:
+        """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
+        return self._checks.timed_out
 
 
 def _fatal(err: KafkaError) -> bool:

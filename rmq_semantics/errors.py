@@ -27,6 +27,7 @@ __all__ = [
     "KafkaOperationError",
     "LockLostError",
     "MalformedRecordError",
+    "MessageSizeError",
     "RmqError",
     "RmqTimeoutError",
     "SelectorError",
@@ -35,6 +36,7 @@ __all__ = [
     "TransactionAborted",
     "TransactionSizeError",
     "UnknownPartitionError",
+    "UnknownTopicError",
 ]
 
 
@@ -183,6 +185,20 @@ class UnknownPartitionError(ConfigError):
     """A message names a partition its topic does not have (RocketMQ's queue check)."""
 
     code = "unknown_partition"
+
+
+class UnknownTopicError(ConfigError):
+    """A message names a topic that does not exist (a fresh metadata read said so): RocketMQ's
+    "topic route not found", refused before anything is written."""
+
+    code = "unknown_topic"
+
+
+class MessageSizeError(RmqError, ValueError):
+    """A message's body is empty, or the message is over its topic's ``max.message.bytes``
+    (RocketMQ's ``Validators.checkMessage``): refused before anything is written."""
+
+    code = "message_size"
 
 
 class ConsumeTimeoutError(RmqTimeoutError):

@@ -67,8 +67,9 @@ class DeliveryWaiter:
 
     def __call__(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
         self.error = err
+        self.partition = msg.partition()  # also of a failed one: where it may still land
         if err is None:
-            self.partition, self.offset = msg.partition(), msg.offset()
+            self.offset = msg.offset()
         self.delivered = True
 
     def wait(self, producer: confluent_kafka.Producer, what: str, timeout: float) -> None:
@@ -193,7 +194,8 @@ class PartitionCache:
             raise KafkaOperationError.wrap(f"reading metadata of {topic}", exc.args[0]) from exc
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error.str() if meta is not None and meta.error else "no partitions"
-            raise KafkaOperationError(f"topic {topic!r} is not available: {reason}")
+            raise KafkaOperationError(f"topic {topic!r} is not available: {reason}",
+                                      meta.error if meta is not None else None)
         partitions = sorted(meta.partitions)
         with self._lock:
             self._entries.pop(topic, None)
@@ -201,6 +203,12 @@ class PartitionCache:
             while len(self._entries) > METADATA_MAX_TOPICS:
                 del self._entries[next(iter(self._entries))]
         return partitions
+
+    def fresh(self, topic: str) -> bool:
+        """Whether ``topic``'s partitions are cached and trusted (no metadata call)."""
+        with self._lock:
+            cached = self._entries.get(topic)
+        return cached is not None and time.monotonic() - cached[0] < METADATA_TTL_S
 
     def require(self, topic: str, partition: int, timeout: float) -> None:
         """Raise :class:`UnknownPartitionError` unless ``topic`` has ``partition`` (RocketMQ

@@ -19,7 +19,13 @@ import confluent_kafka
 from opentelemetry.trace import SpanKind
 
 from rmq_semantics import tracing
-from rmq_semantics.checks import CHECK_QUEUE_SIZE, CheckResponder, ask_listener, valid_instance_id
+from rmq_semantics.checks import (
+    CHECK_QUEUE_SIZE,
+    CheckCounters,
+    CheckResponder,
+    ask_listener,
+    valid_instance_id,
+)
 from rmq_semantics.errors import (
     ConfigError,
     IllegalStateError,
@@ -41,12 +47,12 @@ from rmq_semantics.producer import (
 )
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.send_checks import SendChecks
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
     SystemTopics,
     ensure_topics,
-    refuse_system_destination,
     require_copartitioned,
     txn_topic_specs,
     validate_prefix,
@@ -56,12 +62,17 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
+    as_listener,
 )
 from rmq_semantics.txn_writes import (
+    DELIVERY_GRACE_S,
     EndBatcher,
     end_request,
+    half_write_conf,
     local_outcome,
     log_failed_end,
+    queue_end,
+    roll_back_unwritten,
     write_halves,
     write_members,
 )
@@ -77,7 +88,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class TransactionProducer:
+class TransactionProducer(CheckCounters):
     """RocketMQ's ``TransactionMQProducer`` on Kafka.
 
     ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
@@ -100,15 +111,21 @@ class TransactionProducer:
             "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity})
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
+        listener = as_listener(listener)
         if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
             raise ConfigError("listener must implement execute_local_transaction and "
-                              "check_local_transaction")
+                              "check_local_transaction (or RocketMQ's executeLocalTransaction "
+                              "and checkLocalTransaction)")
         self.producer_group = producer_group
         self.listener = listener
         #: This instance's id: its check consumer's, and its half records' check affinity.
         self.instance_id = valid_instance_id(instance_id)
         self.topics = SystemTopics(validate_prefix(topic_prefix))
-        self._conf = producer_defaults(conf)
+        # Its metadata reads of destination topics (send-time checks) must not create a
+        # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
+        self._conf = {"allow.auto.create.topics": False, **producer_defaults(conf)}
+        # librdkafka gives up on a half write when the caller is told it failed.
+        self._producer_conf = half_write_conf(self._conf, send_timeout_s)
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
@@ -120,8 +137,9 @@ class TransactionProducer:
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
         # The one-message path's own producer (the batch path keeps the conf's batching).
-        self._call = CallProducer(self._conf, f"rmq-delivery-{producer_group}")
+        self._call = CallProducer(self._producer_conf, f"rmq-delivery-{producer_group}")
         self._partitions: PartitionCache | None = None
+        self._send_checks: SendChecks | None = None
         self._started = False
         self._closed = False
 
@@ -136,7 +154,7 @@ class TransactionProducer:
                                                          self.topics.check)}, replicated=True)
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
-        self._producer = confluent_kafka.Producer(self._conf)
+        self._producer = confluent_kafka.Producer(self._producer_conf)
         self._partitions = PartitionCache(self._producer)
         self._checks.start()
         self._started = True
@@ -169,8 +187,10 @@ class TransactionProducer:
         """Write ``msg`` as a half message, run the local transaction, send its outcome.
 
         If the half write fails the local transaction is not run and the error is raised;
-        so is a message for a system topic (:class:`SystemTopicError`) or for a partition its
-        topic lacks (:class:`UnknownPartitionError`), before anything is written.
+        so is, before anything is written, a message for a system topic
+        (:class:`SystemTopicError`), a topic that does not exist (:class:`UnknownTopicError`),
+        a partition its topic lacks (:class:`UnknownPartitionError`), or with an empty body
+        or over the topic's ``max.message.bytes`` (:class:`MessageSizeError`).
         """
         self._require_started()
         self._validate([msg])
@@ -181,8 +201,13 @@ class TransactionProducer:
                     producer, self.topics.half, self.producer_group,
                     tracing.traced_messages([msg]), SignalledWaiter, self._checks.affinity())
                 tracing.name_transaction(txn_id)
-                waiter.wait(producer, f"writing the half message of txn {txn_id}",
-                            self._send_timeout_s)
+                try:
+                    waiter.wait(producer, f"writing the half message of txn {txn_id}",
+                                self._send_timeout_s + DELIVERY_GRACE_S)
+                except RmqError as exc:  # never promoted, should it land anyway
+                    roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
+                                        waiter, self._half_partitions_now, exc)
+                    raise
             result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
             self._end_inline(result, state, producer)
         return result
@@ -245,6 +270,9 @@ class TransactionProducer:
                                                    first.offset, self.producer_group, count),
                              rollback, producer)
 
+    def _half_partitions_now(self) -> list[int]:
+        return self._validate([]).partitions(self.topics.half, self._send_timeout_s)
+
     def _call_producer(self) -> confluent_kafka.Producer:
         self._require_started()
         return self._call.get()
@@ -262,7 +290,7 @@ class TransactionProducer:
         pending = write_halves(producer, self.topics.half, self.producer_group,
                                tracing.traced_messages(msgs), affinity=self._checks.affinity())
         _poll_until_delivered(producer, [w for _, w in pending],
-                              time.monotonic() + self._send_timeout_s)
+                              time.monotonic() + self._send_timeout_s + DELIVERY_GRACE_S)
         results = []
         ends = EndBatcher(producer, self.topics.op, self.producer_group)
         for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
@@ -274,6 +302,8 @@ class TransactionProducer:
             reason = waiter.error.str() if waiter.error is not None else "timed out"
             log.error("%s txn=%s: half message for %s not written (%s); local transaction "
                       "not run", self.topics.half, txn_id, msg.topic, reason)
+            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id, waiter,
+                                self._half_partitions_now, RmqError(reason))
             results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
                                                  -1, -1, self.producer_group))
         ends.flush()
@@ -281,16 +311,21 @@ class TransactionProducer:
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
         """Refuse, before any half write, a message the coordinator could never promote:
-        one for a system topic, or for a partition its topic lacks (RocketMQ's
-        ``Validators.checkMessage`` and queue check). Returns the partition cache."""
-        partitions = self._partitions
-        if partitions is None:
+        one for a system topic, a topic that does not exist, a partition its topic lacks, an
+        empty body or one over the topic's ``max.message.bytes`` (RocketMQ's
+        ``Validators.checkMessage``, topic route and queue checks). Returns the partition
+        cache."""
+        checks = self.send_checks()
+        checks.check(msgs, self._send_timeout_s)
+        return checks.partitions
+
+    def send_checks(self) -> SendChecks:
+        """The send-time checks, over the partition cache ``start`` made."""
+        if self._partitions is None:
             raise IllegalStateError("TransactionProducer is not started")
-        for msg in msgs:
-            refuse_system_destination(msg.topic, self.topics.prefix)
-            if msg.partition is not None:
-                partitions.require(msg.topic, msg.partition, self._send_timeout_s)
-        return partitions
+        if self._send_checks is None or self._send_checks.partitions is not self._partitions:
+            self._send_checks = SendChecks(self._partitions, self._conf, self.topics.prefix)
+        return self._send_checks
 
     def _execute_local(self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter,
                        message_count: int = 1) -> tuple[TransactionSendResult,
@@ -306,25 +341,26 @@ class TransactionProducer:
     def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
                         *, timeout: float | None = None) -> None:
         """Send ``state`` for a transaction (e.g. one left UNKNOW) and wait for the ack."""
-        self._require_started()
-        self._send_end(result, state, from_check=False, check_seq=0, wait=True,
-                       timeout=timeout)
+        producer, waiter = self._require_started(), DeliveryWaiter()
+        producer.produce(self.topics.op, encode(end_request(
+            result, state, producer_group=self.producer_group, from_check=False,
+            check_seq=0)), partition=result.half_partition, on_delivery=waiter)
+        waiter.wait(producer, f"ending txn {result.transaction_id}",
+                    timeout or self._send_timeout_s)
 
     def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
-                  from_check: bool, check_seq: int, wait: bool,
-                  timeout: float | None = None,
+                  from_check: bool, check_seq: int,
                   producer: confluent_kafka.Producer | None = None) -> None:
+        """Queue an end request nobody waits for (after the local transaction ran, or a
+        check's answer): it never raises; a failure is logged, the back-check resolves it."""
         producer = producer or self._require_started()
-        request = end_request(result, state, from_check=from_check, check_seq=check_seq)
-        waiter = DeliveryWaiter() if wait else log_failed_end(
-            f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
-            result.transaction_id, state)
-        producer.produce(self.topics.op, encode(request),
-                         partition=result.half_partition, on_delivery=waiter)
-        if isinstance(waiter, DeliveryWaiter):
-            waiter.wait(producer, f"ending txn {result.transaction_id}",
-                        timeout or self._send_timeout_s)
-        elif producer is not self._call.producer:  # its own thread serves its reports
+        request = end_request(result, state, producer_group=self.producer_group,
+                              from_check=from_check, check_seq=check_seq)
+        queue_end(producer, self.topics.op, encode(request), result.half_partition,
+                  log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
+                                 f"{result.half_offset}", result.transaction_id, state),
+                  f"the {state.value} end request of txn {result.transaction_id}")
+        if producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
 
     def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
@@ -333,8 +369,7 @@ class TransactionProducer:
         back-check resolves the transaction)."""
         with tracing.span("end transaction", self.topics.op, "send", result.transaction_id,
                           kind=SpanKind.PRODUCER, state=state.name):
-            self._send_end(result, state, from_check=False, check_seq=0, wait=False,
-                           producer=producer)
+            self._send_end(result, state, from_check=False, check_seq=0, producer=producer)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
@@ -342,26 +377,11 @@ class TransactionProducer:
         queued = self._require_started().flush(timeout)
         return queued + self._call.flush(max(0.0, deadline - time.monotonic()))
 
-    # -- back-checks ---------------------------------------------------------------------
-    @property
-    def checks_answered(self) -> int:
-        """Back-checks this producer answered."""
-        return self._checks.answered
-
-    @property
-    def dropped_checks(self) -> int:
-        """Check requests dropped because the check queue was full."""
-        return self._checks.dropped
-
-    @property
-    def checks_timed_out(self) -> int:
-        """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
-        return self._checks.timed_out
-
+    # -- back-checks (their counters: CheckCounters) -------------------------------------
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
-        self._send_end(result, state, from_check=True, check_seq=check.check_seq, wait=False)
+        self._send_end(result, state, from_check=True, check_seq=check.check_seq)
 
 
 def _poll_until_delivered(producer: confluent_kafka.Producer, waiters: list[DeliveryWaiter],

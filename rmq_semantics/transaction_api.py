@@ -13,7 +13,7 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Headers, Message
 
 __all__ = ["LocalTransactionState", "Transaction", "TransactionListener",
-           "TransactionSendResult", "as_state"]
+           "TransactionSendResult", "as_listener", "as_state"]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -29,14 +29,48 @@ class LocalTransactionState(Enum):
 
 class TransactionListener:
     """Implement both methods; an exception or ``None`` counts as ``UNKNOW``. ``msg`` is a
-    :class:`Message`, or a :class:`Transaction` for one sent with ``send_transaction``."""
+    :class:`Message`, or a :class:`Transaction` for one sent with ``send_transaction``.
+
+    RocketMQ's names, ``executeLocalTransaction`` and ``checkLocalTransaction``, are
+    aliases: a listener ported from Java that defines them instead is called by them."""
 
     def execute_local_transaction(self, msg: Message | Transaction,
                                   arg: Any) -> LocalTransactionState:
-        raise NotImplementedError
+        return _java_method(self, "executeLocalTransaction")(msg, arg)
 
     def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
-        raise NotImplementedError
+        return _java_method(self, "checkLocalTransaction")(msg)
+
+
+def _java_method(listener: object, name: str) -> Any:
+    method = getattr(listener, name, None)
+    if not callable(method):
+        python = "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+        raise NotImplementedError(f"{type(listener).__name__} implements neither {python} "
+                                  f"nor RocketMQ's {name}")
+    return method
+
+
+class _RocketMQNamed(TransactionListener):
+    """A listener that is no TransactionListener and has only RocketMQ's names."""
+
+    def __init__(self, listener: Any) -> None:
+        self.listener = listener
+        # Bound as they are, so an ``async def`` one is still seen as a coroutine function.
+        self.execute_local_transaction = listener.executeLocalTransaction  # type: ignore[method-assign]
+        if callable(check := getattr(listener, "checkLocalTransaction", None)):
+            self.check_local_transaction = check  # type: ignore[method-assign]
+
+
+def as_listener(listener: Any) -> Any:
+    """``listener`` as the producers call it: itself, or, for an object that has only
+    RocketMQ's ``executeLocalTransaction`` (duck-typed, no TransactionListener base), one
+    that calls RocketMQ's names."""
+    if listener is not None and not callable(getattr(listener, "execute_local_transaction",
+                                                     None)) \
+            and callable(getattr(listener, "executeLocalTransaction", None)):
+        return _RocketMQNamed(listener)
+    return listener
 
 
 @dataclass(frozen=True)

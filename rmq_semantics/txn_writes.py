@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.errors import MalformedRecordError, RmqError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.producer import DeliveryWaiter
 from rmq_semantics.records.codec import decode_as, encode
@@ -28,9 +28,9 @@ from rmq_semantics.transaction_api import (
     as_state,
 )
 
-__all__ = ["END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher", "end_request",
-           "local_outcome", "log_failed_end", "send_end_batches", "write_halves",
-           "write_members"]
+__all__ = ["DELIVERY_GRACE_S", "END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher",
+           "end_request", "half_write_conf", "local_outcome", "log_failed_end", "queue_end",
+           "roll_back_unwritten", "send_end_batches", "write_halves", "write_members"]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -39,6 +39,16 @@ log = logging.getLogger("rmq_semantics.transaction")
 # slow local transactions does not hold back the early commits), with at most this many.
 END_FLUSH_S = 0.005
 END_BATCH_MAX = 1000
+
+# How long queuing an end request after the local transaction ran waits for room in a full
+# local queue before it gives up (logged; the back-check resolves the transaction).
+END_ROOM_WAIT_S = 5.0
+ROOM_POLL_S = 0.05
+
+# A half write's delivery report is awaited this much past the send timeout: librdkafka's
+# message.timeout.ms is set to the send timeout (half_write_conf), so by then it has given
+# up on the record and reported it (a record still in flight is reported later).
+DELIVERY_GRACE_S = 2.0
 
 #: The end state each local transaction state asks the coordinator for.
 END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
@@ -63,9 +73,12 @@ def local_outcome(view: Message | Transaction, answer: Any, error: BaseException
 
 
 def end_request(result: TransactionSendResult, state: LocalTransactionState, *,
-                from_check: bool, check_seq: int) -> EndRequest:
-    """The end request of ``result``'s transaction, asking for ``state``."""
-    return EndRequest(result.transaction_id, result.producer_group, result.half_partition,
+                producer_group: str, from_check: bool, check_seq: int) -> EndRequest:
+    """The end request of ``result``'s transaction, asking for ``state``, from
+    ``producer_group``: the CALLING producer's group, never ``result.producer_group``, so the
+    coordinator's group check compares the half record with who asks (RocketMQ's
+    ``endTransaction`` sends the producer's own group)."""
+    return EndRequest(result.transaction_id, producer_group, result.half_partition,
                       result.half_offset, END_STATE[state], from_check, check_seq,
                       int(time.time() * 1000))
 
@@ -140,10 +153,36 @@ def send_end_batches(producer: confluent_kafka.Producer, op_topic: str, producer
             EndEntry(result.transaction_id, result.half_offset, END_STATE[state]))
     now = int(time.time() * 1000)
     for partition, entries in by_partition.items():
-        producer.produce(op_topic, encode(EndRequests(
-            producer_group, partition, tuple(entries), now)), partition=partition,
-            on_delivery=_log_failed_ends)
+        queue_end(producer, op_topic, encode(EndRequests(producer_group, partition,
+                                                         tuple(entries), now)),
+                  partition, _log_failed_ends,
+                  f"{len(entries)} end requests ({entries[0].txn_id} ...)")
     producer.poll(0)
+
+
+def queue_end(producer: confluent_kafka.Producer, op_topic: str, value: bytes,
+              partition: int, on_delivery: Callable[[KafkaError | None, Any], None],
+              what: str) -> bool:
+    """Queue an end request once local transactions ran: never raise past that committed
+    work. A full local queue is waited on (serving delivery reports) up to
+    ``END_ROOM_WAIT_S``; then, or on any other refusal, it is logged and False returned
+    (the transactions stay pending and the back-check resolves them)."""
+    deadline = time.monotonic() + END_ROOM_WAIT_S
+    while True:
+        try:
+            producer.produce(op_topic, value, partition=partition, on_delivery=on_delivery)
+            return True
+        except BufferError:
+            if time.monotonic() >= deadline:
+                reason: object = f"the local queue stayed full for {END_ROOM_WAIT_S:.0f} s"
+                break
+            producer.poll(ROOM_POLL_S)
+        except (KafkaException, RuntimeError) as exc:  # closed or fatal: nothing to wait for
+            reason = exc
+            break
+    log.warning("%s[%d]: %s not queued (%s); the back-check will resolve them", op_topic,
+                partition, what, reason)
+    return False
 
 
 class EndBatcher:
@@ -167,3 +206,47 @@ class EndBatcher:
     def flush(self) -> None:
         send_end_batches(self._producer, self._op_topic, self._group, self._decided)
         self._decided = []
+
+
+def half_write_conf(conf: dict, send_timeout_s: float) -> dict:
+    """``conf`` with librdkafka's ``message.timeout.ms`` no longer than the send timeout
+    (librdkafka's default of 300 s kept retrying a half write for minutes after the caller
+    was told it failed; a caller's shorter value stays). Above ``linger.ms``, as librdkafka
+    requires; 0 (librdkafka's "forever") counts as unset."""
+    out = dict(conf)
+    given = [int(v) for k in ("message.timeout.ms", "delivery.timeout.ms")
+             if (v := out.pop(k, None)) is not None and int(v) > 0]
+    linger = int(out.get("linger.ms", out.get("queue.buffering.max.ms", 5)))
+    out["message.timeout.ms"] = max(min([*given, max(1, int(send_timeout_s * 1000))]),
+                                    linger + 1)
+    return out
+
+
+def roll_back_unwritten(producer: confluent_kafka.Producer, op_topic: str, group: str,
+                        txn_id: str, waiter: DeliveryWaiter,
+                        half_partitions: Callable[[], list[int]], error: BaseException) -> None:
+    """A half write reported failed: ROLLBACK its transaction by id (no half offset is known)
+    on the Op partition of the half partition it went to (of every one when there was no
+    report, as for a record still in flight), so should the record land anyway it is rolled
+    back, never checked or promoted; the caller's ``error`` says so. Never raises (a failure
+    is logged with the transaction id)."""
+    partitions = [waiter.partition]
+    if waiter.partition < 0:
+        try:
+            partitions = half_partitions()
+        except RmqError as exc:
+            log.warning("txn=%s: half partitions not known (%s)", txn_id, exc)
+            partitions = []
+    now = int(time.time() * 1000)
+    rollback = END_STATE[LocalTransactionState.ROLLBACK_MESSAGE]
+    sent = [p for p in partitions if queue_end(
+        producer, op_topic, encode(EndRequest(txn_id, group, p, -1, rollback, False, 0, now)),
+        p, log_failed_end(f"txn={txn_id} (half write failed)", txn_id,
+                          LocalTransactionState.ROLLBACK_MESSAGE),
+        f"the ROLLBACK by id of txn {txn_id}")]
+    note = (f"; a ROLLBACK of txn {txn_id} was sent, so the half message is never promoted "
+            f"should it land" if sent else f"; the ROLLBACK of txn {txn_id} could not be "
+            f"queued: should the half message land, its back-check decides")
+    log.warning("txn=%s: half write failed (%s)%s", txn_id, error, note)
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.args[0] + note, *error.args[1:])

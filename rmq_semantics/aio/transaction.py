@@ -38,8 +38,15 @@ from rmq_semantics.transaction_api import (
     Transaction,
     TransactionListener,
     TransactionSendResult,
+    as_listener,
 )
-from rmq_semantics.txn_writes import local_outcome, write_halves, write_members
+from rmq_semantics.txn_writes import (
+    DELIVERY_GRACE_S,
+    local_outcome,
+    roll_back_unwritten,
+    write_halves,
+    write_members,
+)
 
 __all__ = ["AsyncTransactionProducer"]
 
@@ -64,7 +71,7 @@ class AsyncTransactionProducer:
     def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
                  executor: concurrent.futures.Executor | None = None,
                  **options: Any) -> None:
-        self.listener = listener
+        self.listener = listener = as_listener(listener)
         self._checks_listener = LoopListener(listener, timeout_s=0.0)
         self._core = TransactionProducer(conf, producer_group=producer_group,
                                          listener=self._checks_listener, **options)
@@ -156,10 +163,7 @@ class AsyncTransactionProducer:
         """
         loop = self._require_started()
         core = self._core
-        if msg.partition is None:
-            core._validate([msg])  # only the system-topic refusal: no metadata to read
-        else:
-            await run_blocking(self._executor, core._validate, [msg])
+        await self._validate([msg])
         producer = core._call_producer()
         with tracing.span("send transaction", msg.topic):
             with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
@@ -168,8 +172,14 @@ class AsyncTransactionProducer:
                     tracing.traced_messages([msg]), functools.partial(LoopDeliveryWaiter, loop),
                     core._checks.affinity())
                 tracing.name_transaction(txn_id)
-                await waiter.delivered_within(f"writing the half message of txn {txn_id}",
-                                              core._send_timeout_s)
+                try:
+                    await waiter.delivered_within(f"writing the half message of txn {txn_id}",
+                                                  core._send_timeout_s + DELIVERY_GRACE_S)
+                except RmqError as exc:  # never promoted, should it land anyway
+                    await run_blocking(self._executor, roll_back_unwritten, producer,
+                                       core.topics.op, core.producer_group, txn_id, waiter,
+                                       core._half_partitions_now, exc)
+                    raise
             result, state = await self._execute_local(listener_message(msg, txn_id), arg,
                                                       waiter)
             core._end_inline(result, state, producer)
@@ -221,6 +231,15 @@ class AsyncTransactionProducer:
                                     len(msgs), producer)
             raise
         return waiters
+
+    async def _validate(self, msgs: list[Message]) -> None:
+        """The synchronous producer's checks: on the loop when they need no metadata call
+        (cached), else on the executor."""
+        core = self._core
+        if core.send_checks().cached(msgs):
+            core._validate(msgs)
+        else:
+            await run_blocking(self._executor, core._validate, msgs)
 
     def _half_partitions(self, msgs: list[Message]) -> list[int]:
         """Validate ``msgs`` and read the half topic's partitions (metadata: may block)."""

@@ -10,16 +10,24 @@ import urllib.request
 from collections import Counter
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from rmq_semantics import LocalTransactionState as S
-from rmq_semantics import Message, TransactionProducer
+from rmq_semantics import Message, RmqError, TransactionProducer
 from rmq_semantics.embedded import free_port
 from tests.cluster.faults import java_partition, warm_up_internal_topics
 from tests.integration.txn_helpers import (
     CoordinatorProcess,
     ScriptedListener,
+    ThreadCoordinator,
     TopicReader,
+    no_pending,
     read_to_end,
     wait_for,
 )
@@ -101,3 +109,61 @@ def test_below_min_isr_promotion_waits_shows_why_and_resumes_once(
     counts = Counter(m.value() for m in read_to_end(conf, topic, PARTITIONS))
     assert set(counts) == {f"{c}{i}".encode() for c in "ab" for i in range(BATCH)}
     assert set(counts.values()) == {1}
+
+
+def _half_bystander(admin: AdminClient, prefix: str, instance: str) -> int | None:
+    """A node that leads neither the half nor the Op partition and coordinates none of the
+    coordinator's group and transactional ids."""
+    meta = admin.list_topics(timeout=10).topics
+    busy = {meta[f"{prefix}_{t}"].partitions[0].leader for t in ("half", "op")}
+    others = _bystander(admin, f"{prefix}_op", prefix, instance)
+    return next((n for n in (1, 2, 3) if n not in busy and n == others), None)
+
+
+def _set_config(admin: AdminClient, topic: str, name: str, value: str) -> None:
+    resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
+        name, value, incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def test_a_half_write_reported_failed_is_never_promoted_once_the_cluster_recovers(
+        cluster, broker, unique):
+    """The half topic's min.insync.replicas above its live replicas for about 40 s (a node
+    stopped): send_message_in_transaction raises after its send timeout, the node returns, a
+    check listener that answers COMMIT for any id is running, and nothing of the failed send
+    is promoted (librdkafka's message.timeout.ms of 300 s wrote it once the ISR was back)."""
+    prefix = unique("r").replace("-", "")
+    topic = unique("failedhalf")
+    conf = broker.conf()
+    admin = AdminClient(conf)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
+    warm_up_internal_topics(conf, topic)
+    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    stopped = None
+    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                             topic_prefix=prefix, half_partitions=1) as producer:
+        instance, node = next((i, n) for i, n in ((i, _half_bystander(admin, prefix, i))
+                                                  for i in (unique("c") for _ in range(200)))
+                              if n is not None)
+        with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
+                               instance_id=instance) as coordinator:
+            try:
+                _set_config(admin, f"{prefix}_half", "min.insync.replicas", "3")
+                stopped = node
+                assert cluster.stop(stopped) == [stopped]
+                with pytest.raises(RmqError) as failed:
+                    producer.send_message_in_transaction(Message(topic, b"failed", key=b"k"))
+                cluster.start_node(stopped)
+                stopped = None
+                # Written after the failed one to the same half partition, if that lands.
+                producer.send_message_in_transaction(Message(topic, b"after", key=b"k"))
+                wait_for(lambda: no_pending(coordinator, 1) and coordinator.server.metrics
+                         .registry.get_sample_value("rmq_promotions_total"), 180,
+                         "the second message's promotion")
+            finally:
+                if stopped is not None:
+                    cluster.start_node(stopped)
+    assert listener.executed == [b"after"]
+    assert [m.value() for m in read_to_end(conf, topic, PARTITIONS)] == [b"after"]
+    assert "ROLLBACK" in str(failed.value)

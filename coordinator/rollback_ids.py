@@ -1,0 +1,127 @@
+"""ROLLBACKs by transaction id: an end request with ``half_offset`` -1 that names a
+transaction by its id alone. A producer sends one when a half write was reported failed (the
+caller was told, the local transaction never ran), so that record is never promoted should it
+land anyway: an in-flight produce that timed out may still have been appended (issue 29).
+
+Pure, like :mod:`coordinator.state`: a pending half record with that id is rolled back at
+once; otherwise the request is remembered (bounded, ``ROLLBACK_IDS_KEEP_MS``) and the half
+record is rolled back when it arrives, never checked. First decision wins as for any end
+request: a transaction already decided is not touched.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from coordinator.actions import EndRequest, Finish, TxnState
+
+if TYPE_CHECKING:  # the state this mixes into
+    from collections import Counter
+
+    from coordinator.members import Assemblies
+    from coordinator.state import Action, Pending
+    from rmq_semantics.records.half import HalfMessage
+
+__all__ = ["ROLLBACK_IDS_KEEP_MS", "ROLLBACK_IDS_MAX", "RollbackByIdSteps", "RollbackIds"]
+
+# A half record landing this long after its producer's ROLLBACK was read is checked as any
+# other (librdkafka gave up on it before the ROLLBACK was sent: a later landing means a
+# broker held an appended record that long). Kept while remembered: its op offset.
+ROLLBACK_IDS_KEEP_MS = 15 * 60 * 1000
+# Remembered per partition at most (the oldest is dropped, counted: forged ones cost this).
+ROLLBACK_IDS_MAX = 10_000
+
+
+class RollbackIds:
+    """ROLLBACKs by id waiting for their half record, in the order read (so the first one
+    holds the lowest op offset, which stays uncommitted while it waits)."""
+
+    def __init__(self) -> None:
+        self._waiting: OrderedDict[str, EndRequest] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, txn_id: str) -> bool:
+        return txn_id in self._waiting
+
+    def remember(self, request: EndRequest) -> int:
+        """Wait for ``request``'s half record; returns how many older ones were dropped."""
+        self._waiting.pop(request.txn_id, None)
+        self._waiting[request.txn_id] = request
+        dropped = 0
+        while len(self._waiting) > ROLLBACK_IDS_MAX:
+            self._waiting.popitem(last=False)
+            dropped += 1
+        return dropped
+
+    def take(self, txn_id: str) -> EndRequest | None:
+        return self._waiting.pop(txn_id, None)
+
+    def expire(self, now_ms: int) -> int:
+        """Forget those read ``ROLLBACK_IDS_KEEP_MS`` ago; returns how many."""
+        expired = 0
+        while self._waiting:
+            oldest = next(iter(self._waiting.values()))
+            if now_ms - oldest.received_ms < ROLLBACK_IDS_KEEP_MS:
+                break
+            self._waiting.popitem(last=False)
+            expired += 1
+        return expired
+
+    def oldest_op(self) -> int | None:
+        """The op offset a restart must replay from to remember them all again."""
+        # Read in op order: the first one holds the lowest op offset.
+        return next(iter(self._waiting.values())).op_offset if self._waiting else None
+
+
+class RollbackByIdSteps:
+    """The steps of :class:`coordinator.state.PartitionState` for ROLLBACKs by id."""
+
+    if TYPE_CHECKING:
+        pending: dict[int, Pending]
+        counters: Counter
+        rejections: list[tuple[EndRequest, str]]
+        assemblies: Assemblies
+        recovering: bool
+        rolled_back_ids: RollbackIds
+
+        def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
+
+    def _end_by_id(self, request: EndRequest) -> list[Action]:
+        """An end request without a half offset (recovery is over: it waited as deferred)."""
+        if request.state != "ROLLBACK":
+            self.counters["rejected_no_such_offset"] += 1
+            self.rejections.append((request, "an end request without a half offset may only "
+                                             "ROLLBACK"))
+            return []
+        offset = next((o for o, e in self.pending.items()
+                       if e.half.txn_id == request.txn_id and e.poison is None), None)
+        if offset is None:  # not read yet (or decided already: then it never matches)
+            self.counters["rollback_ids_dropped"] += self.rolled_back_ids.remember(request)
+            return []
+        return self._roll_back_by_id(offset, request)
+
+    def _rolled_back_on_arrival(self, offset: int, half: HalfMessage) -> list[Action]:
+        """A half record just made pending at ``offset`` whose ROLLBACK by id came first."""
+        if self.recovering or not len(self.rolled_back_ids):
+            return []
+        request = self.rolled_back_ids.take(half.txn_id)
+        return [] if request is None else self._roll_back_by_id(offset, request)
+
+    def _roll_back_by_id(self, offset: int, request: EndRequest) -> list[Action]:
+        half = self.pending[offset].half
+        if request.producer_group != half.producer_group:
+            self.counters["rejected_mismatch"] += 1
+            self.rejections.append((request, f"does not match the half message (txn "
+                                              f"{half.txn_id}, group {half.producer_group})"))
+            return []
+        unit = self.assemblies.unit(offset)
+        if unit is not None and unit.commit is not None:  # COMMIT was the first decision
+            self.counters["conflicting_decisions"] += 1
+            return []
+        return [self._finish(offset, TxnState.ROLLED_BACK)]
+
+    def _expire_rollback_ids(self, now_ms: int) -> None:
+        self.counters["rollback_ids_dropped"] += self.rolled_back_ids.expire(now_ms)
