@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -36,7 +36,7 @@ def find_failure(machine: type[RuleBasedStateMachine],
     with with_reporter(lines.append), pytest.raises(Exception) as failure:
         run_state_machine_as_test(machine, settings=settings(
             settings.default, max_examples=examples, derandomize=True, database=None,
-            print_blob=False))
+            print_blob=False, phases=[p for p in Phase if p is not Phase.explain]))
     notes = getattr(failure.value, "__notes__", [])  # where Hypothesis puts the steps
     rules = frozenset(name for name in dir(machine)
                       if getattr(getattr(machine, name, None), "hypothesis_stateful_rule", None))
