@@ -25,8 +25,8 @@ class Found:
 
     @property
     def steps(self) -> list[str]:
-        return [line.strip() for line in self.report.splitlines()
-                if line.strip().removeprefix("state.").split("(")[0] in self.rules]
+        steps = [line.strip().split(" = ", 1)[-1] for line in self.report.splitlines()]
+        return [s for s in steps if s.removeprefix("state.").split("(")[0] in self.rules]
 
 
 def find_failure(machine: type[RuleBasedStateMachine],
@@ -36,7 +36,8 @@ def find_failure(machine: type[RuleBasedStateMachine],
     with with_reporter(lines.append), pytest.raises(Exception) as failure:
         run_state_machine_as_test(machine, settings=settings(
             settings.default, max_examples=examples, derandomize=True, database=None,
-            print_blob=False, phases=[p for p in Phase if p is not Phase.explain]))
+            print_blob=False, report_multiple_bugs=False,
+            phases=[p for p in Phase if p is not Phase.explain]))
     notes = getattr(failure.value, "__notes__", [])  # where Hypothesis puts the steps
     rules = frozenset(name for name in dir(machine)
                       if getattr(getattr(machine, name, None), "hypothesis_stateful_rule", None))
