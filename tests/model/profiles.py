@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, settings
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
 settings.register_profile(
-    "ci", derandomize=True, database=None, deadline=None, max_examples=60,
-    stateful_step_count=40, print_blob=False,
+    "ci", derandomize=True, database=None, deadline=None, max_examples=200,
+    stateful_step_count=50, print_blob=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile(
-    "campaign", derandomize=False, database=None, deadline=None, max_examples=2000,
-    stateful_step_count=120, print_blob=True,
+    "campaign", derandomize=False, database=None, deadline=None, max_examples=1000,
+    stateful_step_count=100, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

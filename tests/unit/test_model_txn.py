@@ -112,15 +112,15 @@ class TxnMachine(RuleBasedStateMachine):
                                  mac=None if kind == "unsigned" else bytes(32))
         self.p.append_op(record)
 
-    @rule(ahead=st.integers(0, 3), state=states, own=st.booleans())
-    def end_ahead(self, ahead: int, state: EndState, own: bool) -> None:
-        """An end request for a half offset not written yet (by no producer of it)."""
-        self.p.append_op(EndRequests(GROUP if own else OTHER_GROUP, 0, (EndEntry(
-            "nobody", len(self.p.half) + ahead, state),), self._now()))
-
-    @rule(kind=st.sampled_from(["op_garbage", "op_null", "half_headers", "half_size"]))
-    def malformed(self, kind: str) -> None:
-        if kind == "op_garbage":
+    @rule(kind=st.sampled_from(["end_ahead", "end_ahead_other", "op_garbage", "op_null",
+                                "half_headers", "half_size"]), state=states)
+    def junk(self, kind: str, state: EndState) -> None:
+        """An end request for a half offset not written yet (by no producer of it), or a
+        malformed record on either partition."""
+        if kind.startswith("end_ahead"):
+            self.p.append_op(EndRequests(OTHER_GROUP if kind.endswith("other") else GROUP, 0, (
+                EndEntry("nobody", len(self.p.half) + len(self.p.op) % 3, state),), self._now()))
+        elif kind == "op_garbage":
             self.p.append_op(b"\x00not a system record")
         elif kind == "op_null":
             self.p.append_op(None)
@@ -132,13 +132,12 @@ class TxnMachine(RuleBasedStateMachine):
                 *raw.headers, (H.TXN_SIZE, b"2"), (H.TXN_INDEX, b"7")]))
 
     # -- the coordinator -------------------------------------------------------------------------
-    @rule(which=st.sampled_from(["half", "op"]), most=st.sampled_from([1, 2, 100]))
-    def read(self, which: str, most: int) -> None:
-        self.p.read(which, most)
-
-    @rule(which=st.sampled_from(["half", "op"]))
-    def eof(self, which: str) -> None:
-        self.p.eof(which)
+    @rule(which=st.sampled_from(["half", "op"]), most=st.sampled_from(["1", "2", "all", "end"]))
+    def read(self, which: str, most: str) -> None:
+        """Some records of one partition; ``end``: all of them and its end reported."""
+        self.p.read(which, int(most) if most.isdigit() else 1 << 30)
+        if most == "end":
+            self.p.eof(which)
 
     @rule()
     def step(self) -> None:
