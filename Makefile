@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix test-keys test-push test-barrier
+	test-matrix test-keys test-push test-barrier model
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,13 @@ test-push: setup
 # 150); on SQLite and on a PostgreSQL server of its own (tests/barrier/postgres.sh installs it).
 test-barrier: setup
 	RMQ_TEST_BARRIER_N=1000 $(PY) -m pytest tests/barrier $(BARRIER_ARGS)
+
+# The model-based tests (Hypothesis state machines of the coordinator's transaction state, the
+# lock table and the orderly offset tracker) under the campaign profile: random, many more and
+# longer histories than `make test`'s derandomized ci profile (tests/model/profiles.py).
+model: $(VENV)/.installed
+	HYPOTHESIS_PROFILE=campaign $(PY) -m pytest tests/unit/test_model_offsets.py \
+		tests/unit/test_model_locks.py tests/unit/test_model_txn.py $(MODEL_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -23,11 +23,14 @@ from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.topics import ensure_topics
 from tests.group_protocol import GROUP_PROTOCOL
 from tests.kafka_container import docker_answers, ensure_kafka_image, kafka_container
+from tests.model import profiles
 
 # Spark's Python workers must be this interpreter (the venv has fastavro); the driver binds
 # to loopback only.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The model-based tests' Hypothesis profile: HYPOTHESIS_PROFILE, else ci (tests/model).
+profiles.load()
 
 
 class Broker:
