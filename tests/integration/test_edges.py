@@ -10,8 +10,8 @@ import time
 
 import pytest
 from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka import Producer as RawProducer
-from confluent_kafka import TopicPartition
 
 from coordinator.lock_service import lock_topic_specs
 from coordinator.server import Server
@@ -36,9 +36,16 @@ pytestmark = pytest.mark.integration
 def _records_in(conf: dict, topic: str, partitions: int) -> int:
     """How many records ``topic`` holds (high watermarks; nothing was ever deleted)."""
     consumer = RawConsumer({**conf, "group.id": "unused-watermarks"})
+
+    def high_watermarks() -> list[int] | None:
+        try:
+            return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                    for p in range(partitions)]
+        except KafkaException:  # a topic just created: its leaders may not be known yet
+            return None
+
     try:
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                   for p in range(partitions))
+        return sum(wait_for(high_watermarks, 60, f"the high watermarks of {topic}"))
     finally:
         consumer.close()
 
