@@ -122,29 +122,24 @@ class Consumer:
         """Rebalance: assign ``partitions`` but the system ones, or let ``callback`` do it.
         Either way one assignment call is made: else the client assigns them all itself."""
         kept = self._system.keep(partitions)
-        self._rebalance_calls = 0
-        try:
-            if callback is not None:
-                callback(self, kept)
-        finally:
-            if not self._rebalance_calls:
-                if self._incremental:
-                    self._consumer.incremental_assign(kept)
-                else:
-                    self._consumer.assign(kept)
+        self._rebalance(callback, kept, lambda: self._consumer.incremental_assign(kept)
+                        if self._incremental else self._consumer.assign(kept))
 
     def _revoked(self, callback: Callable[..., Any] | None, partitions: list) -> None:
         kept = self._system.release(partitions)
+        self._rebalance(callback, kept, lambda: self._consumer.incremental_unassign(kept)
+                        if self._incremental else self._consumer.unassign())
+
+    def _rebalance(self, callback: Callable[..., Any] | None, kept: list,
+                   default: Callable[[], None]) -> None:
+        """``callback`` with this drop-in; ``default`` unless it made the call itself."""
         self._rebalance_calls = 0
         try:
             if callback is not None:
                 callback(self, kept)
         finally:
             if not self._rebalance_calls:
-                if self._incremental:
-                    self._consumer.incremental_unassign(kept)
-                else:
-                    self._consumer.unassign()
+                default()
 
     def _name(self, partitions: list) -> None:
         self._system.named |= {tp.topic for tp in partitions
