@@ -1,0 +1,115 @@
+"""Thin local stand-ins for history.py, checkers.py and nemesis.py (built in parallel);
+delete this file once those land and import them instead.
+
+The interface the workload and the runner expect from them:
+
+- ``Recorder(path, process)``: ``record(kind, **fields)`` appends one JSON line (thread-safe,
+  flushed per line) with ``kind``, ``proc``, ``pid``, ``t`` (wall clock, skewed in a faked
+  process) and ``mono`` (CLOCK_MONOTONIC: not faked, one clock for every process of the
+  host, so it orders events across processes); ``close()``.
+- ``read_history(paths)``: every event of those files (a torn last line is skipped).
+- ``run_checkers(run) -> list[CheckResult]`` over a :class:`RunData` (see below), each
+  result ``(name, passed, detail)``.
+- ``Nemesis(seed, targets, recorder)``: ``run(until_mono)`` acts until then, ``heal()``
+  undoes every fault in force (SIGCONT, restart, mounts, rules), bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class Recorder:
+    """One process's history: JSON lines, one event each."""
+
+    def __init__(self, path: Path | str, process: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = process
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"kind": kind, "proc": self.process, "pid": os.getpid(),
+                           "t": time.time(), "mono": time.monotonic(), **fields},
+                          default=str)
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_history(paths: Iterable[Path]) -> list[dict]:
+    events = []
+    for path in paths:
+        for line in Path(path).read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a process killed mid-line
+    return events
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class RunData:
+    """What the checkers get: the history, the ground truth and the final reads."""
+
+    events: list[dict]
+    committed: dict[str, dict]        # message id -> its row (txn_id, topic, key, ...)
+    visible: list[dict]               # final read_committed records (topic, partition, ...)
+    pending: list[dict] = field(default_factory=list)
+    discarded: list[dict] = field(default_factory=list)
+
+
+def run_checkers(run: RunData) -> list[CheckResult]:
+    """The stub's one checker: every committed row visible exactly once, nothing else."""
+    seen = Counter(r["mid"] for r in run.visible if r.get("mid"))
+    lost = sorted(set(run.committed) - set(seen))
+    dups = sorted(m for m, n in seen.items() if n > 1)
+    phantom = sorted(set(seen) - set(run.committed))
+    misplaced = sorted(r["mid"] for r in run.visible if r.get("mid") in run.committed
+                       and r["topic"] != run.committed[r["mid"]]["topic"])
+    unreadable = [r for r in run.visible if not r.get("mid")]
+    passed = not (lost or dups or phantom or misplaced or unreadable)
+    detail = (f"{len(run.committed)} committed, {sum(seen.values())} visible; lost "
+              f"{len(lost)} {lost[:5]}, duplicated {len(dups)} {dups[:5]}, not committed "
+              f"{len(phantom)} {phantom[:5]}, wrong topic {len(misplaced)}, unreadable "
+              f"{len(unreadable)}")
+    results = [CheckResult("committed-visible-once", passed, detail)]
+    settled = not run.pending and not run.discarded
+    results.append(CheckResult("nothing-pending-or-discarded", settled,
+                               f"{len(run.pending)} pending, {len(run.discarded)} discarded"))
+    return results
+
+
+class Nemesis:
+    """No faults: calm weather."""
+
+    def __init__(self, seed: int, targets: Any, recorder: Recorder) -> None:
+        self.seed, self.targets, self.recorder = seed, targets, recorder
+
+    def run(self, until_mono: float) -> None:
+        while time.monotonic() < until_mono:
+            time.sleep(min(1.0, max(0.0, until_mono - time.monotonic())))
+
+    def heal(self) -> None:
+        return None
