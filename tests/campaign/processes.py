@@ -36,6 +36,8 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.exits: list[int] = []  # exit codes of earlier incarnations
+        # Killed on purpose (the nemesis) and not restarted yet: its exit is no failure.
+        self.expected_down = False
 
     def start(self, env: Mapping[str, str] | None = None) -> WorkerProcess:
         if env is not None:
@@ -48,6 +50,7 @@ class WorkerProcess:
                 env={**os.environ, "PYTHONPATH": str(REPO), **self.extra_env},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self.starts += 1
+        self.expected_down = False
         return self
 
     @property
@@ -69,6 +72,7 @@ class WorkerProcess:
         """SIGKILL now, as a crash would (a paused process too)."""
         if self.proc is None:
             return None
+        self.expected_down = True
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(REAP_TIMEOUT_S)
@@ -86,6 +90,7 @@ class WorkerProcess:
         ``timeout_s``; returns the exit code."""
         if self.proc is None:
             return None
+        self.expected_down = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
@@ -110,6 +115,7 @@ class Coordinator:
         self.process: CoordinatorProcess | None = None
         self.starts = 0
         self.exits: list[int | None] = []
+        self.expected_down = False
 
     def start(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Coordinator:
         if env is not None:
@@ -119,6 +125,7 @@ class Coordinator:
                                           env={"PYTHONPATH": str(REPO), **self.extra_env})
         self.process.start()
         self.starts += 1
+        self.expected_down = False
         if wait:
             self.process.wait_ready()
         return self
@@ -138,7 +145,11 @@ class Coordinator:
         return True
 
     def kill(self) -> int | None:
-        return None if self.process is None else self.process.kill()
+        """SIGKILL now, as a crash would."""
+        if self.process is None:
+            return None
+        self.expected_down = True
+        return self.process.kill()
 
     def restart(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Coordinator:
         if self.process is not None:
@@ -150,6 +161,7 @@ class Coordinator:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         if self.process is None:
             return None
+        self.expected_down = True
         if self.alive():
             self.signal(signal.SIGCONT)
         return self.process.stop(timeout_s)
@@ -157,8 +169,11 @@ class Coordinator:
 
 @dataclass
 class Targets:
-    """What the nemesis acts on. ``cluster`` is None when the campaign runs on a cluster it
-    does not own and may not stop (then no broker faults)."""
+    """What the nemesis acts on: the cluster's nodes (``cluster.stop(node_id, kill=True)``,
+    ``cluster.start_node(node_id)``, ``cluster.node(i).pid``; a cluster the campaign was
+    handed too: it must be whole again after ``heal()``), the coordinators and the
+    workers (``pid``, ``signal(sig)``, ``kill()``, ``restart(env=...)``, ``alive()``;
+    ``kind`` tells a worker's role)."""
 
     bootstrap: str
     cluster: EmbeddedCluster | None

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.admin import list_pending
@@ -53,6 +57,22 @@ SETTLE_TIMEOUT_S = 180.0    # drain: every transaction decided
 DRAIN_TIMEOUT_S = 90.0      # a producer's operations in flight end (a send times out in 30)
 CATCH_UP_TIMEOUT_S = 120.0  # consumers process what the final read saw
 POLL_S = 2.0
+BROKERS_BACK_S = 120.0      # every node registered again after heal
+
+
+def wait_for_brokers(cluster: EmbeddedCluster, timeout_s: float) -> None:
+    """Until the cluster's metadata shows every broker again."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if len(admin.list_topics(timeout=5).brokers) >= cluster.brokers:
+                return
+        except KafkaException:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"the cluster did not show {cluster.brokers} brokers within "
+                       f"{timeout_s:.0f} s after heal")
 
 
 @dataclass(frozen=True)
@@ -108,7 +128,8 @@ class Campaign:
         return self.cluster.bootstrap
 
     def start_processes(self, cfg: CampaignConfig) -> Targets:
-        targets = Targets(cfg.bootstrap, self.cluster if self.owns_cluster else None)
+        assert self.cluster is not None
+        targets = Targets(cfg.bootstrap, self.cluster)
         self.targets = targets
         config_file = cfg.write(self.out)
         create_topics(cfg.bootstrap, list(cfg.topics), cfg.partitions)
@@ -164,9 +185,31 @@ class Campaign:
         self.phase("load", seconds=cfg.load_s)
         until = time.monotonic() + cfg.load_s
         nemesis.run(until)
+        self.watch_exits()
         self.phase("heal")
         nemesis.heal()
+        self.heal_leftovers()
         self.watch_exits()
+
+    def heal_leftovers(self) -> None:
+        """Whatever the nemesis left down or paused is brought back (and noted): every node
+        of the cluster, the processes it killed, SIGCONT to every process we own."""
+        assert self.targets is not None and self.cluster is not None
+        down = [n.node_id for n in self.cluster.nodes() if n.running_pid() is None]
+        if down:
+            self.notes.append(f"nodes {down} still down after heal")
+            for node_id in down:
+                self.cluster.start_node(node_id)
+        for node in self.cluster.nodes():
+            pid = node.running_pid()
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
+        for p in [*self.targets.coordinators, *self.targets.workers()]:
+            if p.expected_down and not p.alive():
+                self.notes.append(f"{p.name} still down after heal")
+                p.restart()
+            p.signal(signal.SIGCONT)
+        wait_for_brokers(self.cluster, BROKERS_BACK_S)
 
     def watch_exits(self, coordinators_only: bool = False) -> None:
         """A worker or coordinator that exited on its own (not killed by the nemesis, which
@@ -174,7 +217,7 @@ class Campaign:
         assert self.targets is not None
         workers = [] if coordinators_only else self.targets.workers()
         for w in [*workers, *self.targets.coordinators]:
-            if not w.alive() and w.name not in self.exited:
+            if not w.alive() and not w.expected_down and w.name not in self.exited:
                 self.exited.add(w.name)
                 code = (w.proc.returncode if isinstance(w, WorkerProcess) and w.proc
                         else w.process.poll() if isinstance(w, Coordinator) and w.process
@@ -217,11 +260,22 @@ class Campaign:
         for p in self.targets.producers:
             p.stop()
 
+    def committed(self) -> dict[str, dict]:
+        """The ground truth: every business row whose local transaction committed, from
+        every producer's database (read once the producers stopped)."""
+        committed: dict[str, dict] = {}
+        for db in sorted((self.out / "db").glob("*.sqlite")):
+            committed.update(committed_rows(db))
+        return {m: r for m, r in committed.items() if r["barrier"] == "msg"}
+
     def final_reads(self, cfg: CampaignConfig) -> tuple[list[dict], list[dict], list[dict]]:
         self.phase("final read")
         created = sorted({e["topic"] for e in self.histories() if e["kind"] == "topic_created"})
         topics = [*cfg.topics, *created]
-        reads = final_read.read_topics(cfg.bootstrap, topics, self.out / "final")
+        expected: dict[str, int] = {}
+        for row in self.committed().values():
+            expected[row["topic"]] = expected.get(row["topic"], 0) + 1
+        reads = final_read.read_topics(cfg.bootstrap, topics, self.out / "final", expected)
         for r in reads:
             if r.error or r.exit_code not in (0, None):
                 self.notes.append(f"final read of {r.topic}: exit {r.exit_code} {r.error}")
@@ -291,10 +345,7 @@ class Campaign:
     def check(self, cfg: CampaignConfig, visible: list[dict], pending: list[dict],
               discarded: list[dict]) -> list[CheckResult]:
         self.phase("check")
-        committed: dict[str, dict] = {}
-        for db in sorted((self.out / "db").glob("*.sqlite")):
-            committed.update(committed_rows(db))
-        committed = {m: r for m, r in committed.items() if r["barrier"] == "msg"}
+        committed = self.committed()
         (self.out / "final" / "committed.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in committed.values()))
         run = RunData(self.histories(), committed, visible, pending, discarded)
