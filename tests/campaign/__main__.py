@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where everything is written")
     parser.add_argument("--cluster-dir", type=Path, default=None,
                         help="run on this running EmbeddedCluster (not stopped at the end)")
+    parser.add_argument("--stub-faults", action="store_true",
+                        help="a fixed handful of faults (_stubs.SmokeNemesis)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         if not is_cluster_dir(args.cluster_dir):
             parser.error(f"--cluster-dir {args.cluster_dir}: no cluster.json there")
         cluster = EmbeddedCluster(args.cluster_dir)
-    campaign = Campaign(Options(seed, load_s, args.short, out), cluster=cluster,
+    campaign = Campaign(Options(seed, load_s, args.short, out, args.stub_faults),
+                        cluster=cluster,
                         owns_cluster=False)
     return campaign.run()
 

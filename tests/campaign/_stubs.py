@@ -78,6 +78,7 @@ class RunData:
     visible: list[dict]               # final read_committed records (topic, partition, ...)
     pending: list[dict] = field(default_factory=list)
     discarded: list[dict] = field(default_factory=list)
+    dead_letters: dict[str, list[dict]] = field(default_factory=dict)  # group -> DLQ records
 
 
 def run_checkers(run: RunData) -> list[CheckResult]:
@@ -98,6 +99,32 @@ def run_checkers(run: RunData) -> list[CheckResult]:
     settled = not run.pending and not run.discarded
     results.append(CheckResult("nothing-pending-or-discarded", settled,
                                f"{len(run.pending)} pending, {len(run.discarded)} discarded"))
+    results += consumer_checks(run, set(seen))
+    return results
+
+
+def consumer_checks(run: RunData, visible: set[str]) -> list[CheckResult]:
+    """Every visible record processed by every group; the push group's planned dead
+    letters on its DLQ, and no other."""
+    from tests.campaign.workload import push_dead_letter_expected
+
+    processed: dict[tuple[str, str], set[str]] = {}
+    for e in run.events:
+        if e["kind"] == "process" and e.get("mid"):
+            processed.setdefault((e["role"], e["group"]), set()).add(e["mid"])
+    results = []
+    for (role, group), mids in sorted(processed.items()):
+        missing = sorted(visible - mids)
+        results.append(CheckResult(f"{role}-processed-all", not missing,
+                                   f"{group}: {len(visible) - len(missing)}/{len(visible)} "
+                                   f"processed; missing {missing[:5]}"))
+    for group, records in sorted(run.dead_letters.items()):
+        got = Counter(r["mid"] for r in records)
+        want = {m for m in visible if push_dead_letter_expected(m)}
+        wrong = sorted(set(got) ^ want)
+        results.append(CheckResult("push-dead-letters", not wrong,
+                                   f"{group}: {len(want)} planned, {sum(got.values())} on the "
+                                   f"DLQ; differing {wrong[:5]}"))
     return results
 
 
@@ -113,3 +140,58 @@ class Nemesis:
 
     def heal(self) -> None:
         return None
+
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+class SmokeNemesis(Nemesis):
+    """A fixed handful of faults, one after another, to exercise the workload and the runner
+    until nemesis.py lands (``--stub-faults``): a producer SIGKILLed and restarted, an
+    orderly consumer paused past its lease, a broker SIGKILLed and restarted, a coordinator
+    SIGKILLed and restarted, the async producer restarted with its clock 20 s ahead
+    (libfaketime), a coordinator paused past its session timeout (a zombie)."""
+
+    def run(self, until_mono: float) -> None:
+        t = self.targets
+        by_name = {w.name: w for w in t.workers()}
+        steps = [
+            ("kill producer", lambda: self._kill_restart(by_name["producer-0"], 3)),
+            ("pause consumer", lambda: self._pause(by_name["orderly-partition-0"], 9)),
+            ("kill broker", lambda: self._kill_broker(2, 10)),
+            ("kill coordinator", lambda: self._kill_restart(t.coordinators[1], 2)),
+            ("skew producer clock", lambda: self._skew(by_name["producer-2"], "+20s")),
+            ("pause coordinator", lambda: self._pause(t.coordinators[0], 10)),
+        ]
+        gap = max(5.0, (until_mono - time.monotonic()) / (len(steps) + 1))
+        for name, step in steps:
+            if time.monotonic() + gap >= until_mono:
+                break
+            time.sleep(gap / 2)
+            self.recorder.record("fault", fault=name, phase="start")
+            step()
+            self.recorder.record("fault", fault=name, phase="end")
+            time.sleep(gap / 2)
+        super().run(until_mono)
+
+    def _kill_restart(self, proc: Any, down_s: float) -> None:
+        proc.kill()
+        time.sleep(down_s)
+        proc.restart()
+
+    def _pause(self, proc: Any, pause_s: float) -> None:
+        import signal
+
+        proc.signal(signal.SIGSTOP)
+        time.sleep(pause_s)
+        proc.signal(signal.SIGCONT)
+
+    def _kill_broker(self, node_id: int, down_s: float) -> None:
+        self.targets.cluster.stop(node_id, kill=True)
+        time.sleep(down_s)
+        self.targets.cluster.start_node(node_id)
+
+    def _skew(self, proc: Any, offset: str) -> None:
+        proc.kill()
+        proc.restart(env={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": offset,
+                          "FAKETIME_DONT_FAKE_MONOTONIC": "1"})

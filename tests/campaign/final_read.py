@@ -138,15 +138,11 @@ def read_topics(bootstrap: str, topics: list[str], out_dir: Path,
     return reads
 
 
-def _rows(table: str) -> list[list[str]]:
-    """The data rows of a table ``rich`` printed (box-drawing separators)."""
-    rows = []
-    for line in table.splitlines():
-        if "│" not in line:
-            continue
-        cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        rows.append(cells)
-    return rows[1:]  # the first is the header
+def table_rows(table: str) -> list[list[str]]:
+    """The data rows of a table ``rich`` printed: its header's separators are heavy (┃),
+    its rows' light (│)."""
+    return [[c.strip() for c in line.strip().strip("│").split("│")]
+            for line in table.splitlines() if "│" in line]
 
 
 def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tuple[list[dict],
@@ -166,4 +162,4 @@ def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tupl
              if action == "pending" else
              ["txn_id", "real_topic", "producer_group", "checks", "reason", "age_s", "half",
               "members"])
-    return [dict(zip(names, row, strict=False)) for row in _rows(proc.stdout)], ""
+    return [dict(zip(names, row, strict=False)) for row in table_rows(proc.stdout)], ""

@@ -36,6 +36,7 @@ from tests.campaign._stubs import (
     Nemesis,
     Recorder,
     RunData,
+    SmokeNemesis,
     read_history,
     run_checkers,
 )
@@ -46,7 +47,7 @@ from tests.campaign.config import (
     ConsumerSpec,
 )
 from tests.campaign.processes import Coordinator, Targets, WorkerProcess
-from tests.campaign.workload import committed_rows, create_topics
+from tests.campaign.workload import committed_rows, create_topics, push_dead_letter_expected
 
 log = logging.getLogger("campaign")
 
@@ -81,6 +82,7 @@ class Options:
     load_s: float
     short: bool
     out_dir: Path
+    stub_faults: bool = False  # _stubs.SmokeNemesis until nemesis.py lands
 
 
 def plan_config(opts: Options, bootstrap: str) -> CampaignConfig:
@@ -112,6 +114,7 @@ class Campaign:
         self.notes: list[str] = []
         self.unexpected_exits: list[str] = []
         self.exited: set[str] = set()
+        self.dead_letters: dict[str, list[dict]] = {}
 
     # -- phases ---------------------------------------------------------------------------
     def phase(self, name: str, **fields: object) -> None:
@@ -273,16 +276,24 @@ class Campaign:
         created = sorted({e["topic"] for e in self.histories() if e["kind"] == "topic_created"})
         topics = [*cfg.topics, *created]
         expected: dict[str, int] = {}
-        for row in self.committed().values():
+        committed = self.committed()
+        for row in committed.values():
             expected[row["topic"]] = expected.get(row["topic"], 0) + 1
-        reads = final_read.read_topics(cfg.bootstrap, topics, self.out / "final", expected)
+        push_dlqs = {f"{cfg.topic_prefix}_dlq_{s.group}": s.group for s in cfg.consumers
+                     if s.role == "push"}
+        for dlq in push_dlqs:
+            expected[dlq] = sum(1 for m in committed if push_dead_letter_expected(m))
+        reads = final_read.read_topics(cfg.bootstrap, [*topics, *push_dlqs],
+                                       self.out / "final", expected)
         for r in reads:
             if r.error or r.exit_code not in (0, None):
                 self.notes.append(f"final read of {r.topic}: exit {r.exit_code} {r.error}")
             if r.processed is not None and r.processed != len(r.records):
                 self.notes.append(f"final read of {r.topic}: tool counted {r.processed}, "
                                   f"parsed {len(r.records)}")
-        visible = [rec for r in reads for rec in r.records]
+        visible = [rec for r in reads if r.topic not in push_dlqs for rec in r.records]
+        self.dead_letters = {push_dlqs[r.topic]: r.records for r in reads
+                             if r.topic in push_dlqs}
         pending, error = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix, "pending",
                                                 self.out / "final")
         discarded, error2 = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix,
@@ -328,7 +339,8 @@ class Campaign:
             cfg = self.cfg = plan_config(self.opts, bootstrap)
             self.rec.record("run_start", seed=cfg.seed, run_id=cfg.run_id, short=self.opts.short)
             targets = self.start_processes(cfg)
-            nemesis = Nemesis(cfg.seed, targets, self.rec)
+            nemesis = (SmokeNemesis if self.opts.stub_faults else Nemesis)(cfg.seed, targets,
+                                                                           self.rec)
             self.load(cfg, nemesis)
             self.drain(cfg)
             visible, pending, discarded = self.final_reads(cfg)
@@ -348,7 +360,8 @@ class Campaign:
         committed = self.committed()
         (self.out / "final" / "committed.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in committed.values()))
-        run = RunData(self.histories(), committed, visible, pending, discarded)
+        run = RunData(self.histories(), committed, visible, pending, discarded,
+                      self.dead_letters)
         results = run_checkers(run)
         results.append(CheckResult("no-unexpected-exit", not self.unexpected_exits,
                                    ", ".join(self.unexpected_exits) or "none"))
