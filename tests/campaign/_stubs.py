@@ -9,9 +9,12 @@ The interface the workload and the runner expect from them:
   host, so it orders events across processes); ``close()``.
 - ``read_history(paths)``: every event of those files (a torn last line is skipped).
 - ``run_checkers(run) -> list[CheckResult]`` over a :class:`RunData` (see below), each
-  result ``(name, passed, detail)``.
-- ``Nemesis(seed, targets, recorder)``: ``run(until_mono)`` acts until then, ``heal()``
-  undoes every fault in force (SIGCONT, restart, mounts, rules), bounded in time.
+  result ``(name, passed, detail)``, one printed line each.
+- ``Nemesis(seed, targets, recorder)`` (targets: ``processes.Targets``): ``run(until_mono)``
+  acts until then, recording each fault as ``fault`` events (``fault``, ``target``,
+  ``phase`` start/end); ``heal()`` undoes every fault in force (SIGCONT, restarts, mounts,
+  rules), bounded in time. The runner then restarts and SIGCONTs whatever is still down or
+  paused, and notes it (a failed run).
 """
 
 from __future__ import annotations
