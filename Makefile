@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix test-keys test-push test-barrier model
+	test-matrix test-keys test-push test-barrier model campaign campaign-short
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,22 @@ test-docker-full: setup
 # ports, broker kills mid-stream; excluded from `make test` by its marker.
 test-cluster: setup
 	$(PY) -m pytest -m cluster tests/cluster $(CLUSTER_ARGS)
+
+# The fault campaign (tests/campaign, issue 30): a 3-node cluster of its own, producer and
+# consumer processes, the nemesis, the checkers; a seed's run prints its table and the out dir
+# holding its history. SEEDS="1 2 3" runs each (long load; CAMPAIGN_ARGS adds e.g.
+# --duration 600); every seed runs, the target fails if one did.
+SEEDS ?= 1
+campaign: setup
+	@failed=""; for s in $(SEEDS); do \
+		$(PY) -m tests.campaign --seed $$s $(CAMPAIGN_ARGS) || failed="$$failed $$s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "campaign: FAILED seeds:$$failed"; exit 1; fi
+
+# The short campaign CI runs (tests/cluster/test_campaign.py on the cluster step's cluster):
+# the pinned seed, short horizons, about 5 minutes with the cluster's start.
+campaign-short: setup
+	$(PY) -m tests.campaign --short $(CAMPAIGN_ARGS)
 
 # The transactional and orderly suites on each Kafka release we support (the embedded jars
 # of each, resolved from Maven Central once): the pinned default and the oldest line, 3.9.

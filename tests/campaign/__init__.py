@@ -1,4 +1,8 @@
-"""The fault campaign's history and checkers (issue 30).
+"""The fault campaign (issue 30): a workload of producer and consumer processes on a
+3-node cluster, a nemesis acting on them, and checkers over the recorded history.
+
+``python -m tests.campaign --seed N --duration S [--short] [--out DIR]`` runs one campaign;
+``runner.py`` orchestrates, ``workload.py`` holds what the worker processes share.
 
 - history.py: the JSON-lines history format (documented there), ``Recorder``, ``load``;
 - events.py: typed constructors of every event kind;

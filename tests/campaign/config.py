@@ -1,0 +1,75 @@
+"""One campaign's settings: written once by the runner as ``config.json`` in the out dir,
+read by every worker process, so all of them agree on names, timeouts and the seed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+CONFIG_FILE = "config.json"
+
+# The coordinators' horizons, shortened so checks, leases and rebalances happen within a run
+# (a session timeout past which a paused coordinator is a zombie; a check interval in
+# seconds). check_max is high: a check the barrier cannot answer in time (a local
+# transaction that outlives transaction_timeout_ms) answers UNKNOW, and a discard would be a
+# liveness failure rather than a fault's effect.
+COORDINATOR_SETTINGS = {"transaction_timeout_ms": 2000, "check_interval_ms": 3000,
+                        "check_max": 10, "lock_lease_ms": 6000, "lock_renew_ms": 2000,
+                        "half_partitions": 4, "check_partitions": 2}
+SESSION_TIMEOUT_MS = 6000
+HEARTBEAT_MS = 1000
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """``count`` processes of one consumer class in one group."""
+
+    role: str    # "push", "orderly-partition" or "orderly-key"
+    group: str
+    count: int
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    seed: int
+    run_id: str
+    bootstrap: str
+    out_dir: str
+    topic_prefix: str                 # the coordinators' system topics
+    topics: tuple[str, ...]           # the workload's topics created before the load
+    partitions: int
+    load_s: float
+    producers: tuple[str, ...]        # one api per process: "sync" or "async"
+    consumers: tuple[ConsumerSpec, ...]
+    ops_per_s: float                  # per producer process
+    new_topics_per_producer: int      # created mid-run, used at once
+    keys: int = 12                    # ordering keys per topic
+    coordinator: dict = field(default_factory=lambda: dict(COORDINATOR_SETTINGS))
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
+    consumer_lease_ms: int = 6000
+    consumer_renew_ms: int = 1500
+    push_max_reconsume: int = 2
+
+    @property
+    def topic_pattern(self) -> str:
+        """Every workload topic, those created mid-run too (librdkafka's regex)."""
+        return f"^{self.run_id}-.*"
+
+    def new_topic(self, producer: int, n: int) -> str:
+        return f"{self.run_id}-p{producer}n{n}"
+
+    def write(self, out_dir: Path) -> Path:
+        path = Path(out_dir) / CONFIG_FILE
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: Path | str) -> CampaignConfig:
+        raw = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        raw = {k: v for k, v in raw.items() if k in known}
+        raw["topics"] = tuple(raw["topics"])
+        raw["producers"] = tuple(raw["producers"])
+        raw["consumers"] = tuple(ConsumerSpec(**c) for c in raw["consumers"])
+        return cls(**raw)
