@@ -27,7 +27,7 @@ from rmq_semantics.errors import KafkaOperationError, RmqError
 from rmq_semantics.producer import PartitionCache
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.headers import H
-from rmq_semantics.records.txn import CheckRequest, EndState
+from rmq_semantics.records.txn import CheckRequest, EndRequest, EndRequests, EndState
 from tests.unit.test_edges import NOWHERE, FakeMetadataClient, RecordingProducer
 from tests.unit.test_multi_producer import OffsetProducer, _messages, _producer
 
@@ -216,4 +216,39 @@ def test_the_asyncio_producer_rolls_back_by_id_a_transaction_whose_first_member_
     end, txn_id = decode(end_record.value), dict(halves[0].headers)[H.TXN_ID].decode()
     assert (end.txn_id, end.state, end.half_offset) == (txn_id, EndState.ROLLBACK, -1)
     assert _ask(core, txn_id) is S.ROLLBACK_MESSAGE
+    assert listener.executed == [] and listener.checked == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: a batch that raises BufferError after "
+                                       "queuing halves leaves them to the listener's checks")
+def test_a_batch_that_fills_the_local_queue_rolls_back_what_it_queued():
+    listener = CommitsAnything()
+    producer = _started(listener, WithheldReports())
+    main = WithheldReports()
+    producer._producer = main
+    queue = main.produce
+
+    def produce(topic, *args, **kwargs) -> None:
+        if topic == "__rmq_half" and len(main.halves()) == 2:
+            raise BufferError("Local: Queue full")
+        queue(topic, *args, **kwargs)
+
+    def poll(timeout=0) -> int:  # the first lands, the second fails
+        first, second = main.halves()
+        if not first.reported:
+            main.report(first, offset=100)
+            main.report(second, TIMED_OUT)
+        return 0
+
+    main.produce, main.poll = produce, poll
+    with pytest.raises(BufferError, match="Queue full"):
+        producer.send_messages_in_transaction([Message("orders", m) for m in (b"a", b"b", b"c")])
+    landed, failed = (_txn_id(r) for r in main.halves())
+    assert _ask(producer, landed) is S.ROLLBACK_MESSAGE
+    assert _ask(producer, failed) is S.ROLLBACK_MESSAGE
+    ends = [decode(r.value) for r in main.records if r.topic == producer.topics.op]
+    assert [(e.txn_id, e.half_offset, e.state) for r in ends if isinstance(r, EndRequests)
+            for e in r.entries] == [(landed, 100, EndState.ROLLBACK)]
+    assert [(r.txn_id, r.half_offset, r.state) for r in ends if isinstance(r, EndRequest)] == [
+        (failed, -1, EndState.ROLLBACK)]
     assert listener.executed == [] and listener.checked == []
