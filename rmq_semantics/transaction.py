@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,18 +63,20 @@ from rmq_semantics.transaction_api import (
     TransactionSendResult,
     as_listener,
 )
+from rmq_semantics.txn_batch import BatchTransactions
 from rmq_semantics.txn_writes import (
     DELIVERY_GRACE_S,
-    EndBatcher,
     end_request,
     half_write_conf,
     local_outcome,
     log_failed_end,
+    new_txn_ids,
     queue_end,
     roll_back_unwritten,
     write_halves,
     write_members,
 )
+from rmq_semantics.unsent import UnsentHalves, answer_check
 
 __all__ = [
     "LocalTransactionState",
@@ -88,7 +89,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class TransactionProducer(CheckCounters):
+class TransactionProducer(CheckCounters, BatchTransactions):
     """RocketMQ's ``TransactionMQProducer`` on Kafka.
 
     ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
@@ -129,9 +130,11 @@ class TransactionProducer(CheckCounters):
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
+        # Checks of a half this producer has not seen land are answered here (issue 29).
+        self._unsent = UnsentHalves()
         self._checks = CheckResponder(
             self._conf, self.topics, producer_group, instance_id=self.instance_id,
-            ask=lambda check: ask_listener(self.listener, self.topics.half, check),
+            ask=lambda check: answer_check(self._unsent, self.topics.half, self._ask, check),
             reply=self._reply_check, threads=self.settings.check_threads,
             affinity=self.settings.check_affinity,
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
@@ -194,20 +197,24 @@ class TransactionProducer(CheckCounters):
         """
         self._require_started()
         self._validate([msg])
-        producer = self._call_producer()
+        producer, txn_ids = self._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
-            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
+            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER), \
+                    self._unsent.sending(txn_ids):
                 [(txn_id, waiter)] = write_halves(
                     producer, self.topics.half, self.producer_group,
-                    tracing.traced_messages([msg]), SignalledWaiter, self._checks.affinity())
+                    tracing.traced_messages([msg]), txn_ids, SignalledWaiter,
+                    self._checks.affinity())
                 tracing.name_transaction(txn_id)
                 try:
                     waiter.wait(producer, f"writing the half message of txn {txn_id}",
                                 self._send_timeout_s + DELIVERY_GRACE_S)
                 except RmqError as exc:  # never promoted, should it land anyway
+                    self._unsent.failed(txn_id)
                     roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
-                                        waiter, self._half_partitions_now, exc)
+                                        waiter.partition, self._half_partitions_now, exc)
                     raise
+                self._unsent.landed(txn_id)
             result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
             self._end_inline(result, state, producer)
         return result
@@ -224,7 +231,7 @@ class TransactionProducer(CheckCounters):
         transaction is not run.
         """
         self._require_started()
-        msgs, txn_id = list(messages), uuid.uuid4().hex
+        msgs, [txn_id] = list(messages), new_txn_ids(1)
         with tracing.span("send transaction", self.topics.half, "send", txn_id,
                           messages=len(msgs)):
             with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
@@ -250,14 +257,18 @@ class TransactionProducer(CheckCounters):
         producer = self._call_producer()
         waiters: list[SignalledWaiter] = []
         deadline = time.monotonic() + self._send_timeout_s  # for all the members together
-        try:
-            write_members(producer, self.topics.half, partition, msgs, headers, waiters,
-                          SignalledWaiter)
-            _wait_members(producer, waiters, txn_id, deadline)
-        except (RmqError, BufferError):
-            self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id, deadline),
-                                    len(msgs), producer)
-            raise
+        with self._unsent.sending([txn_id]):
+            try:
+                write_members(producer, self.topics.half, partition, msgs, headers, waiters,
+                              SignalledWaiter)
+                _wait_members(producer, waiters, txn_id, deadline)
+            except (RmqError, BufferError):
+                self._unsent.failed(txn_id)
+                self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id,
+                                                               deadline),
+                                        len(msgs), producer)
+                raise
+            self._unsent.landed(txn_id)
         return waiters
 
     def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
@@ -276,38 +287,6 @@ class TransactionProducer(CheckCounters):
     def _call_producer(self) -> confluent_kafka.Producer:
         self._require_started()
         return self._call.get()
-
-    def send_messages_in_transaction(self, msgs: list[Message],
-                                     arg: Any = None) -> list[TransactionSendResult]:
-        """Like :meth:`send_message_in_transaction` for many messages, with the half writes
-        pipelined: each message is still its own transaction with its own local transaction
-        and decision. A message whose half write failed is not executed; its result has
-        ``half_offset == -1`` and ``ROLLBACK_MESSAGE``, and the error is logged. A message
-        for a system topic or a partition its topic lacks raises for the whole batch before
-        any half write (a caller's mistake, not a broker failure)."""
-        producer = self._require_started()
-        self._validate(msgs)
-        pending = write_halves(producer, self.topics.half, self.producer_group,
-                               tracing.traced_messages(msgs), affinity=self._checks.affinity())
-        _poll_until_delivered(producer, [w for _, w in pending],
-                              time.monotonic() + self._send_timeout_s + DELIVERY_GRACE_S)
-        results = []
-        ends = EndBatcher(producer, self.topics.op, self.producer_group)
-        for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
-            if waiter.delivered and waiter.error is None:
-                result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
-                results.append(result)
-                ends.add(result, state)
-                continue
-            reason = waiter.error.str() if waiter.error is not None else "timed out"
-            log.error("%s txn=%s: half message for %s not written (%s); local transaction "
-                      "not run", self.topics.half, txn_id, msg.topic, reason)
-            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id, waiter,
-                                self._half_partitions_now, RmqError(reason))
-            results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
-                                                 -1, -1, self.producer_group))
-        ends.flush()
-        return results
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
         """Refuse, before any half write, a message the coordinator could never promote:
@@ -378,21 +357,13 @@ class TransactionProducer(CheckCounters):
         return queued + self._call.flush(max(0.0, deadline - time.monotonic()))
 
     # -- back-checks (their counters: CheckCounters) -------------------------------------
+    def _ask(self, check: CheckRequest) -> LocalTransactionState:
+        return ask_listener(self.listener, self.topics.half, check)
+
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
         self._send_end(result, state, from_check=True, check_seq=check.check_seq)
-
-
-def _poll_until_delivered(producer: confluent_kafka.Producer, waiters: list[DeliveryWaiter],
-                          deadline: float) -> None:
-    """Serve ``producer``'s delivery reports until every waiter has one, or ``deadline``."""
-    waiting = 0  # index of the first half write not known to be delivered
-    while waiting < len(waiters) and time.monotonic() < deadline:
-        if waiters[waiting].delivered:
-            waiting += 1
-        else:
-            producer.poll(0.01)
 
 
 def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],

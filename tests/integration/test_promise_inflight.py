@@ -27,8 +27,6 @@ def _promotions(coordinator: ThreadCoordinator) -> float:
     return coordinator.server.metrics.registry.get_sample_value("rmq_promotions_total") or 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a check of a half whose delivery report "
-                                       "the caller has not seen asks the listener (COMMIT)")
 def test_a_check_before_the_caller_saw_the_half_land_is_answered_unknow_not_asked(
         broker, make_topic, unique):
     """An asyncio application's loop stalls right after the half write (a blocking call in

@@ -9,6 +9,7 @@ pool asks exactly this function."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -28,6 +29,7 @@ from rmq_semantics.producer import PartitionCache
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest, EndRequest, EndRequests, EndState
+from rmq_semantics.unsent import FAILED_KEEP_S, FAILED_MAX, UnsentHalves
 from tests.unit.test_edges import NOWHERE, FakeMetadataClient, RecordingProducer
 from tests.unit.test_multi_producer import OffsetProducer, _messages, _producer
 
@@ -115,8 +117,6 @@ def _ask(producer, txn_id: str, seq: int = 1) -> S:
     return producer._checks._pool._ask(_check(txn_id, seq))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a check of an in-flight half asks the "
-                                       "listener, which answers COMMIT")
 def test_a_check_of_a_half_in_flight_is_unknow_and_of_one_reported_failed_rollback():
     listener, call = CommitsAnything(), WithheldReports()
     producer = _started(listener, call)
@@ -143,8 +143,6 @@ def test_a_check_of_a_half_in_flight_is_unknow_and_of_one_reported_failed_rollba
     assert listener.checked == [] and listener.executed == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: checks of a batch's halves in flight, or "
-                                       "reported failed, ask the listener")
 def test_a_batchs_checks_are_unknow_in_flight_rollback_when_failed_and_asked_once_landed():
     listener = CommitsAnything()
     producer = _started(listener, WithheldReports())
@@ -219,8 +217,6 @@ def test_the_asyncio_producer_rolls_back_by_id_a_transaction_whose_first_member_
     assert listener.executed == [] and listener.checked == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a batch that raises BufferError after "
-                                       "queuing halves leaves them to the listener's checks")
 def test_a_batch_that_fills_the_local_queue_rolls_back_what_it_queued():
     listener = CommitsAnything()
     producer = _started(listener, WithheldReports())
@@ -252,3 +248,47 @@ def test_a_batch_that_fills_the_local_queue_rolls_back_what_it_queued():
     assert [(r.txn_id, r.half_offset, r.state) for r in ends if isinstance(r, EndRequest)] == [
         (failed, -1, EndState.ROLLBACK)]
     assert listener.executed == [] and listener.checked == []
+
+
+# -- the ids kept, and their bounds ----------------------------------------------------------
+def test_an_id_is_unknow_while_sending_asked_once_landed_and_forgotten_after_a_raise():
+    unsent = UnsentHalves()
+    with unsent.sending(["a", "b", "c"]):
+        assert [unsent.answer(t) for t in "abc"] == [S.UNKNOW] * 3
+        unsent.landed("a")
+        unsent.failed("b")
+        assert [unsent.answer(t) for t in "abc"] == [None, S.ROLLBACK_MESSAGE, S.UNKNOW]
+    # "c" was neither when the block ended (a raise, a cancelled caller): not in flight.
+    assert [unsent.answer(t) for t in "abc"] == [None, S.ROLLBACK_MESSAGE, None]
+    with pytest.raises(RuntimeError), unsent.sending(["d"]):
+        raise RuntimeError("cancelled")
+    assert unsent.answer("d") is None and len(unsent) == 1
+
+
+def test_failed_ids_are_kept_for_a_while_and_the_oldest_beyond_the_bound_is_dropped_counted():
+    now = [0.0]
+    unsent = UnsentHalves(keep_s=60, max_failed=3, clock=lambda: now[0])
+    for txn_id in "abcd":
+        unsent.failed(txn_id)
+        now[0] += 1
+    assert unsent.dropped == 1 and unsent.answer("a") is None
+    assert [unsent.answer(t) for t in "bcd"] == [S.ROLLBACK_MESSAGE] * 3
+    now[0] = 62.5  # "b" and "c" were reported over 60 s ago: forgotten, not counted
+    assert [unsent.answer(t) for t in "bcd"] == [None, None, S.ROLLBACK_MESSAGE]
+    assert unsent.dropped == 1 and len(unsent) == 1
+    assert (FAILED_KEEP_S, FAILED_MAX) == (15 * 60, 10_000)  # as coordinator/rollback_ids.py
+
+
+def test_the_producer_counts_failed_ids_it_dropped_and_logs_its_own_answers(caplog):
+    listener = CommitsAnything()
+    producer = _started(listener, WithheldReports())
+    producer._unsent = UnsentHalves(max_failed=1)
+    producer._unsent.failed("x")
+    producer._unsent.failed("y")
+    assert producer.failed_send_ids_dropped == 1
+    with caplog.at_level(logging.INFO, logger="rmq_semantics"):
+        assert _ask(producer, "y") is S.ROLLBACK_MESSAGE
+        assert _ask(producer, "x") is S.COMMIT_MESSAGE  # dropped: the listener is asked
+    [line] = [r.getMessage() for r in caplog.records if "without asking" in r.getMessage()]
+    assert "txn=y" in line and "ROLLBACK" in line and "reported failed" in line
+    assert listener.checked == ["x"]
