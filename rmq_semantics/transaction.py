@@ -9,7 +9,6 @@ back-checks for this producer group from a background check consumer and a bound
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -73,6 +72,7 @@ from rmq_semantics.txn_writes import (
     new_txn_ids,
     queue_end,
     roll_back_unwritten,
+    say_rolled_back,
     write_halves,
     write_members,
 )
@@ -85,8 +85,6 @@ __all__ = [
     "TransactionProducer",
     "TransactionSendResult",
 ]
-
-log = logging.getLogger(__name__)
 
 
 class TransactionProducer(CheckCounters, BatchTransactions):
@@ -227,7 +225,8 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         ``execute_local_transaction`` runs once with a :class:`Transaction` view and one end
         request names the first (``half_offset``). An empty list, one over the bounds, a
         system topic or a partition its topic lacks raise before anything is written; a
-        message not written raises once a ROLLBACK went for what was, and the local
+        message not written raises once a ROLLBACK went (by member 0's offset, or by the
+        transaction id when member 0 was not written; the error says so), and the local
         transaction is not run.
         """
         self._require_started()
@@ -244,7 +243,8 @@ class TransactionProducer(CheckCounters, BatchTransactions):
 
     def _write_members(self, msgs: list[Message], txn_id: str) -> list[SignalledWaiter]:
         """Write every member of one transaction and wait for them; if one was not written,
-        ROLLBACK what was (named by member 0, so it is dropped, not checked) and raise."""
+        ROLLBACK the transaction (by member 0, or by its id if member 0 was not written, so
+        what lands is dropped, not checked) and raise."""
         tracing.name_transaction(txn_id)
         headers = member_headers(tracing.traced_messages(msgs), txn_id,
                                  self.producer_group.encode(),
@@ -262,24 +262,35 @@ class TransactionProducer(CheckCounters, BatchTransactions):
                 write_members(producer, self.topics.half, partition, msgs, headers, waiters,
                               SignalledWaiter)
                 _wait_members(producer, waiters, txn_id, deadline)
-            except (RmqError, BufferError):
+            except (RmqError, BufferError) as exc:
                 self._unsent.failed(txn_id)
-                self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id,
-                                                               deadline),
-                                        len(msgs), producer)
+                if waiters:  # else nothing was queued: nothing can land
+                    self._roll_back_written(
+                        txn_id, _first_written(producer, waiters, txn_id, deadline), len(msgs),
+                        producer, partition, exc)
                 raise
             self._unsent.landed(txn_id)
         return waiters
 
     def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
-                           producer: confluent_kafka.Producer) -> None:
-        """ROLLBACK a transaction whose members were not all written, named by member 0
-        (``first``; None when it was not written: nothing names the transaction then)."""
-        if first is not None:
-            rollback = LocalTransactionState.ROLLBACK_MESSAGE
-            self._end_inline(TransactionSendResult(txn_id, rollback, first.partition,
-                                                   first.offset, self.producer_group, count),
-                             rollback, producer)
+                           producer: confluent_kafka.Producer, partition: int,
+                           error: BaseException) -> None:
+        """ROLLBACK a transaction whose members were not all written: by member 0's offset
+        (``first``), or by its id on the half ``partition`` every member went to when member
+        0 was not written (a member that lands anyway is rolled back, never checked). The
+        caller's ``error`` says so."""
+        if first is None:
+            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
+                                partition, self._half_partitions_now, error)
+            return
+        rollback = LocalTransactionState.ROLLBACK_MESSAGE
+        with tracing.span("end transaction", self.topics.op, "send", txn_id,
+                          kind=SpanKind.PRODUCER, state=rollback.name):
+            sent = self._send_end(TransactionSendResult(txn_id, rollback, first.partition,
+                                                        first.offset, self.producer_group,
+                                                        count),
+                                  rollback, from_check=False, check_seq=0, producer=producer)
+        say_rolled_back(error, txn_id, sent)
 
     def _half_partitions_now(self) -> list[int]:
         return self._validate([]).partitions(self.topics.half, self._send_timeout_s)
@@ -329,18 +340,20 @@ class TransactionProducer(CheckCounters, BatchTransactions):
 
     def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
                   from_check: bool, check_seq: int,
-                  producer: confluent_kafka.Producer | None = None) -> None:
+                  producer: confluent_kafka.Producer | None = None) -> bool:
         """Queue an end request nobody waits for (after the local transaction ran, or a
-        check's answer): it never raises; a failure is logged, the back-check resolves it."""
+        check's answer): it never raises; a failure is logged (False), the back-check
+        resolves it."""
         producer = producer or self._require_started()
         request = end_request(result, state, producer_group=self.producer_group,
                               from_check=from_check, check_seq=check_seq)
-        queue_end(producer, self.topics.op, encode(request), result.half_partition,
-                  log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
-                                 f"{result.half_offset}", result.transaction_id, state),
-                  f"the {state.value} end request of txn {result.transaction_id}")
+        queued = queue_end(producer, self.topics.op, encode(request), result.half_partition,
+                           log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
+                                          f"{result.half_offset}", result.transaction_id, state),
+                           f"the {state.value} end request of txn {result.transaction_id}")
         if producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
+        return queued
 
     def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
                     producer: confluent_kafka.Producer) -> None:
@@ -377,15 +390,12 @@ def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWai
 
 def _first_written(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
                    txn_id: str, deadline: float) -> SignalledWaiter | None:
-    """Member 0's waiter once it is known to be written; None if it was not (then nothing
-    names the transaction: a member that did land is checked, and its local transaction
-    never ran)."""
+    """Member 0's waiter once it is known to be written; None if it was not (then the
+    transaction is rolled back by its id)."""
     try:
         first = waiters[0]
         first.wait(producer, f"writing the first half message of txn {txn_id}",
                    max(0.0, deadline - time.monotonic()))
     except (IndexError, RmqError):
-        log.warning("txn=%s: its first half message was not written; no ROLLBACK sent",
-                    txn_id)
         return None
     return first

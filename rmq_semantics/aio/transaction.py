@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,8 +48,6 @@ from rmq_semantics.txn_writes import (
 )
 
 __all__ = ["AsyncTransactionProducer"]
-
-log = logging.getLogger(__name__)
 
 
 class AsyncTransactionProducer:
@@ -232,10 +229,12 @@ class AsyncTransactionProducer:
                     await waiter.delivered_within(
                         f"writing the half message {index} of {len(waiters)} of txn {txn_id}",
                         deadline - time.monotonic())
-            except (RmqError, BufferError):
+            except (RmqError, BufferError) as exc:
                 core._unsent.failed(txn_id)
-                core._roll_back_written(txn_id, await _first_written(waiters, txn_id, deadline),
-                                        len(msgs), producer)
+                if waiters:  # else nothing was queued: nothing can land
+                    first = await _first_written(waiters, txn_id, deadline)
+                    await run_blocking(self._executor, core._roll_back_written, txn_id, first,
+                                       len(msgs), producer, partition, exc)
                 raise
             core._unsent.landed(txn_id)
         return waiters
@@ -300,13 +299,12 @@ class AsyncTransactionProducer:
 
 async def _first_written(waiters: list[LoopDeliveryWaiter], txn_id: str,
                          deadline: float) -> LoopDeliveryWaiter | None:
-    """Member 0's waiter once it is known to be written (until ``deadline``); None if not."""
+    """Member 0's waiter once it is known to be written (until ``deadline``); None if not
+    (then the transaction is rolled back by its id)."""
     try:
         first = waiters[0]
         await first.delivered_within(f"writing the first half message of txn {txn_id}",
                                      deadline - time.monotonic())
     except (IndexError, RmqError):
-        log.warning("txn=%s: its first half message was not written; no ROLLBACK sent",
-                    txn_id)
         return None
     return first

@@ -170,9 +170,6 @@ def test_a_batchs_checks_are_unknow_in_flight_rollback_when_failed_and_asked_onc
     assert listener.checked == [landed.transaction_id] and listener.executed == [b"a"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: a transaction whose member 0 was not "
-                                       "written sends no ROLLBACK, and its check asks the "
-                                       "listener")
 def test_a_transaction_whose_first_member_was_not_written_is_rolled_back_by_its_id():
     producer, _, call, listener = _producer(fail=0)
     _sized(producer)
@@ -188,8 +185,6 @@ def test_a_transaction_whose_first_member_was_not_written_is_rolled_back_by_its_
     assert listener.executed == [] and listener.checked == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the asyncio producer's transaction whose "
-                                       "member 0 was not written sends no ROLLBACK")
 def test_the_asyncio_producer_rolls_back_by_id_a_transaction_whose_first_member_failed():
     listener, call = CommitsAnything(), OffsetProducer(fail=0)
     producer = AsyncTransactionProducer(NOWHERE, producer_group="pg", listener=listener)
