@@ -23,7 +23,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -41,6 +41,9 @@ from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics
 from rmq_semantics.tracing import check_span
 from rmq_semantics.transaction_api import LocalTransactionState, as_state
+
+if TYPE_CHECKING:
+    from rmq_semantics.unsent import UnsentHalves
 
 __all__ = ["CHECK_QUEUE_SIZE", "CheckCounters", "CheckResponder", "ask_listener",
            "valid_instance_id"]
@@ -91,6 +94,7 @@ class CheckCounters:
     """The back-check counters of a producer whose ``_checks`` is its CheckResponder."""
 
     _checks: CheckResponder
+    _unsent: UnsentHalves
 
     @property
     def checks_answered(self) -> int:
@@ -106,6 +110,13 @@ class CheckCounters:
     def checks_timed_out(self) -> int:
         """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
         return self._checks.timed_out
+
+    @property
+    def failed_send_ids_dropped(self) -> int:
+        """Ids of half writes reported failed forgotten before 15 minutes because over 10,000
+        were kept: a check of one asks the listener again (the ROLLBACK by id the
+        coordinator was sent still holds)."""
+        return self._unsent.dropped
 
 
 def _fatal(err: KafkaError) -> bool:

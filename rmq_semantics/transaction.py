@@ -9,9 +9,7 @@ back-checks for this producer group from a background check consumer and a bound
 
 from __future__ import annotations
 
-import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,18 +62,21 @@ from rmq_semantics.transaction_api import (
     TransactionSendResult,
     as_listener,
 )
+from rmq_semantics.txn_batch import BatchTransactions
 from rmq_semantics.txn_writes import (
     DELIVERY_GRACE_S,
-    EndBatcher,
     end_request,
     half_write_conf,
     local_outcome,
     log_failed_end,
+    new_txn_ids,
     queue_end,
     roll_back_unwritten,
+    say_rolled_back,
     write_halves,
     write_members,
 )
+from rmq_semantics.unsent import UnsentHalves, answer_check
 
 __all__ = [
     "LocalTransactionState",
@@ -85,10 +86,8 @@ __all__ = [
     "TransactionSendResult",
 ]
 
-log = logging.getLogger(__name__)
 
-
-class TransactionProducer(CheckCounters):
+class TransactionProducer(CheckCounters, BatchTransactions):
     """RocketMQ's ``TransactionMQProducer`` on Kafka.
 
     ``conf`` is a confluent-kafka producer conf (bootstrap, security, tuning); it is copied,
@@ -129,9 +128,11 @@ class TransactionProducer(CheckCounters):
         self._half_partitions = half_partitions
         self._check_partitions = check_partitions
         self._send_timeout_s = send_timeout_s
+        # Checks of a half this producer has not seen land are answered here (issue 29).
+        self._unsent = UnsentHalves()
         self._checks = CheckResponder(
             self._conf, self.topics, producer_group, instance_id=self.instance_id,
-            ask=lambda check: ask_listener(self.listener, self.topics.half, check),
+            ask=lambda check: answer_check(self._unsent, self.topics.half, self._ask, check),
             reply=self._reply_check, threads=self.settings.check_threads,
             affinity=self.settings.check_affinity,
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
@@ -194,20 +195,24 @@ class TransactionProducer(CheckCounters):
         """
         self._require_started()
         self._validate([msg])
-        producer = self._call_producer()
+        producer, txn_ids = self._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
-            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
+            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER), \
+                    self._unsent.sending(txn_ids):
                 [(txn_id, waiter)] = write_halves(
                     producer, self.topics.half, self.producer_group,
-                    tracing.traced_messages([msg]), SignalledWaiter, self._checks.affinity())
+                    tracing.traced_messages([msg]), txn_ids, SignalledWaiter,
+                    self._checks.affinity())
                 tracing.name_transaction(txn_id)
                 try:
                     waiter.wait(producer, f"writing the half message of txn {txn_id}",
                                 self._send_timeout_s + DELIVERY_GRACE_S)
                 except RmqError as exc:  # never promoted, should it land anyway
+                    self._unsent.failed(txn_id)
                     roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
-                                        waiter, self._half_partitions_now, exc)
+                                        waiter.partition, self._half_partitions_now, exc)
                     raise
+                self._unsent.landed(txn_id)
             result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
             self._end_inline(result, state, producer)
         return result
@@ -220,11 +225,12 @@ class TransactionProducer(CheckCounters):
         ``execute_local_transaction`` runs once with a :class:`Transaction` view and one end
         request names the first (``half_offset``). An empty list, one over the bounds, a
         system topic or a partition its topic lacks raise before anything is written; a
-        message not written raises once a ROLLBACK went for what was, and the local
+        message not written raises once a ROLLBACK went (by member 0's offset, or by the
+        transaction id when member 0 was not written; the error says so), and the local
         transaction is not run.
         """
         self._require_started()
-        msgs, txn_id = list(messages), uuid.uuid4().hex
+        msgs, [txn_id] = list(messages), new_txn_ids(1)
         with tracing.span("send transaction", self.topics.half, "send", txn_id,
                           messages=len(msgs)):
             with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
@@ -237,7 +243,8 @@ class TransactionProducer(CheckCounters):
 
     def _write_members(self, msgs: list[Message], txn_id: str) -> list[SignalledWaiter]:
         """Write every member of one transaction and wait for them; if one was not written,
-        ROLLBACK what was (named by member 0, so it is dropped, not checked) and raise."""
+        ROLLBACK the transaction (by member 0, or by its id if member 0 was not written, so
+        what lands is dropped, not checked) and raise."""
         tracing.name_transaction(txn_id)
         headers = member_headers(tracing.traced_messages(msgs), txn_id,
                                  self.producer_group.encode(),
@@ -250,25 +257,40 @@ class TransactionProducer(CheckCounters):
         producer = self._call_producer()
         waiters: list[SignalledWaiter] = []
         deadline = time.monotonic() + self._send_timeout_s  # for all the members together
-        try:
-            write_members(producer, self.topics.half, partition, msgs, headers, waiters,
-                          SignalledWaiter)
-            _wait_members(producer, waiters, txn_id, deadline)
-        except (RmqError, BufferError):
-            self._roll_back_written(txn_id, _first_written(producer, waiters, txn_id, deadline),
-                                    len(msgs), producer)
-            raise
+        with self._unsent.sending([txn_id]):
+            try:
+                write_members(producer, self.topics.half, partition, msgs, headers, waiters,
+                              SignalledWaiter)
+                _wait_members(producer, waiters, txn_id, deadline)
+            except (RmqError, BufferError) as exc:
+                self._unsent.failed(txn_id)
+                if waiters:  # else nothing was queued: nothing can land
+                    self._roll_back_written(
+                        txn_id, _first_written(producer, waiters, txn_id, deadline), len(msgs),
+                        producer, partition, exc)
+                raise
+            self._unsent.landed(txn_id)
         return waiters
 
     def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
-                           producer: confluent_kafka.Producer) -> None:
-        """ROLLBACK a transaction whose members were not all written, named by member 0
-        (``first``; None when it was not written: nothing names the transaction then)."""
-        if first is not None:
-            rollback = LocalTransactionState.ROLLBACK_MESSAGE
-            self._end_inline(TransactionSendResult(txn_id, rollback, first.partition,
-                                                   first.offset, self.producer_group, count),
-                             rollback, producer)
+                           producer: confluent_kafka.Producer, partition: int,
+                           error: BaseException) -> None:
+        """ROLLBACK a transaction whose members were not all written: by member 0's offset
+        (``first``), or by its id on the half ``partition`` every member went to when member
+        0 was not written (a member that lands anyway is rolled back, never checked). The
+        caller's ``error`` says so."""
+        if first is None:
+            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
+                                partition, self._half_partitions_now, error)
+            return
+        rollback = LocalTransactionState.ROLLBACK_MESSAGE
+        with tracing.span("end transaction", self.topics.op, "send", txn_id,
+                          kind=SpanKind.PRODUCER, state=rollback.name):
+            sent = self._send_end(TransactionSendResult(txn_id, rollback, first.partition,
+                                                        first.offset, self.producer_group,
+                                                        count),
+                                  rollback, from_check=False, check_seq=0, producer=producer)
+        say_rolled_back(error, txn_id, sent)
 
     def _half_partitions_now(self) -> list[int]:
         return self._validate([]).partitions(self.topics.half, self._send_timeout_s)
@@ -276,38 +298,6 @@ class TransactionProducer(CheckCounters):
     def _call_producer(self) -> confluent_kafka.Producer:
         self._require_started()
         return self._call.get()
-
-    def send_messages_in_transaction(self, msgs: list[Message],
-                                     arg: Any = None) -> list[TransactionSendResult]:
-        """Like :meth:`send_message_in_transaction` for many messages, with the half writes
-        pipelined: each message is still its own transaction with its own local transaction
-        and decision. A message whose half write failed is not executed; its result has
-        ``half_offset == -1`` and ``ROLLBACK_MESSAGE``, and the error is logged. A message
-        for a system topic or a partition its topic lacks raises for the whole batch before
-        any half write (a caller's mistake, not a broker failure)."""
-        producer = self._require_started()
-        self._validate(msgs)
-        pending = write_halves(producer, self.topics.half, self.producer_group,
-                               tracing.traced_messages(msgs), affinity=self._checks.affinity())
-        _poll_until_delivered(producer, [w for _, w in pending],
-                              time.monotonic() + self._send_timeout_s + DELIVERY_GRACE_S)
-        results = []
-        ends = EndBatcher(producer, self.topics.op, self.producer_group)
-        for msg, (txn_id, waiter) in zip(msgs, pending, strict=True):
-            if waiter.delivered and waiter.error is None:
-                result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
-                results.append(result)
-                ends.add(result, state)
-                continue
-            reason = waiter.error.str() if waiter.error is not None else "timed out"
-            log.error("%s txn=%s: half message for %s not written (%s); local transaction "
-                      "not run", self.topics.half, txn_id, msg.topic, reason)
-            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id, waiter,
-                                self._half_partitions_now, RmqError(reason))
-            results.append(TransactionSendResult(txn_id, LocalTransactionState.ROLLBACK_MESSAGE,
-                                                 -1, -1, self.producer_group))
-        ends.flush()
-        return results
 
     def _validate(self, msgs: list[Message]) -> PartitionCache:
         """Refuse, before any half write, a message the coordinator could never promote:
@@ -350,18 +340,20 @@ class TransactionProducer(CheckCounters):
 
     def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
                   from_check: bool, check_seq: int,
-                  producer: confluent_kafka.Producer | None = None) -> None:
+                  producer: confluent_kafka.Producer | None = None) -> bool:
         """Queue an end request nobody waits for (after the local transaction ran, or a
-        check's answer): it never raises; a failure is logged, the back-check resolves it."""
+        check's answer): it never raises; a failure is logged (False), the back-check
+        resolves it."""
         producer = producer or self._require_started()
         request = end_request(result, state, producer_group=self.producer_group,
                               from_check=from_check, check_seq=check_seq)
-        queue_end(producer, self.topics.op, encode(request), result.half_partition,
-                  log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
-                                 f"{result.half_offset}", result.transaction_id, state),
-                  f"the {state.value} end request of txn {result.transaction_id}")
+        queued = queue_end(producer, self.topics.op, encode(request), result.half_partition,
+                           log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
+                                          f"{result.half_offset}", result.transaction_id, state),
+                           f"the {state.value} end request of txn {result.transaction_id}")
         if producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
+        return queued
 
     def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
                     producer: confluent_kafka.Producer) -> None:
@@ -378,21 +370,13 @@ class TransactionProducer(CheckCounters):
         return queued + self._call.flush(max(0.0, deadline - time.monotonic()))
 
     # -- back-checks (their counters: CheckCounters) -------------------------------------
+    def _ask(self, check: CheckRequest) -> LocalTransactionState:
+        return ask_listener(self.listener, self.topics.half, check)
+
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
         result = TransactionSendResult(check.txn_id, state, check.half_partition,
                                        check.half_offset, self.producer_group)
         self._send_end(result, state, from_check=True, check_seq=check.check_seq)
-
-
-def _poll_until_delivered(producer: confluent_kafka.Producer, waiters: list[DeliveryWaiter],
-                          deadline: float) -> None:
-    """Serve ``producer``'s delivery reports until every waiter has one, or ``deadline``."""
-    waiting = 0  # index of the first half write not known to be delivered
-    while waiting < len(waiters) and time.monotonic() < deadline:
-        if waiters[waiting].delivered:
-            waiting += 1
-        else:
-            producer.poll(0.01)
 
 
 def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
@@ -406,15 +390,12 @@ def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWai
 
 def _first_written(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
                    txn_id: str, deadline: float) -> SignalledWaiter | None:
-    """Member 0's waiter once it is known to be written; None if it was not (then nothing
-    names the transaction: a member that did land is checked, and its local transaction
-    never ran)."""
+    """Member 0's waiter once it is known to be written; None if it was not (then the
+    transaction is rolled back by its id)."""
     try:
         first = waiters[0]
         first.wait(producer, f"writing the first half message of txn {txn_id}",
                    max(0.0, deadline - time.monotonic()))
     except (IndexError, RmqError):
-        log.warning("txn=%s: its first half message was not written; no ROLLBACK sent",
-                    txn_id)
         return None
     return first

@@ -29,8 +29,9 @@ from rmq_semantics.transaction_api import (
 )
 
 __all__ = ["DELIVERY_GRACE_S", "END_BATCH_MAX", "END_FLUSH_S", "END_STATE", "EndBatcher",
-           "end_request", "half_write_conf", "local_outcome", "log_failed_end", "queue_end",
-           "roll_back_unwritten", "send_end_batches", "write_halves", "write_members"]
+           "end_request", "half_write_conf", "local_outcome", "log_failed_end", "new_txn_ids",
+           "queue_end", "roll_back_unwritten", "say_rolled_back", "send_end_batches",
+           "write_halves", "write_members"]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -123,15 +124,22 @@ def write_members(producer: confluent_kafka.Producer, half_topic: str, partition
         waiters.append(waiter)
 
 
+def new_txn_ids(count: int) -> list[str]:
+    return [uuid.uuid4().hex for _ in range(count)]
+
+
 def write_halves(producer: confluent_kafka.Producer, half_topic: str, producer_group: str,
-                 msgs: list[Message], new_waiter: Callable[[], DeliveryWaiter] = DeliveryWaiter,
-                 affinity: Headers = ()) -> list[tuple[str, DeliveryWaiter]]:
-    """Queue one half record per message, each its own transaction: (txn id, waiter)s."""
+                 msgs: list[Message], txn_ids: list[str],
+                 new_waiter: Callable[[], DeliveryWaiter] = DeliveryWaiter,
+                 affinity: Headers = (), out: list[tuple[str, DeliveryWaiter]] | None = None,
+                 ) -> list[tuple[str, DeliveryWaiter]]:
+    """Queue one half record per message, each its own transaction (of the id at its index
+    in ``txn_ids``): (txn id, waiter)s, appended to ``out`` as they are queued (so a full
+    local queue's BufferError leaves there what was queued before it)."""
     born = str(int(time.time() * 1000)).encode()
     group = producer_group.encode()
-    out = []
-    for msg in msgs:
-        txn_id = uuid.uuid4().hex
+    out = [] if out is None else out
+    for msg, txn_id in zip(msgs, txn_ids, strict=True):
         waiter = new_waiter()
         producer.produce(half_topic, msg.value, key=msg.key,
                          headers=half_headers(msg, txn_id, group, born, affinity),
@@ -223,15 +231,15 @@ def half_write_conf(conf: dict, send_timeout_s: float) -> dict:
 
 
 def roll_back_unwritten(producer: confluent_kafka.Producer, op_topic: str, group: str,
-                        txn_id: str, waiter: DeliveryWaiter,
+                        txn_id: str, partition: int,
                         half_partitions: Callable[[], list[int]], error: BaseException) -> None:
     """A half write reported failed: ROLLBACK its transaction by id (no half offset is known)
-    on the Op partition of the half partition it went to (of every one when there was no
-    report, as for a record still in flight), so should the record land anyway it is rolled
-    back, never checked or promoted; the caller's ``error`` says so. Never raises (a failure
-    is logged with the transaction id)."""
-    partitions = [waiter.partition]
-    if waiter.partition < 0:
+    on the Op partition of the half ``partition`` it went to (of every one when that is -1,
+    not known, as for a record still in flight), so should the record land anyway it is
+    rolled back, never checked or promoted; the caller's ``error`` says so. Never raises (a
+    failure is logged with the transaction id)."""
+    partitions = [partition]
+    if partition < 0:
         try:
             partitions = half_partitions()
         except RmqError as exc:
@@ -244,9 +252,16 @@ def roll_back_unwritten(producer: confluent_kafka.Producer, op_topic: str, group
         p, log_failed_end(f"txn={txn_id} (half write failed)", txn_id,
                           LocalTransactionState.ROLLBACK_MESSAGE),
         f"the ROLLBACK by id of txn {txn_id}")]
+    say_rolled_back(error, txn_id, bool(sent))
+
+
+def say_rolled_back(error: BaseException, txn_id: str, sent: bool) -> None:
+    """Log, and tell the caller in ``error``'s text, that a ROLLBACK of ``txn_id`` went (or
+    could not be queued) for its half write reported failed."""
     note = (f"; a ROLLBACK of txn {txn_id} was sent, so the half message is never promoted "
             f"should it land" if sent else f"; the ROLLBACK of txn {txn_id} could not be "
-            f"queued: should the half message land, its back-check decides")
+            f"queued: should the half message land, this producer answers its checks "
+            f"ROLLBACK while it runs")
     log.warning("txn=%s: half write failed (%s)%s", txn_id, error, note)
     if error.args and isinstance(error.args[0], str):
         error.args = (error.args[0] + note, *error.args[1:])

@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import logging
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,14 +41,13 @@ from rmq_semantics.transaction_api import (
 from rmq_semantics.txn_writes import (
     DELIVERY_GRACE_S,
     local_outcome,
+    new_txn_ids,
     roll_back_unwritten,
     write_halves,
     write_members,
 )
 
 __all__ = ["AsyncTransactionProducer"]
-
-log = logging.getLogger(__name__)
 
 
 class AsyncTransactionProducer:
@@ -164,22 +161,27 @@ class AsyncTransactionProducer:
         loop = self._require_started()
         core = self._core
         await self._validate([msg])
-        producer = core._call_producer()
+        producer, txn_ids = core._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
-            with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
+            # In flight until this coroutine has the report (a stalled loop included): the
+            # producer answers its checks UNKNOW meanwhile, never the listener (issue 29).
+            with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER), \
+                    core._unsent.sending(txn_ids):
                 [(txn_id, waiter)] = write_halves(
                     producer, core.topics.half, core.producer_group,
-                    tracing.traced_messages([msg]), functools.partial(LoopDeliveryWaiter, loop),
-                    core._checks.affinity())
+                    tracing.traced_messages([msg]), txn_ids,
+                    functools.partial(LoopDeliveryWaiter, loop), core._checks.affinity())
                 tracing.name_transaction(txn_id)
                 try:
                     await waiter.delivered_within(f"writing the half message of txn {txn_id}",
                                                   core._send_timeout_s + DELIVERY_GRACE_S)
                 except RmqError as exc:  # never promoted, should it land anyway
+                    core._unsent.failed(txn_id)
                     await run_blocking(self._executor, roll_back_unwritten, producer,
-                                       core.topics.op, core.producer_group, txn_id, waiter,
-                                       core._half_partitions_now, exc)
+                                       core.topics.op, core.producer_group, txn_id,
+                                       waiter.partition, core._half_partitions_now, exc)
                     raise
+                core._unsent.landed(txn_id)
             result, state = await self._execute_local(listener_message(msg, txn_id), arg,
                                                       waiter)
             core._end_inline(result, state, producer)
@@ -191,7 +193,7 @@ class AsyncTransactionProducer:
         :meth:`TransactionProducer.send_transaction`, with the same bounds and errors."""
         loop = self._require_started()
         core = self._core
-        msgs, txn_id = list(messages), uuid.uuid4().hex
+        msgs, [txn_id] = list(messages), new_txn_ids(1)
         with tracing.span("send transaction", core.topics.half, "send", txn_id,
                           messages=len(msgs)):
             with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
@@ -219,17 +221,22 @@ class AsyncTransactionProducer:
         producer = core._call_producer()
         waiters: list[LoopDeliveryWaiter] = []
         deadline = time.monotonic() + core._send_timeout_s  # for all the members together
-        try:
-            write_members(producer, core.topics.half, partition, msgs, headers, waiters,
-                          functools.partial(LoopDeliveryWaiter, loop))
-            for index, waiter in enumerate(waiters):
-                await waiter.delivered_within(
-                    f"writing the half message {index} of {len(waiters)} of txn {txn_id}",
-                    deadline - time.monotonic())
-        except (RmqError, BufferError):
-            core._roll_back_written(txn_id, await _first_written(waiters, txn_id, deadline),
-                                    len(msgs), producer)
-            raise
+        with core._unsent.sending([txn_id]):
+            try:
+                write_members(producer, core.topics.half, partition, msgs, headers, waiters,
+                              functools.partial(LoopDeliveryWaiter, loop))
+                for index, waiter in enumerate(waiters):
+                    await waiter.delivered_within(
+                        f"writing the half message {index} of {len(waiters)} of txn {txn_id}",
+                        deadline - time.monotonic())
+            except (RmqError, BufferError) as exc:
+                core._unsent.failed(txn_id)
+                if waiters:  # else nothing was queued: nothing can land
+                    first = await _first_written(waiters, txn_id, deadline)
+                    await run_blocking(self._executor, core._roll_back_written, txn_id, first,
+                                       len(msgs), producer, partition, exc)
+                raise
+            core._unsent.landed(txn_id)
         return waiters
 
     async def _validate(self, msgs: list[Message]) -> None:
@@ -284,16 +291,20 @@ class AsyncTransactionProducer:
         """Back-checks answered UNKNOW because the listener ran past ``check_timeout_ms``."""
         return self._core.checks_timed_out
 
+    @property
+    def failed_send_ids_dropped(self) -> int:
+        """As :attr:`TransactionProducer.failed_send_ids_dropped`."""
+        return self._core.failed_send_ids_dropped
+
 
 async def _first_written(waiters: list[LoopDeliveryWaiter], txn_id: str,
                          deadline: float) -> LoopDeliveryWaiter | None:
-    """Member 0's waiter once it is known to be written (until ``deadline``); None if not."""
+    """Member 0's waiter once it is known to be written (until ``deadline``); None if not
+    (then the transaction is rolled back by its id)."""
     try:
         first = waiters[0]
         await first.delivered_within(f"writing the first half message of txn {txn_id}",
                                      deadline - time.monotonic())
     except (IndexError, RmqError):
-        log.warning("txn=%s: its first half message was not written; no ROLLBACK sent",
-                    txn_id)
         return None
     return first
