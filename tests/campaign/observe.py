@@ -85,14 +85,15 @@ class Watcher(threading.Thread):
         self.rec, self.wanted, self.producers = rec, wanted, producers
         self.leaders = LeaderTracker()
         self.up: dict[str, bool] = {}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
-        self.join(ADMIN_TIMEOUT_S * 2)
+        self._halt.set()
+        if self.is_alive():
+            self.join(ADMIN_TIMEOUT_S * 2)
 
     def run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._halt.wait(POLL_S):
             self.poll_groups()
             self.poll_leaders()
 
@@ -114,20 +115,27 @@ class Watcher(threading.Thread):
                 self.rec.emit(ev.group_state(group, up))
 
 
-def lock_drafts(entries: Iterable[LockEntry]) -> list[Draft]:
-    """LockEntry records in topic order as lock_grant / lock_release events; a grant to
-    another holder than the previous one of the queue is also a lock_takeover."""
+def lock_drafts(entries: Iterable[LockEntry], since_ms: int = 0,
+                until_ms: int | None = None) -> list[Draft]:
+    """LockEntry records in topic order as lock_grant / lock_release events. A grant to
+    another holder while the queue's last entry was still HELD by the previous one (its
+    lease lapsed: no release, no handover) within ``[since_ms, until_ms)`` is also a
+    lock_takeover."""
     drafts: list[Draft] = []
-    holder: dict[str, str] = {}
+    last: dict[str, LockEntry] = {}
     for e in entries:
         queue = str(e.key)
+        before = last.get(queue)
+        last[queue] = e
         if e.state is LockState.HELD:
             drafts.append(ev.lock_grant(queue, e.client_id, e.epoch, e.updated_at_ms,
                                         e.expires_at_ms))
-            if holder.get(queue) not in (None, e.client_id):
+            if (before is not None and before.state is LockState.HELD
+                    and before.client_id != e.client_id and since_ms <= e.updated_at_ms
+                    and (until_ms is None or e.updated_at_ms < until_ms)):
                 drafts.append(ev.observed(Kind.LOCK_TAKEOVER, detail=f"{queue}: "
-                                          f"{holder[queue]} -> {e.client_id} (epoch {e.epoch})"))
-            holder[queue] = e.client_id
+                                          f"{before.client_id} -> {e.client_id} (epoch "
+                                          f"{e.epoch})"))
         elif e.state is LockState.RELEASED:
             drafts.append(ev.lock_release(queue, e.client_id, e.epoch, e.updated_at_ms))
     return drafts
@@ -180,16 +188,18 @@ def log_time_ms(line: str) -> int | None:
     return int(when.timestamp() * 1000) + int(m.group(2))
 
 
-def log_drafts(logs: dict[str, Path], since_ms: int) -> list[Draft]:
+def log_drafts(logs: dict[str, Path], since_ms: int,
+               until_ms: int | None = None) -> list[Draft]:
     """Rebalance lines (coordinators) and fenced-producer lines (any process) of each log
-    since ``since_ms``."""
+    within ``[since_ms, until_ms)`` (the load and its aftermath, not the start or the
+    harness stopping the coordinators)."""
     drafts: list[Draft] = []
     for name, path in sorted(logs.items()):
         if not path.exists():
             continue
         for line in path.read_text(errors="replace").splitlines():
             at = log_time_ms(line)
-            if at is None or at < since_ms:
+            if at is None or at < since_ms or (until_ms is not None and at >= until_ms):
                 continue
             if REBALANCE_LINE.search(line):
                 drafts.append(ev.observed(Kind.REBALANCE, detail=f"{name}: {line[24:200]}"))

@@ -176,9 +176,11 @@ class Worker:
         reason = barrier_reason(self.db, txn_id)
         if reason == "msg":
             self.rec.emit(ev.local_committed(txn_id, self.group, db=self.db.name, row=reason))
-        elif reason is not None:
+        elif reason is not None or state is LocalTransactionState.ROLLBACK_MESSAGE:
+            # A rolled-back local transaction may leave no barrier row (its insert rolled
+            # back with it); the check then writes one.
             self.rec.emit(ev.local_rolled_back(txn_id, self.group, db=self.db.name,
-                                               row=reason))
+                                               row=reason or "none"))
 
     def checked(self, msg: Any, state: LocalTransactionState) -> None:
         answer = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK"}.get(state.name,

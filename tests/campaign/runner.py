@@ -108,6 +108,7 @@ class Campaign:
         self.notes: list[str] = []
         self.exited: set[str] = set()
         self.load_started_ms = 0
+        self.stopping_ms: int | None = None  # the coordinators are being stopped from here
         self.txn_tools: tuple[str | None, str | None, dict[int, str], str] | None = None
 
     # -- phases ---------------------------------------------------------------------------
@@ -331,6 +332,7 @@ class Campaign:
         assert self.targets is not None and self.cluster is not None
         self.watch_exits()
         self.phase("coordinators stop")
+        self.stopping_ms = time.time_ns() // 1_000_000
         for c in self.targets.coordinators:
             c.stop()
         self.phase("kafka transactions")
@@ -356,8 +358,9 @@ class Campaign:
             entries, skipped = observe.read_lock_topic(cfg.bootstrap, f"{cfg.topic_prefix}_lock")
             self.notes += [f"lock topic: {s}" for s in skipped[:5]]
             logs = {p.stem: p for p in sorted((self.out / "logs").glob("*.log"))}
-            for draft in [*observe.lock_drafts(entries),
-                          *observe.log_drafts(logs, self.load_started_ms),
+            window = (self.load_started_ms, self.stopping_ms)
+            for draft in [*observe.lock_drafts(entries, *window),
+                          *observe.log_drafts(logs, *window),
                           *gather.committed_drafts(gather.committed(self.out / "db")),
                           *gather.final_read_drafts(reads), *dead]:
                 out.emit(draft)
@@ -386,6 +389,7 @@ class Campaign:
             self.stop_coordinators(cfg)
             if self.watcher is not None:
                 self.watcher.stop()
+                self.watcher = None  # its AdminClient goes before the cluster does
             self.record_end(cfg, reads, dead)
             results = self.check(cfg, minimums)
         except Exception as exc:  # a phase failed: the run fails with its reason
@@ -432,16 +436,21 @@ class Campaign:
                               "nemesis", [v for p in parts for v in p.violations]).print()
 
     def teardown(self) -> None:
-        """Stop whatever is still running, by pid; the owned cluster last."""
-        if self.watcher is not None and self.watcher.is_alive():
-            self.watcher.stop()
+        """Stop whatever is still running, by pid; the owned cluster last. A step that
+        fails is logged and the next one still runs."""
+        steps: list = []
+        if self.watcher is not None:
+            steps.append(self.watcher.stop)
         if self.targets is not None:
-            for w in self.targets.workers():
-                w.stop(10)
-            for c in self.targets.coordinators:
-                c.stop(20)
+            steps += [lambda w=w: w.stop(10) for w in self.targets.workers()]
+            steps += [lambda c=c: c.stop(20) for c in self.targets.coordinators]
         if self.cluster is not None and self.owns_cluster:
-            self.cluster.stop(kill=False)
+            steps.append(lambda: self.cluster.stop(kill=False))  # type: ignore[union-attr]
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("campaign: a teardown step failed")
         self.rec.close()
 
     def report(self, results: list[CheckResult], elapsed_s: float) -> int:

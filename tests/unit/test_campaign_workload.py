@@ -80,12 +80,15 @@ def test_lock_topic_entries_become_grants_releases_and_takeovers():
     renewed = LockEntry(key, LockState.HELD, "c1", 1, 6000, 1000, 9000, 3000)
     taken = LockEntry(key, LockState.HELD, "c2", 2, 6000, 9500, 15500, 9500)
     released = LockEntry(key, LockState.RELEASED, "c2", 2, 6000, 9500, 12000, 12000)
-    drafts = lock_drafts([held, renewed, taken, released])
+    handed = LockEntry(key, LockState.HELD, "c1", 3, 6000, 12500, 18500, 12500)
+    drafts = lock_drafts([held, renewed, taken, released, handed])
     assert [d.kind for d in drafts] == [Kind.LOCK_GRANT, Kind.LOCK_GRANT, Kind.LOCK_GRANT,
-                                        Kind.LOCK_TAKEOVER, Kind.LOCK_RELEASE]
+                                        Kind.LOCK_TAKEOVER, Kind.LOCK_RELEASE, Kind.LOCK_GRANT]
     assert drafts[1].fields["granted_ms"] == 3000 and drafts[1].fields["valid_until_ms"] == 9000
     assert drafts[2].fields["queue"] == "g/t/0" and drafts[2].fields["epoch"] == 2
     assert "c1 -> c2" in drafts[3].fields["detail"]
+    # A takeover outside the load (the start, the harness stopping things) is not counted.
+    assert Kind.LOCK_TAKEOVER not in [d.kind for d in lock_drafts([held, taken], 10_000)]
 
 
 def test_log_lines_since_the_load_count_as_rebalances_and_fenced_producers(tmp_path):
@@ -101,6 +104,9 @@ def test_log_lines_since_the_load_count_as_rebalances_and_fenced_producers(tmp_p
     since = log_time_ms("2030-01-01 00:00:30,000 x")
     kinds = [d.kind for d in log_drafts({"coordinator-0": path}, since)]
     assert kinds == [Kind.REBALANCE, Kind.FENCED_PRODUCER]
+    until = log_time_ms("2030-01-01 00:01:00,500 x")
+    assert [d.kind for d in log_drafts({"coordinator-0": path}, since, until)] == [
+        Kind.REBALANCE]
 
 
 def test_orderly_batches_are_written_once_their_commit_or_skip_is_known(tmp_path):
