@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tests.campaign.consumer_checks import check_locks, check_orderly, check_push
@@ -245,15 +245,19 @@ def check_settled(pending: str | Iterable[Any] | None, discarded: str | Iterable
 
 def check_kafka_transactions(find_hanging: Mapping[Any, str], txn_list: str, *,
                              txn_id_prefix: str | None = None,
+                             topic_prefixes: Sequence[str] | None = None,
                              echo: bool = True) -> CheckResult:
     """Kafka's TransactionsCommand: ``find-hanging`` (text per broker) finds nothing, and
     ``list`` shows no transaction in an open state (OPEN_STATES) once the coordinators
-    stopped; ``txn_id_prefix`` limits ``list`` to those transactional ids."""
+    stopped; ``txn_id_prefix`` limits ``list`` to those transactional ids, ``topic_prefixes``
+    ``find-hanging`` to the topics named so (a cluster other runs share)."""
     violations: list[Violation] = []
     hanging = listed = 0
     try:
         for broker, text in find_hanging.items():
             for h in parse_find_hanging(text):
+                if topic_prefixes is not None and not h.topic.startswith(tuple(topic_prefixes)):
+                    continue
                 hanging += 1
                 violations.append(Violation("hanging", f"broker {broker}: producer "
                                             f"{h.producer_id} epoch {h.producer_epoch} hangs "
@@ -341,12 +345,15 @@ def run_all(history: History, *, horizon_s: float, minimums: Mapping[str, int],
             pending: str | Iterable[Any] | None = None,
             discarded: str | Iterable[Any] | None = None,
             find_hanging: Mapping[Any, str] | None = None, txn_list: str | None = None,
-            txn_id_prefix: str | None = None, spark_rows: Iterable[Mapping[str, Any]] | None
-            = None, topics: Iterable[str] | None = None,
+            txn_id_prefix: str | None = None, topic_prefixes: Sequence[str] | None = None,
+            spark_rows: Iterable[Mapping[str, Any]] | None = None,
+            topics: Iterable[str] | None = None,
+            dead_letter_expected: Callable[[str], bool] | None = None,
             echo: bool = True) -> list[CheckResult]:
     """Every checker whose input is there: the history ones always; ``settled`` with
     pending/discarded; ``kafka_transactions`` with find_hanging and txn_list; ``spark``
-    with spark_rows or spark_row events."""
+    with spark_rows or spark_row events. ``topic_prefixes`` and ``dead_letter_expected``
+    go to check_kafka_transactions and check_push."""
     topics = None if topics is None else list(topics)
     results = [check_history(history, echo=echo),
                check_exactly_once(history, topics=topics, echo=echo),
@@ -355,11 +362,12 @@ def run_all(history: History, *, horizon_s: float, minimums: Mapping[str, int],
         results.append(check_settled(pending, discarded, echo=echo))
     if find_hanging is not None and txn_list is not None:
         results.append(check_kafka_transactions(find_hanging, txn_list,
-                                                txn_id_prefix=txn_id_prefix, echo=echo))
+                                                txn_id_prefix=txn_id_prefix,
+                                                topic_prefixes=topic_prefixes, echo=echo))
     results.append(check_coordinator_exits(history, echo=echo))
     results.append(check_orderly(history, echo=echo))
     results.append(check_locks(history, echo=echo))
-    results.append(check_push(history, echo=echo))
+    results.append(check_push(history, dead_letter_expected=dead_letter_expected, echo=echo))
     if spark_rows is not None or history.of(Kind.SPARK_ROW):
         results.append(check_spark(history, spark_rows, topics=topics, echo=echo))
     results.append(check_faults_took_effect(history, minimums, echo=echo))

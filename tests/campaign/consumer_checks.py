@@ -7,7 +7,9 @@ to one (queue, consumer, epoch), cut at its release.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.campaign.history import Event, History, Kind
@@ -24,12 +26,16 @@ def _done(result: CheckResult, echo: bool) -> CheckResult:
 
 
 def _groups(history: History, consumer: str) -> dict[str, tuple[set[str], str]]:
-    """Per group of this consumer class: its topics and its mode (subscribe events, else
-    the topics it consumed from; mode 'partition' unless subscribed in 'key' mode)."""
+    """Per group of this consumer class: its topics and its mode (subscribe events, a
+    pattern matching the final-read topics, else the topics it consumed from; mode
+    'partition' unless subscribed in 'key' mode)."""
     out: dict[str, tuple[set[str], str]] = {}
+    read_topics = {e["topic"] for e in history.of(Kind.FINAL_READ)}
     for e in history.of(Kind.SUBSCRIBE):
         if e["consumer"] == consumer:
             topics, mode = out.get(e["group"], (set(), "partition"))
+            if e.get("pattern"):
+                topics = topics | {t for t in read_topics if re.match(e["pattern"], t)}
             out[e["group"]] = (topics | set(e["topics"]), e.get("mode", mode))
     for e in history.of(Kind.CONSUMED):
         if e["consumer"] == consumer and e["group"] not in out:
@@ -226,10 +232,12 @@ def check_locks(history: History, *, echo: bool = True) -> CheckResult:
         f"{len(spans)} queues", violations), echo)
 
 
-def check_push(history: History, *, echo: bool = True) -> CheckResult:
+def check_push(history: History, *, dead_letter_expected: Callable[[str], bool] | None = None,
+               echo: bool = True) -> CheckResult:
     """Every record of a push group's topics in the final read was processed successfully
     at least once or dead-lettered; every retry was consumed again or dead-lettered; no
-    record outside the final read was processed."""
+    record outside the final read was processed. ``dead_letter_expected(msg_id)``: the
+    listener's plan; then exactly the planned messages are dead letters."""
     final, _ = _final(history)
     violations: list[Violation] = []
     n_records = n_retries = n_dead = 0
@@ -246,6 +254,8 @@ def check_push(history: History, *, echo: bool = True) -> CheckResult:
                 violations.append(Violation("lost", f"group {group}: msg {msg_id} at {e.where}"
                                             " was never processed nor dead-lettered",
                                             {"group": group, "msg_id": msg_id}))
+        if dead_letter_expected is not None:
+            violations += _dead_letter_violations(group, expected, dead, dead_letter_expected)
         for e in consumed:
             if e["msg_id"] not in expected:
                 violations.append(Violation("phantom", f"group {group}: processed msg "
@@ -265,3 +275,15 @@ def check_push(history: History, *, echo: bool = True) -> CheckResult:
     return _done(CheckResult.of(
         "push", f"{n_records} records, {n_retries} retries, {n_dead} dead letters",
         violations), echo)
+
+
+def _dead_letter_violations(group: str, expected: dict[str, Event], dead: dict[str, Event],
+                            planned: Callable[[str], bool]) -> list[Violation]:
+    """The dead letters are exactly the visible messages the listener always fails."""
+    out = [Violation("unexpected_dead_letter", f"group {group}: msg {m} is a dead letter but "
+                     "its listener succeeds on a retry", {"group": group, "msg_id": m})
+           for m in sorted(dead) if not planned(m)]
+    out += [Violation("missing_dead_letter", f"group {group}: msg {m} at {e.where} always "
+                      "fails but is not on the DLQ", {"group": group, "msg_id": m})
+            for m, e in sorted(expected.items()) if planned(m) and m not in dead]
+    return out

@@ -13,8 +13,9 @@ from tests.campaign.history import Draft, Intent, Kind
 
 __all__ = ["batch", "check_answered", "committed_row", "consumed", "dlq", "exit_", "fault",
            "final_read", "group_state", "local_committed", "local_rolled_back", "lock_grant",
-           "lock_release", "observed", "push_retry", "run", "send", "send_failed", "spark_row",
-           "subscribe"]
+           "lock_release", "note", "observed", "orderly_event", "push_retry", "run", "send",
+           "send_failed", "sent", "spark_row", "status", "subscribe", "topic_created",
+           "worker"]
 
 
 def send(txn_id: str, group: str, topics: Sequence[str], msg_ids: Sequence[str],
@@ -66,11 +67,13 @@ def committed_row(txn_id: str, msg_id: str, topic: str, *, key: str | None = Non
 
 
 def subscribe(consumer: str, group: str, instance: str, topics: Sequence[str], *,
-              mode: str | None = None) -> Draft:
+              mode: str | None = None, pattern: str | None = None) -> Draft:
+    """``pattern``: a regex subscription (librdkafka's ``^...``); the group's topics are
+    then every final-read topic it matches, besides ``topics``."""
     if mode not in (None, "partition", "key"):
         raise ValueError(f"mode must be 'partition' or 'key', got {mode!r}")
     return Draft(Kind.SUBSCRIBE, {"consumer": consumer, "group": group, "instance": instance,
-                                  "topics": list(topics), "mode": mode})
+                                  "topics": list(topics), "mode": mode, "pattern": pattern})
 
 
 def consumed(consumer: str, group: str, instance: str, topic: str, partition: int, offset: int,
@@ -163,3 +166,42 @@ def run(phase: str, *, seed: int | None = None,
         params: Mapping[str, object] | None = None) -> Draft:
     return Draft(Kind.RUN, {"phase": phase, "seed": seed,
                             "params": None if params is None else dict(params)})
+
+
+# -- what the workload records besides (diagnostics) ----------------------------------------
+def worker(state: str, *, role: str | None = None, group: str | None = None,
+           api: str | None = None) -> Draft:
+    """A worker process's life: ``start``, ``ready``, ``drained`` or ``stopped``."""
+    if state not in ("start", "ready", "drained", "stopped"):
+        raise ValueError(f"state must be start, ready, drained or stopped, got {state!r}")
+    return Draft(Kind.WORKER, {"state": state, "role": role, "group": group, "api": api})
+
+
+def topic_created(topic: str, *, partitions: int | None = None) -> Draft:
+    return Draft(Kind.TOPIC_CREATED, {"topic": topic, "partitions": partitions})
+
+
+def sent(txn_id: str, group: str, state: str, *, half: str | None = None) -> Draft:
+    """What a transactional send returned: the local transaction's state."""
+    return Draft(Kind.SENT, {"txn_id": txn_id, "group": group, "state": state, "half": half})
+
+
+def orderly_event(event: str, instance: str, group: str, **fields: object) -> Draft:
+    """One OrderlyConsumer protocol event (its log record's ``rmq_event`` and fields)."""
+    clash = {"event", "instance", "group"} & set(fields)
+    if clash:
+        raise ValueError(f"orderly_event fields may not repeat {sorted(clash)}")
+    return Draft(Kind.ORDERLY_EVENT, {"event": event, "instance": instance, "group": group,
+                                      **fields})
+
+
+def status(instance: str, *, queues: Sequence[Mapping[str, object]] | None = None,
+           counts: Mapping[str, object] | None = None) -> Draft:
+    return Draft(Kind.STATUS, {"instance": instance,
+                               "queues": None if queues is None else [dict(q) for q in queues],
+                               "counts": None if counts is None else dict(counts)})
+
+
+def note(what: str, **detail: object) -> Draft:
+    """A remark of the harness (a phase, a retry, what was still missing)."""
+    return Draft(Kind.NOTE, {"what": what, **detail})

@@ -2,8 +2,9 @@
 
 - Every promoted topic read ``read_committed`` by Apache Kafka's own Java client: kafka-tools'
   ``ConsoleConsumer`` (``org.apache.kafka.tools.consumer.ConsoleConsumer``), resolved from
-  Maven Central once into the jar cache by ``docker/kafka/tools-pom.xml`` (the tools the
-  Kafka image carries), printing partition, offset, headers and value of each record.
+  Maven Central once into the jar cache by ``docker/kafka/tools-pom.xml``
+  (txn_tools.kafka_tools_classpath, as TransactionsCommand), printing partition, offset,
+  headers and value of each record.
 - ``rmq-semantics txn pending`` and ``txn discarded``, the operator's view of what the
   coordinators left undecided or set aside.
 
@@ -20,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmq_semantics.embedded import cache_dir, java_executable, resolve_maven_jars
+from rmq_semantics.embedded import java_executable
+from tests.campaign.txn_tools import kafka_tools_classpath
 from tests.campaign.workload import parse_body
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS_POM = REPO / "docker" / "kafka" / "tools-pom.xml"
 TOOLS_LOG4J = REPO / "docker" / "kafka" / "tools-log4j2.properties"
 CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 # The console consumer exits once no record came for this long (it first joins a group).
@@ -37,16 +38,6 @@ PARALLEL_READS = 3
 CLI_TIMEOUT_S = 120.0
 FIELD_SEPARATOR = "\t"
 HEADER_SEPARATOR = "\x1f"  # never inside a header of ours (ASCII unit separator)
-
-
-def tools_classpath() -> str:
-    """kafka-tools and its dependencies (resolved once, like the embedded broker's jars)."""
-    version = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", TOOLS_POM.read_text())
-    if version is None:
-        raise RuntimeError(f"{TOOLS_POM} does not pin <kafka.version>")
-    libs = resolve_maven_jars(TOOLS_POM, cache_dir() / f"kafka-tools-{version.group(1)}" / "libs",
-                              f"kafka-tools {version.group(1)}")
-    return str(libs / "*")
 
 
 @dataclass(frozen=True)
@@ -123,7 +114,7 @@ def read_topics(bootstrap: str, topics: list[str], out_dir: Path,
     with a longer wait, so a slow join is not taken for lost records; what the second read
     shows counts."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    classpath = tools_classpath()
+    classpath = kafka_tools_classpath()
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
         reads = list(pool.map(lambda t: read_topic(bootstrap, t, out_dir, classpath), topics))
         again = [i for i, r in enumerate(reads) if len(r.records) != expected.get(r.topic, 0)]
@@ -145,21 +136,18 @@ def table_rows(table: str) -> list[list[str]]:
             for line in table.splitlines() if "│" in line]
 
 
-def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tuple[list[dict],
+def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tuple[str | None,
                                                                                  str]:
-    """``rmq-semantics txn pending|discarded``: (rows, error line or "")."""
+    """``rmq-semantics txn pending|discarded``: (its table as printed, or None; an error
+    line or "")."""
     cmd = [sys.executable, "-m", "rmq_semantics", "txn", action, "--bootstrap-servers",
            bootstrap, "--topic-prefix", prefix]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
                               cwd=REPO)
     except subprocess.TimeoutExpired:
-        return [], f"txn {action}: no answer within {CLI_TIMEOUT_S:.0f} s"
+        return None, f"txn {action}: no answer within {CLI_TIMEOUT_S:.0f} s"
     (out_dir / f"txn-{action}.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        return [], f"txn {action} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
-    names = (["txn_id", "real_topic", "producer_group", "age_s", "checks", "answered", "half"]
-             if action == "pending" else
-             ["txn_id", "real_topic", "producer_group", "checks", "reason", "age_s", "half",
-              "members"])
-    return [dict(zip(names, row, strict=False)) for row in table_rows(proc.stdout)], ""
+        return None, f"txn {action} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    return proc.stdout, ""

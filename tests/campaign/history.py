@@ -32,7 +32,8 @@ producer side
                     read from the local databases at the end of the run
 consumer side
   ``subscribe``     consumer ("orderly" | "push" | "spark"), group, instance, topics[], mode?
-                    ("partition" | "key", orderly only)
+                    ("partition" | "key", orderly only), pattern? (a regex subscription:
+                    the group's topics are then every final-read topic it matches, too)
   ``consumed``      consumer, group, instance, topic, partition, offset, key?, msg_id,
                     result? ("SUCCESS" default | "RECONSUME_LATER" | "SUSPEND"); key is the
                     ordering key (the rmq.message_group header, else the record key)
@@ -55,6 +56,16 @@ faults, processes, cluster
   ``leader_change`` / ``lock_takeover`` / ``rebalance`` / ``fenced_producer``
                     count (default 1), detail?
   ``run``           phase ("start" | "settled" | "end"), seed?, params{}?
+what the workload records besides (diagnostics; no checker needs them)
+  ``worker``        state ("start" | "ready" | "drained" | "stopped"), role?, group?, api?:
+                    a worker process's life; the runner waits on ready and drained
+  ``topic_created`` topic, partitions?: a producer created a topic mid-run (used at once)
+  ``sent``          txn_id, group, state, half?: what ``send_*`` returned (the local state)
+  ``orderly_event`` event ("lock_granted" | "lock_lost" | "committed" | "commit_skipped" |
+                    "dlq"), instance, group, topic?, partition?, offset?, epoch?, reason?:
+                    the OrderlyConsumer's protocol events (its log records with rmq_event)
+  ``status``        instance, queues[]? | counts{}?: a consumer's public status() each second
+  ``note``          what, detail?: the harness's phases and remarks
 
 Build events with the typed constructors of :mod:`tests.campaign.events` and append them with
 ``Recorder.emit``; ``Recorder.record(kind, **fields)`` is the untyped spelling.
@@ -106,6 +117,12 @@ class Kind(StrEnum):
     REBALANCE = "rebalance"
     FENCED_PRODUCER = "fenced_producer"
     RUN = "run"
+    WORKER = "worker"
+    TOPIC_CREATED = "topic_created"
+    SENT = "sent"
+    ORDERLY_EVENT = "orderly_event"
+    STATUS = "status"
+    NOTE = "note"
 
 
 class Intent(StrEnum):
@@ -144,6 +161,12 @@ REQUIRED: dict[Kind, tuple[str, ...]] = {
     Kind.REBALANCE: (),
     Kind.FENCED_PRODUCER: (),
     Kind.RUN: ("phase",),
+    Kind.WORKER: ("state",),
+    Kind.TOPIC_CREATED: ("topic",),
+    Kind.SENT: ("txn_id", "group", "state"),
+    Kind.ORDERLY_EVENT: ("event", "instance", "group"),
+    Kind.STATUS: ("instance",),
+    Kind.NOTE: ("what",),
 }
 COMMON = ("kind", "wall_ms", "mono_s", "proc", "pid", "seq")
 

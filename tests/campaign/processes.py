@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
@@ -19,6 +20,21 @@ from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 REPO = Path(__file__).resolve().parents[2]
 STOP_TIMEOUT_S = 45.0
 REAP_TIMEOUT_S = 10.0
+
+
+class Ended(NamedTuple):
+    """One incarnation's end: its exit code, whether it was killed on purpose (``kill()``:
+    the nemesis) or stopped by the harness (``stop()``), and when (time.monotonic())."""
+
+    code: int | None
+    killed: bool
+    stopped: bool
+    mono_s: float
+
+
+def note_end(ended: list[Ended], code: int | None, *, killed: bool = False,
+             stopped: bool = False) -> None:
+    ended.append(Ended(code, killed, stopped, time.monotonic()))
 
 
 class WorkerProcess:
@@ -36,6 +52,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.exits: list[int] = []  # exit codes of earlier incarnations
+        self.ended: list[Ended] = []  # how each incarnation ended (the runner's exit events)
         # Killed on purpose (the nemesis) and not restarted yet: its exit is no failure.
         self.expected_down = False
 
@@ -76,6 +93,7 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(REAP_TIMEOUT_S)
+            note_end(self.ended, self.proc.returncode, killed=True)
         return self.proc.returncode
 
     def restart(self, env: Mapping[str, str] | None = None) -> WorkerProcess:
@@ -83,6 +101,8 @@ class WorkerProcess:
             self.kill()
         if self.proc is not None and self.proc.returncode is not None:
             self.exits.append(self.proc.returncode)
+            if not self.expected_down:  # it had exited on its own
+                note_end(self.ended, self.proc.returncode)
         return self.start(env)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
@@ -90,7 +110,7 @@ class WorkerProcess:
         ``timeout_s``; returns the exit code."""
         if self.proc is None:
             return None
-        self.expected_down = True
+        was_down, self.expected_down = self.expected_down, True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
@@ -99,6 +119,9 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(REAP_TIMEOUT_S)
+            note_end(self.ended, self.proc.returncode, stopped=True)
+        elif not was_down:  # it had exited on its own before the harness stopped it
+            note_end(self.ended, self.proc.returncode)
         return self.proc.returncode
 
 
@@ -115,6 +138,7 @@ class Coordinator:
         self.process: CoordinatorProcess | None = None
         self.starts = 0
         self.exits: list[int | None] = []
+        self.ended: list[Ended] = []
         self.expected_down = False
 
     def start(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Coordinator:
@@ -149,22 +173,33 @@ class Coordinator:
         if self.process is None:
             return None
         self.expected_down = True
-        return self.process.kill()
+        if not self.alive():
+            return self.process.poll()
+        code = self.process.kill()
+        note_end(self.ended, code, killed=True)
+        return code
 
     def restart(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Coordinator:
         if self.process is not None:
             if self.alive():
-                self.process.kill()
+                self.kill()
+            elif not self.expected_down:  # it had exited on its own
+                note_end(self.ended, self.process.poll())
             self.exits.append(self.process.poll())
         return self.start(env, wait)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         if self.process is None:
             return None
-        self.expected_down = True
+        was_down, self.expected_down = self.expected_down, True
         if self.alive():
             self.signal(signal.SIGCONT)
-        return self.process.stop(timeout_s)
+            code = self.process.stop(timeout_s)
+            note_end(self.ended, code, stopped=True)
+            return code
+        if not was_down:
+            note_end(self.ended, self.process.poll())
+        return self.process.poll()
 
 
 @dataclass

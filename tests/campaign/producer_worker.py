@@ -39,8 +39,9 @@ from rmq_semantics.barrier import (
     BarrierTransactionListener,
     TransactionBarrier,
 )
-from tests.campaign._stubs import Recorder
+from tests.campaign import events as ev
 from tests.campaign.config import CampaignConfig
+from tests.campaign.history import Recorder
 from tests.campaign.workload import (
     BAD_PARTITION,
     BARRIER_TABLE,
@@ -51,10 +52,12 @@ from tests.campaign.workload import (
     Op,
     PlannedFailure,
     answer_for,
+    barrier_reason,
     business_rows,
     connect,
     create_schema,
     create_topics,
+    intent_of,
     plan_ops,
 )
 
@@ -83,7 +86,9 @@ def db_path(cfg: CampaignConfig, index: int) -> Path:
 
 
 def last_op(path: Path) -> int:
-    """The last operation an earlier run of this process started (-1: none)."""
+    """The last operation an earlier run of this process sent or saw fail (-1: none). An
+    operation killed before its local transaction began is redone: no row of it exists, and
+    its half record, if any, is checked ROLLBACK (no barrier row)."""
     last = -1
     if path.exists():
         for line in path.read_text(errors="replace").splitlines():
@@ -91,7 +96,7 @@ def last_op(path: Path) -> int:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("kind") == "send":
+            if event.get("kind") in ("send", "send_failed") and event.get("op") is not None:
                 last = max(last, int(event["op"]))
     return last
 
@@ -118,6 +123,7 @@ class Worker:
         create_schema(self.db)
         self.rec = Recorder(history_path(cfg, index), self.name)
         self.ops = operations(cfg, index)
+        self.txn_of: dict[int, str] = {}  # op -> its transaction id, once the listener ran
         self.ops_lock = threading.Lock()
         self.drain = threading.Event()
         self.stop = threading.Event()
@@ -139,28 +145,48 @@ class Worker:
     def before_send(self, op: Op) -> None:
         if op.new_topic:
             create_topics(self.cfg.bootstrap, [op.new_topic], self.cfg.partitions)
-            self.rec.record("topic_created", topic=op.new_topic, partitions=self.cfg.partitions)
-        self.rec.record("send", api=self.api, group=self.group, **op.describe())
+            self.rec.emit(ev.topic_created(op.new_topic, partitions=self.cfg.partitions))
+
+    def began(self, op: Op, txn_id: str) -> None:
+        """The half record is written and the local transaction starts: the send event
+        (the transaction id is known from here on)."""
+        self.txn_of[op.n] = txn_id
+        d = op.describe()
+        draft = ev.send(txn_id, self.group, d["topics"], d["mids"], intent_of(op.kind),
+                        keys=d["keys"], api=self.api)
+        self.rec.record(draft.kind, **draft.fields, op=op.n, op_kind=op.kind, multi=op.multi)
 
     def sent(self, op: Op, result: Any) -> None:
-        self.rec.record("sent", op=op.n, txn_id=result.transaction_id,
-                        state=result.local_transaction_state.name,
-                        half=f"{result.half_partition}:{result.half_offset}")
+        self.rec.emit(ev.sent(result.transaction_id, self.group,
+                              result.local_transaction_state.name,
+                              half=f"{result.half_partition}:{result.half_offset}"))
 
     def failed(self, op: Op, exc: BaseException) -> None:
-        self.rec.record("send_failed", op=op.n, error=type(exc).__name__,
-                        detail=str(exc)[:300], planned=op.kind == BAD_PARTITION)
+        draft = ev.send_failed(self.group, type(exc).__name__, txn_id=self.txn_of.get(op.n),
+                               msg_ids=[m.mid for m in op.messages])
+        self.rec.record(draft.kind, **draft.fields, op=op.n, detail=str(exc)[:300],
+                        planned=op.kind == BAD_PARTITION)
 
     def business_sql(self, cursor: Any, msg: Any, op: Op) -> None:
         cursor.executemany(INSERT_SQL, business_rows(msg.transaction_id, op, self.name))
-        self.rec.record("local", op=op.n, txn_id=msg.transaction_id, op_kind=op.kind)
 
     def local_done(self, op: Op, txn_id: str, state: LocalTransactionState) -> None:
-        self.rec.record("local_done", op=op.n, txn_id=txn_id, answer=state.name)
+        """The local transaction ended: its outcome is the barrier row's (``msg``: its
+        rows committed; ``rollback``; none: it never ran)."""
+        reason = barrier_reason(self.db, txn_id)
+        if reason == "msg":
+            self.rec.emit(ev.local_committed(txn_id, self.group, db=self.db.name, row=reason))
+        elif reason is not None or state is LocalTransactionState.ROLLBACK_MESSAGE:
+            # A rolled-back local transaction may leave no barrier row (its insert rolled
+            # back with it); the check then writes one.
+            self.rec.emit(ev.local_rolled_back(txn_id, self.group, db=self.db.name,
+                                               row=reason or "none"))
 
     def checked(self, msg: Any, state: LocalTransactionState) -> None:
-        self.rec.record("check", txn_id=msg.transaction_id, answer=state.name,
-                        check_times=getattr(msg, "check_times", None))
+        answer = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK"}.get(state.name,
+                                                                                "UNKNOW")
+        self.rec.emit(ev.check_answered(msg.transaction_id, self.group, answer,
+                                        checks=getattr(msg, "check_times", None)))
 
 
 # -- the synchronous producer ---------------------------------------------------------------
@@ -179,6 +205,7 @@ class SyncListener(BarrierTransactionListener):
         return answer_for(op.kind)
 
     def execute_local_transaction(self, msg: Any, arg: Any) -> LocalTransactionState:
+        self.worker.began(arg, msg.transaction_id)
         if arg.kind == NO_ROW:
             state = LocalTransactionState.UNKNOW  # never ran: the check decides ROLLBACK
         else:
@@ -196,7 +223,7 @@ def run_sync(worker: Worker) -> None:
     producer = TransactionProducer(worker.conf(), listener=SyncListener(worker),
                                    **worker.producer_kwargs())
     producer.start()
-    worker.rec.record("ready", api="sync", group=worker.group)
+    worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="sync"))
     pause = 1.0 / worker.cfg.ops_per_s
     try:
         while not worker.drain.is_set():
@@ -211,12 +238,12 @@ def run_sync(worker: Worker) -> None:
             except (RmqError, RuntimeError, BufferError) as exc:
                 worker.failed(op, exc)
             worker.drain.wait(max(0.0, pause - (time.monotonic() - started)))
-        worker.rec.record("drained")
+        worker.rec.emit(ev.worker("drained"))
         while not worker.stop.wait(0.2):
             pass  # the check threads answer meanwhile
     finally:
         producer.shutdown(SHUTDOWN_TIMEOUT_S)
-        worker.rec.record("stopped")
+        worker.rec.emit(ev.worker("stopped"))
 
 
 # -- the asyncio producer -------------------------------------------------------------------
@@ -233,7 +260,6 @@ def async_listener(worker: Worker) -> AsyncBarrierTransactionListener:
 
     async def business(cursor: Any, msg: Any, op: Op) -> LocalTransactionState | None:
         await cursor.executemany(INSERT_SQL, business_rows(msg.transaction_id, op, worker.name))
-        worker.rec.record("local", op=op.n, txn_id=msg.transaction_id, op_kind=op.kind)
         if op.kind == SLOW:
             await asyncio.sleep(worker.slow_s)
         if op.kind == RAISE:
@@ -242,6 +268,7 @@ def async_listener(worker: Worker) -> AsyncBarrierTransactionListener:
 
     class Listener(AsyncBarrierTransactionListener):
         async def execute_local_transaction(self, msg: Any, arg: Any) -> LocalTransactionState:
+            worker.began(arg, msg.transaction_id)
             if arg.kind == NO_ROW:
                 state = LocalTransactionState.UNKNOW
             else:
@@ -266,7 +293,7 @@ async def run_async(worker: Worker) -> None:
     producer = AsyncTransactionProducer(worker.conf(), listener=async_listener(worker),
                                         **worker.producer_kwargs())
     await producer.start()
-    worker.rec.record("ready", api="async", group=worker.group)
+    worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="async"))
     pause = ASYNC_CONCURRENCY / worker.cfg.ops_per_s
 
     async def sender() -> None:
@@ -287,11 +314,11 @@ async def run_async(worker: Worker) -> None:
 
     try:
         await asyncio.gather(*(sender() for _ in range(ASYNC_CONCURRENCY)))
-        worker.rec.record("drained")
+        worker.rec.emit(ev.worker("drained"))
         await stop.wait()  # the checks are answered on this loop meanwhile
     finally:
         await producer.shutdown(SHUTDOWN_TIMEOUT_S)
-        worker.rec.record("stopped")
+        worker.rec.emit(ev.worker("stopped"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     worker = Worker(CampaignConfig.read(args.config), args.index, args.api)
-    worker.rec.record("start", api=args.api, group=worker.group, db=str(worker.db))
+    worker.rec.emit(ev.worker("start", role="producer", group=worker.group, api=args.api))
     if args.api == "async":
         asyncio.run(run_async(worker))
     else:

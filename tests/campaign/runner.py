@@ -3,14 +3,19 @@
 1. the cluster: a 3-node EmbeddedCluster of its own in the out dir, or one it is handed
    (``tests/cluster/test_campaign.py`` reuses the session's);
 2. the workload's topics, two coordinators with shortened horizons, the consumer
-   processes, then the producer processes;
+   processes, then the producer processes; a watcher records leader changes and whether
+   each producer group is up (observe.Watcher);
 3. the load for ``load_s`` while the nemesis acts; then heal;
 4. drain: producers stop sending and keep answering back-checks until ``txn pending`` is
    empty (or the settle deadline); then they stop;
-5. the final reads (Apache Kafka's Java client, ``txn pending``/``txn discarded``), the
-   consumers given time to process what is visible, then stopped; the coordinators stopped;
-6. the checkers over the history, the databases and the final reads; a summary; the exit
-   code (0 PASS, 1 FAIL) with the seed and the history to replay.
+5. the final read by Apache Kafka's Java client and ``txn pending``/``txn discarded``; the
+   consumers given time to process what is visible, then stopped; the push group's DLQ
+   read; the coordinators stopped, then Kafka's TransactionsCommand ``find-hanging`` on
+   every broker and ``list``;
+6. into the history: exits, the lock service's grants (its lock topic), rebalance and
+   fenced lines of the logs, the committed rows and the final read; the checkers over it,
+   each printing its line, the summary table; the exit code (0 PASS, 1 FAIL) with the seed
+   and the history to replay.
 """
 
 from __future__ import annotations
@@ -22,32 +27,28 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
-
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.admin import list_pending
-from tests.campaign import final_read
-from tests.campaign._stubs import (
-    CheckResult,
-    Nemesis,
-    Recorder,
-    RunData,
-    SmokeNemesis,
-    read_history,
-    run_checkers,
-)
+from tests.campaign import events as ev
+from tests.campaign import final_read, gather, observe
+from tests.campaign.checkers import check_coordinator_exits, run_all
 from tests.campaign.config import (
     HEARTBEAT_MS,
     SESSION_TIMEOUT_MS,
     CampaignConfig,
     ConsumerSpec,
 )
+from tests.campaign.history import History, Kind, Recorder, load
 from tests.campaign.processes import Coordinator, Targets, WorkerProcess
-from tests.campaign.workload import committed_rows, create_topics, push_dead_letter_expected
+from tests.campaign.producer_worker import names as producer_names
+from tests.campaign.result import CheckResult, Violation
+from tests.campaign.smoke import pick_nemesis
+from tests.campaign.summary import render_summary
+from tests.campaign.workload import create_topics, push_dead_letter_expected
 
 log = logging.getLogger("campaign")
 
@@ -59,22 +60,10 @@ DRAIN_TIMEOUT_S = 90.0      # a producer's operations in flight end (a send time
 CATCH_UP_TIMEOUT_S = 120.0  # consumers process what the final read saw
 POLL_S = 2.0
 BROKERS_BACK_S = 120.0      # every node registered again after heal
-
-
-def wait_for_brokers(cluster: EmbeddedCluster, timeout_s: float) -> None:
-    """Until the cluster's metadata shows every broker again."""
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if len(admin.list_topics(timeout=5).brokers) >= cluster.brokers:
-                return
-        except KafkaException:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the cluster did not show {cluster.brokers} brokers within "
-                       f"{timeout_s:.0f} s after heal")
-
+# An UNKNOW transaction is decided within this much up-time of its producer group: a
+# check is due transaction_timeout_ms after the half, then every check_interval_ms; a
+# coordinator's takeover after a fault adds a session timeout and its recovery read.
+HORIZON_S = 60.0
 
 @dataclass(frozen=True)
 class Options:
@@ -82,7 +71,10 @@ class Options:
     load_s: float
     short: bool
     out_dir: Path
-    stub_faults: bool = False  # _stubs.SmokeNemesis until nemesis.py lands
+    stub_faults: bool = False  # smoke.SmokeNemesis until nemesis.py lands
+    calm: bool = False         # no nemesis at all (else nemesis.py's when it exists)
+    minimums: Mapping[str, int] | None = None  # None: by the nemesis (0 in calm weather)
+    horizon_s: float = HORIZON_S
 
 
 def plan_config(opts: Options, bootstrap: str) -> CampaignConfig:
@@ -106,21 +98,27 @@ class Campaign:
         self.opts = opts
         self.out = opts.out_dir
         self.out.mkdir(parents=True, exist_ok=True)
-        self.rec = Recorder(self.out / "history" / "runner.jsonl", "runner")
+        self.history_dir = self.out / "history"
+        self.rec = Recorder(self.history_dir / "runner.jsonl", "runner")
         self.cluster = cluster
         self.owns_cluster = owns_cluster
         self.cfg: CampaignConfig | None = None
         self.targets: Targets | None = None
+        self.watcher: observe.Watcher | None = None
         self.notes: list[str] = []
-        self.unexpected_exits: list[str] = []
         self.exited: set[str] = set()
-        self.dead_letters: dict[str, list[dict]] = {}
+        self.load_started_ms = 0
+        self.stopping_ms: int | None = None  # the coordinators are being stopped from here
+        self.txn_tools: tuple[str | None, str | None, dict[int, str], str] | None = None
 
     # -- phases ---------------------------------------------------------------------------
     def phase(self, name: str, **fields: object) -> None:
         log.info("campaign: %s", name)
         print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
-        self.rec.record("phase", name=name, **fields)
+        self.rec.emit(ev.note(name, **fields))
+
+    def history(self) -> History:
+        return load(self.history_dir)
 
     def start_cluster(self) -> str:
         if self.cluster is None:
@@ -167,30 +165,37 @@ class Campaign:
         self.await_ready(targets.producers)
         return targets
 
-    def histories(self) -> list[dict]:
-        return read_history(sorted((self.out / "history").glob("*.jsonl")))
+    def workers_in(self, state: str) -> set[str]:
+        return {e.proc for e in self.history().of(Kind.WORKER) if e["state"] == state}
 
     def await_ready(self, workers: list[WorkerProcess]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            ready = {e["proc"] for e in self.histories() if e["kind"] == "ready"}
             dead = [w.name for w in workers if not w.alive()]
             if dead:
                 raise RuntimeError(f"workers exited while starting: {dead}; see "
                                    f"{self.out / 'logs'}")
-            if all(w.name in ready for w in workers):
+            if {w.name for w in workers} <= self.workers_in("ready"):
                 return
             time.sleep(0.5)
         raise RuntimeError(f"workers not ready within {READY_TIMEOUT_S:.0f} s; see "
                            f"{self.out / 'logs'}")
 
-    def load(self, cfg: CampaignConfig, nemesis: Nemesis) -> None:
+    def start_watcher(self, cfg: CampaignConfig, targets: Targets) -> None:
+        groups = [(producer_names(cfg, i)[1], p) for i, p in enumerate(targets.producers)]
+        self.watcher = observe.Watcher(
+            cfg.bootstrap, self.rec,
+            lambda t: t.startswith((f"{cfg.run_id}-", cfg.topic_prefix)), lambda: groups)
+        self.watcher.start()
+
+    def load(self, cfg: CampaignConfig, nemesis: object) -> None:
         self.phase("load", seconds=cfg.load_s)
+        self.load_started_ms = time.time_ns() // 1_000_000
         until = time.monotonic() + cfg.load_s
-        nemesis.run(until)
+        nemesis.run(until)  # type: ignore[attr-defined]
         self.watch_exits()
         self.phase("heal")
-        nemesis.heal()
+        nemesis.heal()  # type: ignore[attr-defined]
         self.heal_leftovers()
         self.watch_exits()
 
@@ -212,21 +217,16 @@ class Campaign:
                 self.notes.append(f"{p.name} still down after heal")
                 p.restart()
             p.signal(signal.SIGCONT)
-        wait_for_brokers(self.cluster, BROKERS_BACK_S)
+        observe.wait_for_brokers(self.cluster, BROKERS_BACK_S)
 
-    def watch_exits(self, coordinators_only: bool = False) -> None:
-        """A worker or coordinator that exited on its own (not killed by the nemesis, which
-        restarts what it kills) is noted once: a failed run, whatever the checkers say."""
+    def watch_exits(self) -> None:
+        """A worker or coordinator that exited on its own (the nemesis restarts what it
+        kills) is noted at once; its exit event is written at the end (record_exits)."""
         assert self.targets is not None
-        workers = [] if coordinators_only else self.targets.workers()
-        for w in [*workers, *self.targets.coordinators]:
+        for w in [*self.targets.workers(), *self.targets.coordinators]:
             if not w.alive() and not w.expected_down and w.name not in self.exited:
                 self.exited.add(w.name)
-                code = (w.proc.returncode if isinstance(w, WorkerProcess) and w.proc
-                        else w.process.poll() if isinstance(w, Coordinator) and w.process
-                        else None)
-                self.unexpected_exits.append(f"{w.name} (exit {code})")
-                self.rec.record("unexpected_exit", name=w.name, code=code)
+                self.rec.emit(ev.note("unexpected exit", process=w.name))
 
     def drain(self, cfg: CampaignConfig) -> None:
         assert self.targets is not None
@@ -235,7 +235,7 @@ class Campaign:
             p.signal(signal.SIGUSR1)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            drained = {e["proc"] for e in self.histories() if e["kind"] == "drained"}
+            drained = self.workers_in("drained")
             if all(p.name in drained or not p.alive() for p in self.targets.producers):
                 break
             time.sleep(POLL_S)
@@ -249,12 +249,12 @@ class Campaign:
             try:
                 pending = list_pending(conf, cfg.topic_prefix)
             except Exception as exc:  # the cluster is still recovering: ask again
-                self.rec.record("settle_error", error=repr(exc)[:300])
+                self.rec.emit(ev.note("settle: txn pending failed", error=repr(exc)[:300]))
                 pending = [exc]
             if not pending:
                 break
             time.sleep(POLL_S)
-        self.rec.record("settled", pending=len(pending))
+        self.rec.emit(ev.run("settled", params={"pending": len(pending)}))
         if pending:
             self.notes.append(f"{len(pending)} transactions still pending after "
                               f"{SETTLE_TIMEOUT_S:.0f} s")
@@ -263,146 +263,218 @@ class Campaign:
         for p in self.targets.producers:
             p.stop()
 
-    def committed(self) -> dict[str, dict]:
-        """The ground truth: every business row whose local transaction committed, from
-        every producer's database (read once the producers stopped)."""
-        committed: dict[str, dict] = {}
-        for db in sorted((self.out / "db").glob("*.sqlite")):
-            committed.update(committed_rows(db))
-        return {m: r for m, r in committed.items() if r["barrier"] == "msg"}
-
-    def final_reads(self, cfg: CampaignConfig) -> tuple[list[dict], list[dict], list[dict]]:
+    def final_reads(self, cfg: CampaignConfig) -> list[final_read.TopicRead]:
+        """The workload's topics by the Java client, and txn pending/discarded."""
         self.phase("final read")
-        created = sorted({e["topic"] for e in self.histories() if e["kind"] == "topic_created"})
-        topics = [*cfg.topics, *created]
+        created = {e["topic"] for e in self.history().of(Kind.TOPIC_CREATED)}
+        topics = [*cfg.topics, *sorted(created - set(cfg.topics))]
         expected: dict[str, int] = {}
-        committed = self.committed()
-        for row in committed.values():
+        for row in gather.committed(self.out / "db").values():
             expected[row["topic"]] = expected.get(row["topic"], 0) + 1
-        push_dlqs = {f"{cfg.topic_prefix}_dlq_{s.group}": s.group for s in cfg.consumers
-                     if s.role == "push"}
-        for dlq in push_dlqs:
-            expected[dlq] = sum(1 for m in committed if push_dead_letter_expected(m))
-        reads = final_read.read_topics(cfg.bootstrap, [*topics, *push_dlqs],
-                                       self.out / "final", expected)
+        reads = final_read.read_topics(cfg.bootstrap, topics, self.out / "final", expected)
+        self.note_read_errors(reads)
+        pending, error = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix, "pending",
+                                                self.out / "final")
+        discarded, error2 = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix,
+                                                   "discarded", self.out / "final")
+        self.notes += [e for e in (error, error2) if e]
+        self.txn_tools = (pending, discarded, {}, "")
+        return reads
+
+    def note_read_errors(self, reads: list[final_read.TopicRead]) -> None:
         for r in reads:
             if r.error or r.exit_code not in (0, None):
                 self.notes.append(f"final read of {r.topic}: exit {r.exit_code} {r.error}")
             if r.processed is not None and r.processed != len(r.records):
                 self.notes.append(f"final read of {r.topic}: tool counted {r.processed}, "
                                   f"parsed {len(r.records)}")
-        visible = [rec for r in reads if r.topic not in push_dlqs for rec in r.records]
-        self.dead_letters = {push_dlqs[r.topic]: r.records for r in reads
-                             if r.topic in push_dlqs}
-        pending, error = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix, "pending",
-                                                self.out / "final")
-        discarded, error2 = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix,
-                                                   "discarded", self.out / "final")
-        self.notes += [e for e in (error, error2) if e]
-        return visible, pending, discarded
 
-    def catch_up(self, cfg: CampaignConfig, visible: list[dict]) -> None:
-        """Let every consumer group process what the final read saw, then stop them."""
+    def catch_up(self, cfg: CampaignConfig, reads: list[final_read.TopicRead]) -> None:
+        """Let every consumer group process what the final read saw (the push group's
+        planned dead letters: their last attempt), then stop them."""
         assert self.targets is not None
         self.phase("consumers catch up")
-        wanted = {r["mid"] for r in visible if r.get("mid")}
+        wanted = {r["mid"] for read in reads for r in read.records if r.get("mid")}
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         missing: dict[str, int] = {}
         while time.monotonic() < deadline:
             done: dict[str, set] = {s.group: set() for s in cfg.consumers}
-            for e in self.histories():
-                if e["kind"] == "process" and e.get("mid"):
-                    done.setdefault(e["group"], set()).add(e["mid"])
+            for e in self.history().of(Kind.CONSUMED):
+                last_try = (e.get("reconsume_times", 0) >= cfg.push_max_reconsume
+                            and push_dead_letter_expected(e["msg_id"]))
+                if e.get("result", "SUCCESS") == "SUCCESS" or last_try:
+                    done.setdefault(e["group"], set()).add(e["msg_id"])
             missing = {g: len(wanted - mids) for g, mids in done.items() if wanted - mids}
             if not missing:
                 break
             time.sleep(POLL_S)
-        self.rec.record("caught_up", missing=missing)
+        self.rec.emit(ev.note("consumers caught up", missing=missing))
         self.phase("consumers stop")
         for c in self.targets.consumers:
             c.stop()
 
-    def stop_coordinators(self) -> None:
-        assert self.targets is not None
-        self.watch_exits(coordinators_only=True)
+    def dead_letters(self, cfg: CampaignConfig, reads: list[final_read.TopicRead]) -> list:
+        """The push groups' DLQ topics by the Java client, as dlq events."""
+        visible = {r["mid"] for read in reads for r in read.records if r.get("mid")}
+        planned = sum(1 for m in visible if push_dead_letter_expected(m))
+        drafts = []
+        for spec in cfg.consumers:
+            if spec.role != "push":
+                continue
+            topic = f"{cfg.topic_prefix}_dlq_{spec.group}"
+            dlq = final_read.read_topics(cfg.bootstrap, [topic], self.out / "final" / "dlq",
+                                         {topic: planned})
+            self.note_read_errors([r for r in dlq if planned or r.exit_code == 0])
+            drafts += gather.dead_letter_drafts(spec.group, dlq)
+        return drafts
+
+    def stop_coordinators(self, cfg: CampaignConfig) -> None:
+        assert self.targets is not None and self.cluster is not None
+        self.watch_exits()
         self.phase("coordinators stop")
+        self.stopping_ms = time.time_ns() // 1_000_000
         for c in self.targets.coordinators:
-            code = c.stop()
-            self.rec.record("coordinator_stopped", name=c.name, code=code)
+            c.stop()
+        self.phase("kafka transactions")
+        hanging, listing = gather.kafka_transactions(
+            cfg.bootstrap, [n.node_id for n in self.cluster.nodes()], self.out / "final")
+        assert self.txn_tools is not None
+        self.txn_tools = (*self.txn_tools[:2], hanging, listing)
+
+    # -- into the history -------------------------------------------------------------------
+    def record_end(self, cfg: CampaignConfig, reads: list[final_read.TopicRead],
+                   dead: list) -> None:
+        """Exits, lock grants, log observations, ground truth and final read as events."""
+        assert self.targets is not None
+        self.phase("record")
+        with Recorder(self.history_dir / "final.jsonl", "final", flush_every=500) as out:
+            for role, procs in (("coordinator", self.targets.coordinators),
+                                ("producer", self.targets.producers),
+                                ("consumer", self.targets.consumers)):
+                for p in procs:
+                    for end in p.ended:
+                        out.emit(ev.exit_(role, p.name, end.code, killed_by_nemesis=end.killed,
+                                          stopped=end.stopped))
+            entries, skipped = observe.read_lock_topic(cfg.bootstrap, f"{cfg.topic_prefix}_lock")
+            self.notes += [f"lock topic: {s}" for s in skipped[:5]]
+            logs = {p.stem: p for p in sorted((self.out / "logs").glob("*.log"))}
+            window = (self.load_started_ms, self.stopping_ms)
+            for draft in [*observe.lock_drafts(entries, *window),
+                          *observe.log_drafts(logs, *window),
+                          *gather.committed_drafts(gather.committed(self.out / "db")),
+                          *gather.final_read_drafts(reads), *dead]:
+                out.emit(draft)
+            out.emit(ev.run("end", seed=cfg.seed))
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self) -> int:
         started = time.monotonic()
         results: list[CheckResult] = []
+        nemesis_cls, minimums = pick_nemesis(self.opts.calm, self.opts.stub_faults,
+                                             self.opts.minimums)
         try:
             bootstrap = self.start_cluster()
             cfg = self.cfg = plan_config(self.opts, bootstrap)
-            self.rec.record("run_start", seed=cfg.seed, run_id=cfg.run_id, short=self.opts.short)
+            self.rec.emit(ev.run("start", seed=cfg.seed, params={
+                "run_id": cfg.run_id, "short": self.opts.short, "load_s": cfg.load_s,
+                "nemesis": nemesis_cls.__name__, "minimums": minimums,
+                "horizon_s": self.opts.horizon_s}))
             targets = self.start_processes(cfg)
-            nemesis = (SmokeNemesis if self.opts.stub_faults else Nemesis)(cfg.seed, targets,
-                                                                           self.rec)
-            self.load(cfg, nemesis)
+            self.start_watcher(cfg, targets)
+            self.load(cfg, nemesis_cls(cfg.seed, targets, self.rec))
             self.drain(cfg)
-            visible, pending, discarded = self.final_reads(cfg)
-            self.catch_up(cfg, visible)
-            self.stop_coordinators()
-            results = self.check(cfg, visible, pending, discarded)
+            reads = self.final_reads(cfg)
+            self.catch_up(cfg, reads)
+            dead = self.dead_letters(cfg, reads)
+            self.stop_coordinators(cfg)
+            if self.watcher is not None:
+                self.watcher.stop()
+                self.watcher = None  # its AdminClient goes before the cluster does
+            self.record_end(cfg, reads, dead)
+            results = self.check(cfg, minimums)
         except Exception as exc:  # a phase failed: the run fails with its reason
             log.exception("campaign: the run failed")
-            results.append(CheckResult("run-completed", False, f"{type(exc).__name__}: {exc}"))
+            results.append(CheckResult.of("run", "the run did not complete", [
+                Violation("phase_failed", f"{type(exc).__name__}: {exc}")]))
         finally:
             self.teardown()
         return self.report(results, time.monotonic() - started)
 
-    def check(self, cfg: CampaignConfig, visible: list[dict], pending: list[dict],
-              discarded: list[dict]) -> list[CheckResult]:
+    def check(self, cfg: CampaignConfig, minimums: Mapping[str, int]) -> list[CheckResult]:
         self.phase("check")
-        committed = self.committed()
-        (self.out / "final" / "committed.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in committed.values()))
-        run = RunData(self.histories(), committed, visible, pending, discarded,
-                      self.dead_letters)
-        results = run_checkers(run)
-        results.append(CheckResult("no-unexpected-exit", not self.unexpected_exits,
-                                   ", ".join(self.unexpected_exits) or "none"))
-        results.append(CheckResult("run-completed", not self.notes,
-                                   "; ".join(self.notes) or "every phase within its deadline"))
+        history = self.history()
+        assert self.txn_tools is not None
+        pending, discarded, hanging, listing = self.txn_tools
+        results = run_all(history, horizon_s=self.opts.horizon_s, minimums=minimums,
+                          pending=pending if pending is not None else "txn pending failed",
+                          discarded=discarded if discarded is not None
+                          else "txn discarded failed",
+                          find_hanging=hanging, txn_list=listing,
+                          txn_id_prefix=cfg.topic_prefix,
+                          topic_prefixes=[f"{cfg.run_id}-", cfg.topic_prefix],
+                          topics=self.read_topics(history),
+                          dead_letter_expected=push_dead_letter_expected)
+        results.append(self.worker_exits(history))
+        results.append(CheckResult.of("run", "every phase within its deadline" if not
+                                      self.notes else f"{len(self.notes)} remarks",
+                                      [Violation("remark", n) for n in self.notes]).print())
         return results
 
+    @staticmethod
+    def read_topics(history: History) -> list[str]:
+        return sorted({e["topic"] for e in history.of(Kind.FINAL_READ)}
+                      | {e["topic"] for e in history.of(Kind.COMMITTED_ROW)})
+
+    @staticmethod
+    def worker_exits(history: History) -> CheckResult:
+        """No producer or consumer process exited on its own (as for coordinators)."""
+        parts = [check_coordinator_exits(history, role=r, echo=False)
+                 for r in ("producer", "consumer")]
+        exits = [e for e in history.of(Kind.EXIT) if e["role"] in ("producer", "consumer")]
+        killed = sum(1 for e in exits if e["killed_by_nemesis"])
+        return CheckResult.of("worker_exits", f"{len(exits)} worker exits, {killed} by the "
+                              "nemesis", [v for p in parts for v in p.violations]).print()
+
     def teardown(self) -> None:
-        """Stop whatever is still running, by pid; the owned cluster last."""
+        """Stop whatever is still running, by pid; the owned cluster last. A step that
+        fails is logged and the next one still runs."""
+        steps: list = []
+        if self.watcher is not None:
+            steps.append(self.watcher.stop)
         if self.targets is not None:
-            for w in self.targets.workers():
-                w.stop(10)
-            for c in self.targets.coordinators:
-                c.stop(20)
+            steps += [lambda w=w: w.stop(10) for w in self.targets.workers()]
+            steps += [lambda c=c: c.stop(20) for c in self.targets.coordinators]
         if self.cluster is not None and self.owns_cluster:
-            self.cluster.stop(kill=False)
+            steps.append(lambda: self.cluster.stop(kill=False))  # type: ignore[union-attr]
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("campaign: a teardown step failed")
         self.rec.close()
 
     def report(self, results: list[CheckResult], elapsed_s: float) -> int:
-        events = self.histories()
-        counts: dict[str, int] = {}
-        for e in events:
-            if e["kind"] in ("send", "sent", "send_failed", "check", "process",
-                             "topic_created"):
-                counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+        history = self.history()
         passed = all(r.passed for r in results)
-        lines = [f"campaign seed {self.opts.seed}: {'PASS' if passed else 'FAIL'} in "
-                 f"{elapsed_s:.0f} s (out: {self.out})",
-                 "events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
-        lines += [f"  {'PASS' if r.passed else 'FAIL'}  {r.name}: {r.detail}" for r in results]
+        text = render_summary(history, results, seed=self.opts.seed,
+                              history_paths=[str(self.history_dir)])
+        verdict = (f"campaign seed {self.opts.seed}: {'PASS' if passed else 'FAIL'} in "
+                   f"{elapsed_s:.0f} s (out: {self.out})")
+        lines = [r.line() for r in results]
         if not passed:
             lines.append(f"replay: python -m tests.campaign --seed {self.opts.seed} "
                          f"--duration {self.opts.load_s:.0f}"
-                         f"{' --short' if self.opts.short else ''}; history in "
-                         f"{self.out / 'history'}")
-        text = "\n".join(lines)
-        print(text, flush=True)
-        (self.out / "summary.txt").write_text(text + "\n")
+                         f"{' --short' if self.opts.short else ''}"
+                         f"{' --stub-faults' if self.opts.stub_faults else ''}"
+                         f"{' --calm' if self.opts.calm else ''}; history in "
+                         f"{self.history_dir}")
+        print(verdict if passed else "\n".join([verdict, lines[-1]]), flush=True)
+        (self.out / "summary.txt").write_text("\n".join([verdict, *lines, text]) + "\n")
         (self.out / "summary.json").write_text(json.dumps(
             {"seed": self.opts.seed, "passed": passed, "elapsed_s": elapsed_s,
-             "counts": counts, "checks": [r.__dict__ for r in results]}, indent=1))
+             "checks": [{"name": r.name, "status": r.status.value, "summary": r.summary,
+                         "violations": [str(v) for v in r.violations[:50]]}
+                        for r in results]}, indent=1))
         return 0 if passed else 1
 
 

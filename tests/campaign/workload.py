@@ -165,6 +165,24 @@ def committed_rows(path: Path | str) -> dict[str, dict]:
             for mid, txn, topic, key, op, kind, producer, reason in rows}
 
 
+def barrier_reason(path: Path | str, txn_id: str) -> str | None:
+    """The barrier row's reason of one transaction (None: no row, the local transaction
+    never ran)."""
+    conn = connect(path)
+    try:
+        row = conn.execute(f"SELECT reason FROM {BARRIER_TABLE} WHERE gid = ?",
+                           (txn_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
+def intent_of(kind: str) -> str:
+    """What the plan means an operation's transaction to end as (history.Intent's values)."""
+    return {ROLLBACK: "ROLLBACK", RAISE: "ROLLBACK", UNKNOWN: "UNKNOW_then_COMMIT",
+            NO_ROW: "UNKNOW_then_ROLLBACK", SLOW: "slow_local_txn"}.get(kind, "COMMIT")
+
+
 def barrier_rows(path: Path | str) -> dict[str, str]:
     """Transaction id -> the barrier row's reason (``msg``: committed, ``rollback``)."""
     conn = connect(path)

@@ -434,3 +434,39 @@ def test_key_mode_orders_by_the_message_group_header_before_the_record_key():
     assert check_orderly(history_of([*clean_events(), early])).passed
     _fails_with(check_orderly(history_of([*regrouped, early])), "out_of_order", "key 'g1'",
                 "orders[0]@1")
+
+
+def test_a_pattern_subscription_expects_every_matching_topic_read():
+    # The push group subscribed by pattern only: a record of a matching topic it never
+    # processed is lost; a topic the pattern does not match is not its business.
+    def drop_m5b(e):
+        return ((e.kind is Kind.SUBSCRIBE and e["consumer"] == "push")
+                or (e.kind is Kind.CONSUMED and e["group"] == "pg" and e["msg_id"] == "m5b"))
+
+    extra = [at(ev.subscribe("push", "pg", "push-1", [], pattern="^(orders|audit)$"), 0.6),
+             at(ev.final_read("other", 0, 0, msg_id="x1"), 31.0)]
+    result = check_push(_plant(*extra, drop=drop_m5b), echo=False)
+    _fails_with(result, "lost", "m5b")
+    assert {v.where.get("msg_id") for v in result.violations} == {"m5b"}
+
+
+def test_dead_letters_must_be_exactly_the_planned_ones():
+    planned = {"m5a"}.__contains__
+    assert check_push(history_of(clean_events()), dead_letter_expected=planned,
+                      echo=False).passed
+    _fails_with(check_push(history_of(clean_events()), dead_letter_expected=lambda m: False,
+                           echo=False), "unexpected_dead_letter", "m5a")
+    _fails_with(check_push(history_of(clean_events()),
+                           dead_letter_expected={"m5a", "m1"}.__contains__, echo=False),
+                "missing_dead_letter", "m1")
+
+
+def test_find_hanging_is_limited_to_the_runs_topics():
+    header = "\t".join(FIND_HANGING_HEADERS)
+    other = header + "\n" + "\t".join(["other-topic", "0", "7", "0", "3", "12", "1", "9"])
+    ours = header + "\n" + "\t".join(["cw30-t0", "0", "7", "0", "3", "12", "1", "9"])
+    listing = "\t".join(LIST_HEADERS) + "\n"
+    assert check_kafka_transactions({1: other}, listing, topic_prefixes=["cw30-"],
+                                    echo=False).passed
+    _fails_with(check_kafka_transactions({1: ours}, listing, topic_prefixes=["cw30-"],
+                                         echo=False), "hanging", "cw30-t0[0]@12")

@@ -1,6 +1,6 @@
 """The fault campaign's pure parts (tests/campaign): the seeded plan replays and resumes,
-and the final reads' parsers understand what the Java console consumer and the txn CLI
-print."""
+the final reads' parsers understand what the Java console consumer and the txn CLI print,
+and what the runner observes becomes the history events the checkers read."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import itertools
 from rich.console import Console
 from rich.table import Table
 
-from tests.campaign._stubs import RunData, run_checkers
-from tests.campaign.final_read import HEADER_SEPARATOR, parse_console_line, table_rows
+from rmq_semantics.records.locks import LockEntry, LockKey, LockState
+from tests.campaign.consumer_worker import Batches
+from tests.campaign.final_read import HEADER_SEPARATOR, TopicRead, parse_console_line, table_rows
+from tests.campaign.gather import dead_letter_drafts
+from tests.campaign.history import Kind, Recorder, load
+from tests.campaign.observe import LeaderTracker, lock_drafts, log_drafts, log_time_ms
 from tests.campaign.workload import BAD_PARTITION, MISSING_PARTITION, plan_ops
 
 
@@ -63,11 +67,69 @@ def test_txn_cli_tables_parse_every_data_row():
     assert table_rows(empty.getvalue()) == []
 
 
-def test_the_stub_checker_reports_a_lost_a_duplicated_and_an_uncommitted_record():
-    committed = {m: {"topic": "t0"} for m in ("a", "b", "c")}
-    visible = [{"mid": "a", "topic": "t0"}, {"mid": "a", "topic": "t0"},
-               {"mid": "x", "topic": "t0"}, {"mid": "c", "topic": "t0"}]
-    [once, *_] = run_checkers(RunData([], committed, visible))
-    assert not once.passed
-    assert "lost 1 ['b']" in once.detail and "duplicated 1 ['a']" in once.detail
-    assert "not committed 1 ['x']" in once.detail
+def test_a_leader_moving_to_another_broker_is_a_change_and_a_leaderless_spell_is_not():
+    tracker = LeaderTracker()
+    assert tracker.update({("t", 0): 1, ("t", 1): 2}) == []
+    assert tracker.update({("t", 0): -1, ("t", 1): 2}) == []
+    assert tracker.update({("t", 0): 1, ("t", 1): 3}) == ["t[1] 2->3"]
+
+
+def test_lock_topic_entries_become_grants_releases_and_takeovers():
+    key = LockKey("g", "t", 0)
+    held = LockEntry(key, LockState.HELD, "c1", 1, 6000, 1000, 7000, 1000)
+    renewed = LockEntry(key, LockState.HELD, "c1", 1, 6000, 1000, 9000, 3000)
+    taken = LockEntry(key, LockState.HELD, "c2", 2, 6000, 9500, 15500, 9500)
+    released = LockEntry(key, LockState.RELEASED, "c2", 2, 6000, 9500, 12000, 12000)
+    handed = LockEntry(key, LockState.HELD, "c1", 3, 6000, 12500, 18500, 12500)
+    drafts = lock_drafts([held, renewed, taken, released, handed])
+    assert [d.kind for d in drafts] == [Kind.LOCK_GRANT, Kind.LOCK_GRANT, Kind.LOCK_GRANT,
+                                        Kind.LOCK_TAKEOVER, Kind.LOCK_RELEASE, Kind.LOCK_GRANT]
+    assert drafts[1].fields["granted_ms"] == 3000 and drafts[1].fields["valid_until_ms"] == 9000
+    assert drafts[2].fields["queue"] == "g/t/0" and drafts[2].fields["epoch"] == 2
+    assert "c1 -> c2" in drafts[3].fields["detail"]
+    # A takeover outside the load (the start, the harness stopping things) is not counted.
+    assert Kind.LOCK_TAKEOVER not in [d.kind for d in lock_drafts([held, taken], 10_000)]
+
+
+def test_log_lines_since_the_load_count_as_rebalances_and_fenced_producers(tmp_path):
+    path = tmp_path / "coordinator-0.log"
+    path.write_text(
+        "2030-01-01 00:00:00,000 INFO coordinator.txn_service: assigned half/op partitions "
+        "[0, 1]; recovering their pending state\n"
+        "2030-01-01 00:01:00,000 INFO coordinator.txn_service: assigned half/op partitions "
+        "[0]; recovering their pending state\n"
+        "2030-01-01 00:01:01,000 WARNING coordinator.kafka_txn: lock service: transaction: "
+        "Broker: Producer fenced (fatal: fenced by another instance)\n"
+        "a line without a time: fenced\n")
+    since = log_time_ms("2030-01-01 00:00:30,000 x")
+    kinds = [d.kind for d in log_drafts({"coordinator-0": path}, since)]
+    assert kinds == [Kind.REBALANCE, Kind.FENCED_PRODUCER]
+    until = log_time_ms("2030-01-01 00:01:00,500 x")
+    assert [d.kind for d in log_drafts({"coordinator-0": path}, since, until)] == [
+        Kind.REBALANCE]
+
+
+def test_orderly_batches_are_written_once_their_commit_or_skip_is_known(tmp_path):
+    with Recorder(tmp_path / "c.jsonl", "c") as rec:
+        batches = Batches(rec)
+        for offsets in ([0, 1], [2], [3]):
+            batches.add(("t", 0), {"queue": "g/t/0", "instance": "c", "epoch": 1,
+                                   "lease_granted_ms": None, "lease_valid_until_ms": 9000,
+                                   "start_ms": 1000, "end_ms": 1100, "offsets": offsets})
+        batches.resolve(("t", 0), 3, committed=True)
+        batches.resolve(("t", 0), 4, committed=False)
+    written = load(tmp_path).of(Kind.BATCH)
+    assert [(b["offsets"], b["committed"]) for b in written] == [([0, 1], True), ([2], True),
+                                                                  ([3], False)]
+    assert written[0]["commit_ms"] >= 1000 and written[2].get("commit_ms") is None
+
+
+def test_dead_letters_are_named_by_their_original_record():
+    read = TopicRead("dlq", [{"topic": "dlq", "partition": 0, "offset": 5, "mid": "m1",
+                              "headers": {"rmq.dlq.original_topic": "t",
+                                          "rmq.dlq.original_partition": "2",
+                                          "rmq.dlq.original_offset": "17"}}], 1, 0)
+    [draft] = dead_letter_drafts("pg", [read])
+    assert draft.kind is Kind.DLQ
+    assert (draft.fields["msg_id"], draft.fields["topic"], draft.fields["partition"],
+            draft.fields["offset"]) == ("m1", "t", 2, 17)
