@@ -110,9 +110,13 @@ class Commits:
                         exc.args[0].str())
             self._retry_at = time.monotonic() + WAIT_SLICE_S
             return
-        for q, offset, _epoch, done in batch:
+        for q, offset, epoch, done in batch:
             with q.cv:
                 q.state.commit_sent, q.state.sent_done = offset, done
+            if log.isEnabledFor(logging.DEBUG):  # sent under a lease checked just above
+                log.debug("commit sent %s@%d epoch=%d", q.where, offset, epoch,
+                          extra=event("commit_sent", topic=q.tp[0], partition=q.tp[1],
+                                      offset=offset, epoch=epoch))
 
     def on_commit(self, err: KafkaError | None, partitions: list) -> None:
         """librdkafka's commit outcome (poll thread, inside consume()); then the caller's own

@@ -183,8 +183,8 @@ def _grant_violations(history: History, leases: dict[str, dict[tuple[str, int], 
 def check_locks(history: History, *, echo: bool = True) -> CheckResult:
     """Orderly queue locks: a later holder has a higher epoch; no two holders process a
     queue under valid leases at once (a batch started under a valid lease may outlive it);
-    no batch starts without a valid lease; no holder commits after its lease lapsed or
-    another consumer was granted the queue."""
+    no batch starts without a valid lease; no holder sends a commit after its lease lapsed,
+    and none lands after another consumer was granted the queue."""
     leases = _leases(history)
     violations = _grant_violations(history, leases)
     grants = history.of(Kind.LOCK_GRANT)
@@ -205,10 +205,12 @@ def check_locks(history: History, *, echo: bool = True) -> CheckResult:
             continue
         spans[queue].append((b["start_ms"], min(b["end_ms"], span[1]), b))
         if b["committed"]:
-            at = b["commit_ms"]
+            # The lease is checked when the commit is sent; a commit sent under it may land
+            # later (a broker down), harmless unless another consumer had the queue by then.
+            at, sent = b["commit_ms"], b.get("commit_sent_ms") or b["commit_ms"]
             taken = [g for g in grants_of[queue] if g["consumer"] != who
                      and g["epoch"] > epoch and g["granted_ms"] <= at]
-            if lease is None or lease.covering(at) is None or taken:
+            if lease is None or lease.covering(sent) is None or taken:
                 why = (f"{taken[0]['consumer']} got epoch {taken[0]['epoch']} at "
                        f"{taken[0]['granted_ms']}" if taken else "its lease had lapsed")
                 violations.append(Violation("commit_after_lease_lost", f"{queue}: {who} "

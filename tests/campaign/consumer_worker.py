@@ -74,6 +74,14 @@ class Batches:
         with self.lock:
             self.waiting.setdefault(tp, []).append(batch)
 
+    def sent(self, tp: tuple[str, int], offset: int) -> None:
+        """The commit of every waiting batch below ``offset`` was sent now (if not before)."""
+        at = wall_ms()
+        with self.lock:
+            for b in self.waiting.get(tp, []):
+                if max(b["offsets"], default=-1) < offset:
+                    b.setdefault("commit_sent_ms", at)
+
     def resolve(self, tp: tuple[str, int], offset: int, committed: bool) -> None:
         """Every waiting batch below ``offset`` was committed (or skipped) now."""
         with self.lock:
@@ -107,7 +115,9 @@ class EventHandler(logging.Handler):
         fields = dict(getattr(record, "rmq_fields", {}))
         self.rec.emit(ev.orderly_event(name, self.instance, self.group, **fields))
         tp = (fields.get("topic"), fields.get("partition"))
-        if name in ("committed", "commit_skipped") and fields.get("offset") is not None:
+        if name == "commit_sent" and fields.get("offset") is not None:
+            self.batches.sent(tp, int(fields["offset"]))
+        elif name in ("committed", "commit_skipped") and fields.get("offset") is not None:
             self.batches.resolve(tp, int(fields["offset"]), name == "committed")
         elif name == "dlq":
             where = f"{tp[0]}[{tp[1]}]@{fields.get('offset')}"

@@ -85,15 +85,18 @@ def consumed(consumer: str, group: str, instance: str, topic: str, partition: in
 
 def batch(queue: str, instance: str, epoch: int, *, lease_granted_ms: int | None,
           lease_valid_until_ms: int, start_ms: int, end_ms: int, offsets: Sequence[int],
-          committed: bool, commit_ms: int | None = None) -> Draft:
-    """One orderly batch on ``queue`` (``group/topic/partition``) under lock ``epoch``."""
+          committed: bool, commit_ms: int | None = None,
+          commit_sent_ms: int | None = None) -> Draft:
+    """One orderly batch on ``queue`` (``group/topic/partition``) under lock ``epoch``;
+    ``commit_sent_ms`` when the consumer sent its commit, ``commit_ms`` when it landed."""
     if committed and commit_ms is None:
         raise ValueError("a committed batch needs commit_ms")
     return Draft(Kind.BATCH, {"queue": queue, "instance": instance, "epoch": epoch,
                               "lease_granted_ms": lease_granted_ms,
                               "lease_valid_until_ms": lease_valid_until_ms,
                               "start_ms": start_ms, "end_ms": end_ms, "offsets": list(offsets),
-                              "committed": committed, "commit_ms": commit_ms})
+                              "committed": committed, "commit_ms": commit_ms,
+                              "commit_sent_ms": commit_sent_ms})
 
 
 def lock_grant(queue: str, consumer: str, epoch: int, granted_ms: int,

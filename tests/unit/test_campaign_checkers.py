@@ -220,6 +220,24 @@ def test_a_commit_after_the_lease_was_lost_is_reported():
                 "c2 got epoch 2")
 
 
+def test_a_commit_sent_after_the_lease_lapsed_is_reported_though_no_one_took_the_queue():
+    late = at(ev.batch("og/audit/0", "c1", 1, lease_granted_ms=1000,
+                       lease_valid_until_ms=60000, start_ms=8800, end_ms=8900, offsets=[3],
+                       committed=True, commit_sent_ms=70000, commit_ms=70100), 70.1,
+              proc="c1")
+    _fails_with(check_locks(_plant(late)), "commit_after_lease_lost", "c1", "lapsed")
+
+
+def test_a_commit_sent_under_the_lease_may_land_late_if_no_one_else_took_the_queue():
+    """A broker down delays the commit's answer, not its sending: the consumer checked its
+    lease when it sent it, and no other holder's offsets can be moved back."""
+    slow = at(ev.batch("og/audit/0", "c1", 1, lease_granted_ms=1000,
+                       lease_valid_until_ms=60000, start_ms=8800, end_ms=8900, offsets=[3],
+                       committed=True, commit_sent_ms=59000, commit_ms=72000), 72.0,
+              proc="c1")
+    assert check_locks(_plant(slow)).passed
+
+
 def test_a_batch_without_a_valid_lease_is_reported():
     stale = at(ev.batch("og/orders/0", "c1", 1, lease_granted_ms=1000,
                         lease_valid_until_ms=9000, start_ms=9100, end_ms=9200, offsets=[],
