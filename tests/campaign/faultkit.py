@@ -1,0 +1,405 @@
+"""The nemesis's faults: each ``apply()`` / ``heal()`` (or ``with fault:``), logging when it
+started and ended and giving the history an event ``{kind, target, start_ms, end_ms, seed,
+detail}`` (wall-clock milliseconds, as the workload's records carry).
+
+Broker faults take a node id of an :class:`EmbeddedCluster`; process faults take a
+:class:`ProcTarget` (a name, a role and a callable giving the pid now, so a restarted
+process is found again). Faults that need the campaign's namespaces (a partition, a full
+disk) are in ``tests.campaign.namespaces``; the clock skew in ``tests.campaign.clock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.kafka_cluster import EmbeddedCluster
+
+__all__ = ["AllBrokersPaused", "BrokerKill", "BrokerPause", "ControllerKill", "Fault",
+           "GroupCoordinatorKill", "ProcTarget", "ProcessKill", "ProcessPause",
+           "active_controller", "await_healthy", "cluster_healthy", "group_coordinator",
+           "now_ms", "restart_node"]
+
+log = logging.getLogger(__name__)
+
+QUORUM_STATE = Path("logs") / "__cluster_metadata-0" / "quorum-state"
+# A group "in a rebalance": the classic protocol's and KIP-848's in-between states.
+REBALANCING = {"PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING"}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Fault:
+    """One fault. ``apply`` once; ``heal`` is idempotent and a no-op before ``apply``."""
+
+    kind: ClassVar[str] = "fault"
+
+    def __init__(self, target: str, seed: int | None = None) -> None:
+        self.target = target
+        self.seed = seed
+        self.start_ms: int | None = None
+        self.end_ms: int | None = None
+        self.detail: dict[str, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.start_ms is not None and self.end_ms is None
+
+    def apply(self) -> None:
+        if self.start_ms is not None:
+            raise RuntimeError(f"{self.kind} on {self.target} was applied already")
+        self.start_ms = now_ms()
+        log.info("nemesis: %s on %s starts", self.kind, self.target)
+        try:
+            self._apply()
+        except BaseException as exc:
+            self.detail["error"] = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                self._heal()
+            self.end_ms = now_ms()
+            raise
+
+    def heal(self) -> None:
+        if not self.active:
+            return
+        try:
+            self._heal()
+        except BaseException as exc:
+            self.detail["heal_error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.end_ms = now_ms()
+            log.info("nemesis: %s on %s ends after %.1f s", self.kind, self.target,
+                     (self.end_ms - (self.start_ms or self.end_ms)) / 1000)
+
+    def event(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "start_ms": self.start_ms,
+                "end_ms": self.end_ms, "seed": self.seed, "detail": dict(self.detail)}
+
+    def __enter__(self) -> Fault:
+        self.apply()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.heal()
+
+    def _apply(self) -> None:
+        raise NotImplementedError
+
+    def _heal(self) -> None:
+        raise NotImplementedError
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_gone(pid: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return  # someone else's child, dead, waiting to be reaped
+        time.sleep(0.05)
+
+
+def _node_pid(cluster: EmbeddedCluster, node_id: int) -> int:
+    pid = cluster.node(node_id).pid
+    if pid is None:
+        raise RuntimeError(f"node {node_id} is not running")
+    return pid
+
+
+def restart_node(cluster: EmbeddedCluster, node_id: int) -> float:
+    """Start a stopped node again; returns the seconds it took to answer."""
+    started = time.monotonic()
+    cluster.start_node(node_id)
+    return round(time.monotonic() - started, 1)
+
+
+def cluster_healthy(admin: AdminClient, brokers: int) -> str | None:
+    """None when every broker is registered and every partition (internal topics too) has
+    a leader and its full ISR; else what is not."""
+    try:
+        meta = admin.list_topics(timeout=5.0)
+    except KafkaException as exc:
+        return f"no metadata ({exc})"
+    if len(meta.brokers) < brokers:
+        return f"{len(meta.brokers)} of {brokers} brokers registered"
+    short = [f"{t}[{n}] leader {p.leader} isr {p.isrs}" for t, topic in meta.topics.items()
+             for n, p in topic.partitions.items()
+             if p.leader < 0 or len(p.isrs) < len(p.replicas)]
+    return f"{len(short)} partitions short: {', '.join(short[:3])}" if short else None
+
+
+def await_healthy(cluster: EmbeddedCluster, timeout_s: float = 90.0) -> str | None:
+    """Wait until :func:`cluster_healthy`; returns None, or what was still wrong."""
+    admin = AdminClient(shared_conf(cluster.conf()))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        problem = cluster_healthy(admin, cluster.brokers)
+        if problem is None or time.monotonic() >= deadline:
+            return problem
+        time.sleep(0.5)
+
+
+# -- where things are ----------------------------------------------------------------------
+def active_controller(cluster: EmbeddedCluster) -> tuple[int, int]:
+    """``(node id, epoch)`` of the KRaft quorum's leader (the active controller), from the
+    quorum-state file each voter keeps: the highest epoch's leader. Raises when no file
+    names a leader yet."""
+    best = (-1, -1)
+    for node in cluster.nodes():
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads((node.data_dir / QUORUM_STATE).read_text())
+            leader, epoch = int(state.get("leaderId", -1)), int(state.get("leaderEpoch", -1))
+            if leader > 0 and epoch > best[1]:
+                best = (leader, epoch)
+    if best[0] < 0:
+        raise RuntimeError(f"no node of {cluster.data_dir} names a KRaft leader yet")
+    return best
+
+
+def group_coordinator(admin: AdminClient, group: str, timeout_s: float = 10.0) -> int:
+    """The node id coordinating consumer group ``group`` (Admin DescribeGroups)."""
+    future = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+    return int(future.result(timeout=timeout_s).coordinator.id)
+
+
+def group_snapshot(admin: AdminClient, group: str,
+                   timeout_s: float = 5.0) -> tuple[str, frozenset[str], int] | None:
+    """``(state, member ids, coordinator)`` of ``group`` now, None when it cannot be read."""
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group] \
+            .result(timeout=timeout_s)
+    except (KafkaException, TimeoutError, ValueError):
+        return None
+    state = getattr(desc.state, "name", str(desc.state))
+    return state, frozenset(m.member_id for m in desc.members), int(desc.coordinator.id)
+
+
+# -- broker faults -------------------------------------------------------------------------
+class BrokerPause(Fault):
+    """SIGSTOP node N (a long GC pause, a frozen VM) for as long as the fault is on: past
+    broker.session.timeout.ms its leaderships move; past request.timeout.ms clients' calls
+    to it fail. Heal: SIGCONT."""
+
+    kind = "broker_pause"
+
+    def __init__(self, cluster: EmbeddedCluster, node_id: int, seed: int | None = None) -> None:
+        super().__init__(f"node-{node_id}", seed)
+        self.cluster = cluster
+        self.node_id = node_id
+        self.pid: int | None = None
+
+    def _apply(self) -> None:
+        self.pid = _node_pid(self.cluster, self.node_id)
+        self.detail["pid"] = self.pid
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def _heal(self) -> None:
+        if self.pid is not None:
+            _signal(self.pid, signal.SIGCONT)
+
+
+class BrokerKill(Fault):
+    """SIGKILL node N; heal starts it again (same data dir and ports)."""
+
+    kind = "broker_kill"
+
+    def __init__(self, cluster: EmbeddedCluster, node_id: int | None,
+                 seed: int | None = None) -> None:
+        super().__init__(f"node-{node_id}" if node_id else "node-?", seed)
+        self.cluster = cluster
+        self.node_id = node_id
+
+    def _pick(self) -> int:
+        assert self.node_id is not None
+        return self.node_id
+
+    def _apply(self) -> None:
+        self.node_id = self._pick()
+        self.target = f"node-{self.node_id}"
+        pid = _node_pid(self.cluster, self.node_id)
+        self.detail["pid"] = pid
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+
+    def _heal(self) -> None:
+        if self.node_id is not None and self.cluster.node(self.node_id).pid is None:
+            self.detail["restart_s"] = restart_node(self.cluster, self.node_id)
+
+
+class ControllerKill(BrokerKill):
+    """SIGKILL the active KRaft controller (found when applied); heal restarts it."""
+
+    kind = "controller_kill"
+
+    def __init__(self, cluster: EmbeddedCluster, seed: int | None = None) -> None:
+        super().__init__(cluster, None, seed)
+
+    def _pick(self) -> int:
+        node_id, epoch = active_controller(self.cluster)
+        self.detail["epoch"] = epoch
+        return node_id
+
+
+class GroupCoordinatorKill(BrokerKill):
+    """SIGKILL the node coordinating ``group`` while the group rebalances. ``trigger`` (e.g.
+    a :class:`ProcessPause` of one member, past its session timeout) is applied first and
+    healed after the kill; the kill comes when the group is seen in a rebalance (a state of
+    REBALANCING, or its members changed), or after ``rebalance_wait_s`` regardless
+    (``detail['rebalance_seen']`` tells which)."""
+
+    kind = "group_coordinator_kill"
+
+    def __init__(self, cluster: EmbeddedCluster, group: str, trigger: Fault | None = None,
+                 rebalance_wait_s: float = 30.0, seed: int | None = None) -> None:
+        super().__init__(cluster, None, seed)
+        self.group = group
+        self.trigger = trigger
+        self.rebalance_wait_s = rebalance_wait_s
+        self.admin = AdminClient(shared_conf(cluster.conf()))
+
+    def _pick(self) -> int:
+        before = group_snapshot(self.admin, self.group)
+        node_id = before[2] if before else group_coordinator(self.admin, self.group)
+        if self.trigger is not None:
+            try:
+                self.trigger.apply()
+            except RuntimeError as exc:  # its process is down: wait for a rebalance anyway
+                self.detail["trigger_error"] = str(exc)
+        self.detail["rebalance_seen"] = self._await_rebalance(before)
+        self.detail["group"] = self.group
+        return node_id
+
+    def _await_rebalance(self, before: tuple[str, frozenset[str], int] | None) -> bool:
+        deadline = time.monotonic() + self.rebalance_wait_s
+        while time.monotonic() < deadline:
+            now = group_snapshot(self.admin, self.group, timeout_s=2.0)
+            if now is not None and (now[0] in REBALANCING
+                                    or (before is not None and now[1] != before[1])):
+                self.detail["state"] = now[0]
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _apply(self) -> None:
+        try:
+            super()._apply()
+        finally:
+            if self.trigger is not None:
+                self.trigger.heal()
+                self.detail["trigger"] = self.trigger.event()
+
+
+class AllBrokersPaused(Fault):
+    """SIGSTOP every node at once (keep it short: nothing answers meanwhile); heal SIGCONTs
+    them all."""
+
+    kind = "all_brokers_paused"
+
+    def __init__(self, cluster: EmbeddedCluster, seed: int | None = None) -> None:
+        super().__init__("all", seed)
+        self.cluster = cluster
+        self.pids: list[int] = []
+
+    def _apply(self) -> None:
+        self.pids = [p for p in (n.pid for n in self.cluster.nodes()) if p is not None]
+        self.detail["pids"] = list(self.pids)
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def _heal(self) -> None:
+        for pid in self.pids:
+            _signal(pid, signal.SIGCONT)
+
+
+# -- process faults ------------------------------------------------------------------------
+@dataclass
+class ProcTarget:
+    """A workload process the nemesis may hit. ``role``: coordinator, consumer or producer
+    (the fault kinds are ``<role>_pause`` / ``<role>_kill``); ``pid()`` gives its pid now
+    (None: not running); ``restart()`` starts it again after a kill (None: the runner
+    restarts it itself); ``clock_file``: a skewed producer's faketime file
+    (tests.campaign.clock)."""
+
+    name: str
+    role: str
+    pid: Callable[[], int | None]
+    restart: Callable[[], object] | None = None
+    clock_file: Path | None = None
+
+
+class ProcessPause(Fault):
+    """SIGSTOP a process (past its session timeout or lease: a zombie that wakes up), then
+    SIGCONT."""
+
+    def __init__(self, target: ProcTarget, seed: int | None = None) -> None:
+        super().__init__(target.name, seed)
+        self.proc = target
+        self.pid: int | None = None
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return f"{self.proc.role}_pause"
+
+    def _apply(self) -> None:
+        self.pid = self.proc.pid()
+        if self.pid is None:
+            raise RuntimeError(f"{self.proc.name} is not running")
+        self.detail["pid"] = self.pid
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def _heal(self) -> None:
+        if self.pid is not None:
+            _signal(self.pid, signal.SIGCONT)
+
+
+class ProcessKill(Fault):
+    """SIGKILL a process; heal calls its ``restart`` (if any)."""
+
+    def __init__(self, target: ProcTarget, seed: int | None = None) -> None:
+        super().__init__(target.name, seed)
+        self.proc = target
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return f"{self.proc.role}_kill"
+
+    def _apply(self) -> None:
+        pid = self.proc.pid()
+        if pid is None:
+            raise RuntimeError(f"{self.proc.name} is not running")
+        self.detail["pid"] = pid
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+
+    def _heal(self) -> None:
+        if self.proc.restart is not None:
+            self.proc.restart()
+            self.detail["restarted_pid"] = self.proc.pid()
