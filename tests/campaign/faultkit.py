@@ -14,7 +14,11 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,12 +29,13 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.embedded import port_free
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 
 __all__ = ["AllBrokersPaused", "BrokerKill", "BrokerPause", "ControllerKill", "Fault",
-           "GroupCoordinatorKill", "ProcTarget", "ProcessKill", "ProcessPause",
+           "GroupCoordinatorKill", "GroupProbe", "ProcTarget", "ProcessKill", "ProcessPause",
            "active_controller", "await_healthy", "cluster_healthy", "group_coordinator",
-           "now_ms", "restart_node"]
+           "group_snapshot", "now_ms", "restart_node"]
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +118,16 @@ def _signal(pid: int, sig: signal.Signals) -> bool:
 
 
 def _wait_gone(pid: int, timeout_s: float = 15.0) -> None:
+    """Until ``pid`` is dead (a zombie counts): its parent, not the nemesis, reaps it and
+    reads its exit status."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return  # someone else's child, dead, waiting to be reaped
+            return
         time.sleep(0.05)
 
 
@@ -134,9 +138,15 @@ def _node_pid(cluster: EmbeddedCluster, node_id: int) -> int:
     return pid
 
 
-def restart_node(cluster: EmbeddedCluster, node_id: int) -> float:
-    """Start a stopped node again; returns the seconds it took to answer."""
+def restart_node(cluster: EmbeddedCluster, node_id: int, timeout_s: float = 30.0) -> float:
+    """Start a stopped node again; returns the seconds it took to answer. A JVM that
+    halted may still be exiting (its cmdline already gone) with its ports open: wait."""
     started = time.monotonic()
+    spec = cluster._layout["nodes"][node_id - 1]
+    while not (port_free(spec["port"]) and port_free(spec["controller_port"])):
+        if time.monotonic() - started > timeout_s:
+            break  # start_node says which port is taken
+        time.sleep(0.2)
     cluster.start_node(node_id)
     return round(time.monotonic() - started, 1)
 
@@ -184,22 +194,85 @@ def active_controller(cluster: EmbeddedCluster) -> tuple[int, int]:
     return best
 
 
-def group_coordinator(admin: AdminClient, group: str, timeout_s: float = 10.0) -> int:
-    """The node id coordinating consumer group ``group`` (Admin DescribeGroups)."""
-    future = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
-    return int(future.result(timeout=timeout_s).coordinator.id)
-
-
-def group_snapshot(admin: AdminClient, group: str,
-                   timeout_s: float = 5.0) -> tuple[str, frozenset[str], int] | None:
-    """``(state, member ids, coordinator)`` of ``group`` now, None when it cannot be read."""
+# Describes a group in a child process: librdkafka aborts the whole process when a
+# DescribeGroups request times out while the group's coordinator is down (librdkafka #4605,
+# seen with 2.16), exactly what the nemesis makes happen.
+PROBE = """
+import json, sys
+from confluent_kafka.admin import AdminClient
+admin = AdminClient({"bootstrap.servers": sys.argv[1]})
+for line in sys.stdin:
     try:
-        desc = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group] \
-            .result(timeout=timeout_s)
-    except (KafkaException, TimeoutError, ValueError):
+        d = admin.describe_consumer_groups([line.strip()], request_timeout=3.0)[
+            line.strip()].result(timeout=6)
+        out = {"state": d.state.name, "members": sorted(m.member_id for m in d.members),
+               "coordinator": d.coordinator.id}
+    except Exception as exc:
+        out = {"error": str(exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class GroupProbe:
+    """Consumer group descriptions from a child process, started again when it died."""
+
+    def __init__(self, bootstrap: str, timeout_s: float = 10.0) -> None:
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def describe(self, group: str) -> dict[str, Any] | None:
+        """``{state, members, coordinator}`` of ``group``, None when it could not be read."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                proc = self._proc = subprocess.Popen(
+                    [sys.executable, "-c", PROBE, self.bootstrap], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(group + "\n")
+                proc.stdin.flush()
+                ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+                line = proc.stdout.readline() if ready else ""
+            except OSError:
+                line = ""
+            if not line:
+                self._close(proc)
+                return None
+        answer = json.loads(line)
+        return None if "error" in answer else answer
+
+    def _close(self, proc: subprocess.Popen) -> None:
+        proc.kill()
+        proc.wait(10)
+        self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                self._close(self._proc)
+
+
+def group_coordinator(probe: GroupProbe, group: str, timeout_s: float = 30.0) -> int:
+    """The node id coordinating consumer group ``group`` (Admin DescribeGroups)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = probe.describe(group)
+        if answer is not None:
+            return int(answer["coordinator"])
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"group {group}: no coordinator found in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def group_snapshot(probe: GroupProbe, group: str) -> tuple[str, frozenset[str], int] | None:
+    """``(state, member ids, coordinator)`` of ``group`` now, None when it cannot be read."""
+    answer = probe.describe(group)
+    if answer is None:
         return None
-    state = getattr(desc.state, "name", str(desc.state))
-    return state, frozenset(m.member_id for m in desc.members), int(desc.coordinator.id)
+    return answer["state"], frozenset(answer["members"]), int(answer["coordinator"])
 
 
 # -- broker faults -------------------------------------------------------------------------
@@ -283,11 +356,11 @@ class GroupCoordinatorKill(BrokerKill):
         self.group = group
         self.trigger = trigger
         self.rebalance_wait_s = rebalance_wait_s
-        self.admin = AdminClient(shared_conf(cluster.conf()))
+        self.probe = GroupProbe(cluster.bootstrap)
 
     def _pick(self) -> int:
-        before = group_snapshot(self.admin, self.group)
-        node_id = before[2] if before else group_coordinator(self.admin, self.group)
+        before = group_snapshot(self.probe, self.group)
+        node_id = before[2] if before else group_coordinator(self.probe, self.group)
         if self.trigger is not None:
             try:
                 self.trigger.apply()
@@ -300,7 +373,7 @@ class GroupCoordinatorKill(BrokerKill):
     def _await_rebalance(self, before: tuple[str, frozenset[str], int] | None) -> bool:
         deadline = time.monotonic() + self.rebalance_wait_s
         while time.monotonic() < deadline:
-            now = group_snapshot(self.admin, self.group, timeout_s=2.0)
+            now = group_snapshot(self.probe, self.group)
             if now is not None and (now[0] in REBALANCING
                                     or (before is not None and now[1] != before[1])):
                 self.detail["state"] = now[0]
@@ -312,6 +385,7 @@ class GroupCoordinatorKill(BrokerKill):
         try:
             super()._apply()
         finally:
+            self.probe.close()
             if self.trigger is not None:
                 self.trigger.heal()
                 self.detail["trigger"] = self.trigger.event()

@@ -22,7 +22,12 @@ from confluent_kafka.admin import AdminClient
 
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.kafka_cluster import EmbeddedCluster
-from tests.campaign.faultkit import REBALANCING, active_controller, group_snapshot
+from tests.campaign.faultkit import (
+    REBALANCING,
+    GroupProbe,
+    active_controller,
+    group_snapshot,
+)
 
 __all__ = ["FENCE_PATTERNS", "GroupWatch", "LeaderWatch", "controller_elections",
            "count_log_lines"]
@@ -49,6 +54,10 @@ class _Poller:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
+        self.close()
+
+    def close(self) -> None:
+        pass
 
     def __enter__(self) -> _Poller:
         return self.start()
@@ -104,7 +113,7 @@ class GroupWatch(_Poller):
     def __init__(self, cluster: EmbeddedCluster, group: str,
                  interval_s: float = POLL_S / 2) -> None:
         super().__init__(interval_s)
-        self.admin = AdminClient(shared_conf(cluster.conf()))
+        self.probe = GroupProbe(cluster.bootstrap)
         self.group = group
         self.rebalances = 0
         self.coordinator_moves = 0
@@ -112,8 +121,11 @@ class GroupWatch(_Poller):
         self._rebalancing = False
         self._coordinator: int | None = None
 
+    def close(self) -> None:
+        self.probe.close()
+
     def poll(self) -> None:
-        snap = group_snapshot(self.admin, self.group, timeout_s=2.0)
+        snap = group_snapshot(self.probe, self.group)
         if snap is None:
             return
         state, members, coordinator = snap
