@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,8 +49,12 @@ class _Poller:
         self.lock = threading.Lock()
 
     def start(self) -> _Poller:
+        self.baseline()
         self._thread.start()
         return self
+
+    def baseline(self) -> None:
+        """A first reading before the faults begin, to count changes from."""
 
     def stop(self) -> None:
         self._stop.set()
@@ -85,6 +90,11 @@ class LeaderWatch(_Poller):
         self.leaders: dict[tuple[str, int], int] = {}
         self.changes = 0
         self.polls = 0
+
+    def baseline(self, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.polls == 0 and time.monotonic() < deadline:
+            self.poll()
 
     def watch(self, *topics: str) -> None:
         """Add topics (created mid-run) to the watch."""
