@@ -33,9 +33,9 @@ from rmq_semantics.embedded import port_free
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 
 __all__ = ["AllBrokersPaused", "BrokerKill", "BrokerPause", "ControllerKill", "Fault",
-           "GroupCoordinatorKill", "GroupProbe", "ProcTarget", "ProcessKill", "ProcessPause",
-           "active_controller", "await_healthy", "cluster_healthy", "group_coordinator",
-           "group_snapshot", "now_ms", "restart_node"]
+           "GroupCoordinatorKill", "GroupProbe", "MetadataReader", "ProcTarget", "ProcessKill",
+           "ProcessPause", "active_controller", "await_healthy", "cluster_healthy",
+           "group_coordinator", "group_snapshot", "now_ms", "restart_node"]
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,7 @@ def _signal(pid: int, sig: signal.Signals) -> bool:
 
 
 def _wait_gone(pid: int, timeout_s: float = 15.0) -> None:
-    """Until ``pid`` is dead (a zombie counts): its parent, not the nemesis, reaps it and
-    reads its exit status."""
+    """Until ``pid`` is dead or a zombie (its parent reaps it and reads its status)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -151,13 +150,35 @@ def restart_node(cluster: EmbeddedCluster, node_id: int, timeout_s: float = 30.0
     return round(time.monotonic() - started, 1)
 
 
-def cluster_healthy(admin: AdminClient, brokers: int) -> str | None:
+class MetadataReader:
+    """Cluster metadata from whichever node answers: one client per node, asked in turn. A
+    client of all three keeps asking the node it is connected to, which a pause or a
+    partition leaves silent (its TCP connection stays up)."""
+
+    def __init__(self, cluster: EmbeddedCluster, timeout_s: float = 1.5) -> None:
+        self.admins = [AdminClient(shared_conf({"bootstrap.servers": node.bootstrap}))
+                       for node in cluster.nodes()]
+        self.timeout_s = timeout_s
+        self._next = 0
+
+    def metadata(self) -> Any | None:
+        """A ClusterMetadata, None when no node answered."""
+        for _ in self.admins:
+            admin = self.admins[self._next]
+            self._next = (self._next + 1) % len(self.admins)
+            try:
+                return admin.list_topics(timeout=self.timeout_s)
+            except KafkaException:
+                continue
+        return None
+
+
+def cluster_healthy(reader: MetadataReader, brokers: int) -> str | None:
     """None when every broker is registered and every partition (internal topics too) has
     a leader and its full ISR; else what is not."""
-    try:
-        meta = admin.list_topics(timeout=5.0)
-    except KafkaException as exc:
-        return f"no metadata ({exc})"
+    meta = reader.metadata()
+    if meta is None:
+        return "no node answers a metadata request"
     if len(meta.brokers) < brokers:
         return f"{len(meta.brokers)} of {brokers} brokers registered"
     short = [f"{t}[{n}] leader {p.leader} isr {p.isrs}" for t, topic in meta.topics.items()
@@ -168,10 +189,10 @@ def cluster_healthy(admin: AdminClient, brokers: int) -> str | None:
 
 def await_healthy(cluster: EmbeddedCluster, timeout_s: float = 90.0) -> str | None:
     """Wait until :func:`cluster_healthy`; returns None, or what was still wrong."""
-    admin = AdminClient(shared_conf(cluster.conf()))
+    reader = MetadataReader(cluster)
     deadline = time.monotonic() + timeout_s
     while True:
-        problem = cluster_healthy(admin, cluster.brokers)
+        problem = cluster_healthy(reader, cluster.brokers)
         if problem is None or time.monotonic() >= deadline:
             return problem
         time.sleep(0.5)

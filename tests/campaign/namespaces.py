@@ -64,8 +64,10 @@ def require_inside(what: str) -> None:
 
 def ns_command(cmd: Sequence[str]) -> list[str]:
     """``cmd`` in a new network + mount namespace with loopback up (root only), to run with
-    the env of :func:`ns_env`."""
-    return ["unshare", "--net", "--mount", "--propagation", "private", "--",
+    the env of :func:`ns_env`. Also a PID namespace with ``cmd`` as its init: when it exits
+    or crashes, the kernel kills whatever it left (brokers, workers) with it."""
+    return ["unshare", "--net", "--mount", "--propagation", "private", "--pid", "--fork",
+            "--kill-child", "--mount-proc", "--",
             "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
 
 

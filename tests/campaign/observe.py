@@ -18,14 +18,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
-
-from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from tests.campaign.faultkit import (
     REBALANCING,
     GroupProbe,
+    MetadataReader,
     active_controller,
     group_snapshot,
 )
@@ -85,7 +82,7 @@ class LeaderWatch(_Poller):
     def __init__(self, cluster: EmbeddedCluster, topics: Iterable[str] = (),
                  interval_s: float = POLL_S) -> None:
         super().__init__(interval_s)
-        self.admin = AdminClient(shared_conf(cluster.conf()))
+        self.reader = MetadataReader(cluster)
         self.topics = list(topics)
         self.leaders: dict[tuple[str, int], int] = {}
         self.changes = 0
@@ -102,10 +99,10 @@ class LeaderWatch(_Poller):
             self.topics.extend(t for t in topics if t not in self.topics)
 
     def poll(self) -> None:
-        try:
-            meta = self.admin.list_topics(timeout=2.0).topics
-        except KafkaException:
+        full = self.reader.metadata()
+        if full is None:
             return
+        meta = full.topics
         with self.lock:
             names = self.topics or [t for t in meta if not t.startswith("__")]
             self.polls += 1
