@@ -13,12 +13,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# The jars from Maven Central, and when missing the barrier tests' PostgreSQL and the
-# monitoring tests' Prometheus (Debian's packages, their services kept off).
+# The jars from Maven Central, and when missing the barrier tests' PostgreSQL, the
+# monitoring tests' Prometheus (Debian's packages, their services kept off) and the fault
+# campaign's faketime and iptables.
 setup: $(VENV)/.installed
 	$(PY) -m rmq_semantics setup
 	tests/barrier/postgres.sh ensure
 	tests/monitoring/prometheus.sh ensure
+	tests/campaign/tools.sh ensure
 
 demo: setup
 	$(PY) -m rmq_semantics demo

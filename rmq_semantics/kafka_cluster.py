@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,13 +104,17 @@ class EmbeddedCluster:
 
     ``port`` is the first node's listener port (node I listens on ``port + I - 1``); None
     picks free ports. ``start()`` returns the bootstrap list of all nodes.
+    ``node_prefix(node_id)`` gives the words put before a node's ``java`` (a fault test runs
+    each node under its own group id); None: none.
     """
 
     def __init__(self, data_dir: Path | str, brokers: int | None = None,
                  port: int | None = None, version: str | None = None,
-                 heap: str = NODE_HEAP) -> None:
+                 heap: str = NODE_HEAP,
+                 node_prefix: Callable[[int], Sequence[str]] | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.heap = heap
+        self.node_prefix = node_prefix
         self._layout = self._load_or_plan(brokers, port, version)
 
     # -- layout ---------------------------------------------------------------------------
@@ -166,7 +171,9 @@ class EmbeddedCluster:
         return ClusterNode(self.data_dir / f"node-{node_id}", port=spec["port"],
                            heap=self.heap, version=self.version, node_id=node_id,
                            brokers=self.brokers, controller_port_fixed=spec["controller_port"],
-                           voters=voters, cluster_id=self._layout["cluster_id"])
+                           voters=voters, cluster_id=self._layout["cluster_id"],
+                           command_prefix=tuple(self.node_prefix(node_id)
+                                                if self.node_prefix else ()))
 
     def nodes(self) -> list[ClusterNode]:
         return [self.node(i) for i in range(1, self.brokers + 1)]

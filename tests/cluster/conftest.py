@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rmq_semantics.kafka_cluster import EmbeddedCluster
+from tests.campaign.namespaces import node_prefix
 from tests.conftest import Broker
 
 BROKERS = 3
@@ -23,7 +24,8 @@ BROKERS = 3
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[EmbeddedCluster]:
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-cluster-"))
-    cluster = EmbeddedCluster(data_dir, brokers=BROKERS)
+    # Each node under a group id of its own, which the nemesis's partitions match.
+    cluster = EmbeddedCluster(data_dir, brokers=BROKERS, node_prefix=node_prefix)
     try:
         cluster.start()
         yield cluster
