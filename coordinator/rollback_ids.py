@@ -88,6 +88,9 @@ class RollbackByIdSteps:
         rolled_back_ids: RollbackIds
 
         def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
+        def _mismatch(self, request: EndRequest, half: HalfMessage) -> list: ...
+        def _second_decision(self, request: EndRequest, first: TxnState | None,
+                             same: bool) -> None: ...
 
     def _end_by_id(self, request: EndRequest) -> list[Action]:
         """An end request without a half offset (recovery is over: it waited as deferred)."""
@@ -113,13 +116,10 @@ class RollbackByIdSteps:
     def _roll_back_by_id(self, offset: int, request: EndRequest) -> list[Action]:
         half = self.pending[offset].half
         if request.producer_group != half.producer_group:
-            self.counters["rejected_mismatch"] += 1
-            self.rejections.append((request, f"does not match the half message (txn "
-                                              f"{half.txn_id}, group {half.producer_group})"))
-            return []
+            return self._mismatch(request, half)
         unit = self.assemblies.unit(offset)
         if unit is not None and unit.commit is not None:  # COMMIT was the first decision
-            self.counters["conflicting_decisions"] += 1
+            self._second_decision(request, TxnState.COMMITTED, same=False)
             return []
         return [self._finish(offset, TxnState.ROLLED_BACK)]
 

@@ -335,10 +335,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
             return []
         half = entry.half
         if request.txn_id != half.txn_id or request.producer_group != half.producer_group:
-            self.counters["rejected_mismatch"] += 1
-            self.rejections.append((request, f"does not match the half message (txn "
-                                              f"{half.txn_id}, group {half.producer_group})"))
-            return []
+            return self._mismatch(request, half)
         unit = self.assemblies.unit(offset)
         if unit is not None and unit.commit is not None:  # COMMIT was the first decision
             self._second_decision(request, TxnState.COMMITTED, request.state == "COMMIT")

@@ -15,6 +15,7 @@ from rmq_semantics.records.reasons import DiscardReason
 
 if TYPE_CHECKING:  # the state machine imports this module
     from coordinator.actions import Discard, EndRequest, TxnState
+    from rmq_semantics.records.half import HalfMessage
 
 __all__ = ["DEFER_GRACE_MS", "MAX_DEFERRED_ENDS", "WaitSteps"]
 
@@ -56,6 +57,13 @@ class WaitSteps:
         self.rejections.append((request, f"conflicting decision {request.state} after the "
                                          f"first one, {getattr(first, 'name', 'forgotten')}: "
                                          "ignored (the first decision wins)"))
+
+    def _mismatch(self, request: EndRequest, half: HalfMessage) -> list:
+        """An end request whose transaction id or producer group is not the half's."""
+        self.counters["rejected_mismatch"] += 1
+        self.rejections.append((request, f"does not match the half message (txn "
+                                         f"{half.txn_id}, group {half.producer_group})"))
+        return []
 
     def _defer(self, request: EndRequest) -> None:
         """Keep ``request`` until its half record is read (or drop one, when full)."""
