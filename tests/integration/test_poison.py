@@ -21,6 +21,7 @@ from rmq_semantics.tools.admin import list_discarded, redrive
 from rmq_semantics.topics import ensure_topics
 from tests.integration.txn_helpers import (
     FAST,
+    MemberWriter,
     ScriptedListener,
     ThreadCoordinator,
     no_pending,
@@ -118,7 +119,12 @@ def test_records_kafka_refuses_are_discarded_after_an_abort_and_the_batch_goes_o
     with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator, \
             TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
                                 topic_prefix=prefix, half_partitions=1) as producer:
-        big = producer.send_message_in_transaction(Message(small, b"x" * 5000))
+        # send_message_in_transaction refuses it at send time now: what an older client,
+        # or a max.message.bytes lowered after the send, leaves for the coordinator.
+        writer = MemberWriter(conf, prefix, unique("old-client"), 1)
+        big_txn, _partition, _offsets = writer.send([Message(small, b"x" * 5000)],
+                                                    EndState.COMMIT)
+        writer.close()
         # A compacted topic refuses a record without a key: not a reason of its own, so
         # it is replayed replay_max times, then set aside.
         keyless = producer.send_message_in_transaction(Message(compacted, b"no key"))
@@ -132,7 +138,7 @@ def test_records_kafka_refuses_are_discarded_after_an_abort_and_the_batch_goes_o
         discarded = {t.txn_id: t.reason for t in list_discarded(conf, prefix)}
         assert _sample(coordinator, "rmq_discarded_total", reason="too_large") == 1
         assert _sample(coordinator, "rmq_discarded_total", reason="replay_limit") == 1
-    assert discarded == {big.transaction_id: "too_large", keyless.transaction_id: "replay_limit"}
+    assert discarded == {big_txn: "too_large", keyless.transaction_id: "replay_limit"}
     assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"behind"]
     assert read_to_end(conf, small, 1) == [] and read_to_end(conf, compacted, 1) == []
 

@@ -28,10 +28,17 @@ from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.embedded import free_port
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.codec import encode
-from rmq_semantics.records.txn import EndRequest
+from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools import dashboard_plots
 from rmq_semantics.topics import ensure_topics
-from tests.integration.txn_helpers import FAST, REPO, CoordinatorProcess, ScriptedListener, wait_for
+from tests.integration.txn_helpers import (
+    FAST,
+    REPO,
+    CoordinatorProcess,
+    MemberWriter,
+    ScriptedListener,
+    wait_for,
+)
 from tests.monitoring.prometheus import JOB, PrometheusServer, PrometheusUnavailable, binaries
 from tests.require import missing
 
@@ -120,6 +127,8 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str,
                              half_partitions=FAST["half_partitions"]) as producer, \
             LockClient(conf, topic_prefix=prefix, client_id="lapsing") as lapsing, \
             LockClient(conf, topic_prefix=prefix, client_id="successor") as successor:
+        too_large = MemberWriter(conf, prefix, f"old-client-{uuid.uuid4().hex[:6]}",
+                                 FAST["half_partitions"])
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < TRAFFIC_S:
@@ -130,7 +139,9 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str,
                 producer.send_message_in_transaction(Message(topic, f"check-{n}".encode()))
                 producer.send_message_in_transaction(Message(topic, f"unknown-{n}".encode()))
             if n % 10 == 2:
-                producer.send_message_in_transaction(Message(small, b"big-" + b"x" * 5000))
+                # Refused at send time now: written as an older client (or a limit lowered
+                # after the send) leaves it, for the coordinator to discard as too_large.
+                too_large.send([Message(small, b"big-" + b"x" * 5000)], EndState.COMMIT)
                 pending = producer.send_message_in_transaction(
                     Message(topic, f"check-forged-{n}".encode()))
                 _forge_mismatch(conf, prefix, pending)
@@ -142,6 +153,7 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str,
                 successor.unlock(group, queue, timeout=30)
             n += 1
             time.sleep(max(0.0, n - (time.monotonic() - started)))
+        too_large.close()
         settle()
 
 
