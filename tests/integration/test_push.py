@@ -311,8 +311,6 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
     assert all(line.startswith(f"{retry_topic}[0]@") for line in logged)
 
 
-@pytest.mark.xfail(strict=True, reason="a fenced transactional producer stops the poll loop "
-                   "(flush(0) of the dead producer raises before the new one is made)")
 def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broker, make_topic,
                                                                           unique):
     """Campaign seed 30: a broker fault fenced the push consumer's own transactional producer
