@@ -36,9 +36,9 @@ __all__ = ["MINIMUMS", "SKEWED_PRODUCER", "RealNemesis", "prepare_cluster", "pro
            "timing_for"]
 
 SKEWED_PRODUCER = "producer-2"  # the async producer: its wall clock is the nemesis's to move
-# What a short run with every fault kind reliably causes (observed over runs), and every
-# kind applied at least once.
-MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1, "fenced_producer": 1,
+# What a short run with every fault kind reliably causes, and every kind applied at least
+# once. Fenced producers are counted, not required: seed 30 saw 5, 1 and 0 in three runs.
+MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1,
             **{f"fault:{kind}": 1 for kind in ALL_KINDS}}
 EXTRA_S = 240.0  # past the load: the plan's last faults still run (every kind once)
 POLL_S = 0.5
