@@ -66,21 +66,25 @@ test-docker-full: setup
 test-cluster: setup
 	$(PY) -m pytest -m cluster tests/cluster $(CLUSTER_ARGS)
 
-# The fault campaign (tests/campaign, issue 30): a 3-node cluster of its own, producer and
-# consumer processes, the nemesis, the checkers; a seed's run prints its table and the out dir
-# holding its history. SEEDS="1 2 3" runs each (long load; CAMPAIGN_ARGS adds e.g.
-# --duration 600); every seed runs, the target fails if one did.
+# The fault campaign (tests/campaign, issue 30): inside namespaces of its own (network,
+# mount, pid: tests/campaign/namespaces.py, root), a 3-node cluster of its own, producer and
+# consumer processes, the nemesis (every fault kind), the checkers; a seed's run prints its
+# table and the out dir holding its history. SEEDS="1 2 3" runs each (long load;
+# CAMPAIGN_ARGS adds e.g. --duration 600); every seed runs, the target fails if one did.
 SEEDS ?= 1
+CAMPAIGN_NS := $(PY) -m tests.campaign.namespaces
 campaign: setup
 	@failed=""; for s in $(SEEDS); do \
-		$(PY) -m tests.campaign --seed $$s $(CAMPAIGN_ARGS) || failed="$$failed $$s"; \
+		$(CAMPAIGN_NS) $(PY) -m tests.campaign --seed $$s $(CAMPAIGN_ARGS) \
+			|| failed="$$failed $$s"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "campaign: FAILED seeds:$$failed"; exit 1; fi
 
-# The short campaign CI runs (tests/cluster/test_campaign.py on the cluster step's cluster):
-# the pinned seed, short horizons, about 5 minutes with the cluster's start.
+# The short campaign CI runs as its own step: the pinned seed, short horizons, every fault
+# kind once, its own namespaced cluster; about 5 minutes.
+SHORT_SEED ?= 30
 campaign-short: setup
-	$(PY) -m tests.campaign --short $(CAMPAIGN_ARGS)
+	$(CAMPAIGN_NS) $(PY) -m tests.campaign --short --seed $(SHORT_SEED) $(CAMPAIGN_ARGS)
 
 # The transactional and orderly suites on each Kafka release we support (the embedded jars
 # of each, resolved from Maven Central once): the pinned default and the oldest line, 3.9.

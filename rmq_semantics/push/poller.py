@@ -8,6 +8,7 @@ due time the loop checks on every round; back-pressure pauses the other partitio
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -353,9 +354,11 @@ class PollLoop:
         producer = self.producer
         assert producer is not None
         if err.fatal():
-            # A fatal producer error (e.g. fenced) ends this producer: start a new one.
+            # A fatal producer error (e.g. fenced) ends this producer: start a new one. The
+            # dead one's flush raises that same fatal error: it must not stop the loop.
             self.producer = None
-            producer.flush(0)
+            with contextlib.suppress(KafkaException):
+                producer.flush(0)
             self.producer = new_client(confluent_kafka.Producer, self.s.producer_conf,
                                        "PushConsumer producer")
             self.producer.init_transactions(TXN_TIMEOUT_S)

@@ -259,9 +259,17 @@ class DiskFull(Fault):
             raise RuntimeError(f"node {self.tmpfs.node_id}'s log dir is not on a tmpfs: "
                                "TmpfsLogDir.install() first")
         free = self.tmpfs.free_bytes() - FILL_SLACK
-        # What fitted stays when the allocation fails: the dir is as full as it gets.
-        with open(self.filler, "wb") as out, contextlib.suppress(OSError):
-            os.posix_fallocate(out.fileno(), 0, free)
+        # tmpfs takes a fallocate whole or not at all (the broker's own appends can take the
+        # last pages first): what does not fit at once is written in chunks to ENOSPC.
+        with open(self.filler, "wb", buffering=0) as out:
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(out.fileno(), 0, free)
+            out.seek(0, os.SEEK_END)
+            chunk = bytes(1 << 20)
+            with contextlib.suppress(OSError):
+                while True:
+                    if not out.write(chunk):
+                        break
         self.detail["filled_bytes"] = self.filler.stat().st_size
         self.detail["pid"] = self.tmpfs.cluster.node(self.tmpfs.node_id).pid
 

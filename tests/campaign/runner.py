@@ -34,8 +34,9 @@ from pathlib import Path
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.admin import list_pending
 from tests.campaign import events as ev
-from tests.campaign import final_read, gather, observe
+from tests.campaign import final_read, gather, observe, wire
 from tests.campaign.checkers import check_coordinator_exits, run_all
+from tests.campaign.clock import clock_file_env, faketime_available
 from tests.campaign.config import (
     HEARTBEAT_MS,
     SESSION_TIMEOUT_MS,
@@ -110,6 +111,8 @@ class Campaign:
         self.load_started_ms = 0
         self.stopping_ms: int | None = None  # the coordinators are being stopped from here
         self.txn_tools: tuple[str | None, str | None, dict[int, str], str] | None = None
+        self.real_nemesis = False  # nemesis.py's: namespaced cluster, a skewable producer
+        self.clock_files: dict[str, Path] = {}
 
     # -- phases ---------------------------------------------------------------------------
     def phase(self, name: str, **fields: object) -> None:
@@ -122,7 +125,9 @@ class Campaign:
 
     def start_cluster(self) -> str:
         if self.cluster is None:
-            self.cluster = EmbeddedCluster(self.out / "cluster", brokers=BROKERS)
+            self.cluster = (wire.prepare_cluster(self.out / "cluster", BROKERS)
+                            if self.real_nemesis else
+                            EmbeddedCluster(self.out / "cluster", brokers=BROKERS))
             self.owns_cluster = True
             self.phase("cluster start", data_dir=str(self.cluster.data_dir))
             self.cluster.start()
@@ -158,10 +163,15 @@ class Campaign:
         self.await_ready(targets.consumers)
         self.phase("producers start")
         for i, api in enumerate(cfg.producers):
+            name, env = f"producer-{i}", None
+            if (self.real_nemesis and name == wire.SKEWED_PRODUCER
+                    and faketime_available() is None):
+                self.clock_files[name] = self.out / f"clock-{name}"
+                env = clock_file_env(self.clock_files[name])
             targets.producers.append(WorkerProcess(
-                f"producer-{i}", "tests.campaign.producer_worker",
+                name, "tests.campaign.producer_worker",
                 ["--config", str(config_file), "--index", str(i), "--api", api],
-                self.out / "logs" / f"producer-{i}.log", f"producer-{api}").start())
+                self.out / "logs" / f"{name}.log", f"producer-{api}").start(env))
         self.await_ready(targets.producers)
         return targets
 
@@ -372,6 +382,10 @@ class Campaign:
         results: list[CheckResult] = []
         nemesis_cls, minimums = pick_nemesis(self.opts.calm, self.opts.stub_faults,
                                              self.opts.minimums)
+        if nemesis_cls.__name__ == "Nemesis":
+            self.real_nemesis = True
+            minimums = dict(self.opts.minimums if self.opts.minimums is not None
+                            else wire.MINIMUMS)
         try:
             bootstrap = self.start_cluster()
             cfg = self.cfg = plan_config(self.opts, bootstrap)
@@ -381,7 +395,9 @@ class Campaign:
                 "horizon_s": self.opts.horizon_s}))
             targets = self.start_processes(cfg)
             self.start_watcher(cfg, targets)
-            self.load(cfg, nemesis_cls(cfg.seed, targets, self.rec))
+            self.load(cfg, nemesis_cls(cfg.seed, targets, self.rec) if not self.real_nemesis
+                      else wire.RealNemesis(cfg, targets, self.rec, self.clock_files,
+                                            self.opts.short, self.notes))
             self.drain(cfg)
             reads = self.final_reads(cfg)
             self.catch_up(cfg, reads)

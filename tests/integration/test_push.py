@@ -309,3 +309,32 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
     logged = [r.getMessage() for r in caplog.records if "retry record with" in r.getMessage()]
     assert len(logged) == bad
     assert all(line.startswith(f"{retry_topic}[0]@") for line in logged)
+
+
+def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broker, make_topic,
+                                                                          unique):
+    """Campaign seed 30: a broker fault fenced the push consumer's own transactional producer
+    (a newer epoch of its transactional.id); the consumer must start a new producer and go
+    on, not stop consuming for good."""
+    topic, group, prefix = make_topic("push-fenced"), unique("push-fg"), unique("__rmqp")
+    client_id = unique("push-client")
+    seen: list[int] = []
+
+    def listener(msgs, context):
+        seen.extend(int(m.value) for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    produce_numbers(broker.conf(), topic, range(20))
+    consumer = start(broker, group, topic, prefix, listener, client_id=client_id)
+    try:
+        wait_for(lambda: set(seen) >= set(range(20)), 60, "the first messages")
+        # A newer instance of the same transactional.id fences the consumer's producer.
+        fencer = confluent_kafka.Producer(broker.conf(
+            **{"transactional.id": f"{prefix}_push_{client_id}"}))
+        fencer.init_transactions(30)
+        produce_numbers(broker.conf(), topic, range(20, 40))
+        wait_for(lambda: set(seen) >= set(range(40)), 60, "the messages after the fence")
+    finally:
+        consumer.shutdown()
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends
