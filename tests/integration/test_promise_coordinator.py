@@ -18,6 +18,7 @@ from rmq_semantics.records.txn import DoneEntry, DoneMarkers, Outcome
 from tests.integration.txn_helpers import (
     ScriptedListener,
     ThreadCoordinator,
+    metric,
     no_pending,
     read_to_end,
     wait_for,
@@ -25,9 +26,6 @@ from tests.integration.txn_helpers import (
 
 pytestmark = pytest.mark.integration
 
-
-def _sample(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
-    return coordinator.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_a_marker_forged_before_the_first_coordinator_starts_settles_nothing(
@@ -53,8 +51,8 @@ def test_a_marker_forged_before_the_first_coordinator_starts_settles_nothing(
             wait_for(lambda: no_pending(coordinator, 1)
                      and coordinator.server.transactions.states[0].op_position > forged[0],
                      60, "the coordinator to read the forged marker and settle the half")
-            assert _sample(coordinator, "rmq_forged_markers_total", reason="unsigned") == 1
-            assert _sample(coordinator, "rmq_promotions_total") == 1
+            assert metric(coordinator, "rmq_forged_markers_total", reason="unsigned") == 1
+            assert metric(coordinator, "rmq_promotions_total") == 1
     assert listener.checked == [b"forged-before-start"]
     assert Counter(m.value() for m in read_to_end(conf, topic, 1)) == {
         b"forged-before-start": 1}
@@ -78,12 +76,12 @@ def test_a_commit_into_a_partition_added_just_before_is_promoted_not_discarded(
             TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
                                 topic_prefix=prefix, half_partitions=1) as producer:
         producer.send_message_in_transaction(Message(topic, b"before", partition=0))
-        wait_for(lambda: _sample(coordinator, "rmq_promotions_total") == 1, 60,
+        wait_for(lambda: metric(coordinator, "rmq_promotions_total") == 1, 60,
                  "the first promotion")
         admin = AdminClient(conf)
         admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
         producer.send_message_in_transaction(Message(topic, b"after", partition=1))
-        wait_for(lambda: _sample(coordinator, "rmq_promotions_total") == 2
+        wait_for(lambda: metric(coordinator, "rmq_promotions_total") == 2
                  or _discarded(coordinator), 60, "the second transaction to be decided")
         assert _discarded(coordinator) == 0
     records = read_to_end(conf, topic, 2)

@@ -24,6 +24,7 @@ from tests.integration.txn_helpers import (
     FAST,
     ScriptedListener,
     ThreadCoordinator,
+    metric,
     no_pending,
     read_to_end,
     wait_for,
@@ -31,9 +32,6 @@ from tests.integration.txn_helpers import (
 
 pytestmark = pytest.mark.integration
 
-
-def _sample(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
-    return coordinator.server.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique, caplog):
@@ -62,10 +60,10 @@ def test_another_group_cannot_decide_a_transaction(broker, make_topic, unique, c
                 await agb.end_transaction(second, S.COMMIT_MESSAGE)
 
         asyncio.run(from_async_gb())
-        wait_for(lambda: _sample(c, "rmq_rejected_requests_total", reason="mismatch") == 2,
+        wait_for(lambda: metric(c, "rmq_rejected_requests_total", reason="mismatch") == 2,
                  60, "both of gb's requests to be rejected")
         wait_for(lambda: no_pending(c, FAST["half_partitions"]), 60, "ga's checks to decide")
-        assert _sample(c, "rmq_promotions_total") == 0
+        assert metric(c, "rmq_promotions_total") == 0
     assert sorted(ga_listener.checked) == [b"ga-1", b"ga-2"]
     rejected = [r.getMessage() for r in caplog.records if "does not match" in r.getMessage()]
     assert {first.transaction_id, second.transaction_id} == {
@@ -123,7 +121,7 @@ def test_a_listener_with_rocketmqs_method_names_is_called(broker, make_topic, un
         assert (inline.local_transaction_state, checked.local_transaction_state) == (
             S.COMMIT_MESSAGE, S.UNKNOW)
         assert asyncio.run(send_async()) is S.COMMIT_MESSAGE
-        wait_for(lambda: _sample(c, "rmq_promotions_total") == 3, 60, "three promotions")
+        wait_for(lambda: metric(c, "rmq_promotions_total") == 3, 60, "three promotions")
     assert listener.executed == [b"commit-inline", b"checked"]
     assert listener.checked == [b"checked"] and async_listener.executed == [b"commit-aio"]
     assert sorted(m.value() for m in read_to_end(conf, topic, 1)) == [
@@ -214,6 +212,6 @@ def test_a_full_queue_after_the_local_transactions_never_raises_past_committed_w
         started.append(producer)
         [outer] = producer.send_messages_in_transaction([Message(topic, b"outer")])
         assert outer.local_transaction_state is S.COMMIT_MESSAGE
-        wait_for(lambda: _sample(c, "rmq_promotions_total") == 2, 60, "both promotions")
+        wait_for(lambda: metric(c, "rmq_promotions_total") == 2, 60, "both promotions")
     assert sorted(m.value() for m in read_to_end(broker.conf(), topic, 1)) == [
         b"inner", b"outer"]

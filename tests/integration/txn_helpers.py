@@ -162,6 +162,11 @@ def read_to_end(conf: dict, topic: str, partitions: int, timeout_s: float = 60.0
         reader.close()
 
 
+def metric(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
+    """A sample of the in-process coordinator's metrics (0 when it has none yet)."""
+    return coordinator.server.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def no_pending(coordinator: ThreadCoordinator, partitions: int) -> bool:
     """Every owned partition is resolved and its last decisions are committed to Kafka."""
     service = coordinator.server.transactions
