@@ -441,13 +441,15 @@ class ProcTarget:
     (the fault kinds are ``<role>_pause`` / ``<role>_kill``); ``pid()`` gives its pid now
     (None: not running); ``restart()`` starts it again after a kill (None: the runner
     restarts it itself); ``clock_file``: a skewed producer's faketime file
-    (tests.campaign.clock)."""
+    (tests.campaign.clock); ``handover``: a queue-lock holder with a peer in its group, so
+    a pause past its lease hands its queues to another holder (a lock takeover)."""
 
     name: str
     role: str
     pid: Callable[[], int | None]
     restart: Callable[[], object] | None = None
     clock_file: Path | None = None
+    handover: bool = False
 
 
 class ProcessPause(Fault):

@@ -164,7 +164,11 @@ def _target(rng: random.Random, kind: str, nodes: Sequence[int], procs: Sequence
         offset = rng.randint(*timing.skew_s) * rng.choice((-1, 1))
         return rng.choice(skewable), {"offset": f"{offset:+d}s"}
     role = kind.rsplit("_", 1)[0]
-    return rng.choice([p.name for p in procs if p.role == role]), {}
+    mine = [p for p in procs if p.role == role]
+    if kind == "consumer_pause":
+        # A pause past the lease is a takeover only where a peer can take the queues.
+        mine = [p for p in mine if p.handover] or mine
+    return rng.choice([p.name for p in mine]), {}
 
 
 def _available(kind: str, procs: Sequence[ProcTarget], group: str | None) -> str | None:

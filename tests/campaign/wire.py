@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,11 @@ def _restart_after_kill(p: WorkerProcess | Coordinator) -> None:
 def proc_targets(targets: Targets, clock_files: dict[str, Path]) -> list[ProcTarget]:
     out = [ProcTarget(c.name, "coordinator", lambda c=c: c.pid if c.alive() else None,
                       lambda c=c: _restart_after_kill(c)) for c in targets.coordinators]
+    peers = Counter(w.kind for w in targets.consumers)
     out += [ProcTarget(w.name, "consumer", lambda w=w: w.pid if w.alive() else None,
-                       lambda w=w: _restart_after_kill(w)) for w in targets.consumers]
+                       lambda w=w: _restart_after_kill(w),
+                       handover=w.kind.startswith("orderly") and peers[w.kind] > 1)
+            for w in targets.consumers]
     out += [ProcTarget(w.name, "producer", lambda w=w: w.pid if w.alive() else None,
                        lambda w=w: _restart_after_kill(w), clock_files.get(w.name))
             for w in targets.producers]

@@ -228,6 +228,18 @@ def test_a_commit_sent_after_the_lease_lapsed_is_reported_though_no_one_took_the
     _fails_with(check_locks(_plant(late)), "commit_after_lease_lost", "c1", "lapsed")
 
 
+def test_a_commit_sent_under_the_lease_that_lands_after_a_takeover_is_counted_not_failed():
+    """librdkafka defers a commit while the group coordinator is away and sends it later
+    under the generation current then: no fence the holder can bind to its lease. It states
+    a prefix the holder processed; the summary counts it."""
+    landed = at(ev.batch("og/orders/0", "c1", 1, lease_granted_ms=1000,
+                         lease_valid_until_ms=9000, start_ms=8800, end_ms=8900, offsets=[3],
+                         committed=True, commit_sent_ms=8950, commit_ms=9600), 9.6, proc="c1")
+    result = check_locks(_plant(landed))
+    assert result.passed, result.violations
+    assert "1 commits landed after a takeover" in result.summary
+
+
 def test_a_commit_sent_under_the_lease_may_land_late_if_no_one_else_took_the_queue():
     """A broker down delays the commit's answer, not its sending: the consumer checked its
     lease when it sent it, and no other holder's offsets can be moved back."""

@@ -88,3 +88,12 @@ def test_a_fault_that_fails_to_apply_is_recorded_with_its_error_and_healed():
     assert fault.healed == 1
     fault.heal()  # idempotent
     assert fault.healed == 1
+
+
+def test_a_consumer_pause_hits_a_lock_holder_with_a_peer_so_its_queues_change_hands():
+    procs = [*PROCS, ProcTarget("push-0", "consumer", lambda: None),
+             ProcTarget("orderly-0", "consumer", lambda: None, handover=True)]
+    for seed in range(20):
+        plan = make_plan(seed, ALL_KINDS, 600, [1, 2, 3], procs, SHORT, short=True,
+                         disk_node=3)
+        assert [s.target for s in plan if s.kind == "consumer_pause"] == ["orderly-0"]
