@@ -139,6 +139,27 @@ def check_exactly_once(history: History, *, topics: Iterable[str] | None = None,
         violations), echo)
 
 
+#: The nemesis's cluster-lane faults (nemesis.BROKER_KINDS): while one is on, the cluster is
+#: not whole and the liveness horizon does not run (see check_liveness).
+CLUSTER_FAULTS = frozenset({"broker_pause", "broker_kill", "all_brokers_paused",
+                            "controller_kill", "group_coordinator_kill", "disk_full",
+                            "partition"})
+
+
+def _cluster_fault_intervals(history: History) -> list[tuple[float, float]]:
+    """The [start, heal) periods of cluster faults, on the monotonic clock of the events
+    (a fault event is recorded at its heal: its wall-clock times map through the event's)."""
+    out = []
+    for e in history.of(Kind.FAULT):
+        if e["fault"] not in CLUSTER_FAULTS or e.get("start_ms") is None:
+            continue
+        to_mono = e.mono_s - e.wall_ms / 1000
+        end = e.get("end_ms")
+        out.append((e["start_ms"] / 1000 + to_mono,
+                    math.inf if end is None else end / 1000 + to_mono))
+    return out
+
+
 def _down_intervals(history: History) -> dict[str, list[tuple[float, float]]]:
     """Per producer group, the [down, up) periods of its group_state events."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -170,8 +191,10 @@ def _up_deadline(start: float, horizon_s: float, down: list[tuple[float, float]]
 
 def check_liveness(history: History, *, horizon_s: float, echo: bool = True) -> CheckResult:
     """Every UNKNOW transaction is decided (a back-check answered COMMIT or ROLLBACK) within
-    ``horizon_s`` of up-time of its producer group after its send, or after its local
-    transaction ended if that came later."""
+    ``horizon_s`` of up-time after its send, or after its local transaction ended if that
+    came later. Up-time: its producer group is up and no cluster fault is on (with a broker
+    paused, cut off or out of disk, Kafka's own transactions and group rebalances wait for
+    it to be fenced or back; the horizon measures the product, not the outage)."""
     failed = {e.get("txn_id") for e in history.of(Kind.SEND_FAILED)}
     local_end: dict[str, float] = {}
     for e in history.of(Kind.LOCAL_COMMITTED, Kind.LOCAL_ROLLED_BACK):
@@ -181,13 +204,14 @@ def check_liveness(history: History, *, horizon_s: float, echo: bool = True) -> 
         if e["answer"] in ("COMMIT", "ROLLBACK"):
             decided.setdefault(e["txn_id"], e)
     down = _down_intervals(history)
+    cluster_down = _cluster_fault_intervals(history)
     violations: list[Violation] = []
     unknow = [e for e in history.of(Kind.SEND)
               if e["intent"] in _UNKNOW_INTENTS and e["txn_id"] not in failed]
     for send in unknow:
         txn = send["txn_id"]
         start = max(send.mono_s, local_end.get(txn, send.mono_s))
-        deadline = _up_deadline(start, horizon_s, down.get(send["group"], []))
+        deadline = _up_deadline(start, horizon_s, down.get(send["group"], []) + cluster_down)
         where = {"txn_id": txn, "group": send["group"], "proc": send.proc}
         answer = decided.get(txn)
         if answer is None:

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tests.campaign import events as ev
 from tests.campaign.checkers import (
+    CLUSTER_FAULTS,
     check_coordinator_exits,
     check_exactly_once,
     check_faults_took_effect,
@@ -24,6 +25,7 @@ from tests.campaign.checkers import (
     run_all,
 )
 from tests.campaign.history import Event, Kind, Recorder, at, load
+from tests.campaign.nemesis import BROKER_KINDS
 from tests.campaign.planted import HORIZON_S, MINIMUMS, TXN_PENDING_EMPTY, clean_events, history_of
 from tests.campaign.result import CheckResult, Status
 from tests.campaign.summary import failure_line, render_summary
@@ -139,6 +141,21 @@ def test_the_horizon_pauses_while_the_producer_group_is_down():
     history = _plant(late, *down,
                      drop=lambda e: e.kind is Kind.CHECK_ANSWERED and e["txn_id"] == "t3")
     assert check_liveness(history, horizon_s=HORIZON_S).passed
+
+
+def test_the_horizon_pauses_while_a_cluster_fault_is_on_and_only_then():
+    late = at(ev.check_answered("t3", "grp", "COMMIT"), 1.5 + HORIZON_S + 2)
+    drop = lambda e: e.kind is Kind.CHECK_ANSWERED and e["txn_id"] == "t3"  # noqa: E731
+    # Recorded at its heal, like the runner's: its wall times map through the event's.
+    partition = at(ev.fault("partition", "node-2", 2000, end_ms=5000), 5.0)
+    assert check_liveness(_plant(late, partition, drop=drop), horizon_s=HORIZON_S).passed
+    consumer = at(ev.fault("consumer_pause", "orderly-0", 2000, end_ms=5000), 5.0)
+    _fails_with(check_liveness(_plant(late, consumer, drop=drop), horizon_s=HORIZON_S),
+                "late_decision", "t3")
+
+
+def test_the_liveness_checker_knows_every_cluster_fault_of_the_nemesis():
+    assert set(BROKER_KINDS) == CLUSTER_FAULTS
 
 
 def test_the_horizon_starts_when_a_slow_local_transaction_ended():
