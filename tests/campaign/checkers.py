@@ -27,7 +27,7 @@ from tests.campaign.txn_tools import (
 __all__ = ["OBSERVATIONS", "OPEN_STATES", "check_coordinator_exits", "check_exactly_once",
            "check_faults_took_effect", "check_history", "check_kafka_transactions",
            "check_liveness", "check_locks", "check_orderly", "check_push", "check_settled",
-           "check_spark", "run_all"]
+           "check_spark", "check_worker_exits", "read_topics", "run_all"]
 
 #: Kafka transaction states that are still open: nothing may be in one once settled.
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
@@ -322,6 +322,22 @@ def check_coordinator_exits(history: History, *, role: str = "coordinator",
     return _done(CheckResult.of(
         "coordinator_exits", f"{len(exits)} {role} exits, {killed} by the nemesis",
         violations), echo)
+
+
+def check_worker_exits(history: History) -> CheckResult:
+    """No producer or consumer process exited on its own (as for coordinators)."""
+    parts = [check_coordinator_exits(history, role=r, echo=False)
+             for r in ("producer", "consumer")]
+    exits = [e for e in history.of(Kind.EXIT) if e["role"] in ("producer", "consumer")]
+    killed = sum(1 for e in exits if e["killed_by_nemesis"])
+    return CheckResult.of("worker_exits", f"{len(exits)} worker exits, {killed} by the "
+                          "nemesis", [v for p in parts for v in p.violations]).print()
+
+
+def read_topics(history: History) -> list[str]:
+    """The promoted topics of a run: those read at the end or holding committed rows."""
+    return sorted({e["topic"] for e in history.of(Kind.FINAL_READ)}
+                  | {e["topic"] for e in history.of(Kind.COMMITTED_ROW)})
 
 
 def check_spark(history: History, rows: Iterable[Mapping[str, Any]] | None = None, *,

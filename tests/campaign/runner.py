@@ -35,7 +35,7 @@ from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.admin import list_pending
 from tests.campaign import events as ev
 from tests.campaign import final_read, gather, observe, wire
-from tests.campaign.checkers import check_coordinator_exits, run_all
+from tests.campaign.checkers import check_worker_exits, read_topics, run_all
 from tests.campaign.clock import clock_file_env, faketime_available
 from tests.campaign.config import (
     HEARTBEAT_MS,
@@ -48,6 +48,7 @@ from tests.campaign.processes import Coordinator, Targets, WorkerProcess
 from tests.campaign.producer_worker import names as producer_names
 from tests.campaign.result import CheckResult, Violation
 from tests.campaign.smoke import pick_nemesis
+from tests.campaign.spark_lane import SparkLane
 from tests.campaign.summary import render_summary
 from tests.campaign.workload import create_topics, push_dead_letter_expected
 
@@ -113,6 +114,7 @@ class Campaign:
         self.txn_tools: tuple[str | None, str | None, dict[int, str], str] | None = None
         self.real_nemesis = False  # nemesis.py's: namespaced cluster, a skewable producer
         self.clock_files: dict[str, Path] = {}
+        self.spark: SparkLane | None = None  # the long run's Spark job
 
     # -- phases ---------------------------------------------------------------------------
     def phase(self, name: str, **fields: object) -> None:
@@ -201,6 +203,9 @@ class Campaign:
     def load(self, cfg: CampaignConfig, nemesis: object) -> None:
         self.phase("load", seconds=cfg.load_s)
         self.load_started_ms = time.time_ns() // 1_000_000
+        if not self.opts.short and not self.opts.calm:
+            self.spark = SparkLane(cfg, self.out)
+            self.spark.start()
         until = time.monotonic() + cfg.load_s
         nemesis.run(until)  # type: ignore[attr-defined]
         self.watch_exits()
@@ -402,6 +407,10 @@ class Campaign:
             reads = self.final_reads(cfg)
             self.catch_up(cfg, reads)
             dead = self.dead_letters(cfg, reads)
+            if self.spark is not None:
+                self.phase("spark catch up")
+                dead += self.spark.finish()  # spark_row events, recorded with the rest
+                self.notes += self.spark.notes
             self.stop_coordinators(cfg)
             if self.watcher is not None:
                 self.watcher.stop()
@@ -428,28 +437,15 @@ class Campaign:
                           find_hanging=hanging, txn_list=listing,
                           txn_id_prefix=cfg.topic_prefix,
                           topic_prefixes=[f"{cfg.run_id}-", cfg.topic_prefix],
-                          topics=self.read_topics(history),
-                          dead_letter_expected=push_dead_letter_expected)
-        results.append(self.worker_exits(history))
+                          topics=read_topics(history),
+                          dead_letter_expected=push_dead_letter_expected,
+                          spark_rows=[] if self.spark is not None
+                          and not history.of(Kind.SPARK_ROW) else None)
+        results.append(check_worker_exits(history))
         results.append(CheckResult.of("run", "every phase within its deadline" if not
                                       self.notes else f"{len(self.notes)} remarks",
                                       [Violation("remark", n) for n in self.notes]).print())
         return results
-
-    @staticmethod
-    def read_topics(history: History) -> list[str]:
-        return sorted({e["topic"] for e in history.of(Kind.FINAL_READ)}
-                      | {e["topic"] for e in history.of(Kind.COMMITTED_ROW)})
-
-    @staticmethod
-    def worker_exits(history: History) -> CheckResult:
-        """No producer or consumer process exited on its own (as for coordinators)."""
-        parts = [check_coordinator_exits(history, role=r, echo=False)
-                 for r in ("producer", "consumer")]
-        exits = [e for e in history.of(Kind.EXIT) if e["role"] in ("producer", "consumer")]
-        killed = sum(1 for e in exits if e["killed_by_nemesis"])
-        return CheckResult.of("worker_exits", f"{len(exits)} worker exits, {killed} by the "
-                              "nemesis", [v for p in parts for v in p.violations]).print()
 
     def teardown(self) -> None:
         """Stop whatever is still running, by pid; the owned cluster last. A step that
