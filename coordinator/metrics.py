@@ -61,6 +61,9 @@ class CoordinatorMetrics:
         self.forged_markers = Counter(
             "rmq_forged_markers", "Done/check markers on the Op topic that no coordinator "
             "signed, ignored", ["reason"], registry=r)
+        self.duplicate_halves = Counter(
+            "rmq_duplicate_halves", "Copies of a half record already read (its transaction id "
+            "at another offset): rolled back, never promoted", registry=r)
         self.aborted = Counter("rmq_transactions_aborted",
                                "Coordinator Kafka transactions aborted and replayed", registry=r)
         self.pending = Gauge("rmq_pending_transactions", "Pending half messages", ["partition"],
@@ -157,6 +160,11 @@ def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics
             log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", topics.op, p,
                         request.op_offset, request.txn_id, request.half_offset, reason)
         state.rejections.clear()
+        for copy, first, txn_id in state.copies.read:
+            log.warning("%s[%d]@%d txn=%s: a copy of the half record at offset %d; rolled "
+                        "back, never promoted", topics.half, p, copy, txn_id, first)
+        state.copies.read.clear()
+        metrics.duplicate_halves.inc(state.counters.get("duplicate_half", 0))
         for name, count in state.counters.items():
             if name.startswith("rejected_"):
                 metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)

@@ -25,6 +25,7 @@ from coordinator.actions import (
     TxnState,
     transition,
 )
+from coordinator.copies import Copies, CopySteps
 from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
 from coordinator.members import Assemblies
 from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
@@ -47,7 +48,7 @@ _OUTCOMES = {state.value: state for state in TxnState}
 
 
 @dataclass
-class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
+class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
     """All the coordinator knows about half partition ``p`` and Op partition ``p``.
 
     Over 300 lines because every input (half records, poison ones, markers, end requests)
@@ -110,10 +111,12 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
     # every member offset unresolved until the whole transaction is.
     assemblies: Assemblies = field(default_factory=Assemblies)
     rolled_back_ids: RollbackIds = field(default_factory=RollbackIds)  # ROLLBACKs by txn id
+    copies: Copies = field(default_factory=Copies)  # a half record appended twice
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
-        self.half_position = max(self.half_position, half_offset)
+        """Read from these committed offsets (half records below: history, see copies)."""
+        self.half_position = self.copies.history_below = max(self.half_position, half_offset)
         self.op_position = max(self.op_position, op_offset)
 
     def on_half(self, offset: int, half: HalfMessage | None, now_ms: int) -> list[Action]:
@@ -122,6 +125,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
         self.half_at_end = False
         appended_ms, arrived = (now_ms if half is None else half.timestamp_ms), []
         half, carried = self._split_reappended(half)
+        if (copy := self._copy_read(offset, half, carried, now_ms)) is not None:
+            return copy
         if half is None:
             self.malformed_half.add(offset)
             self.counters["malformed_half"] += 1
@@ -305,6 +310,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
             return self._end_by_id(request)
         if request.from_check:
             self.counters[f"checks_answered_{request.state.lower()}"] += 1
+        request = self._to_first(request)
         # A member's offset (member 0's, when another was read first) names its transaction.
         anchor = self.assemblies.anchor(request.half_offset)
         if anchor is not None and anchor != request.half_offset:
@@ -370,9 +376,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps):
 
     def _remember(self, offset: int, outcome: TxnState) -> None:
         self._decide(offset, None, outcome)
-        self.outcomes[offset] = outcome
-        while len(self.outcomes) > RECENT_OUTCOMES:
-            self.outcomes.popitem(last=False)
+        self.outcomes[offset] = outcome  # a Recent: bounded on insert
 
     def _resolve(self, offset: int, outcome: TxnState) -> tuple[Pending, tuple[HalfMessage,
                                                                                ...]]:

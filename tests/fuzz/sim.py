@@ -181,7 +181,7 @@ class FakeConsumer:
                  rng: random.Random) -> None:
         self.cluster, self.rng = cluster, rng
         self.tps = [(t, p) for t in topics for p in range(partitions)]
-        self.position = {tp: cluster.committed.get(tp, 0) for tp in self.tps}
+        self._at = {tp: cluster.committed.get(tp, 0) for tp in self.tps}
         self.eof_due = set(self.tps)
 
     def assignment(self) -> list[TopicPartition]:
@@ -193,23 +193,36 @@ class FakeConsumer:
                 for tp in tps]
 
     def seek(self, tp: TopicPartition) -> None:
-        self.position[(tp.topic, tp.partition)] = max(tp.offset, 0)
+        self._at[(tp.topic, tp.partition)] = max(tp.offset, 0)
         self.eof_due.add((tp.topic, tp.partition))
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        """What the service's on_assign asks for: read from these offsets (the committed
+        ones when negative)."""
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            self._at[key] = tp.offset if tp.offset >= 0 else self.cluster.committed.get(
+                key, 0)
+            self.eof_due.add(key)
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self._at[(tp.topic, tp.partition)])
+                for tp in tps]
 
     def consumer_group_metadata(self) -> str:
         return "sim-group-metadata"
 
     def _next(self) -> Message | None:
-        ready = [tp for tp in self.tps if self.position[tp] < len(self.cluster.logs[tp])]
+        ready = [tp for tp in self.tps if self._at[tp] < len(self.cluster.logs[tp])]
         if ready:
             tp = self.rng.choice(ready)
-            offset = self.position[tp]
-            self.position[tp] = offset + 1
+            offset = self._at[tp]
+            self._at[tp] = offset + 1
             self.eof_due.add(tp)
             return Message(*tp, offset, self.cluster.logs[tp][offset], self.cluster.clock_ms)
         if self.eof_due:
             tp = self.eof_due.pop()
-            return Message(*tp, self.position[tp], None, self.cluster.clock_ms,
+            return Message(*tp, self._at[tp], None, self.cluster.clock_ms,
                            KafkaError(KafkaError._PARTITION_EOF))
         return None
 

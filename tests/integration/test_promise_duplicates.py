@@ -35,7 +35,6 @@ def _copy_half(conf: dict, half_topic: str, txn_id: str) -> None:
     assert adversary.flush(30) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a copy of a half record is promoted again")
 @pytest.mark.parametrize("decided_first", [True, False], ids=["copy-after", "copy-before"])
 def test_a_half_record_appended_twice_is_promoted_once(broker, make_topic, unique,
                                                         decided_first):

@@ -70,6 +70,7 @@ class TxnMachine(RuleBasedStateMachine):
         self.p = Partition()
         self.txns_by_id: dict[str, Txn] = {}
         self.settled_checks = 0  # checks answered by settle()
+        self.copies: dict[int, str] = {}  # half offset of a copy -> its transaction
 
     def _now(self) -> int:
         return self.p.now
@@ -97,6 +98,19 @@ class TxnMachine(RuleBasedStateMachine):
         self.p.append_op(EndRequest(check.txn_id, GROUP if own else OTHER_GROUP, 0,
                                     check.half_offset, state, True, check.check_seq,
                                     self._now()))
+
+    @rule(txn=txns, addressed=st.booleans())
+    def copy_half(self, txn: str, addressed: bool) -> None:
+        """The broker appends a single-message transaction's half record again (an
+        idempotent retry it did not recognise); ``addressed``: the producer was told the
+        copy's offset, so its end requests name the copy."""
+        t = self.txns_by_id[txn]
+        if t.size != 1:
+            return
+        at = self.p.append_half(self.p.half[t.origin][0])
+        self.copies[at] = txn
+        if addressed:
+            t.origin = at
 
     # -- adversaries ---------------------------------------------------------------------------
     @rule(txn=txns, kind=st.sampled_from(["unsigned", "v1", "bad_mac", "check"]),
@@ -187,7 +201,8 @@ class TxnMachine(RuleBasedStateMachine):
     def _first(self, t: Txn) -> tuple[EndState | None, int]:
         """The first COMMIT or ROLLBACK of ``t``'s own group, and the distinct check seqs
         answered UNKNOW before it."""
-        offsets = {o for o, (txn, _) in self.p.member.items() if txn == t.id}
+        offsets = {o for o, (txn, _) in self.p.member.items() if txn == t.id} | {
+            o for o, txn in self.copies.items() if txn == t.id}
         unknown: set[int] = set()
         for _, r in self.p.requests():
             if r.txn_id != t.id or r.producer_group != GROUP or r.half_offset not in offsets:
@@ -274,3 +289,12 @@ def test_dropping_the_producer_group_check_is_caught(monkeypatch: pytest.MonkeyP
     assert found.steps[0].startswith("state.begin("), found.report
     assert any(s.startswith("state.end(own=False, state=<EndState.COMMIT") for s in
                found.steps), found.report
+
+
+def test_forgetting_copies_of_a_half_record_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted defect: a copy of a half record (the same transaction id at a later offset)
+    is read as a transaction of its own. Hypothesis finds the message promoted twice."""
+    monkeypatch.setattr(PartitionState, "_roll_back_copy", lambda self, *args: None)
+    found = find_failure(TxnMachine)
+    assert isinstance(found.error, AssertionError), found.report
+    assert any(s.startswith("state.copy_half(") for s in found.steps), found.report
