@@ -10,11 +10,11 @@ in a partition is its transaction; a later first arrival with the same id (not a
 coordinator's re-append, not a member of a multi-message transaction: those have their own
 bookkeeping; a record ``txn redrive`` wrote is its own) is rolled back at once, counted and
 never promoted, and an end request naming the copy's offset decides the first record
-instead. Remembered per partition for the last :data:`FIRST_OFFSETS_KEEP` transactions.
-A coordinator taking a partition over starts
-reading :data:`HALF_LOOKBACK` records below its committed half offset, only to learn those
-first offsets (a copy lands a few records after its first: the producer's in-flight window),
-so a copy read after a restart is still known as one.
+instead. Remembered per partition for the last :data:`FIRST_OFFSETS_KEEP` transactions,
+from where a coordinator took the partition over: a copy read right after a takeover whose
+first record lies below the committed offset is checked as a transaction of its own (a copy
+lands within the producer's in-flight window of its first, so the takeover must fall in
+between).
 """
 
 from __future__ import annotations
@@ -34,17 +34,10 @@ if TYPE_CHECKING:  # the state this mixes into
     from coordinator.state import Action
     from rmq_semantics.records.half import HalfMessage
 
-__all__ = ["FIRST_OFFSETS_KEEP", "HALF_LOOKBACK", "Copies", "CopySteps", "half_read_start"]
+__all__ = ["FIRST_OFFSETS_KEEP", "Copies", "CopySteps"]
 
 # Transactions per partition whose first half offset is remembered (about 100 bytes each).
 FIRST_OFFSETS_KEEP = 50_000
-# Half records below the committed offset read again at a takeover, for their ids only.
-HALF_LOOKBACK = 1000
-
-
-def half_read_start(committed: int) -> int:
-    """Where a takeover reads a half partition committed at ``committed`` (negative: none)."""
-    return max(0, committed - HALF_LOOKBACK) if committed > 0 else committed
 
 
 def _identity(half: HalfMessage) -> tuple[str, bytes]:
@@ -56,14 +49,12 @@ def _identity(half: HalfMessage) -> tuple[str, bytes]:
 
 @dataclasses.dataclass
 class Copies:
-    """First offsets by transaction (see _identity), copies by offset, the copies read since the I/O
-    layer last logged them (copy offset, first offset, transaction id), and the committed
-    half offset below which records are history (read for their ids only)."""
+    """First offsets by transaction (see _identity), copies by offset, and the copies read
+    since the I/O layer last logged them (copy offset, first offset, transaction id)."""
 
     first: Recent = dataclasses.field(default_factory=lambda: Recent(FIRST_OFFSETS_KEEP))
     of: Recent = dataclasses.field(default_factory=lambda: Recent(FIRST_OFFSETS_KEEP))
     read: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
-    history_below: int = 0
 
 
 class CopySteps:
@@ -83,11 +74,7 @@ class CopySteps:
                    now_ms: int) -> list[Action] | None:
         """None when the half record at ``offset`` is to be read as usual: its transaction's
         first (or known here already), a re-append (``carried``), a member, malformed; else
-        what reading it does: nothing below the committed offset, a rollback for a copy."""
-        if offset < self.copies.history_below:
-            if half is not None and carried is None:
-                self.learn_history(offset, half)
-            return []
+        what its rollback as a copy does."""
         if half is None or carried is not None or half.is_member:
             return None
         first = self.copies.first.get(key := _identity(half))
@@ -110,19 +97,6 @@ class CopySteps:
         heapq.heappush(self._pending_heap, offset)
         return [self._finish(offset, TxnState.ROLLED_BACK),
                 *self._drain_deferred(now_ms, only=offset)]
-
-    def is_history(self, offset: int) -> bool:
-        """Whether the half record at ``offset`` is below the committed offset this state
-        started from: read for its transaction id only, never acted on (nor set aside)."""
-        return offset < self.copies.history_below
-
-    def learn_history(self, offset: int, half: HalfMessage) -> list[Action]:
-        """A half record below the committed offset: its id's first offset, if it is a
-        producer's record of a single-message transaction (not a coordinator's re-append)."""
-        if not half.is_member and not any(k == H.REAPPEND_OF for k, _ in half.headers) and (
-                (key := _identity(half)) not in self.copies.first):
-            self.copies.first[key] = offset
-        return []
 
     def _to_first(self, request: EndRequest) -> EndRequest:
         """An end request naming a copy decides its transaction's first record."""

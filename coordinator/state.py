@@ -115,8 +115,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
 
     # -- inputs --------------------------------------------------------------------------
     def start_at(self, half_offset: int, op_offset: int) -> None:
-        """Read from these committed offsets (half records below: history, see copies)."""
-        self.half_position = self.copies.history_below = max(self.half_position, half_offset)
+        self.half_position = max(self.half_position, half_offset)
         self.op_position = max(self.op_position, op_offset)
 
     def on_half(self, offset: int, half: HalfMessage | None, now_ms: int) -> list[Action]:

@@ -22,7 +22,6 @@ from tenacity import (
 )
 
 from coordinator.blocked import Blockage, BlockProbe
-from coordinator.copies import half_read_start
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
@@ -190,8 +189,7 @@ class TransactionService:
     # -- rebalance -----------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         try:
-            start = self._recover(consumer, partitions)
-            consumer.assign(start)
+            self._recover(consumer, partitions)
         except KafkaOperationError as exc:
             # Its partitions have no state: their records are dropped, never committed,
             # until the next step raises this and the loop replays from committed offsets.
@@ -215,8 +213,7 @@ class TransactionService:
                                            exc.args[0]) from exc
 
     def _recover(self, consumer: confluent_kafka.Consumer, partitions: list) -> list:
-        """Pending state of ``partitions`` rebuilt from their committed offsets; returns
-        where to read them from (half partitions a little below: see coordinator.copies)."""
+        """Pending state of ``partitions`` rebuilt from their committed offsets (returned)."""
         committed = self._read_committed(consumer, partitions)
         for tp in committed:
             state = self.states.setdefault(tp.partition, new_partition_state(
@@ -228,8 +225,7 @@ class TransactionService:
             self._committed[p] = (st.half_position, st.op_position)
         log.info("assigned half/op partitions %s; recovering their pending state",
                  sorted({tp.partition for tp in partitions}))
-        return [TopicPartition(tp.topic, tp.partition, half_read_start(tp.offset))
-                if tp.topic == self.topics.half else tp for tp in committed]
+        return committed
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._settle_quietly("a revoke")
@@ -261,8 +257,6 @@ class TransactionService:
                                   msg.headers())
             except MalformedRecordError as exc:
                 return self._set_aside_malformed(state, msg, exc, now)
-            if state.is_history(offset):  # below the committed offset: its id only
-                return state.learn_history(offset, half)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
                 return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
             return state.on_half(offset, half, now)
@@ -316,8 +310,6 @@ class TransactionService:
 
     def _set_aside_malformed(self, state: PartitionState, msg: confluent_kafka.Message,
                              exc: Exception, now: int) -> list:
-        if state.is_history(msg.offset()):  # set aside (or read past) when first read
-            return []
         self.metrics.malformed.labels(msg.topic()).inc()
         half = unparsed_half(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
                              msg.value(), msg.headers())

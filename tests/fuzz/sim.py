@@ -196,15 +196,6 @@ class FakeConsumer:
         self._at[(tp.topic, tp.partition)] = max(tp.offset, 0)
         self.eof_due.add((tp.topic, tp.partition))
 
-    def assign(self, tps: list[TopicPartition]) -> None:
-        """What the service's on_assign asks for: read from these offsets (the committed
-        ones when negative)."""
-        for tp in tps:
-            key = (tp.topic, tp.partition)
-            self._at[key] = tp.offset if tp.offset >= 0 else self.cluster.committed.get(
-                key, 0)
-            self.eof_due.add(key)
-
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, self._at[(tp.topic, tp.partition)])
                 for tp in tps]

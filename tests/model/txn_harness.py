@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from coordinator.copies import half_read_start
 from coordinator.marker_auth import MarkerKey, MarkerVerifier
 from coordinator.promote import _OUTCOME
 from coordinator.settings import CoordinatorSettings
@@ -105,9 +104,7 @@ class Partition:
         self.state: PartitionState = new_partition_state(0, SETTINGS, None)
         self.state.start_at(*self.committed)
         self.service.states[0] = self.state
-        # Next half and op offsets it reads: half records a little below the committed
-        # offset are read again for their transaction ids (coordinator/copies.py).
-        self.position = [half_read_start(self.committed[0]), self.committed[1]]
+        self.position = list(self.committed)  # next half and op offsets it reads
         self.eof_due = {"half", "op"}
         self.batch: list[Action] = []  # decided, not written yet
 
