@@ -146,3 +146,21 @@ def test_a_fresh_read_lacking_the_topic_or_partition_still_discards(monkeypatch)
     clock.advance(5)
     assert reasons(destinations.vet(commit(st, 4, "orders", 0), {0: st})) == [None]
     assert admin.listed == 1  # a cached topic and partition need no read
+
+
+@pytest.mark.xfail(strict=True, reason="one read lacking a topic discards the COMMIT")
+def test_a_topic_a_lagging_broker_does_not_list_yet_is_promoted_not_discarded(monkeypatch):
+    """The fault campaign (seed 2): a producer created a topic and committed into it at once;
+    the metadata read came from a broker still catching up after a pause, without the topic,
+    and the committed transaction was discarded as unknown_topic. One read lacking a topic
+    is not proof: the batch is replayed until reads lacking it span the grace."""
+    clock = Clock(monkeypatch)
+    admin = Admin({"orders": 1})
+    destinations = Destinations(lambda: admin, PoisonLedger(3))
+    st = live()
+    with pytest.raises(KafkaOperationError, match="not in the cluster's metadata"):
+        destinations.vet(commit(st, 0, "new"), {0: st})
+    admin.topics["new"] = 1  # the lagging broker caught up
+    clock.advance(1.0)
+    st = live()  # the replay decides again
+    assert reasons(destinations.vet(commit(st, 0, "new"), {0: st})) == [None]
