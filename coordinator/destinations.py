@@ -7,7 +7,10 @@ then get the producer fenced, so it is discarded as ``unknown_topic`` before it 
 whatever order its end request was read in (deferred, replayed or not). Only a successful
 metadata read taken after the batch was decided, lacking the topic or the partition, may
 discard: a failed read or a topic-level error there is retried (the batch replayed, no
-record blamed), and a cached "no such topic" is read again first.
+record blamed), and a cached "no such topic" is read again first. Nor is one such read proof:
+a broker catching up with the controller (after a pause, a partition) answers without a
+topic created a moment ago (fault campaign, seed 2), so the batch is replayed until reads
+lacking it span :data:`MISSING_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -32,10 +35,17 @@ log = logging.getLogger(__name__)
 # Reads of the cluster's metadata are at least this far apart (a stream of COMMITs into a
 # missing topic costs at most this many reads a second): the next one waits, never skips.
 MIN_REFRESH_S = 0.1
+# A topic (or partition) is missing only once reads lacking it span this long: longer than
+# a broker takes to catch up with the controller's metadata once it can reach it again.
+MISSING_GRACE_S = 15.0
 LIST_TIMEOUT_S = 10.0
 _MAY_WRITE = {AclOperation.WRITE, AclOperation.ALL}
 _REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED: DiscardReason.UNAUTHORIZED,
             KafkaError.UNKNOWN_TOPIC_OR_PART: DiscardReason.UNKNOWN_TOPIC}
+
+
+class _NotListedYet(KafkaOperationError):
+    """A topic or partition the metadata lacks, within the grace: the batch is replayed."""
 
 
 class Destinations:
@@ -49,6 +59,7 @@ class Destinations:
         self._stale: set[str] = set()  # a write found them missing: read before trusting
         self._read_at: float | None = None  # monotonic start of the last successful read
         self._tried_at = float("-inf")
+        self._missing_since: dict[tuple[str, int | None], float] = {}  # first read lacking
 
     def stale(self, topic: str) -> None:
         """A write into ``topic`` was refused as unknown: its cached count is not trusted
@@ -92,6 +103,16 @@ class Destinations:
         if error is not None:
             raise KafkaOperationError.wrap(f"the metadata of topic {topic!r} has an error "
                                            "(the batch is replayed)", error)
+        key = (topic, partition)
+        if count is not None and (partition is None or partition < count):
+            self._missing_since.pop(key, None)
+            return count
+        assert self._read_at is not None  # a read just succeeded (or a fresh one did)
+        since = self._missing_since.setdefault(key, self._read_at)
+        if self._read_at - since < MISSING_GRACE_S:
+            where = topic if partition is None else f"partition {partition} of {topic!r}"
+            raise _NotListedYet(f"{where} is not in the cluster's metadata yet (a broker may "
+                                "lag the controller); the batch is replayed")
         return count
 
     def refusal(self, action: Action, decided_at: float | None = None
@@ -127,8 +148,13 @@ class Destinations:
         the discard of its half record."""
         out: list[Action] = []
         decided_at = time.monotonic()  # a metadata read taken from now on is fresh
+        not_yet: _NotListedYet | None = None
         for action in actions:
-            refused = self.refusal(action, decided_at)
+            try:
+                refused = self.refusal(action, decided_at)
+            except _NotListedYet as exc:  # the others still start their grace now
+                not_yet = not_yet or exc
+                continue
             if refused is None:
                 out.append(action)
                 continue
@@ -136,6 +162,8 @@ class Destinations:
             state = states.get(half.partition)
             out.append(action if state is None else
                        state.set_aside(action, *refused))  # type: ignore[arg-type]
+        if not_yet is not None:
+            raise not_yet
         return out
 
     def unwritable(self, topics: set[str]) -> dict[str, DiscardReason]:
