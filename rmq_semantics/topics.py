@@ -19,6 +19,7 @@ from rmq_semantics.errors import (
     KafkaOperationError,
     SystemTopicError,
 )
+from rmq_semantics.records.group_auth import MAX_TOPIC_LENGTH, encode_group
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -113,6 +114,16 @@ class SystemTopics:
 
     def check_group(self, producer_group: str) -> str:
         return f"{self.prefix}_check_{producer_group}"
+
+    def group_check(self, producer_group: str) -> str:
+        """The check topic of one producer group under tenant isolation, also the name of
+        its check consumers' group: a literal Kafka ACL on it reaches that group alone."""
+        name = f"{self.prefix}_check_{encode_group(producer_group)}"
+        if len(name) > MAX_TOPIC_LENGTH:
+            raise ConfigError(f"producer group {producer_group[:40]!r}...: its check topic "
+                              f"name would be {len(name)} characters, over Kafka's "
+                              f"{MAX_TOPIC_LENGTH}; use a shorter group name")
+        return name
 
 
 def system_prefixes(prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[str, ...]:

@@ -450,6 +450,10 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.CHECK_PARTITIONS: lambda rng, ctx: pick(rng, [b"-1", b"1,,2", b"a", b"1;2", b" 1",
                                                     b"99999999999", b"0," * 300 + b"0",
                                                     not_utf8(rng)]),
+    # Tenant isolation (issue 31): a MAC that is short, long, of another group or none;
+    # the record is set aside as forged (isolation on) or carried unread (off).
+    H.GROUP_MAC: lambda rng, ctx: pick(rng, [None, b"", some_bytes(rng), b"\x00" * 32,
+                                             not_utf8(rng), huge_text(rng).encode()]),
     # W3C trace context (issue 20): user headers the coordinator keeps on promotion and reads
     # for its promote span; a forged one must neither stop it nor block the record.
     "traceparent": lambda rng, ctx: pick(rng, [
