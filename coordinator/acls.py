@@ -77,12 +77,14 @@ def acl_bindings(tenants: Mapping[str, Tenant], principals: Principals,
     out: list[Acl] = []
     rw = ("WRITE", "DESCRIBE")
     for group, tenant in sorted(tenants.items()):
-        role, who = "producer group", tenant.principal
+        role, who, own = "producer group", tenant.principal, t.group_check(group)
         out += [Acl(role, who, TOPIC, t.half, LITERAL, rw),
                 Acl(role, who, TOPIC, t.op, LITERAL, rw),
-                Acl(role, who, TOPIC, t.check, LITERAL, ("READ", "DESCRIBE")),
-                Acl(role, who, GROUP, t.check_group(group), LITERAL, ("READ",))]
-        out += [Acl(role, who, TOPIC, name, pattern, rw)
+                # CREATE: a producer may start before the coordinators create its topic.
+                Acl(role, who, TOPIC, own, LITERAL, ("READ", "DESCRIBE", "CREATE")),
+                Acl(role, who, GROUP, own, LITERAL, ("READ",))]
+        # DESCRIBE_CONFIGS: the send-time check of a message's size against the topic's.
+        out += [Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS"))
                 for name, pattern in _real_topics(tenant)]
     for c in consumers:
         role = "consumer group"
@@ -102,7 +104,8 @@ def acl_bindings(tenants: Mapping[str, Tenant], principals: Principals,
             Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw)]
     # The coordinators write a group's real topics only as its allow-list says.
     real = sorted({rt for tenant in tenants.values() for rt in _real_topics(tenant)})
-    out += [Acl(role, who, TOPIC, name, pattern, rw) for name, pattern in real]
+    out += [Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS"))
+            for name, pattern in real]
     if principals.spark:
         role, who = "Spark job", principals.spark
         out += [Acl(role, who, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))

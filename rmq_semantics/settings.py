@@ -164,7 +164,8 @@ class ProducerSettings:
 
     group_key: str = setting(
         "", "this producer group's key under tenant isolation (docs/security.md): its half "
-            "records and end requests are signed with it; empty: isolation off", secret=True)
+            "records and end requests are signed with it and its checks read from its own "
+            "check topic; empty: isolation off", secret=True)
     group_key_file: str = setting(
         "", "a file holding group_key (surrounding whitespace stripped), e.g. a mounted secret")
 

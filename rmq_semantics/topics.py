@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from rmq_semantics.clientconf import shared_conf
@@ -348,6 +348,7 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaOperationError.wrap(f"creating topic {name}", err) from exc
+            _require_describable(admin, name)
     created = {t.topic: specs[t.topic][0] for t in missing}
     _await_visible(admin, watch, conf, created)
     # Each KRaft broker applies a new topic on its own: until all have, a client asking
@@ -355,6 +356,20 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
     for node in meta.brokers.values() if len(meta.brokers) > 1 else ():
         one_broker = {**conf, "bootstrap.servers": f"{node.host}:{node.port}"}
         _await_visible(*_admin(one_broker), one_broker, created, fresh_client=True)
+
+
+def _require_describable(admin: AdminClient, topic: str) -> None:
+    """A topic that exists though this principal's metadata did not show it: raise at once
+    if the principal may not describe it (ACLs), rather than wait for it to appear."""
+    try:
+        admin.describe_topics(TopicCollection([topic]),
+                              request_timeout=ADMIN_TIMEOUT_S)[topic].result(ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaOperationError.wrap(
+                f"topic {topic} exists, but this principal may not describe it (check its "
+                "ACLs: a producer group reads only its own check topic)", err) from exc
 
 
 def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,

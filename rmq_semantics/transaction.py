@@ -123,8 +123,10 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         #: This instance's id: its check consumer's, and its half records' check affinity.
         self.instance_id = valid_instance_id(instance_id)
         self.topics = SystemTopics(validate_prefix(topic_prefix))
-        # Tenant isolation (docs/security.md): half records and end requests signed.
+        # Tenant isolation (docs/security.md): signed writes, checks on the group's own topic.
         self._group_key = group_key_of(self.settings)
+        self._check_topic = (self.topics.check if self._group_key is None
+                             else self.topics.group_check(producer_group))
         self._new_producer = producer_factory(self._group_key, self.topics)
         # Its metadata reads of destination topics (send-time checks) must not create a
         # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
@@ -138,6 +140,7 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         self._unsent = UnsentHalves()
         self._checks = CheckResponder(
             self._conf, self.topics, producer_group, instance_id=self.instance_id,
+            check_topic=None if self._group_key is None else self._check_topic,
             ask=lambda check: answer_check(self._unsent, self.topics.half, self._ask, check),
             reply=self._reply_check, threads=self.settings.check_threads,
             affinity=self.settings.check_affinity,
@@ -158,8 +161,9 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         # The coordinator's specs, so the configs never depend on who starts first; the
         # discard topic is the coordinator's alone.
         specs = txn_topic_specs(self.topics, self._half_partitions, self._check_partitions)
+        specs[self._check_topic] = specs[self.topics.check]
         ensure_topics(self._conf, {t: specs[t] for t in (self.topics.half, self.topics.op,
-                                                         self.topics.check)}, replicated=True)
+                                                         self._check_topic)}, replicated=True)
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
         self._producer = self._new_producer(self._producer_conf)

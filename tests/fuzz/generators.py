@@ -375,6 +375,9 @@ KEYS_RECORDS: dict[str, Callable[[random.Random], bytes]] = {
     "watermark": lambda rng: _keys_record("watermark", partition=rng.randrange(64),
                                           offset=rng.randrange(10**9)),
     "history": lambda rng: _keys_record("history", earlier=rng.random() < 0.5),
+    "tenancy": lambda rng: _keys_record("tenancy", **{t: {str(p): rng.randrange(10**9)
+                                                          for p in range(rng.randrange(4))}
+                                                      for t in ("half", "op")}),
 }
 #: Odd values for the fields of a keys record: wrong types, out of range, missing.
 KEYS_ODD_VALUES = (None, "", "1", 1.5, -1, True, [], {}, 2**70)
