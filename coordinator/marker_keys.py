@@ -20,6 +20,9 @@ coordinators starting together both write, read back from the start and agree.
   (``earlier``), written once after that start's watermarks. Decided at that start from
   this topic or, when it holds nothing, from the one trace an older release left that a
   producer cannot write: committed offsets of the coordinators' group (the README's ACLs).
+- ``tenancy``: the half and Op partitions' ends when tenant isolation was first turned on;
+  records below them were written before, unsigned by their groups, and are trusted as
+  such (coordinator/tenancy.py).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, SystemTopics, topic_partition_count
 
-__all__ = ["configured_key", "keys_topic_spec", "load_verifier", "security_on"]
+__all__ = ["configured_key", "keys_topic_spec", "load_verifier", "security_on",
+           "tenancy_watermarks"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +55,9 @@ RECORD_VERSION = 1
 READ_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 30.0
 KEY, FINGERPRINT, WATERMARK, HISTORY = "key", "fingerprint", "watermark", "history"
+TENANCY = "tenancy"
 #: Every kind of record of the keys topic (the fuzzer has a generator for each).
-KINDS = (KEY, FINGERPRINT, WATERMARK, HISTORY)
+KINDS = (KEY, FINGERPRINT, WATERMARK, HISTORY, TENANCY)
 
 
 def security_on(conf: Mapping[str, Any]) -> bool:
@@ -139,6 +144,32 @@ def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | No
     return MarkerVerifier(key, topics.op, watermarks)
 
 
+def tenancy_watermarks(conf: dict, settings: CoordinatorSettings,
+                       instance_id: str) -> dict[str, dict[int, int]]:
+    """Per half and Op partition (``{"half": {p: offset}, "op": ...}``), the offset below
+    which records were written before tenant isolation was on: the partitions' ends at the
+    first start with it (recorded then; the first record wins), so pending transactions of
+    before are resolved, not set aside as forged. A partition added since has none."""
+    topics = SystemTopics(settings.topic_prefix)
+    store = _KeysTopic(conf, topics.keys, instance_id)
+    try:
+        record = _first(store.read(), TENANCY)
+        if record is None:
+            ends = {name: store.end_offsets(topic, list(range(
+                        topic_partition_count(conf, topic) or 0)))
+                    for name, topic in (("half", topics.half), ("op", topics.op))}
+            store.write([(TENANCY, {t: {str(p): o for p, o in e.items()}
+                                    for t, e in ends.items()})])
+            record = _first(store.read(), TENANCY)
+            if record is None:
+                raise KafkaOperationError(f"the tenancy watermarks written to {topics.keys} "
+                                          "were not read back")
+            log.info("tenant isolation on: records below %s are trusted unsigned", record)
+    finally:
+        store.close()
+    return {t: {int(p): o for p, o in record[t].items()} for t in ("half", "op")}
+
+
 # -- the records -------------------------------------------------------------------------
 def _first(records: list[dict], kind: str) -> dict | None:
     return next((r for r in records if r["kind"] == kind), None)
@@ -172,6 +203,10 @@ def _parse(value: bytes | None) -> dict | None:
         valid = isinstance(record.get("fingerprint"), str)
     elif kind == HISTORY:
         valid = type(record.get("earlier")) is bool
+    elif kind == TENANCY:
+        valid = all(isinstance(record.get(t), dict) and all(
+            isinstance(p, str) and p.isdigit() and type(o) is int
+            for p, o in record[t].items()) for t in ("half", "op"))
     else:
         valid = (kind == WATERMARK and type(record.get("partition")) is int
                  and type(record.get("offset")) is int)

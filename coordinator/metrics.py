@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 # Label values created at 0 when the registry is made: a counter series that first appears
 # already at 1 has no increase() to Prometheus, so the first discard would never alert.
-REJECT_REASONS = ("mismatch", "no_such_offset", "not_half", "wrong_partition", "deferred_full")
+REJECT_REASONS = ("mismatch", "no_such_offset", "not_half", "wrong_partition", "deferred_full",
+                  "unauthenticated")
 CHECK_ANSWERS = ("commit", "rollback", "unknown")
 LOCK_EVENTS = ("granted", "renewed", "taken_over", "released", "held_by_other", "stale")
 SERVICES = ("transactions", "locks")

@@ -30,6 +30,7 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
+from coordinator.tenancy import TenantGuard, check_topic, resign
 from coordinator.written import action_where, count_written
 from rmq_semantics.errors import IllegalStateError, TransactionAborted
 from rmq_semantics.records.codec import SystemRecord, encode
@@ -85,8 +86,10 @@ class TransactionWriter:
                  metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
                  marker_key: MarkerKey, unwritable: TopicProbe | None = None,
                  blockage: Blockage | None = None, check_partitions: int = 0,
-                 stale: Callable[[str], None] | None = None) -> None:
+                 stale: Callable[[str], None] | None = None, guard: TenantGuard | None = None,
+                 ) -> None:
         self.topics = topics
+        self.guard = guard  # tenant isolation: checks to each group's topic, re-appends signed
         self.stale = stale  # told of a real topic a write found unknown
         self.check_partitions = check_partitions  # of the check topic (0: unknown)
         self.marker_key = marker_key  # signs every marker: readers trust no other
@@ -100,18 +103,15 @@ class TransactionWriter:
         # stay ordered): a transaction begun on the producer whose commit just returned gets
         # CONCURRENT_TRANSACTIONS while the broker writes that commit's markers, and
         # librdkafka retries AddPartitionsToTxn only after a fixed 20 ms.
-        self._txns = (KafkaTransactions(conf, transactional_id, who="transaction service"),
-                      KafkaTransactions(conf, f"{transactional_id}{SECOND_PRODUCER_SUFFIX}",
-                                        who="transaction service"))
-        self._turn = 0
-        self.txn = self._txns[0]
+        self._txns = tuple(KafkaTransactions(conf, tid, who="transaction service") for tid in
+                           (transactional_id, f"{transactional_id}{SECOND_PRODUCER_SUFFIX}"))
+        self._turn, self.txn = 0, self._txns[0]
         self.producer = self.txn.producer
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
         self._failed: list[tuple[Action, KafkaError]] = []  # delivery errors, this txn
-        self._blamed = False
         # Records of the action being produced that are in the transaction already, so a
         # retry after a full queue never writes a member twice; and its discard timestamp.
-        self._produced, self._stamp = 0, b""
+        self._produced, self._stamp, self._blamed = 0, b"", False
         # One thread sends each transaction's offsets and commits it (see submit()).
         self._committer = CommitThread()
         self._in_flight: tuple[Sequence[Action], concurrent.futures.Future,
@@ -339,7 +339,8 @@ class TransactionWriter:
                 self._done(member, action.outcome, action.checks_answered)
         elif isinstance(action, IssueCheck):
             self.producer.produce(
-                self.topics.check, encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
+                check_topic(self.guard, self.topics, half),
+                encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
                 **_check_destination(half, self.check_partitions),
                 on_delivery=partial(self._on_delivery, action))
             self._marker(action)
@@ -360,9 +361,9 @@ class TransactionWriter:
         a transaction all go, in index order, each naming its own old offset."""
         for half in self._each(action.records):
             carried = dataclasses.replace(action.carried, previous_offset=half.offset)
+            headers = resign(self.guard, half, reappended_headers(half, carried))
             self.producer.produce(self.topics.half, half.value, key=half.key,
-                                  partition=half.partition,
-                                  headers=reappended_headers(half, carried),
+                                  partition=half.partition, headers=headers,
                                   on_delivery=partial(self._on_delivery, action))
             self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
 

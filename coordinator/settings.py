@@ -51,6 +51,14 @@ class CoordinatorSettings:
                                   f"{MIN_KEY_BYTES} bytes", secret=True)
     marker_key_file: str = setting("", "file holding the coordinators' shared key for Op "
                                        "markers (instead of env RMQ_MARKER_KEY)")
+    # Tenant isolation (coordinator/tenancy.py, docs/security.md): off unless a tenants file.
+    tenants_file: str = setting("", "JSON file naming each producer group's principal and the "
+                                    "real topics it may promote into; turns tenant isolation "
+                                    "on (default off)")
+    tenant_key: str = setting("", "the key each producer group's key is derived from, at "
+                                  "least 16 bytes (tenant isolation)", secret=True)
+    tenant_key_file: str = setting("", "file holding the tenant key (instead of env "
+                                       "RMQ_TENANT_KEY)")
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -81,6 +89,14 @@ class CoordinatorSettings:
         if self.marker_key and self.marker_key_file:
             raise ConfigError("set the marker key by env RMQ_MARKER_KEY or by "
                               "--marker-key-file, not both")
+        if self.tenant_key and self.tenant_key_file:
+            raise ConfigError("set the tenant key by env RMQ_TENANT_KEY or by "
+                              "--tenant-key-file, not both")
+        if bool(self.tenants_file) != bool(self.tenant_key or self.tenant_key_file):
+            raise ConfigError("tenant isolation needs both --tenants-file and a tenant key "
+                              "(env RMQ_TENANT_KEY or --tenant-key-file), got "
+                              f"tenants_file={self.tenants_file!r} and "
+                              f"{'a' if self.tenant_key or self.tenant_key_file else 'no'} key")
 
     @property
     def reappend_after_ms(self) -> int:

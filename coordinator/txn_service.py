@@ -25,12 +25,18 @@ from coordinator.blocked import Blockage, BlockProbe
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
 from coordinator.marker_auth import MarkerVerifier, is_marker
-from coordinator.marker_keys import configured_key, keys_topic_spec, load_verifier
+from coordinator.marker_keys import (
+    configured_key,
+    keys_topic_spec,
+    load_verifier,
+    tenancy_watermarks,
+)
 from coordinator.metrics import CoordinatorMetrics, publish_partition_counters
 from coordinator.poison import PoisonLedger
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
+from coordinator.tenancy import tenant_guard
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import (
     FatalKafkaError,
@@ -161,6 +167,7 @@ class TransactionService:
         # Refused here, before any I/O: security on and no marker key is one clear line.
         self._marker_key = configured_key(settings, self.conf)
         self._markers: MarkerVerifier | None = None
+        self.guard = tenant_guard(settings)  # tenant isolation, if a tenants file is given
         self.states: dict[int, PartitionState] = {}
         self.half_partition_count = 0  # read at startup
         self.metrics.check_horizon.set(check_horizon_ms(settings) / 1000)
@@ -259,12 +266,17 @@ class TransactionService:
                 return self._set_aside_malformed(state, msg, exc, now)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
                 return state.on_poison_half(offset, half, DiscardReason.SYSTEM_TOPIC, now)
+            if self.guard and (refused := self.guard.judge_half(half, topic)) is not None:
+                return state.on_poison_half(offset, half, refused[0], now, refused[1])
             return state.on_half(offset, half, now)
         try:
             record = decode(msg.value())
         except MalformedRecordError as exc:
             self.metrics.malformed.labels(topic).inc()
             log.warning("%s[%s]@%s skipped: %s", topic, partition, offset, exc)
+            state.on_malformed_op(offset)
+            return []
+        if self.guard and not self.guard.trusted_end(msg, record, self.metrics.rejected):
             state.on_malformed_op(offset)
             return []
         if isinstance(record, wire.EndRequest):
@@ -375,8 +387,13 @@ class TransactionService:
         # A broker that is still starting is waited for; a wrong setting fails at once.
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
-                ensure_topics(self.conf, system_topic_specs(self.settings), replicated=True,
+                specs = system_topic_specs(self.settings)
+                ensure_topics(self.conf, {**specs, **(self.guard.topic_specs(specs) if
+                                                      self.guard else {})}, replicated=True,
                               replication_factor=self.settings.system_replication_factor)
+                if self.guard:
+                    self.guard.watermarks(tenancy_watermarks(self.conf, self.settings,
+                                                             self.instance_id))
                 self._markers = load_verifier(self.conf, self.settings, self._marker_key,
                                               self.instance_id)
         self.half_partition_count = require_copartitioned(self.conf, self.topics.half,
@@ -389,7 +406,7 @@ class TransactionService:
             unwritable=self.destinations.unwritable, blockage=Blockage(
                 BlockProbe(self._admin_client), self.metrics.promotion_blocked),
             check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
-            stale=self.destinations.stale)
+            stale=self.destinations.stale, guard=self.guard)
         writer.start(stop)
         self._writer = writer
         consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={

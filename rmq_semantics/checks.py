@@ -130,15 +130,19 @@ class CheckResponder:
     again later)."""
 
     def __init__(self, conf: dict, topics: SystemTopics, producer_group: str, *,
-                 instance_id: str,
+                 instance_id: str, check_topic: str | None = None,
                  ask: Callable[[CheckRequest], LocalTransactionState],
                  reply: Callable[[CheckRequest, LocalTransactionState], object],
                  threads: int = 1, timeout_s: float = 60.0, affinity: bool = True,
                  queue_size: int = CHECK_QUEUE_SIZE) -> None:
         self.producer_group = producer_group
         self.topics = topics
+        # The shared check topic, or the group's own under tenant isolation (its group
+        # then has the topic's name: one literal ACL name covers both).
+        self.check_topic = check_topic or topics.check
         self._conf = client_conf(conf, who="check consumer", internal=True, forced={
-            "group.id": topics.check_group(producer_group),
+            "group.id": topics.check_group(producer_group) if check_topic is None
+            else check_topic,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -180,7 +184,7 @@ class CheckResponder:
 
     def start(self) -> None:
         self._consumer = confluent_kafka.Consumer(self._conf)
-        self._consumer.subscribe([self.topics.check], on_assign=self._on_assign,
+        self._consumer.subscribe([self.check_topic], on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._pool.start()
         thread = threading.Thread(target=self._consume, daemon=True,
@@ -219,7 +223,7 @@ class CheckResponder:
                 position = min(unfinished) if unfinished else self._read_to[p]
                 if self._committed.get(p) != position:
                     self._committed[p] = position
-                    wanted.append(TopicPartition(self.topics.check, p, position))
+                    wanted.append(TopicPartition(self.check_topic, p, position))
         if not wanted:
             return
         try:

@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommand_registrars() -> list:
     """Subcommands defined next to what they run (the sidecar, the Spark job, and the tools
     under rmq_semantics.tools); none imports Spark until it runs."""
+    from coordinator.acls import register_cli as tenant
     from coordinator.server import register_cli as coordinator
     from rmq_semantics.tools.admin import register_cli as txn
     from rmq_semantics.tools.bench.runner import register_cli as bench
@@ -141,7 +142,7 @@ def _subcommand_registrars() -> list:
     from rmq_semantics.tools.dlq import register_cli as dlq
     from spark.job import register_cli as spark
 
-    return [coordinator, txn, dlq, spark, demo, bench]
+    return [coordinator, tenant, txn, dlq, spark, demo, bench]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
@@ -137,9 +138,12 @@ class CallProducer:
     call); concurrent callers still share batches while a request is in flight. A
     :class:`DeliveryPoller` serves its reports. ``stop`` flushes and joins; idempotent."""
 
-    def __init__(self, conf: dict, name: str) -> None:
+    def __init__(self, conf: dict, name: str,
+                 factory: Callable[[dict], confluent_kafka.Producer] = confluent_kafka.Producer,
+                 ) -> None:
         self._conf = conf
         self._name = name
+        self._factory = factory  # a signing producer's, under tenant isolation
         self._lock = threading.Lock()
         self._poller: DeliveryPoller | None = None
         self._stopped = False
@@ -154,7 +158,7 @@ class CallProducer:
                 conf = dict(self._conf)
                 if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
                     conf["linger.ms"] = 0
-                self.producer = confluent_kafka.Producer(conf)
+                self.producer = self._factory(conf)
                 self._poller = DeliveryPoller(self.producer, self._name).start()
             return self.producer
 

@@ -162,7 +162,16 @@ class ProducerSettings:
         True, "name this instance in its half records (rmq.check_affinity), so their back-checks "
               "come to it while it is a live member of the group")
 
+    group_key: str = setting(
+        "", "this producer group's key under tenant isolation (docs/security.md): its half "
+            "records and end requests are signed with it and its checks read from its own "
+            "check topic; empty: isolation off", secret=True)
+    group_key_file: str = setting(
+        "", "a file holding group_key (surrounding whitespace stripped), e.g. a mounted secret")
+
     def __post_init__(self) -> None:
+        if self.group_key and self.group_key_file:
+            raise ConfigError("group_key and group_key_file: give one of them, not both")
         if not isinstance(self.check_affinity, bool):
             raise ConfigError(f"check_affinity must be a bool, got {self.check_affinity!r}")
         for name in ("max_transaction_messages", "max_transaction_bytes", "check_threads",

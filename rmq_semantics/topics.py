@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from rmq_semantics.clientconf import shared_conf
@@ -19,6 +19,7 @@ from rmq_semantics.errors import (
     KafkaOperationError,
     SystemTopicError,
 )
+from rmq_semantics.records.group_auth import MAX_TOPIC_LENGTH, encode_group
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -113,6 +114,16 @@ class SystemTopics:
 
     def check_group(self, producer_group: str) -> str:
         return f"{self.prefix}_check_{producer_group}"
+
+    def group_check(self, producer_group: str) -> str:
+        """The check topic of one producer group under tenant isolation, also the name of
+        its check consumers' group: a literal Kafka ACL on it reaches that group alone."""
+        name = f"{self.prefix}_check_{encode_group(producer_group)}"
+        if len(name) > MAX_TOPIC_LENGTH:
+            raise ConfigError(f"producer group {producer_group[:40]!r}...: its check topic "
+                              f"name would be {len(name)} characters, over Kafka's "
+                              f"{MAX_TOPIC_LENGTH}; use a shorter group name")
+        return name
 
 
 def system_prefixes(prefix: str = DEFAULT_TOPIC_PREFIX) -> tuple[str, ...]:
@@ -337,6 +348,7 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaOperationError.wrap(f"creating topic {name}", err) from exc
+            _require_describable(admin, name)
     created = {t.topic: specs[t.topic][0] for t in missing}
     _await_visible(admin, watch, conf, created)
     # Each KRaft broker applies a new topic on its own: until all have, a client asking
@@ -344,6 +356,20 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
     for node in meta.brokers.values() if len(meta.brokers) > 1 else ():
         one_broker = {**conf, "bootstrap.servers": f"{node.host}:{node.port}"}
         _await_visible(*_admin(one_broker), one_broker, created, fresh_client=True)
+
+
+def _require_describable(admin: AdminClient, topic: str) -> None:
+    """A topic that exists though this principal's metadata did not show it: raise at once
+    if the principal may not describe it (ACLs), rather than wait for it to appear."""
+    try:
+        admin.describe_topics(TopicCollection([topic]),
+                              request_timeout=ADMIN_TIMEOUT_S)[topic].result(ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaOperationError.wrap(
+                f"topic {topic} exists, but this principal may not describe it (check its "
+                "ACLs: a producer group reads only its own check topic)", err) from exc
 
 
 def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,

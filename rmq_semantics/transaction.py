@@ -29,6 +29,7 @@ from rmq_semantics.errors import (
     IllegalStateError,
     RmqError,
 )
+from rmq_semantics.group_signing import group_key_of, producer_factory
 from rmq_semantics.message import Message
 from rmq_semantics.multi import (
     half_partition_for,
@@ -103,11 +104,13 @@ class TransactionProducer(CheckCounters, BatchTransactions):
                  max_transaction_messages: int | None = None,
                  max_transaction_bytes: int | None = None,
                  check_threads: int | None = None, check_timeout_ms: int | None = None,
-                 check_affinity: bool | None = None, instance_id: str | None = None) -> None:
+                 check_affinity: bool | None = None, instance_id: str | None = None,
+                 group_key: str | None = None, group_key_file: str | None = None) -> None:
         self.settings = load(ProducerSettings, {
             "max_transaction_messages": max_transaction_messages,
             "max_transaction_bytes": max_transaction_bytes, "check_threads": check_threads,
-            "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity})
+            "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity,
+            "group_key": group_key, "group_key_file": group_key_file})
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
         listener = as_listener(listener)
@@ -120,6 +123,11 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         #: This instance's id: its check consumer's, and its half records' check affinity.
         self.instance_id = valid_instance_id(instance_id)
         self.topics = SystemTopics(validate_prefix(topic_prefix))
+        # Tenant isolation (docs/security.md): signed writes, checks on the group's own topic.
+        self._group_key = group_key_of(self.settings)
+        self._check_topic = (self.topics.check if self._group_key is None
+                             else self.topics.group_check(producer_group))
+        self._new_producer = producer_factory(self._group_key, self.topics)
         # Its metadata reads of destination topics (send-time checks) must not create a
         # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
         self._conf = {"allow.auto.create.topics": False, **producer_defaults(conf)}
@@ -132,13 +140,15 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         self._unsent = UnsentHalves()
         self._checks = CheckResponder(
             self._conf, self.topics, producer_group, instance_id=self.instance_id,
+            check_topic=None if self._group_key is None else self._check_topic,
             ask=lambda check: answer_check(self._unsent, self.topics.half, self._ask, check),
             reply=self._reply_check, threads=self.settings.check_threads,
             affinity=self.settings.check_affinity,
             timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
         self._producer: confluent_kafka.Producer | None = None
         # The one-message path's own producer (the batch path keeps the conf's batching).
-        self._call = CallProducer(self._producer_conf, f"rmq-delivery-{producer_group}")
+        self._call = CallProducer(self._producer_conf, f"rmq-delivery-{producer_group}",
+                                  self._new_producer)
         self._partitions: PartitionCache | None = None
         self._send_checks: SendChecks | None = None
         self._started = False
@@ -151,11 +161,12 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         # The coordinator's specs, so the configs never depend on who starts first; the
         # discard topic is the coordinator's alone.
         specs = txn_topic_specs(self.topics, self._half_partitions, self._check_partitions)
+        specs[self._check_topic] = specs[self.topics.check]
         ensure_topics(self._conf, {t: specs[t] for t in (self.topics.half, self.topics.op,
-                                                         self.topics.check)}, replicated=True)
+                                                         self._check_topic)}, replicated=True)
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
-        self._producer = confluent_kafka.Producer(self._producer_conf)
+        self._producer = self._new_producer(self._producer_conf)
         self._partitions = PartitionCache(self._producer)
         self._checks.start()
         self._started = True

@@ -37,6 +37,9 @@ class H:
     # the check partitions its check consumer held when it wrote the half record.
     CHECK_AFFINITY: Final = "rmq.check_affinity"
     CHECK_PARTITIONS: Final = "rmq.check_partitions"
+    # Tenant isolation: an HMAC under the producer group's key, on its half records and end
+    # requests (rmq_semantics/records/group_auth.py).
+    GROUP_MAC: Final = "rmq.group_mac"
     # Promoted records.
     PROMOTED_FROM: Final = "rmq.promoted_from"
     # Records set aside in the discard topic.

@@ -16,6 +16,10 @@ class DiscardReason(StrEnum):
     # The half record itself can never be promoted.
     MALFORMED = "malformed"  # rmq.* headers missing or unreadable
     SYSTEM_TOPIC = "system_topic"  # its real topic is one of the product's own topics
+    # Tenant isolation: no valid rmq.group_mac for the group it names (or a group the
+    # coordinators do not know); a real topic outside its group's allow-list.
+    FORGED = "forged"
+    NOT_ALLOWED = "not_allowed"
     # Kafka refused the promotion of this record (its cause may be fixed, then re-driven).
     UNKNOWN_TOPIC = "unknown_topic"
     UNKNOWN_PARTITION = "unknown_partition"

@@ -375,6 +375,9 @@ KEYS_RECORDS: dict[str, Callable[[random.Random], bytes]] = {
     "watermark": lambda rng: _keys_record("watermark", partition=rng.randrange(64),
                                           offset=rng.randrange(10**9)),
     "history": lambda rng: _keys_record("history", earlier=rng.random() < 0.5),
+    "tenancy": lambda rng: _keys_record("tenancy", **{t: {str(p): rng.randrange(10**9)
+                                                          for p in range(rng.randrange(4))}
+                                                      for t in ("half", "op")}),
 }
 #: Odd values for the fields of a keys record: wrong types, out of range, missing.
 KEYS_ODD_VALUES = (None, "", "1", 1.5, -1, True, [], {}, 2**70)
@@ -450,6 +453,10 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.CHECK_PARTITIONS: lambda rng, ctx: pick(rng, [b"-1", b"1,,2", b"a", b"1;2", b" 1",
                                                     b"99999999999", b"0," * 300 + b"0",
                                                     not_utf8(rng)]),
+    # Tenant isolation (issue 31): a MAC that is short, long, of another group or none;
+    # the record is set aside as forged (isolation on) or carried unread (off).
+    H.GROUP_MAC: lambda rng, ctx: pick(rng, [None, b"", some_bytes(rng), b"\x00" * 32,
+                                             not_utf8(rng), huge_text(rng).encode()]),
     # W3C trace context (issue 20): user headers the coordinator keeps on promotion and reads
     # for its promote span; a forged one must neither stop it nor block the record.
     "traceparent": lambda rng, ctx: pick(rng, [

@@ -31,10 +31,17 @@ from coordinator.state import (
     SaveCheckCounts,
     TxnState,
 )
+from coordinator.tenancy import Tenant, TenantGuard, resign
 from coordinator.txn_service import TransactionService, new_partition_state
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Message as UserMessage
 from rmq_semantics.records.codec import SystemRecord, decode, encode
+from rmq_semantics.records.group_auth import (
+    GroupKey,
+    derive_group_key,
+    op_canonical,
+    sign_half_headers,
+)
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reappend import reappended_headers
@@ -55,12 +62,21 @@ PREFIX = "model"
 TOPICS = SystemTopics(PREFIX)
 REAL_TOPIC = "orders"
 GROUP = "pg"  # the producers' group
+OTHER_GROUP = "intruder"  # another tenant: its own key, its own topic
+OWN = "<own>"
+TENANT_KEY = b"the model coordinators' tenant key"
+TENANTS = {GROUP: Tenant(GROUP, "User:pg", frozenset({REAL_TOPIC})),
+           OTHER_GROUP: Tenant(OTHER_GROUP, "User:intruder", frozenset({"intruder-topic"}))}
 KEY = MarkerKey(b"the model coordinators' marker key")
 T0 = 1_700_000_000_000
 # Short timings (tests/integration/txn_helpers.FAST's shape): re-appends after 3 intervals.
 SETTINGS = CoordinatorSettings(topic_prefix=PREFIX, half_partitions=1, check_partitions=1,
                                transaction_timeout_ms=1000, check_interval_ms=1000, check_max=2)
 FINAL = frozenset({Outcome.COMMITTED, Outcome.ROLLED_BACK, Outcome.DISCARDED})
+
+
+def group_key(group: str) -> GroupKey:
+    return derive_group_key(TENANT_KEY, group)
 
 
 def half_record(txn: str, size: int, index: int, now: int) -> Raw:
@@ -83,9 +99,13 @@ class Written:
 
 
 class Partition:
-    """The half and Op partitions (index 0), a coordinator over them, and one clock."""
+    """The half and Op partitions (index 0), a coordinator over them, and one clock. With
+    ``tenancy``, the coordinator isolates the groups (coordinator/tenancy.py) and each
+    producer signs what it writes with its group's key."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenancy: bool = False) -> None:
+        self.tenancy = tenancy
+        self.authentic: set[int] = set()  # Op offsets of end requests their group wrote
         self.now = T0
         self.half: list[tuple[Raw, int]] = []  # (record, append time)
         self.op: list[tuple[bytes | None, int]] = []
@@ -101,6 +121,8 @@ class Partition:
         self.service = TransactionService({"bootstrap.servers": "model:9092"}, SETTINGS)
         # What run() loads from the keys topic: no watermark, so only signed markers count.
         self.service._markers = MarkerVerifier(KEY, TOPICS.op, {})
+        if self.tenancy:
+            self.service.guard = TenantGuard(TENANTS, TENANT_KEY, TOPICS, {})
         self.state: PartitionState = new_partition_state(0, SETTINGS, None)
         self.state.start_at(*self.committed)
         self.service.states[0] = self.state
@@ -174,8 +196,8 @@ class Partition:
                 for half in action.records:
                     carried = dataclasses.replace(action.carried, previous_offset=half.offset)
                     self.member[len(self.half)] = (half.txn_id, half.txn_index)
-                    self.half.append((Raw(half.value, half.key,
-                                          reappended_headers(half, carried), 0), self.now))
+                    headers = resign(self.service.guard, half, reappended_headers(half, carried))
+                    self.half.append((Raw(half.value, half.key, headers, 0), self.now))
                     done.append(DoneEntry(half.offset, half.txn_id, Outcome.REAPPENDED,
                                           action.carried.checks_answered))
         if done:
@@ -189,14 +211,27 @@ class Partition:
 
     # -- producers and adversaries ----------------------------------------------------------------
     def append_half(self, raw: Raw, member: tuple[str, int] | None = None) -> int:
+        """A half record; a ``member`` of a producer's transaction is signed by its group."""
         if member is not None:
             self.member[len(self.half)] = member
+            if self.tenancy:
+                raw = dataclasses.replace(raw, headers=sign_half_headers(
+                    group_key(GROUP), raw.headers, raw.key, raw.value))
         self.half.append((raw, self.now))
         return len(self.half) - 1
 
-    def append_op(self, value: bytes | SystemRecord | None) -> int:
+    def append_op(self, value: bytes | SystemRecord | None, signer: str | None = OWN) -> int:
+        """An Op record; with tenancy, an end request signed by the key of ``signer`` (OWN:
+        the group it names, so authentic; None: unsigned)."""
+        group = getattr(value, "producer_group", None)
         if value is not None and not isinstance(value, bytes):
             value = encode(value)
+        signer = group if signer is OWN else signer
+        if group is not None and (not self.tenancy or signer == group):
+            self.authentic.add(len(self.op))
+        if self.tenancy and signer in TENANTS:
+            mac = group_key(signer).mac(op_canonical(TOPICS.op, 0, value))
+            value = Raw(value, None, [(H.GROUP_MAC, mac)], 0)
         self.op.append((value, self.now))
         return len(self.op) - 1
 
@@ -204,6 +239,7 @@ class Partition:
         """Every end request in the Op partition, in order, one per decision: (op offset,
         request); a batch's entries come as requests of its producer group."""
         for offset, (value, _) in enumerate(self.op):
+            value = value.value if isinstance(value, Raw) else value
             try:
                 record = decode(value)
             except MalformedRecordError:  # garbage is what some rules append

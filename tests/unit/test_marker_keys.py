@@ -107,7 +107,8 @@ def test_every_keys_record_kind_has_a_generator_and_is_read():
 def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
     rng = random.Random(2929)
     types = {"key": {"key": str}, "fingerprint": {"fingerprint": str},
-             "watermark": {"partition": int, "offset": int}, "history": {"earlier": bool}}
+             "watermark": {"partition": int, "offset": int}, "history": {"earlier": bool},
+             "tenancy": {"half": dict, "op": dict}}
     for _ in range(3000):
         kind = gen.pick(rng, KINDS)
         data = gen.keys_mutation(rng, gen.KEYS_RECORDS[kind](rng))

@@ -217,8 +217,9 @@ class TxnMachine(RuleBasedStateMachine):
         offsets = {o for o, (txn, _) in self.p.member.items() if txn == t.id} | {
             o for o, txn in self.copies.items() if txn == t.id}
         unknown: set[int] = set()
-        for _, r in self.p.requests():
-            if r.txn_id != t.id or r.producer_group != GROUP or r.half_offset not in offsets:
+        for at, r in self.p.requests():
+            if r.txn_id != t.id or r.producer_group != GROUP or r.half_offset not in offsets \
+                    or at not in self.p.authentic:  # forged in the group's name (tenancy)
                 continue
             if r.state in decisive:
                 return r.state, len(unknown)

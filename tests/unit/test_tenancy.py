@@ -1,0 +1,209 @@
+"""Tenant isolation without a broker: group names as topic names, the group MACs a signing
+producer writes and the coordinator's guard verifies, the allow-list, the tenants file, and
+the ACL table of docs/security.md generated from code."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.acls import Principals, acl_bindings, load_deployment, markdown_table
+from coordinator.settings import CoordinatorSettings
+from coordinator.tenancy import AllowList, TenantGuard, parse_tenants
+from rmq_semantics import TransactionListener, TransactionProducer
+from rmq_semantics.errors import ConfigError
+from rmq_semantics.group_signing import SignedProducer
+from rmq_semantics.message import Message
+from rmq_semantics.records.group_auth import (
+    derive_group_key,
+    encode_group,
+    op_canonical,
+    sign_half_headers,
+)
+from rmq_semantics.records.half import half_headers, parse_half
+from rmq_semantics.records.headers import H
+from rmq_semantics.records.reasons import DiscardReason
+from rmq_semantics.topics import SystemTopics
+
+REPO = Path(__file__).resolve().parents[2]
+TENANT_KEY = b"the tenant key of the unit tests, 32+"
+TOPICS = SystemTopics("__rmq")
+TENANTS = parse_tenants({"version": 1, "groups": {
+    "ga": {"principal": "User:a", "topics": ["orders-a"]},
+    "gb": {"principal": "User:b", "topics": ["orders-b"], "topic_prefixes": ["b."]},
+}}, "__rmq")
+
+
+def guard(marks: dict | None = None) -> TenantGuard:
+    return TenantGuard(TENANTS, TENANT_KEY, TOPICS, marks)
+
+
+def half(group: str, topic: str, *, signer: str | None = None, offset: int = 5,
+         value: bytes = b"v") -> object:
+    headers = half_headers(Message(topic, value, key=b"k"), "t1", group.encode(), b"1")
+    if signer is not None:
+        headers = sign_half_headers(derive_group_key(TENANT_KEY, signer), headers, b"k", value)
+    return parse_half(0, offset, 1, b"k", value, headers)
+
+
+# -- group names as topic names ----------------------------------------------------------
+@given(st.text(min_size=1, max_size=40), st.text(min_size=1, max_size=40))
+def test_group_names_map_to_legal_distinct_topic_names(a, b):
+    for name in (encode_group(a), encode_group(b)):
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", name)
+    assert (encode_group(a) == encode_group(b)) == (a == b)
+
+
+def test_plain_group_names_stay_readable_and_no_check_topic_is_a_prefix_match_issue():
+    assert TOPICS.group_check("ga") == "__rmq_check_ga"
+    assert TOPICS.group_check("g.a") == "__rmq_check_g_2ea"
+    assert TOPICS.group_check("g_a") == "__rmq_check_g_5fa"
+    with pytest.raises(ConfigError, match="over Kafka's 249"):
+        TOPICS.group_check("g" * 240)
+
+
+# -- half records ------------------------------------------------------------------------
+def test_a_half_signed_by_its_own_group_for_an_allowed_topic_passes():
+    assert guard().judge_half(half("ga", "orders-a", signer="ga"), "__rmq_half") is None
+
+
+@pytest.mark.parametrize("record, reason", [
+    (lambda: half("ga", "orders-a"), DiscardReason.FORGED),  # unsigned
+    (lambda: half("ga", "orders-a", signer="gb"), DiscardReason.FORGED),  # B claims A
+    (lambda: half("gx", "orders-a", signer="gb"), DiscardReason.FORGED),  # unknown group
+    (lambda: half("gb", "orders-a", signer="gb"), DiscardReason.NOT_ALLOWED),  # A's topic
+    (lambda: half("gb", "secret", signer="gb"), DiscardReason.NOT_ALLOWED),
+])
+def test_forged_or_disallowed_halves_are_set_aside_with_their_reason(record, reason):
+    refused = guard().judge_half(record(), "__rmq_half")
+    assert refused is not None and refused[0] is reason
+
+
+def test_a_signed_half_whose_value_or_topic_changed_does_not_verify():
+    signed = half("ga", "orders-a", signer="ga")
+    other = parse_half(0, 5, 1, b"k", b"changed", signed.headers)
+    assert guard().judge_half(other, "h")[0] is DiscardReason.FORGED
+
+
+def test_unsigned_halves_below_the_upgrade_watermark_are_trusted_but_still_allow_listed():
+    marks = {"half": {0: 10}, "op": {}}
+    assert guard(marks).judge_half(half("ga", "orders-a", offset=9), "h") is None
+    assert guard(marks).judge_half(half("ga", "orders-a", offset=10), "h")[0] \
+        is DiscardReason.FORGED
+    assert guard(marks).judge_half(half("ga", "orders-b", offset=9), "h")[0] \
+        is DiscardReason.NOT_ALLOWED
+
+
+def test_a_re_appended_half_is_signed_again_for_its_group():
+    legacy = half("ga", "orders-a", offset=3)
+    headers = guard().resign(legacy, list(legacy.headers))
+    again = parse_half(0, 50, 1, legacy.key, legacy.value, headers)
+    assert guard({"half": {0: 10}}).judge_half(again, "h") is None
+
+
+# -- end requests ------------------------------------------------------------------------
+def test_end_requests_verify_only_under_their_own_groups_key_and_partition():
+    g, value = guard(), b"an encoded end request"
+    mac = derive_group_key(TENANT_KEY, "ga").mac(op_canonical(TOPICS.op, 2, value))
+    assert g.end_refusal(2, 7, "ga", value, [(H.GROUP_MAC, mac)]) is None
+    assert g.end_refusal(2, 7, "gb", value, [(H.GROUP_MAC, mac)]) is not None
+    assert g.end_refusal(3, 7, "ga", value, [(H.GROUP_MAC, mac)]) is not None
+    assert g.end_refusal(2, 7, "ga", value, []) is not None
+    assert g.end_refusal(2, 7, "gx", value, [(H.GROUP_MAC, mac)]) is not None
+    assert guard({"op": {2: 8}}).end_refusal(2, 7, "ga", value, []) is None
+
+
+def test_the_signing_producer_signs_half_and_op_writes_and_nothing_else():
+    key = derive_group_key(TENANT_KEY, "ga")
+    producer = SignedProducer({"bootstrap.servers": "127.0.0.1:1"}, key=key, topics=TOPICS)
+    headers = half_headers(Message("orders-a", b"v", key=b"k"), "t1", b"ga", b"1")
+    kw1 = producer.signed(TOPICS.half, b"v", {"key": b"k", "headers": headers})
+    kw2 = producer.signed(TOPICS.op, b"end", {"partition": 2})
+    assert producer.signed("orders-a", b"plain", {}) == {}
+    assert guard().judge_half(parse_half(0, 1, 1, b"k", b"v", kw1["headers"]), "h") is None
+    assert guard().end_refusal(2, 9, "ga", b"end", kw2["headers"]) is None
+    with pytest.raises(ConfigError, match="Op partition"):
+        producer.signed(TOPICS.op, b"end", {})
+
+
+# -- allow-list and tenants file --------------------------------------------------------
+def test_the_allow_list_takes_exact_names_and_prefixes_per_group():
+    allow = AllowList(TENANTS)
+    assert allow.allows("gb", "b.x") and allow.allows("gb", "orders-b")
+    assert not allow.allows("ga", "b.x") and not allow.allows("gz", "orders-a")
+    assert "not on producer group 'ga'" in allow.refusal("ga", "orders-b")
+
+
+@pytest.mark.parametrize("spec, error", [
+    ({"version": 1, "groups": {"g": {"principal": "alice"}}}, "User:NAME"),
+    ({"version": 1, "groups": {"g": {"principal": "User:a", "topics": ["__rmq_half"]}}},
+     "system topics"),
+    ({"version": 1, "groups": {"g": {"principal": "User:a", "topic_prefixes": ["__"]}}},
+     "system topics"),
+    ({"groups": {}}, "version"),
+    ({"version": 1, "groups": {"g": {"principal": "User:a", "topics": "t"}}}, "list"),
+])
+def test_a_wrong_tenants_file_is_one_config_error(spec, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_tenants(spec, "__rmq")
+
+
+def test_isolation_needs_both_the_tenants_file_and_a_tenant_key():
+    with pytest.raises(ConfigError, match="needs both"):
+        CoordinatorSettings(tenants_file="t.json")
+    with pytest.raises(ConfigError, match="needs both"):
+        CoordinatorSettings(tenant_key="k" * 32)
+    assert CoordinatorSettings().tenants_file == ""  # off by default: PLAINTEXT as before
+
+
+# -- the documented ACLs -------------------------------------------------------------------
+def test_the_acl_table_in_docs_security_is_the_generated_one(tmp_path):
+    doc = (REPO / "docs" / "security.md").read_text()
+    example = re.search(r"<!-- tenants-example -->\n```json\n(.*?)```", doc, re.S).group(1)
+    table = re.search(r"<!-- acls:begin -->\n(.*?)\n<!-- acls:end -->", doc, re.S).group(1)
+    (tmp_path / "tenants.json").write_text(example)
+    tenants, consumers = load_deployment(str(tmp_path / "tenants.json"), "__rmq")
+    acls = acl_bindings(tenants, Principals("User:rmq-coordinator", "User:rmq-ops",
+                                            "User:spark", ("orders",)), consumers)
+    assert table.strip() == markdown_table(acls), \
+        "regenerate: rmq-semantics tenant acls --markdown (see docs/security.md)"
+
+
+def test_producer_principals_get_only_literal_acls_and_never_the_keys_topic():
+    acls = acl_bindings(TENANTS, Principals("User:c", "User:ops", "User:s", ("orders-a",)))
+    for acl in acls:
+        if acl.role in ("producer group", "consumer group", "operators' CLI"):
+            if acl.resource != "transactional-id" and acl.name.startswith("__rmq"):
+                assert acl.pattern == "literal", acl
+            assert acl.name != TOPICS.keys
+    own = {(a.principal, a.name) for a in acls if a.name.startswith("__rmq_check")}
+    assert own == {("User:a", "__rmq_check_ga"), ("User:b", "__rmq_check_gb")}
+    writes = {a.name for a in acls if a.principal == "User:c" and "WRITE" in a.operations
+              and a.resource == "topic" and not a.name.startswith("__rmq")}
+    assert writes == {"orders-a", "orders-b", "b."}  # the allow-list, nothing more
+    assert json.dumps([a.name for a in acls])  # plain strings throughout
+
+
+# -- the producer's check topic ---------------------------------------------------------------
+class NullListener(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return None
+
+    def check_local_transaction(self, msg):
+        return None
+
+
+@pytest.mark.parametrize("key, topic, group", [
+    (None, "__rmq_check", "__rmq_check_g.a"),  # isolation off: as before
+    ("k" * 32, "__rmq_check_g_2ea", "__rmq_check_g_2ea"),  # its own topic, same-named group
+])
+def test_a_producer_reads_its_checks_from_its_groups_topic_only_with_a_key(key, topic, group):
+    producer = TransactionProducer({"bootstrap.servers": "127.0.0.1:1"}, producer_group="g.a",
+                                   listener=NullListener(), group_key=key)
+    checks = producer._checks
+    assert (checks.check_topic, checks._conf["group.id"]) == (topic, group)
