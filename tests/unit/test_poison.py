@@ -212,7 +212,10 @@ class FakeAdmin:
             for name, n in self.topics.items()}})()
 
 
-def test_vetting_discards_promotions_to_missing_topics_or_partitions_and_blamed_records():
+def test_vetting_discards_promotions_to_missing_topics_or_partitions_and_blamed_records(
+        monkeypatch):
+    # Missing from the first read on (the grace a lagging broker gets: test_destinations).
+    monkeypatch.setattr("coordinator.destinations.MISSING_GRACE_S", 0.0)
     admin = FakeAdmin({"orders": 2})
     ledger = PoisonLedger(3)
     destinations = Destinations(lambda: admin, ledger)
