@@ -388,3 +388,20 @@ def test_a_renewed_idle_producer_is_initialised_by_its_next_transaction(make_txn
     assert txn.producer is not old and txn.renewals == 1
     assert run_one(txn)[:2] == ["init", "begin"]
     assert "its sibling's call wedged; re-creating transactional producer tid-1" in caplog.text
+
+
+@pytest.mark.xfail(strict=True, reason="a broken (not fenced) producer stops the coordinator")
+@pytest.mark.parametrize("code", [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                  KafkaError._GAPLESS_GUARANTEE, KafkaError.UNKNOWN_PRODUCER_ID])
+def test_a_producer_that_broke_but_was_not_fenced_is_re_created_and_the_batch_replayed(
+        make_txn, code):
+    """The fault campaign (seed 2, long run): a produce to the Op topic failed with a
+    sequence desynchronization after a broker was cut off; librdkafka made it fatal and the
+    coordinator exited. Only a twin with the same transactional id (fenced) must stop it:
+    a broken producer is replaced (its new epoch fences its own late requests)."""
+    txn = make_txn(commit=[kafka_exc(code, fatal=True)])
+    old = txn.producer
+    with pytest.raises(TransactionAborted, match="re-created"):
+        run_one(txn)
+    assert txn.producer is not old
+    assert run_one(txn) == ["init", "begin", "produce", "offsets", "commit"]
