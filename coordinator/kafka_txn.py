@@ -8,8 +8,11 @@ once, by :func:`triage`:
 - ``RETRY``: call the same method again (bounded by a deadline, the shared tenacity policy);
 - ``ABORT``: abort the transaction; the caller replays from its committed offsets
   (raised as :class:`TransactionAborted`);
-- ``FATAL``: the producer is unusable (fenced by a newer instance with the same
-  transactional id, or broken); the process must stop (:class:`FatalKafkaError`).
+- ``FATAL``: the producer is unusable. Fenced by a newer instance with the same
+  transactional id (a twin: :data:`TWIN_CODES`), the process must stop
+  (:class:`FatalKafkaError`); broken otherwise (an idempotence sequence lost after a broker
+  was cut off, say), it is re-created, its new epoch fencing its own late requests, and the
+  batch replayed.
 
 :func:`transactional_loop` is the main loop both services share, so they handle errors
 the same way.
@@ -78,6 +81,14 @@ WEDGED_AFTER_S = TXN_CALL_TIMEOUT_S + 15.0
 DOOMED_MARGIN_S = 5.0
 # ... but only a call that has itself run this long (not one that just started late).
 DOOMED_CALL_MIN_S = 5.0
+
+
+#: Fatal errors that mean another instance with this transactional id took over (or may
+#: not use it at all): only these stop the process; a producer broken otherwise is renewed.
+TWIN_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                        KafkaError.INVALID_PRODUCER_EPOCH,
+                        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 
 
 class TxnErrorKind(Enum):
@@ -337,11 +348,16 @@ class KafkaTransactions:
 
     def _fenced_or_fatal(self, what: str, err: KafkaError) -> RmqError:
         """The error to raise for a fatal ``err``: a replay on a new producer when the
-        transaction outlived its timeout, else FatalKafkaError."""
-        if not self._outlived_its_timeout():
+        transaction outlived its timeout or the producer broke without a twin fencing it,
+        else FatalKafkaError."""
+        if self._outlived_its_timeout():
+            why = (f"{what} failed after the transaction outlived its "
+                   f"{TRANSACTION_TIMEOUT_MS} ms timeout")
+        elif err.code() not in TWIN_CODES:
+            why = f"{what} failed: the producer broke (no newer instance fenced it)"
+        else:
             return self._fatal(what, err)
-        self._renew(f"{what} failed after the transaction outlived its "
-                    f"{TRANSACTION_TIMEOUT_MS} ms timeout", err)
+        self._renew(why, err)
         return TransactionAborted(f"{what}: {err.str()}; the transactional producer was "
                                   f"re-created")
 
