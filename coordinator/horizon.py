@@ -244,6 +244,26 @@ class ReappendSteps:
             actions += self.on_end_request(request, now_ms)
         return actions
 
+    def _rejoined(self, anchor: int, carried: Carried | None, now_ms: int) -> list[Action]:
+        """A re-appended member joined the unit pending at ``anchor``, another member read
+        first: a transaction re-appended with members unread gets those at their first
+        offsets, before its re-appended ones. The unit takes the member's check counts
+        and where the transaction came from, and the requests that waited for it."""
+        if carried is None:
+            return []
+        entry = self.pending[anchor]
+        if carried.checks_issued >= entry.checks_issued:  # as a check marker read back
+            entry.checks_issued = carried.checks_issued
+            entry.checks_answered = max(entry.checks_answered, carried.checks_answered)
+            entry.answered_seq = max(entry.answered_seq, carried.answered_seq)
+            if entry.next_check_ts != carried.next_check_ts:
+                entry.next_check_ts = carried.next_check_ts
+                heapq.heappush(self._schedule, (carried.next_check_ts, anchor))
+        actions: list[Action] = []
+        for request in self.horizon.arrived(entry.half.txn_id, anchor, carried.origin_offset):
+            actions += self.on_end_request(request, now_ms)
+        return actions
+
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
         for offset in self.horizon.due(now_ms, self.pending):

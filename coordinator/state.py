@@ -26,7 +26,7 @@ from coordinator.actions import (
     transition,
 )
 from coordinator.copies import Copies, CopySteps
-from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
+from coordinator.horizon import Carried, Horizon, Reappend, ReappendSteps, Recent
 from coordinator.members import Assemblies
 from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
 from coordinator.waits import DEFER_GRACE_MS, MAX_DEFERRED_ENDS, WaitSteps
@@ -132,7 +132,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.counters["malformed_half"] += 1
         elif offset not in self.decided and offset not in self.pending and (
                 offset not in self.assemblies):
-            if half.is_member and (joined := self._join(offset, half, now_ms)) is not None:
+            if half.is_member and (joined := self._join(offset, half, carried, now_ms)) is not None:
                 return joined
             self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms,
                                                                       now_ms))
@@ -147,7 +147,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
-    def _join(self, offset: int, half: HalfMessage, now_ms: int) -> list[Action] | None:
+    def _join(self, offset: int, half: HalfMessage, carried: Carried | None,
+              now_ms: int) -> list[Action] | None:
         """Member ``half`` joins its transaction: None when it is the first member read
         (the caller makes it pending, as the anchor), else what became applicable."""
         if (closed := self.assemblies.closed(half.txn_id)) is not None:
@@ -159,14 +160,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.counters["malformed_member"] += 1
             return self.on_poison_half(offset, half, DiscardReason.MALFORMED, now_ms, problem)
         heapq.heappush(self._pending_heap, offset)
-        return [*self._drain_deferred(now_ms, only=offset), *self._complete(anchor)]
-
-    def _complete(self, anchor: int) -> list[Action]:
-        """A member arrived: a COMMIT that waited for the last one promotes them all now."""
-        unit = self.assemblies.unit(anchor)
-        if unit is None or unit.commit is None or not unit.complete:
-            return []
-        return [self._finish(anchor, TxnState.COMMITTED)]
+        return [*self._drain_deferred(now_ms, only=offset),
+                *self._rejoined(anchor, carried, now_ms), *self._complete(anchor)]
 
     def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
                        now_ms: int, detail: str = "") -> list[Action]:

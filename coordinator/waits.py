@@ -10,11 +10,12 @@ import heapq
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from coordinator.actions import TxnState
 from coordinator.members import Assemblies
 from rmq_semantics.records.reasons import DiscardReason
 
 if TYPE_CHECKING:  # the state machine imports this module
-    from coordinator.actions import Discard, EndRequest, TxnState
+    from coordinator.actions import Discard, EndRequest, Finish
     from rmq_semantics.records.half import HalfMessage
 
 __all__ = ["DEFER_GRACE_MS", "MAX_DEFERRED_ENDS", "WaitSteps"]
@@ -45,6 +46,14 @@ class WaitSteps:
 
     if TYPE_CHECKING:
         def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard: ...
+        def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
+
+    def _complete(self, anchor: int) -> list[Finish]:
+        """A member arrived: a COMMIT that waited for the last one promotes them all now."""
+        unit = self.assemblies.unit(anchor)
+        if unit is None or unit.commit is None or not unit.complete:
+            return []
+        return [self._finish(anchor, TxnState.COMMITTED)]
 
     def _second_decision(self, request: EndRequest, first: TxnState | None,
                          same: bool) -> None:

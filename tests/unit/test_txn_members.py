@@ -263,8 +263,6 @@ def test_an_end_of_partition_read_after_the_commit_makes_it_incomplete():
     assert isinstance(discard, Discard) and discard.reason is DiscardReason.INCOMPLETE
 
 
-@pytest.mark.xfail(strict=True, reason="a re-appended member joining a unit read first at "
-                   "another member's offset drops what its re-append carried")
 def test_a_commit_follows_a_transaction_re_appended_with_members_unread():
     # Model example (campaign profile): member 0 was re-appended past the horizon before
     # member 1 was read; member 1 is read at its first offset, then member 0's new record.
