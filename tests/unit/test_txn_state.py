@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coordinator.state import (
@@ -254,4 +256,22 @@ def test_a_conflicting_decision_is_reported_with_both_decisions():
     [(request, reason)] = st.rejections
     assert (request.op_offset, request.txn_id) == (1, "t0")
     assert "ROLLBACK" in reason and "COMMITTED" in reason
+    assert st.counters["conflicting_decisions"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="deferred end requests are applied grouped by half "
+                   "offset, not in Op order")
+def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
+    # Model example (campaign profile): t0's record at 0 and a copy at 1 (the producer was
+    # told the copy's offset); ROLLBACK to 0, then COMMIT to the copy. An earlier request
+    # for offset 1 (another transaction's) keyed offset 1 first among the deferred ones.
+    st = PartitionState(0, 6000, 60000, 3)
+    st.on_half(0, half(0), T0)
+    st.on_half(1, dataclasses.replace(half(0), offset=1), T0)  # rolled back: a copy
+    for request in (end(0, 1, "COMMIT", txn="nobody"), end(1, 0, "ROLLBACK", txn="t0"),
+                    end(2, 1, "COMMIT", txn="t0")):
+        assert st.on_end_request(request, T0) == []  # recovering: deferred
+    st.on_eof("half", T0)
+    [rollback] = st.on_eof("op", T0)
+    assert rollback.half.offset == 0 and rollback.outcome is TxnState.ROLLED_BACK
     assert st.counters["conflicting_decisions"] == 1
