@@ -276,13 +276,12 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             offsets = [only] if only in self.deferred else []
         else:
             offsets = list(self.deferred)
-        actions: list[Action] = []
+        ready: list[EndRequest] = []
         for offset in offsets:
             if offset < self.half_position:
                 requests = self.deferred.pop(offset)
                 self._deferred_count -= len(requests)
-                for request in requests:
-                    actions.extend(self._apply_end(request, now_ms))
+                ready += requests
                 continue
             if not self.half_at_end:
                 continue
@@ -298,7 +297,10 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 self.deferred[offset] = still
             else:
                 del self.deferred[offset]
-        return actions
+        # In Op order across offsets: one transaction's requests may name several (a copy's,
+        # a member's, one it had before a re-append), and the first decision must win.
+        return [a for r in sorted(ready, key=lambda r: r.op_offset)
+                for a in self._apply_end(r, now_ms)]
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
         if request.half_offset < 0:

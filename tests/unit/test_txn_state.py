@@ -259,8 +259,6 @@ def test_a_conflicting_decision_is_reported_with_both_decisions():
     assert st.counters["conflicting_decisions"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="deferred end requests are applied grouped by half "
-                   "offset, not in Op order")
 def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
     # Model example (campaign profile): t0's record at 0 and a copy at 1 (the producer was
     # told the copy's offset); ROLLBACK to 0, then COMMIT to the copy. An earlier request
