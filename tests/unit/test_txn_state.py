@@ -273,3 +273,21 @@ def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
     [rollback] = st.on_eof("op", T0)
     assert rollback.half.offset == 0 and rollback.outcome is TxnState.ROLLED_BACK
     assert st.counters["conflicting_decisions"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="a request naming a copy not read yet waits while "
+                   "later requests for its first record are applied")
+def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
+    # Model example (campaign profile): the producer was told the copy's offset (1) and
+    # sent COMMIT there before the coordinator read the copy; a later UNKNOWN answer to the
+    # check of the first record (0) must not overtake it (check_max 1: a discard).
+    st = live(timeout=1000, check_max=1)
+    st.on_half(0, half(0), T0)
+    [check] = st.due(T0 + 1000)
+    actions = st.on_end_request(end(0, 1, "COMMIT", txn="t0"), T0 + 1000)
+    actions += st.on_end_request(end(1, 0, "UNKNOWN", from_check=True, seq=check.check_seq),
+                                 T0 + 1000)
+    actions += st.on_half(1, dataclasses.replace(half(0), offset=1), T0 + 1000)  # the copy
+    decided = [(a.half.offset, a.outcome) for a in actions if isinstance(a, Finish)]
+    assert decided == [(0, TxnState.COMMITTED), (1, TxnState.ROLLED_BACK)]
+    assert not [a for a in actions if isinstance(a, Discard)]
