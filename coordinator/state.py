@@ -249,6 +249,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
 
     def on_end_request(self, request: EndRequest, now_ms: int) -> list[Action]:
         self.op_position = max(self.op_position, request.op_offset + 1)
+        request = self._to_first_unread(request)
         if self.recovering or request.half_offset >= self.half_position:
             # Wait until every done marker before it (recovery) and the half record are read.
             self._defer(request)

@@ -275,8 +275,6 @@ def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
     assert st.counters["conflicting_decisions"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a request naming a copy not read yet waits while "
-                   "later requests for its first record are applied")
 def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
     # Model example (campaign profile): the producer was told the copy's offset (1) and
     # sent COMMIT there before the coordinator read the copy; a later UNKNOWN answer to the
