@@ -278,3 +278,28 @@ def test_a_commit_follows_a_transaction_re_appended_with_members_unread():
     [finish] = st.on_half(12, again, T0 + 1000)
     assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
     assert sorted(h.offset for h in finish.records) == [11, 12] and st.half_commit == 13
+
+
+@pytest.mark.xfail(strict=True, reason="re-appending the second part of a transaction forgets "
+                   "where its first part came from")
+def test_a_commit_follows_a_transaction_re_appended_in_two_parts():
+    # Model example (campaign profile): member 1 landed after the end of the partition was
+    # read, when member 0 had been re-appended alone; member 1 is re-appended in turn. The
+    # producer's COMMIT names member 0's first offset.
+    st = live(horizon=1000)
+    feed(st, member(10, 0, size=2))
+    st.on_eof("half", T0)
+    [first] = st.due(T0 + 1000)
+    feed(st, member(11, 1, size=2))
+    st.on_eof("half", T0)
+    [second] = st.due(T0 + 1000)
+    assert [h.offset for m in (first, second) for h in m.records] == [10, 11]
+    assert st.on_end_request(end(3, 10, "COMMIT"), T0 + 1000) == []  # waits for the records
+    actions = []
+    for offset, (move, index) in enumerate([(first, 0), (second, 1)], start=12):
+        again = member(offset, index, size=2)
+        again = dataclasses.replace(again, headers=reappended_headers(again, move.carried))
+        actions += st.on_half(offset, again, T0 + 1000)
+    [finish] = actions
+    assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
+    assert [h.offset for h in finish.records] == [12, 13] and st.half_commit == 14
