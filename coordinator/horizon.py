@@ -131,17 +131,31 @@ class Horizon:
         moved = self._moved.get(txn_id)
         return moved.origin if moved is not None and moved.offset == offset else offset
 
-    def leaving(self, txn_id: str, offset: int, now_ms: int) -> int:
+    def _part(self, txn_id: str, pending: dict) -> _Moved | None:
+        """Where ``txn_id`` is, if it moved and is not decided (not a finished life of a
+        transaction id written again, as ``txn redrive`` does)."""
+        moved = self._moved.get(txn_id)
+        live = moved is not None and (moved.in_flight_since is not None or moved.offset in pending)
+        return moved if live else None
+
+    def leaving(self, txn_id: str, offset: int, now_ms: int, pending: dict) -> int:
         """The pending record at ``offset`` is being re-appended; returns its origin."""
-        origin = self.origin(txn_id, offset)
-        self._moved[txn_id] = _Moved(origin, offset, now_ms)
+        origin, waiting = self.origin(txn_id, offset), []
+        if (before := self._part(txn_id, pending)) is not None and before.offset != offset:
+            # Another part of it moved first (members unread then, read after it moved):
+            # one origin, and the requests waiting for that part wait on.
+            origin, waiting = min(origin, before.origin), before.waiting
+        self._moved[txn_id] = _Moved(origin, offset, now_ms, waiting)
         self._in_flight.add(txn_id)
         return origin
 
-    def arrived(self, txn_id: str, offset: int, origin: int) -> list[EndRequest]:
+    def arrived(self, txn_id: str, offset: int, origin: int,
+                pending: dict) -> list[EndRequest]:
         """A re-appended record was read at ``offset``: the requests that waited for it,
         readdressed there."""
         before = self._moved.get(txn_id)
+        if (part := self._part(txn_id, pending)) is not None:  # moved first (see leaving)
+            origin = min(origin, part.origin)
         self._moved[txn_id] = _Moved(origin, offset)
         self._in_flight.discard(txn_id)
         waiting = before.waiting if before is not None else []
@@ -240,7 +254,8 @@ class ReappendSteps:
         entry.next_check_ts = carried.next_check_ts
         heapq.heappush(self._schedule, (carried.next_check_ts, offset))
         actions: list[Action] = []
-        for request in self.horizon.arrived(entry.half.txn_id, offset, carried.origin_offset):
+        for request in self.horizon.arrived(entry.half.txn_id, offset, carried.origin_offset,
+                                              self.pending):
             actions += self.on_end_request(request, now_ms)
         return actions
 
@@ -260,7 +275,8 @@ class ReappendSteps:
                 entry.next_check_ts = carried.next_check_ts
                 heapq.heappush(self._schedule, (carried.next_check_ts, anchor))
         actions: list[Action] = []
-        for request in self.horizon.arrived(entry.half.txn_id, anchor, carried.origin_offset):
+        for request in self.horizon.arrived(entry.half.txn_id, anchor, carried.origin_offset,
+                                              self.pending):
             actions += self.on_end_request(request, now_ms)
         return actions
 
@@ -269,7 +285,7 @@ class ReappendSteps:
         for offset in self.horizon.due(now_ms, self.pending):
             entry, members = self._leave(offset)
             half = entry.half
-            origin = self.horizon.leaving(half.txn_id, offset, now_ms)
+            origin = self.horizon.leaving(half.txn_id, offset, now_ms, self.pending)
             actions.append(Reappend(half, Carried(
                 offset, origin, half.timestamp_ms, entry.checks_issued, entry.checks_answered,
                 entry.answered_seq, entry.next_check_ts), members))

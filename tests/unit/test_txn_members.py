@@ -280,8 +280,6 @@ def test_a_commit_follows_a_transaction_re_appended_with_members_unread():
     assert sorted(h.offset for h in finish.records) == [11, 12] and st.half_commit == 13
 
 
-@pytest.mark.xfail(strict=True, reason="re-appending the second part of a transaction forgets "
-                   "where its first part came from")
 def test_a_commit_follows_a_transaction_re_appended_in_two_parts():
     # Model example (campaign profile): member 1 landed after the end of the partition was
     # read, when member 0 had been re-appended alone; member 1 is re-appended in turn. The
