@@ -301,3 +301,18 @@ def test_a_commit_follows_a_transaction_re_appended_in_two_parts():
     [finish] = actions
     assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
     assert [h.offset for h in finish.records] == [12, 13] and st.half_commit == 14
+
+
+@pytest.mark.xfail(strict=True, reason="a transaction whose COMMIT waits for members is "
+                   "re-appended and its COMMIT forgotten")
+def test_a_commit_waiting_for_members_is_not_re_appended_away():
+    # Model example (campaign profile): a member checked on its own after a restart,
+    # answered COMMIT, waited for member 0 (never to come) and was re-appended past the
+    # horizon with the COMMIT forgotten, checked again, and so on for ever.
+    st = live(horizon=1000)
+    feed(st, member(10, 0, size=2))
+    assert st.on_end_request(end(0, 10, "COMMIT"), T0) == []  # waits for member 1
+    st.due(T0 + 1000)  # past the re-append horizon
+    [finish] = feed(st, member(11, 1, size=2))
+    assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
+    assert [h.offset for h in finish.records] == [10, 11]
