@@ -27,6 +27,7 @@ from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reappend import Carried, split_reappended
 
 if TYPE_CHECKING:  # the state machine imports this module
+    from coordinator.members import Assemblies
     from coordinator.state import Action, EndRequest, Pending
 
 __all__ = ["Horizon", "Reappend", "ReappendSteps", "Recent"]
@@ -207,6 +208,7 @@ class ReappendSteps:
 
     pending: dict[int, Pending]
     horizon: Horizon
+    assemblies: Assemblies
     reappend_horizon_ms: int | None
     half_at_end: bool
     counters: Counter
@@ -283,6 +285,8 @@ class ReappendSteps:
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
         for offset in self.horizon.due(now_ms, self.pending):
+            if (unit := self.assemblies.unit(offset)) is not None and unit.commit is not None:
+                continue  # decided: promoted or discarded incomplete, a grace period away
             entry, members = self._leave(offset)
             half = entry.half
             origin = self.horizon.leaving(half.txn_id, offset, now_ms, self.pending)

@@ -303,8 +303,6 @@ def test_a_commit_follows_a_transaction_re_appended_in_two_parts():
     assert [h.offset for h in finish.records] == [12, 13] and st.half_commit == 14
 
 
-@pytest.mark.xfail(strict=True, reason="a transaction whose COMMIT waits for members is "
-                   "re-appended and its COMMIT forgotten")
 def test_a_commit_waiting_for_members_is_not_re_appended_away():
     # Model example (campaign profile): a member checked on its own after a restart,
     # answered COMMIT, waited for member 0 (never to come) and was re-appended past the
