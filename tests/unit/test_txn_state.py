@@ -20,6 +20,7 @@ from rmq_semantics.errors import IllegalTransitionError, MalformedRecordError
 from rmq_semantics.records.half import HalfMessage, parse_half
 
 T0 = 1_000_000
+GRACE = 2000  # coordinator.waits.DEFER_GRACE_MS
 
 
 def half(offset: int, txn: str = "t", immunity: int | None = None) -> HalfMessage:
@@ -289,3 +290,17 @@ def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
     decided = [(a.half.offset, a.outcome) for a in actions if isinstance(a, Finish)]
     assert decided == [(0, TxnState.COMMITTED), (1, TxnState.ROLLED_BACK)]
     assert not [a for a in actions if isinstance(a, Discard)]
+
+
+@pytest.mark.xfail(strict=True, reason="an end of the half partition read before the request "
+                   "is taken as proof its half record does not exist")
+def test_an_end_of_partition_read_before_a_request_never_rejects_it():
+    # Model example (campaign profile): the half partition's end was read while it was
+    # empty; t0's record and its ROLLBACK were written after that; the ROLLBACK was read
+    # first and rejected "no half message at that offset" once the grace period passed.
+    st = live()  # the ends of both partitions read, before anything was written
+    assert st.on_end_request(end(0, 0, "ROLLBACK"), T0) == []  # its half record: not read
+    assert st.due(T0 + 10 * GRACE) == [] and st.rejections == []  # the fetch stalls
+    assert st.wants_half_end(T0 + 10 * GRACE)  # asks for an end read after the request
+    [rollback] = st.on_half(0, half(0), T0 + 10 * GRACE)
+    assert isinstance(rollback, Finish) and rollback.outcome is TxnState.ROLLED_BACK
