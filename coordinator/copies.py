@@ -65,6 +65,7 @@ class CopySteps:
         decided: dict[int, tuple[int | None, TxnState]]
         counters: Counter
         copies: Copies
+        half_position: int
         _pending_heap: list[int]
 
         def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
@@ -97,6 +98,16 @@ class CopySteps:
         heapq.heappush(self._pending_heap, offset)
         return [self._finish(offset, TxnState.ROLLED_BACK),
                 *self._drain_deferred(now_ms, only=offset)]
+
+    def _to_first_unread(self, request: EndRequest) -> EndRequest:
+        """A request naming a half offset not read yet, for a transaction of one whose first
+        record was read: a record there with its id can only be a copy, so the request
+        decides the first record now. Waiting for the copy, later requests for the first
+        record (check answers) would overtake it: the first decision must win."""
+        first = self.copies.first.get((request.txn_id, b""))
+        if first is None or request.half_offset < max(self.half_position, first + 1):
+            return request
+        return dataclasses.replace(request, half_offset=first)
 
     def _to_first(self, request: EndRequest) -> EndRequest:
         """An end request naming a copy decides its transaction's first record."""

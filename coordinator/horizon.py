@@ -27,6 +27,7 @@ from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reappend import Carried, split_reappended
 
 if TYPE_CHECKING:  # the state machine imports this module
+    from coordinator.members import Assemblies
     from coordinator.state import Action, EndRequest, Pending
 
 __all__ = ["Horizon", "Reappend", "ReappendSteps", "Recent"]
@@ -131,17 +132,31 @@ class Horizon:
         moved = self._moved.get(txn_id)
         return moved.origin if moved is not None and moved.offset == offset else offset
 
-    def leaving(self, txn_id: str, offset: int, now_ms: int) -> int:
+    def _part(self, txn_id: str, pending: dict) -> _Moved | None:
+        """Where ``txn_id`` is, if it moved and is not decided (not a finished life of a
+        transaction id written again, as ``txn redrive`` does)."""
+        moved = self._moved.get(txn_id)
+        live = moved is not None and (moved.in_flight_since is not None or moved.offset in pending)
+        return moved if live else None
+
+    def leaving(self, txn_id: str, offset: int, now_ms: int, pending: dict) -> int:
         """The pending record at ``offset`` is being re-appended; returns its origin."""
-        origin = self.origin(txn_id, offset)
-        self._moved[txn_id] = _Moved(origin, offset, now_ms)
+        origin, waiting = self.origin(txn_id, offset), []
+        if (before := self._part(txn_id, pending)) is not None and before.offset != offset:
+            # Another part of it moved first (members unread then, read after it moved):
+            # one origin, and the requests waiting for that part wait on.
+            origin, waiting = min(origin, before.origin), before.waiting
+        self._moved[txn_id] = _Moved(origin, offset, now_ms, waiting)
         self._in_flight.add(txn_id)
         return origin
 
-    def arrived(self, txn_id: str, offset: int, origin: int) -> list[EndRequest]:
+    def arrived(self, txn_id: str, offset: int, origin: int,
+                pending: dict) -> list[EndRequest]:
         """A re-appended record was read at ``offset``: the requests that waited for it,
         readdressed there."""
         before = self._moved.get(txn_id)
+        if (part := self._part(txn_id, pending)) is not None:  # moved first (see leaving)
+            origin = min(origin, part.origin)
         self._moved[txn_id] = _Moved(origin, offset)
         self._in_flight.discard(txn_id)
         waiting = before.waiting if before is not None else []
@@ -193,6 +208,7 @@ class ReappendSteps:
 
     pending: dict[int, Pending]
     horizon: Horizon
+    assemblies: Assemblies
     reappend_horizon_ms: int | None
     half_at_end: bool
     counters: Counter
@@ -240,16 +256,40 @@ class ReappendSteps:
         entry.next_check_ts = carried.next_check_ts
         heapq.heappush(self._schedule, (carried.next_check_ts, offset))
         actions: list[Action] = []
-        for request in self.horizon.arrived(entry.half.txn_id, offset, carried.origin_offset):
+        for request in self.horizon.arrived(entry.half.txn_id, offset, carried.origin_offset,
+                                              self.pending):
+            actions += self.on_end_request(request, now_ms)
+        return actions
+
+    def _rejoined(self, anchor: int, carried: Carried | None, now_ms: int) -> list[Action]:
+        """A re-appended member joined the unit pending at ``anchor``, another member read
+        first: a transaction re-appended with members unread gets those at their first
+        offsets, before its re-appended ones. The unit takes the member's check counts
+        and where the transaction came from, and the requests that waited for it."""
+        if carried is None:
+            return []
+        entry = self.pending[anchor]
+        if carried.checks_issued >= entry.checks_issued:  # as a check marker read back
+            entry.checks_issued = carried.checks_issued
+            entry.checks_answered = max(entry.checks_answered, carried.checks_answered)
+            entry.answered_seq = max(entry.answered_seq, carried.answered_seq)
+            if entry.next_check_ts != carried.next_check_ts:
+                entry.next_check_ts = carried.next_check_ts
+                heapq.heappush(self._schedule, (carried.next_check_ts, anchor))
+        actions: list[Action] = []
+        for request in self.horizon.arrived(entry.half.txn_id, anchor, carried.origin_offset,
+                                              self.pending):
             actions += self.on_end_request(request, now_ms)
         return actions
 
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []
         for offset in self.horizon.due(now_ms, self.pending):
+            if (unit := self.assemblies.unit(offset)) is not None and unit.commit is not None:
+                continue  # decided: promoted or discarded incomplete, a grace period away
             entry, members = self._leave(offset)
             half = entry.half
-            origin = self.horizon.leaving(half.txn_id, offset, now_ms)
+            origin = self.horizon.leaving(half.txn_id, offset, now_ms, self.pending)
             actions.append(Reappend(half, Carried(
                 offset, origin, half.timestamp_ms, entry.checks_issued, entry.checks_answered,
                 entry.answered_seq, entry.next_check_ts), members))

@@ -26,7 +26,7 @@ from coordinator.actions import (
     transition,
 )
 from coordinator.copies import Copies, CopySteps
-from coordinator.horizon import Horizon, Reappend, ReappendSteps, Recent
+from coordinator.horizon import Carried, Horizon, Reappend, ReappendSteps, Recent
 from coordinator.members import Assemblies
 from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
 from coordinator.waits import DEFER_GRACE_MS, MAX_DEFERRED_ENDS, WaitSteps
@@ -80,6 +80,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
     # incomplete only after an end observed after it (one read before it is stale: the
     # members were written before the COMMIT, maybe after that end).
     half_eofs: int = 0
+    half_eof_ms: int = -1  # when the last one was (a deferred request waits for a later one)
     max_deferred_ends: int = MAX_DEFERRED_ENDS
     counters: Counter = field(default_factory=Counter)
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
@@ -131,7 +132,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.counters["malformed_half"] += 1
         elif offset not in self.decided and offset not in self.pending and (
                 offset not in self.assemblies):
-            if half.is_member and (joined := self._join(offset, half, now_ms)) is not None:
+            if half.is_member and (joined := self._join(offset, half, carried, now_ms)) is not None:
                 return joined
             self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms,
                                                                       now_ms))
@@ -146,7 +147,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
-    def _join(self, offset: int, half: HalfMessage, now_ms: int) -> list[Action] | None:
+    def _join(self, offset: int, half: HalfMessage, carried: Carried | None,
+              now_ms: int) -> list[Action] | None:
         """Member ``half`` joins its transaction: None when it is the first member read
         (the caller makes it pending, as the anchor), else what became applicable."""
         if (closed := self.assemblies.closed(half.txn_id)) is not None:
@@ -158,14 +160,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.counters["malformed_member"] += 1
             return self.on_poison_half(offset, half, DiscardReason.MALFORMED, now_ms, problem)
         heapq.heappush(self._pending_heap, offset)
-        return [*self._drain_deferred(now_ms, only=offset), *self._complete(anchor)]
-
-    def _complete(self, anchor: int) -> list[Action]:
-        """A member arrived: a COMMIT that waited for the last one promotes them all now."""
-        unit = self.assemblies.unit(anchor)
-        if unit is None or unit.commit is None or not unit.complete:
-            return []
-        return [self._finish(anchor, TxnState.COMMITTED)]
+        return [*self._drain_deferred(now_ms, only=offset),
+                *self._rejoined(anchor, carried, now_ms), *self._complete(anchor)]
 
     def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
                        now_ms: int, detail: str = "") -> list[Action]:
@@ -253,6 +249,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
 
     def on_end_request(self, request: EndRequest, now_ms: int) -> list[Action]:
         self.op_position = max(self.op_position, request.op_offset + 1)
+        request = self._to_first_unread(request)
         if self.recovering or request.half_offset >= self.half_position:
             # Wait until every done marker before it (recovery) and the half record are read.
             self._defer(request)
@@ -263,7 +260,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         """The consumer reached the end of the half or op partition."""
         if which == "half":
             self.half_at_end = True
-            self.half_eofs += 1
+            self.half_eofs, self.half_eof_ms = self.half_eofs + 1, now_ms
         else:
             self.op_at_end = True
         if self.recovering and self.half_at_end and self.op_at_end:
@@ -280,19 +277,19 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             offsets = [only] if only in self.deferred else []
         else:
             offsets = list(self.deferred)
-        actions: list[Action] = []
+        ready: list[EndRequest] = []
         for offset in offsets:
             if offset < self.half_position:
                 requests = self.deferred.pop(offset)
                 self._deferred_count -= len(requests)
-                for request in requests:
-                    actions.extend(self._apply_end(request, now_ms))
+                ready += requests
                 continue
             if not self.half_at_end:
                 continue
             still = []
             for request in self.deferred[offset]:
-                if now_ms - request.received_ms >= DEFER_GRACE_MS:
+                if now_ms - request.received_ms >= DEFER_GRACE_MS and (
+                        self.half_eof_ms > request.received_ms):  # an end read after it
                     self.counters["rejected_no_such_offset"] += 1
                     self.rejections.append((request, "no half message at that offset"))
                 else:
@@ -302,7 +299,10 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 self.deferred[offset] = still
             else:
                 del self.deferred[offset]
-        return actions
+        # In Op order across offsets: one transaction's requests may name several (a copy's,
+        # a member's, one it had before a re-append), and the first decision must win.
+        return [a for r in sorted(ready, key=lambda r: r.op_offset)
+                for a in self._apply_end(r, now_ms)]
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
         if request.half_offset < 0:

@@ -10,11 +10,12 @@ import heapq
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from coordinator.actions import TxnState
 from coordinator.members import Assemblies
 from rmq_semantics.records.reasons import DiscardReason
 
 if TYPE_CHECKING:  # the state machine imports this module
-    from coordinator.actions import Discard, EndRequest, TxnState
+    from coordinator.actions import Discard, EndRequest, Finish
     from rmq_semantics.records.half import HalfMessage
 
 __all__ = ["DEFER_GRACE_MS", "MAX_DEFERRED_ENDS", "WaitSteps"]
@@ -37,6 +38,7 @@ class WaitSteps:
     assemblies: Assemblies
     half_at_end: bool
     half_eofs: int
+    half_eof_ms: int
     _deferred_count: int
     _deferred_far: list[int]
     _deferred_ops: list[tuple[int, int]]
@@ -45,6 +47,14 @@ class WaitSteps:
 
     if TYPE_CHECKING:
         def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard: ...
+        def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
+
+    def _complete(self, anchor: int) -> list[Finish]:
+        """A member arrived: a COMMIT that waited for the last one promotes them all now."""
+        unit = self.assemblies.unit(anchor)
+        if unit is None or unit.commit is None or not unit.complete:
+            return []
+        return [self._finish(anchor, TxnState.COMMITTED)]
 
     def _second_decision(self, request: EndRequest, first: TxnState | None,
                          same: bool) -> None:
@@ -116,9 +126,14 @@ class WaitSteps:
 
     def wants_half_end(self, now_ms: int) -> bool:
         """Whether the I/O layer should read the half partition to its end again (a seek to
-        its position): a COMMIT waits for members with no end observed after it, which an
-        idle partition never reports by itself. At most once per grace period."""
-        if now_ms - self._probed_ms < DEFER_GRACE_MS or not any(
+        its position): a COMMIT waits for members, or end requests for their half record,
+        with no end observed after them, which an idle partition never reports by itself
+        (the record was written before its request, maybe after the last end read). At
+        most once per grace period."""
+        if now_ms - self._probed_ms < DEFER_GRACE_MS:
+            return False
+        stale_end = self.half_at_end and now_ms - self.half_eof_ms >= DEFER_GRACE_MS
+        if not (self._deferred_count and stale_end) and not any(
                 self._commit_eofs.get(unit.anchor, self.half_eofs) >= self.half_eofs
                 and now_ms - unit.waiting_since >= DEFER_GRACE_MS
                 for unit in self.assemblies.waiting_commits()):

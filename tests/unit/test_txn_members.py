@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coordinator.horizon import Reappend
@@ -10,6 +12,7 @@ from coordinator.members import Assemblies
 from coordinator.state import Discard, EndRequest, Finish, IssueCheck, PartitionState, TxnState
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.half import MAX_TXN_SIZE, HalfMessage, parse_half
+from rmq_semantics.records.reappend import reappended_headers
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import DoneEntry, DoneMarkers, Outcome
 
@@ -258,3 +261,56 @@ def test_an_end_of_partition_read_after_the_commit_makes_it_incomplete():
     assert not st.wants_half_end(T0 + 3 * GRACE)
     [discard] = st.due(T0 + GRACE + 6)
     assert isinstance(discard, Discard) and discard.reason is DiscardReason.INCOMPLETE
+
+
+def test_a_commit_follows_a_transaction_re_appended_with_members_unread():
+    # Model example (campaign profile): member 0 was re-appended past the horizon before
+    # member 1 was read; member 1 is read at its first offset, then member 0's new record.
+    # The producer's COMMIT (to member 0's first offset) was read in between.
+    st = live(horizon=1000)
+    feed(st, member(10, 0, size=2))
+    [move] = st.due(T0 + 1000)
+    assert isinstance(move, Reappend) and [h.offset for h in move.records] == [10]
+    assert st.on_end_request(end(3, 10, "COMMIT"), T0 + 1000) == []  # waits for the record
+    assert feed(st, member(11, 1, size=2)) == []
+    again = member(12, 0, size=2)
+    again = dataclasses.replace(again, headers=reappended_headers(again, move.carried))
+    [finish] = st.on_half(12, again, T0 + 1000)
+    assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
+    assert sorted(h.offset for h in finish.records) == [11, 12] and st.half_commit == 13
+
+
+def test_a_commit_follows_a_transaction_re_appended_in_two_parts():
+    # Model example (campaign profile): member 1 landed after the end of the partition was
+    # read, when member 0 had been re-appended alone; member 1 is re-appended in turn. The
+    # producer's COMMIT names member 0's first offset.
+    st = live(horizon=1000)
+    feed(st, member(10, 0, size=2))
+    st.on_eof("half", T0)
+    [first] = st.due(T0 + 1000)
+    feed(st, member(11, 1, size=2))
+    st.on_eof("half", T0)
+    [second] = st.due(T0 + 1000)
+    assert [h.offset for m in (first, second) for h in m.records] == [10, 11]
+    assert st.on_end_request(end(3, 10, "COMMIT"), T0 + 1000) == []  # waits for the records
+    actions = []
+    for offset, (move, index) in enumerate([(first, 0), (second, 1)], start=12):
+        again = member(offset, index, size=2)
+        again = dataclasses.replace(again, headers=reappended_headers(again, move.carried))
+        actions += st.on_half(offset, again, T0 + 1000)
+    [finish] = actions
+    assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
+    assert [h.offset for h in finish.records] == [12, 13] and st.half_commit == 14
+
+
+def test_a_commit_waiting_for_members_is_not_re_appended_away():
+    # Model example (campaign profile): a member checked on its own after a restart,
+    # answered COMMIT, waited for member 0 (never to come) and was re-appended past the
+    # horizon with the COMMIT forgotten, checked again, and so on for ever.
+    st = live(horizon=1000)
+    feed(st, member(10, 0, size=2))
+    assert st.on_end_request(end(0, 10, "COMMIT"), T0) == []  # waits for member 1
+    st.due(T0 + 1000)  # past the re-append horizon
+    [finish] = feed(st, member(11, 1, size=2))
+    assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
+    assert [h.offset for h in finish.records] == [10, 11]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coordinator.state import (
@@ -18,6 +20,7 @@ from rmq_semantics.errors import IllegalTransitionError, MalformedRecordError
 from rmq_semantics.records.half import HalfMessage, parse_half
 
 T0 = 1_000_000
+GRACE = 2000  # coordinator.waits.DEFER_GRACE_MS
 
 
 def half(offset: int, txn: str = "t", immunity: int | None = None) -> HalfMessage:
@@ -255,3 +258,47 @@ def test_a_conflicting_decision_is_reported_with_both_decisions():
     assert (request.op_offset, request.txn_id) == (1, "t0")
     assert "ROLLBACK" in reason and "COMMITTED" in reason
     assert st.counters["conflicting_decisions"] == 1
+
+
+def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
+    # Model example (campaign profile): t0's record at 0 and a copy at 1 (the producer was
+    # told the copy's offset); ROLLBACK to 0, then COMMIT to the copy. An earlier request
+    # for offset 1 (another transaction's) keyed offset 1 first among the deferred ones.
+    st = PartitionState(0, 6000, 60000, 3)
+    st.on_half(0, half(0), T0)
+    st.on_half(1, dataclasses.replace(half(0), offset=1), T0)  # rolled back: a copy
+    for request in (end(0, 1, "COMMIT", txn="nobody"), end(1, 0, "ROLLBACK", txn="t0"),
+                    end(2, 1, "COMMIT", txn="t0")):
+        assert st.on_end_request(request, T0) == []  # recovering: deferred
+    st.on_eof("half", T0)
+    [rollback] = st.on_eof("op", T0)
+    assert rollback.half.offset == 0 and rollback.outcome is TxnState.ROLLED_BACK
+    assert st.counters["conflicting_decisions"] == 1
+
+
+def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
+    # Model example (campaign profile): the producer was told the copy's offset (1) and
+    # sent COMMIT there before the coordinator read the copy; a later UNKNOWN answer to the
+    # check of the first record (0) must not overtake it (check_max 1: a discard).
+    st = live(timeout=1000, check_max=1)
+    st.on_half(0, half(0), T0)
+    [check] = st.due(T0 + 1000)
+    actions = st.on_end_request(end(0, 1, "COMMIT", txn="t0"), T0 + 1000)
+    actions += st.on_end_request(end(1, 0, "UNKNOWN", from_check=True, seq=check.check_seq),
+                                 T0 + 1000)
+    actions += st.on_half(1, dataclasses.replace(half(0), offset=1), T0 + 1000)  # the copy
+    decided = [(a.half.offset, a.outcome) for a in actions if isinstance(a, Finish)]
+    assert decided == [(0, TxnState.COMMITTED), (1, TxnState.ROLLED_BACK)]
+    assert not [a for a in actions if isinstance(a, Discard)]
+
+
+def test_an_end_of_partition_read_before_a_request_never_rejects_it():
+    # Model example (campaign profile): the half partition's end was read while it was
+    # empty; t0's record and its ROLLBACK were written after that; the ROLLBACK was read
+    # first and rejected "no half message at that offset" once the grace period passed.
+    st = live()  # the ends of both partitions read, before anything was written
+    assert st.on_end_request(end(0, 0, "ROLLBACK"), T0) == []  # its half record: not read
+    assert st.due(T0 + 10 * GRACE) == [] and st.rejections == []  # the fetch stalls
+    assert st.wants_half_end(T0 + 10 * GRACE)  # asks for an end read after the request
+    [rollback] = st.on_half(0, half(0), T0 + 10 * GRACE)
+    assert isinstance(rollback, Finish) and rollback.outcome is TxnState.ROLLED_BACK
