@@ -80,6 +80,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
     # incomplete only after an end observed after it (one read before it is stale: the
     # members were written before the COMMIT, maybe after that end).
     half_eofs: int = 0
+    half_eof_ms: int = -1  # when the last one was (a deferred request waits for a later one)
     max_deferred_ends: int = MAX_DEFERRED_ENDS
     counters: Counter = field(default_factory=Counter)
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
@@ -259,7 +260,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         """The consumer reached the end of the half or op partition."""
         if which == "half":
             self.half_at_end = True
-            self.half_eofs += 1
+            self.half_eofs, self.half_eof_ms = self.half_eofs + 1, now_ms
         else:
             self.op_at_end = True
         if self.recovering and self.half_at_end and self.op_at_end:
@@ -287,7 +288,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 continue
             still = []
             for request in self.deferred[offset]:
-                if now_ms - request.received_ms >= DEFER_GRACE_MS:
+                if now_ms - request.received_ms >= DEFER_GRACE_MS and (
+                        self.half_eof_ms > request.received_ms):  # an end read after it
                     self.counters["rejected_no_such_offset"] += 1
                     self.rejections.append((request, "no half message at that offset"))
                 else:

@@ -38,6 +38,7 @@ class WaitSteps:
     assemblies: Assemblies
     half_at_end: bool
     half_eofs: int
+    half_eof_ms: int
     _deferred_count: int
     _deferred_far: list[int]
     _deferred_ops: list[tuple[int, int]]
@@ -125,9 +126,14 @@ class WaitSteps:
 
     def wants_half_end(self, now_ms: int) -> bool:
         """Whether the I/O layer should read the half partition to its end again (a seek to
-        its position): a COMMIT waits for members with no end observed after it, which an
-        idle partition never reports by itself. At most once per grace period."""
-        if now_ms - self._probed_ms < DEFER_GRACE_MS or not any(
+        its position): a COMMIT waits for members, or end requests for their half record,
+        with no end observed after them, which an idle partition never reports by itself
+        (the record was written before its request, maybe after the last end read). At
+        most once per grace period."""
+        if now_ms - self._probed_ms < DEFER_GRACE_MS:
+            return False
+        stale_end = self.half_at_end and now_ms - self.half_eof_ms >= DEFER_GRACE_MS
+        if not (self._deferred_count and stale_end) and not any(
                 self._commit_eofs.get(unit.anchor, self.half_eofs) >= self.half_eofs
                 and now_ms - unit.waiting_since >= DEFER_GRACE_MS
                 for unit in self.assemblies.waiting_commits()):

@@ -292,8 +292,6 @@ def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
     assert not [a for a in actions if isinstance(a, Discard)]
 
 
-@pytest.mark.xfail(strict=True, reason="an end of the half partition read before the request "
-                   "is taken as proof its half record does not exist")
 def test_an_end_of_partition_read_before_a_request_never_rejects_it():
     # Model example (campaign profile): the half partition's end was read while it was
     # empty; t0's record and its ROLLBACK were written after that; the ROLLBACK was read
