@@ -120,6 +120,26 @@ def _half_bystander(admin: AdminClient, prefix: str, instance: str) -> int | Non
     return next((n for n in (1, 2, 3) if n not in busy and n == others), None)
 
 
+def _producer_with_bystander(conf: dict, listener: ScriptedListener,
+                             unique) -> tuple[TransactionProducer, str, str, int]:
+    """A producer and a coordinator instance id that leave one node free of the half and Op
+    leaders and of the coordinator's group and transactional ids. The group's coordinator
+    follows the prefix, so a prefix whose half leader, Op leader and group coordinator are
+    the three nodes is given up for a fresh one (CI: no instance id could help)."""
+    admin = AdminClient(conf)
+    for _ in range(20):
+        prefix = unique("r").replace("-", "")
+        producer = TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
+                                       topic_prefix=prefix, half_partitions=1).start()
+        found = next(((i, n) for i, n in ((i, _half_bystander(admin, prefix, i))
+                                          for i in (unique("c") for _ in range(100)))
+                      if n is not None), None)
+        if found is not None:
+            return producer, prefix, *found
+        producer.close()
+    raise AssertionError("20 prefixes in a row kept every node busy")
+
+
 def _set_config(admin: AdminClient, topic: str, name: str, value: str) -> None:
     resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
         name, value, incremental_operation=AlterConfigOpType.SET)])
@@ -133,7 +153,6 @@ def test_a_half_write_reported_failed_is_never_promoted_once_the_cluster_recover
     stopped): send_message_in_transaction raises after its send timeout, the node returns, a
     check listener that answers COMMIT for any id is running, and nothing of the failed send
     is promoted (librdkafka's message.timeout.ms of 300 s wrote it once the ISR was back)."""
-    prefix = unique("r").replace("-", "")
     topic = unique("failedhalf")
     conf = broker.conf()
     admin = AdminClient(conf)
@@ -141,29 +160,25 @@ def test_a_half_write_reported_failed_is_never_promoted_once_the_cluster_recover
     warm_up_internal_topics(conf, topic)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     stopped = None
-    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                             topic_prefix=prefix, half_partitions=1) as producer:
-        instance, node = next((i, n) for i, n in ((i, _half_bystander(admin, prefix, i))
-                                                  for i in (unique("c") for _ in range(200)))
-                              if n is not None)
-        with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
-                               instance_id=instance) as coordinator:
-            try:
-                _set_config(admin, f"{prefix}_half", "min.insync.replicas", "3")
-                stopped = node
-                assert cluster.stop(stopped) == [stopped]
-                with pytest.raises(RmqError) as failed:
-                    producer.send_message_in_transaction(Message(topic, b"failed", key=b"k"))
+    producer, prefix, instance, node = _producer_with_bystander(conf, listener, unique)
+    with producer, ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
+                           instance_id=instance) as coordinator:
+        try:
+            _set_config(admin, f"{prefix}_half", "min.insync.replicas", "3")
+            stopped = node
+            assert cluster.stop(stopped) == [stopped]
+            with pytest.raises(RmqError) as failed:
+                producer.send_message_in_transaction(Message(topic, b"failed", key=b"k"))
+            cluster.start_node(stopped)
+            stopped = None
+            # Written after the failed one to the same half partition, if that lands.
+            producer.send_message_in_transaction(Message(topic, b"after", key=b"k"))
+            wait_for(lambda: no_pending(coordinator, 1) and coordinator.server.metrics
+                     .registry.get_sample_value("rmq_promotions_total"), 180,
+                     "the second message's promotion")
+        finally:
+            if stopped is not None:
                 cluster.start_node(stopped)
-                stopped = None
-                # Written after the failed one to the same half partition, if that lands.
-                producer.send_message_in_transaction(Message(topic, b"after", key=b"k"))
-                wait_for(lambda: no_pending(coordinator, 1) and coordinator.server.metrics
-                         .registry.get_sample_value("rmq_promotions_total"), 180,
-                         "the second message's promotion")
-            finally:
-                if stopped is not None:
-                    cluster.start_node(stopped)
     assert listener.executed == [b"after"]
     assert [m.value() for m in read_to_end(conf, topic, PARTITIONS)] == [b"after"]
     assert "ROLLBACK" in str(failed.value)
