@@ -50,6 +50,10 @@ class CoordinatorMetrics:
                                 "or the lock-request topic (locks)", ["service"], registry=r)
         self.owned_partitions = Gauge("rmq_owned_partitions", "Of those, the ones this "
                                       "instance owns", ["service"], registry=r)
+        self.takeover_waiting = Gauge(
+            "rmq_takeover_waiting_partitions", "Half/op partitions taken over whose recovery "
+            "waits for a transaction open there at the takeover (a previous owner's)",
+            registry=r)
         self.discarded = Counter("rmq_discarded", "Half messages discarded", ["reason"],
                                  registry=r)
         self.rejected = Counter("rmq_rejected_requests", "End requests rejected", ["reason"],

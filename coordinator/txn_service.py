@@ -12,14 +12,6 @@ import uuid
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception,
-    stop_after_delay,
-    stop_when_event_set,
-    wait_exponential,
-)
 
 from coordinator.blocked import Blockage, BlockProbe
 from coordinator.destinations import Destinations
@@ -36,6 +28,7 @@ from coordinator.poison import PoisonLedger
 from coordinator.promote import TransactionWriter
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
+from coordinator.takeover import Takeover
 from coordinator.tenancy import tenant_guard
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import (
@@ -75,10 +68,6 @@ POLL_WAIT_S = 0.05
 MAX_BATCH: int = CoordinatorSettings.max_batch  # the default, which the bench copier mirrors
 # Fewer records than this read while a commit ran: read again once it has settled.
 REREAD_BELOW = 200
-# One committed-offset read; inside a rebalance callback they are retried this long, then
-# left to the loop's replay (the callback raising would end the coordinator through poll()).
-COMMITTED_TIMEOUT_S = 10.0
-COMMITTED_DEADLINE_S = 30.0
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
 
@@ -176,6 +165,8 @@ class TransactionService:
         # Survives replays: which half records made a Kafka transaction abort, and why.
         self.ledger = PoisonLedger(settings.replay_max)
         self.destinations = Destinations(self._admin_client, self.ledger)
+        self.takeover = Takeover(self._admin_client, self.metrics.takeover_waiting,
+                                 lambda: self._stop)
         self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
@@ -203,25 +194,9 @@ class TransactionService:
             log.warning("transaction service: %s; replaying once the loop runs", exc)
             self._settle_error = self._settle_error or exc
 
-    def _read_committed(self, consumer: confluent_kafka.Consumer, partitions: list) -> list:
-        """Committed offsets of ``partitions``, the read retried (any error but a fatal
-        one) until COMMITTED_DEADLINE_S or shutdown; KafkaOperationError after that."""
-        retrying = Retrying(
-            retry=retry_if_exception(lambda e: isinstance(e, KafkaException)
-                                     and not e.args[0].fatal()),
-            stop=stop_after_delay(COMMITTED_DEADLINE_S) | stop_when_event_set(self._stop),
-            wait=wait_exponential(multiplier=0.1, max=2.0),
-            before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
-        try:
-            return retrying(consumer.committed, partitions, timeout=COMMITTED_TIMEOUT_S)
-        except KafkaException as exc:
-            raise KafkaOperationError.wrap("reading the committed offsets of half/op partitions "
-                                           f"{sorted({tp.partition for tp in partitions})}",
-                                           exc.args[0]) from exc
-
     def _recover(self, consumer: confluent_kafka.Consumer, partitions: list) -> list:
         """Pending state of ``partitions`` rebuilt from their committed offsets (returned)."""
-        committed = self._read_committed(consumer, partitions)
+        committed = self.takeover.read(consumer, partitions)
         for tp in committed:
             state = self.states.setdefault(tp.partition, new_partition_state(
                 tp.partition, self.settings, self._retention_ms))
@@ -236,6 +211,7 @@ class TransactionService:
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._settle_quietly("a revoke")
+        self.takeover.forget(partitions)
         for p in {tp.partition for tp in partitions}:
             self.states.pop(p, None)
             self._committed.pop(p, None)
@@ -251,6 +227,8 @@ class TransactionService:
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF and state is not None:
+                if state.recovering and not self.takeover.at_end(topic, partition, msg.offset()):
+                    return []  # an earlier owner's transaction may hide decisions
                 return state.on_eof("half" if topic == self.topics.half else "op", now)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error on %s[%s]: %s", topic, partition, err.str())

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+from concurrent.futures import Future
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from unittest import mock
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ListOffsetsResultInfo
 
 from coordinator import kafka_txn
 from coordinator.marker_auth import MarkerKey, MarkerVerifier
@@ -230,6 +232,24 @@ class FakeConsumer:
         return out
 
 
+class FakeAdmin:
+    """What a takeover reads besides the committed offsets: each partition's end (the
+    simulated log has no transactions, so its high watermark is also its last stable
+    offset)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def list_offsets(self, specs: dict, **_options: object) -> dict:
+        ends = {}
+        for tp in specs:
+            future: Future = Future()
+            future.set_result(ListOffsetsResultInfo(
+                len(self.cluster.logs[(tp.topic, tp.partition)]), -1, -1))
+            ends[tp] = future
+        return ends
+
+
 @dataclass
 class Good:
     """A good transaction: its local decision and its check answer."""
@@ -270,6 +290,7 @@ class Simulation:
         self._service = service = TransactionService(SIM_CONF, self.settings)
         # What run() would load from the keys topic and read from the cluster's metadata.
         service._markers = MarkerVerifier(SIM_KEY, service.topics.op, {})
+        service._admin = FakeAdmin(self.cluster)  # type: ignore[assignment]
         service.destinations.partition_count = (
             lambda topic, partition=None, decided_at=None: self.cluster.topics.get(topic))
         topics = [service.topics.half, service.topics.op]

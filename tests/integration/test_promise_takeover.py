@@ -35,8 +35,6 @@ pytestmark = pytest.mark.integration
 KEY = "the-coordinators-marker-key-for-the-takeover-test"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30: a takeover promotes what the previous "
-                   "owner's open transaction promotes")
 def test_a_takeover_waits_for_the_previous_owners_open_transaction(broker, make_topic, unique):
     """The producer's COMMIT is in Op; after it, the previous owner's open transaction holds
     the promotion and its done marker. The new coordinator waits for that transaction to end

@@ -4,10 +4,13 @@ exception out of ``poll()`` that ends the coordinator (issue 29)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import ListOffsetsResultInfo
 
-from coordinator import txn_service
+from coordinator import takeover
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import KafkaOperationError, RmqError
@@ -32,17 +35,38 @@ class FlakyConsumer:
             (tp.topic, tp.partition), -1001)) for tp in partitions]
 
 
+class Ends:
+    """``list_offsets``: every partition's high watermark is ``end``."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def list_offsets(self, specs: dict, **kwargs: object) -> dict:
+        done = []
+        for tp in specs:
+            future: Future = Future()
+            future.set_result(ListOffsetsResultInfo(self.end, -1, -1))
+            done.append((tp, future))
+        return dict(done)
+
+
+def _service() -> TransactionService:
+    service = TransactionService(CONF, SETTINGS)
+    service._admin = Ends(9)
+    return service
+
+
 ASSIGNED = [TopicPartition("rb_half", 1), TopicPartition("rb_op", 1)]
 
 
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(txn_service, "COMMITTED_DEADLINE_S", 0.5, raising=False)
-    monkeypatch.setattr(txn_service, "COMMITTED_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(takeover, "READ_DEADLINE_S", 0.5)
+    monkeypatch.setattr(takeover, "READ_TIMEOUT_S", 0.1)
 
 
 def test_a_committed_offset_read_that_fails_once_is_retried_in_the_callback(fast):
-    service = TransactionService(CONF, SETTINGS)
+    service = _service()
     consumer = FlakyConsumer(1, {("rb_half", 1): 7, ("rb_op", 1): 3})
     service._on_assign(consumer, ASSIGNED)
     assert consumer.calls == 2
@@ -51,10 +75,23 @@ def test_a_committed_offset_read_that_fails_once_is_retried_in_the_callback(fast
 
 
 def test_a_committed_offset_read_that_keeps_failing_becomes_a_replay_not_an_exit(fast):
-    service = TransactionService(CONF, SETTINGS)
+    service = _service()
     consumer = FlakyConsumer(10**6, {})
     service._on_assign(consumer, ASSIGNED)  # raising here would leave poll() and end the run
     assert consumer.calls >= 2 and 1 not in service.states
     with pytest.raises(KafkaOperationError, match="committed offsets") as raised:
         service._raise_settle_error()  # the loop's next step: a pause and a replay
     assert isinstance(raised.value, RmqError)
+
+
+def test_the_recovery_of_a_partition_taken_over_ends_only_at_its_high_watermark(fast):
+    """A read_committed end before the high watermark read at the takeover stops at a
+    transaction open there (a previous owner's decisions may be behind it): not the end."""
+    service = _service()
+    service._on_assign(FlakyConsumer(0, {}), ASSIGNED)
+    gauge = service.metrics.registry.get_sample_value
+    assert not service.takeover.at_end("rb_op", 1, 5)
+    assert gauge("rmq_takeover_waiting_partitions") == 1
+    assert service.takeover.at_end("rb_op", 1, 9)
+    assert service.takeover.at_end("rb_op", 1, 2)  # the wait is over for good
+    assert gauge("rmq_takeover_waiting_partitions") == 0
