@@ -56,6 +56,11 @@ class CampaignConfig:
         """Every workload topic, those created mid-run too (librdkafka's regex)."""
         return f"^{self.run_id}-.*"
 
+    @property
+    def real_topic_pattern(self) -> str:
+        """The workload's real topics only (no retry or dead-letter topics): Java regex."""
+        return f"^{self.run_id}-(t[0-9]+|p[0-9]+n[0-9]+)$"
+
     def new_topic(self, producer: int, n: int) -> str:
         return f"{self.run_id}-p{producer}n{n}"
 

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 from rmq_semantics.embedded import java_executable
 from tests.campaign.txn_tools import kafka_tools_classpath
 from tests.campaign.workload import parse_body
@@ -102,6 +104,13 @@ def read_topic(bootstrap: str, topic: str, out_dir: Path, classpath: str,
     error = f"{bad} lines not understood" if bad else ""
     return TopicRead(topic, records, int(total.group(1)) if total else None, proc.returncode,
                      error)
+
+
+def listed_topics(bootstrap: str, pattern: str) -> set[str]:
+    """The cluster's topics matching ``pattern``: a topic a producer created while its
+    create call failed (a broker killed meanwhile) is in no history event, yet written."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    return {t for t in metadata.topics if re.match(pattern, t)}
 
 
 def read_topics(bootstrap: str, topics: list[str], out_dir: Path,

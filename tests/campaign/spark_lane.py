@@ -55,7 +55,7 @@ class SparkLane:
         self.dir = out / "spark"
         self.output = self.dir / "rows"
         # The run's promoted topics, those made mid-run too; never a system topic.
-        self.pattern = f"^{cfg.run_id}-(t[0-9]+|p[0-9]+n[0-9]+)$"
+        self.pattern = cfg.real_topic_pattern
         self.stream: WorkerProcess | None = None
         self.notes: list[str] = []
 
