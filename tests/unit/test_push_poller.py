@@ -215,8 +215,6 @@ def _open_with(monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
     return loop, consumer
 
 
-@pytest.mark.xfail(strict=True, reason="an abort that fails fatally leaves the dead producer "
-                   "in place: the next round's begin_transaction is called on it")
 def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replayed(monkeypatch):
     """Campaign seeds 1 and 2: a commit failed (abortable), its abort failed fatally
     (INVALID_TXN_STATE); the next round called begin_transaction on the dead producer, which
@@ -239,8 +237,6 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
     assert loop.ledger.counts["producer_renewals"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a transactional call that ignores its timeout holds "
-                   "the poll thread forever")
 def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(
         monkeypatch):
     """Campaign seed 2: a transactional call of the poll thread never returned (past its
