@@ -219,5 +219,7 @@ class PushConsumer:
     @property
     def counts(self) -> dict[str, int]:
         """Messages consumed, retried, dead-lettered, skipped (tags), malformed retry
-        records, timed-out calls and poll-thread errors recovered from, since start."""
+        records, timed-out calls, poll-thread errors recovered from and transactional
+        producers re-created (``producer_renewals``: a fatal error, or a call abandoned
+        past its timeout; the partitions replay from their committed offsets), since start."""
         return dict(self.ledger.counts)

@@ -39,6 +39,7 @@ class Part:
     outbox: list[OutRecord] = field(default_factory=list)
     committed: tuple[int, str] | None = None
     held_until_ms: int = 0  # a retry partition paused until its head is due
+    first: int | None = None  # the first offset read: a replay without a commit starts there
 
 
 @dataclass(eq=False)
@@ -68,7 +69,7 @@ class Ledger:
         self._levels = delay_levels
         self._max = max_reconsume_times
         self.counts = {"consumed": 0, "retried": 0, "dead": 0, "skipped": 0, "malformed": 0,
-                       "timed_out": 0, "poll_errors": 0}
+                       "timed_out": 0, "poll_errors": 0, "producer_renewals": 0}
 
     def count(self, name: str) -> int:
         """One more ``name`` (e.g. a poll-thread error); the new count."""
@@ -97,6 +98,8 @@ class Ledger:
     def take(self, part: Part, offset: int) -> bool:
         """A record read at ``offset``: False when a restored commit says it is done."""
         with self._lock:
+            if part.first is None:
+                part.first = offset
             return part.tracker.add(offset)
 
     def skip(self, part: Part, offset: int) -> None:

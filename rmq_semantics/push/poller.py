@@ -8,7 +8,6 @@ due time the loop checks on every round; back-pressure pauses the other partitio
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.positions import UnreadOffsets, adopt, rewind
 from rmq_semantics.push.retry import born_of, read_retry
+from rmq_semantics.push.txn import TXN_TIMEOUT_S, PushProducer, Renewed
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
 
@@ -37,7 +37,9 @@ FETCH_MAX = 500  # records per consume() call
 # How long a full backlog waits for room before the partitions are paused: short against
 # max.poll.interval.ms, and a due retry head or a timeout is noticed at most this late.
 BACKLOG_WAIT_S = 0.5
-TXN_TIMEOUT_S = 30.0
+# A transactional call still running this long ignored its own TXN_TIMEOUT_S: it is
+# abandoned and the producer re-created (librdkafka #5456, #5511; campaign seed 2).
+WEDGED_AFTER_S = TXN_TIMEOUT_S + 15.0
 # The broker aborts a dead instance's open transaction after this: until then the retry
 # partitions it wrote to stop at it (read_committed) and its offsets read as unstable.
 TRANSACTION_TIMEOUT_MS = 10000
@@ -81,7 +83,7 @@ class PollLoop:
         self.stopping = stopping
         self.name = name
         self.consumer: confluent_kafka.Consumer | None = None
-        self.producer: confluent_kafka.Producer | None = None
+        self.txn: PushProducer | None = None
         self.started = threading.Event()
         self.error: BaseException | None = None
         self._held: dict[TP, int] = {}  # retry partitions paused until the due ms
@@ -89,6 +91,8 @@ class PollLoop:
         self._unread = UnreadOffsets(name, COMMITTED_TIMEOUT_S)
         self._bp_paused: set[TP] = set()
         self._last_commit = 0.0
+        # Where a replayed partition without a commit starts again: its first record read.
+        self._replay_from: dict[TP, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -118,9 +122,10 @@ class PollLoop:
             self._close()
 
     def _open(self) -> None:
-        self.producer = new_client(confluent_kafka.Producer, self.s.producer_conf,
-                                   "PushConsumer producer")
-        self.producer.init_transactions(TXN_TIMEOUT_S)
+        self.txn = PushProducer(lambda: new_client(confluent_kafka.Producer,
+                                                   self.s.producer_conf,
+                                                   "PushConsumer producer"), self.name)
+        self.txn.init(WEDGED_AFTER_S)
         self.consumer = new_client(confluent_kafka.Consumer, self.s.consumer_conf,
                                    "PushConsumer")
         self.consumer.subscribe([*self.s.topics, *self.s.retry_levels],
@@ -161,9 +166,9 @@ class PollLoop:
             except (KafkaException, RuntimeError) as exc:
                 log.warning("push consumer %s: closing the consumer: %s", self.name, exc)
             self.consumer = None
-        if self.producer is not None:
-            self.producer.flush(COMMIT_TIMEOUT_S)
-            self.producer = None
+        if self.txn is not None:
+            self.txn.close(COMMIT_TIMEOUT_S)
+            self.txn = None
 
     # -- rebalance ---------------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -194,7 +199,12 @@ class PollLoop:
             return
         for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name):
             # Paused since assigned, so nothing was fetched: only a known start needs a seek
-            # (else librdkafka's auto.offset.reset start stands).
+            # (else librdkafka's auto.offset.reset start stands). A replayed partition was
+            # read: without a commit it starts again at its first record read.
+            start = self._replay_from.pop((tp.topic, tp.partition), None)
+            if tp.offset < 0 and tp.offset != confluent_kafka.OFFSET_BEGINNING \
+                    and start is not None:
+                tp.offset = start
             if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:
                 consumer.seek(tp)
         consumer.resume([tp for tp in committed if (tp.topic, tp.partition)
@@ -215,6 +225,7 @@ class PollLoop:
             self._held.pop(key, None)
             self._bp_paused.discard(key)
             self._unread.discard(key)
+            self._replay_from.pop(key, None)
         # Even an empty one: without a call the client unassigns the left-out ones too,
         # which it refuses (they are not in the assignment).
         consumer.incremental_unassign(partitions)
@@ -320,53 +331,48 @@ class PollLoop:
     def _commit(self) -> None:
         """Write the owed copies and commit the offsets, in one Kafka transaction."""
         self._last_commit = time.monotonic()
-        consumer, producer = self.consumer, self.producer
-        if consumer is None or producer is None:
+        consumer, txn = self.consumer, self.txn
+        if consumer is None or txn is None:
             return
         copies, offsets = self.ledger.take_commit()
         if not copies and not offsets:
             return
+        records = [rec for _part, recs in copies for rec in recs]
+        positions = [TopicPartition(p.tp[0], p.tp[1], off, metadata=meta)
+                     for p, (off, meta) in offsets.items()]
         try:
-            producer.begin_transaction()
-            for _part, records in copies:
-                for rec in records:
-                    producer.produce(rec.topic, rec.value, key=rec.key, headers=rec.headers,
-                                     timestamp=rec.timestamp)
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(p.tp[0], p.tp[1], off, metadata=meta)
-                     for p, (off, meta) in offsets.items()],
-                    consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
-            producer.commit_transaction(TXN_TIMEOUT_S)
+            metadata = consumer.consumer_group_metadata() if offsets else None
+            txn.commit(records, positions, metadata, WEDGED_AFTER_S)
+        except Renewed as exc:
+            self._replay(consumer, str(exc))
+            return
         except KafkaException as exc:
-            self._failed_transaction(exc, copies)
+            log.warning("push consumer %s: transaction failed (%s); retrying", self.name,
+                        exc.args[0])
+            self.ledger.put_back(copies)
             return
         self.ledger.committed(offsets)
-        for _part, records in copies:
-            for rec in records:
-                log.info("%s sent to %s", rec.source, rec.topic,
-                         extra=event("retry_write", source=rec.source, topic=rec.topic))
+        for rec in records:
+            log.info("%s sent to %s", rec.source, rec.topic,
+                     extra=event("retry_write", source=rec.source, topic=rec.topic))
 
-    def _failed_transaction(self, exc: KafkaException, copies: list) -> None:
-        err = exc.args[0]
-        log.warning("push consumer %s: transaction failed (%s); retrying", self.name, err)
-        self.ledger.put_back(copies)
-        producer = self.producer
-        assert producer is not None
-        if err.fatal():
-            # A fatal producer error (e.g. fenced) ends this producer: start a new one. The
-            # dead one's flush raises that same fatal error: it must not stop the loop.
-            self.producer = None
-            with contextlib.suppress(KafkaException):
-                producer.flush(0)
-            self.producer = new_client(confluent_kafka.Producer, self.s.producer_conf,
-                                       "PushConsumer producer")
-            self.producer.init_transactions(TXN_TIMEOUT_S)
-            return
-        try:
-            producer.abort_transaction(TXN_TIMEOUT_S)
-        except KafkaException as abort_exc:
-            log.warning("push consumer %s: abort failed (%s)", self.name, abort_exc.args[0])
-
-
-
+    def _replay(self, consumer: confluent_kafka.Consumer, why: str) -> None:
+        """The producer was re-created: whether the failed transaction committed is unknown
+        (the new epoch aborts it unless it had). So every partition goes back to its
+        committed offset, read again (KIP-447 waits out the old transaction), as if just
+        assigned: records after it are processed again, at least once."""
+        count = self.ledger.count("producer_renewals")
+        parts = self.ledger.parts()
+        log.warning("push consumer %s: transactional producer re-created (#%d: %s); "
+                    "replaying %d partitions from their committed offsets", self.name, count,
+                    why, len(parts), extra=event("push_producer_renewed", reason=why))
+        for part in parts:
+            self.ledger.revoke(part.tp)  # its calls still running are ignored, redone
+            self._held.pop(part.tp, None)
+            first = part.first
+            if first is not None:
+                self._replay_from.setdefault(part.tp, first)
+        tps = [TopicPartition(*part.tp) for part in parts]
+        if tps:
+            consumer.pause(tps)
+            self._unread.again(tps)

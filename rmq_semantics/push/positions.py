@@ -37,6 +37,11 @@ class UnreadOffsets:
         self.tps |= {(tp.topic, tp.partition) for tp in partitions}
         self.failed(exc, count)
 
+    def again(self, partitions: list) -> None:
+        """Partitions whose committed offsets are read again at once (a replay)."""
+        self.tps |= {(tp.topic, tp.partition) for tp in partitions}
+        self._due = 0.0
+
     def discard(self, tp: TP) -> None:
         self.tps.discard(tp)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import os
 import random
 import signal
@@ -334,6 +335,10 @@ def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broke
         fencer.init_transactions(30)
         produce_numbers(broker.conf(), topic, range(20, 40))
         wait_for(lambda: set(seen) >= set(range(40)), 60, "the messages after the fence")
+        # The new producer replays from the committed offsets (what the fenced transaction
+        # held is processed again): consuming goes on until all is committed.
+        wait_for(lambda: operator.eq(*committed_ends(broker.conf(), group, topic)), 60,
+                 "the commits after the fence")
     finally:
         consumer.shutdown()
     committed, ends = committed_ends(broker.conf(), group, topic)

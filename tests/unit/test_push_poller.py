@@ -1,15 +1,17 @@
 """The push consumer's poll loop under faults only the broker can cause, injected through a
-fake Kafka consumer: a committed-offset read that fails in the rebalance callback, and the
-rewind after a failed round."""
+fake Kafka consumer and producer: a committed-offset read that fails in the rebalance
+callback, the rewind after a failed round, and transactional producers that die or wedge."""
 
 from __future__ import annotations
 
 import threading
 
 import confluent_kafka
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.orderly.offsets import OffsetTracker
+from rmq_semantics.push import poller
 from rmq_semantics.push.ledger import Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
 from rmq_semantics.push.positions import rewind
@@ -54,6 +56,15 @@ class FakeConsumer:
 
     def consume(self, num: int, timeout: float) -> list:
         return []
+
+    def subscribe(self, topics: list, **callbacks: object) -> None:
+        self.topics = topics
+
+    def consumer_group_metadata(self) -> object:
+        return "group-metadata"
+
+    def close(self) -> None:
+        pass
 
 
 def _loop() -> PollLoop:
@@ -123,3 +134,130 @@ def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record
     rewind(consumer, loop.ledger, loop.s.consumer_conf, "test")  # type: ignore[arg-type]
     assert sorted((s.topic, s.partition, s.offset) for s in consumer.sought) == [
         ("orders", 0, 7), ("orders", 1, 9)]
+
+
+class FakeProducer:
+    """A transactional producer: ``commit_error`` fails the commit, ``abort_error`` the abort,
+    ``stuck`` holds send_offsets_to_transaction past its timeout until set (librdkafka #5456,
+    #5511). After a fatal error any call but flush fails the test: on the real client the
+    next begin_transaction waited forever, holding the GIL (campaign seed 1)."""
+
+    def __init__(self, name: str, *, commit_error: KafkaError | None = None,
+                 abort_error: KafkaError | None = None,
+                 stuck: threading.Event | None = None) -> None:
+        self.name, self.commit_error, self.abort_error, self.stuck = (
+            name, commit_error, abort_error, stuck)
+        self.calls: list[str] = []
+        self.fatal: KafkaError | None = None
+        self.sent: list[TopicPartition] = []
+        self.commits = 0
+
+    def _call(self, what: str) -> None:
+        assert self.fatal is None, (
+            f"{what} called on producer {self.name} after its fatal error {self.fatal}")
+        self.calls.append(what)
+
+    def init_transactions(self, timeout: float) -> None:
+        self._call("init")
+
+    def begin_transaction(self) -> None:
+        self._call("begin")
+
+    def produce(self, *args: object, **kwargs: object) -> None:
+        self._call("produce")
+
+    def send_offsets_to_transaction(self, offsets: list, metadata: object,
+                                    timeout: float) -> None:
+        self._call("send_offsets")
+        if self.stuck is not None:
+            self.stuck.wait()  # ignores its timeout
+        self.sent = offsets
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._call("commit")
+        if self.commit_error is not None:
+            raise KafkaException(self.commit_error)
+        self.commits += 1
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._call("abort")
+        if self.abort_error is not None:
+            if self.abort_error.fatal():
+                self.fatal = self.abort_error
+            raise KafkaException(self.abort_error)
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+    def purge(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def _open_with(monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
+               ) -> tuple[PollLoop, FakeConsumer]:
+    """A loop opened on fakes (``producers`` in the order it creates them), one partition
+    assigned at committed offset 7 with 7 and 8 done since."""
+    consumer = FakeConsumer(failures=0)
+    made = iter(producers)
+
+    def new_client(cls: type, conf: dict, who: str) -> object:
+        return consumer if cls is confluent_kafka.Consumer else next(made)
+
+    monkeypatch.setattr(poller, "new_client", new_client)
+    loop = _loop()
+    loop._open()
+    loop._on_assign(consumer, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    part = loop.ledger.part(("orders", 0))
+    assert part is not None
+    for offset in (7, 8):
+        assert loop.ledger.take(part, offset)
+        loop.ledger.skip(part, offset)
+    return loop, consumer
+
+
+def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replayed(monkeypatch):
+    """Campaign seeds 1 and 2: a commit failed (abortable), its abort failed fatally
+    (INVALID_TXN_STATE); the next round called begin_transaction on the dead producer, which
+    never returned, holding the GIL: the whole push consumer froze until SIGKILL."""
+    dead = FakeProducer("first", commit_error=KafkaError(
+        KafkaError._TIMED_OUT, "add offsets timed out", txn_requires_abort=True),
+        abort_error=KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction",
+                               fatal=True))
+    fresh = FakeProducer("second")
+    loop, consumer = _open_with(monkeypatch, [dead, fresh])
+    loop._commit()
+    assert dead.calls[-1] == "abort" and dead.fatal is not None
+    consumer.sought.clear()
+    for _ in range(3):
+        loop._round()
+        loop._last_commit = 0.0  # a commit every round
+    # Replayed from the committed offset (7): 7 and 8 are read and processed again.
+    assert [(s.topic, s.partition, s.offset) for s in consumer.sought] == [("orders", 0, 7)]
+    assert fresh.calls[0] == "init"
+    assert loop.ledger.counts["producer_renewals"] == 1
+
+
+def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(
+        monkeypatch):
+    """Campaign seed 2: a transactional call of the poll thread never returned (past its
+    30 s timeout, librdkafka #5456, #5511); the poll thread stayed busy until shutdown and
+    1,762 records were never processed."""
+    monkeypatch.setattr(poller, "WEDGED_AFTER_S", 0.2, raising=False)
+    stuck = threading.Event()
+    wedged, fresh = FakeProducer("first", stuck=stuck), FakeProducer("second")
+    loop, consumer = _open_with(monkeypatch, [wedged, fresh])
+    consumer.sought.clear()
+    commit = threading.Thread(target=loop._commit, daemon=True)
+    try:
+        commit.start()
+        commit.join(20.0)
+        assert not commit.is_alive(), "the poll thread is still inside the stuck call"
+        loop._round()  # reads the committed offsets again
+        loop._last_commit = 0.0
+    finally:
+        stuck.set()  # the abandoned call returns now: nothing more may be sent on it
+    commit.join(20.0)
+    assert wedged.calls == ["init", "begin", "send_offsets"]
+    assert [(s.topic, s.partition, s.offset) for s in consumer.sought] == [("orders", 0, 7)]
+    assert fresh.calls[0] == "init"
+    assert loop.ledger.counts["producer_renewals"] == 1
