@@ -165,8 +165,7 @@ class TransactionService:
         # Survives replays: which half records made a Kafka transaction abort, and why.
         self.ledger = PoisonLedger(settings.replay_max)
         self.destinations = Destinations(self._admin_client, self.ledger)
-        self.takeover = Takeover(self._admin_client, self.metrics.takeover_waiting,
-                                 lambda: self._stop)
+        self.takeover = Takeover(self.metrics.takeover_waiting, lambda: self._stop)
         self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
@@ -227,7 +226,7 @@ class TransactionService:
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF and state is not None:
-                if state.recovering and not self.takeover.at_end(topic, partition, msg.offset()):
+                if state.recovering and not self._at_end(msg):
                     return []  # an earlier owner's transaction may hide decisions
                 return state.on_eof("half" if topic == self.topics.half else "op", now)
             if err.code() != KafkaError._PARTITION_EOF:
@@ -279,6 +278,12 @@ class TransactionService:
                         partition, offset, type(record).__name__)
             state.on_malformed_op(offset)
         return []
+
+    def _at_end(self, msg: confluent_kafka.Message) -> bool:
+        tp = TopicPartition(msg.topic(), msg.partition())
+        high = self._consumer.get_watermark_offsets(tp, cached=True) if self._consumer else None
+        return self.takeover.at_end(msg.topic(), msg.partition(), msg.offset(),
+                                    high[1] if high else -1)
 
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list:
         """Any exception from one record's handling makes it a poison record (set aside

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import random
-from concurrent.futures import Future
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from unittest import mock
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import ListOffsetsResultInfo
 
 from coordinator import kafka_txn
 from coordinator.marker_auth import MarkerKey, MarkerVerifier
@@ -205,6 +203,10 @@ class FakeConsumer:
     def consumer_group_metadata(self) -> str:
         return "sim-group-metadata"
 
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple:
+        # No transactions in the simulated log: its high watermark is its stable end.
+        return 0, len(self.cluster.logs[(tp.topic, tp.partition)])
+
     def _next(self) -> Message | None:
         ready = [tp for tp in self.tps if self._at[tp] < len(self.cluster.logs[tp])]
         if ready:
@@ -230,24 +232,6 @@ class FakeConsumer:
                 break
             out.append(msg)
         return out
-
-
-class FakeAdmin:
-    """What a takeover reads besides the committed offsets: each partition's end (the
-    simulated log has no transactions, so its high watermark is also its last stable
-    offset)."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-
-    def list_offsets(self, specs: dict, **_options: object) -> dict:
-        ends = {}
-        for tp in specs:
-            future: Future = Future()
-            future.set_result(ListOffsetsResultInfo(
-                len(self.cluster.logs[(tp.topic, tp.partition)]), -1, -1))
-            ends[tp] = future
-        return ends
 
 
 @dataclass
@@ -290,12 +274,12 @@ class Simulation:
         self._service = service = TransactionService(SIM_CONF, self.settings)
         # What run() would load from the keys topic and read from the cluster's metadata.
         service._markers = MarkerVerifier(SIM_KEY, service.topics.op, {})
-        service._admin = FakeAdmin(self.cluster)  # type: ignore[assignment]
         service.destinations.partition_count = (
             lambda topic, partition=None, decided_at=None: self.cluster.topics.get(topic))
         topics = [service.topics.half, service.topics.op]
         self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions,
                                       self.rng)
+        service._consumer = self._consumer  # type: ignore[assignment]
         self._writer = TransactionWriter(SIM_CONF, service.topics, "sim-writer",
                                          service.metrics, service.ledger, marker_key=SIM_KEY)
         self._writer.start()
