@@ -197,14 +197,10 @@ class PollLoop:
         except KafkaException as exc:
             self._unread.failed(exc, self.ledger.count("poll_errors"))
             return
-        for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name):
+        for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name,
+                        self._replay_from):
             # Paused since assigned, so nothing was fetched: only a known start needs a seek
-            # (else librdkafka's auto.offset.reset start stands). A replayed partition was
-            # read: without a commit it starts again at its first record read.
-            start = self._replay_from.pop((tp.topic, tp.partition), None)
-            if tp.offset < 0 and tp.offset != confluent_kafka.OFFSET_BEGINNING \
-                    and start is not None:
-                tp.offset = start
+            # (else librdkafka's auto.offset.reset start stands).
             if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:
                 consumer.seek(tp)
         consumer.resume([tp for tp in committed if (tp.topic, tp.partition)
@@ -361,18 +357,16 @@ class PollLoop:
         (the new epoch aborts it unless it had). So every partition goes back to its
         committed offset, read again (KIP-447 waits out the old transaction), as if just
         assigned: records after it are processed again, at least once."""
-        count = self.ledger.count("producer_renewals")
         parts = self.ledger.parts()
         log.warning("push consumer %s: transactional producer re-created (#%d: %s); "
-                    "replaying %d partitions from their committed offsets", self.name, count,
-                    why, len(parts), extra=event("push_producer_renewed", reason=why))
+                    "replaying %d partitions from their committed offsets", self.name,
+                    self.ledger.count("producer_renewals"), why, len(parts),
+                    extra=event("push_producer_renewed", reason=why))
         for part in parts:
             self.ledger.revoke(part.tp)  # its calls still running are ignored, redone
             self._held.pop(part.tp, None)
-            first = part.first
-            if first is not None:
-                self._replay_from.setdefault(part.tp, first)
-        tps = [TopicPartition(*part.tp) for part in parts]
-        if tps:
+            if part.first is not None:
+                self._replay_from.setdefault(part.tp, part.first)
+        if tps := [TopicPartition(*part.tp) for part in parts]:
             consumer.pause(tps)
             self._unread.again(tps)

@@ -66,9 +66,11 @@ class UnreadOffsets:
         return committed
 
 
-def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: str) -> list:
+def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: str,
+          replayed: dict[tuple[str, int], int] | None = None) -> list:
     """Track ``committed`` partitions in the ledger; returns them, a retry partition
-    without a commit set to its start."""
+    without a commit set to its start, and one ``replayed`` (read already, its producer
+    re-created since) without a commit to its first record read (popped from it)."""
     for tp in committed:
         level = retry_levels.get(tp.topic, 0)
         where = f"{tp.topic}[{tp.partition}]"
@@ -77,6 +79,9 @@ def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: s
         if tp.offset < 0 and level:
             # A retry topic is read from its start: its records exist only for us.
             tp.offset = confluent_kafka.OFFSET_BEGINNING
+        start = (replayed or {}).pop((tp.topic, tp.partition), None)
+        if tp.offset < 0 and tp.offset != confluent_kafka.OFFSET_BEGINNING and start is not None:
+            tp.offset = start
     if committed:
         log.info("push consumer %s assigned %s", name,
                  [f"{tp.topic}[{tp.partition}]" for tp in committed])
