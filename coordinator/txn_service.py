@@ -496,7 +496,7 @@ class TransactionService:
                     "enable.partition.eof": True,
                     "isolation.level": "read_committed",
                     "auto.offset.reset": "earliest",
-                    # End requests are latency-critical; don't let a fetch linger when data is there.
+                    # End requests are latency-critical: no fetch lingers when data is there.
                     "fetch.wait.max.ms": 10,
                 },
             )

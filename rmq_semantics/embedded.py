@@ -366,7 +366,9 @@ class EmbeddedKafka:
             "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
             "log.dirs": str(self._log_dir),
             # One node: every internal topic has replication factor 1 and min ISR 1.
             "offsets.topic.replication.factor": "1",

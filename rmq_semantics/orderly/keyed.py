@@ -120,9 +120,8 @@ def _unit_offset(unit: Unit) -> int:
 
 def is_async_listener(listener: Callable[..., Any]) -> bool:
     """Whether calling ``listener`` returns a coroutine (``async def``, also as ``__call__``)."""
-    return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
-        getattr(listener, "__call__", None)
-    )  # noqa: B004 (a callable object's async __call__)
+    call = getattr(listener, "__call__", None)  # noqa: B004 (a callable object's async __call__)
+    return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(call)
 
 
 def _status_of(result: object, unit: Unit) -> ConsumeOrderlyStatus:
