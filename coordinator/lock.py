@@ -202,13 +202,13 @@ class LockTable:
     def get(self, key: LockKey) -> LockEntry:
         entry = self._entries.get(key)
         if entry is None and self._parent is not None:
-            entry = self._parent._lookup(key)
+            entry = self._parent._lookup(key)  # noqa: SLF001 (a parent table, this class)
         return entry if entry is not None else LockEntry(key)
 
     def _lookup(self, key: LockKey) -> LockEntry | None:
         entry = self._entries.get(key)
         if entry is None and self._parent is not None:
-            return self._parent._lookup(key)
+            return self._parent._lookup(key)  # noqa: SLF001 (a parent table, this class)
         return entry
 
     def _put(self, entry: LockEntry) -> None:

@@ -239,7 +239,7 @@ class EmbeddedCluster:
                 if proc.poll() is not None:
                     raise EmbeddedKafkaError(
                         f"node {node_id} exited with code {proc.returncode}: "
-                        f"{self.node(node_id)._last_error_line()}"
+                        f"{self.node(node_id)._last_error_line()}"  # noqa: SLF001 (its owner)
                     )
             try:
                 if len(admin.list_topics(timeout=METADATA_POLL_S).brokers) >= self.brokers:
@@ -270,8 +270,9 @@ class EmbeddedCluster:
         for _node, pid in running:
             os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
         for node, pid in running:
-            if not node._wait_exit(pid, timeout_s):
-                node._kill(pid)
+            # The cluster owns its nodes: it signals them all first, then waits for each.
+            if not node._wait_exit(pid, timeout_s):  # noqa: SLF001 (their owner)
+                node._kill(pid)  # noqa: SLF001 (their owner)
         return [n.node_id for n, _pid in running]
 
     # -- observation ----------------------------------------------------------------------

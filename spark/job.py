@@ -129,7 +129,7 @@ def run_job(
         from pyspark import SparkContext
 
         # A session the caller already runs (in any thread) is used and left running.
-        own_session = SparkContext._active_spark_context is None
+        own_session = SparkContext._active_spark_context is None  # noqa: SLF001 (no public probe)
         spark = build_session(_master(settings))
     try:
         from spark.subscription import confirm_with_java

@@ -131,7 +131,7 @@ def _java_risk(spark: SparkSession, pattern: str, prefix: str) -> str | None:
     from pyspark.errors import IllegalArgumentException
 
     # The py4j gateway of a classic session (the job's kind): Spark's own JVM, same Java.
-    java_pattern = spark.sparkContext._jvm.java.util.regex.Pattern
+    java_pattern = spark.sparkContext._jvm.java.util.regex.Pattern  # noqa: SLF001 (py4j's gateway)
     try:
         compiled = java_pattern.compile(pattern)
     except (IllegalArgumentException, Py4JJavaError) as exc:  # PatternSyntaxException

@@ -256,18 +256,18 @@ class _KafkaMessageView(OrderlyMessage):
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
-    topic = property(lambda self: self._kafka.topic())  # type: ignore[assignment]
-    partition = property(lambda self: self._kafka.partition())  # type: ignore[assignment]
-    offset = property(lambda self: self._kafka.offset())  # type: ignore[assignment]
-    key = property(lambda self: self._kafka.key())  # type: ignore[assignment]
-    value = property(lambda self: self._kafka.value())  # type: ignore[assignment]
-    headers = property(lambda self: _headers_of(self._kafka))  # type: ignore[assignment]
-    timestamp = property(lambda self: self._kafka.timestamp()[1])  # type: ignore[assignment]
-    reconsume_times = property(lambda self: 0)  # type: ignore[assignment]
+    topic = property(lambda self: self._kafka.topic())
+    partition = property(lambda self: self._kafka.partition())
+    offset = property(lambda self: self._kafka.offset())
+    key = property(lambda self: self._kafka.key())
+    value = property(lambda self: self._kafka.value())
+    headers = property(lambda self: _headers_of(self._kafka))
+    timestamp = property(lambda self: self._kafka.timestamp()[1])
+    reconsume_times = property(lambda self: 0)
 
 
 _new = object.__new__
-_set_kafka = _KafkaMessageView._kafka.__set__  # type: ignore[attr-defined]
+_set_kafka = vars(_KafkaMessageView)["_kafka"].__set__  # the slot's own descriptor
 
 
 def kafka_view(msg: confluent_kafka.Message) -> OrderlyMessage:
