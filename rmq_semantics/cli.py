@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from rmq_semantics import __version__
 from rmq_semantics.errors import RmqError
 
 __all__ = ["main"]
@@ -115,6 +116,7 @@ def _cmd_kafka_cluster(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmq-semantics", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     setup = sub.add_parser("setup", help="resolve the broker and Spark jars from Maven Central")
