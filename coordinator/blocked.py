@@ -84,10 +84,14 @@ class BlockProbe:
                 if partition is None
                 else [meta.partitions.get(partition)]
             )
-            if not parts or None in parts:
+            if not parts or any(p is None for p in parts):
                 reasons.add(TIMED_OUT_REASON)
                 continue
-            reasons.update(blocked_reason(len(p.isrs), min_isr.get(topic), p.leader) for p in parts)
+            reasons.update(
+                blocked_reason(len(p.isrs), min_isr.get(topic), p.leader)
+                for p in parts
+                if p is not None
+            )
         # The most specific cause wins: it is the one an operator can act on.
         return next((r for r in REASONS if r in reasons), TIMED_OUT_REASON)
 

@@ -143,7 +143,7 @@ class Destinations:
         if isinstance(action, IssueCheck):
             return None
         # One member with nowhere to go sets the whole transaction aside: never in part.
-        for member in action.records:  # type: ignore[union-attr]  # a Finish
+        for member in action.records:
             count = self.partition_count(member.real_topic, member.real_partition, decided_at)
             prefix = f"member {member.txn_index}: " if member.is_member else ""
             if count is None:

@@ -11,6 +11,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
 
 from coordinator.lock import LockTable
+from rmq_semantics.consumed import partition_of
 from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
 from rmq_semantics.records.codec import decode_lock_state
 
@@ -52,11 +53,11 @@ def read_tables(
             if msg is None:
                 continue
             deadline = time.monotonic() + REBUILD_STALL_S
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(msg.partition())
+            if (err := msg.error()) is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(partition_of(msg))
                     continue
-                raise KafkaOperationError.wrap(f"reading {topic}", msg.error())
+                raise KafkaOperationError.wrap(f"reading {topic}", err)
             if msg.value() is None:
                 continue
             try:
@@ -67,7 +68,7 @@ def read_tables(
                     "%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(), exc
                 )
                 continue
-            tables[msg.partition()].restore(entry, _now_ms(), entry.lease_ms or default_lease_ms)
+            tables[partition_of(msg)].restore(entry, _now_ms(), entry.lease_ms or default_lease_ms)
             loaded += 1
     finally:
         reader.unassign()

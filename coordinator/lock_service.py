@@ -48,6 +48,7 @@ from coordinator.lock import (
 from coordinator.lock_rebuild import read_tables
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.clientconf import client_conf
+from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.errors import (
     ConfigError,
     FatalKafkaError,
@@ -393,18 +394,18 @@ class LockService:
             raise KafkaOperationError.wrap("consuming lock requests", exc.args[0]) from exc
         batch = []
         for msg in msgs:
-            if msg.error() is not None:
-                if msg.error().fatal():
-                    raise FatalKafkaError.wrap("consuming lock requests", msg.error())
-                log.warning("lock request consumer: %s", msg.error().str())
+            if (err := msg.error()) is not None:
+                if err.fatal():
+                    raise FatalKafkaError.wrap("consuming lock requests", err)
+                log.warning("lock request consumer: %s", err.str())
                 continue
             p = msg.partition()
             if p in self._assigned and p not in self._unready:
                 batch.append(msg)
         # After an abort, its requests go one per transaction: the one that fails is found.
-        alone = self._poison.suspect([(m.partition(), m.offset()) for m in batch])
+        alone = self._poison.suspect([(partition_of(m), offset_of(m)) for m in batch])
         for part in [[m] for m in batch] if alone else [batch] if batch else []:
-            self._in_flight = {msg.partition() for msg in part}
+            self._in_flight = {partition_of(msg) for msg in part}
             self._process(part)
             self._in_flight = set()
 
@@ -414,8 +415,8 @@ class LockService:
         replies: list[tuple[int, LockReply]] = []
         last: dict[int, int] = {}
         for msg in batch:
-            p = msg.partition()
-            last[p] = msg.offset()
+            p = partition_of(msg)
+            last[p] = offset_of(msg)
             table = staged.get(p)
             if table is None:
                 table = staged[p] = self._tables.setdefault(p, LockTable()).overlay()

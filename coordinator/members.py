@@ -139,11 +139,8 @@ class Assemblies:
 
     def waiting_ops(self) -> list[int]:
         """Op offsets of COMMITs waiting for members: not to be committed past."""
-        return [
-            self._units[a].commit[1]
-            for a in self._waiting  # type: ignore[index]
-            if self._units[a].commit is not None
-        ]
+        commits = (self._units[a].commit for a in self._waiting)
+        return [commit[1] for commit in commits if commit is not None]
 
     def __contains__(self, offset: object) -> bool:
         return offset in self._anchor_of

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import RESERVED_PREFIX, H
@@ -22,13 +24,14 @@ def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:
     raise ConfigError(f"{what} must be bytes or str, got {type(value).__name__}")
 
 
-def normalize_headers(headers: object) -> Headers:
+def normalize_headers(headers: Mapping[str, object] | Iterable[object] | None) -> Headers:
     """Accept a dict or a list of pairs (as confluent_kafka does); return list of pairs."""
     if headers is None:
         return []
-    items = headers.items() if isinstance(headers, dict) else headers
+    # Whatever a caller passed: each item is checked to be a pair below.
+    items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
     out: Headers = []
-    for item in items:  # type: ignore[union-attr]
+    for item in items:
         try:
             name, value = item
         except (TypeError, ValueError) as exc:
@@ -87,13 +90,15 @@ class Message:
             )
         object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
-        object.__setattr__(self, "headers", normalize_headers(self.headers))
-        for name, _ in self.headers:  # type: ignore[union-attr]
+        headers = normalize_headers(self.headers)
+        object.__setattr__(self, "headers", headers)
+        for name, _ in headers:
             if name.startswith(RESERVED_PREFIX):
                 raise ConfigError(f"header {name!r}: the rmq.* header namespace is reserved")
 
     def user_headers(self) -> Headers:
-        return list(self.headers or [])  # type: ignore[arg-type]
+        # A list since __post_init__ (the dict form is only what a caller may pass).
+        return list(self.headers) if isinstance(self.headers, list) else []
 
     def rmq_headers(self) -> Headers:
         """The ``rmq.*`` headers every producer writes for this message's own fields."""

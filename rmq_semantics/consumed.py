@@ -1,0 +1,36 @@
+"""Typed accessors of a record a consumer returned (a ``confluent_kafka.Message``).
+
+confluent-kafka's stubs type ``topic()``, ``partition()`` and ``offset()`` as optional,
+since a message a caller builds has none. A record ``poll``/``consume`` returned (a partition
+EOF event included) has all three; these functions say so in one place and fail loudly if not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the pure cores may import this module: no Kafka client at run time
+    import confluent_kafka
+
+__all__ = ["offset_of", "partition_of", "topic_of"]
+
+
+def topic_of(msg: confluent_kafka.Message) -> str:
+    topic = msg.topic()
+    if topic is None:
+        raise TypeError(f"not a consumed record (no topic): {msg!r}")
+    return topic
+
+
+def partition_of(msg: confluent_kafka.Message) -> int:
+    partition = msg.partition()
+    if partition is None:
+        raise TypeError(f"not a consumed record (no partition): {msg!r}")
+    return partition
+
+
+def offset_of(msg: confluent_kafka.Message) -> int:
+    offset = msg.offset()
+    if offset is None:
+        raise TypeError(f"not a consumed record (no offset): {msg!r}")
+    return offset
