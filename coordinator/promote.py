@@ -183,7 +183,7 @@ class TransactionWriter:
             raise IllegalStateError("the previous transaction is not settled")
         self._done_entries = {}
         self._failed = []
-        self._timed_out: set[tuple[str, int]] = set()
+        self._timed_out = set()
         self._promoted_to = set()
         self._blamed = False
         self.txn = self._txns[self._turn]

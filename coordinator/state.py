@@ -352,11 +352,11 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         if anchor is not None and anchor != request.half_offset:
             request = dataclasses.replace(request, half_offset=anchor)
         # Re-appended: readdressed where the transaction is now, or it waits for the record.
-        if (
-            request.half_offset not in self.pending
-            and (request := self.horizon.follow(request)) is None
-        ):
-            return []
+        if request.half_offset not in self.pending:
+            followed = self.horizon.follow(request)
+            if followed is None:
+                return []
+            request = followed
         offset = request.half_offset
         entry = self.pending.get(offset)
         if entry is not None and entry.poison is not None:

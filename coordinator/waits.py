@@ -86,11 +86,11 @@ class WaitSteps:
 
     def _defer(self, request: EndRequest) -> None:
         """Keep ``request`` until its half record is read (or drop one, when full)."""
-        if (
-            self._deferred_count >= self.max_deferred_ends
-            and (request := self._make_room(request)) is None
-        ):
-            return
+        if self._deferred_count >= self.max_deferred_ends:
+            kept = self._make_room(request)
+            if kept is None:
+                return
+            request = kept
         if request.half_offset not in self.deferred:
             heapq.heappush(self._deferred_far, -request.half_offset)
         self.deferred.setdefault(request.half_offset, []).append(request)

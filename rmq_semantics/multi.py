@@ -50,7 +50,7 @@ def member_headers(
     *,
     max_messages: int,
     max_bytes: int,
-    affinity: Headers = (),
+    affinity: Sequence[tuple[str, bytes]] = (),
 ) -> list[Headers]:
     """The half-record headers of every member of one transaction, in index order; raises
     :class:`TransactionSizeError` for an empty list or one over the bounds (before anything

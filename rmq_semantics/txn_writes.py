@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.errors import MalformedRecordError, RmqError
-from rmq_semantics.message import Headers, Message
+from rmq_semantics.message import Message
 from rmq_semantics.producer import DeliveryWaiter
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.half import half_headers
@@ -199,7 +199,7 @@ def write_halves(
     msgs: list[Message],
     txn_ids: list[str],
     new_waiter: Callable[[], DeliveryWaiter] = DeliveryWaiter,
-    affinity: Headers = (),
+    affinity: Sequence[tuple[str, bytes]] = (),
     out: list[tuple[str, DeliveryWaiter]] | None = None,
 ) -> list[tuple[str, DeliveryWaiter]]:
     """Queue one half record per message, each its own transaction (of the id at its index

@@ -3,6 +3,7 @@ of them the coordinator (and ``txn pending``) reads back. Pure: no Kafka import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
@@ -46,7 +47,11 @@ def affinity_headers(instance_id: str, check_partitions: tuple[int, ...]) -> Hea
 
 
 def half_headers(
-    msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes, affinity: Headers = ()
+    msg: Message,
+    txn_id: str,
+    producer_group: bytes,
+    born_ts: bytes,
+    affinity: Sequence[tuple[str, bytes]] = (),
 ) -> Headers:
     """The headers of ``msg``'s half record: its user headers plus the ``rmq.*`` ones.
 
