@@ -3,16 +3,20 @@
 confluent-kafka's stubs type ``topic()``, ``partition()`` and ``offset()`` as optional,
 since a message a caller builds has none. A record ``poll``/``consume`` returned (a partition
 EOF event included) has all three; these functions say so in one place and fail loudly if not.
+Its headers are typed as whatever ``produce`` accepts; a consumed record's are a list of
+(name, bytes or None) pairs, and :func:`headers_of` says so.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # the pure cores may import this module: no Kafka client at run time
     import confluent_kafka
 
-__all__ = ["offset_of", "partition_of", "topic_of"]
+from rmq_semantics.message import RecordHeaders
+
+__all__ = ["headers_of", "offset_of", "partition_of", "topic_of"]
 
 
 def topic_of(msg: confluent_kafka.Message) -> str:
@@ -34,3 +38,10 @@ def offset_of(msg: confluent_kafka.Message) -> int:
     if offset is None:
         raise TypeError(f"not a consumed record (no offset): {msg!r}")
     return offset
+
+
+def headers_of(msg: confluent_kafka.Message) -> RecordHeaders:
+    """``msg``'s headers, [] when it has none (the client's None)."""
+    # The stubs' union also holds the dict and str forms produce() takes; a consumed record
+    # never has them (librdkafka builds a list of bytes-or-None pairs).
+    return cast(RecordHeaders, msg.headers() or [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import RESERVED_PREFIX, H
@@ -12,6 +12,17 @@ from rmq_semantics.records.headers import RESERVED_PREFIX, H
 __all__ = ["H", "Headers", "Message", "SendResult", "encode_bytes"]
 
 Headers = list[tuple[str, bytes]]
+# A record's headers as a consumer reads them back: a null value is None.
+RecordHeaders = list[tuple[str, bytes | None]]
+# What confluent-kafka's stubs take for produce(headers=...) in the list form.
+ProduceHeaders = list[tuple[str, str | bytes | None]]
+
+
+def produce_headers(headers: Headers | RecordHeaders) -> ProduceHeaders:
+    """``headers`` as produce() is typed to take them (the same list, no copy): the stubs'
+    list is invariant, so a list of bytes pairs is not a list of str/bytes/None pairs to mypy,
+    though produce() only reads it."""
+    return cast(ProduceHeaders, headers)
 
 
 def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
-from rmq_semantics.message import Headers, Message
+from rmq_semantics.message import Headers, Message, RecordHeaders
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
 __all__ = [
@@ -94,7 +94,8 @@ class HalfMessage:
     check_immunity_ms: int | None
     key: bytes | None
     value: bytes | None
-    headers: Headers
+    # As read back: a header written with a null value is None.
+    headers: RecordHeaders
     # Members of a multi-message transaction (rmq.txn_size / rmq.txn_index); 1 and 0 for a
     # transaction of one.
     txn_size: int = 1
@@ -113,10 +114,10 @@ class HalfMessage:
     def where(self) -> str:
         return f"half[{self.partition}]@{self.offset} txn={self.txn_id}"
 
-    def user_headers(self) -> Headers:
+    def user_headers(self) -> RecordHeaders:
         return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
 
-    def promoted_headers(self, promoted_at_ms: int | None = None) -> Headers:
+    def promoted_headers(self, promoted_at_ms: int | None = None) -> RecordHeaders:
         """User headers, the kept ``rmq.*`` ones, ``rmq.promoted_from`` and (when given)
         ``rmq.promoted_at``: the record's timestamp stays the producer's birth time."""
         kept = [
@@ -145,7 +146,7 @@ def parse_half(
     timestamp_ms: int,
     key: bytes | None,
     value: bytes | None,
-    headers: Headers | None,
+    headers: RecordHeaders | None,
 ) -> HalfMessage:
     """Parse a half record; missing or unreadable ``rmq.*`` headers raise MalformedRecordError."""
     found: dict[str, bytes] = {}
@@ -261,7 +262,7 @@ def unparsed_half(
     timestamp_ms: int,
     key: bytes | None,
     value: bytes | None,
-    headers: Headers | None,
+    headers: RecordHeaders | None,
 ) -> HalfMessage:
     """A half record :func:`parse_half` refused, as far as it can be read (never raises):
     what the coordinator copies to the discard topic and names in its done marker."""
