@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -107,7 +107,7 @@ class Blockage:
         self._since = 0.0
         self._set(None)
 
-    def aborted(self, partitions: set[tuple[str, int | None]]) -> None:
+    def aborted(self, partitions: Set[tuple[str, int | None]]) -> None:
         """A transaction aborted; ``partitions`` did not take its records in time (a None
         partition: some partition of that topic)."""
         if not partitions:

@@ -171,12 +171,12 @@ class Destinations:
             except _NotListedYet as exc:  # the others still start their grace now
                 not_yet = not_yet or exc
                 continue
-            if refused is None:
+            # A refusal is only ever of a promotion or a check (the type test says so to mypy).
+            if refused is None or not isinstance(action, Finish | IssueCheck):
                 out.append(action)
                 continue
-            half = action.half  # type: ignore[union-attr]  # refusal() saw a half
-            state = states.get(half.partition)
-            out.append(action if state is None else state.set_aside(action, *refused))  # type: ignore[arg-type]
+            state = states.get(action.half.partition)
+            out.append(action if state is None else state.set_aside(action, *refused))
         if not_yet is not None:
             raise not_yet
         return out

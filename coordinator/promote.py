@@ -11,8 +11,9 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard
 
+import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from coordinator.blocked import TIMED_OUT, Blockage
@@ -32,7 +33,9 @@ from coordinator.state import (
 )
 from coordinator.tenancy import TenantGuard, check_topic, resign
 from coordinator.written import action_where, count_written
+from rmq_semantics.consumed import partition_of, topic_of
 from rmq_semantics.errors import IllegalStateError, TransactionAborted
+from rmq_semantics.message import produce_headers
 from rmq_semantics.records.codec import SystemRecord, encode
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import H
@@ -86,7 +89,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _is_promotion(action: Action) -> bool:
+def _is_promotion(action: Action) -> TypeGuard[Finish]:
     return isinstance(action, Finish) and action.outcome is TxnState.COMMITTED
 
 
@@ -281,12 +284,14 @@ class TransactionWriter:
                 where = action_where(self.topics, action)
                 raise TransactionAborted(f"{where}: {verdict.detail}") from exc
 
-    def _on_delivery(self, action: Action, err: KafkaError | None, msg: object) -> None:
+    def _on_delivery(
+        self, action: Action, err: KafkaError | None, msg: confluent_kafka.Message | None
+    ) -> None:
         # Called for failed deliveries only (delivery.report.only.error), during the commit.
         if err is not None:
             self._failed.append((action, err))
             if err.code() in TIMED_OUT and msg is not None:
-                self._timed_out.add((msg.topic(), msg.partition()))
+                self._timed_out.add((topic_of(msg), partition_of(msg)))
 
     def _blame_failures(self, actions: Sequence[Action], cause: BaseException | None) -> None:
         """After an abort: charge the records whose delivery failed. A refusal that names
@@ -308,8 +313,9 @@ class TransactionWriter:
             verdict = on_system_topic(verdict)
         elif verdict.reason in _UNKNOWN_DESTINATION:
             # Only a fresh metadata read lacking it may discard: the replay's vetting.
-            for member in action.records if self.stale else ():  # type: ignore[union-attr]
-                self.stale(member.real_topic)  # type: ignore[misc]
+            if self.stale is not None:
+                for member in action.records:
+                    self.stale(member.real_topic)
             verdict = Verdict(FailureKind.RETRY, detail=verdict.detail)
         half = action.half
         blame = self.ledger.blame(
@@ -369,7 +375,9 @@ class TransactionWriter:
     def _produce(self, action: Action) -> None:
         if isinstance(action, LateCommit):
             # No value: `txn discarded` marks that discard as committed too late.
-            self.producer.produce(self.topics.discard, None, headers=late_commit_headers(action))
+            self.producer.produce(
+                self.topics.discard, None, headers=produce_headers(late_commit_headers(action))
+            )
             return
         half = action.half
         if isinstance(action, Finish):
@@ -448,23 +456,18 @@ def read_metadata_again(producer: Any, topic: str) -> None:
 
 
 def refused_promotions(
-    actions: Sequence[Action], unwritable: Callable[[set[str]], dict]
-) -> list[tuple[Action, str]]:
+    actions: Sequence[Action], unwritable: TopicProbe
+) -> list[tuple[Action, DiscardReason]]:
     """(promotion, reason) for each promotion one of whose real topics ``unwritable``
     reports refused: one member's topic refused sets the whole transaction aside."""
     promotions = [a for a in actions if _is_promotion(a)]
     refused = (
         unwritable({h.real_topic for a in promotions for h in a.records}) if promotions else {}
     )
-    found = []
+    found: list[tuple[Action, DiscardReason]] = []
     for action in promotions:
         reason = next(
-            (
-                refused[h.real_topic]
-                for h in action.records  # type: ignore[union-attr]
-                if h.real_topic in refused
-            ),
-            None,
+            (refused[h.real_topic] for h in action.records if h.real_topic in refused), None
         )
         if reason is not None:
             found.append((action, reason))

@@ -31,6 +31,7 @@ from coordinator.state import EndRequest, PartitionState
 from coordinator.takeover import Takeover
 from coordinator.tenancy import tenant_guard
 from rmq_semantics.clientconf import client_conf, shared_conf
+from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.errors import (
     FatalKafkaError,
     IllegalStateError,
@@ -254,8 +255,9 @@ class TransactionService:
 
     # -- records -------------------------------------------------------------------------
     def _dispatch(self, msg: confluent_kafka.Message, now: int) -> list:
+        # An error event may name no partition (a client-wide error): no state then.
         topic, partition = msg.topic(), msg.partition()
-        state = self.states.get(partition)
+        state = self.states.get(partition) if partition is not None else None
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF and state is not None:
@@ -267,11 +269,11 @@ class TransactionService:
             return []
         if state is None:
             return []
-        offset = msg.offset()
+        topic, partition, offset = topic_of(msg), partition_of(msg), offset_of(msg)
         if topic == self.topics.half:
             try:
                 half = parse_half(
-                    partition, offset, msg.timestamp()[1], msg.key(), msg.value(), msg.headers()
+                    partition, offset, msg.timestamp()[1], msg.key(), msg.value(), headers_of(msg)
                 )
             except MalformedRecordError as exc:
                 return self._set_aside_malformed(state, msg, exc, now)
@@ -348,11 +350,10 @@ class TransactionService:
         return []
 
     def _at_end(self, msg: confluent_kafka.Message) -> bool:
-        tp = TopicPartition(msg.topic(), msg.partition())
+        topic, partition = topic_of(msg), partition_of(msg)
+        tp = TopicPartition(topic, partition)
         high = self._consumer.get_watermark_offsets(tp, cached=True) if self._consumer else None
-        return self.takeover.at_end(
-            msg.topic(), msg.partition(), msg.offset(), high[1] if high else -1
-        )
+        return self.takeover.at_end(topic, partition, offset_of(msg), high[1] if high else -1)
 
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list:
         """Any exception from one record's handling makes it a poison record (set aside
@@ -360,7 +361,8 @@ class TransactionService:
         try:
             return self._dispatch(msg, now)
         except Exception as exc:  # an input (or a bug) nobody foresaw
-            state = self.states.get(msg.partition())
+            partition = msg.partition()
+            state = self.states.get(partition) if partition is not None else None
             if state is None or msg.error() is not None:
                 log.exception(
                     "%s[%s]: could not handle a consumer event", msg.topic(), msg.partition()
@@ -370,25 +372,26 @@ class TransactionService:
                 return self._set_aside_malformed(state, msg, exc, now)
             self.metrics.malformed.labels(msg.topic()).inc()
             log.warning("%s[%s]@%s skipped: %r", msg.topic(), msg.partition(), msg.offset(), exc)
-            state.on_malformed_op(msg.offset())
+            state.on_malformed_op(offset_of(msg))
             return []
 
     def _set_aside_malformed(
         self, state: PartitionState, msg: confluent_kafka.Message, exc: Exception, now: int
     ) -> list:
-        self.metrics.malformed.labels(msg.topic()).inc()
+        topic, partition, offset = topic_of(msg), partition_of(msg), offset_of(msg)
+        self.metrics.malformed.labels(topic).inc()
         half = unparsed_half(
-            msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), msg.headers()
+            partition, offset, msg.timestamp()[1], msg.key(), msg.value(), headers_of(msg)
         )
         log.warning(
             "%s[%s]@%s txn=%s malformed, to be set aside: %s",
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
+            topic,
+            partition,
+            offset,
             half.txn_id or "?",
             exc,
         )
-        return state.on_poison_half(msg.offset(), half, DiscardReason.MALFORMED, now)
+        return state.on_poison_half(offset, half, DiscardReason.MALFORMED, now)
 
     def _on_end(
         self, state: PartitionState, offset: int, half_partition: int, request: EndRequest, now: int
@@ -460,9 +463,10 @@ class TransactionService:
                     self.guard.watermarks(
                         tenancy_watermarks(self.conf, self.settings, self.instance_id)
                     )
-                self._markers = load_verifier(
+                markers = load_verifier(
                     self.conf, self.settings, self._marker_key, self.instance_id
                 )
+                self._markers = markers
         self.half_partition_count = require_copartitioned(
             self.conf, self.topics.half, self.topics.op
         )
@@ -474,7 +478,7 @@ class TransactionService:
             f"{self.topics.coordinator_group}-{self.instance_id}",
             self.metrics,
             self.ledger,
-            marker_key=self._markers.key,
+            marker_key=markers.key,
             unwritable=self.destinations.unwritable,
             blockage=Blockage(BlockProbe(self._admin_client), self.metrics.promotion_blocked),
             check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
