@@ -33,7 +33,7 @@ from coordinator.state import (
 )
 from coordinator.tenancy import TenantGuard, check_topic, resign
 from coordinator.written import action_where, count_written
-from rmq_semantics.consumed import partition_of, topic_of
+from rmq_semantics.consumed import topic_of
 from rmq_semantics.errors import IllegalStateError, TransactionAborted
 from rmq_semantics.message import produce_headers
 from rmq_semantics.records.codec import SystemRecord, encode
@@ -120,7 +120,8 @@ class TransactionWriter:
         self.ledger = ledger
         self.unwritable = unwritable
         self.blockage = blockage  # why promotion is blocked, while it is
-        self._timed_out: set[tuple[str, int]] = set()  # partitions that timed out, this txn
+        # Partitions that timed out, this txn (None: a record not yet given one).
+        self._timed_out: set[tuple[str, int | None]] = set()
         self._promoted_to: set[tuple[str, int | None]] = set()  # (topic, partition?), this txn
         # Two transactional producers take turns, one transaction open at a time (so offsets
         # stay ordered): a transaction begun on the producer whose commit just returned gets
@@ -291,7 +292,7 @@ class TransactionWriter:
         if err is not None:
             self._failed.append((action, err))
             if err.code() in TIMED_OUT and msg is not None:
-                self._timed_out.add((topic_of(msg), partition_of(msg)))
+                self._timed_out.add((topic_of(msg), msg.partition()))
 
     def _blame_failures(self, actions: Sequence[Action], cause: BaseException | None) -> None:
         """After an abort: charge the records whose delivery failed. A refusal that names
