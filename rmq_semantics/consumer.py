@@ -10,6 +10,7 @@ from typing import Any
 import confluent_kafka
 
 from rmq_semantics.clientconf import client_conf, new_client
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -84,7 +85,7 @@ class Consumer:
         if topic is not None and not self._system.keeps(topic):
             self.skipped_system_records += 1
             return "system"
-        if self._tags.keeps_all or msg.error() is not None or self._tags.matches(msg.headers()):
+        if self._tags.keeps_all or msg.error() is not None or self._tags.matches(headers_of(msg)):
             return None
         self.skipped_tag_records += 1
         return "tag"

@@ -264,8 +264,7 @@ class EmbeddedCluster:
         """Stop one node or all (SIGTERM, or SIGKILL with ``kill``); returns the ids that
         were running. Idempotent."""
         nodes = [self.node(node_id)] if node_id is not None else self.nodes()
-        running = [(n, n.running_pid()) for n in nodes]
-        running = [(n, pid) for n, pid in running if pid is not None]
+        running = [(n, pid) for n in nodes if (pid := n.running_pid()) is not None]
         # Signal all first, then wait: the last nodes' controlled shutdown needs a quorum.
         for _node, pid in running:
             os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)

@@ -396,8 +396,8 @@ class LockClient:
             return
         with self._replies_cv:
             for msg in msgs:
-                if msg.error() is not None:
-                    log.debug("lock reply consumer: %s", msg.error().str())
+                if (err := msg.error()) is not None:
+                    log.debug("lock reply consumer: %s", err.str())
                     continue
                 if msg.key() != self.client_id.encode():
                     continue

@@ -68,9 +68,11 @@ class DeliveryWaiter:
 
     def __call__(self, err: KafkaError | None, msg: confluent_kafka.Message) -> None:
         self.error = err
-        self.partition = msg.partition()  # also of a failed one: where it may still land
+        # Also of a failed one: where it may still land. The client says None for a record
+        # never given a partition, and for no offset (acks=0); kept as it says.
+        self.partition = msg.partition()  # type: ignore[assignment]  # None: see above
         if err is None:
-            self.offset = msg.offset()
+            self.offset = msg.offset()  # type: ignore[assignment]  # None: see above
         self.delivered = True
 
     def wait(self, producer: confluent_kafka.Producer, what: str, timeout: float) -> None:

@@ -12,10 +12,13 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.half import MAX_TXN_SIZE
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "MAX_TRANSACTION_BYTES",
@@ -31,7 +34,7 @@ __all__ = [
     "setting",
 ]
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # load() builds a settings dataclass
 
 
 def setting(default: Any, help: str, *, secret: bool = False) -> Any:

@@ -290,7 +290,8 @@ class _AuthWatch:
 
 def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
     watch = _AuthWatch(conf.get("error_cb"))
-    return AdminClient({**shared_conf(conf), "error_cb": watch}), watch
+    admin_conf: dict[str, Any] = {**shared_conf(conf), "error_cb": watch}
+    return AdminClient(admin_conf), watch
 
 
 def _metadata(

@@ -65,9 +65,9 @@ class _RocketMQNamed(TransactionListener):
     def __init__(self, listener: Any) -> None:
         self.listener = listener
         # Bound as they are, so an ``async def`` one is still seen as a coroutine function.
-        self.execute_local_transaction = listener.executeLocalTransaction  # type: ignore[method-assign]
+        self.execute_local_transaction = listener.executeLocalTransaction  # type: ignore[method-assign]  # per instance
         if callable(check := getattr(listener, "checkLocalTransaction", None)):
-            self.check_local_transaction = check  # type: ignore[method-assign]
+            self.check_local_transaction = check  # type: ignore[method-assign]  # per instance
 
 
 def as_listener(listener: Any) -> Any:

@@ -78,6 +78,7 @@ class BatchTransactions:
                     self.producer_group,
                     tracing.traced_messages(msgs),
                     txn_ids,
+                    DeliveryWaiter,
                     affinity=self._checks.affinity(),
                     out=pending,
                 )

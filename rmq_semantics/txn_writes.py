@@ -10,13 +10,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.errors import MalformedRecordError, RmqError
-from rmq_semantics.message import Message
+from rmq_semantics.message import Message, produce_headers
 from rmq_semantics.producer import DeliveryWaiter
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.half import half_headers
@@ -67,6 +67,10 @@ DELIVERY_GRACE_S = 2.0
 
 #: The end state each local transaction state asks the coordinator for.
 END_STATE = {s: EndState(s.value) for s in LocalTransactionState}
+
+
+# The kind of delivery waiter a caller makes (a thread's or a loop's): what it gets back.
+W = TypeVar("W", bound=DeliveryWaiter)
 
 
 def local_outcome(
@@ -169,8 +173,8 @@ def write_members(
     partition: int,
     msgs: list[Message],
     headers: list[list],
-    waiters: list[DeliveryWaiter],
-    new_waiter: Callable[[], DeliveryWaiter],
+    waiters: list[W],
+    new_waiter: Callable[[], W],
 ) -> None:
     """Queue every member of one transaction, in index order, to one half partition (one
     idempotent producer keeps that order there), a waiter per member queued in ``waiters``;
@@ -198,10 +202,10 @@ def write_halves(
     producer_group: str,
     msgs: list[Message],
     txn_ids: list[str],
-    new_waiter: Callable[[], DeliveryWaiter] = DeliveryWaiter,
+    new_waiter: Callable[[], W],
     affinity: Sequence[tuple[str, bytes]] = (),
-    out: list[tuple[str, DeliveryWaiter]] | None = None,
-) -> list[tuple[str, DeliveryWaiter]]:
+    out: list[tuple[str, W]] | None = None,
+) -> list[tuple[str, W]]:
     """Queue one half record per message, each its own transaction (of the id at its index
     in ``txn_ids``): (txn id, waiter)s, appended to ``out`` as they are queued (so a full
     local queue's BufferError leaves there what was queued before it)."""
@@ -214,7 +218,7 @@ def write_halves(
             half_topic,
             msg.value,
             key=msg.key,
-            headers=half_headers(msg, txn_id, group, born, affinity),
+            headers=produce_headers(half_headers(msg, txn_id, group, born, affinity)),
             on_delivery=waiter,
         )
         out.append((txn_id, waiter))
@@ -312,7 +316,7 @@ def half_write_conf(conf: dict, send_timeout_s: float) -> dict:
     (librdkafka's default of 300 s kept retrying a half write for minutes after the caller
     was told it failed; a caller's shorter value stays). Above ``linger.ms``, as librdkafka
     requires; 0 (librdkafka's "forever") counts as unset."""
-    out = dict(conf)
+    out: dict[str, Any] = dict(conf)
     given = [
         int(v)
         for k in ("message.timeout.ms", "delivery.timeout.ms")

@@ -24,7 +24,7 @@ from rmq_semantics.errors import (
 )
 from rmq_semantics.message import Message
 from rmq_semantics.producer import DeliveryWaiter
-from rmq_semantics.transaction_api import LocalTransactionState, Transaction
+from rmq_semantics.transaction_api import LocalTransactionState, Transaction, TransactionListener
 
 __all__ = [
     "EXECUTOR_THREADS",
@@ -123,7 +123,7 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-class LoopListener:
+class LoopListener(TransactionListener):
     """The user's listener as the check pool's threads ask it: a plain
     ``check_local_transaction`` is called on the pool thread as before; an ``async def`` one
     runs on ``loop`` (set at ``start``) and the pool thread waits for it, bounded by the

@@ -11,6 +11,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.aio.bridge import new_executor, run_blocking
+from rmq_semantics.consumed import offset_of, partition_of, topic_of
 from rmq_semantics.consumer import Consumer
 from rmq_semantics.errors import FatalKafkaError, IllegalStateError
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
@@ -79,7 +80,7 @@ class AsyncConsumer:
         return result
 
     def _pass(self, msg: confluent_kafka.Message) -> None:
-        self._to_store[(msg.topic(), msg.partition())] = msg.offset() + 1
+        self._to_store[(topic_of(msg), partition_of(msg))] = offset_of(msg) + 1
 
     def _handed(self, records: list) -> list:
         """``poll``/``consume`` hand records out at once: their offsets are stored."""

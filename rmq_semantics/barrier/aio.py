@@ -27,7 +27,7 @@ from rmq_semantics.barrier.dialect import AsyncDialect, async_dialect_of
 from rmq_semantics.barrier.listener import answered, failed, refused
 from rmq_semantics.errors import BarrierRollback, ConfigError, RmqTimeoutError
 from rmq_semantics.message import Message
-from rmq_semantics.transaction_api import LocalTransactionState
+from rmq_semantics.transaction_api import LocalTransactionState, Transaction
 
 __all__ = ["AsyncBarrierTransactionListener", "AsyncTransactionBarrier"]
 
@@ -44,7 +44,9 @@ class AsyncTransactionBarrier(BarrierRules):
                 await cursor.execute(sql)
 
     @asynccontextmanager
-    async def local_transaction(self, conn: Any, msg: Message) -> AsyncIterator[BarrierTransaction]:
+    async def local_transaction(
+        self, conn: Any, msg: Message | Transaction
+    ) -> AsyncIterator[BarrierTransaction]:
         """``async with``: as :meth:`TransactionBarrier.local_transaction` (the barrier row
         first, :class:`BarrierRollback` before the body when a check decided ROLLBACK)."""
         dialect = async_dialect_of(conn)
@@ -63,7 +65,7 @@ class AsyncTransactionBarrier(BarrierRules):
         except RollbackRequested:
             txn.state = LocalTransactionState.ROLLBACK_MESSAGE
 
-    async def check(self, conn: Any, msg: Message) -> LocalTransactionState:
+    async def check(self, conn: Any, msg: Message | Transaction) -> LocalTransactionState:
         """The back-check, as :meth:`TransactionBarrier.check`: UNKNOW after waiting
         ``lock_timeout_s`` for an open local transaction."""
         dialect = async_dialect_of(conn)

@@ -22,6 +22,7 @@ from rmq_semantics.barrier.dialect import dialect_of, validate_table
 from rmq_semantics.errors import BarrierRollback, ConfigError, IllegalStateError, RmqTimeoutError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState
+from rmq_semantics.transaction_api import Transaction
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -67,7 +68,7 @@ class BarrierTransaction:
         self.rollback_only = True
 
 
-def transaction_id(msg: Message) -> str:
+def transaction_id(msg: Message | Transaction) -> str:
     """The barrier's gid: the transaction id the producer gives its listener's messages."""
     gid = getattr(msg, "transaction_id", None)
     if not isinstance(gid, str) or not gid:
@@ -167,7 +168,9 @@ class TransactionBarrier(BarrierRules):
                 cursor.execute(sql)
 
     @contextmanager
-    def local_transaction(self, conn: Any, msg: Message) -> Iterator[BarrierTransaction]:
+    def local_transaction(
+        self, conn: Any, msg: Message | Transaction
+    ) -> Iterator[BarrierTransaction]:
         """Begin a transaction on ``conn`` and insert the barrier row before the body.
 
         Raises :class:`BarrierRollback` before the body when a check already decided
@@ -189,7 +192,7 @@ class TransactionBarrier(BarrierRules):
         except RollbackRequested:
             txn.state = LocalTransactionState.ROLLBACK_MESSAGE
 
-    def check(self, conn: Any, msg: Message) -> LocalTransactionState:
+    def check(self, conn: Any, msg: Message | Transaction) -> LocalTransactionState:
         """The back-check: insert a ROLLBACK row unless one exists, then answer from the row.
 
         Waits for an open local transaction of the same id up to ``lock_timeout_s``, then

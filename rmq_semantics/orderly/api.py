@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import H
 
@@ -229,7 +230,7 @@ class OrderlyMessage:
 
 
 def _headers_of(msg: confluent_kafka.Message) -> tuple[tuple[str, bytes], ...]:
-    headers = msg.headers()
+    headers = headers_of(msg)
     return tuple((k, v if v is not None else b"") for k, v in headers) if headers else ()
 
 
@@ -246,9 +247,9 @@ class _KafkaMessageView(OrderlyMessage):
     __slots__ = ("_kafka",)
     _kafka: confluent_kafka.Message
 
-    def __new__(cls, *args: object, **kwargs: object) -> OrderlyMessage:  # type: ignore[misc]
+    def __new__(cls, *args: object, **kwargs: object) -> OrderlyMessage:  # type: ignore[misc]  # a copy is the base class
         # Only dataclasses.replace() and copies call the class: they hold every field.
-        return OrderlyMessage(*args, **kwargs)  # type: ignore[arg-type]
+        return OrderlyMessage(*args, **kwargs)  # type: ignore[arg-type]  # every field, as read
 
     def __setattr__(self, name: str, value: object) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
@@ -280,7 +281,7 @@ def kafka_view(msg: confluent_kafka.Message) -> OrderlyMessage:
 
 def kafka_views(msgs: list[confluent_kafka.Message]) -> list[OrderlyMessage]:
     """:func:`kafka_view` of each message (one batch; the loop inlined, a call saved each)."""
-    out = []
+    out: list[OrderlyMessage] = []
     for msg in msgs:
         view = _new(_KafkaMessageView)
         _set_kafka(view, msg)

@@ -19,6 +19,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.errors import KafkaOperationError, RmqError, RmqTimeoutError
+from rmq_semantics.message import produce_headers
 from rmq_semantics.orderly.api import OrderlyMessage
 from rmq_semantics.orderly.runtime import event
 from rmq_semantics.producer import producer_defaults
@@ -113,7 +114,11 @@ class DeadLetters:
                 last_failure_ms=failure.last_ms or None,
             )
             producer.produce(
-                self.topic, m.value, key=m.key, headers=headers, on_delivery=on_delivery
+                self.topic,
+                m.value,
+                key=m.key,
+                headers=produce_headers(headers),
+                on_delivery=on_delivery,
             )
         left = producer.flush(DLQ_TIMEOUT_S)
         if left or errors:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import queue
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from rmq_semantics.consumed import offset_of
 from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.orderly.api import (
     ConsumeOrderlyContext,
@@ -89,7 +91,7 @@ class Unit:
 
     def __init__(self, key: OrderingKey, record: confluent_kafka.Message, session: Session) -> None:
         self.key = key
-        self.offset: int = record.offset()
+        self.offset = offset_of(record)
         self.records = [record]
         self.session = session
         self.reconsume_times = 0
@@ -302,7 +304,7 @@ class KeyPool:
             except Exception as exc:  # wrong arguments, or it returned no coroutine
                 future = Future()
                 future.set_exception(exc)
-            future.add_done_callback(lambda f, u=unit, c=context: self._complete_async(u, c, f))
+            future.add_done_callback(functools.partial(self._complete_async, unit, context))
 
     def _complete_async(self, unit: Unit, context: ConsumeOrderlyContext, future: Future) -> None:
         self._completed.put((unit, context, future))  # on the loop thread
@@ -399,7 +401,7 @@ class KeyPool:
         size_of = unit.session.q.state.size_of
         self.done_offsets(
             unit.session,
-            [record.offset() for record in unit.records],
+            [offset_of(record) for record in unit.records],
             freed_bytes=sum(map(size_of, unit.records)),
         )
 

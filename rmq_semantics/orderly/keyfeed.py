@@ -154,7 +154,8 @@ class KeyFeeder:
                     or st.aligned_epoch != session.epoch
                 ):
                     return
-                units, skipped = [], []
+                units: list[Unit] = []
+                skipped: list[int] = []
                 if st.phase is QueuePhase.ALIGNED and st.lease_ok(time.monotonic()):
                     units = self._take(st, session, skipped)
                 if skipped:  # records the tag filter left out are done: commit past them

@@ -297,7 +297,7 @@ class OffsetTracker:
         return self._low is not None and self._is_done(offset)
 
     def _is_done(self, offset: int) -> bool:
-        if offset < self._low:  # type: ignore[operator]
+        if offset < self._low:  # type: ignore[operator]  # not None: is_done checked it
             return True
         index = offset // 8 - self._byte0
         return index < len(self._bits) and bool(self._bits[index] >> (offset & 7) & 1)
@@ -368,9 +368,9 @@ class OffsetTracker:
         if low is None or top <= low:
             return "", 0
         # From low's byte to top's; the bits below low are cleared (not part of the field).
-        bitmap = bytearray(self._bits[low // 8 - self._byte0 : top // 8 - self._byte0 + 1])
-        bitmap[0] &= (0xFF << (low & 7)) & 0xFF
-        bitmap = bytes(bitmap)
+        window = bytearray(self._bits[low // 8 - self._byte0 : top // 8 - self._byte0 + 1])
+        window[0] &= (0xFF << (low & 7)) & 0xFF
+        bitmap = bytes(window)
         raw = _field(low, "b", bitmap, bitmap)
         packed = _field(low, "z", _deflate(bitmap), bitmap) if len(bitmap) > 16 else raw
         best = min(raw, packed, key=len)

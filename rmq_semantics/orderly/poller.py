@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from rmq_semantics.consumed import partition_of, topic_of
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.queue import QueuePhase
 from rmq_semantics.orderly.runtime import POLL_WAIT_S, QueueRegistry
@@ -125,14 +126,15 @@ class PollThread:
         # A fetch hands over runs of one partition: the bucket is looked up once per run.
         by_partition: dict[tuple[str, int], list[confluent_kafka.Message]] = {}
         bucket: list[confluent_kafka.Message] = []
-        topic, partition = None, -1
+        topic: str | None = None
+        partition = -1
         for msg in msgs:
-            if msg.error() is not None:
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("orderly consumer %s: %s", self.client_id, msg.error().str())
+            if (err := msg.error()) is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("orderly consumer %s: %s", self.client_id, err.str())
                 continue
             if msg.partition() != partition or msg.topic() != topic:
-                topic, partition = msg.topic(), msg.partition()
+                topic, partition = topic_of(msg), partition_of(msg)
                 bucket = by_partition.setdefault((topic, partition), [])
             bucket.append(msg)
         for tp, batch in by_partition.items():

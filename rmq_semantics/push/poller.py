@@ -17,6 +17,7 @@ import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
 from rmq_semantics.clientconf import new_client
+from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
@@ -316,20 +317,18 @@ class PollLoop:
     ) -> tuple[PushMessage | None, int | None]:
         """The listener's view of ``record`` and its first failure time; (None, due ms)
         for a retry record not due yet."""
-        headers = tuple((k, v if v is not None else b"") for k, v in record.headers() or ())
+        headers = tuple((k, v if v is not None else b"") for k, v in headers_of(record))
         born = record.timestamp()[1]
+        where = (topic_of(record), partition_of(record), offset_of(record))
         if not part.level:
             return PushMessage(
-                record.topic(),
-                record.partition(),
-                record.offset(),
+                *where,
                 record.key(),
                 record.value(),
                 headers,
                 born,
                 born,
             ), None
-        where = (record.topic(), record.partition(), record.offset())
         info = read_retry(
             list(headers),
             where=where,

@@ -29,6 +29,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
+from rmq_semantics.message import produce_headers
 from rmq_semantics.push.retry import OutRecord
 
 __all__ = ["TXN_TIMEOUT_S", "PushProducer", "Renewed"]
@@ -150,7 +151,11 @@ class PushProducer:
             producer.begin_transaction()
             for rec in copies:
                 producer.produce(
-                    rec.topic, rec.value, key=rec.key, headers=rec.headers, timestamp=rec.timestamp
+                    rec.topic,
+                    rec.value,
+                    key=rec.key,
+                    headers=produce_headers(rec.headers),
+                    timestamp=rec.timestamp,
                 )
             if offsets:
                 step()

@@ -136,7 +136,7 @@ class LockEntry:
     def remaining_ms(self, now_ms: int) -> int:
         return max(0, self.expires_at_ms - now_ms) if self.live(now_ms) else 0
 
-    def moved(self, target: LockState, **changes: object) -> LockEntry:
+    def moved(self, target: LockState, **changes: Any) -> LockEntry:
         """A copy in state ``target``; the one place an entry changes state."""
         return replace(self, state=transition(self.state, target), **changes)
 

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
-from rmq_semantics.message import Headers
+from rmq_semantics.message import Headers, RecordHeaders
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import REAPPEND_HEADERS
 
@@ -48,7 +48,7 @@ class Carried:
         return [(name, str(v).encode()) for name, v in zip(REAPPEND_HEADERS, values, strict=True)]
 
 
-def reappended_headers(half: HalfMessage, carried: Carried) -> Headers:
+def reappended_headers(half: HalfMessage, carried: Carried) -> RecordHeaders:
     """The headers of ``half`` written again: its own without any earlier re-append's, plus
     ``carried``'s."""
     return [*[(k, v) for k, v in half.headers if k not in _NAMES], *carried.headers()]

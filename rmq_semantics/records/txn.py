@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rmq_semantics.message import Headers
+from rmq_semantics.message import RecordHeaders
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import RESERVED_PREFIX
 
@@ -270,7 +270,7 @@ class CheckRequest:
     partition: int | None
     key: bytes | None
     value: bytes | None
-    headers: Headers
+    headers: RecordHeaders  # a null value stays None (check_request v2)
     ts: int
 
     @classmethod
@@ -290,7 +290,7 @@ class CheckRequest:
             ts,
         )
 
-    def user_headers(self) -> Headers:
+    def user_headers(self) -> RecordHeaders:
         return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
 
     def header_text(self, name: str) -> str | None:
