@@ -3,6 +3,8 @@
 confluent-kafka's stubs type ``topic()``, ``partition()`` and ``offset()`` as optional,
 since a message a caller builds has none. A record ``poll``/``consume`` returned (a partition
 EOF event included) has all three; these functions say so in one place and fail loudly if not.
+Not for a delivery report: there the client gives None for a record never assigned a
+partition, and for an offset it never learnt (acks=0).
 Its headers are typed as whatever ``produce`` accepts; a consumed record's are a list of
 (name, bytes or None) pairs, and :func:`headers_of` says so.
 """

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rmq_semantics.clientconf import shared_conf
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.errors import (
     ConfigError,
     FatalKafkaError,
@@ -28,6 +29,7 @@ from rmq_semantics.errors import (
     RmqError,
     RmqTimeoutError,
 )
+from rmq_semantics.message import produce_headers
 from rmq_semantics.producer import DeliveryWaiter, producer_defaults
 from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import parse_half
@@ -269,7 +271,8 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
 
 
 def _member_index(copy: DiscardedTxn) -> int:
-    return _number(dict(copy.record.headers() or []).get(H.TXN_INDEX, b"").decode()) or 0
+    index: bytes = dict(headers_of(copy.record)).get(H.TXN_INDEX, b"")  # type: ignore[assignment]  # not null
+    return _number(index.decode()) or 0
 
 
 def _one_line(copies: list[DiscardedTxn]) -> DiscardedTxn:
@@ -353,8 +356,9 @@ def _write_back(
     producer keeps that order): the coordinator sees the whole transaction again."""
     waiters = []
     for record in found.members or (found.record,):
-        original = {k: v for k, v in record.headers() or []}
-        headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
+        # The coordinator writes a copy's rmq.* headers, never null.
+        original: dict[str, bytes] = dict(headers_of(record))  # type: ignore[arg-type]  # see above
+        headers = [(k, v) for k, v in headers_of(record) if k not in DISCARD_HEADERS]
         headers.append(
             (
                 H.REDRIVE_OF,
@@ -362,19 +366,18 @@ def _write_back(
                 f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode(),
             )
         )
+        # -1 is produce()'s own default (librdkafka's PARTITION_UA): placed by key.
         partition = (
-            {"partition": found.half_partition}
-            if found.members and (found.half_partition is not None)
-            else {}
+            found.half_partition if found.members and (found.half_partition is not None) else -1
         )
         waiters.append(DeliveryWaiter())
         producer.produce(
             half_topic,
             record.value(),
             key=record.key(),
-            headers=headers,
+            headers=produce_headers(headers),
             on_delivery=waiters[-1],
-            **partition,
+            partition=partition,
         )
     return waiters
 
@@ -467,16 +470,16 @@ def _cmd_txn(args: argparse.Namespace) -> int:
             "half",
             "members",
         )
-        for t in list_discarded(conf, args.topic_prefix):
+        for d in list_discarded(conf, args.topic_prefix):
             table.add_row(
-                t.txn_id or "-",
-                t.real_topic,
-                t.producer_group,
-                str(t.check_count),
-                t.status,
-                f"{t.age_s:.1f}",
-                f"{t.half_partition}:{t.half_offset}",
-                t.count,
+                d.txn_id or "-",
+                d.real_topic,
+                d.producer_group,
+                str(d.check_count),
+                d.status,
+                f"{d.age_s:.1f}",
+                f"{d.half_partition}:{d.half_offset}",
+                d.count,
             )
         console.print(table)
     else:

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 import fastavro
 from rich.console import Console
@@ -39,6 +40,7 @@ from rmq_semantics.tools.admin import list_discarded, list_pending
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import LocalTransactionState, TransactionProducer
+from rmq_semantics.transaction_api import Transaction
 
 __all__ = ["register_cli", "run_demo"]
 
@@ -116,7 +118,9 @@ class OrderService(BarrierTransactionListener):
     def _check_waits(self, txn_id: str) -> None:
         self._waiting(txn_id).set()
 
-    def execute_local_transaction(self, msg: Message, arg: dict) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: dict
+    ) -> LocalTransactionState:
         if arg["scenario"] == "crash-uncommitted":
             return LocalTransactionState.UNKNOW  # "crashed" before its local transaction
         return super().execute_local_transaction(msg, arg)
@@ -138,7 +142,7 @@ class OrderService(BarrierTransactionListener):
             return LocalTransactionState.UNKNOW  # no decision reaches the coordinator
         return LocalTransactionState.COMMIT_MESSAGE
 
-    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+    def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
         with self._lock:
             self.checked.add(msg.transaction_id or "")
         return super().check_local_transaction(msg)
@@ -188,7 +192,10 @@ def _orderly_check(conf: dict, topic: str, expected: int, summary: Summary) -> N
     def listener(msgs, context):
         with lock:
             for m in msgs:
-                order = fastavro.schemaless_reader(io.BytesIO(m.value), schema)
+                # The order schema is a record: it reads back as a dict.
+                order = cast(
+                    dict[str, Any], fastavro.schemaless_reader(io.BytesIO(m.value), schema)
+                )
                 if m.offset <= last_offset.get(order["customer"], -1):
                     summary.orderly_in_order = False
                 last_offset[order["customer"]] = m.offset
@@ -279,7 +286,7 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
             sending = progress.add_task("sending orders", total=orders)
             for n in range(orders):
                 customer = f"customer-{n % CUSTOMERS}"
-                order = {
+                order: dict[str, Any] = {
                     "order_id": f"order-{n:04d}",
                     "customer": customer,
                     "seq": n // CUSTOMERS,

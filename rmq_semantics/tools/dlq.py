@@ -21,7 +21,9 @@ import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 from rich.table import Table
 
+from rmq_semantics.consumed import headers_of, offset_of, partition_of
 from rmq_semantics.errors import ConfigError, KafkaOperationError
+from rmq_semantics.message import produce_headers
 from rmq_semantics.producer import producer_defaults
 from rmq_semantics.records.headers import DLQ_HEADERS, RETRY_HEADERS, H
 from rmq_semantics.tools.admin import READ_TIMEOUT_S, _read_to_eof, _reader, cli_context
@@ -60,15 +62,15 @@ class DeadLetter:
 
     @classmethod
     def of(cls, msg: confluent_kafka.Message) -> DeadLetter:
-        text = {k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []}
+        text = {k: (v or b"").decode(errors="replace") for k, v in headers_of(msg)}
 
         def number(name: str) -> int | None:
             value = text.get(name, "")
             return int(value) if value.lstrip("-").isdigit() else None
 
         return cls(
-            msg.partition(),
-            msg.offset(),
+            partition_of(msg),
+            offset_of(msg),
             text.get(H.DLQ_ORIGINAL_TOPIC),
             number(H.DLQ_ORIGINAL_PARTITION),
             number(H.DLQ_ORIGINAL_OFFSET),
@@ -122,7 +124,7 @@ def parse_position(text: str) -> tuple[int, int]:
 def _redriven_headers(letter: DeadLetter, topic: str) -> list[tuple[str, bytes]]:
     headers = [
         (k, v if v is not None else b"")
-        for k, v in letter.record.headers() or []
+        for k, v in headers_of(letter.record)
         if k not in STRIPPED and k != H.REDRIVE_OF
     ]
     headers.append((H.REDRIVE_OF, f"{topic}[{letter.partition}]@{letter.offset}".encode()))
@@ -167,19 +169,17 @@ def redrive_dead_letters(
         producer.init_transactions(READ_TIMEOUT_S)
         producer.begin_transaction()
         for letter in chosen:
-            kwargs = (
-                {}
-                if letter.original_partition is None
-                else {"partition": letter.original_partition}
-            )
+            # -1 is produce()'s own default (librdkafka's PARTITION_UA): placed by key.
+            partition = -1 if letter.original_partition is None else letter.original_partition
             producer.produce(
-                letter.original_topic,
+                letter.original_topic,  # type: ignore[arg-type]  # redrivable: it has one
                 letter.record.value(),
                 key=letter.record.key(),
-                headers=_redriven_headers(letter, topic),
-                **kwargs,
+                headers=produce_headers(_redriven_headers(letter, topic)),
+                partition=partition,
             )
-            out.append((letter, f"{letter.original_topic}[{kwargs.get('partition', '?')}]"))
+            shown = "?" if letter.original_partition is None else letter.original_partition
+            out.append((letter, f"{letter.original_topic}[{shown}]"))
         producer.commit_transaction(READ_TIMEOUT_S)
     except KafkaException as exc:
         raise KafkaOperationError(

@@ -10,6 +10,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S
 
@@ -39,7 +40,7 @@ def _collect(
     """The collector process: consume until ``want`` records came; send back the count, when
     it finished and when each txn id became visible (CLOCK_MONOTONIC is system-wide)."""
     consumer = _consumer(conf, topic, partitions)
-    count, visible = 0, {}
+    count, visible = 0, dict[bytes | None, float]()
     deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
         while count < want and time.monotonic() < deadline:
@@ -54,7 +55,7 @@ def _collect(
                 count += 1
                 if count == warm_up:
                     warmed.set()
-                for name, value in msg.headers() or []:
+                for name, value in headers_of(msg):
                     if name == H.TXN_ID:
                         visible[value] = now
         results.send((count, time.monotonic(), visible))

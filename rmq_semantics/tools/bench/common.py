@@ -13,6 +13,8 @@ from typing import Any
 
 import confluent_kafka
 
+from rmq_semantics.message import produce_headers
+
 __all__ = [
     "CASE_TIMEOUT_S",
     "TXN_BATCH",
@@ -97,7 +99,10 @@ def fill(
         while True:
             try:
                 producer.produce(
-                    topic, value, key=key(i).encode(), headers=headers(i) if headers else None
+                    topic,
+                    value,
+                    key=key(i).encode(),
+                    headers=produce_headers(headers(i)) if headers else None,
                 )
                 break
             except BufferError:

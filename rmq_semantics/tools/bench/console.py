@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -115,13 +115,14 @@ class BenchConsole:
                 print(f"taken on a busy machine: {', '.join(sorted(busy))}", flush=True)
             return
         table = Table(title="bench: median (min-max) over the runs")
-        for column, justify in (
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
             ("figure", "left"),
             ("median", "right"),
             ("min-max", "right"),
             ("runs", "right"),
-        ):
-            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        )
+        for column, justify in columns:
+            table.add_column(column, justify=justify)
         for name, fig in rows:
             table.add_row(
                 name,

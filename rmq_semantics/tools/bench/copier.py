@@ -30,6 +30,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
+from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, fill
 from rmq_semantics.topics import ensure_topics
@@ -129,9 +130,9 @@ class _Copier:
         try:
             producer.begin_transaction()
             for m in records:
-                partition = m.partition()
+                partition = partition_of(m)
                 producer.produce(self.target, m.value(), m.key(), partition, headers=m.headers())
-                resume_at[partition] = m.offset() + 1  # a partition's records come in order
+                resume_at[partition] = offset_of(m) + 1  # a partition's records come in order
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.source, p, o) for p, o in resume_at.items()],
                 self.metadata,

@@ -15,6 +15,7 @@ the timestamps on 2 cores already shared with the broker and the coordinator.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -22,13 +23,14 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
+from rmq_semantics.consumed import offset_of
 from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import SystemTopics, ensure_topics
@@ -82,7 +84,7 @@ def mode_keys(mode: str, count: int) -> list[str]:
 def critical_path_bound(sleeps: list[float], keys: list[str], workers: int) -> float:
     """The least time any scheduler could take: the total wait spread over ``workers``, or
     the hottest key's waits one after another, whichever is longer."""
-    per_key: Counter[str] = Counter()
+    per_key: dict[str, float] = defaultdict(float)
     for wait, key in zip(sleeps, keys, strict=True):
         per_key[key] += wait
     return max(sum(sleeps) / workers, max(per_key.values(), default=0.0))
@@ -194,12 +196,16 @@ def _dead_lettered(conf: dict, dlq: str, topic: str, key: bytes) -> int:
             for msg in consumer.consume(500, 0.5):
                 if msg.error() is not None:
                     continue
-                position = msg.offset() + 1
+                position = offset_of(msg) + 1
                 origin = dict(msg.headers() or []).get(H.DLQ_ORIGINAL_TOPIC)
                 found += origin == topic.encode() and msg.key() == key
         return found
     finally:
         consumer.close()
+
+
+def _group_headers(keys: list[str], i: int) -> list[tuple[str, bytes]]:
+    return [(H.MESSAGE_GROUP, keys[i].encode())]
 
 
 def _topics(conf: dict, s: BenchSettings, log: Callable[[str], None]) -> dict[str, str]:
@@ -215,7 +221,7 @@ def _topics(conf: dict, s: BenchSettings, log: Callable[[str], None]) -> dict[st
             s.keys_count,
             s.size,
             key=keys.__getitem__,
-            headers=lambda i, keys=keys: [(H.MESSAGE_GROUP, keys[i].encode())],
+            headers=functools.partial(_group_headers, keys),
         )
         topics[mode] = topic
     log(f"keys: {len(topics)} topics of {s.keys_count:,} records filled")

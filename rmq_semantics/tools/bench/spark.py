@@ -45,7 +45,7 @@ class SparkBench:
             JobSettings(
                 bootstrap_servers=self.bootstrap,
                 topics=topic,
-                output=self.work / f"spark-{name}-{self._runs}",
+                output=str(self.work / f"spark-{name}-{self._runs}"),
                 available_now=True,
                 require_promoted=promoted,
             ),

@@ -84,7 +84,7 @@ class _Ticks:
             msg = self._consumer.poll(0.1)
             if msg is None or msg.error() is not None or msg.key() != b"tick":
                 continue
-            sent = float(msg.value())
+            sent = float(msg.value())  # type: ignore[arg-type]  # a tick has a value
             self.delays.append((sent, time.monotonic() - sent))
 
     def flowing_since(self, since: float) -> bool:

@@ -20,15 +20,18 @@ from rmq_semantics.transaction import (
     TransactionListener,
     TransactionProducer,
 )
+from rmq_semantics.transaction_api import Transaction
 
 __all__ = ["bench_threads"]
 
 
 class _CommitListener(TransactionListener):
-    def execute_local_transaction(self, msg: Message, arg: object) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: object
+    ) -> LocalTransactionState:
         return LocalTransactionState.COMMIT_MESSAGE
 
-    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+    def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
         return LocalTransactionState.COMMIT_MESSAGE
 
 

@@ -26,6 +26,7 @@ from rmq_semantics.transaction import (
     TransactionListener,
     TransactionProducer,
 )
+from rmq_semantics.transaction_api import Transaction
 
 __all__ = [
     "CHECK_TIMEOUT_MS",
@@ -52,11 +53,13 @@ class NoopListener(TransactionListener):
         self.decided: dict[str, float] = {}
         self.checked: dict[str, float] = {}
 
-    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: Any
+    ) -> LocalTransactionState:
         self.decided[msg.transaction_id or ""] = time.monotonic()
         return self.answer
 
-    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+    def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
         self.checked[msg.transaction_id or ""] = time.time()
         return LocalTransactionState.COMMIT_MESSAGE
 
