@@ -289,7 +289,7 @@ def _await(
     metrics = _Metrics(require_promoted)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        while not query.awaitTermination(POLL_S):
+        while not query.awaitTermination(POLL_S):  # type: ignore[arg-type]  # seconds, a float too
             metrics.collect(query)
             if stop_event is not None and stop_event.is_set():
                 log.info("stop requested: stopping the streaming query")
@@ -439,7 +439,7 @@ def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
         log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
         stop.set()
 
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, handle)
     return previous

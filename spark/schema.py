@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rmq_semantics.errors import ConfigError
 
@@ -75,7 +75,8 @@ def parse_record_schema(schema_json: str) -> RecordSchema:
         )
     named: dict[str, Any] = {}
     try:
-        parsed = fastavro.parse_schema(raw, named_schemas=named)
+        # A record schema (checked above) parses to a dict.
+        parsed = cast(dict[str, Any], fastavro.parse_schema(raw, named_schemas=named))
     except Exception as exc:  # fastavro raises several types for a bad schema
         raise ConfigError(f"avro_schema is invalid: {exc}") from exc
     _vet(parsed, "", named, set())

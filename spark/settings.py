@@ -26,8 +26,18 @@ __all__ = ["SINKS", "JobSettings"]
 SINKS = ("parquet", "console")
 
 
+class _Derived:
+    """What ``JobSettings.__post_init__`` derives from the fields: declared here, in a base
+    that is no dataclass, so they are no fields (no init argument, CLI flag or env var)."""
+
+    _tag_filter: TagFilter
+    _subscription: Subscription
+    _source_options: Mapping[str, str]
+    _schema: RecordSchema | None
+
+
 @dataclass(frozen=True)
-class JobSettings:
+class JobSettings(_Derived):
     """Everything one run of the Spark job needs, checked when built.
 
     Field names are the CLI's (``--bootstrap-servers``) and the env's (``RMQ_SINK``; the

@@ -131,7 +131,8 @@ def _java_risk(spark: SparkSession, pattern: str, prefix: str) -> str | None:
     from pyspark.errors import IllegalArgumentException
 
     # The py4j gateway of a classic session (the job's kind): Spark's own JVM, same Java.
-    java_pattern = spark.sparkContext._jvm.java.util.regex.Pattern  # noqa: SLF001 (py4j's gateway)
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 (py4j's gateway)
+    java_pattern = jvm.java.util.regex.Pattern  # type: ignore[union-attr]  # a classic session's
     try:
         compiled = java_pattern.compile(pattern)
     except (IllegalArgumentException, Py4JJavaError) as exc:  # PatternSyntaxException
