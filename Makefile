@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench fuzz clean engine images engine-stop test-docker \
+.PHONY: setup demo check test lint types bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
 	test-matrix test-oldest test-keys test-push test-barrier model campaign campaign-short
 
@@ -25,9 +25,19 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m rmq_semantics demo
 
+# The fast lane (seconds, no broker, no jars): lint, formatting, types, the unit tests. The
+# same checks as .pre-commit-config.yaml; CI runs it first.
+check: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m pytest tests/unit
+
+# Every suite but the container and cluster ones (their markers). CI, which ran `make check`
+# first, passes TEST_ARGS=--ignore=tests/unit so the unit tests don't run twice.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest $(TEST_ARGS)
 
 # The bench's full run (BENCH_ARGS adds e.g. --cases threads,latency or --repeat 3), then the
 # README's bench block rendered from its results.
@@ -135,6 +145,11 @@ model: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# mypy over rmq_semantics, coordinator and spark (the files and flags: pyproject.toml).
+types: $(VENV)/.installed
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,6 +1,8 @@
 """RocketMQ semantics on Apache Kafka: transactional messages with back-check, and ordered
 consumption with queue locks. See DESIGN.md for the contract."""
 
+from importlib.metadata import PackageNotFoundError, version
+
 from rmq_semantics.aio import AsyncConsumer, AsyncProducer, AsyncTransactionProducer
 from rmq_semantics.consumer import Consumer
 from rmq_semantics.errors import (
@@ -53,6 +55,12 @@ from rmq_semantics.transaction import (
     TransactionSendResult,
 )
 
+try:
+    # One source of truth: pyproject.toml's version, as installed.
+    __version__ = version("rmq-semantics")
+except PackageNotFoundError:  # a source tree on sys.path that pip never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
     "AsyncConsumer",
@@ -99,4 +107,5 @@ __all__ = [
     "TransactionSizeError",
     "UnknownPartitionError",
     "UnknownTopicError",
+    "__version__",
 ]

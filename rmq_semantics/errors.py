@@ -112,7 +112,7 @@ class KafkaOperationError(RmqError, RuntimeError):
         self.kafka_error = kafka_error
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # a property for a class attribute
         return bool(self.kafka_error is not None and self.kafka_error.retriable())
 
     @classmethod
@@ -129,7 +129,7 @@ class BrokerUnavailableError(KafkaOperationError, ConnectionError):
     code = "broker_unavailable"
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # a property for a class attribute
         return True
 
 
@@ -143,7 +143,7 @@ class AuthenticationError(KafkaOperationError):
     code = "authentication"
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # a property for a class attribute
         return False
 
 
@@ -157,7 +157,7 @@ class FatalKafkaError(KafkaOperationError):
     code = "kafka_fatal"
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # a property for a class attribute
         return False
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import RESERVED_PREFIX, H
@@ -10,6 +12,17 @@ from rmq_semantics.records.headers import RESERVED_PREFIX, H
 __all__ = ["H", "Headers", "Message", "SendResult", "encode_bytes"]
 
 Headers = list[tuple[str, bytes]]
+# A record's headers as a consumer reads them back: a null value is None.
+RecordHeaders = list[tuple[str, bytes | None]]
+# What confluent-kafka's stubs take for produce(headers=...) in the list form.
+ProduceHeaders = list[tuple[str, str | bytes | None]]
+
+
+def produce_headers(headers: Headers | RecordHeaders) -> ProduceHeaders:
+    """``headers`` as produce() is typed to take them (the same list, no copy): the stubs'
+    list is invariant, so a list of bytes pairs is not a list of str/bytes/None pairs to mypy,
+    though produce() only reads it."""
+    return cast(ProduceHeaders, headers)
 
 
 def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:
@@ -22,13 +35,14 @@ def encode_bytes(value: bytes | str | None, what: str) -> bytes | None:
     raise ConfigError(f"{what} must be bytes or str, got {type(value).__name__}")
 
 
-def normalize_headers(headers: object) -> Headers:
+def normalize_headers(headers: Mapping[str, object] | Iterable[object] | None) -> Headers:
     """Accept a dict or a list of pairs (as confluent_kafka does); return list of pairs."""
     if headers is None:
         return []
-    items = headers.items() if isinstance(headers, dict) else headers
+    # Whatever a caller passed: each item is checked to be a pair below.
+    items: Iterable[Any] = headers.items() if isinstance(headers, Mapping) else headers
     out: Headers = []
-    for item in items:  # type: ignore[union-attr]
+    for item in items:
         try:
             name, value = item
         except (TypeError, ValueError) as exc:
@@ -71,25 +85,31 @@ class Message:
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
             raise ConfigError(f"Message.topic must be a non-empty str, got {self.topic!r}")
-        if self.partition is not None and (not isinstance(self.partition, int)
-                                           or self.partition < 0):
+        if self.partition is not None and (
+            not isinstance(self.partition, int) or self.partition < 0
+        ):
             raise ConfigError(f"Message.partition must be an int >= 0, got {self.partition!r}")
         if self.check_immunity_ms is not None and self.check_immunity_ms < 0:
             raise ConfigError(
-                f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}")
-        if self.message_group is not None and (not isinstance(self.message_group, str)
-                                               or not self.message_group):
-            raise ConfigError(f"Message.message_group must be a non-empty str or None, got "
-                              f"{self.message_group!r}")
+                f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}"
+            )
+        if self.message_group is not None and (
+            not isinstance(self.message_group, str) or not self.message_group
+        ):
+            raise ConfigError(
+                f"Message.message_group must be a non-empty str or None, got {self.message_group!r}"
+            )
         object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
-        object.__setattr__(self, "headers", normalize_headers(self.headers))
-        for name, _ in self.headers:  # type: ignore[union-attr]
+        headers = normalize_headers(self.headers)
+        object.__setattr__(self, "headers", headers)
+        for name, _ in headers:
             if name.startswith(RESERVED_PREFIX):
                 raise ConfigError(f"header {name!r}: the rmq.* header namespace is reserved")
 
     def user_headers(self) -> Headers:
-        return list(self.headers or [])  # type: ignore[arg-type]
+        # A list since __post_init__ (the dict form is only what a caller may pass).
+        return list(self.headers) if isinstance(self.headers, list) else []
 
     def rmq_headers(self) -> Headers:
         """The ``rmq.*`` headers every producer writes for this message's own fields."""

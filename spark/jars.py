@@ -35,23 +35,26 @@ def spark_version() -> str:
 def _dependencies() -> list[tuple[str, str]]:
     """(groupId, artifactId) of each dependency the pom lists."""
     root = ET.parse(_pom()).getroot()
-    return [(dep.findtext("m:groupId", "", _POM_NS), dep.findtext("m:artifactId", "", _POM_NS))
-            for dep in root.iterfind("m:dependencies/m:dependency", _POM_NS)]
+    return [
+        (dep.findtext("m:groupId", "", _POM_NS), dep.findtext("m:artifactId", "", _POM_NS))
+        for dep in root.iterfind("m:dependencies/m:dependency", _POM_NS)
+    ]
 
 
 def spark_packages() -> str:
     """Maven coordinates for ``spark.jars.packages`` on a cluster that resolves its own."""
-    return ",".join(f"{group}:{artifact}:{spark_version()}"
-                    for group, artifact in _dependencies())
+    return ",".join(f"{group}:{artifact}:{spark_version()}" for group, artifact in _dependencies())
 
 
 def _check_pyspark_matches() -> Path:
     import pyspark
 
     if pyspark.__version__ != spark_version():
-        raise ConfigError(f"installed PySpark is {pyspark.__version__} but spark/pom.xml pins "
-                          f"the Spark jars for {spark_version()}; install pyspark=="
-                          f"{spark_version()}")
+        raise ConfigError(
+            f"installed PySpark is {pyspark.__version__} but spark/pom.xml pins "
+            f"the Spark jars for {spark_version()}; install pyspark=="
+            f"{spark_version()}"
+        )
     return Path(pyspark.__file__).parent / "jars"
 
 
@@ -74,5 +77,8 @@ def spark_jars() -> list[str]:
     if target.is_dir() and not all(jar.is_file() for jar in listed):
         shutil.rmtree(target)
     libs = resolve_maven_jars(_pom(), target, "Spark Kafka source and spark-avro")
-    return sorted(str(p) for p in libs.glob("*.jar")
-                  if (m := _ARTIFACT.match(p.name)) and m.group("name") not in shipped)
+    return sorted(
+        str(p)
+        for p in libs.glob("*.jar")
+        if (m := _ARTIFACT.match(p.name)) and m.group("name") not in shipped
+    )

@@ -30,8 +30,15 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-__all__ = ["JobResult", "JobSettings", "SparkJobError", "build_session", "register_cli",
-           "run_job", "spark_kafka_options"]
+__all__ = [
+    "JobResult",
+    "JobSettings",
+    "SparkJobError",
+    "build_session",
+    "register_cli",
+    "run_job",
+    "spark_kafka_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +67,12 @@ class JobResult:
     batches: int
 
 
-def build_session(master: str = DEFAULT_MASTER, app_name: str = DEFAULT_APP_NAME, *,
-                  conf: Mapping[str, str] | None = None) -> SparkSession:
+def build_session(
+    master: str = DEFAULT_MASTER,
+    app_name: str = DEFAULT_APP_NAME,
+    *,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """A SparkSession with Spark's Kafka source and spark-avro on its classpath.
 
     Hands Spark the resolved jars via ``spark.jars``; with ``RMQ_SPARK_USE_PACKAGES=1``
@@ -78,8 +89,7 @@ def build_session(master: str = DEFAULT_MASTER, app_name: str = DEFAULT_APP_NAME
 
     # Python UDF workers must run this interpreter, not PATH's python3.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings: dict[str, str] = {"spark.ui.enabled": "false",
-                                "spark.sql.session.timeZone": "UTC"}
+    settings: dict[str, str] = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
     if os.environ.get("RMQ_SPARK_USE_PACKAGES") == "1":
         settings["spark.jars.packages"] = spark_packages()
     else:
@@ -93,9 +103,13 @@ def build_session(master: str = DEFAULT_MASTER, app_name: str = DEFAULT_APP_NAME
     return builder.getOrCreate()
 
 
-def run_job(settings: JobSettings, *, spark: SparkSession | None = None,
-            timeout_s: float | None = None,
-            stop_event: threading.Event | None = None) -> JobResult:
+def run_job(
+    settings: JobSettings,
+    *,
+    spark: SparkSession | None = None,
+    timeout_s: float | None = None,
+    stop_event: threading.Event | None = None,
+) -> JobResult:
     """Stream the promoted records ``settings`` names into its sink; return what was done.
 
     With ``settings.available_now`` the job processes what is there and returns;
@@ -106,14 +120,16 @@ def run_job(settings: JobSettings, *, spark: SparkSession | None = None,
     engine before the query starts.
     """
     if not isinstance(settings, JobSettings):
-        raise ConfigError(f"run_job takes a JobSettings, got {type(settings).__name__}: "
-                          "run_job(JobSettings(bootstrap_servers=..., topics=..., output=...))")
+        raise ConfigError(
+            f"run_job takes a JobSettings, got {type(settings).__name__}: "
+            "run_job(JobSettings(bootstrap_servers=..., topics=..., output=...))"
+        )
     own_session = False
     if spark is None:
         from pyspark import SparkContext
 
         # A session the caller already runs (in any thread) is used and left running.
-        own_session = SparkContext._active_spark_context is None
+        own_session = SparkContext._active_spark_context is None  # noqa: SLF001 (no public probe)
         spark = build_session(_master(settings))
     try:
         from spark.subscription import confirm_with_java
@@ -141,8 +157,14 @@ def _start(frame: DataFrame, settings: JobSettings) -> StreamingQuery:
     if settings.available_now:
         writer = writer.trigger(availableNow=True)
     sub = settings.subscription
-    log.info("spark job: %s=%s -> %s %s (checkpoint %s)", sub.option, sub.value,
-             settings.sink, settings.output or "", settings.checkpoint)
+    log.info(
+        "spark job: %s=%s -> %s %s (checkpoint %s)",
+        sub.option,
+        sub.value,
+        settings.sink,
+        settings.output or "",
+        settings.checkpoint,
+    )
     return writer.start()
 
 
@@ -165,15 +187,18 @@ def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
     else:
         out = transforms.decode_avro(kept, settings.schema.json)
         errors = F.count(F.col(transforms.DECODE_ERROR_COLUMN))
-    return out.observe(_SINK_METRICS, F.count(F.lit(1)).alias("rows"),
-                       errors.alias("decode_errors"))
+    return out.observe(
+        _SINK_METRICS, F.count(F.lit(1)).alias("rows"), errors.alias("decode_errors")
+    )
 
 
 def _load_source(spark: SparkSession, settings: JobSettings) -> DataFrame:
     sub = settings.subscription
-    reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-              .option(sub.option, sub.value))
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option(sub.option, sub.value)
+    )
     for key, val in settings.source_options.items():
         reader = reader.option(key, val)
     try:
@@ -192,7 +217,8 @@ def _load_source(spark: SparkSession, settings: JobSettings) -> DataFrame:
         raise ConfigError(
             "Spark's Kafka source is not on this session's classpath: create the first "
             "SparkSession of the process with spark.job.build_session(), or start Spark "
-            f"with --packages {spark_packages()}") from again
+            f"with --packages {spark_packages()}"
+        ) from again
 
 
 def _add_jars(spark: SparkSession) -> None:
@@ -232,24 +258,38 @@ class _Metrics:
             dropped = progress.numInputRows - rows if self.require_promoted else 0
             self.batches[batch_id] = (rows, dropped, errors)
             level = logging.WARNING if dropped or errors else logging.INFO
-            log.log(level, "batch %d of %s: %d rows written, %d unpromoted records dropped, "
-                    "%d decode errors", batch_id, query.name or query.id, rows, dropped, errors)
+            log.log(
+                level,
+                "batch %d of %s: %d rows written, %d unpromoted records dropped, %d decode errors",
+                batch_id,
+                query.name or query.id,
+                rows,
+                dropped,
+                errors,
+            )
 
     def result(self) -> JobResult:
         done = self.batches.values()
-        return JobResult(rows_written=sum(b[0] for b in done),
-                         dropped_unpromoted=sum(b[1] for b in done),
-                         decode_errors=sum(b[2] for b in done), batches=len(done))
+        return JobResult(
+            rows_written=sum(b[0] for b in done),
+            dropped_unpromoted=sum(b[1] for b in done),
+            decode_errors=sum(b[2] for b in done),
+            batches=len(done),
+        )
 
 
-def _await(query: StreamingQuery, require_promoted: bool, timeout_s: float | None,
-           stop_event: threading.Event | None) -> JobResult:
+def _await(
+    query: StreamingQuery,
+    require_promoted: bool,
+    timeout_s: float | None,
+    stop_event: threading.Event | None,
+) -> JobResult:
     from pyspark.errors import StreamingQueryException
 
     metrics = _Metrics(require_promoted)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        while not query.awaitTermination(POLL_S):
+        while not query.awaitTermination(POLL_S):  # type: ignore[arg-type]  # seconds, a float too
             metrics.collect(query)
             if stop_event is not None and stop_event.is_set():
                 log.info("stop requested: stopping the streaming query")
@@ -265,9 +305,14 @@ def _await(query: StreamingQuery, require_promoted: bool, timeout_s: float | Non
         raise
     metrics.collect(query)
     result = metrics.result()
-    log.info("spark job done: %d rows written, %d unpromoted records dropped, %d decode "
-             "errors in %d batches", result.rows_written, result.dropped_unpromoted,
-             result.decode_errors, result.batches)
+    log.info(
+        "spark job done: %d rows written, %d unpromoted records dropped, %d decode "
+        "errors in %d batches",
+        result.rows_written,
+        result.dropped_unpromoted,
+        result.decode_errors,
+        result.batches,
+    )
     return result
 
 
@@ -302,34 +347,58 @@ def register_cli(sub: Any) -> None:
     Each flag's ``dest`` is a :class:`JobSettings` field; unset flags fall back to the
     field's ``RMQ_*`` env var, then its default.
     """
-    cmd = sub.add_parser("spark", help="stream promoted topics into Parquet with Spark",
-                         description="Read only promoted (business) topics, read_committed, "
-                                     "drop and count records without rmq.promoted_from, "
-                                     "decode Avro, write a checkpointed sink.")
+    cmd = sub.add_parser(
+        "spark",
+        help="stream promoted topics into Parquet with Spark",
+        description="Read only promoted (business) topics, read_committed, "
+        "drop and count records without rmq.promoted_from, "
+        "decode Avro, write a checkpointed sink.",
+    )
     h = JobSettings.help
-    cmd.add_argument("--bootstrap-servers", required=True, metavar="B",
-                     help="Kafka bootstrap servers, host:port[,host:port]")
-    cmd.add_argument("--topics", required=True, metavar="T",
-                     help="topic names (comma-separated) or one regex anchored with ^")
-    cmd.add_argument("--output", metavar="DIR", required=True,
-                     help="Parquet output directory (unused with --sink console)")
+    cmd.add_argument(
+        "--bootstrap-servers",
+        required=True,
+        metavar="B",
+        help="Kafka bootstrap servers, host:port[,host:port]",
+    )
+    cmd.add_argument(
+        "--topics",
+        required=True,
+        metavar="T",
+        help="topic names (comma-separated) or one regex anchored with ^",
+    )
+    cmd.add_argument(
+        "--output",
+        metavar="DIR",
+        required=True,
+        help="Parquet output directory (unused with --sink console)",
+    )
     cmd.add_argument("--checkpoint", metavar="DIR", help=h("checkpoint"))
     cmd.add_argument("--avro-schema", metavar="F", help=h("avro_schema"))
-    cmd.add_argument("--available-now", action="store_true", default=None,
-                     help=h("available_now"))
+    cmd.add_argument("--available-now", action="store_true", default=None, help=h("available_now"))
     cmd.add_argument("--master", dest="spark_master", metavar="MASTER", help=h("spark_master"))
     cmd.add_argument("--sink", choices=SINKS, help=h("sink"))
     cmd.add_argument("--topic-prefix", help=h("topic_prefix"))
     cmd.add_argument("--tags", metavar="EXPR", help=h("tags"))
-    cmd.add_argument("--allow-unpromoted", action="store_false", dest="require_promoted",
-                     default=None, help="keep records without rmq.promoted_from (plain, "
-                                        f"non-RMQ topics; env {env_name('require_promoted')}=0)")
-    cmd.add_argument("--kafka-option", action="append", type=_kafka_option, default=[],
-                     metavar="KEY=VALUE",
-                     help="option for Spark's Kafka source, e.g. maxOffsetsPerTrigger=1000 "
-                          "or kafka.security.protocol=SASL_SSL; librdkafka security settings "
-                          "as the coordinator takes them (security.protocol, sasl.*, ssl.*, "
-                          "also env RMQ_KAFKA_*) are translated (repeatable)")
+    cmd.add_argument(
+        "--allow-unpromoted",
+        action="store_false",
+        dest="require_promoted",
+        default=None,
+        help="keep records without rmq.promoted_from (plain, "
+        f"non-RMQ topics; env {env_name('require_promoted')}=0)",
+    )
+    cmd.add_argument(
+        "--kafka-option",
+        action="append",
+        type=_kafka_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="option for Spark's Kafka source, e.g. maxOffsetsPerTrigger=1000 "
+        "or kafka.security.protocol=SASL_SSL; librdkafka security settings "
+        "as the coordinator takes them (security.protocol, sasl.*, ssl.*, "
+        "also env RMQ_KAFKA_*) are translated (repeatable)",
+    )
     cmd.set_defaults(func=_cmd_spark)
 
 
@@ -348,9 +417,16 @@ def _cmd_spark(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         session.stop()
-    print(json.dumps({"rows_written": result.rows_written,
-                      "dropped_unpromoted": result.dropped_unpromoted,
-                      "decode_errors": result.decode_errors, "batches": result.batches}))
+    print(
+        json.dumps(
+            {
+                "rows_written": result.rows_written,
+                "dropped_unpromoted": result.dropped_unpromoted,
+                "decode_errors": result.decode_errors,
+                "batches": result.batches,
+            }
+        )
+    )
     return 0
 
 
@@ -363,7 +439,7 @@ def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
         log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
         stop.set()
 
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, handle)
     return previous

@@ -13,17 +13,36 @@ from typing import Any
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.settings import kafka_env_conf
 
-__all__ = ["FIXED_OPTIONS", "cli_source_options", "is_security_key", "source_options",
-           "spark_kafka_options"]
+__all__ = [
+    "FIXED_OPTIONS",
+    "cli_source_options",
+    "is_security_key",
+    "source_options",
+    "spark_kafka_options",
+]
 
 #: Source options that carry the job's guarantees (lower-cased); callers may not change them.
-FIXED_OPTIONS = frozenset({"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers",
-                           "includeheaders", "kafka.isolation.level"})
-_DEFAULTS = {"kafka.isolation.level": "read_committed", "includeHeaders": "true",
-             "startingOffsets": "earliest", "failOnDataLoss": "false"}
-_JAAS_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
-                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
-                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+FIXED_OPTIONS = frozenset(
+    {
+        "subscribe",
+        "subscribepattern",
+        "assign",
+        "kafka.bootstrap.servers",
+        "includeheaders",
+        "kafka.isolation.level",
+    }
+)
+_DEFAULTS = {
+    "kafka.isolation.level": "read_committed",
+    "includeHeaders": "true",
+    "startingOffsets": "earliest",
+    "failOnDataLoss": "false",
+}
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
 # librdkafka security settings with a same-named Java client setting.
 _SAME_NAME = ("ssl.endpoint.identification.algorithm", "ssl.key.password")
 
@@ -44,9 +63,11 @@ def source_options(kafka_options: Mapping[str, Any] | None) -> dict[str, str]:
     for key, value in (kafka_options or {}).items():
         value = str(value)
         if key.lower() in FIXED_OPTIONS and fixed.get(key.lower()) != value:
-            raise ConfigError(f"kafka_options: {key}={value!r} is set by the job and cannot be "
-                              "changed (read_committed, headers and the guarded subscription "
-                              "are what make it read promoted records only)")
+            raise ConfigError(
+                f"kafka_options: {key}={value!r} is set by the job and cannot be "
+                "changed (read_committed, headers and the guarded subscription "
+                "are what make it read promoted records only)"
+            )
         options[key] = value
     return options
 
@@ -70,23 +91,31 @@ def spark_kafka_options(conf: Mapping[str, Any]) -> dict[str, str]:
     sec = {k: str(v) for k, v in conf.items() if is_security_key(k)}
     if "security.protocol" in sec:
         out["kafka.security.protocol"] = sec.pop("security.protocol").upper()
-    mechanism = (sec.pop("sasl.mechanisms", None) or sec.pop("sasl.mechanism", None)
-                 or ("PLAIN" if "sasl.username" in sec else None))
+    mechanism = (
+        sec.pop("sasl.mechanisms", None)
+        or sec.pop("sasl.mechanism", None)
+        or ("PLAIN" if "sasl.username" in sec else None)
+    )
     sec.pop("sasl.mechanism", None)
     if mechanism is not None:
         out["kafka.sasl.mechanism"] = mechanism.upper()
     user, password = sec.pop("sasl.username", None), sec.pop("sasl.password", None)
     if (user is None) != (password is None):
-        raise ConfigError("sasl.username and sasl.password go together; got only "
-                          f"{'sasl.username' if user is not None else 'sasl.password'}")
+        raise ConfigError(
+            "sasl.username and sasl.password go together; got only "
+            f"{'sasl.username' if user is not None else 'sasl.password'}"
+        )
     if user is not None and password is not None:
         module = _JAAS_MODULES.get((mechanism or "").upper())
         if module is None:
-            raise ConfigError(f"sasl.mechanisms={mechanism!r}: only "
-                              f"{', '.join(_JAAS_MODULES)} map to a Spark JAAS config; pass "
-                              "kafka.sasl.jaas.config yourself")
-        out["kafka.sasl.jaas.config"] = (f"{module} required username={_jaas_quote(user)} "
-                                         f"password={_jaas_quote(password)};")
+            raise ConfigError(
+                f"sasl.mechanisms={mechanism!r}: only "
+                f"{', '.join(_JAAS_MODULES)} map to a Spark JAAS config; pass "
+                "kafka.sasl.jaas.config yourself"
+            )
+        out["kafka.sasl.jaas.config"] = (
+            f"{module} required username={_jaas_quote(user)} password={_jaas_quote(password)};"
+        )
     if "ssl.ca.location" in sec:
         out["kafka.ssl.truststore.type"] = "PEM"
         out["kafka.ssl.truststore.location"] = sec.pop("ssl.ca.location")
@@ -99,14 +128,17 @@ def spark_kafka_options(conf: Mapping[str, Any]) -> dict[str, str]:
             # librdkafka says "none" where Java wants an empty string.
             out[f"kafka.{key}"] = "" if value == "none" else value
     if sec:
-        raise ConfigError(f"Kafka setting(s) {sorted(sec)} have no Spark Kafka source "
-                          "equivalent here; pass the Java client's kafka.* option instead "
-                          "(e.g. --kafka-option kafka.ssl.keystore.location=...)")
+        raise ConfigError(
+            f"Kafka setting(s) {sorted(sec)} have no Spark Kafka source "
+            "equivalent here; pass the Java client's kafka.* option instead "
+            "(e.g. --kafka-option kafka.ssl.keystore.location=...)"
+        )
     return out
 
 
-def cli_source_options(pairs: Iterable[tuple[str, str]],
-                       env: Mapping[str, str] | None = None) -> dict[str, str]:
+def cli_source_options(
+    pairs: Iterable[tuple[str, str]], env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Source options from ``--kafka-option KEY=VALUE`` pairs: librdkafka-style security
     settings (as the coordinator takes them, also from ``RMQ_KAFKA_*`` env vars; a flag
     wins) are translated with :func:`spark_kafka_options`; everything else is a Spark

@@ -11,16 +11,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["DECODE_ERROR_COLUMN", "META_COLUMNS", "RecordSchema", "load_schema",
-           "parse_record_schema"]
+__all__ = [
+    "DECODE_ERROR_COLUMN",
+    "META_COLUMNS",
+    "RecordSchema",
+    "load_schema",
+    "parse_record_schema",
+]
 
 #: Columns every output row carries next to the decoded value (all prefixed ``_``).
-META_COLUMNS = ("_topic", "_partition", "_offset", "_key", "_timestamp", "_txn_id",
-                "_promoted_from")
+META_COLUMNS = (
+    "_topic",
+    "_partition",
+    "_offset",
+    "_key",
+    "_timestamp",
+    "_txn_id",
+    "_promoted_from",
+)
 #: Set (to the reason) on rows whose value could not be decoded; null otherwise.
 DECODE_ERROR_COLUMN = "_decode_error"
 # Spark's DecimalType holds at most this many digits.
@@ -57,19 +69,23 @@ def parse_record_schema(schema_json: str) -> RecordSchema:
     except (TypeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"avro_schema is not JSON: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("type") not in ("record", "error"):
-        raise ConfigError("avro_schema must be a record schema ({\"type\": \"record\", ...}), "
-                          f"got {schema_json[:80]!r}")
+        raise ConfigError(
+            'avro_schema must be a record schema ({"type": "record", ...}), '
+            f"got {schema_json[:80]!r}"
+        )
     named: dict[str, Any] = {}
     try:
-        parsed = fastavro.parse_schema(raw, named_schemas=named)
+        # A record schema (checked above) parses to a dict.
+        parsed = cast(dict[str, Any], fastavro.parse_schema(raw, named_schemas=named))
     except Exception as exc:  # fastavro raises several types for a bad schema
         raise ConfigError(f"avro_schema is invalid: {exc}") from exc
     _vet(parsed, "", named, set())
     fields = tuple(f["name"] for f in parsed["fields"])
     clash = set(fields) & {*META_COLUMNS, DECODE_ERROR_COLUMN}
     if clash:
-        raise ConfigError(f"avro_schema fields {sorted(clash)} clash with the job's metadata "
-                          "columns")
+        raise ConfigError(
+            f"avro_schema fields {sorted(clash)} clash with the job's metadata columns"
+        )
     required = tuple(f["name"] for f in parsed["fields"] if not _nullable(f["type"]))
     return RecordSchema(schema_json, fields, required)
 
@@ -79,13 +95,16 @@ def _vet(schema: Any, where: str, named: dict[str, Any], active: set[str]) -> No
     if isinstance(schema, list):
         others = [s for s in schema if s != "null"]
         if len(schema) != 2 or len(others) != 1:
-            raise ConfigError(f"avro_schema field {where}: union {json.dumps(schema)} is not "
-                              "mapped; use a type or [\"null\", type]")
+            raise ConfigError(
+                f"avro_schema field {where}: union {json.dumps(schema)} is not "
+                'mapped; use a type or ["null", type]'
+            )
         _vet(others[0], where, named, active)
     elif isinstance(schema, str):
         if schema in active:
-            raise ConfigError(f"avro_schema field {where}: recursive record {schema!r} has no "
-                              "Spark type")
+            raise ConfigError(
+                f"avro_schema field {where}: recursive record {schema!r} has no Spark type"
+            )
         if schema in named:
             _vet(named[schema], where, named, active)
     elif isinstance(schema, dict):
@@ -102,10 +121,14 @@ def _vet(schema: Any, where: str, named: dict[str, Any], active: set[str]) -> No
             _vet(schema["values"], f"{where}{{}}", named, active)
         elif isinstance(kind, (list, dict)):
             _vet(kind, where, named, active)  # {"type": {"type": ...}} and alike
-        elif (schema.get("logicalType") == "decimal"
-              and int(schema.get("precision", 0)) > _MAX_DECIMAL_PRECISION):
-            raise ConfigError(f"avro_schema field {where}: decimal precision "
-                              f"{schema['precision']} > {_MAX_DECIMAL_PRECISION}")
+        elif (
+            schema.get("logicalType") == "decimal"
+            and int(schema.get("precision", 0)) > _MAX_DECIMAL_PRECISION
+        ):
+            raise ConfigError(
+                f"avro_schema field {where}: decimal precision "
+                f"{schema['precision']} > {_MAX_DECIMAL_PRECISION}"
+            )
 
 
 def _nullable(schema: Any) -> bool:

@@ -26,8 +26,18 @@ __all__ = ["SINKS", "JobSettings"]
 SINKS = ("parquet", "console")
 
 
+class _Derived:
+    """What ``JobSettings.__post_init__`` derives from the fields: declared here, in a base
+    that is no dataclass, so they are no fields (no init argument, CLI flag or env var)."""
+
+    _tag_filter: TagFilter
+    _subscription: Subscription
+    _source_options: Mapping[str, str]
+    _schema: RecordSchema | None
+
+
 @dataclass(frozen=True)
-class JobSettings:
+class JobSettings(_Derived):
     """Everything one run of the Spark job needs, checked when built.
 
     Field names are the CLI's (``--bootstrap-servers``) and the env's (``RMQ_SINK``; the
@@ -43,19 +53,23 @@ class JobSettings:
 
     bootstrap_servers: str = setting("", "Kafka bootstrap servers, host:port[,host:port]")
     topics: str | tuple[str, ...] = setting(
-        "", "topic names (comma-separated) or one regex anchored with ^")
+        "", "topic names (comma-separated) or one regex anchored with ^"
+    )
     output: str | None = setting(None, "Parquet output directory (unused with --sink console)")
     checkpoint: str | None = setting(None, "checkpoint directory (default <output>.checkpoint)")
     avro_schema: str | None = setting(
-        None, "Avro writer schema (.avsc file or its JSON) of the values; else values are text")
+        None, "Avro writer schema (.avsc file or its JSON) of the values; else values are text"
+    )
     available_now: bool = setting(False, "process what is there, then exit")
     sink: str = setting("parquet", f"where rows go: {' or '.join(SINKS)}")
     require_promoted: bool = setting(True, "drop (and count) records without rmq.promoted_from")
     topic_prefix: str = setting(DEFAULT_TOPIC_PREFIX, "prefix of the system topics")
-    tags: str = setting("*", "RocketMQ tag expression on rmq.tags, e.g. 'TagA || TagB' "
-                             "(* keeps all)")
+    tags: str = setting(
+        "*", "RocketMQ tag expression on rmq.tags, e.g. 'TagA || TagB' (* keeps all)"
+    )
     kafka_options: Mapping[str, str] = dataclasses.field(
-        default_factory=dict, metadata={"help": "options for Spark's Kafka source"})
+        default_factory=dict, metadata={"help": "options for Spark's Kafka source"}
+    )
     spark_master: str | None = setting(None, "Spark master (default local[*])")
 
     def __post_init__(self) -> None:
@@ -63,8 +77,9 @@ class JobSettings:
             object.__setattr__(self, name, value)  # frozen: normalise once, here
 
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
-            raise ConfigError(f"bootstrap_servers={self.bootstrap_servers!r}: give "
-                              "host:port[,host:port]")
+            raise ConfigError(
+                f"bootstrap_servers={self.bootstrap_servers!r}: give host:port[,host:port]"
+            )
         for name in ("available_now", "require_promoted"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be True or False")
@@ -109,16 +124,16 @@ class JobSettings:
         return self._schema
 
     @classmethod
-    def from_cli(cls, args: argparse.Namespace,
-                 env: Mapping[str, str] | None = None) -> JobSettings:
+    def from_cli(
+        cls, args: argparse.Namespace, env: Mapping[str, str] | None = None
+    ) -> JobSettings:
         """From parsed ``rmq-semantics spark`` flags, then ``RMQ_*`` env vars, then defaults.
 
         ``--kafka-option`` pairs and ``RMQ_KAFKA_*`` security settings are translated by
         :func:`spark.kafka_options.cli_source_options`.
         """
         values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
-        values["kafka_options"] = cli_source_options(getattr(args, "kafka_option", None) or [],
-                                                     env)
+        values["kafka_options"] = cli_source_options(getattr(args, "kafka_option", None) or [], env)
         return load(cls, values, env)
 
     @classmethod
@@ -128,20 +143,24 @@ class JobSettings:
         return f"{field.metadata['help']} (env {env_name(name)})"
 
 
-def _sink_paths(output: str | Path | None, checkpoint: str | Path | None,
-                sink: str) -> tuple[str | None, str | None]:
+def _sink_paths(
+    output: str | Path | None, checkpoint: str | Path | None, sink: str
+) -> tuple[str | None, str | None]:
     if sink == "console":
         return None, (str(checkpoint) if checkpoint is not None else None)
     if output is None or not str(output).strip():
-        raise ConfigError(f"output={output!r}: the parquet sink needs an output directory "
-                          "(--output DIR)")
+        raise ConfigError(
+            f"output={output!r}: the parquet sink needs an output directory (--output DIR)"
+        )
     out = str(output).rstrip("/")
     ckpt = str(checkpoint).rstrip("/") if checkpoint is not None else f"{out}.checkpoint"
     if "://" not in out and "://" not in ckpt:
         out_abs, ckpt_abs = Path(out).resolve(), Path(ckpt).resolve()
         if ckpt_abs == out_abs or out_abs in ckpt_abs.parents:
-            raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}; Spark would "
-                              "read it as data: put it next to it (default <output>.checkpoint)")
+            raise ConfigError(
+                f"checkpoint={ckpt!r} lies inside output={out!r}; Spark would "
+                "read it as data: put it next to it (default <output>.checkpoint)"
+            )
     elif ckpt == out or ckpt.startswith(out + "/"):
         raise ConfigError(f"checkpoint={ckpt!r} lies inside output={out!r}")
     return out, ckpt

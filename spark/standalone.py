@@ -58,14 +58,33 @@ class StandaloneCluster:
         """Start the master, then the workers; return the master URL once all serve."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
-        self._master = self._launch("master", MASTER_CLASS, "--host", "127.0.0.1", "--port",
-                                    str(self.port), "--webui-port", str(free_port()))
+        self._master = self._launch(
+            "master",
+            MASTER_CLASS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(free_port()),
+        )
         self._await_line(self._master, "master", MASTER_UP, deadline)
         for i in range(self.workers):
-            worker = self._launch(f"worker-{i}", WORKER_CLASS, "--host", "127.0.0.1",
-                                  "--cores", str(self.cores), "--memory", WORKER_MEMORY,
-                                  "--webui-port", str(free_port()), "--work-dir",
-                                  str(self.work_dir / f"worker-{i}"), self.master_url)
+            worker = self._launch(
+                f"worker-{i}",
+                WORKER_CLASS,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                WORKER_MEMORY,
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(self.work_dir / f"worker-{i}"),
+                self.master_url,
+            )
             self._workers.append(worker)
         for i, worker in enumerate(self._workers):
             self._await_line(worker, f"worker-{i}", WORKER_UP, deadline)
@@ -108,17 +127,26 @@ class StandaloneCluster:
     def _launch(self, name: str, main_class: str, *args: str) -> subprocess.Popen:
         home = _spark_home()
         java = Path(java_executable())
-        env = {**os.environ, "SPARK_HOME": str(home), "JAVA_HOME": str(java.parent.parent),
-               "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_LOG_DIR": str(self.work_dir)}
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "JAVA_HOME": str(java.parent.parent),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.work_dir),
+        }
         with open(self._log(name), "ab") as log:  # the child keeps its own descriptor
             # A session of its own: a kill reaches the executors the worker forked too.
-            return subprocess.Popen([str(home / "bin" / "spark-class"), main_class, *args],
-                                    env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                [str(home / "bin" / "spark-class"), main_class, *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
-    def _await_line(self, proc: subprocess.Popen, name: str, line: str,
-                    deadline: float) -> None:
+    def _await_line(self, proc: subprocess.Popen, name: str, line: str, deadline: float) -> None:
         log = self._log(name)
         while line not in log.read_text(errors="replace"):
             if proc.poll() is not None:

@@ -24,14 +24,21 @@ from spark import topic_regex
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Subscription", "confirm_with_java", "guard_subscription", "pattern_risk",
-           "system_name_starts"]
+__all__ = [
+    "Subscription",
+    "confirm_with_java",
+    "guard_subscription",
+    "pattern_risk",
+    "system_name_starts",
+]
 
 # Characters Kafka allows in a topic name, plus the comma of a name list: anything else
 # makes the string a regex for ``subscribePattern``.
 _NAME_LIST = re.compile(r"[A-Za-z0-9._\-,\s]+")
-_SUBSET = ("literals, '.', [classes], groups, '|', quantifiers, ^ $ \\A \\z, \\d \\w \\s "
-           "and a leading (?i)")
+_SUBSET = (
+    "literals, '.', [classes], groups, '|', quantifiers, ^ $ \\A \\z, \\d \\w \\s "
+    "and a leading (?i)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,9 @@ class Subscription:
         return self.option == "subscribePattern"
 
 
-def guard_subscription(topics: str | list[str] | tuple[str, ...],
-                       topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> Subscription:
+def guard_subscription(
+    topics: str | list[str] | tuple[str, ...], topic_prefix: str = DEFAULT_TOPIC_PREFIX
+) -> Subscription:
     """Refuse any subscription that could reach a system topic; return how to subscribe.
 
     ``topics`` is a topic name, a comma-separated list of names, a list of names, or one
@@ -64,16 +72,19 @@ def guard_subscription(topics: str | list[str] | tuple[str, ...],
     patterns = [t for t in items if _is_pattern(t)]
     if patterns:
         if len(items) > 1:
-            raise ConfigError(f"topics={topics!r}: give either one regex or a list of names, "
-                              "not both")
+            raise ConfigError(
+                f"topics={topics!r}: give either one regex or a list of names, not both"
+            )
         _refuse_if_risky(patterns[0], prefix, pattern_risk(patterns[0], prefix))
         return Subscription("subscribePattern", patterns[0])
     names = [n for item in items for n in re.split(r"[,\s]+", item) if n]
     for name in names:
         if is_system_topic(name, prefix) and not is_readable_system_topic(name, prefix):
-            raise SystemTopicError(f"topic {name!r} is a system topic of rmq_semantics; the "
-                                   "Spark job reads only promoted (business) topics, and "
-                                   "DLQ or retry topics named explicitly")
+            raise SystemTopicError(
+                f"topic {name!r} is a system topic of rmq_semantics; the "
+                "Spark job reads only promoted (business) topics, and "
+                "DLQ or retry topics named explicitly"
+            )
     return Subscription("subscribe", ",".join(dict.fromkeys(names)))
 
 
@@ -99,8 +110,9 @@ def pattern_risk(pattern: str, prefix: str) -> str | None:
     return None
 
 
-def confirm_with_java(spark: SparkSession, subscription: Subscription,
-                      topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
+def confirm_with_java(
+    spark: SparkSession, subscription: Subscription, topic_prefix: str = DEFAULT_TOPIC_PREFIX
+) -> None:
     """Ask ``java.util.regex``, the engine Spark subscribes with, whether the guarded
     pattern could reach a system topic; raise :class:`SystemTopicError` if so.
 
@@ -119,7 +131,8 @@ def _java_risk(spark: SparkSession, pattern: str, prefix: str) -> str | None:
     from pyspark.errors import IllegalArgumentException
 
     # The py4j gateway of a classic session (the job's kind): Spark's own JVM, same Java.
-    java_pattern = spark.sparkContext._jvm.java.util.regex.Pattern
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 (py4j's gateway)
+    java_pattern = jvm.java.util.regex.Pattern  # type: ignore[union-attr]  # a classic session's
     try:
         compiled = java_pattern.compile(pattern)
     except (IllegalArgumentException, Py4JJavaError) as exc:  # PatternSyntaxException
@@ -138,8 +151,16 @@ def _probe_names(prefix: str) -> list[str]:
     names = []
     for p in dict.fromkeys((prefix, DEFAULT_TOPIC_PREFIX)):
         t = SystemTopics(p)
-        names += [t.half, t.op, t.check, t.discard, t.lock, t.lock_request, t.lock_reply,
-                  t.dlq("x")]
+        names += [
+            t.half,
+            t.op,
+            t.check,
+            t.discard,
+            t.lock,
+            t.lock_request,
+            t.lock_reply,
+            t.dlq("x"),
+        ]
     return [*names, "__consumer_offsets", "__transaction_state"]
 
 
@@ -147,7 +168,8 @@ def _refuse_if_risky(pattern: str, prefix: str, reason: str | None) -> None:
     if reason:
         raise SystemTopicError(
             f"topic pattern {pattern!r} is refused: {reason}; the Spark job reads only "
-            f"promoted topics, never {prefix}_* system topics (anchor it, e.g. '^orders-.*')")
+            f"promoted topics, never {prefix}_* system topics (anchor it, e.g. '^orders-.*')"
+        )
 
 
 def _is_pattern(topics: str) -> bool:

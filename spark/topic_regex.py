@@ -112,8 +112,12 @@ def _anchored(items: tuple[Node, ...]) -> bool:
     return False
 
 
-def _viable(items: tuple[Node, ...], rest: str, at_start: bool,
-            seen: set[tuple[tuple[Node, ...], int, bool]]) -> bool:
+def _viable(
+    items: tuple[Node, ...],
+    rest: str,
+    at_start: bool,
+    seen: set[tuple[tuple[Node, ...], int, bool]],
+) -> bool:
     """Whether ``items``, matched from here, fit a name whose next characters are ``rest``."""
     if not rest or not items:
         return True  # the start is used up, or a match ended inside it: find() succeeds
@@ -142,8 +146,9 @@ def _viable(items: tuple[Node, ...], rest: str, at_start: bool,
     if high == 0:
         return _viable(tail, rest, at_start, seen)
     again = Repeat(head.node, 0, None if high is None else high - 1)
-    return (_viable(tail, rest, at_start, seen)
-            or _viable((head.node, again, *tail), rest, at_start, seen))
+    return _viable(tail, rest, at_start, seen) or _viable(
+        (head.node, again, *tail), rest, at_start, seen
+    )
 
 
 class _Parser:
@@ -249,7 +254,7 @@ class _Parser:
             elif ch == "-" and not first and self.peek() != "]":
                 self.pos -= 1
                 self.fail("'-' inside a class (put it first or last, or use a range)")
-            elif self.peek() == "-" and self.text[self.pos + 1:self.pos + 2] not in ("]", ""):
+            elif self.peek() == "-" and self.text[self.pos + 1 : self.pos + 2] not in ("]", ""):
                 self.pos += 1
                 end = self.take()
                 if end in "\\[]" or end < ch:
@@ -289,7 +294,7 @@ class _Parser:
 
     def counts(self) -> tuple[int, int | None]:
         end = self.text.find("}", self.pos)
-        body = self.text[self.pos:end] if end >= 0 else ""
+        body = self.text[self.pos : end] if end >= 0 else ""
         low_text, comma, high_text = body.partition(",")
         if not low_text.isdigit() or (high_text and not high_text.isdigit()):
             self.fail("'{' that is not a count {n}, {n,} or {n,m}")

@@ -38,8 +38,10 @@ __all__ = [
 _DECODED = "__rmq_decoded"
 # Spark's PERMISSIVE mode turns an undecodable value into a row of nulls and hides why.
 _MALFORMED = "value does not decode with the writer schema"
-_NOT_CANONICAL = ("value is not the Avro encoding of what it decodes to (another schema, or "
-                  "a non-canonical encoding)")
+_NOT_CANONICAL = (
+    "value is not the Avro encoding of what it decodes to (another schema, or "
+    "a non-canonical encoding)"
+)
 
 
 # --------------------------------------------------------------------------- headers
@@ -57,8 +59,7 @@ def header_value(name: str, headers: str | Column = "headers") -> Column:
 def is_promoted(headers: str | Column = "headers") -> Column:
     """True when the record carries ``rmq.promoted_from``; false (never null) otherwise."""
     col = F.col(headers) if isinstance(headers, str) else headers
-    return F.coalesce(F.array_contains(col.getField("key"), F.lit(H.PROMOTED_FROM)),
-                      F.lit(False))
+    return F.coalesce(F.array_contains(col.getField("key"), F.lit(H.PROMOTED_FROM)), F.lit(False))
 
 
 def keep_tags(df: DataFrame, tags: tuple[str, ...]) -> DataFrame:
@@ -79,12 +80,16 @@ def drop_unpromoted(df: DataFrame) -> DataFrame:
 def _meta_columns(df: DataFrame) -> list[Column]:
     has_headers = "headers" in df.columns
     txn = header_value(H.TXN_ID) if has_headers else F.lit(None).cast("string")
-    promoted = (header_value(H.PROMOTED_FROM) if has_headers
-                else F.lit(None).cast("string"))
-    return [F.col("topic").alias("_topic"), F.col("partition").alias("_partition"),
-            F.col("offset").alias("_offset"), F.col("key").cast("string").alias("_key"),
-            F.col("timestamp").alias("_timestamp"), txn.alias("_txn_id"),
-            promoted.alias("_promoted_from")]
+    promoted = header_value(H.PROMOTED_FROM) if has_headers else F.lit(None).cast("string")
+    return [
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("key").cast("string").alias("_key"),
+        F.col("timestamp").alias("_timestamp"),
+        txn.alias("_txn_id"),
+        promoted.alias("_promoted_from"),
+    ]
 
 
 def decode_string(df: DataFrame) -> DataFrame:
@@ -108,7 +113,8 @@ def _decoder(schema: RecordSchema) -> tuple[Column, Column]:
         raise ConfigError(
             "Spark's Avro functions (spark-avro) are not on this session's classpath: create "
             "the first SparkSession of the process with spark.job.build_session(), or start "
-            f"Spark with --packages {spark_packages()}") from exc
+            f"Spark with --packages {spark_packages()}"
+        ) from exc
 
 
 def _decode_error(schema: RecordSchema, decoded: Column, reencoded: Column) -> Column:
@@ -124,12 +130,16 @@ def _decode_error(schema: RecordSchema, decoded: Column, reencoded: Column) -> C
     malformed = reduce(operator.or_, nulls) if nulls else F.lit(False)
     extra = F.length(value) - F.length(reencoded)
     trailing = (extra > 0) & (value.substr(F.lit(1), F.length(reencoded)) == reencoded)
-    return (F.when(value.isNull(), F.lit("value is null"))
-            .when(malformed, F.lit(_MALFORMED))
-            .when(reencoded != value,
-                  F.when(trailing, F.format_string(
-                      "%d bytes left after the record (wrong schema?)", extra))
-                  .otherwise(F.lit(_NOT_CANONICAL))))
+    return (
+        F.when(value.isNull(), F.lit("value is null"))
+        .when(malformed, F.lit(_MALFORMED))
+        .when(
+            reencoded != value,
+            F.when(
+                trailing, F.format_string("%d bytes left after the record (wrong schema?)", extra)
+            ).otherwise(F.lit(_NOT_CANONICAL)),
+        )
+    )
 
 
 def avro_spark_schema(schema_json: str, spark: SparkSession | None = None) -> T.StructType:
@@ -164,13 +174,17 @@ def decode_avro(df: DataFrame, schema_json: str) -> DataFrame:
     from pyspark.errors import AnalysisException
 
     try:
-        checked = df.select(decoded.alias(_DECODED), error.alias(DECODE_ERROR_COLUMN),
-                            *_meta_columns(df))
+        checked = df.select(
+            decoded.alias(_DECODED), error.alias(DECODE_ERROR_COLUMN), *_meta_columns(df)
+        )
     except AnalysisException as exc:  # a schema spark-avro cannot map
-        raise ConfigError(f"avro_schema: Spark cannot decode with it: "
-                          f"{str(exc).strip().splitlines()[0]}") from exc
+        raise ConfigError(
+            f"avro_schema: Spark cannot decode with it: {str(exc).strip().splitlines()[0]}"
+        ) from exc
     # Every field is null on a row that did not decode, whatever the row decoded to.
     kept = F.when(F.col(DECODE_ERROR_COLUMN).isNull(), F.col(_DECODED)).alias(_DECODED)
-    return (checked.select(kept, DECODE_ERROR_COLUMN, *META_COLUMNS)
-            .select(*(F.col(_DECODED)[name].alias(name) for name in schema.fields),
-                    DECODE_ERROR_COLUMN, *META_COLUMNS))
+    return checked.select(kept, DECODE_ERROR_COLUMN, *META_COLUMNS).select(
+        *(F.col(_DECODED)[name].alias(name) for name in schema.fields),
+        DECODE_ERROR_COLUMN,
+        *META_COLUMNS,
+    )

@@ -27,7 +27,7 @@ from rmq_semantics.barrier.dialect import AsyncDialect, async_dialect_of
 from rmq_semantics.barrier.listener import answered, failed, refused
 from rmq_semantics.errors import BarrierRollback, ConfigError, RmqTimeoutError
 from rmq_semantics.message import Message
-from rmq_semantics.transaction_api import LocalTransactionState
+from rmq_semantics.transaction_api import LocalTransactionState, Transaction
 
 __all__ = ["AsyncBarrierTransactionListener", "AsyncTransactionBarrier"]
 
@@ -44,16 +44,16 @@ class AsyncTransactionBarrier(BarrierRules):
                 await cursor.execute(sql)
 
     @asynccontextmanager
-    async def local_transaction(self, conn: Any,
-                                msg: Message) -> AsyncIterator[BarrierTransaction]:
+    async def local_transaction(
+        self, conn: Any, msg: Message | Transaction
+    ) -> AsyncIterator[BarrierTransaction]:
         """``async with``: as :meth:`TransactionBarrier.local_transaction` (the barrier row
         first, :class:`BarrierRollback` before the body when a check decided ROLLBACK)."""
         dialect = async_dialect_of(conn)
         txn = BarrierTransaction(transaction_id(msg))
         try:
             async with dialect.transaction(conn) as cursor:
-                if not await dialect.insert_ignore(cursor, self.table, txn.gid,
-                                                   REASON_COMMITTED):
+                if not await dialect.insert_ignore(cursor, self.table, txn.gid, REASON_COMMITTED):
                     self._refuse(await dialect.reason(cursor, self.table, txn.gid), txn.gid)
                 txn.cursor = cursor
                 txn.state = LocalTransactionState.ROLLBACK_MESSAGE  # until the body returns
@@ -65,7 +65,7 @@ class AsyncTransactionBarrier(BarrierRules):
         except RollbackRequested:
             txn.state = LocalTransactionState.ROLLBACK_MESSAGE
 
-    async def check(self, conn: Any, msg: Message) -> LocalTransactionState:
+    async def check(self, conn: Any, msg: Message | Transaction) -> LocalTransactionState:
         """The back-check, as :meth:`TransactionBarrier.check`: UNKNOW after waiting
         ``lock_timeout_s`` for an open local transaction."""
         dialect = async_dialect_of(conn)
@@ -80,8 +80,9 @@ class AsyncTransactionBarrier(BarrierRules):
                 return self._gave_up(gid)
         return answer_of(reason)
 
-    async def _decide(self, dialect: AsyncDialect, conn: Any, gid: str,
-                      wait_s: float) -> str | None:
+    async def _decide(
+        self, dialect: AsyncDialect, conn: Any, gid: str, wait_s: float
+    ) -> str | None:
         async with dialect.transaction(conn, wait_s=wait_s) as cursor:
             await dialect.insert_ignore(cursor, self.table, gid, REASON_ROLLBACK)
             return await dialect.reason(cursor, self.table, gid)
@@ -110,9 +111,13 @@ class AsyncBarrierTransactionListener:
     answers as the synchronous listener's does.
     """
 
-    def __init__(self, barrier: AsyncTransactionBarrier, *,
-                 connection: Callable[[], AbstractAsyncContextManager[Any]],
-                 business: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        barrier: AsyncTransactionBarrier,
+        *,
+        connection: Callable[[], AbstractAsyncContextManager[Any]],
+        business: Callable[..., Any],
+    ) -> None:
         if not isinstance(barrier, AsyncTransactionBarrier):
             raise ConfigError(f"barrier must be an AsyncTransactionBarrier, got {barrier!r}")
         if not callable(connection) or not callable(business):
@@ -125,8 +130,7 @@ class AsyncBarrierTransactionListener:
         txn: BarrierTransaction | None = None
         answer: LocalTransactionState | None = None
         try:
-            async with self._connection() as conn, \
-                    self.barrier.local_transaction(conn, msg) as txn:
+            async with self._connection() as conn, self.barrier.local_transaction(conn, msg) as txn:
                 answer = await _awaited(self._business(txn.cursor, msg, arg))
                 if answer is LocalTransactionState.ROLLBACK_MESSAGE:
                     txn.set_rollback_only()

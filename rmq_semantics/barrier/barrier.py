@@ -22,10 +22,19 @@ from rmq_semantics.barrier.dialect import dialect_of, validate_table
 from rmq_semantics.errors import BarrierRollback, ConfigError, IllegalStateError, RmqTimeoutError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState
+from rmq_semantics.transaction_api import Transaction
 
-__all__ = ["DEFAULT_TABLE", "LOCK_TIMEOUT_S", "BarrierRules", "BarrierTransaction",
-           "RollbackRequested", "TransactionBarrier", "answer_of", "purge_seconds",
-           "transaction_id"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "LOCK_TIMEOUT_S",
+    "BarrierRules",
+    "BarrierTransaction",
+    "RollbackRequested",
+    "TransactionBarrier",
+    "answer_of",
+    "purge_seconds",
+    "transaction_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +68,23 @@ class BarrierTransaction:
         self.rollback_only = True
 
 
-def transaction_id(msg: Message) -> str:
+def transaction_id(msg: Message | Transaction) -> str:
     """The barrier's gid: the transaction id the producer gives its listener's messages."""
     gid = getattr(msg, "transaction_id", None)
     if not isinstance(gid, str) or not gid:
-        raise ConfigError(f"the barrier needs msg.transaction_id (set on the messages a "
-                          f"TransactionProducer hands its listener), got {gid!r}")
+        raise ConfigError(
+            f"the barrier needs msg.transaction_id (set on the messages a "
+            f"TransactionProducer hands its listener), got {gid!r}"
+        )
     return gid
 
 
 def purge_seconds(older_than: object) -> float:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise ConfigError(f"older_than must be a positive timedelta or number of seconds, "
-                          f"got {older_than!r}")
+        raise ConfigError(
+            f"older_than must be a positive timedelta or number of seconds, got {older_than!r}"
+        )
     return float(seconds)
 
 
@@ -85,11 +97,19 @@ class BarrierRules:
     called when a check finds one (the count is :attr:`waited_checks`).
     """
 
-    def __init__(self, *, table: str = DEFAULT_TABLE, lock_timeout_s: float = LOCK_TIMEOUT_S,
-                 on_wait: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        table: str = DEFAULT_TABLE,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
         self.table = validate_table(table)
-        if isinstance(lock_timeout_s, bool) or not isinstance(lock_timeout_s, (int, float)) \
-                or lock_timeout_s <= 0:
+        if (
+            isinstance(lock_timeout_s, bool)
+            or not isinstance(lock_timeout_s, (int, float))
+            or lock_timeout_s <= 0
+        ):
             raise ConfigError(f"lock_timeout_s must be a positive number, got {lock_timeout_s!r}")
         self.lock_timeout_s = float(lock_timeout_s)
         self._on_wait = on_wait
@@ -109,15 +129,23 @@ class BarrierRules:
 
     def _refuse(self, reason: str | None, gid: str) -> None:
         if reason == REASON_COMMITTED:
-            raise IllegalStateError(f"txn={gid}: its local transaction already ran and "
-                                    f"committed (barrier table {self.table})")
-        raise BarrierRollback(f"txn={gid}: a back-check decided ROLLBACK before the local "
-                              f"transaction began (barrier table {self.table}); its body "
-                              f"was not run")
+            raise IllegalStateError(
+                f"txn={gid}: its local transaction already ran and "
+                f"committed (barrier table {self.table})"
+            )
+        raise BarrierRollback(
+            f"txn={gid}: a back-check decided ROLLBACK before the local "
+            f"transaction began (barrier table {self.table}); its body "
+            f"was not run"
+        )
 
     def _gave_up(self, gid: str) -> LocalTransactionState:
-        log.info("txn=%s: its local transaction still holds the barrier after %.1f s; "
-                 "answering UNKNOW (the coordinator checks again)", gid, self.lock_timeout_s)
+        log.info(
+            "txn=%s: its local transaction still holds the barrier after %.1f s; "
+            "answering UNKNOW (the coordinator checks again)",
+            gid,
+            self.lock_timeout_s,
+        )
         return LocalTransactionState.UNKNOW
 
 
@@ -140,7 +168,9 @@ class TransactionBarrier(BarrierRules):
                 cursor.execute(sql)
 
     @contextmanager
-    def local_transaction(self, conn: Any, msg: Message) -> Iterator[BarrierTransaction]:
+    def local_transaction(
+        self, conn: Any, msg: Message | Transaction
+    ) -> Iterator[BarrierTransaction]:
         """Begin a transaction on ``conn`` and insert the barrier row before the body.
 
         Raises :class:`BarrierRollback` before the body when a check already decided
@@ -162,7 +192,7 @@ class TransactionBarrier(BarrierRules):
         except RollbackRequested:
             txn.state = LocalTransactionState.ROLLBACK_MESSAGE
 
-    def check(self, conn: Any, msg: Message) -> LocalTransactionState:
+    def check(self, conn: Any, msg: Message | Transaction) -> LocalTransactionState:
         """The back-check: insert a ROLLBACK row unless one exists, then answer from the row.
 
         Waits for an open local transaction of the same id up to ``lock_timeout_s``, then

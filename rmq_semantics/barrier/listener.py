@@ -11,6 +11,7 @@ from rmq_semantics.barrier.barrier import BarrierTransaction, TransactionBarrier
 from rmq_semantics.errors import BarrierRollback, ConfigError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState, TransactionListener
+from rmq_semantics.transaction_api import Transaction
 
 __all__ = ["BarrierTransactionListener", "answered", "failed", "refused"]
 
@@ -26,21 +27,21 @@ def refused(exc: BarrierRollback) -> LocalTransactionState:
     return LocalTransactionState.ROLLBACK_MESSAGE
 
 
-def failed(txn: BarrierTransaction | None, msg: Message) -> LocalTransactionState:
+def failed(txn: BarrierTransaction | None, msg: Message | Transaction) -> LocalTransactionState:
     """Called in the handler of what the local transaction raised (before the body, in it,
     or in the commit): the barrier row's outcome, which the check answers from too."""
     state = txn.state if txn is not None else LocalTransactionState.UNKNOW
-    log.exception("txn=%s: local transaction failed (answering %s)", msg.transaction_id,
-                  state.name)
+    log.exception("txn=%s: local transaction failed (answering %s)", msg.transaction_id, state.name)
     return state
 
 
-def answered(txn: BarrierTransaction, answer: LocalTransactionState | None,
-             ) -> LocalTransactionState:
+def answered(
+    txn: BarrierTransaction,
+    answer: LocalTransactionState | None,
+) -> LocalTransactionState:
     """The business answered ``answer`` and the block ended: UNKNOW stays UNKNOW (committed,
     left to the check), else the outcome of the block."""
-    return LocalTransactionState.UNKNOW if answer is LocalTransactionState.UNKNOW \
-        else txn.state
+    return LocalTransactionState.UNKNOW if answer is LocalTransactionState.UNKNOW else txn.state
 
 
 class BarrierTransactionListener(TransactionListener):
@@ -54,8 +55,9 @@ class BarrierTransactionListener(TransactionListener):
     first makes the answer ROLLBACK_MESSAGE without running ``business``.
     """
 
-    def __init__(self, barrier: TransactionBarrier, *, connect: Callable[[], Any],
-                 business: Business) -> None:
+    def __init__(
+        self, barrier: TransactionBarrier, *, connect: Callable[[], Any], business: Business
+    ) -> None:
         if not isinstance(barrier, TransactionBarrier):
             raise ConfigError(f"barrier must be a TransactionBarrier, got {barrier!r}")
         if not callable(connect) or not callable(business):
@@ -64,13 +66,15 @@ class BarrierTransactionListener(TransactionListener):
         self._connect = connect
         self._business = business
 
-    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: Any
+    ) -> LocalTransactionState:
         conn = self._connect()
         txn: BarrierTransaction | None = None
         answer: LocalTransactionState | None = None
         try:
             with self.barrier.local_transaction(conn, msg) as txn:
-                answer = self._business(txn.cursor, msg, arg)
+                answer = self._business(txn.cursor, msg, arg)  # type: ignore[arg-type]  # a Transaction reads as a Message
                 if answer is LocalTransactionState.ROLLBACK_MESSAGE:
                     txn.set_rollback_only()
         except BarrierRollback as exc:
@@ -81,7 +85,7 @@ class BarrierTransactionListener(TransactionListener):
             conn.close()
         return answered(txn, answer)
 
-    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+    def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
         conn = self._connect()
         try:
             return self.barrier.check(conn, msg)

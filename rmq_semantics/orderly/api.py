@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.headers import H
 
@@ -66,8 +67,9 @@ class ConsumeOrderlyContext:
     mode only: in key mode the commit point is a watermark across keys.
     """
 
-    def __init__(self, topic: str, partition: int, lock_epoch: int = 0, *,
-                 key_mode: bool = False) -> None:
+    def __init__(
+        self, topic: str, partition: int, lock_epoch: int = 0, *, key_mode: bool = False
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.lock_epoch = lock_epoch
@@ -85,8 +87,10 @@ class ConsumeOrderlyContext:
         if not isinstance(value, bool):
             raise ConfigError(f"auto_commit must be a bool, got {value!r}")
         if not value and self._key_mode:
-            raise ConfigError("auto_commit=False needs ordering='partition': with "
-                              "ordering='key' the commit point is a watermark across keys")
+            raise ConfigError(
+                "auto_commit=False needs ordering='partition': with "
+                "ordering='key' the commit point is a watermark across keys"
+            )
         self._auto_commit = value
 
     # RocketMQ's spellings, so a ported listener runs unchanged.
@@ -106,14 +110,18 @@ class ConsumeOrderlyContext:
     def suspend_ms(self, value: int) -> None:
         # 0 would hand the same batch straight back to the listener: a hot retry loop.
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"suspend_ms must be an int > 0 (milliseconds before the "
-                              f"suspended batch is retried), got {value!r}")
+            raise ConfigError(
+                f"suspend_ms must be an int > 0 (milliseconds before the "
+                f"suspended batch is retried), got {value!r}"
+            )
         self._suspend_ms = value
 
     def __repr__(self) -> str:
-        return (f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
-                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
-                f"auto_commit={self._auto_commit})")
+        return (
+            f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
+            f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
+            f"auto_commit={self._auto_commit})"
+        )
 
 
 class MessageListenerOrderly:
@@ -121,8 +129,9 @@ class MessageListenerOrderly:
     and so does RocketMQ's name ``consumeMessage`` (a listener ported from Java, with or
     without this base class)."""
 
-    def consume_message(self, msgs: list[OrderlyMessage],
-                        context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+    def consume_message(
+        self, msgs: list[OrderlyMessage], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
         """Process ``msgs`` (one partition, offset order); return SUCCESS or SUSPEND."""
         raise NotImplementedError
 
@@ -139,13 +148,15 @@ def listener_callable(listener: object, base: type, returns: str) -> Callable[..
     for name in LISTENER_METHODS:
         method = getattr(listener, name, None)
         if callable(method) and getattr(type(listener), name, None) is not getattr(
-                base, name, None):
+            base, name, None
+        ):
             return method
     if callable(listener) and not isinstance(listener, base):
         return listener
     raise ConfigError(
         f"listener must implement consume_message(msgs, context) (or RocketMQ's "
-        f"consumeMessage) returning {returns}, or be such a callable; got {listener!r}")
+        f"consumeMessage) returning {returns}, or be such a callable; got {listener!r}"
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -189,8 +200,16 @@ class OrderlyMessage:
         return self.timestamp
 
     def _fields(self) -> tuple:
-        return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,
-                self.timestamp, self.reconsume_times)
+        return (
+            self.topic,
+            self.partition,
+            self.offset,
+            self.key,
+            self.value,
+            self.headers,
+            self.timestamp,
+            self.reconsume_times,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, OrderlyMessage):
@@ -201,15 +220,17 @@ class OrderlyMessage:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return ("OrderlyMessage(topic={!r}, partition={!r}, offset={!r}, key={!r}, value={!r}, "
-                "headers={!r}, timestamp={!r}, reconsume_times={!r})".format(*self._fields()))
+        return (
+            "OrderlyMessage(topic={!r}, partition={!r}, offset={!r}, key={!r}, value={!r}, "
+            "headers={!r}, timestamp={!r}, reconsume_times={!r})".format(*self._fields())
+        )
 
     def __reduce__(self) -> tuple:
         return OrderlyMessage, self._fields()
 
 
 def _headers_of(msg: confluent_kafka.Message) -> tuple[tuple[str, bytes], ...]:
-    headers = msg.headers()
+    headers = headers_of(msg)
     return tuple((k, v if v is not None else b"") for k, v in headers) if headers else ()
 
 
@@ -226,9 +247,9 @@ class _KafkaMessageView(OrderlyMessage):
     __slots__ = ("_kafka",)
     _kafka: confluent_kafka.Message
 
-    def __new__(cls, *args: object, **kwargs: object) -> OrderlyMessage:  # type: ignore[misc]
+    def __new__(cls, *args: object, **kwargs: object) -> OrderlyMessage:  # type: ignore[misc]  # a copy is the base class
         # Only dataclasses.replace() and copies call the class: they hold every field.
-        return OrderlyMessage(*args, **kwargs)  # type: ignore[arg-type]
+        return OrderlyMessage(*args, **kwargs)  # type: ignore[arg-type]  # every field, as read
 
     def __setattr__(self, name: str, value: object) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
@@ -236,18 +257,18 @@ class _KafkaMessageView(OrderlyMessage):
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
-    topic = property(lambda self: self._kafka.topic())  # type: ignore[assignment]
-    partition = property(lambda self: self._kafka.partition())  # type: ignore[assignment]
-    offset = property(lambda self: self._kafka.offset())  # type: ignore[assignment]
-    key = property(lambda self: self._kafka.key())  # type: ignore[assignment]
-    value = property(lambda self: self._kafka.value())  # type: ignore[assignment]
-    headers = property(lambda self: _headers_of(self._kafka))  # type: ignore[assignment]
-    timestamp = property(lambda self: self._kafka.timestamp()[1])  # type: ignore[assignment]
-    reconsume_times = property(lambda self: 0)  # type: ignore[assignment]
+    topic = property(lambda self: self._kafka.topic())
+    partition = property(lambda self: self._kafka.partition())
+    offset = property(lambda self: self._kafka.offset())
+    key = property(lambda self: self._kafka.key())
+    value = property(lambda self: self._kafka.value())
+    headers = property(lambda self: _headers_of(self._kafka))
+    timestamp = property(lambda self: self._kafka.timestamp()[1])
+    reconsume_times = property(lambda self: 0)
 
 
 _new = object.__new__
-_set_kafka = _KafkaMessageView._kafka.__set__  # type: ignore[attr-defined]
+_set_kafka = vars(_KafkaMessageView)["_kafka"].__set__  # the slot's own descriptor
 
 
 def kafka_view(msg: confluent_kafka.Message) -> OrderlyMessage:
@@ -260,7 +281,7 @@ def kafka_view(msg: confluent_kafka.Message) -> OrderlyMessage:
 
 def kafka_views(msgs: list[confluent_kafka.Message]) -> list[OrderlyMessage]:
     """:func:`kafka_view` of each message (one batch; the loop inlined, a call saved each)."""
-    out = []
+    out: list[OrderlyMessage] = []
     for msg in msgs:
         view = _new(_KafkaMessageView)
         _set_kafka(view, msg)

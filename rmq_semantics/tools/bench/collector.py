@@ -10,6 +10,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
+from rmq_semantics.consumed import headers_of
 from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S
 
@@ -17,21 +18,29 @@ __all__ = ["Collector"]
 
 
 def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consumer:
-    consumer = confluent_kafka.Consumer({
-        **conf, "group.id": f"bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
-        "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                     for p in range(partitions)])
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign(
+        [TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)]
+    )
     return consumer
 
 
-def _collect(conf: dict, topic: str, partitions: int, want: int, warm_up: int,
-             warmed: Any, results: Any) -> None:
+def _collect(
+    conf: dict, topic: str, partitions: int, want: int, warm_up: int, warmed: Any, results: Any
+) -> None:
     """The collector process: consume until ``want`` records came; send back the count, when
     it finished and when each txn id became visible (CLOCK_MONOTONIC is system-wide)."""
     consumer = _consumer(conf, topic, partitions)
-    count, visible = 0, {}
+    count, visible = 0, dict[bytes | None, float]()
     deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
         while count < want and time.monotonic() < deadline:
@@ -46,7 +55,7 @@ def _collect(conf: dict, topic: str, partitions: int, want: int, warm_up: int,
                 count += 1
                 if count == warm_up:
                     warmed.set()
-                for name, value in msg.headers() or []:
+                for name, value in headers_of(msg):
                     if name == H.TXN_ID:
                         visible[value] = now
         results.send((count, time.monotonic(), visible))
@@ -60,8 +69,9 @@ class Collector:
     the GIL and measured itself). The clock starts once the ``warm_up`` records came: then
     every client on the path is connected and knows the topic."""
 
-    def __init__(self, conf: dict, topic: str, partitions: int, want: int,
-                 warm_up: int = 1) -> None:
+    def __init__(
+        self, conf: dict, topic: str, partitions: int, want: int, warm_up: int = 1
+    ) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
@@ -69,9 +79,18 @@ class Collector:
         self.warmed = ctx.Event()
         self._results, child_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=_collect, daemon=True,
-            args=(conf, topic, partitions, self.warm_up + want, self.warm_up, self.warmed,
-                  child_end))
+            target=_collect,
+            daemon=True,
+            args=(
+                conf,
+                topic,
+                partitions,
+                self.warm_up + want,
+                self.warm_up,
+                self.warmed,
+                child_end,
+            ),
+        )
         self.count = 0
         self.done_at: float | None = None
         self.visible: dict[bytes, float] = {}
