@@ -1,6 +1,7 @@
-"""The README's bench section, rendered from ``bench/results.json`` so prose and figures
-cannot drift apart: the figures with their goals (issue 13), the sizing line, and this
-product beside RocketMQ 5.5.0. The block between :data:`BEGIN` and :data:`END` is replaced;
+"""The bench block of the docs' benchmarks page (``docs/benchmarks.md``; it was the
+README's, hence the names), rendered from ``bench/results.json`` so prose and figures cannot
+drift apart: the figures with their goals (issue 13), the sizing line, and this product
+beside RocketMQ 5.5.0. The block between :data:`BEGIN` and :data:`END` is replaced;
 everything around it is prose the renderer never touches."""
 
 from __future__ import annotations
@@ -388,7 +389,7 @@ def _keys_block(results: dict) -> list[str]:
 
 
 def render_block(results: dict) -> str:
-    """The README's bench block (markers included) for ``results``."""
+    """The bench block (markers included) for ``results``."""
     busy = {c for c, info in (results.get("cases") or {}).items()
             if isinstance(info, dict) and info.get("busy")}
     table = [f"| case | result: median (min{DASH}max) | goal |", "| --- | --- | --- |"]
@@ -396,7 +397,7 @@ def render_block(results: dict) -> str:
         mark = f" {BUSY_MARK}" if case in busy else ""
         table.append(f"| {label}{mark} | {result} | {goal} |")
     lines = [BEGIN, "<!-- rendered from bench/results.json by `rmq-semantics bench "
-             "--render-readme`: change the bench or the renderer, not this block -->", "",
+             "--render`: change the bench or the renderer, not this block -->", "",
              _machine_line(results), "", *table, ""]
     if busy:
         lines += [f"{BUSY_MARK} taken on a busy machine (over a quarter of the CPU busy "
@@ -410,7 +411,7 @@ def render_readme(readme: str, results: dict) -> str:
     head, found, rest = readme.partition(BEGIN)
     _, found_end, tail = rest.partition(END)
     if not found or not found_end:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block")
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
     return head + render_block(results) + tail
 
 
