@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -153,8 +154,6 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 
 def cli_page() -> str:
-    import os
-
     from rmq_semantics.cli import build_parser
 
     os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal: not the site's
@@ -488,8 +487,7 @@ def root_page(source: str, page: str) -> str:
         if re.match(r"^[a-z]+:|^#", target):
             return match.group(0)
         path, _, anchor = target.partition("#")
-        repo_path = (source_dir / path).as_posix()
-        repo_path = str(Path(repo_path)).replace("\\", "/")
+        repo_path = os.path.normpath(source_dir / path)
         if repo_path in ROOT_PAGES:
             dest = ROOT_PAGES[repo_path]
         elif repo_path.startswith("docs/"):
