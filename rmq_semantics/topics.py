@@ -70,30 +70,43 @@ class SystemTopics:
 
     @property
     def half(self) -> str:
+        """Half messages: the original key, value and user headers plus ``rmq.*`` headers
+        (RocketMQ's ``RMQ_SYS_TRANS_HALF_TOPIC``)."""
         return f"{self.prefix}_half"
 
     @property
     def op(self) -> str:
+        """Op records, co-partitioned with the half topic: end requests, done markers, check
+        markers (RocketMQ's ``RMQ_SYS_TRANS_OP_HALF_TOPIC``)."""
         return f"{self.prefix}_op"
 
     @property
     def check(self) -> str:
+        """Back-check requests to producer groups, keyed by transaction id over its partitions
+        (the shared check topic; one per group under tenant isolation)."""
         return f"{self.prefix}_check"
 
     @property
     def discard(self) -> str:
+        """Half messages set aside, each with ``rmq.discard_reason`` (RocketMQ's
+        ``TRANS_CHECK_MAX_TIME_TOPIC``); kept forever."""
         return f"{self.prefix}_discard"
 
     @property
     def lock(self) -> str:
+        """The queue-lock table, compacted, keyed by group/topic/partition (RocketMQ's broker
+        ``RebalanceLockManager``)."""
         return f"{self.prefix}_lock"
 
     @property
     def lock_request(self) -> str:
+        """Lock and unlock requests of orderly consumers (``LogAppendTime``, so a stale request
+        is timed by the broker)."""
         return f"{self.prefix}_lock_request"
 
     @property
     def lock_reply(self) -> str:
+        """The lock service's replies."""
         return f"{self.prefix}_lock_reply"
 
     @property
@@ -102,6 +115,8 @@ class SystemTopics:
         return f"{self.prefix}_keys"
 
     def dlq(self, group: str) -> str:
+        """The dead-letter topic of consumer ``group`` (RocketMQ's ``%DLQ%<group>``), readable
+        when named."""
         return f"{self.prefix}_dlq_{group}"
 
     def retry(self, group: str, level: int) -> str:
@@ -110,9 +125,12 @@ class SystemTopics:
 
     @property
     def coordinator_group(self) -> str:
+        """The coordinators' consumer group over the half and Op topics (its offsets are
+        RocketMQ's halfOffset and opOffset)."""
         return f"{self.prefix}_coordinator"
 
     def check_group(self, producer_group: str) -> str:
+        """The consumer group of ``producer_group``'s check consumers on the shared check topic."""
         return f"{self.prefix}_check_{producer_group}"
 
     def group_check(self, producer_group: str) -> str:

@@ -207,9 +207,9 @@ def test_the_bench_block_is_rendered_from_the_results():
 
 
 def test_the_readme_block_is_the_rendering_of_the_committed_results():
-    """Prose and figures cannot drift apart: `make bench` renders the README's block from
-    bench/results.json (`rmq-semantics bench --render-readme`)."""
-    readme = (REPO / "README.md").read_text()
+    """Prose and figures cannot drift apart: `make bench` renders the benchmarks page's block from
+    bench/results.json (`rmq-semantics bench --render`)."""
+    readme = (REPO / "docs" / "benchmarks.md").read_text()
     results = json.loads((REPO / "bench" / "results.json").read_text())
     assert current_block(readme) == render_block(results)
 

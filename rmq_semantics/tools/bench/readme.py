@@ -1,6 +1,7 @@
-"""The README's bench section, rendered from ``bench/results.json`` so prose and figures
-cannot drift apart: the figures with their goals (issue 13), the sizing line, and this
-product beside RocketMQ 5.5.0. The block between :data:`BEGIN` and :data:`END` is replaced;
+"""The bench block of the docs' benchmarks page (``docs/benchmarks.md``; it was the
+README's, hence the names), rendered from ``bench/results.json`` so prose and figures cannot
+drift apart: the figures with their goals (issue 13), the sizing line, and this product
+beside RocketMQ 5.5.0. The block between :data:`BEGIN` and :data:`END` is replaced;
 everything around it is prose the renderer never touches."""
 
 from __future__ import annotations
@@ -475,7 +476,7 @@ def _sizing_line(r: dict) -> str:
 def _default_timeout_s() -> float:
     from coordinator.settings import CoordinatorSettings
 
-    fields: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CoordinatorSettings)}
+    fields = {f.name: f.default for f in dataclasses.fields(CoordinatorSettings)}
     return float(fields["transaction_timeout_ms"]) / 1000
 
 
@@ -563,7 +564,7 @@ def _keys_block(results: dict) -> list[str]:
 
 
 def render_block(results: dict) -> str:
-    """The README's bench block (markers included) for ``results``."""
+    """The bench block (markers included) for ``results``."""
     busy = {
         c
         for c, info in (results.get("cases") or {}).items()
@@ -576,7 +577,7 @@ def render_block(results: dict) -> str:
     lines = [
         BEGIN,
         "<!-- rendered from bench/results.json by `rmq-semantics bench "
-        "--render-readme`: change the bench or the renderer, not this block -->",
+        "--render`: change the bench or the renderer, not this block -->",
         "",
         _machine_line(results),
         "",
@@ -598,7 +599,7 @@ def render_readme(readme: str, results: dict) -> str:
     head, found, rest = readme.partition(BEGIN)
     _, found_end, tail = rest.partition(END)
     if not found or not found_end:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block")
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
     return head + render_block(results) + tail
 
 

@@ -1,12 +1,12 @@
 """``rmq-semantics bench``: what the semantics cost, side by side with raw Kafka, a bare
-exactly-once copier and (in the README) RocketMQ.
+exactly-once copier and (on the benchmarks page) RocketMQ.
 
 Every case runs against one broker (embedded unless ``--bootstrap``), ``repeat`` times, the
 cases taken in turns (run 1 of every case, then run 2...) so that run i of two cases saw the
 same machine and their ratio is taken per run. Every figure is a median with min-max and
 every run (:func:`.common.figure`); the machine's load is sampled before and after each
 case run. Results are merged into one JSON file, the pooled latency samples into a file
-beside it (for the plots), and the README's bench block is rendered from the JSON
+beside it (for the plots), and the docs' bench block is rendered from the JSON
 (:mod:`.readme`). Benchmarks are scripts, not tests: nothing here asserts a timing.
 """
 
@@ -229,11 +229,15 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
     return BenchSettings(**{**base.__dict__, **overrides})
 
 
+#: The page whose block `--render` rewrites: the docs' benchmarks page (the README links it).
+BENCH_PAGE = "docs/benchmarks.md"
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from rmq_semantics.tools.bench.readme import rewrite_readme
 
     out = Path(args.out)
-    if not args.render_readme:
+    if not args.render:
         # The bench's own lines are its output; the library's INFO lines (topics created,
         # coordinators started) would scroll the progress away.
         logging.getLogger("rmq_semantics").setLevel(logging.WARNING)
@@ -243,11 +247,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else CASES
         )
         run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap, brokers=args.brokers)
-    if args.render_readme or args.readme:
-        readme = Path(args.readme or "README.md")
-        changed = rewrite_readme(readme, out)
+    if args.render or args.page:
+        page = Path(args.page or BENCH_PAGE)
+        changed = rewrite_readme(page, out)
         print(
-            f"{readme}: bench block {'re-rendered' if changed else 'already current'} from {out}",
+            f"{page}: bench block {'re-rendered' if changed else 'already current'} from {out}",
             flush=True,
         )
     return 0
@@ -306,13 +310,18 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         type=float,
         help="seconds of /proc/stat sampled before and after each case run",
     )
+    # --readme and --render-readme: their names from when the block was in the README.
     bench.add_argument(
-        "--readme", help="after the run, re-render this README's bench block from --out"
+        "--page",
+        "--readme",
+        dest="page",
+        help=f"after the run, re-render this page's bench block from --out (default {BENCH_PAGE})",
     )
     bench.add_argument(
+        "--render",
         "--render-readme",
+        dest="render",
         action="store_true",
-        help="run nothing: re-render "
-        "the README's bench block (--readme, default README.md) from --out",
+        help="run nothing: re-render the bench block of --page from --out",
     )
     bench.set_defaults(func=_cmd_bench)
