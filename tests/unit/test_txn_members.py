@@ -323,8 +323,6 @@ def _copy(offset: int, of: HalfMessage, origin: int = 10) -> HalfMessage:
     return dataclasses.replace(again, headers=reappended_headers(again, carried))
 
 
-@pytest.mark.xfail(strict=True, reason="a re-appended member read while its replaced copy "
-                   "is still assembled is a 'second member': malformed, then late_commit")
 @pytest.mark.parametrize("reappends", [1, 2])
 def test_a_replay_reading_half_ahead_of_op_keeps_a_re_appended_transaction_whole(reappends):
     # Campaign seed 2 (txn 9474..., half[2]@1005 -> 1046 -> 1102 -> 1118): a new owner read
