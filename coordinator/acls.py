@@ -24,8 +24,14 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.group_auth import derive_group_key
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
-__all__ = ["Acl", "Principals", "acl_bindings", "kafka_acls_commands", "markdown_table",
-           "register_cli"]
+__all__ = [
+    "Acl",
+    "Principals",
+    "acl_bindings",
+    "kafka_acls_commands",
+    "markdown_table",
+    "register_cli",
+]
 
 LITERAL, PREFIXED = "literal", "prefixed"
 TOPIC, GROUP, TXN_ID = "topic", "group", "transactional-id"
@@ -65,69 +71,100 @@ class Principals:
 
 
 def _real_topics(tenant: Tenant) -> list[tuple[str, str]]:
-    return [*((t, LITERAL) for t in sorted(tenant.topics)),
-            *((p, PREFIXED) for p in tenant.topic_prefixes)]
+    return [
+        *((t, LITERAL) for t in sorted(tenant.topics)),
+        *((p, PREFIXED) for p in tenant.topic_prefixes),
+    ]
 
 
-def acl_bindings(tenants: Mapping[str, Tenant], principals: Principals,
-                 consumers: tuple[Consumer, ...] = (),
-                 prefix: str = DEFAULT_TOPIC_PREFIX) -> list[Acl]:
+def acl_bindings(
+    tenants: Mapping[str, Tenant],
+    principals: Principals,
+    consumers: tuple[Consumer, ...] = (),
+    prefix: str = DEFAULT_TOPIC_PREFIX,
+) -> list[Acl]:
     """Every ACL of a deployment under tenant isolation, in a stable order."""
     t = SystemTopics(prefix)
     out: list[Acl] = []
     rw = ("WRITE", "DESCRIBE")
     for group, tenant in sorted(tenants.items()):
         role, who, own = "producer group", tenant.principal, t.group_check(group)
-        out += [Acl(role, who, TOPIC, t.half, LITERAL, rw),
-                Acl(role, who, TOPIC, t.op, LITERAL, rw),
-                # CREATE: a producer may start before the coordinators create its topic.
-                Acl(role, who, TOPIC, own, LITERAL, ("READ", "DESCRIBE", "CREATE")),
-                Acl(role, who, GROUP, own, LITERAL, ("READ",))]
+        out += [
+            Acl(role, who, TOPIC, t.half, LITERAL, rw),
+            Acl(role, who, TOPIC, t.op, LITERAL, rw),
+            # CREATE: a producer may start before the coordinators create its topic.
+            Acl(role, who, TOPIC, own, LITERAL, ("READ", "DESCRIBE", "CREATE")),
+            Acl(role, who, GROUP, own, LITERAL, ("READ",)),
+        ]
         # DESCRIBE_CONFIGS: the send-time check of a message's size against the topic's.
-        out += [Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS"))
-                for name, pattern in _real_topics(tenant)]
+        out += [
+            Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS"))
+            for name, pattern in _real_topics(tenant)
+        ]
     for c in consumers:
         role = "consumer group"
-        out += [Acl(role, c.principal, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))
-                for topic in c.topics]
+        out += [
+            Acl(role, c.principal, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))
+            for topic in c.topics
+        ]
         out.append(Acl(role, c.principal, GROUP, c.group, LITERAL, ("READ",)))
         if c.orderly:
-            out += [Acl(role, c.principal, TOPIC, t.lock_request, LITERAL, rw),
-                    Acl(role, c.principal, TOPIC, t.lock_reply, LITERAL, ("READ", "DESCRIBE")),
-                    Acl(role, c.principal, TOPIC, t.dlq(c.group), LITERAL, rw)]
+            out += [
+                Acl(role, c.principal, TOPIC, t.lock_request, LITERAL, rw),
+                Acl(role, c.principal, TOPIC, t.lock_reply, LITERAL, ("READ", "DESCRIBE")),
+                Acl(role, c.principal, TOPIC, t.dlq(c.group), LITERAL, rw),
+            ]
     role, who = "coordinator", principals.coordinator
-    out += [Acl(role, who, TOPIC, f"{prefix}_", PREFIXED,
-                ("READ", "WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS")),
-            Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("READ", "DESCRIBE")),
-            Acl(role, who, GROUP, f"{prefix}_lock_coordinator", LITERAL, ("READ",)),
-            Acl(role, who, TXN_ID, f"{t.coordinator_group}-", PREFIXED, rw),
-            Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw)]
+    out += [
+        Acl(
+            role,
+            who,
+            TOPIC,
+            f"{prefix}_",
+            PREFIXED,
+            ("READ", "WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS"),
+        ),
+        Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("READ", "DESCRIBE")),
+        Acl(role, who, GROUP, f"{prefix}_lock_coordinator", LITERAL, ("READ",)),
+        Acl(role, who, TXN_ID, f"{t.coordinator_group}-", PREFIXED, rw),
+        Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw),
+    ]
     # The coordinators write a group's real topics only as its allow-list says.
     real = sorted({rt for tenant in tenants.values() for rt in _real_topics(tenant)})
-    out += [Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS"))
-            for name, pattern in real]
+    out += [
+        Acl(role, who, TOPIC, name, pattern, (*rw, "DESCRIBE_CONFIGS")) for name, pattern in real
+    ]
     if principals.spark:
         role, who = "Spark job", principals.spark
-        out += [Acl(role, who, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))
-                for topic in principals.spark_topics]
+        out += [
+            Acl(role, who, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))
+            for topic in principals.spark_topics
+        ]
         out.append(Acl(role, who, GROUP, "spark-kafka-source-", PREFIXED, ("READ",)))
     if principals.operators:
         role, who = "operators' CLI", principals.operators
-        out += [Acl(role, who, TOPIC, name, LITERAL, ("READ", "DESCRIBE"))
-                for name in (t.half, t.op, t.discard)]
-        out += [Acl(role, who, TOPIC, t.half, LITERAL, ("WRITE",)),
-                Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("DESCRIBE",)),
-                Acl(role, who, TXN_ID, f"{prefix}_txn_redrive_", PREFIXED, rw)]
+        out += [
+            Acl(role, who, TOPIC, name, LITERAL, ("READ", "DESCRIBE"))
+            for name in (t.half, t.op, t.discard)
+        ]
+        out += [
+            Acl(role, who, TOPIC, t.half, LITERAL, ("WRITE",)),
+            Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("DESCRIBE",)),
+            Acl(role, who, TXN_ID, f"{prefix}_txn_redrive_", PREFIXED, rw),
+        ]
     return out
 
 
 def kafka_acls_commands(acls: list[Acl], bootstrap: str = "B") -> list[str]:
     """One ``kafka-acls.sh --add`` command per binding."""
     flag = {TOPIC: "--topic", GROUP: "--group", TXN_ID: "--transactional-id"}
-    return [f"kafka-acls.sh --bootstrap-server {bootstrap} --add --allow-principal "
-            f"{a.principal} " + " ".join(f"--operation {_camel(o)}" for o in a.operations)
-            + f" {flag[a.resource]} {a.name} --resource-pattern-type {a.pattern}"
-            for a in acls]
+    return [
+        f"kafka-acls.sh --bootstrap-server {bootstrap} --add --allow-principal "
+        f"{a.principal} "
+        + " ".join(f"--operation {_camel(o)}" for o in a.operations)
+        + f" {flag[a.resource]} {a.name} --resource-pattern-type {a.pattern}"
+        for a in acls
+    ]
 
 
 def _camel(operation: str) -> str:
@@ -136,10 +173,15 @@ def _camel(operation: str) -> str:
 
 def markdown_table(acls: list[Acl]) -> str:
     """The ACLs as the docs show them: one row per binding, grouped by role."""
-    rows = ["| role | principal | resource | name | pattern | operations |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    rows += [f"| {a.role} | `{a.principal}` | {a.resource} | `{a.name}` | {a.pattern} | "
-             f"{', '.join(a.operations)} |" for a in acls]
+    rows = [
+        "| role | principal | resource | name | pattern | operations |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    rows += [
+        f"| {a.role} | `{a.principal}` | {a.resource} | `{a.name}` | {a.pattern} | "
+        f"{', '.join(a.operations)} |"
+        for a in acls
+    ]
     return "\n".join(rows)
 
 
@@ -153,17 +195,26 @@ def load_deployment(path: str, prefix: str) -> tuple[dict[str, Tenant], tuple[Co
     consumers = []
     for group, spec in (data.get("consumers") or {}).items():
         if not isinstance(spec, dict) or not isinstance(spec.get("principal"), str):
-            raise ConfigError(f"--tenants-file {path}: consumer group {group!r} needs a "
-                              "principal")
-        consumers.append(Consumer(group, spec["principal"], tuple(spec.get("topics", ())),
-                                  bool(spec.get("orderly", False))))
+            raise ConfigError(f"--tenants-file {path}: consumer group {group!r} needs a principal")
+        consumers.append(
+            Consumer(
+                group,
+                spec["principal"],
+                tuple(spec.get("topics", ())),
+                bool(spec.get("orderly", False)),
+            )
+        )
     return tenants, tuple(consumers)
 
 
 def _cmd_acls(args: argparse.Namespace) -> int:
     tenants, consumers = load_deployment(args.tenants_file, args.topic_prefix)
-    principals = Principals(args.coordinator_principal, args.operator_principal,
-                            args.spark_principal, tuple(args.spark_topic or ()))
+    principals = Principals(
+        args.coordinator_principal,
+        args.operator_principal,
+        args.spark_principal,
+        tuple(args.spark_topic or ()),
+    )
     acls = acl_bindings(tenants, principals, consumers, args.topic_prefix)
     print(markdown_table(acls) if args.markdown else "\n".join(kafka_acls_commands(acls)))
     return 0
@@ -192,8 +243,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     acls.add_argument("--spark-topic", action="append", metavar="TOPIC")
     acls.add_argument("--markdown", action="store_true", help="a table instead of commands")
     acls.set_defaults(func=_cmd_acls)
-    key = tenant_sub.add_parser("key", help="a producer group's key, derived from the "
-                                            "tenant key (env RMQ_TENANT_KEY)")
+    key = tenant_sub.add_parser(
+        "key", help="a producer group's key, derived from the tenant key (env RMQ_TENANT_KEY)"
+    )
     key.add_argument("--group", required=True)
     key.add_argument("--tenant-key-file", default=None)
     key.set_defaults(func=_cmd_key)

@@ -35,10 +35,10 @@ class TxnState(Enum):
     REAPPENDED = "REAPPENDED"
 
 
-
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
-    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED,
-                                 TxnState.REAPPENDED}),
+    TxnState.PENDING: frozenset(
+        {TxnState.COMMITTED, TxnState.ROLLED_BACK, TxnState.DISCARDED, TxnState.REAPPENDED}
+    ),
     TxnState.COMMITTED: frozenset(),
     TxnState.ROLLED_BACK: frozenset(),
     TxnState.DISCARDED: frozenset(),
@@ -48,8 +48,9 @@ TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
 
 def transition(current: TxnState, target: TxnState) -> TxnState:
     if target not in TRANSITIONS[current]:
-        raise IllegalTransitionError(f"half message cannot go from {current.value} to "
-                                     f"{target.value}")
+        raise IllegalTransitionError(
+            f"half message cannot go from {current.value} to {target.value}"
+        )
     return target
 
 
@@ -118,8 +119,6 @@ class LateCommit:
     txn_id: str
     producer_group: str
     op_offset: int
-
-
 
 
 @dataclass

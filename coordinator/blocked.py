@@ -27,11 +27,17 @@ REASONS = (NOT_ENOUGH_REPLICAS, NO_LEADER, TIMED_OUT_REASON)
 #: Delivery errors that mean "not taken in time" rather than "refused". A fence is one too:
 #: when the records wait past transaction.timeout.ms the broker may abort the transaction
 #: (bumping the epoch) before librdkafka times them out, and they fail as fenced.
-TIMED_OUT = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT,
-                       KafkaError.NOT_ENOUGH_REPLICAS,
-                       KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                       KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                       KafkaError.INVALID_PRODUCER_EPOCH})
+TIMED_OUT = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -58,9 +64,12 @@ class BlockProbe:
             metadata = self.admin().list_topics(timeout=PROBE_TIMEOUT_S).topics
             futures = self.admin().describe_configs(
                 [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
-                request_timeout=PROBE_TIMEOUT_S)
-            min_isr = {res.name: int(f.result(PROBE_TIMEOUT_S)["min.insync.replicas"].value)
-                       for res, f in futures.items()}
+                request_timeout=PROBE_TIMEOUT_S,
+            )
+            min_isr = {
+                res.name: int(f.result(PROBE_TIMEOUT_S)["min.insync.replicas"].value)
+                for res, f in futures.items()
+            }
         except (KafkaException, KeyError, ValueError) as exc:
             log.debug("reading why promotion is blocked failed: %r", exc)
             return TIMED_OUT_REASON
@@ -68,13 +77,17 @@ class BlockProbe:
         for topic, partition in partitions:
             meta = metadata.get(topic)
             # No partition: a record placed by its key, so any partition of the topic.
-            parts = [] if meta is None else list(meta.partitions.values()) \
-                if partition is None else [meta.partitions.get(partition)]
+            parts = (
+                []
+                if meta is None
+                else list(meta.partitions.values())
+                if partition is None
+                else [meta.partitions.get(partition)]
+            )
             if not parts or None in parts:
                 reasons.add(TIMED_OUT_REASON)
                 continue
-            reasons.update(blocked_reason(len(p.isrs), min_isr.get(topic), p.leader)
-                           for p in parts)
+            reasons.update(blocked_reason(len(p.isrs), min_isr.get(topic), p.leader) for p in parts)
         # The most specific cause wins: it is the one an operator can act on.
         return next((r for r in REASONS if r in reasons), TIMED_OUT_REASON)
 
@@ -97,17 +110,22 @@ class Blockage:
             return
         reason = self.probe.reason(partitions)
         if reason != self.reason:
-            log.warning("promotion blocked (%s) on %s; replaying until it clears", reason,
-                        ", ".join(sorted(f"{t}[{'*' if p is None else p}]"
-                                         for t, p in partitions)))
+            log.warning(
+                "promotion blocked (%s) on %s; replaying until it clears",
+                reason,
+                ", ".join(sorted(f"{t}[{'*' if p is None else p}]" for t, p in partitions)),
+            )
             if self.reason is None:
                 self._since = time.monotonic()
         self._set(reason)
 
     def committed(self) -> None:
         if self.reason is not None:
-            log.info("promotion resumed after %.0f s blocked (%s)",
-                     time.monotonic() - self._since, self.reason)
+            log.info(
+                "promotion resumed after %.0f s blocked (%s)",
+                time.monotonic() - self._since,
+                self.reason,
+            )
             self._set(None)
 
     def _set(self, reason: str | None) -> None:

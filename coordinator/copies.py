@@ -71,8 +71,9 @@ class CopySteps:
         def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
         def _drain_deferred(self, now_ms: int, only: int | None = None) -> list[Action]: ...
 
-    def _copy_read(self, offset: int, half: HalfMessage | None, carried: object,
-                   now_ms: int) -> list[Action] | None:
+    def _copy_read(
+        self, offset: int, half: HalfMessage | None, carried: object, now_ms: int
+    ) -> list[Action] | None:
         """None when the half record at ``offset`` is to be read as usual: its transaction's
         first (or known here already), a re-append (``carried``), a member, malformed; else
         what its rollback as a copy does."""
@@ -89,15 +90,18 @@ class CopySteps:
             return None
         return self._roll_back_copy(offset, half, first, now_ms)
 
-    def _roll_back_copy(self, offset: int, half: HalfMessage, first: int,
-                        now_ms: int) -> list[Action] | None:
+    def _roll_back_copy(
+        self, offset: int, half: HalfMessage, first: int, now_ms: int
+    ) -> list[Action] | None:
         """The copy at ``offset`` of the record at ``first``: rolled back, counted."""
         self.counters["duplicate_half"] += 1
         self.copies.read.append((offset, first, half.txn_id))
         self.pending[offset] = Pending(half, 0)
         heapq.heappush(self._pending_heap, offset)
-        return [self._finish(offset, TxnState.ROLLED_BACK),
-                *self._drain_deferred(now_ms, only=offset)]
+        return [
+            self._finish(offset, TxnState.ROLLED_BACK),
+            *self._drain_deferred(now_ms, only=offset),
+        ]
 
     def _to_first_unread(self, request: EndRequest) -> EndRequest:
         """A request naming a half offset not read yet, for a transaction of one whose first

@@ -40,8 +40,10 @@ MIN_REFRESH_S = 0.1
 MISSING_GRACE_S = 15.0
 LIST_TIMEOUT_S = 10.0
 _MAY_WRITE = {AclOperation.WRITE, AclOperation.ALL}
-_REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED: DiscardReason.UNAUTHORIZED,
-            KafkaError.UNKNOWN_TOPIC_OR_PART: DiscardReason.UNKNOWN_TOPIC}
+_REFUSED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: DiscardReason.UNAUTHORIZED,
+    KafkaError.UNKNOWN_TOPIC_OR_PART: DiscardReason.UNKNOWN_TOPIC,
+}
 
 
 class _NotListedYet(KafkaOperationError):
@@ -76,8 +78,10 @@ class Destinations:
         try:
             metadata = self.admin().list_topics(timeout=LIST_TIMEOUT_S)
         except KafkaException as exc:
-            raise KafkaOperationError.wrap("reading the cluster's metadata before promoting "
-                                           "(the batch is replayed)", exc.args[0]) from exc
+            raise KafkaOperationError.wrap(
+                "reading the cluster's metadata before promoting (the batch is replayed)",
+                exc.args[0],
+            ) from exc
         partitions, unsettled = {}, {}
         for name, topic in metadata.topics.items():
             if topic.error is None:
@@ -87,22 +91,28 @@ class Destinations:
         self._partitions, self._unsettled, self._read_at = partitions, unsettled, started
         self._stale.clear()
 
-    def partition_count(self, topic: str, partition: int | None = None,
-                        decided_at: float | None = None) -> int | None:
+    def partition_count(
+        self, topic: str, partition: int | None = None, decided_at: float | None = None
+    ) -> int | None:
         """Partitions of ``topic``, None if it does not exist: a cached count that has the
         topic and ``partition``, else a read taken after ``decided_at`` (monotonic; None:
         now). Raises KafkaOperationError when no such read can say (retry, blame no one)."""
         count = self._partitions.get(topic)
         lacking = count is None or (partition is not None and partition >= count)
-        fresh = (self._read_at is not None and decided_at is not None
-                 and self._read_at >= decided_at and topic not in self._stale)
+        fresh = (
+            self._read_at is not None
+            and decided_at is not None
+            and self._read_at >= decided_at
+            and topic not in self._stale
+        )
         if (lacking or topic in self._stale or topic in self._unsettled) and not fresh:
             self._refresh()
             count = self._partitions.get(topic)
         error = self._unsettled.get(topic)
         if error is not None:
-            raise KafkaOperationError.wrap(f"the metadata of topic {topic!r} has an error "
-                                           "(the batch is replayed)", error)
+            raise KafkaOperationError.wrap(
+                f"the metadata of topic {topic!r} has an error (the batch is replayed)", error
+            )
         key = (topic, partition)
         if count is not None and (partition is None or partition < count):
             self._missing_since.pop(key, None)
@@ -111,12 +121,15 @@ class Destinations:
         since = self._missing_since.setdefault(key, self._read_at)
         if self._read_at - since < MISSING_GRACE_S:
             where = topic if partition is None else f"partition {partition} of {topic!r}"
-            raise _NotListedYet(f"{where} is not in the cluster's metadata yet (a broker may "
-                                "lag the controller); the batch is replayed")
+            raise _NotListedYet(
+                f"{where} is not in the cluster's metadata yet (a broker may "
+                "lag the controller); the batch is replayed"
+            )
         return count
 
-    def refusal(self, action: Action, decided_at: float | None = None
-                ) -> tuple[DiscardReason, str] | None:
+    def refusal(
+        self, action: Action, decided_at: float | None = None
+    ) -> tuple[DiscardReason, str] | None:
         """Why ``action`` must not be written (its record is discarded instead), or None."""
         if isinstance(action, Finish) and action.outcome is TxnState.COMMITTED:
             half = action.half
@@ -131,16 +144,19 @@ class Destinations:
             return None
         # One member with nowhere to go sets the whole transaction aside: never in part.
         for member in action.records:  # type: ignore[union-attr]  # a Finish
-            count = self.partition_count(member.real_topic, member.real_partition,
-                                         decided_at)
+            count = self.partition_count(member.real_topic, member.real_partition, decided_at)
             prefix = f"member {member.txn_index}: " if member.is_member else ""
             if count is None:
-                return (DiscardReason.UNKNOWN_TOPIC,
-                        f"{prefix}topic {member.real_topic!r} does not exist")
+                return (
+                    DiscardReason.UNKNOWN_TOPIC,
+                    f"{prefix}topic {member.real_topic!r} does not exist",
+                )
             if member.real_partition is not None and member.real_partition >= count:
-                return (DiscardReason.UNKNOWN_PARTITION,
-                        f"{prefix}partition {member.real_partition} of {member.real_topic!r}, "
-                        f"which has {count}")
+                return (
+                    DiscardReason.UNKNOWN_PARTITION,
+                    f"{prefix}partition {member.real_partition} of {member.real_topic!r}, "
+                    f"which has {count}",
+                )
         return None
 
     def vet(self, actions: list[Action], states: dict[int, PartitionState]) -> list[Action]:
@@ -160,8 +176,7 @@ class Destinations:
                 continue
             half = action.half  # type: ignore[union-attr]  # refusal() saw a half
             state = states.get(half.partition)
-            out.append(action if state is None else
-                       state.set_aside(action, *refused))  # type: ignore[arg-type]
+            out.append(action if state is None else state.set_aside(action, *refused))  # type: ignore[arg-type]
         if not_yet is not None:
             raise not_yet
         return out
@@ -172,9 +187,11 @@ class Destinations:
         if not topics:
             return {}
         try:
-            futures = self.admin().describe_topics(TopicCollection(sorted(topics)),
-                                                   include_authorized_operations=True,
-                                                   request_timeout=ADMIN_TIMEOUT_S)
+            futures = self.admin().describe_topics(
+                TopicCollection(sorted(topics)),
+                include_authorized_operations=True,
+                request_timeout=ADMIN_TIMEOUT_S,
+            )
         except KafkaException as exc:
             log.warning("describing topics %s failed: %s", sorted(topics), exc.args[0].str())
             return {}

@@ -32,10 +32,15 @@ def check(port: int, host: str = "127.0.0.1", timeout_s: float = TIMEOUT_S) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coordinator.healthcheck",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=os.environ.get("RMQ_METRICS_PORT"),
-                        help="metrics port of the coordinator (env RMQ_METRICS_PORT)")
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator.healthcheck", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=os.environ.get("RMQ_METRICS_PORT"),
+        help="metrics port of the coordinator (env RMQ_METRICS_PORT)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args(argv)
     if args.port is None:

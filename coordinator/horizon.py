@@ -95,8 +95,7 @@ class Horizon:
     _swept_size: int = 0  # len(_moved) after the last sweep
 
     # -- schedule ----------------------------------------------------------------------------
-    def schedule(self, offset: int, appended_ms: int, now_ms: int,
-                 horizon_ms: int | None) -> None:
+    def schedule(self, offset: int, appended_ms: int, now_ms: int, horizon_ms: int | None) -> None:
         """A new pending half record, appended at ``appended_ms`` (its Kafka timestamp; a
         producer clock ahead of ours counts from when we read it)."""
         if horizon_ms is not None:
@@ -150,8 +149,7 @@ class Horizon:
         self._in_flight.add(txn_id)
         return origin
 
-    def arrived(self, txn_id: str, offset: int, origin: int,
-                pending: dict) -> list[EndRequest]:
+    def arrived(self, txn_id: str, offset: int, origin: int, pending: dict) -> list[EndRequest]:
         """A re-appended record was read at ``offset``: the requests that waited for it,
         readdressed there."""
         before = self._moved.get(txn_id)
@@ -219,6 +217,7 @@ class ReappendSteps:
     _commit_eofs: dict
 
     if TYPE_CHECKING:
+
         def _leave(self, offset: int) -> tuple[Pending, tuple[HalfMessage, ...]]: ...
         def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]: ...
         def on_end_request(self, request: EndRequest, now_ms: int) -> list[Action]: ...
@@ -228,11 +227,17 @@ class ReappendSteps:
         """Transactions held in memory: pending, decided at or above ``half_commit`` (as of
         the last ``op_commit``), end requests deferred, early check markers and re-appends
         not read back yet. With a horizon, bounded by the traffic of about one horizon."""
-        return (len(self.pending) + len(self.decided) + len(self.deferred)
-                + len(self.early_markers) + self.horizon.in_flight)
+        return (
+            len(self.pending)
+            + len(self.decided)
+            + len(self.deferred)
+            + len(self.early_markers)
+            + self.horizon.in_flight
+        )
 
-    def _split_reappended(self, half: HalfMessage | None) -> tuple[HalfMessage | None,
-                                                                     Carried | None]:
+    def _split_reappended(
+        self, half: HalfMessage | None
+    ) -> tuple[HalfMessage | None, Carried | None]:
         """The producer's record and what a re-append carried; (None, None) when the
         re-append headers are not a coordinator's (malformed)."""
         if half is None:
@@ -243,8 +248,9 @@ class ReappendSteps:
             self.counters["malformed_reappend"] += 1
             return None, None
 
-    def _new_pending(self, offset: int, appended_ms: int, carried: Carried | None,
-                     now_ms: int) -> list[Action]:
+    def _new_pending(
+        self, offset: int, appended_ms: int, carried: Carried | None, now_ms: int
+    ) -> list[Action]:
         """Schedule the re-append of a new pending record; one that is itself a re-append
         gets its check counts back and applies the end requests that waited for it."""
         self.horizon.schedule(offset, appended_ms, now_ms, self.reappend_horizon_ms)
@@ -257,8 +263,9 @@ class ReappendSteps:
         entry.next_check_ts = carried.next_check_ts
         heapq.heappush(self._schedule, (carried.next_check_ts, offset))
         actions: list[Action] = []
-        for request in self.horizon.arrived(entry.half.txn_id, offset, carried.origin_offset,
-                                              self.pending):
+        for request in self.horizon.arrived(
+            entry.half.txn_id, offset, carried.origin_offset, self.pending
+        ):
             actions += self.on_end_request(request, now_ms)
         return actions
 
@@ -278,8 +285,9 @@ class ReappendSteps:
                 entry.next_check_ts = carried.next_check_ts
                 heapq.heappush(self._schedule, (carried.next_check_ts, anchor))
         actions: list[Action] = []
-        for request in self.horizon.arrived(entry.half.txn_id, anchor, carried.origin_offset,
-                                              self.pending):
+        for request in self.horizon.arrived(
+            entry.half.txn_id, anchor, carried.origin_offset, self.pending
+        ):
             actions += self.on_end_request(request, now_ms)
         return actions
 
@@ -297,8 +305,10 @@ class ReappendSteps:
         it, are in Op but not read yet (a replay reads the half partition ahead of Op). The
         unit is done as those markers will say, so the newer copies assemble on their own
         instead of each being "a second member" of the older ones (campaign seed 2)."""
-        if carried is not None and (
-                anchor := self.assemblies.replaced(half, carried.previous_offset)) is not None:
+        if (
+            carried is not None
+            and (anchor := self.assemblies.replaced(half, carried.previous_offset)) is not None
+        ):
             self._drop_unit(anchor)
 
     def _reappends_due(self, now_ms: int) -> list[Action]:
@@ -309,9 +319,21 @@ class ReappendSteps:
             entry, members = self._leave(offset)
             half = entry.half
             origin = self.horizon.leaving(half.txn_id, offset, now_ms, self.pending)
-            actions.append(Reappend(half, Carried(
-                offset, origin, half.timestamp_ms, entry.checks_issued, entry.checks_answered,
-                entry.answered_seq, entry.next_check_ts), members))
+            actions.append(
+                Reappend(
+                    half,
+                    Carried(
+                        offset,
+                        origin,
+                        half.timestamp_ms,
+                        entry.checks_issued,
+                        entry.checks_answered,
+                        entry.answered_seq,
+                        entry.next_check_ts,
+                    ),
+                    members,
+                )
+            )
         if self.half_at_end:
             for request in self.horizon.lost(now_ms):
                 actions += self._apply_end(request, now_ms)

@@ -85,10 +85,15 @@ DOOMED_CALL_MIN_S = 5.0
 
 #: Fatal errors that mean another instance with this transactional id took over (or may
 #: not use it at all): only these stop the process; a producer broken otherwise is renewed.
-TWIN_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                        KafkaError.INVALID_PRODUCER_EPOCH,
-                        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                        KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+TWIN_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
 
 
 class TxnErrorKind(Enum):
@@ -112,8 +117,11 @@ def triage(err: KafkaError) -> TxnErrorKind:
 
 
 def _retry_in_place(exc: BaseException) -> bool:
-    return (isinstance(exc, KafkaException) and bool(exc.args)
-            and triage(exc.args[0]) is TxnErrorKind.RETRY)
+    return (
+        isinstance(exc, KafkaException)
+        and bool(exc.args)
+        and triage(exc.args[0]) is TxnErrorKind.RETRY
+    )
 
 
 def _retry_in_place_unless_timed_out(exc: BaseException) -> bool:
@@ -134,20 +142,24 @@ class KafkaTransactions:
         self._begun_at: float | None = None  # monotonic start of the open transaction
         self._busy_since: float | None = None  # monotonic start of the call in progress
         self._source_conf = conf
-        self._conf = client_conf(conf, who=who, forced={
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",  # Java's placement for keyed records
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-            "linger.ms": 1,
-            "retry.backoff.ms": RETRY_BACKOFF_MS,
-            # librdkafka's backoff grows exponentially up to this (default 1,000 ms).
-            "retry.backoff.max.ms": RETRY_BACKOFF_MAX_MS,
-            # Delivery callbacks (the transaction writer's, to find a poison record) run
-            # only for failed messages: nothing per record on the hot path.
-            "delivery.report.only.error": True,
-        })
+        self._conf = client_conf(
+            conf,
+            who=who,
+            forced={
+                "transactional.id": transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "partitioner": "murmur2_random",  # Java's placement for keyed records
+                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                "linger.ms": 1,
+                "retry.backoff.ms": RETRY_BACKOFF_MS,
+                # librdkafka's backoff grows exponentially up to this (default 1,000 ms).
+                "retry.backoff.max.ms": RETRY_BACKOFF_MAX_MS,
+                # Delivery callbacks (the transaction writer's, to find a poison record) run
+                # only for failed messages: nothing per record on the hot path.
+                "delivery.report.only.error": True,
+            },
+        )
         self.producer = confluent_kafka.Producer(self._conf)
 
     def init(self, stop: threading.Event | None = None) -> None:
@@ -155,8 +167,7 @@ class KafkaTransactions:
         and aborts its open transaction. Retried until ``INIT_DEADLINE_S`` or ``stop``."""
         what = "initialising transactions"
         try:
-            self._call(what, self.producer.init_transactions, deadline_s=INIT_DEADLINE_S,
-                       stop=stop)
+            self._call(what, self.producer.init_transactions, deadline_s=INIT_DEADLINE_S, stop=stop)
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if triage(err) is TxnErrorKind.FATAL:
@@ -173,8 +184,9 @@ class KafkaTransactions:
             self.init(stop)
 
     @contextlib.contextmanager
-    def transaction(self, offsets: Sequence[TopicPartition],
-                    group_metadata: object) -> Iterator[confluent_kafka.Producer]:
+    def transaction(
+        self, offsets: Sequence[TopicPartition], group_metadata: object
+    ) -> Iterator[confluent_kafka.Producer]:
         """``with txn.transaction(offsets, metadata) as producer: producer.produce(...)``:
         begin, the body produces, then send ``offsets`` and commit, all or nothing.
 
@@ -205,16 +217,25 @@ class KafkaTransactions:
                 producer.abort_transaction(TXN_CALL_TIMEOUT_S)
             raise
 
-    def finish(self, offsets: Sequence[TopicPartition], group_metadata: object,
-               failed: Callable[[KafkaError], object] | None = None) -> None:
+    def finish(
+        self,
+        offsets: Sequence[TopicPartition],
+        group_metadata: object,
+        failed: Callable[[KafkaError], object] | None = None,
+    ) -> None:
         """Send ``offsets`` and commit the transaction :meth:`body` began, or abort it
         (``failed(error)`` is called first: the abort can take long). Safe on another thread than
         the body's, once the body has returned."""
         try:
             # A timed-out call is not retried in place: the abort, and its EndTxn's own
             # timeout, decide sooner whether the transaction coordinator is gone.
-            self._call("sending offsets", self.producer.send_offsets_to_transaction,
-                       list(offsets), group_metadata, retry=_retry_in_place_unless_timed_out)
+            self._call(
+                "sending offsets",
+                self.producer.send_offsets_to_transaction,
+                list(offsets),
+                group_metadata,
+                retry=_retry_in_place_unless_timed_out,
+            )
             if self.abandoned:  # its caller was told it aborted: it must not commit now
                 raise KafkaException(KafkaError(KafkaError._FENCED))
             self._end("committing", self.producer.commit_transaction)
@@ -238,8 +259,11 @@ class KafkaTransactions:
         stuck, begun = self.stuck_for(), self._begun_at
         if stuck > WEDGED_AFTER_S:
             return True
-        return (stuck > DOOMED_CALL_MIN_S and begun is not None and time.monotonic() - begun
-                > TRANSACTION_TIMEOUT_MS / 1000 + DOOMED_MARGIN_S)
+        return (
+            stuck > DOOMED_CALL_MIN_S
+            and begun is not None
+            and time.monotonic() - begun > TRANSACTION_TIMEOUT_MS / 1000 + DOOMED_MARGIN_S
+        )
 
     def abandon(self) -> KafkaTransactions:
         """Leave this producer to the thread stuck in one of its calls, and return a
@@ -248,11 +272,17 @@ class KafkaTransactions:
         self.abandoned = True
         begun = self._begun_at
         age = "" if begun is None else f" in a transaction {time.monotonic() - begun:.0f} s old"
-        log.warning("%s: a transactional call on %s has not returned in %.0f s%s, past its "
-                    "%.0f s timeout or the transaction's %d ms (librdkafka #5456, #5511); "
-                    "re-creating the producer: its new epoch aborts the stuck transaction",
-                    self.who, self.transactional_id, self.stuck_for(), age,
-                    TXN_CALL_TIMEOUT_S, TRANSACTION_TIMEOUT_MS)
+        log.warning(
+            "%s: a transactional call on %s has not returned in %.0f s%s, past its "
+            "%.0f s timeout or the transaction's %d ms (librdkafka #5456, #5511); "
+            "re-creating the producer: its new epoch aborts the stuck transaction",
+            self.who,
+            self.transactional_id,
+            self.stuck_for(),
+            age,
+            TXN_CALL_TIMEOUT_S,
+            TRANSACTION_TIMEOUT_MS,
+        )
         successor = KafkaTransactions(self._source_conf, self.transactional_id, who=self.who)
         successor.renewals = self.renewals + 1
         successor._init_due = True
@@ -270,9 +300,15 @@ class KafkaTransactions:
             log.warning("%s: closing producer %s: %r", self.who, self.transactional_id, exc)
 
     # -- internals -------------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any,
-              deadline_s: float | None = None, stop: threading.Event | None = None,
-              retry: Callable[[BaseException], bool] = _retry_in_place) -> None:
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        deadline_s: float | None = None,
+        stop: threading.Event | None = None,
+        retry: Callable[[BaseException], bool] = _retry_in_place,
+    ) -> None:
         """``fn(*args, timeout)``; an error ``retry`` accepts (by default every RETRY one)
         calls it again until ``deadline_s`` (default ``RETRY_DEADLINE_S``) or ``stop``."""
         deadline_s = RETRY_DEADLINE_S if deadline_s is None else deadline_s
@@ -283,8 +319,13 @@ class KafkaTransactions:
             # Outside the policy first: the hot path pays no tenacity bookkeeping.
             if not retry(exc):
                 raise
-            log.warning("%s: %s %s (retriable); retrying for up to %.0f s", self.who, what,
-                        exc.args[0].str(), deadline_s)
+            log.warning(
+                "%s: %s %s (retriable); retrying for up to %.0f s",
+                self.who,
+                what,
+                exc.args[0].str(),
+                deadline_s,
+            )
         policy = retrying(deadline_s, stop).copy(retry=retry_if_exception(retry))
         policy(self._timed, fn, *args, TXN_CALL_TIMEOUT_S)
 
@@ -308,8 +349,9 @@ class KafkaTransactions:
             if err.code() != KafkaError._TIMED_OUT or err.fatal() or err.txn_requires_abort():
                 raise  # an abortable timeout (a record's) was never an EndTxn sent
             self._renew(f"{what} timed out", err)
-            raise TransactionAborted(f"{what} timed out ({err.str()}); the transactional "
-                                     f"producer was re-created") from exc
+            raise TransactionAborted(
+                f"{what} timed out ({err.str()}); the transactional producer was re-created"
+            ) from exc
 
     def renew(self, why: str) -> None:
         """Re-create this producer while no call of it runs: after its sibling's call wedged
@@ -320,9 +362,14 @@ class KafkaTransactions:
     def _renew(self, what: str, err: KafkaError | None) -> None:
         if self.abandoned:
             return  # its successor's epoch already fences this producer
-        log.warning("%s: %s%s; re-creating transactional producer %s: its new epoch "
-                    "fences the old one's late requests", self.who, what,
-                    "" if err is None else f" ({err.str()})", self.transactional_id)
+        log.warning(
+            "%s: %s%s; re-creating transactional producer %s: its new epoch "
+            "fences the old one's late requests",
+            self.who,
+            what,
+            "" if err is None else f" ({err.str()})",
+            self.transactional_id,
+        )
         with contextlib.suppress(KafkaException, RuntimeError):
             self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         self.producer = confluent_kafka.Producer(self._conf)
@@ -336,36 +383,44 @@ class KafkaTransactions:
         self._broken = True
         return FatalKafkaError(
             f"{self.who}: {what}: {err.str()} (fatal: fenced by another instance with "
-            f"transactional.id {self.transactional_id}, or the producer broke)", err)
+            f"transactional.id {self.transactional_id}, or the producer broke)",
+            err,
+        )
 
     def _outlived_its_timeout(self) -> bool:
         """Whether the open transaction is older than transaction.timeout.ms: the broker has
         aborted it and bumped the epoch (a frozen or dying broker), and librdkafka reports
         what follows as fatal (fenced, invalid state). No twin is implied: a twin fences a
         fresh transaction."""
-        return (self._begun_at is not None
-                and time.monotonic() - self._begun_at > TRANSACTION_TIMEOUT_MS / 1000)
+        return (
+            self._begun_at is not None
+            and time.monotonic() - self._begun_at > TRANSACTION_TIMEOUT_MS / 1000
+        )
 
     def _fenced_or_fatal(self, what: str, err: KafkaError) -> RmqError:
         """The error to raise for a fatal ``err``: a replay on a new producer when the
         transaction outlived its timeout or the producer broke without a twin fencing it,
         else FatalKafkaError."""
         if self._outlived_its_timeout():
-            why = (f"{what} failed after the transaction outlived its "
-                   f"{TRANSACTION_TIMEOUT_MS} ms timeout")
+            why = (
+                f"{what} failed after the transaction outlived its "
+                f"{TRANSACTION_TIMEOUT_MS} ms timeout"
+            )
         elif err.code() not in TWIN_CODES:
             why = f"{what} failed: the producer broke (no newer instance fenced it)"
         else:
             return self._fatal(what, err)
         self._renew(why, err)
-        return TransactionAborted(f"{what}: {err.str()}; the transactional producer was "
-                                  f"re-created")
+        return TransactionAborted(f"{what}: {err.str()}; the transactional producer was re-created")
 
     def _abort(self, err: KafkaError, exc: BaseException) -> NoReturn:
         if triage(err) is TxnErrorKind.FATAL:
             raise self._fenced_or_fatal("transaction", err) from exc
-        log.warning("%s: transaction failed (%s); aborting and replaying from committed "
-                    "offsets", self.who, err.str())
+        log.warning(
+            "%s: transaction failed (%s); aborting and replaying from committed offsets",
+            self.who,
+            err.str(),
+        )
         try:
             self._end("aborting", self.producer.abort_transaction)
         except KafkaException as abort_exc:
@@ -419,8 +474,13 @@ class CommitThread:
                 future.set_exception(exc)
 
 
-def transactional_loop(who: str, step: Callable[[], object], replay: Callable[[], object],
-                       stop: threading.Event, *more_stops: threading.Event) -> None:
+def transactional_loop(
+    who: str,
+    step: Callable[[], object],
+    replay: Callable[[], object],
+    stop: threading.Event,
+    *more_stops: threading.Event,
+) -> None:
     """Run ``step()`` until ``stop`` (or one of ``more_stops``) is set, the same way in both
     services: a fatal error ends the loop; after an abort or any other product error,
     ``replay()`` goes back to the committed state (after a pause unless it was an abort)."""
@@ -437,7 +497,8 @@ def transactional_loop(who: str, step: Callable[[], object], replay: Callable[[]
         except TransactionAborted:
             replay_due = True
         except RmqError as exc:
-            log.warning("%s: %s; replaying from committed offsets in %.1f s", who, exc,
-                        RETRY_PAUSE_S)
+            log.warning(
+                "%s: %s; replaying from committed offsets in %.1f s", who, exc, RETRY_PAUSE_S
+            )
             replay_due = True
             stop.wait(RETRY_PAUSE_S)

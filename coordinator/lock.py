@@ -107,16 +107,20 @@ def lock_request_problem(request: LockRequest) -> str | None:
     for ref in request.queues:
         if not _TOPIC.fullmatch(ref.topic) or ref.topic in (".", "..") or ref.partition < 0:
             return f"queue {ref.topic[:64]!r}[{ref.partition}] is not a Kafka partition"
-    reply = reply_bound(request.client_id, request.request_id,
-                        (ref.topic for ref in request.queues))
+    reply = reply_bound(
+        request.client_id, request.request_id, (ref.topic for ref in request.queues)
+    )
     if reply > MAX_REPLY_BYTES:
-        return (f"{len(request.queues)} queues: its reply could reach {reply} bytes "
-                f"(at most {MAX_REPLY_BYTES}); send fewer per request")
+        return (
+            f"{len(request.queues)} queues: its reply could reach {reply} bytes "
+            f"(at most {MAX_REPLY_BYTES}); send fewer per request"
+        )
     return None
 
 
-def stale_lock_request(request: LockRequest, lease_ms: int, now_ms: int,
-                       appended_ms: int | None = None) -> int | None:
+def stale_lock_request(
+    request: LockRequest, lease_ms: int, now_ms: int, appended_ms: int | None = None
+) -> int | None:
     """The age of a lock request too old to grant, else None.
 
     RocketMQ's lock is a synchronous call; here a request can wait in the request topic
@@ -157,13 +161,29 @@ class LockDecision:
 
     def result(self) -> QueueResult:
         """This decision as the reply record carries it."""
-        return QueueResult(self.key.topic, self.key.partition, self.granted, self.reason,
-                           self.epoch, self.lease_ms, self.expires_at_ms, self.client_id)
+        return QueueResult(
+            self.key.topic,
+            self.key.partition,
+            self.granted,
+            self.reason,
+            self.epoch,
+            self.lease_ms,
+            self.expires_at_ms,
+            self.client_id,
+        )
 
 
 def _answer(entry: LockEntry, granted: bool, reason: str, changed: bool) -> LockDecision:
-    return LockDecision(entry.key, granted, reason, entry.client_id, entry.epoch,
-                        entry.lease_ms, entry.expires_at_ms, entry if changed else None)
+    return LockDecision(
+        entry.key,
+        granted,
+        reason,
+        entry.client_id,
+        entry.epoch,
+        entry.lease_ms,
+        entry.expires_at_ms,
+        entry if changed else None,
+    )
 
 
 class LockTable:
@@ -224,8 +244,10 @@ class LockTable:
         it took over. An entry older than the one known is ignored (epochs only grow).
         """
         known = self._lookup(entry.key)
-        if known is not None and (known.epoch, known.updated_at_ms) > (entry.epoch,
-                                                                      entry.updated_at_ms):
+        if known is not None and (known.epoch, known.updated_at_ms) > (
+            entry.epoch,
+            entry.updated_at_ms,
+        ):
             return known
         if entry.state is LockState.HELD:
             entry = replace(entry, expires_at_ms=max(entry.expires_at_ms, now_ms + grace_ms))
@@ -242,8 +264,9 @@ class LockTable:
         entry = self.get(key)
         expires = now_ms + lease_ms
         if entry.held_by(client_id, now_ms):
-            renewed = entry.moved(LockState.HELD, lease_ms=lease_ms, expires_at_ms=expires,
-                                  updated_at_ms=now_ms)
+            renewed = entry.moved(
+                LockState.HELD, lease_ms=lease_ms, expires_at_ms=expires, updated_at_ms=now_ms
+            )
             self._put(renewed)
             return _answer(renewed, True, "renewed", True)
         if entry.live(now_ms):
@@ -252,14 +275,21 @@ class LockTable:
         if entry.state is LockState.HELD:  # lapsed lease: it expires now, then is taken over
             entry = entry.moved(LockState.EXPIRED, updated_at_ms=now_ms)
             reason = "taken_over"
-        granted = entry.moved(LockState.HELD, client_id=client_id, epoch=entry.epoch + 1,
-                              lease_ms=lease_ms, acquired_at_ms=now_ms, expires_at_ms=expires,
-                              updated_at_ms=now_ms)
+        granted = entry.moved(
+            LockState.HELD,
+            client_id=client_id,
+            epoch=entry.epoch + 1,
+            lease_ms=lease_ms,
+            acquired_at_ms=now_ms,
+            expires_at_ms=expires,
+            updated_at_ms=now_ms,
+        )
         self._put(granted)
         return _answer(granted, True, reason, True)
 
-    def unlock(self, key: LockKey, client_id: str, now_ms: int,
-               epoch: int | None = None) -> LockDecision:
+    def unlock(
+        self, key: LockKey, client_id: str, now_ms: int, epoch: int | None = None
+    ) -> LockDecision:
         """Release ``key`` if ``client_id`` holds it (and, if given, with ``epoch``)."""
         entry = self.get(key)
         if not entry.held_by(client_id, now_ms):
@@ -297,8 +327,13 @@ class LeaseCeiling:
             return request.lease_ms
         if request.lease_ms not in self._logged and len(self._logged) < CAP_LOG_MAX:
             self._logged.add(request.lease_ms)
-            log.warning("lock requests of %s (group %s) ask a %d ms lease; this coordinator "
-                        "grants at most lock_lease_ms=%d ms, so the consumer's lock_renew_ms "
-                        "must stay below 2/3 of that", request.client_id, request.group,
-                        request.lease_ms, ceiling)
+            log.warning(
+                "lock requests of %s (group %s) ask a %d ms lease; this coordinator "
+                "grants at most lock_lease_ms=%d ms, so the consumer's lock_renew_ms "
+                "must stay below 2/3 of that",
+                request.client_id,
+                request.group,
+                request.lease_ms,
+                ceiling,
+            )
         return ceiling

@@ -26,9 +26,13 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def read_tables(reader: confluent_kafka.Consumer, topic: str, parts: list[int],
-                 default_lease_ms: int,
-                 count: Callable[[str], None]) -> tuple[dict[int, LockTable], int]:
+def read_tables(
+    reader: confluent_kafka.Consumer,
+    topic: str,
+    parts: list[int],
+    default_lease_ms: int,
+    count: Callable[[str], None],
+) -> tuple[dict[int, LockTable], int]:
     """Read the lock topic's ``parts`` to their end into one table each; returns the tables
     and how many records were loaded. Malformed records are counted and skipped."""
     tables = {p: LockTable() for p in parts}
@@ -40,8 +44,10 @@ def read_tables(reader: confluent_kafka.Consumer, topic: str, parts: list[int],
         deadline = time.monotonic() + REBUILD_STALL_S
         while len(eof) < len(parts):
             if time.monotonic() > deadline:
-                raise KafkaOperationError(f"reading {topic} partitions {parts} made no "
-                                          f"progress for {REBUILD_STALL_S:.0f} s")
+                raise KafkaOperationError(
+                    f"reading {topic} partitions {parts} made no "
+                    f"progress for {REBUILD_STALL_S:.0f} s"
+                )
             msg = reader.poll(0.1)
             if msg is None:
                 continue
@@ -57,8 +63,9 @@ def read_tables(reader: confluent_kafka.Consumer, topic: str, parts: list[int],
                 entry = decode_lock_state(msg.key(), msg.value())
             except MalformedRecordError as exc:
                 count("malformed")
-                log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(),
-                            exc)
+                log.warning(
+                    "%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(), exc
+                )
                 continue
             tables[msg.partition()].restore(entry, _now_ms(), entry.lease_ms or default_lease_ms)
             loaded += 1

@@ -115,42 +115,59 @@ def _appended_ms(msg: confluent_kafka.Message) -> int | None:
     return ts if kind == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME else None
 
 
-def _stale(msg: confluent_kafka.Message, request: LockRequest, lease_ms: int,
-           now_ms: int) -> bool:
+def _stale(msg: confluent_kafka.Message, request: LockRequest, lease_ms: int, now_ms: int) -> bool:
     """Whether to refuse ``request`` as older than its client waits (logged if so)."""
     age = stale_lock_request(request, lease_ms, now_ms, _appended_ms(msg))
     if age is None:
         return False
-    log.info("%s[%d]@%d: lock request %s of %s is %d ms old (its client waits %d ms); "
-             "refused as stale", msg.topic(), msg.partition(), msg.offset(),
-             request.request_id, request.client_id, age, request.wait_ms)
+    log.info(
+        "%s[%d]@%d: lock request %s of %s is %d ms old (its client waits %d ms); refused as stale",
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        request.request_id,
+        request.client_id,
+        age,
+        request.wait_ms,
+    )
     return True
 
 
-def _open_clients(conf: dict, group: str, transactional_id: str,
-                  stop: threading.Event) -> _Clients:
+def _open_clients(conf: dict, group: str, transactional_id: str, stop: threading.Event) -> _Clients:
     """The service's transactional producer, its request consumer (in the group) and the
     reader of the lock topic (assign only)."""
     txn = KafkaTransactions(conf, transactional_id, who="lock service")
     txn.init(stop)
-    consumer = confluent_kafka.Consumer(client_conf(conf, who="lock service", forced={
-        "group.id": group,
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "earliest",
-        "group.protocol": "classic",  # whatever --kafka-option says: range needs it
-        "partition.assignment.strategy": "range",
-        "session.timeout.ms": SESSION_TIMEOUT_MS,
-        "fetch.wait.max.ms": 20,
-    }))
-    reader = confluent_kafka.Consumer(client_conf(conf, who="lock service", forced={
-        "group.id": f"{group}-reader",  # never joined nor committed: assign() only
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
-    }))
+    consumer = confluent_kafka.Consumer(
+        client_conf(
+            conf,
+            who="lock service",
+            forced={
+                "group.id": group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "group.protocol": "classic",  # whatever --kafka-option says: range needs it
+                "partition.assignment.strategy": "range",
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "fetch.wait.max.ms": 20,
+            },
+        )
+    )
+    reader = confluent_kafka.Consumer(
+        client_conf(
+            conf,
+            who="lock service",
+            forced={
+                "group.id": f"{group}-reader",  # never joined nor committed: assign() only
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
+            },
+        )
+    )
     return _Clients(consumer, txn, reader)
 
 
@@ -165,8 +182,7 @@ class LockService:
     the poison handling of its requests share the clients, tables and in-flight partitions.
     """
 
-    def __init__(self, conf: dict, settings: CoordinatorSettings, *,
-                 metrics: Any = None) -> None:
+    def __init__(self, conf: dict, settings: CoordinatorSettings, *, metrics: Any = None) -> None:
         if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
             raise ConfigError("LockService conf must be a dict with 'bootstrap.servers'")
         self.conf = dict(conf)
@@ -206,8 +222,12 @@ class LockService:
             self._finished.clear()
         try:
             self._startup(stop)
-            log.info("lock service %s running (prefix %s, %d request partitions)",
-                     self.instance_id, self.settings.topic_prefix, self._request_partitions)
+            log.info(
+                "lock service %s running (prefix %s, %d request partitions)",
+                self.instance_id,
+                self.settings.topic_prefix,
+                self._request_partitions,
+            )
             self.ready.set()
             transactional_loop("lock service", self._step, self._replay, stop, self._halt)
         finally:
@@ -220,10 +240,14 @@ class LockService:
         """Stop (after the transaction in progress) and release the clients. Idempotent."""
         self._halt.set()
         runner = self._runner
-        if (runner is not None and runner is not threading.current_thread()
-                and not self._finished.wait(CLOSE_TIMEOUT_S)):
-            log.warning("lock service %s did not stop within %.0f s", self.instance_id,
-                        CLOSE_TIMEOUT_S)
+        if (
+            runner is not None
+            and runner is not threading.current_thread()
+            and not self._finished.wait(CLOSE_TIMEOUT_S)
+        ):
+            log.warning(
+                "lock service %s did not stop within %.0f s", self.instance_id, CLOSE_TIMEOUT_S
+            )
             return
         self._close_clients()
 
@@ -257,8 +281,12 @@ class LockService:
     def _startup(self, stop: threading.Event) -> None:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
-                ensure_topics(self.conf, lock_topic_specs(self.settings), replicated=True,
-                              replication_factor=self.settings.system_replication_factor)
+                ensure_topics(
+                    self.conf,
+                    lock_topic_specs(self.settings),
+                    replicated=True,
+                    replication_factor=self.settings.system_replication_factor,
+                )
         requests = topic_partition_count(self.conf, self.topics.lock_request)
         state = topic_partition_count(self.conf, self.topics.lock)
         replies = topic_partition_count(self.conf, self.topics.lock_reply)
@@ -266,17 +294,26 @@ class LockService:
             raise ConfigError(
                 f"{self.topics.lock_request} has {requests} partitions and {self.topics.lock} "
                 f"has {state}; they must be co-partitioned (same count) — delete and recreate "
-                "them with the same half_partitions")
+                "them with the same half_partitions"
+            )
         if requests != self.settings.half_partitions:
-            log.warning("%s has %d partitions (half_partitions=%d); using %d",
-                        self.topics.lock_request, requests, self.settings.half_partitions,
-                        requests)
+            log.warning(
+                "%s has %d partitions (half_partitions=%d); using %d",
+                self.topics.lock_request,
+                requests,
+                self.settings.half_partitions,
+                requests,
+            )
         self._request_partitions, self._reply_partitions = requests, replies
         clients = _open_clients(self.conf, self.group, self.transactional_id, stop)
         with self._state_lock:
             self._c = clients
-        clients.consumer.subscribe([self.topics.lock_request], on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        clients.consumer.subscribe(
+            [self.topics.lock_request],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
 
     # -- partition ownership (called from inside consume()) ---------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -286,8 +323,11 @@ class LockService:
         for tp in partitions:
             self._assigned.add(tp.partition)
             self._unready.add(tp.partition)
-        log.info("lock service %s assigned request partitions %s", self.instance_id,
-                 sorted(tp.partition for tp in partitions))
+        log.info(
+            "lock service %s assigned request partitions %s",
+            self.instance_id,
+            sorted(tp.partition for tp in partitions),
+        )
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         # Between transactions by construction: consume() is only called outside one.
@@ -295,8 +335,11 @@ class LockService:
             self._assigned.discard(tp.partition)
             self._unready.discard(tp.partition)
             self._tables.pop(tp.partition, None)
-        log.info("lock service %s gave up request partitions %s", self.instance_id,
-                 sorted(tp.partition for tp in partitions))
+        log.info(
+            "lock service %s gave up request partitions %s",
+            self.instance_id,
+            sorted(tp.partition for tp in partitions),
+        )
 
     def _rebuild(self) -> None:
         """Load the lock tables of the partitions just taken over, then resume them."""
@@ -306,25 +349,39 @@ class LockService:
         try:
             committed = clients.consumer.committed(request_tps, timeout=COMMITTED_TIMEOUT_S)
         except KafkaException as exc:
-            raise KafkaOperationError.wrap("reading committed request offsets",
-                                           exc.args[0]) from exc
-        tables, loaded = read_tables(clients.reader, self.topics.lock, parts,
-                                      self.settings.lock_lease_ms, self._count)
+            raise KafkaOperationError.wrap(
+                "reading committed request offsets", exc.args[0]
+            ) from exc
+        tables, loaded = read_tables(
+            clients.reader, self.topics.lock, parts, self.settings.lock_lease_ms, self._count
+        )
         for tp in committed:
             if tp.partition in self._unready:
                 self._tables[tp.partition] = tables[tp.partition]
                 # Replay exactly from the committed offset (matters after an abort).
-                start = TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0
-                                       else confluent_kafka.OFFSET_BEGINNING)
+                start = TopicPartition(
+                    tp.topic,
+                    tp.partition,
+                    tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING,
+                )
                 try:
                     clients.consumer.seek(start)
                 except KafkaException as exc:  # not fetching yet: it starts there anyway
-                    log.debug("seek %s[%d]@%d: %s", tp.topic, tp.partition, start.offset,
-                              exc.args[0].str())
+                    log.debug(
+                        "seek %s[%d]@%d: %s",
+                        tp.topic,
+                        tp.partition,
+                        start.offset,
+                        exc.args[0].str(),
+                    )
                 self._unready.discard(tp.partition)
         clients.consumer.resume(request_tps)
-        log.info("lock service %s took over partitions %s with %d lock records", self.instance_id,
-                 parts, loaded)
+        log.info(
+            "lock service %s took over partitions %s with %d lock records",
+            self.instance_id,
+            parts,
+            loaded,
+        )
 
     # -- the main loop ---------------------------------------------------------------------
     def _step(self) -> None:
@@ -346,7 +403,7 @@ class LockService:
                 batch.append(msg)
         # After an abort, its requests go one per transaction: the one that fails is found.
         alone = self._poison.suspect([(m.partition(), m.offset()) for m in batch])
-        for part in ([[m] for m in batch] if alone else [batch] if batch else []):
+        for part in [[m] for m in batch] if alone else [batch] if batch else []:
             self._in_flight = {msg.partition() for msg in part}
             self._process(part)
             self._in_flight = set()
@@ -372,31 +429,47 @@ class LockService:
                 continue
             if (problem := lock_request_problem(request)) is not None:
                 self._count("invalid_request")
-                log.warning("%s[%d]@%d lock request %.64s set aside, not answered: %s",
-                            msg.topic(), p, msg.offset(), request.request_id, problem)
+                log.warning(
+                    "%s[%d]@%d lock request %.64s set aside, not answered: %s",
+                    msg.topic(),
+                    p,
+                    msg.offset(),
+                    request.request_id,
+                    problem,
+                )
                 continue
             self._count("requests")
             if _stale(msg, request, self._lease(request), now):
                 self._count("stale")
                 results = tuple(QueueResult.refused(ref, "stale") for ref in request.queues)
             else:
-                results = tuple(self._decide(table, p, request, now, ref)
-                                for ref in request.queues)
+                results = tuple(self._decide(table, p, request, now, ref) for ref in request.queues)
             if 0 <= request.reply_partition < self._reply_partitions:
-                replies.append((request.reply_partition, LockReply(
-                    request.request_id, request.client_id, request.kind, results)))
+                replies.append(
+                    (
+                        request.reply_partition,
+                        LockReply(request.request_id, request.client_id, request.kind, results),
+                    )
+                )
             else:
-                log.warning("%s[%d]@%d: reply partition %d does not exist; not answered",
-                            msg.topic(), p, msg.offset(), request.reply_partition)
-        offsets = [TopicPartition(self.topics.lock_request, p, off + 1)
-                   for p, off in sorted(last.items())]
+                log.warning(
+                    "%s[%d]@%d: reply partition %d does not exist; not answered",
+                    msg.topic(),
+                    p,
+                    msg.offset(),
+                    request.reply_partition,
+                )
+        offsets = [
+            TopicPartition(self.topics.lock_request, p, off + 1) for p, off in sorted(last.items())
+        ]
         self._write(staged, replies, offsets, [(m.partition(), m.offset()) for m in batch])
         for p, table in staged.items():
             if p in self._tables:
                 self._tables[p].absorb(table)
 
-    def _decide(self, table: LockTable, partition: int, request: LockRequest, now: int,
-                ref: Any) -> QueueResult:
+    def _decide(
+        self, table: LockTable, partition: int, request: LockRequest, now: int, ref: Any
+    ) -> QueueResult:
         key = ref.key(request.group)
         if key.request_partition(self._request_partitions) != partition:
             self._count("misrouted")
@@ -408,37 +481,62 @@ class LockService:
                 decision = table.unlock(key, request.client_id, now, ref.epoch)
         except ConfigError as exc:
             self._count("invalid")
-            log.warning("lock request %s from %s for %s refused: %s", request.request_id,
-                        request.client_id, key, exc)
+            log.warning(
+                "lock request %s from %s for %s refused: %s",
+                request.request_id,
+                request.client_id,
+                key,
+                exc,
+            )
             return QueueResult.refused(ref, "invalid")
         self._count(decision.reason)
         if decision.reason == "taken_over":
-            log.info("%s: lapsed lease taken over by %s with epoch %d", key,
-                     request.client_id, decision.epoch)
+            log.info(
+                "%s: lapsed lease taken over by %s with epoch %d",
+                key,
+                request.client_id,
+                decision.epoch,
+            )
         return decision.result()
 
-    def _write(self, staged: dict[int, LockTable], replies: list[tuple[int, LockReply]],
-               offsets: list[TopicPartition], requests: list[tuple[int, int]]) -> None:
+    def _write(
+        self,
+        staged: dict[int, LockTable],
+        replies: list[tuple[int, LockReply]],
+        offsets: list[TopicPartition],
+        requests: list[tuple[int, int]],
+    ) -> None:
         """One transaction: state changes, replies, offsets (TransactionAborted: replay,
         and ``requests`` are suspects: see :meth:`_blame`)."""
         clients = self._clients()
         try:
-            with clients.txn.transaction(offsets,
-                                         clients.consumer.consumer_group_metadata()) as producer:
+            with clients.txn.transaction(
+                offsets, clients.consumer.consumer_group_metadata()
+            ) as producer:
                 for p, table in staged.items():
                     for entry in table:
-                        producer.produce(self.topics.lock, encode(entry),
-                                         key=entry.key.record_key(), partition=p)
+                        producer.produce(
+                            self.topics.lock, encode(entry), key=entry.key.record_key(), partition=p
+                        )
                 for partition, reply in replies:
-                    producer.produce(self.topics.lock_reply, encode(reply),
-                                     key=reply.client_id.encode(), partition=partition)
+                    producer.produce(
+                        self.topics.lock_reply,
+                        encode(reply),
+                        key=reply.client_id.encode(),
+                        partition=partition,
+                    )
         except TransactionAborted as exc:
             self._count("aborted")
             if (poison := self._poison.failed(requests)) is not None:
                 self._count("poison")
-                log.warning("%s[%d]@%d lock request set aside, not answered: its transaction "
-                            "failed %d times alone (%s)", self.topics.lock_request, *poison,
-                            self.settings.replay_max, exc)
+                log.warning(
+                    "%s[%d]@%d lock request set aside, not answered: its transaction "
+                    "failed %d times alone (%s)",
+                    self.topics.lock_request,
+                    *poison,
+                    self.settings.replay_max,
+                    exc,
+                )
             raise
         self._poison.passed(requests)
 
@@ -450,10 +548,14 @@ class LockService:
         replay = sorted(self._in_flight & self._assigned)
         self._in_flight = set()
         if replay:
-            log.info("lock service %s replays request partitions %s from committed offsets",
-                     self.instance_id, replay)
+            log.info(
+                "lock service %s replays request partitions %s from committed offsets",
+                self.instance_id,
+                replay,
+            )
             self._clients().consumer.pause(
-                [TopicPartition(self.topics.lock_request, p) for p in replay])
+                [TopicPartition(self.topics.lock_request, p) for p in replay]
+            )
             self._unready.update(replay)
 
     def _count(self, event: str) -> None:

@@ -47,8 +47,12 @@ def canonical(op_topic: str, partition: int, record: SystemRecord) -> bytes:
     MAC, as JSON with sorted keys (independent of the Avro schema version it travels in)."""
     body = record.to_body()
     body.pop("mac", None)
-    return json.dumps([DOMAIN, type(record).__name__, op_topic, partition, body],
-                      sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        [DOMAIN, type(record).__name__, op_topic, partition, body],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
 
 
 class MarkerKey:
@@ -59,13 +63,14 @@ class MarkerKey:
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES:
             size = len(key) if isinstance(key, bytes) else type(key).__name__
-            raise ConfigError(f"the marker key must be at least {MIN_KEY_BYTES} bytes, got "
-                              f"{size}; generate one with `openssl rand -base64 32`")
+            raise ConfigError(
+                f"the marker key must be at least {MIN_KEY_BYTES} bytes, got "
+                f"{size}; generate one with `openssl rand -base64 32`"
+            )
         self._key = key
 
     def mac(self, op_topic: str, partition: int, record: SystemRecord) -> bytes:
-        return hmac.new(self._key, canonical(op_topic, partition, record),
-                        hashlib.sha256).digest()
+        return hmac.new(self._key, canonical(op_topic, partition, record), hashlib.sha256).digest()
 
     def sign(self, op_topic: str, partition: int, record: SystemRecord) -> SystemRecord:
         """``record`` with its ``mac`` set, if it is a type the coordinator signs."""

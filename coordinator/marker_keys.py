@@ -46,8 +46,13 @@ from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, SystemTopics, topic_partition_count
 
-__all__ = ["configured_key", "keys_topic_spec", "load_verifier", "security_on",
-           "tenancy_watermarks"]
+__all__ = [
+    "configured_key",
+    "keys_topic_spec",
+    "load_verifier",
+    "security_on",
+    "tenancy_watermarks",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +79,16 @@ def configured_key(settings: CoordinatorSettings, conf: Mapping[str, Any]) -> Ma
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"--marker-key-file {path}: cannot read it "
-                              f"({exc.strerror or exc})") from exc
+            raise ConfigError(
+                f"--marker-key-file {path}: cannot read it ({exc.strerror or exc})"
+            ) from exc
         return MarkerKey(data.strip())
     if security_on(conf):
         raise ConfigError(
             f"Kafka security is on (security.protocol={conf['security.protocol']}) but no "
             "marker key is set: give every coordinator the same key in env RMQ_MARKER_KEY or "
-            "a file named by --marker-key-file")
+            "a file named by --marker-key-file"
+        )
     return None
 
 
@@ -90,8 +97,9 @@ def keys_topic_spec(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[
     return {SystemTopics(settings.topic_prefix).keys: (1, {"cleanup.policy": "compact"})}
 
 
-def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | None,
-                  instance_id: str) -> MarkerVerifier:
+def load_verifier(
+    conf: dict, settings: CoordinatorSettings, key: MarkerKey | None, instance_id: str
+) -> MarkerVerifier:
     """The key (generated and stored if ``key`` is None) and every Op partition's upgrade
     watermark (recorded now if missing), agreed through the keys topic."""
     topics = SystemTopics(settings.topic_prefix)
@@ -105,8 +113,9 @@ def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | No
             records = store.read()
             key = _first_key(records)
             if key is None:
-                raise KafkaOperationError(f"the marker key written to {topics.keys} was "
-                                          "not read back")
+                raise KafkaOperationError(
+                    f"the marker key written to {topics.keys} was not read back"
+                )
             log.info("no marker key given: generated one and stored it in %s", topics.keys)
         partitions = topic_partition_count(conf, topics.op) or 0
         missing = [p for p in range(partitions) if p not in _watermarks(records)]
@@ -118,10 +127,12 @@ def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | No
             # This start decides, once: records of ours (before history existed), or an
             # older release's committed progress, say coordinators ran here before.
             earlier = any(_watermarks(records).values()) or store.had_coordinator(
-                topics.coordinator_group, {topics.half, topics.op})
+                topics.coordinator_group, {topics.half, topics.op}
+            )
             ends = store.end_offsets(topics.op, missing) if earlier and missing else {}
-            wanted += [(f"{WATERMARK}/{p}", {"partition": p, "offset": ends.get(p, 0)})
-                       for p in missing]
+            wanted += [
+                (f"{WATERMARK}/{p}", {"partition": p, "offset": ends.get(p, 0)}) for p in missing
+            ]
             wanted.append((HISTORY, {"earlier": earlier}))  # after them: they landed first
         else:
             # Added since the first signing coordinator: only signed markers belong there.
@@ -136,16 +147,21 @@ def load_verifier(conf: dict, settings: CoordinatorSettings, key: MarkerKey | No
         raise ConfigError(
             f"this coordinator's marker key differs from the one the coordinators of prefix "
             f"{topics.prefix} use (recorded in {topics.keys}); give every coordinator the "
-            "same RMQ_MARKER_KEY or --marker-key-file")
+            "same RMQ_MARKER_KEY or --marker-key-file"
+        )
     watermarks = _watermarks(records)
     if missing:
-        log.info("upgrade watermarks of %s: %s (unsigned markers below them are trusted)",
-                 topics.op, {p: watermarks.get(p) for p in missing})
+        log.info(
+            "upgrade watermarks of %s: %s (unsigned markers below them are trusted)",
+            topics.op,
+            {p: watermarks.get(p) for p in missing},
+        )
     return MarkerVerifier(key, topics.op, watermarks)
 
 
-def tenancy_watermarks(conf: dict, settings: CoordinatorSettings,
-                       instance_id: str) -> dict[str, dict[int, int]]:
+def tenancy_watermarks(
+    conf: dict, settings: CoordinatorSettings, instance_id: str
+) -> dict[str, dict[int, int]]:
     """Per half and Op partition (``{"half": {p: offset}, "op": ...}``), the offset below
     which records were written before tenant isolation was on: the partitions' ends at the
     first start with it (recorded then; the first record wins), so pending transactions of
@@ -155,15 +171,18 @@ def tenancy_watermarks(conf: dict, settings: CoordinatorSettings,
     try:
         record = _first(store.read(), TENANCY)
         if record is None:
-            ends = {name: store.end_offsets(topic, list(range(
-                        topic_partition_count(conf, topic) or 0)))
-                    for name, topic in (("half", topics.half), ("op", topics.op))}
-            store.write([(TENANCY, {t: {str(p): o for p, o in e.items()}
-                                    for t, e in ends.items()})])
+            ends = {
+                name: store.end_offsets(topic, list(range(topic_partition_count(conf, topic) or 0)))
+                for name, topic in (("half", topics.half), ("op", topics.op))
+            }
+            store.write(
+                [(TENANCY, {t: {str(p): o for p, o in e.items()} for t, e in ends.items()})]
+            )
             record = _first(store.read(), TENANCY)
             if record is None:
-                raise KafkaOperationError(f"the tenancy watermarks written to {topics.keys} "
-                                          "were not read back")
+                raise KafkaOperationError(
+                    f"the tenancy watermarks written to {topics.keys} were not read back"
+                )
             log.info("tenant isolation on: records below %s are trusted unsigned", record)
     finally:
         store.close()
@@ -204,12 +223,19 @@ def _parse(value: bytes | None) -> dict | None:
     elif kind == HISTORY:
         valid = type(record.get("earlier")) is bool
     elif kind == TENANCY:
-        valid = all(isinstance(record.get(t), dict) and all(
-            isinstance(p, str) and p.isdigit() and type(o) is int
-            for p, o in record[t].items()) for t in ("half", "op"))
+        valid = all(
+            isinstance(record.get(t), dict)
+            and all(
+                isinstance(p, str) and p.isdigit() and type(o) is int for p, o in record[t].items()
+            )
+            for t in ("half", "op")
+        )
     else:
-        valid = (kind == WATERMARK and type(record.get("partition")) is int
-                 and type(record.get("offset")) is int)
+        valid = (
+            kind == WATERMARK
+            and type(record.get("partition")) is int
+            and type(record.get("offset")) is int
+        )
     return record if valid else None
 
 
@@ -220,17 +246,28 @@ class _KeysTopic:
         self.topic = topic
         self.conf = conf
         self.instance_id = f"{instance_id}-{uuid.uuid4().hex[:8]}"
-        self.reader = confluent_kafka.Consumer(client_conf(conf, who="coordinator",
-                                                           internal=True, forced={
-            "group.id": f"{topic}-reader",  # assign() only: never joined nor committed
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-        }))
-        self.producer = confluent_kafka.Producer(client_conf(conf, who="coordinator",
-                                                             internal=True, forced={
-            "enable.idempotence": True, "acks": "all"}))
+        self.reader = confluent_kafka.Consumer(
+            client_conf(
+                conf,
+                who="coordinator",
+                internal=True,
+                forced={
+                    "group.id": f"{topic}-reader",  # assign() only: never joined nor committed
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                },
+            )
+        )
+        self.producer = confluent_kafka.Producer(
+            client_conf(
+                conf,
+                who="coordinator",
+                internal=True,
+                forced={"enable.idempotence": True, "acks": "all"},
+            )
+        )
 
     def read(self) -> list[dict]:
         """Every record of ours, in log order."""
@@ -240,8 +277,9 @@ class _KeysTopic:
         try:
             while True:
                 if time.monotonic() > deadline:
-                    raise KafkaOperationError(f"reading {self.topic} did not reach its end "
-                                              f"within {READ_TIMEOUT_S:.0f} s")
+                    raise KafkaOperationError(
+                        f"reading {self.topic} did not reach its end within {READ_TIMEOUT_S:.0f} s"
+                    )
                 msg = self.reader.poll(0.1)
                 if msg is None:
                     continue
@@ -252,8 +290,12 @@ class _KeysTopic:
                     raise KafkaOperationError.wrap(f"reading {self.topic}", err)
                 record = _parse(msg.value())
                 if record is None:
-                    log.warning("%s[%d]@%d skipped: not a keys record", self.topic,
-                                msg.partition(), msg.offset())
+                    log.warning(
+                        "%s[%d]@%d skipped: not a keys record",
+                        self.topic,
+                        msg.partition(),
+                        msg.offset(),
+                    )
                 else:
                     records.append(record)
         finally:
@@ -271,24 +313,32 @@ class _KeysTopic:
         for name, fields in records:
             kind = name.split("/")[0]
             value = json.dumps({"v": RECORD_VERSION, "kind": kind, **fields}).encode()
-            self.producer.produce(self.topic, value, key=f"{name}/{self.instance_id}".encode(),
-                                  partition=0, on_delivery=delivered)
+            self.producer.produce(
+                self.topic,
+                value,
+                key=f"{name}/{self.instance_id}".encode(),
+                partition=0,
+                on_delivery=delivered,
+            )
         if self.producer.flush(WRITE_TIMEOUT_S) or failures:
             cause = failures[0] if failures else None
             if cause is not None:
                 raise KafkaOperationError.wrap(f"writing to {self.topic}", cause)
-            raise KafkaOperationError(f"writing to {self.topic} was not acknowledged "
-                                      f"within {WRITE_TIMEOUT_S:.0f} s")
+            raise KafkaOperationError(
+                f"writing to {self.topic} was not acknowledged within {WRITE_TIMEOUT_S:.0f} s"
+            )
 
     def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
         out = {}
         for p in partitions:
             try:
-                _low, high = self.reader.get_watermark_offsets(TopicPartition(topic, p),
-                                                               timeout=ADMIN_TIMEOUT_S)
+                _low, high = self.reader.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=ADMIN_TIMEOUT_S
+                )
             except KafkaException as exc:
-                raise KafkaOperationError.wrap(f"reading the end offset of {topic}[{p}]",
-                                               exc.args[0]) from exc
+                raise KafkaOperationError.wrap(
+                    f"reading the end offset of {topic}[{p}]", exc.args[0]
+                ) from exc
             out[p] = high
         return out
 
@@ -297,17 +347,17 @@ class _KeysTopic:
         admin = AdminClient(shared_conf(self.conf))
         request = [ConsumerGroupTopicPartitions(group)]
         try:
-            committed = admin.list_consumer_group_offsets(
-                request, request_timeout=ADMIN_TIMEOUT_S)[group].result(ADMIN_TIMEOUT_S)
+            committed = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)[
+                group
+            ].result(ADMIN_TIMEOUT_S)
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return False
-            raise KafkaOperationError.wrap(f"reading the committed offsets of {group}",
-                                           exc.args[0]) from exc
-        return any(tp.topic in topics and tp.offset >= 0
-                   for tp in committed.topic_partitions or ())
+            raise KafkaOperationError.wrap(
+                f"reading the committed offsets of {group}", exc.args[0]
+            ) from exc
+        return any(tp.topic in topics and tp.offset >= 0 for tp in committed.topic_partitions or ())
 
     def close(self) -> None:
         self.reader.close()
         self.producer.flush(WRITE_TIMEOUT_S)
-

@@ -91,14 +91,20 @@ class Assemblies:
         unit = self._units[anchor]
         first = unit.members[next(iter(unit.members))]
         if half.txn_size != unit.size:
-            return None, (f"rmq.txn_size={half.txn_size} differs from the {unit.size} of the "
-                          f"member at offset {first.offset}")
+            return None, (
+                f"rmq.txn_size={half.txn_size} differs from the {unit.size} of the "
+                f"member at offset {first.offset}"
+            )
         if half.txn_index in unit.members:
-            return None, (f"a second member with rmq.txn_index={half.txn_index} (the first "
-                          f"at offset {unit.members[half.txn_index].offset})")
+            return None, (
+                f"a second member with rmq.txn_index={half.txn_index} (the first "
+                f"at offset {unit.members[half.txn_index].offset})"
+            )
         if half.producer_group != first.producer_group:
-            return None, (f"producer group {half.producer_group!r} differs from the "
-                          f"{first.producer_group!r} of the member at offset {first.offset}")
+            return None, (
+                f"producer group {half.producer_group!r} differs from the "
+                f"{first.producer_group!r} of the member at offset {first.offset}"
+            )
         unit.members[half.txn_index] = half
         self._anchor_of[offset] = anchor
         return anchor, ""
@@ -109,9 +115,11 @@ class Assemblies:
         ``previous_offset``; None when no unit holds it (its done marker was read)."""
         anchor = self._anchor_of.get(previous_offset)
         held = self._units[anchor].members.get(half.txn_index) if anchor is not None else None
-        if held is None or held.offset != previous_offset or (held.txn_id, held.producer_group
-                                                               ) != (half.txn_id,
-                                                                     half.producer_group):
+        if (
+            held is None
+            or held.offset != previous_offset
+            or (held.txn_id, held.producer_group) != (half.txn_id, half.producer_group)
+        ):
             return None
         return anchor
 
@@ -145,8 +153,11 @@ class Assemblies:
 
     def waiting_ops(self) -> list[int]:
         """Op offsets of COMMITs waiting for members: not to be committed past."""
-        return [self._units[a].commit[1] for a in self._waiting  # type: ignore[index]
-                if self._units[a].commit is not None]
+        return [
+            self._units[a].commit[1]
+            for a in self._waiting  # type: ignore[index]
+            if self._units[a].commit is not None
+        ]
 
     def __contains__(self, offset: object) -> bool:
         return offset in self._anchor_of

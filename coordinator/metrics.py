@@ -26,8 +26,14 @@ log = logging.getLogger(__name__)
 
 # Label values created at 0 when the registry is made: a counter series that first appears
 # already at 1 has no increase() to Prometheus, so the first discard would never alert.
-REJECT_REASONS = ("mismatch", "no_such_offset", "not_half", "wrong_partition", "deferred_full",
-                  "unauthenticated")
+REJECT_REASONS = (
+    "mismatch",
+    "no_such_offset",
+    "not_half",
+    "wrong_partition",
+    "deferred_full",
+    "unauthenticated",
+)
 CHECK_ANSWERS = ("commit", "rollback", "unknown")
 LOCK_EVENTS = ("granted", "renewed", "taken_over", "released", "held_by_other", "stale")
 SERVICES = ("transactions", "locks")
@@ -40,68 +46,113 @@ class CoordinatorMetrics:
         self.promotions = Counter("rmq_promotions", "Committed half messages promoted", registry=r)
         self.rollbacks = Counter("rmq_rollbacks", "Half messages rolled back", registry=r)
         self.checks_issued = Counter("rmq_checks_issued", "Back-check requests sent", registry=r)
-        self.checks_answered = Counter("rmq_checks_answered", "Back-check answers read, by "
-                                       "the state answered", ["state"], registry=r)
+        self.checks_answered = Counter(
+            "rmq_checks_answered",
+            "Back-check answers read, by the state answered",
+            ["state"],
+            registry=r,
+        )
         self.check_horizon = Gauge(
-            "rmq_check_horizon_seconds", "Age by which a half message is decided or discarded "
+            "rmq_check_horizon_seconds",
+            "Age by which a half message is decided or discarded "
             "(transaction_timeout_ms + check_max x check_interval_ms) if its checks are "
-            "answered", registry=r)
-        self.partitions = Gauge("rmq_partitions", "Partitions of the half topic (transactions) "
-                                "or the lock-request topic (locks)", ["service"], registry=r)
-        self.owned_partitions = Gauge("rmq_owned_partitions", "Of those, the ones this "
-                                      "instance owns", ["service"], registry=r)
+            "answered",
+            registry=r,
+        )
+        self.partitions = Gauge(
+            "rmq_partitions",
+            "Partitions of the half topic (transactions) or the lock-request topic (locks)",
+            ["service"],
+            registry=r,
+        )
+        self.owned_partitions = Gauge(
+            "rmq_owned_partitions", "Of those, the ones this instance owns", ["service"], registry=r
+        )
         self.takeover_waiting = Gauge(
-            "rmq_takeover_waiting_partitions", "Half/op partitions taken over whose recovery "
+            "rmq_takeover_waiting_partitions",
+            "Half/op partitions taken over whose recovery "
             "waits for a transaction open there at the takeover (a previous owner's)",
-            registry=r)
-        self.discarded = Counter("rmq_discarded", "Half messages discarded", ["reason"],
-                                 registry=r)
-        self.rejected = Counter("rmq_rejected_requests", "End requests rejected", ["reason"],
-                                registry=r)
-        self.conflicting = Counter("rmq_conflicting_decisions",
-                                   "Decisions after the first final one, ignored", ["kind"],
-                                   registry=r)
-        self.malformed = Counter("rmq_malformed_records", "Records skipped as malformed",
-                                 ["topic"], registry=r)
+            registry=r,
+        )
+        self.discarded = Counter("rmq_discarded", "Half messages discarded", ["reason"], registry=r)
+        self.rejected = Counter(
+            "rmq_rejected_requests", "End requests rejected", ["reason"], registry=r
+        )
+        self.conflicting = Counter(
+            "rmq_conflicting_decisions",
+            "Decisions after the first final one, ignored",
+            ["kind"],
+            registry=r,
+        )
+        self.malformed = Counter(
+            "rmq_malformed_records", "Records skipped as malformed", ["topic"], registry=r
+        )
         self.forged_markers = Counter(
-            "rmq_forged_markers", "Done/check markers on the Op topic that no coordinator "
-            "signed, ignored", ["reason"], registry=r)
+            "rmq_forged_markers",
+            "Done/check markers on the Op topic that no coordinator signed, ignored",
+            ["reason"],
+            registry=r,
+        )
         self.duplicate_halves = Counter(
-            "rmq_duplicate_halves", "Copies of a half record already read (its transaction id "
-            "at another offset): rolled back, never promoted", registry=r)
-        self.aborted = Counter("rmq_transactions_aborted",
-                               "Coordinator Kafka transactions aborted and replayed", registry=r)
-        self.pending = Gauge("rmq_pending_transactions", "Pending half messages", ["partition"],
-                             registry=r)
-        self.tracked = Gauge("rmq_tracked_transactions",
-                             "Transactions held in memory (pending, recently decided, "
-                             "deferred), bounded by about one re-append horizon of traffic",
-                             ["partition"], registry=r)
-        self.reappended = Counter("rmq_reappended",
-                                  "Pending half messages written again past the re-append "
-                                  "horizon", registry=r)
-        self.oldest_pending_age = Gauge("rmq_oldest_pending_age_seconds",
-                                        "Age of the oldest pending half message",
-                                        ["partition"], registry=r)
+            "rmq_duplicate_halves",
+            "Copies of a half record already read (its transaction id "
+            "at another offset): rolled back, never promoted",
+            registry=r,
+        )
+        self.aborted = Counter(
+            "rmq_transactions_aborted",
+            "Coordinator Kafka transactions aborted and replayed",
+            registry=r,
+        )
+        self.pending = Gauge(
+            "rmq_pending_transactions", "Pending half messages", ["partition"], registry=r
+        )
+        self.tracked = Gauge(
+            "rmq_tracked_transactions",
+            "Transactions held in memory (pending, recently decided, "
+            "deferred), bounded by about one re-append horizon of traffic",
+            ["partition"],
+            registry=r,
+        )
+        self.reappended = Counter(
+            "rmq_reappended",
+            "Pending half messages written again past the re-append horizon",
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "rmq_oldest_pending_age_seconds",
+            "Age of the oldest pending half message",
+            ["partition"],
+            registry=r,
+        )
         self.promotion_latency = Histogram(
-            "rmq_promotion_latency_seconds", "Half message born -> promoted",
+            "rmq_promotion_latency_seconds",
+            "Half message born -> promoted",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=r)
+            registry=r,
+        )
         self.promotion_blocked = Gauge(
-            "rmq_promotion_blocked", "1 while promotion is blocked for this reason (the last "
+            "rmq_promotion_blocked",
+            "1 while promotion is blocked for this reason (the last "
             "Kafka transaction aborted with records not taken in time); 0 once one commits",
-            ["reason"], registry=r)
-        self.lock_events = Counter("rmq_lock_events", "Queue-lock grants/expiries/denials",
-                                   ["event"], registry=r)
-        for family, values in ((self.discarded, [str(d) for d in DiscardReason]),
-                               (self.rejected, REJECT_REASONS),
-                               (self.checks_answered, CHECK_ANSWERS),
-                               (self.lock_events, LOCK_EVENTS)):
+            ["reason"],
+            registry=r,
+        )
+        self.lock_events = Counter(
+            "rmq_lock_events", "Queue-lock grants/expiries/denials", ["event"], registry=r
+        )
+        for family, values in (
+            (self.discarded, [str(d) for d in DiscardReason]),
+            (self.rejected, REJECT_REASONS),
+            (self.checks_answered, CHECK_ANSWERS),
+            (self.lock_events, LOCK_EVENTS),
+        ):
             for value in values:
                 family.labels(value)
 
-    def watch_partitions(self, service: str, total: Callable[[], int],
-                         owned: Callable[[], int]) -> None:
+    def watch_partitions(
+        self, service: str, total: Callable[[], int], owned: Callable[[], int]
+    ) -> None:
         """``rmq_partitions`` / ``rmq_owned_partitions`` of ``service``, read at each scrape."""
         self.partitions.labels(service).set_function(total)
         self.owned_partitions.labels(service).set_function(owned)
@@ -122,29 +173,40 @@ class MetricsServer:
     """Serves ``/metrics`` and ``/healthz`` on host:port (loopback by default) in a daemon
     thread. A port in use is a :class:`ConfigError`."""
 
-    def __init__(self, metrics: CoordinatorMetrics, port: int,
-                 health: Callable[[], dict], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        metrics: CoordinatorMetrics,
+        port: int,
+        health: Callable[[], dict],
+        host: str = "127.0.0.1",
+    ) -> None:
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ: dict, start_response: Callable) -> list[bytes]:
             if environ.get("PATH_INFO") == "/healthz":
                 status = health()
                 ok = status.get("status") == "ok"
-                start_response("200 OK" if ok else "503 Service Unavailable",
-                               [("Content-Type", "application/json")])
+                start_response(
+                    "200 OK" if ok else "503 Service Unavailable",
+                    [("Content-Type", "application/json")],
+                )
                 return [json.dumps(status).encode()]
             return metrics_app(environ, start_response)
 
         try:
-            self._server: WSGIServer = make_server(host, port, app,
-                                                   handler_class=_QuietHandler)
+            self._server: WSGIServer = make_server(host, port, app, handler_class=_QuietHandler)
         except OSError as exc:
-            raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} "
-                              f"({exc.strerror or exc}); pick a free port") from exc
+            raise ConfigError(
+                f"--metrics-port {port}: cannot listen on {host}:{port} "
+                f"({exc.strerror or exc}); pick a free port"
+            ) from exc
         self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name="rmq-metrics", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="rmq-metrics",
+            daemon=True,
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -155,19 +217,37 @@ class MetricsServer:
         self._server.server_close()
 
 
-def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics,
-                               states: Mapping[int, PartitionState], age_due: bool) -> None:
+def publish_partition_counters(
+    metrics: CoordinatorMetrics,
+    topics: SystemTopics,
+    states: Mapping[int, PartitionState],
+    age_due: bool,
+) -> None:
     """Move what each partition's pure state counted since the last step into the metrics
     (and log its rejections); the oldest-pending age only when ``age_due`` (it scans)."""
     now = time.time()
     for p, state in states.items():
         for request, reason in state.rejections:
-            log.warning("%s[%d]@%d txn=%s rejected (half offset %d): %s", topics.op, p,
-                        request.op_offset, request.txn_id, request.half_offset, reason)
+            log.warning(
+                "%s[%d]@%d txn=%s rejected (half offset %d): %s",
+                topics.op,
+                p,
+                request.op_offset,
+                request.txn_id,
+                request.half_offset,
+                reason,
+            )
         state.rejections.clear()
         for copy, first, txn_id in state.copies.read:
-            log.warning("%s[%d]@%d txn=%s: a copy of the half record at offset %d; rolled "
-                        "back, never promoted", topics.half, p, copy, txn_id, first)
+            log.warning(
+                "%s[%d]@%d txn=%s: a copy of the half record at offset %d; rolled "
+                "back, never promoted",
+                topics.half,
+                p,
+                copy,
+                txn_id,
+                first,
+            )
         state.copies.read.clear()
         metrics.duplicate_halves.inc(state.counters.get("duplicate_half", 0))
         for name, count in state.counters.items():
@@ -175,13 +255,18 @@ def publish_partition_counters(metrics: CoordinatorMetrics, topics: SystemTopics
                 metrics.rejected.labels(name.removeprefix("rejected_")).inc(count)
             elif name.startswith("checks_answered_"):
                 metrics.checks_answered.labels(name.removeprefix("checks_answered_")).inc(count)
-            elif name in ("duplicate_decisions", "conflicting_decisions", "late_unknown",
-                          "unknown_ignored"):
+            elif name in (
+                "duplicate_decisions",
+                "conflicting_decisions",
+                "late_unknown",
+                "unknown_ignored",
+            ):
                 metrics.conflicting.labels(name).inc(count)
         # Half records the parse accepted but the state could not: bad re-append headers, a
         # member contradicting the other members of its transaction.
-        metrics.malformed.labels(topics.half).inc(state.counters.pop("malformed_reappend", 0)
-                                                  + state.counters.pop("malformed_member", 0))
+        metrics.malformed.labels(topics.half).inc(
+            state.counters.pop("malformed_reappend", 0) + state.counters.pop("malformed_member", 0)
+        )
         state.counters.clear()
         metrics.pending.labels(str(p)).set(len(state.pending))
         metrics.tracked.labels(str(p)).set(state.tracked)

@@ -32,8 +32,9 @@ def wanted(env: Mapping[str, str]) -> bool:
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter == "none":
         return False
-    return exporter == "otlp" or bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                                      or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return exporter == "otlp" or bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def configure_from_env(env: Mapping[str, str] | None = None) -> Any | None:
@@ -48,14 +49,20 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> Any | None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
-        log.warning("OTEL_* variables ask for spans, but the [otel] extra is not installed "
-                    "(%s): pip install 'rmq-semantics[otel]'; running without spans", exc)
+        log.warning(
+            "OTEL_* variables ask for spans, but the [otel] extra is not installed "
+            "(%s): pip install 'rmq-semantics[otel]'; running without spans",
+            exc,
+        )
         return None
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, which win.
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    log.info("exporting spans over OTLP/HTTP to %s", env.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or "the SDK's default endpoint")
+    log.info(
+        "exporting spans over OTLP/HTTP to %s",
+        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "the SDK's default endpoint",
+    )
     return provider

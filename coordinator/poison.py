@@ -32,8 +32,15 @@ from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.records.reasons import DiscardReason
 
-__all__ = ["Blame", "FailureKind", "PoisonLedger", "Verdict", "after_replays", "classify",
-           "on_system_topic"]
+__all__ = [
+    "Blame",
+    "FailureKind",
+    "PoisonLedger",
+    "Verdict",
+    "after_replays",
+    "classify",
+    "on_system_topic",
+]
 
 Key = tuple[int, int]  # (half partition, half offset)
 
@@ -63,22 +70,36 @@ _PERMANENT: dict[int, DiscardReason] = {
     KafkaError.RECORD_LIST_TOO_LARGE: DiscardReason.TOO_LARGE,
 }
 # The cluster, not the record: a delivery report carries no retriable flag, so by code.
-_TRANSIENT = frozenset({
-    KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE,
-    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._QUEUE_FULL,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
-    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NETWORK_EXCEPTION,
-    KafkaError.KAFKA_STORAGE_ERROR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.NOT_COORDINATOR, KafkaError.CONCURRENT_TRANSACTIONS,
-})
+_TRANSIENT = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._QUEUE_FULL,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.CONCURRENT_TRANSACTIONS,
+    }
+)
 _CASUALTIES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def classify(failure: BaseException | KafkaError) -> Verdict:
     """Sort one failure of one action (an exception it raised, or its delivery error)."""
-    if isinstance(failure, KafkaException) and failure.args and isinstance(
-            failure.args[0], KafkaError):
+    if (
+        isinstance(failure, KafkaException)
+        and failure.args
+        and isinstance(failure.args[0], KafkaError)
+    ):
         failure = failure.args[0]
     if isinstance(failure, KafkaError):
         return _classify_kafka(failure)
@@ -115,8 +136,11 @@ def after_replays(verdict: Verdict, replays: int, replay_max: int) -> Verdict:
     """A ``REPLAY`` failure seen ``replays`` times for one record is permanent from
     ``replay_max`` on."""
     if verdict.kind is FailureKind.REPLAY and replays >= replay_max:
-        return Verdict(FailureKind.DISCARD, DiscardReason.REPLAY_LIMIT,
-                       f"{replays} aborted transactions, the last: {verdict.detail}")
+        return Verdict(
+            FailureKind.DISCARD,
+            DiscardReason.REPLAY_LIMIT,
+            f"{replays} aborted transactions, the last: {verdict.detail}",
+        )
     return verdict
 
 

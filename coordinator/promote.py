@@ -48,16 +48,27 @@ log = logging.getLogger(__name__)
 
 
 # The decision a done marker records for each final state.
-_OUTCOME = {TxnState.COMMITTED: Outcome.COMMITTED, TxnState.ROLLED_BACK: Outcome.ROLLED_BACK,
-            TxnState.DISCARDED: Outcome.DISCARDED, TxnState.REAPPENDED: Outcome.REAPPENDED}
+_OUTCOME = {
+    TxnState.COMMITTED: Outcome.COMMITTED,
+    TxnState.ROLLED_BACK: Outcome.ROLLED_BACK,
+    TxnState.DISCARDED: Outcome.DISCARDED,
+    TxnState.REAPPENDED: Outcome.REAPPENDED,
+}
 
 
 # A full local queue is retried in place this often, serving deliveries in between.
 PRODUCE_ATTEMPTS = 3
 QUEUE_FULL_WAIT_S = 0.5
 # A discard copy that failed once is written again as a stub: these headers, this long.
-STUB_HEADERS = (H.TXN_ID, H.REAL_TOPIC, H.REAL_PARTITION, H.PRODUCER_GROUP, H.BORN_TS,
-                H.TXN_SIZE, H.TXN_INDEX)
+STUB_HEADERS = (
+    H.TXN_ID,
+    H.REAL_TOPIC,
+    H.REAL_PARTITION,
+    H.PRODUCER_GROUP,
+    H.BORN_TS,
+    H.TXN_SIZE,
+    H.TXN_INDEX,
+)
 STUB_HEADER_BYTES = 1024
 # The second transactional producer's id: the first's plus this (a restart with the same
 # instance id fences both).
@@ -82,12 +93,21 @@ def _is_promotion(action: Action) -> bool:
 class TransactionWriter:
     """Writes the coordinator's decisions through its :class:`KafkaTransactions`."""
 
-    def __init__(self, conf: dict, topics: SystemTopics, transactional_id: str,
-                 metrics: CoordinatorMetrics, ledger: PoisonLedger, *,
-                 marker_key: MarkerKey, unwritable: TopicProbe | None = None,
-                 blockage: Blockage | None = None, check_partitions: int = 0,
-                 stale: Callable[[str], None] | None = None, guard: TenantGuard | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        topics: SystemTopics,
+        transactional_id: str,
+        metrics: CoordinatorMetrics,
+        ledger: PoisonLedger,
+        *,
+        marker_key: MarkerKey,
+        unwritable: TopicProbe | None = None,
+        blockage: Blockage | None = None,
+        check_partitions: int = 0,
+        stale: Callable[[str], None] | None = None,
+        guard: TenantGuard | None = None,
+    ) -> None:
         self.topics = topics
         self.guard = guard  # tenant isolation: checks to each group's topic, re-appends signed
         self.stale = stale  # told of a real topic a write found unknown
@@ -103,8 +123,10 @@ class TransactionWriter:
         # stay ordered): a transaction begun on the producer whose commit just returned gets
         # CONCURRENT_TRANSACTIONS while the broker writes that commit's markers, and
         # librdkafka retries AddPartitionsToTxn only after a fixed 20 ms.
-        self._txns = tuple(KafkaTransactions(conf, tid, who="transaction service") for tid in
-                           (transactional_id, f"{transactional_id}{SECOND_PRODUCER_SUFFIX}"))
+        self._txns = tuple(
+            KafkaTransactions(conf, tid, who="transaction service")
+            for tid in (transactional_id, f"{transactional_id}{SECOND_PRODUCER_SUFFIX}")
+        )
         self._turn, self.txn = 0, self._txns[0]
         self.producer = self.txn.producer
         self._done_entries: dict[int, list[DoneEntry]] = {}  # per half partition, this txn
@@ -114,8 +136,9 @@ class TransactionWriter:
         self._produced, self._stamp, self._blamed = 0, b"", False
         # One thread sends each transaction's offsets and commits it (see submit()).
         self._committer = CommitThread()
-        self._in_flight: tuple[Sequence[Action], concurrent.futures.Future,
-                               KafkaTransactions] | None = None
+        self._in_flight: (
+            tuple[Sequence[Action], concurrent.futures.Future, KafkaTransactions] | None
+        ) = None
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Initialise transactions (fences an older instance with the same id)."""
@@ -127,8 +150,9 @@ class TransactionWriter:
         for txn in self._txns:
             txn.ensure_initialised(stop)
 
-    def write(self, actions: Sequence[Action], offsets: list[TopicPartition],
-              group_metadata: object) -> None:
+    def write(
+        self, actions: Sequence[Action], offsets: list[TopicPartition], group_metadata: object
+    ) -> None:
         """Write ``actions`` and commit ``offsets`` in one transaction, and wait for it.
 
         Raises TransactionAborted when the transaction had to be aborted (the caller
@@ -148,8 +172,9 @@ class TransactionWriter:
         """Whether a transaction's commit is still running (see :meth:`submit`)."""
         return self._in_flight is not None
 
-    def submit(self, actions: Sequence[Action], offsets: list[TopicPartition],
-               group_metadata: object) -> None:
+    def submit(
+        self, actions: Sequence[Action], offsets: list[TopicPartition], group_metadata: object
+    ) -> None:
         """Begin a transaction, produce ``actions`` into it, and leave sending ``offsets``
         and the commit (round trips, not CPU) to the committer thread, so the caller reads
         and decides the next batch meanwhile. :meth:`settle` waits for the outcome; it must
@@ -172,9 +197,11 @@ class TransactionWriter:
         except TransactionAborted as aborted:
             self._aborted(actions, aborted)
             raise
-        self._in_flight = (actions, self._committer.submit(self.txn.finish, offsets,
-                                                           group_metadata, self._failing),
-                           self.txn)
+        self._in_flight = (
+            actions,
+            self._committer.submit(self.txn.finish, offsets, group_metadata, self._failing),
+            self.txn,
+        )
 
     def settle(self) -> None:
         """Wait for the transaction :meth:`submit` left committing (nothing if none): count
@@ -186,8 +213,10 @@ class TransactionWriter:
         if not self._committer.wait(commit, txn):
             self._abandon(txn)
             self.metrics.aborted.inc()
-            raise TransactionAborted(f"a commit stuck for {txn.stuck_for():.0f} s was abandoned; "
-                                     f"the transactional producer was re-created")
+            raise TransactionAborted(
+                f"a commit stuck for {txn.stuck_for():.0f} s was abandoned; "
+                f"the transactional producer was re-created"
+            )
         try:
             commit.result()
         except TransactionAborted as aborted:
@@ -196,8 +225,9 @@ class TransactionWriter:
         if self.blockage is not None:
             self.blockage.committed()
         count_written(self.metrics, self.topics, actions)
-        self.ledger.settle((a.half.partition, a.half.offset) for a in actions
-                           if not isinstance(a, LateCommit))
+        self.ledger.settle(
+            (a.half.partition, a.half.offset) for a in actions if not isinstance(a, LateCommit)
+        )
 
     def _abandon(self, txn: KafkaTransactions) -> None:
         """Swap ``txn`` (stuck in a call) for its successor, and the commit thread it holds
@@ -215,8 +245,9 @@ class TransactionWriter:
         # A fatal or transaction-wide failure may come before any delivery report: then the
         # cause is looked for on every real topic this transaction promoted into.
         if self.blockage is not None:
-            self.blockage.aborted(self._timed_out or (
-                self._promoted_to if err.code() in TIMED_OUT else set()))
+            self.blockage.aborted(
+                self._timed_out or (self._promoted_to if err.code() in TIMED_OUT else set())
+            )
 
     def _aborted(self, actions: Sequence[Action], aborted: TransactionAborted) -> None:
         self.metrics.aborted.inc()
@@ -236,8 +267,11 @@ class TransactionWriter:
                 verdict = classify(exc)
                 if verdict.kind is FailureKind.FATAL:
                     raise
-                if _is_promotion(action) and verdict.reason in _UNKNOWN_DESTINATION \
-                        and attempt < PRODUCE_ATTEMPTS:
+                if (
+                    _is_promotion(action)
+                    and verdict.reason in _UNKNOWN_DESTINATION
+                    and attempt < PRODUCE_ATTEMPTS
+                ):
                     read_metadata_again(self.producer, action.records[self._produced].real_topic)
                     continue
                 if verdict.kind is FailureKind.RETRY and attempt < PRODUCE_ATTEMPTS:
@@ -278,8 +312,9 @@ class TransactionWriter:
                 self.stale(member.real_topic)  # type: ignore[misc]
             verdict = Verdict(FailureKind.RETRY, detail=verdict.detail)
         half = action.half
-        blame = self.ledger.blame((half.partition, half.offset), verdict,
-                                  discard_copy=isinstance(action, Discard))
+        blame = self.ledger.blame(
+            (half.partition, half.offset), verdict, discard_copy=isinstance(action, Discard)
+        )
         if blame is None:
             return
         self._blamed = True
@@ -305,8 +340,13 @@ class TransactionWriter:
         stub = self.ledger.stub((action.half.partition, action.half.offset))
         for half in self._each(action.records):
             value, key, headers = discard_copy(action, half, stub, self._stamp)
-            self.producer.produce(self.topics.discard, value, key=key, headers=headers,
-                                  on_delivery=partial(self._on_delivery, action))
+            self.producer.produce(
+                self.topics.discard,
+                value,
+                key=key,
+                headers=headers,
+                on_delivery=partial(self._on_delivery, action),
+            )
             self._done(half, TxnState.DISCARDED, action.checks_answered)
 
     def _op(self, partition: int, record: SystemRecord) -> None:
@@ -315,7 +355,8 @@ class TransactionWriter:
 
     def _done(self, half, outcome: TxnState, checks_answered: int) -> None:
         self._done_entries.setdefault(half.partition, []).append(
-            DoneEntry(half.offset, half.txn_id, _OUTCOME[outcome], checks_answered))
+            DoneEntry(half.offset, half.txn_id, _OUTCOME[outcome], checks_answered)
+        )
 
     def _write_done_markers(self) -> None:
         """One Op record per partition for all of this transaction's decisions: a record
@@ -342,7 +383,8 @@ class TransactionWriter:
                 check_topic(self.guard, self.topics, half),
                 encode(CheckRequest.of_half(half, action.check_seq, _now_ms())),
                 **_check_destination(half, self.check_partitions),
-                on_delivery=partial(self._on_delivery, action))
+                on_delivery=partial(self._on_delivery, action),
+            )
             self._marker(action)
         elif isinstance(action, SaveCheckCounts):
             self._marker(action)
@@ -362,15 +404,29 @@ class TransactionWriter:
         for half in self._each(action.records):
             carried = dataclasses.replace(action.carried, previous_offset=half.offset)
             headers = resign(self.guard, half, reappended_headers(half, carried))
-            self.producer.produce(self.topics.half, half.value, key=half.key,
-                                  partition=half.partition, headers=headers,
-                                  on_delivery=partial(self._on_delivery, action))
+            self.producer.produce(
+                self.topics.half,
+                half.value,
+                key=half.key,
+                partition=half.partition,
+                headers=headers,
+                on_delivery=partial(self._on_delivery, action),
+            )
             self._done(half, TxnState.REAPPENDED, action.carried.checks_answered)
 
     def _marker(self, action: IssueCheck | SaveCheckCounts) -> None:
-        self._op(action.half.partition, CheckMarker(
-            action.half.offset, action.half.txn_id, action.checks_issued,
-            action.checks_answered, action.answered_seq, action.next_check_ts, _now_ms()))
+        self._op(
+            action.half.partition,
+            CheckMarker(
+                action.half.offset,
+                action.half.txn_id,
+                action.checks_issued,
+                action.checks_answered,
+                action.answered_seq,
+                action.next_check_ts,
+                _now_ms(),
+            ),
+        )
 
     def close(self) -> None:
         """Idempotent; call :meth:`settle` first, or a transaction in flight is waited for
@@ -391,17 +447,25 @@ def read_metadata_again(producer: Any, topic: str) -> None:
         log.warning("reading the metadata of topic %s failed: %s", topic, exc.args[0].str())
 
 
-def refused_promotions(actions: Sequence[Action], unwritable: Callable[[set[str]], dict]
-                       ) -> list[tuple[Action, str]]:
+def refused_promotions(
+    actions: Sequence[Action], unwritable: Callable[[set[str]], dict]
+) -> list[tuple[Action, str]]:
     """(promotion, reason) for each promotion one of whose real topics ``unwritable``
     reports refused: one member's topic refused sets the whole transaction aside."""
     promotions = [a for a in actions if _is_promotion(a)]
-    refused = unwritable({h.real_topic for a in promotions for h in a.records}
-                         ) if promotions else {}
+    refused = (
+        unwritable({h.real_topic for a in promotions for h in a.records}) if promotions else {}
+    )
     found = []
     for action in promotions:
-        reason = next((refused[h.real_topic] for h in action.records  # type: ignore[union-attr]
-                       if h.real_topic in refused), None)
+        reason = next(
+            (
+                refused[h.real_topic]
+                for h in action.records  # type: ignore[union-attr]
+                if h.real_topic in refused
+            ),
+            None,
+        )
         if reason is not None:
             found.append((action, reason))
     return found
@@ -413,9 +477,15 @@ def _promote(producer: Any, half: HalfMessage, on_delivery: Callable) -> None:
     where = {} if half.real_partition is None else {"partition": half.real_partition}
     now = _now_ms()
     # CreateTime = the producer's birth time, as RocketMQ's bornTimestamp.
-    producer.produce(half.real_topic, half.value, key=half.key,
-                     headers=half.promoted_headers(now), timestamp=half.born_ts,
-                     on_delivery=on_delivery, **where)
+    producer.produce(
+        half.real_topic,
+        half.value,
+        key=half.key,
+        headers=half.promoted_headers(now),
+        timestamp=half.born_ts,
+        on_delivery=on_delivery,
+        **where,
+    )
     promote_span(half.headers, half.real_topic, half.txn_id, half.born_ts, now)
 
 
@@ -431,28 +501,34 @@ def _check_destination(half: HalfMessage, check_partitions: int) -> dict:
     return {"partition": held[zlib.crc32(half.txn_id.encode()) % len(held)]}
 
 
-def discard_copy(action: Discard, half: HalfMessage, stub: bool,
-                 discarded_ts: bytes) -> tuple[bytes | None, bytes | None, list]:
+def discard_copy(
+    action: Discard, half: HalfMessage, stub: bool, discarded_ts: bytes
+) -> tuple[bytes | None, bytes | None, list]:
     """(value, key, headers) of ``half``'s copy in the discard topic; a ``stub`` when the
     full copy failed once (over the discard topic's size...): only what names it."""
     if stub:
         value, key = None, None
-        headers = [(k, v[:STUB_HEADER_BYTES] if v else v) for k, v in half.headers
-                   if k in STUB_HEADERS]
+        headers = [
+            (k, v[:STUB_HEADER_BYTES] if v else v) for k, v in half.headers if k in STUB_HEADERS
+        ]
     else:
         value, key, headers = half.value, half.key, list(half.headers)
-    headers += [(H.HALF_PARTITION, str(half.partition).encode()),
-                (H.HALF_OFFSET, str(half.offset).encode()),
-                (H.CHECK_COUNT, str(action.checks_answered).encode()),
-                (H.DISCARD_REASON, action.reason.encode()),
-                (H.DISCARDED_TS, discarded_ts)]
+    headers += [
+        (H.HALF_PARTITION, str(half.partition).encode()),
+        (H.HALF_OFFSET, str(half.offset).encode()),
+        (H.CHECK_COUNT, str(action.checks_answered).encode()),
+        (H.DISCARD_REASON, action.reason.encode()),
+        (H.DISCARDED_TS, discarded_ts),
+    ]
     return value, key, headers
 
 
 def late_commit_headers(action: LateCommit) -> list[tuple[str, bytes]]:
-    return [(H.TXN_ID, action.txn_id.encode()),
-            (H.PRODUCER_GROUP, action.producer_group.encode()),
-            (H.HALF_PARTITION, str(action.partition).encode()),
-            (H.HALF_OFFSET, str(action.half_offset).encode()),
-            (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
-            (H.DISCARDED_TS, str(_now_ms()).encode())]
+    return [
+        (H.TXN_ID, action.txn_id.encode()),
+        (H.PRODUCER_GROUP, action.producer_group.encode()),
+        (H.HALF_PARTITION, str(action.partition).encode()),
+        (H.HALF_OFFSET, str(action.half_offset).encode()),
+        (H.DISCARD_REASON, DiscardReason.LATE_COMMIT.encode()),
+        (H.DISCARDED_TS, str(_now_ms()).encode()),
+    ]

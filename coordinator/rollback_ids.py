@@ -89,18 +89,26 @@ class RollbackByIdSteps:
 
         def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
         def _mismatch(self, request: EndRequest, half: HalfMessage) -> list: ...
-        def _second_decision(self, request: EndRequest, first: TxnState | None,
-                             same: bool) -> None: ...
+        def _second_decision(
+            self, request: EndRequest, first: TxnState | None, same: bool
+        ) -> None: ...
 
     def _end_by_id(self, request: EndRequest) -> list[Action]:
         """An end request without a half offset (recovery is over: it waited as deferred)."""
         if request.state != "ROLLBACK":
             self.counters["rejected_no_such_offset"] += 1
-            self.rejections.append((request, "an end request without a half offset may only "
-                                             "ROLLBACK"))
+            self.rejections.append(
+                (request, "an end request without a half offset may only ROLLBACK")
+            )
             return []
-        offset = next((o for o, e in self.pending.items()
-                       if e.half.txn_id == request.txn_id and e.poison is None), None)
+        offset = next(
+            (
+                o
+                for o, e in self.pending.items()
+                if e.half.txn_id == request.txn_id and e.poison is None
+            ),
+            None,
+        )
         if offset is None:  # not read yet (or decided already: then it never matches)
             self.counters["rollback_ids_dropped"] += self.rolled_back_ids.remember(request)
             return []

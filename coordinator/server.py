@@ -49,13 +49,15 @@ class Server:
     metrics server too: ``metrics_port``, ``metrics_host``).
     """
 
-    def __init__(self, conf: dict, settings: CoordinatorSettings | None = None,
-                 **setting_values: Any) -> None:
+    def __init__(
+        self, conf: dict, settings: CoordinatorSettings | None = None, **setting_values: Any
+    ) -> None:
         if "bootstrap.servers" not in conf:
             raise ConfigError("conf needs 'bootstrap.servers'")
         if settings is not None and setting_values:
-            raise ConfigError(f"Server: pass settings or setting kwargs, not both "
-                              f"(got {sorted(setting_values)})")
+            raise ConfigError(
+                f"Server: pass settings or setting kwargs, not both (got {sorted(setting_values)})"
+            )
         self.conf = dict(conf)
         self.settings = settings or load(CoordinatorSettings, setting_values, env={})
         self.metrics = CoordinatorMetrics()
@@ -65,10 +67,14 @@ class Server:
         self.transactions = TransactionService(self.conf, self.settings, self.metrics)
         self.locks = LockService(self.conf, self.settings, metrics=self.metrics)
         txns = self.transactions
-        self.metrics.watch_partitions("transactions", lambda: txns.half_partition_count,
-                                      lambda: len(txns.states))
-        self.metrics.watch_partitions("locks", lambda: self.locks.request_partitions,
-                                      lambda: len(self.locks.owned_partitions()))
+        self.metrics.watch_partitions(
+            "transactions", lambda: txns.half_partition_count, lambda: len(txns.states)
+        )
+        self.metrics.watch_partitions(
+            "locks",
+            lambda: self.locks.request_partitions,
+            lambda: len(self.locks.owned_partitions()),
+        )
         self._errors: list[BaseException] = []
         self._threads: dict[str, threading.Thread] = {}
         self._http: MetricsServer | None = None
@@ -151,8 +157,10 @@ class Server:
             self.force_exit = True
             log.error("second interrupt: exiting without finishing the transaction")
             return
-        log.info("signal %s: finishing the current transaction, then stopping",
-                 signal.Signals(signum).name)
+        log.info(
+            "signal %s: finishing the current transaction, then stopping",
+            signal.Signals(signum).name,
+        )
         self.stop()
 
     # -- services ------------------------------------------------------------------------------
@@ -178,14 +186,18 @@ class Server:
 
     def health(self) -> dict:
         """/healthz: ``ok`` only while both services run and are ready."""
-        services = {"transactions": self._service_status("rmq-transactions",
-                                                         self.transactions.ready),
-                    "locks": self._service_status("rmq-locks", self.locks.ready)}
+        services = {
+            "transactions": self._service_status("rmq-transactions", self.transactions.ready),
+            "locks": self._service_status("rmq-locks", self.locks.ready),
+        }
         ok = all(s == "ok" for s in services.values()) and not self._errors
-        return {"status": "ok" if ok else "unhealthy", "services": services,
-                "instance_id": self.transactions.instance_id,
-                "owned_partitions": sorted(self.transactions.states),
-                "owned_lock_partitions": self.locks.owned_partitions()}
+        return {
+            "status": "ok" if ok else "unhealthy",
+            "services": services,
+            "instance_id": self.transactions.instance_id,
+            "owned_partitions": sorted(self.transactions.states),
+            "owned_lock_partitions": self.locks.owned_partitions(),
+        }
 
     def __enter__(self) -> Server:
         return self
@@ -212,8 +224,9 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("coordinator", help="run the sidecar coordinator (transactions "
-                                                "and queue locks)")
+    parser = sub.add_parser(
+        "coordinator", help="run the sidecar coordinator (transactions and queue locks)"
+    )
     add_kafka_arguments(parser)
     add_arguments(parser, CoordinatorSettings)
     parser.set_defaults(func=_cmd_coordinator)

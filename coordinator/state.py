@@ -35,8 +35,17 @@ from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import CheckMarker, DoneMarker, DoneMarkers
 
-__all__ = ["Action", "Discard", "Finish", "IssueCheck", "LateCommit", "PartitionState",
-           "Reappend", "SaveCheckCounts", "TxnState"]
+__all__ = [
+    "Action",
+    "Discard",
+    "Finish",
+    "IssueCheck",
+    "LateCommit",
+    "PartitionState",
+    "Reappend",
+    "SaveCheckCounts",
+    "TxnState",
+]
 
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
@@ -86,7 +95,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
     # Outcomes of recently decided offsets (bounded), to tell a duplicate decision from a
     # conflicting one after the offset left ``decided``.
     outcomes: OrderedDict[int, TxnState] = field(  # bounded on every insert (recovery too)
-        default_factory=lambda: Recent(RECENT_OUTCOMES))
+        default_factory=lambda: Recent(RECENT_OUTCOMES)
+    )
     # Discarded half offset -> the last op offset read before the discard (its done marker's
     # when read back): a COMMIT after it is late; one before it caused the discard or was
     # read again by a replay (bounded like ``outcomes``).
@@ -130,12 +140,16 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         if half is None:
             self.malformed_half.add(offset)
             self.counters["malformed_half"] += 1
-        elif offset not in self.decided and offset not in self.pending and (
-                offset not in self.assemblies):
+        elif (
+            offset not in self.decided
+            and offset not in self.pending
+            and (offset not in self.assemblies)
+        ):
             if half.is_member and (joined := self._join(offset, half, carried, now_ms)) is not None:
                 return joined
-            self.pending[offset] = Pending(half, half.first_check_ts(self.transaction_timeout_ms,
-                                                                      now_ms))
+            self.pending[offset] = Pending(
+                half, half.first_check_ts(self.transaction_timeout_ms, now_ms)
+            )
             heapq.heappush(self._schedule, (self.pending[offset].next_check_ts, offset))
             heapq.heappush(self._pending_heap, offset)
             arrived = self._new_pending(offset, appended_ms, carried, now_ms)
@@ -147,8 +161,9 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
 
-    def _join(self, offset: int, half: HalfMessage, carried: Carried | None,
-              now_ms: int) -> list[Action] | None:
+    def _join(
+        self, offset: int, half: HalfMessage, carried: Carried | None, now_ms: int
+    ) -> list[Action] | None:
         """Member ``half`` joins its transaction: None when it is the first member read
         (the caller makes it pending, as the anchor), else what became applicable."""
         if (closed := self.assemblies.closed(half.txn_id)) is not None:
@@ -161,11 +176,15 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.counters["malformed_member"] += 1
             return self.on_poison_half(offset, half, DiscardReason.MALFORMED, now_ms, problem)
         heapq.heappush(self._pending_heap, offset)
-        return [*self._drain_deferred(now_ms, only=offset),
-                *self._rejoined(anchor, carried, now_ms), *self._complete(anchor)]
+        return [
+            *self._drain_deferred(now_ms, only=offset),
+            *self._rejoined(anchor, carried, now_ms),
+            *self._complete(anchor),
+        ]
 
-    def on_poison_half(self, offset: int, half: HalfMessage, reason: DiscardReason,
-                       now_ms: int, detail: str = "") -> list[Action]:
+    def on_poison_half(
+        self, offset: int, half: HalfMessage, reason: DiscardReason, now_ms: int, detail: str = ""
+    ) -> list[Action]:
         """A half record that must never be promoted (malformed, a system topic as its
         destination). It waits as pending until recovery is over, so a done marker read
         back first keeps it from being set aside twice; then ``due()`` discards it."""
@@ -178,8 +197,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             heapq.heappush(self._pending_heap, offset)
         return self._drain_deferred(now_ms, only=offset)
 
-    def set_aside(self, action: Finish | IssueCheck, reason: DiscardReason,
-                  detail: str) -> Discard:
+    def set_aside(self, action: Finish | IssueCheck, reason: DiscardReason, detail: str) -> Discard:
         """``action``, a promotion or a check of the batch being written, can never be
         written: discard its half message instead (its done marker says DISCARDED)."""
         if action.half.offset in self.pending:
@@ -190,8 +208,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
             self.outcomes[offset] = TxnState.DISCARDED
             self._discarded(offset, self.op_position - 1)
-        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail,
-                       members)
+        return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail, members)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
@@ -216,21 +233,39 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         elif isinstance(record, DoneMarker):
             self.on_done_marker(op_offset, record.half_offset, _OUTCOMES[record.outcome])
         elif isinstance(record, CheckMarker):
-            self.on_check_marker(op_offset, record.half_offset, record.checks_issued,
-                                 record.checks_answered, record.answered_seq,
-                                 record.next_check_ts)
+            self.on_check_marker(
+                op_offset,
+                record.half_offset,
+                record.checks_issued,
+                record.checks_answered,
+                record.answered_seq,
+                record.next_check_ts,
+            )
         else:
             return False
         return True
 
-    def on_check_marker(self, op_offset: int, half_offset: int, checks_issued: int,
-                        checks_answered: int, answered_seq: int, next_check_ts: int) -> None:
+    def on_check_marker(
+        self,
+        op_offset: int,
+        half_offset: int,
+        checks_issued: int,
+        checks_answered: int,
+        answered_seq: int,
+        next_check_ts: int,
+    ) -> None:
         self.op_position = max(self.op_position, op_offset + 1)
         entry = self.pending.get(half_offset)
         if entry is None:
             if half_offset >= self.half_position and half_offset not in self.decided:
-                self.early_markers[half_offset] = (op_offset, half_offset, checks_issued,
-                                                   checks_answered, answered_seq, next_check_ts)
+                self.early_markers[half_offset] = (
+                    op_offset,
+                    half_offset,
+                    checks_issued,
+                    checks_answered,
+                    answered_seq,
+                    next_check_ts,
+                )
             return
         entry.marker_op_offset = op_offset
         heapq.heappush(self._marker_ops, (op_offset, half_offset))
@@ -287,7 +322,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             still = []
             for request in self.deferred[offset]:
                 if now_ms - request.received_ms >= DEFER_GRACE_MS and (
-                        self.half_eof_ms > request.received_ms):  # an end read after it
+                    self.half_eof_ms > request.received_ms
+                ):  # an end read after it
                     self.counters["rejected_no_such_offset"] += 1
                     self.rejections.append((request, "no half message at that offset"))
                 else:
@@ -299,8 +335,9 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 del self.deferred[offset]
         # In Op order across offsets: one transaction's requests may name several (a copy's,
         # a member's, one it had before a re-append), and the first decision must win.
-        return [a for r in sorted(ready, key=lambda r: r.op_offset)
-                for a in self._apply_end(r, now_ms)]
+        return [
+            a for r in sorted(ready, key=lambda r: r.op_offset) for a in self._apply_end(r, now_ms)
+        ]
 
     def _apply_end(self, request: EndRequest, now_ms: int) -> list[Action]:
         if request.half_offset < 0:
@@ -313,8 +350,10 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         if anchor is not None and anchor != request.half_offset:
             request = dataclasses.replace(request, half_offset=anchor)
         # Re-appended: readdressed where the transaction is now, or it waits for the record.
-        if request.half_offset not in self.pending and (
-                request := self.horizon.follow(request)) is None:
+        if (
+            request.half_offset not in self.pending
+            and (request := self.horizon.follow(request)) is None
+        ):
             return []
         offset = request.half_offset
         entry = self.pending.get(offset)
@@ -328,12 +367,23 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 self.counters["late_unknown"] += 1
             else:
                 outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
-                if outcome is TxnState.DISCARDED and request.state == "COMMIT" and (
-                        request.op_offset > self.discarded_at.get(offset, -1)):
-                    return [LateCommit(self.partition, offset, request.txn_id,
-                                       request.producer_group, request.op_offset)]
+                if (
+                    outcome is TxnState.DISCARDED
+                    and request.state == "COMMIT"
+                    and (request.op_offset > self.discarded_at.get(offset, -1))
+                ):
+                    return [
+                        LateCommit(
+                            self.partition,
+                            offset,
+                            request.txn_id,
+                            request.producer_group,
+                            request.op_offset,
+                        )
+                    ]
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
-                    outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK")
+                    outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK"
+                )
                 self._second_decision(request, outcome, same)
             return []
         half = entry.half
@@ -353,17 +403,32 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             return [self._finish(offset, TxnState.ROLLED_BACK)]
         # UNKNOWN: an answer counts once, and answers older than a counted one do not
         # (a producer answering a late check and its re-sent successor counts both).
-        if not request.from_check or request.check_seq > entry.checks_issued or (
-                request.check_seq <= entry.answered_seq):
+        if (
+            not request.from_check
+            or request.check_seq > entry.checks_issued
+            or (request.check_seq <= entry.answered_seq)
+        ):
             self.counters["unknown_ignored"] += 1
             return []
         entry.checks_answered += 1
         entry.answered_seq = request.check_seq
         if entry.checks_answered >= self.check_max:
-            return [self._discard(offset, DiscardReason.CHECK_MAX,
-                                  f"{entry.checks_answered} checks answered UNKNOWN")]
-        return [SaveCheckCounts(half, entry.checks_issued, entry.checks_answered,
-                                entry.answered_seq, entry.next_check_ts)]
+            return [
+                self._discard(
+                    offset,
+                    DiscardReason.CHECK_MAX,
+                    f"{entry.checks_answered} checks answered UNKNOWN",
+                )
+            ]
+        return [
+            SaveCheckCounts(
+                half,
+                entry.checks_issued,
+                entry.checks_answered,
+                entry.answered_seq,
+                entry.next_check_ts,
+            )
+        ]
 
     def _decide(self, offset: int, op_offset: int | None, outcome: TxnState) -> None:
         self.decided[offset] = (op_offset, outcome)
@@ -375,8 +440,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         self._decide(offset, None, outcome)
         self.outcomes[offset] = outcome  # a Recent: bounded on insert
 
-    def _resolve(self, offset: int, outcome: TxnState) -> tuple[Pending, tuple[HalfMessage,
-                                                                               ...]]:
+    def _resolve(self, offset: int, outcome: TxnState) -> tuple[Pending, tuple[HalfMessage, ...]]:
         """Take the transaction pending at ``offset`` out: it and every member it has (all
         their offsets get ``outcome``; no member is ever resolved alone)."""
         entry = self.pending.pop(offset)
@@ -397,8 +461,14 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         if members and len(members) < members[0].txn_size:
             self.assemblies.close(members[0].txn_id, outcome)
 
-    def _late_member(self, offset: int, half: HalfMessage, outcome: TxnState,
-                     reason: DiscardReason | None, detail: str) -> Action:
+    def _late_member(
+        self,
+        offset: int,
+        half: HalfMessage,
+        outcome: TxnState,
+        reason: DiscardReason | None,
+        detail: str,
+    ) -> Action:
         """A member read after its transaction was rolled back or discarded: the same."""
         self.pending[offset] = Pending(half, 0)
         heapq.heappush(self._pending_heap, offset)
@@ -442,15 +512,27 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 continue  # decided: promoted or discarded as its members come or don't
             next_ts = now_ms + self.check_interval_ms
             if self.retention_ms is not None and (
-                    next_ts >= entry.half.timestamp_ms + self.retention_ms):
-                actions.append(self._discard(offset, DiscardReason.RETENTION,
-                                             "would outlive the half topic's retention"))
+                next_ts >= entry.half.timestamp_ms + self.retention_ms
+            ):
+                actions.append(
+                    self._discard(
+                        offset, DiscardReason.RETENTION, "would outlive the half topic's retention"
+                    )
+                )
                 continue
             entry.checks_issued += 1
             entry.next_check_ts = next_ts
             heapq.heappush(self._schedule, (next_ts, offset))
-            actions.append(IssueCheck(entry.half, entry.checks_issued, entry.checks_issued,
-                                      entry.checks_answered, entry.answered_seq, next_ts))
+            actions.append(
+                IssueCheck(
+                    entry.half,
+                    entry.checks_issued,
+                    entry.checks_issued,
+                    entry.checks_answered,
+                    entry.answered_seq,
+                    next_ts,
+                )
+            )
         return actions
 
     def next_due_ms(self) -> int | None:
@@ -478,14 +560,18 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         if done_ops:
             needed.append(done_ops[0][0])
         marker_ops = self._marker_ops
-        while marker_ops and getattr(self.pending.get(marker_ops[0][1]), "marker_op_offset",
-                                     None) != marker_ops[0][0]:
+        while (
+            marker_ops
+            and getattr(self.pending.get(marker_ops[0][1]), "marker_op_offset", None)
+            != marker_ops[0][0]
+        ):
             heapq.heappop(marker_ops)
         if marker_ops:
             needed.append(marker_ops[0][0])
         deferred_ops = self._deferred_ops
-        while deferred_ops and not any(r.op_offset == deferred_ops[0][0] for r in
-                                       self.deferred.get(deferred_ops[0][1], ())):
+        while deferred_ops and not any(
+            r.op_offset == deferred_ops[0][0] for r in self.deferred.get(deferred_ops[0][1], ())
+        ):
             heapq.heappop(deferred_ops)
         if deferred_ops:
             needed.append(deferred_ops[0][0])

@@ -63,17 +63,22 @@ class Takeover:
         """The committed offsets of ``partitions`` (returned); their recovery waits from now
         on. KafkaOperationError once retries run out."""
         retrying = Retrying(
-            retry=retry_if_exception(lambda e: isinstance(e, KafkaException)
-                                     and not e.args[0].fatal()),
+            retry=retry_if_exception(
+                lambda e: isinstance(e, KafkaException) and not e.args[0].fatal()
+            ),
             stop=stop_after_delay(READ_DEADLINE_S) | stop_when_event_set(self._stop()),
             wait=wait_exponential(multiplier=0.1, max=2.0),
-            before_sleep=before_sleep_log(log, logging.WARNING), reraise=True)
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
         try:
             committed = retrying(consumer.committed, partitions, timeout=READ_TIMEOUT_S)
         except KafkaException as exc:
-            raise KafkaOperationError.wrap("reading the committed offsets of half/op partitions "
-                                           f"{sorted({tp.partition for tp in partitions})}",
-                                           exc.args[0]) from exc
+            raise KafkaOperationError.wrap(
+                "reading the committed offsets of half/op partitions "
+                f"{sorted({tp.partition for tp in partitions})}",
+                exc.args[0],
+            ) from exc
         for tp in partitions:
             self._ends[(tp.topic, tp.partition)] = _UNKNOWN
         return committed
@@ -85,8 +90,12 @@ class Takeover:
         end = self._ends.get(key)
         if end == _UNKNOWN:
             if high_watermark < 0:  # librdkafka sets it before any end: never expected
-                log.warning("%s[%d]: an end with no high watermark; recovery goes on without "
-                            "waiting for transactions open there", topic, partition)
+                log.warning(
+                    "%s[%d]: an end with no high watermark; recovery goes on without "
+                    "waiting for transactions open there",
+                    topic,
+                    partition,
+                )
                 high_watermark = offset
             self._ends[key] = end = high_watermark
         if end is None or offset >= end:
@@ -94,9 +103,14 @@ class Takeover:
             self._settled(key)
             return True
         if key not in self._waiting:
-            log.info("%s[%d]: recovery waits for a transaction open at the takeover (read "
-                     "up to %d of %d): the previous owner's decisions may be behind it",
-                     topic, partition, offset, end)
+            log.info(
+                "%s[%d]: recovery waits for a transaction open at the takeover (read "
+                "up to %d of %d): the previous owner's decisions may be behind it",
+                topic,
+                partition,
+                offset,
+                end,
+            )
             self._waiting.add(key)
             self._publish()
         return False

@@ -37,8 +37,17 @@ from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import EndRequest, EndRequests
 from rmq_semantics.topics import SystemTopics, is_system_topic
 
-__all__ = ["AllowList", "Tenant", "TenantGuard", "check_topic", "load_tenants",
-           "parse_tenants", "read_tenant_key", "resign", "tenant_guard"]
+__all__ = [
+    "AllowList",
+    "Tenant",
+    "TenantGuard",
+    "check_topic",
+    "load_tenants",
+    "parse_tenants",
+    "read_tenant_key",
+    "resign",
+    "tenant_guard",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +74,16 @@ def _strings(value: object, where: str) -> list[str]:
 
 def parse_tenants(data: object, prefix: str, source: str = "tenants") -> dict[str, Tenant]:
     """The tenants of a parsed tenants file; a wrong shape is one ConfigError naming it."""
-    if not isinstance(data, dict) or data.get("version") != TENANTS_VERSION \
-            or not isinstance(data.get("groups"), dict):
-        raise ConfigError(f"{source}: want {{\"version\": {TENANTS_VERSION}, \"groups\": "
-                          "{GROUP: {\"principal\": \"User:NAME\", \"topics\": [...], "
-                          "\"topic_prefixes\": [...]}}}")
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != TENANTS_VERSION
+        or not isinstance(data.get("groups"), dict)
+    ):
+        raise ConfigError(
+            f'{source}: want {{"version": {TENANTS_VERSION}, "groups": '
+            '{GROUP: {"principal": "User:NAME", "topics": [...], '
+            '"topic_prefixes": [...]}}}'
+        )
     out: dict[str, Tenant] = {}
     for group, spec in data["groups"].items():
         where = f"{source}: group {group!r}"
@@ -81,8 +95,11 @@ def parse_tenants(data: object, prefix: str, source: str = "tenants") -> dict[st
             raise ConfigError(f"{where}: principal must be like 'User:NAME', got {principal!r}")
         topics = _strings(spec.get("topics", []), f"{where} topics")
         prefixes = _strings(spec.get("topic_prefixes", []), f"{where} topic_prefixes")
-        system = [t for t in [*topics, *prefixes] if is_system_topic(t, prefix)
-                  or f"{prefix}_".startswith(t)]
+        system = [
+            t
+            for t in [*topics, *prefixes]
+            if is_system_topic(t, prefix) or f"{prefix}_".startswith(t)
+        ]
         if system:
             raise ConfigError(f"{where}: {system} would let it promote into system topics")
         out[group] = Tenant(group, principal, frozenset(topics), tuple(prefixes))
@@ -93,8 +110,7 @@ def load_tenants(path: str, prefix: str) -> dict[str, Tenant]:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"--tenants-file {path}: cannot read it ({exc.strerror or exc})") \
-            from exc
+        raise ConfigError(f"--tenants-file {path}: cannot read it ({exc.strerror or exc})") from exc
     except ValueError as exc:
         raise ConfigError(f"--tenants-file {path}: not JSON ({exc})") from exc
     return parse_tenants(data, prefix, f"--tenants-file {path}")
@@ -106,16 +122,20 @@ def read_tenant_key(settings: CoordinatorSettings) -> bytes:
     try:
         return Path(settings.tenant_key_file).read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(f"--tenant-key-file {settings.tenant_key_file}: cannot read it "
-                          f"({exc.strerror or exc})") from exc
+        raise ConfigError(
+            f"--tenant-key-file {settings.tenant_key_file}: cannot read it ({exc.strerror or exc})"
+        ) from exc
 
 
 def tenant_guard(settings: CoordinatorSettings) -> TenantGuard | None:
     """The guard the settings ask for (a tenants file), or None: isolation off."""
     if not settings.tenants_file:
         return None
-    return TenantGuard(load_tenants(settings.tenants_file, settings.topic_prefix),
-                       read_tenant_key(settings), SystemTopics(settings.topic_prefix))
+    return TenantGuard(
+        load_tenants(settings.tenants_file, settings.topic_prefix),
+        read_tenant_key(settings),
+        SystemTopics(settings.topic_prefix),
+    )
 
 
 def check_topic(guard: TenantGuard | None, topics: SystemTopics, half: HalfMessage) -> str:
@@ -157,8 +177,13 @@ class TenantGuard:
     (``{"half": {p: offset}, "op": ...}``) name where records written before isolation was
     on end: those are not asked for a MAC (their topics still are for the allow-list)."""
 
-    def __init__(self, tenants: Mapping[str, Tenant], tenant_key: bytes, topics: SystemTopics,
-                 watermarks: Mapping[str, Mapping[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        tenants: Mapping[str, Tenant],
+        tenant_key: bytes,
+        topics: SystemTopics,
+        watermarks: Mapping[str, Mapping[int, int]] | None = None,
+    ) -> None:
         self.allow = AllowList(tenants)
         self.topics = topics
         self._keys = {g: derive_group_key(tenant_key, g) for g in tenants}
@@ -169,8 +194,10 @@ class TenantGuard:
         self._half_marks = dict(marks.get("half", {}))
         self._op_marks = dict(marks.get("op", {}))
 
-    def topic_specs(self, specs: Mapping[str, tuple[int, dict[str, str]]],
-                    ) -> dict[str, tuple[int, dict[str, str]]]:
+    def topic_specs(
+        self,
+        specs: Mapping[str, tuple[int, dict[str, str]]],
+    ) -> dict[str, tuple[int, dict[str, str]]]:
         """The per-group check topics, made like the shared one in ``specs``."""
         return {t: specs[self.topics.check] for t in self.check_topics()}
 
@@ -183,22 +210,37 @@ class TenantGuard:
         set aside (logged here)."""
         refused = self._judge_half(half)
         if refused is not None:
-            log.warning("%s[%s]@%s txn=%s to be set aside as %s: %s", topic, half.partition,
-                        half.offset, half.txn_id, *refused)
+            log.warning(
+                "%s[%s]@%s txn=%s to be set aside as %s: %s",
+                topic,
+                half.partition,
+                half.offset,
+                half.txn_id,
+                *refused,
+            )
         return refused
 
     def _judge_half(self, half: HalfMessage) -> tuple[DiscardReason, str] | None:
         key = self._keys.get(half.producer_group)
         if key is None:
-            return DiscardReason.FORGED, (f"producer group {half.producer_group!r} is not in "
-                                          "the tenants file")
+            return DiscardReason.FORGED, (
+                f"producer group {half.producer_group!r} is not in the tenants file"
+            )
         legacy = half.offset < self._half_marks.get(half.partition, 0)
-        canonical = half_canonical(half.producer_group, half.txn_id, half.real_topic,
-                                   half.real_partition, half.txn_size, half.txn_index,
-                                   half.key, half.value)
+        canonical = half_canonical(
+            half.producer_group,
+            half.txn_id,
+            half.real_topic,
+            half.real_partition,
+            half.txn_size,
+            half.txn_index,
+            half.key,
+            half.value,
+        )
         if not legacy and not key.verifies(canonical, header(half.headers, H.GROUP_MAC)):
-            return DiscardReason.FORGED, (f"no valid {H.GROUP_MAC} of producer group "
-                                          f"{half.producer_group!r}")
+            return DiscardReason.FORGED, (
+                f"no valid {H.GROUP_MAC} of producer group {half.producer_group!r}"
+            )
         refusal = self.allow.refusal(half.producer_group, half.real_topic)
         return None if refusal is None else (DiscardReason.NOT_ALLOWED, refusal)
 
@@ -208,17 +250,30 @@ class TenantGuard:
         ``rejected`` (``rmq_rejected_requests_total{reason="unauthenticated"}``)."""
         if not isinstance(record, (EndRequest, EndRequests)):
             return True
-        refused = self.end_refusal(msg.partition(), msg.offset(), record.producer_group,
-                                   msg.value(), msg.headers())
+        refused = self.end_refusal(
+            msg.partition(), msg.offset(), record.producer_group, msg.value(), msg.headers()
+        )
         if refused is None:
             return True
         rejected.labels("unauthenticated").inc()
-        log.warning("%s[%s]@%s txn=%s rejected: %s", msg.topic(), msg.partition(), msg.offset(),
-                    getattr(record, "txn_id", "(a batch)"), refused)
+        log.warning(
+            "%s[%s]@%s txn=%s rejected: %s",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            getattr(record, "txn_id", "(a batch)"),
+            refused,
+        )
         return False
 
-    def end_refusal(self, partition: int, offset: int, group: str, value: bytes | None,
-                    headers: Iterable[tuple[str, bytes | None]] | None) -> str | None:
+    def end_refusal(
+        self,
+        partition: int,
+        offset: int,
+        group: str,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] | None,
+    ) -> str | None:
         """None if an end request (or a batch of them) at Op ``partition``@``offset``
         naming ``group`` was written by that group, else why it is not trusted."""
         if offset < self._op_marks.get(partition, 0):
@@ -226,8 +281,9 @@ class TenantGuard:
         key = self._keys.get(group)
         if key is None:
             return f"producer group {group!r} is not in the tenants file"
-        if not key.verifies(op_canonical(self.topics.op, partition, value),
-                            header(headers, H.GROUP_MAC)):
+        if not key.verifies(
+            op_canonical(self.topics.op, partition, value), header(headers, H.GROUP_MAC)
+        ):
             return f"no valid {H.GROUP_MAC} of producer group {group!r}"
         return None
 

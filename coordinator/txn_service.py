@@ -75,9 +75,15 @@ GAUGE_INTERVAL_S = 1.0
 def system_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
     """The client library's specs (``TransactionProducer.start()`` creates the same)."""
     horizon = check_horizon_ms(settings)
-    return {**txn_topic_specs(SystemTopics(settings.topic_prefix), settings.half_partitions,
-                              settings.check_partitions, horizon_ms=horizon),
-            **keys_topic_spec(settings)}
+    return {
+        **txn_topic_specs(
+            SystemTopics(settings.topic_prefix),
+            settings.half_partitions,
+            settings.check_partitions,
+            horizon_ms=horizon,
+        ),
+        **keys_topic_spec(settings),
+    }
 
 
 def check_horizon_ms(settings: CoordinatorSettings) -> int:
@@ -90,8 +96,13 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
-                   partition: int, offset: int, record: SystemRecord) -> bool:
+def trusted_marker(
+    verifier: MarkerVerifier | None,
+    metrics: CoordinatorMetrics,
+    partition: int,
+    offset: int,
+    record: SystemRecord,
+) -> bool:
     """Whether a done or check marker was written by a coordinator; a forged one is counted
     and logged, and the caller ignores it (its transaction stays pending)."""
     if verifier is None:
@@ -102,16 +113,30 @@ def trusted_marker(verifier: MarkerVerifier | None, metrics: CoordinatorMetrics,
     metrics.forged_markers.labels(verdict.value).inc()
     entries = getattr(record, "entries", None) or [record]
     txns = ",".join(e.txn_id for e in entries[:3]) + (",..." if len(entries) > 3 else "")
-    log.warning("%s[%d]@%d txn=%s ignored: %s not written by a coordinator (%s)",
-                verifier.op_topic, partition, offset, txns, type(record).__name__, verdict)
+    log.warning(
+        "%s[%d]@%d txn=%s ignored: %s not written by a coordinator (%s)",
+        verifier.op_topic,
+        partition,
+        offset,
+        txns,
+        type(record).__name__,
+        verdict,
+    )
     return False
 
 
-def new_partition_state(partition: int, s: CoordinatorSettings,
-                        retention_ms: int | None) -> PartitionState:
-    return PartitionState(partition, s.transaction_timeout_ms, s.check_interval_ms, s.check_max,
-                          retention_ms, reappend_horizon_ms=s.reappend_after_ms,
-                          max_deferred_ends=s.max_deferred_ends)
+def new_partition_state(
+    partition: int, s: CoordinatorSettings, retention_ms: int | None
+) -> PartitionState:
+    return PartitionState(
+        partition,
+        s.transaction_timeout_ms,
+        s.check_interval_ms,
+        s.check_max,
+        retention_ms,
+        reappend_horizon_ms=s.reappend_after_ms,
+        max_deferred_ends=s.max_deferred_ends,
+    )
 
 
 def reread_half_end(consumer: confluent_kafka.Consumer, topic: str, partition: int) -> None:
@@ -122,8 +147,9 @@ def reread_half_end(consumer: confluent_kafka.Consumer, topic: str, partition: i
         if tp.offset >= 0:
             consumer.seek(tp)
     except KafkaException as exc:  # asked again a grace period later
-        log.warning("%s[%d]: could not read to its end again: %s", topic, partition,
-                    exc.args[0].str())
+        log.warning(
+            "%s[%d]: could not read to its end again: %s", topic, partition, exc.args[0].str()
+        )
 
 
 def read_retention(admin: AdminClient, topic: str) -> int | None:
@@ -133,8 +159,11 @@ def read_retention(admin: AdminClient, topic: str) -> int | None:
     try:
         configs = admin.describe_configs([resource])[resource].result(ADMIN_TIMEOUT_S)
     except KafkaException as exc:
-        log.warning("could not read retention of %s (%s); retention discard is off", topic,
-                    exc.args[0].str())
+        log.warning(
+            "could not read retention of %s (%s); retention discard is off",
+            topic,
+            exc.args[0].str(),
+        )
         return None
     value = int(configs["retention.ms"].value)
     return None if value < 0 else value
@@ -146,8 +175,9 @@ class TransactionService:
     Over 300 lines because the rebalance callbacks, the dispatch of every record kind, the
     step and the replay all share one consumer, the partition states and the offsets sent."""
 
-    def __init__(self, conf: dict, settings: CoordinatorSettings,
-                 metrics: CoordinatorMetrics | None = None) -> None:
+    def __init__(
+        self, conf: dict, settings: CoordinatorSettings, metrics: CoordinatorMetrics | None = None
+    ) -> None:
         self.conf = dict(conf)
         self.settings = settings
         self.metrics = metrics or CoordinatorMetrics()
@@ -197,15 +227,18 @@ class TransactionService:
         """Pending state of ``partitions`` rebuilt from their committed offsets (returned)."""
         committed = self.takeover.read(consumer, partitions)
         for tp in committed:
-            state = self.states.setdefault(tp.partition, new_partition_state(
-                tp.partition, self.settings, self._retention_ms))
+            state = self.states.setdefault(
+                tp.partition, new_partition_state(tp.partition, self.settings, self._retention_ms)
+            )
             offset = max(tp.offset, 0)
             state.start_at(*((offset, 0) if tp.topic == self.topics.half else (0, offset)))
         for p in {tp.partition for tp in partitions}:
             st = self.states[p]
             self._committed[p] = (st.half_position, st.op_position)
-        log.info("assigned half/op partitions %s; recovering their pending state",
-                 sorted({tp.partition for tp in partitions}))
+        log.info(
+            "assigned half/op partitions %s; recovering their pending state",
+            sorted({tp.partition for tp in partitions}),
+        )
         return committed
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -237,8 +270,9 @@ class TransactionService:
         offset = msg.offset()
         if topic == self.topics.half:
             try:
-                half = parse_half(partition, offset, msg.timestamp()[1], msg.key(), msg.value(),
-                                  msg.headers())
+                half = parse_half(
+                    partition, offset, msg.timestamp()[1], msg.key(), msg.value(), msg.headers()
+                )
             except MalformedRecordError as exc:
                 return self._set_aside_malformed(state, msg, exc, now)
             if is_system_topic(half.real_topic, self.settings.topic_prefix):
@@ -257,33 +291,68 @@ class TransactionService:
             state.on_malformed_op(offset)
             return []
         if isinstance(record, wire.EndRequest):
-            return self._on_end(state, offset, record.half_partition, EndRequest(
-                offset, record.txn_id, record.producer_group, record.half_offset, record.state,
-                record.from_check, record.check_seq, now), now)
+            return self._on_end(
+                state,
+                offset,
+                record.half_partition,
+                EndRequest(
+                    offset,
+                    record.txn_id,
+                    record.producer_group,
+                    record.half_offset,
+                    record.state,
+                    record.from_check,
+                    record.check_seq,
+                    now,
+                ),
+                now,
+            )
         if isinstance(record, wire.EndRequests):
             group, half_partition = record.producer_group, record.half_partition
             actions: list = []
             for entry in record.entries:
-                actions.extend(self._on_end(state, offset, half_partition, EndRequest(
-                    offset, entry.txn_id, group, entry.half_offset, entry.state, False, 0,
-                    now), now))
+                actions.extend(
+                    self._on_end(
+                        state,
+                        offset,
+                        half_partition,
+                        EndRequest(
+                            offset,
+                            entry.txn_id,
+                            group,
+                            entry.half_offset,
+                            entry.state,
+                            False,
+                            0,
+                            now,
+                        ),
+                        now,
+                    )
+                )
             return actions
-        if is_marker(record) and not trusted_marker(self._markers, self.metrics, partition,
-                                                    offset, record):
+        if is_marker(record) and not trusted_marker(
+            self._markers, self.metrics, partition, offset, record
+        ):
             state.on_malformed_op(offset)
             return []
         if not state.on_op_marker(offset, record):
             self.metrics.malformed.labels(topic).inc()
-            log.warning("%s[%s]@%s skipped: %s does not belong on the op topic", topic,
-                        partition, offset, type(record).__name__)
+            log.warning(
+                "%s[%s]@%s skipped: %s does not belong on the op topic",
+                topic,
+                partition,
+                offset,
+                type(record).__name__,
+            )
             state.on_malformed_op(offset)
         return []
 
     def _at_end(self, msg: confluent_kafka.Message) -> bool:
         tp = TopicPartition(msg.topic(), msg.partition())
         high = self._consumer.get_watermark_offsets(tp, cached=True) if self._consumer else None
-        return self.takeover.at_end(msg.topic(), msg.partition(), msg.offset(),
-                                    high[1] if high else -1)
+        return self.takeover.at_end(
+            msg.topic(), msg.partition(), msg.offset(), high[1] if high else -1
+        )
 
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list:
         """Any exception from one record's handling makes it a poison record (set aside
@@ -293,8 +362,9 @@ class TransactionService:
         except Exception as exc:  # an input (or a bug) nobody foresaw
             state = self.states.get(msg.partition())
             if state is None or msg.error() is not None:
-                log.exception("%s[%s]: could not handle a consumer event", msg.topic(),
-                              msg.partition())
+                log.exception(
+                    "%s[%s]: could not handle a consumer event", msg.topic(), msg.partition()
+                )
                 return []
             if msg.topic() == self.topics.half:
                 return self._set_aside_malformed(state, msg, exc, now)
@@ -303,22 +373,32 @@ class TransactionService:
             state.on_malformed_op(msg.offset())
             return []
 
-    def _set_aside_malformed(self, state: PartitionState, msg: confluent_kafka.Message,
-                             exc: Exception, now: int) -> list:
+    def _set_aside_malformed(
+        self, state: PartitionState, msg: confluent_kafka.Message, exc: Exception, now: int
+    ) -> list:
         self.metrics.malformed.labels(msg.topic()).inc()
-        half = unparsed_half(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(),
-                             msg.value(), msg.headers())
-        log.warning("%s[%s]@%s txn=%s malformed, to be set aside: %s", msg.topic(),
-                    msg.partition(), msg.offset(), half.txn_id or "?", exc)
+        half = unparsed_half(
+            msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), msg.headers()
+        )
+        log.warning(
+            "%s[%s]@%s txn=%s malformed, to be set aside: %s",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            half.txn_id or "?",
+            exc,
+        )
         return state.on_poison_half(msg.offset(), half, DiscardReason.MALFORMED, now)
 
-    def _on_end(self, state: PartitionState, offset: int, half_partition: int,
-                request: EndRequest, now: int) -> list:
+    def _on_end(
+        self, state: PartitionState, offset: int, half_partition: int, request: EndRequest, now: int
+    ) -> list:
         where = f"{self.topics.op}[{state.partition}]@{offset}"
         if half_partition != state.partition:
             self.metrics.rejected.labels("wrong_partition").inc()
-            log.warning("%s txn=%s rejected: names half partition %d", where, request.txn_id,
-                        half_partition)
+            log.warning(
+                "%s txn=%s rejected: names half partition %d", where, request.txn_id, half_partition
+            )
             state.on_malformed_op(offset)
             return []
         # A COMMIT to a missing topic is discarded when the batch is vetted, in any order.
@@ -360,8 +440,7 @@ class TransactionService:
                 offset = tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         except KafkaException as exc:  # the loop pauses and replays again
-            raise KafkaOperationError.wrap("replaying from committed offsets",
-                                           exc.args[0]) from exc
+            raise KafkaOperationError.wrap("replaying from committed offsets", exc.args[0]) from exc
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -371,48 +450,77 @@ class TransactionService:
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
                 specs = system_topic_specs(self.settings)
-                ensure_topics(self.conf, {**specs, **(self.guard.topic_specs(specs) if
-                                                      self.guard else {})}, replicated=True,
-                              replication_factor=self.settings.system_replication_factor)
+                ensure_topics(
+                    self.conf,
+                    {**specs, **(self.guard.topic_specs(specs) if self.guard else {})},
+                    replicated=True,
+                    replication_factor=self.settings.system_replication_factor,
+                )
                 if self.guard:
-                    self.guard.watermarks(tenancy_watermarks(self.conf, self.settings,
-                                                             self.instance_id))
-                self._markers = load_verifier(self.conf, self.settings, self._marker_key,
-                                              self.instance_id)
-        self.half_partition_count = require_copartitioned(self.conf, self.topics.half,
-                                                          self.topics.op)
+                    self.guard.watermarks(
+                        tenancy_watermarks(self.conf, self.settings, self.instance_id)
+                    )
+                self._markers = load_verifier(
+                    self.conf, self.settings, self._marker_key, self.instance_id
+                )
+        self.half_partition_count = require_copartitioned(
+            self.conf, self.topics.half, self.topics.op
+        )
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = read_retention(self._admin, self.topics.half)
         writer = TransactionWriter(
-            self.conf, self.topics, f"{self.topics.coordinator_group}-{self.instance_id}",
-            self.metrics, self.ledger, marker_key=self._markers.key,
-            unwritable=self.destinations.unwritable, blockage=Blockage(
-                BlockProbe(self._admin_client), self.metrics.promotion_blocked),
+            self.conf,
+            self.topics,
+            f"{self.topics.coordinator_group}-{self.instance_id}",
+            self.metrics,
+            self.ledger,
+            marker_key=self._markers.key,
+            unwritable=self.destinations.unwritable,
+            blockage=Blockage(BlockProbe(self._admin_client), self.metrics.promotion_blocked),
             check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
-            stale=self.destinations.stale, guard=self.guard)
+            stale=self.destinations.stale,
+            guard=self.guard,
+        )
         writer.start(stop)
         self._writer = writer
-        consumer = confluent_kafka.Consumer(client_conf(self.conf, who="coordinator", forced={
-            "group.id": self.topics.coordinator_group,
-            # Range assignment gives half p and op p to the same member: classic protocol.
-            "group.protocol": "classic",
-            "partition.assignment.strategy": "range",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            # End requests are latency-critical; don't let a fetch linger when data is there.
-            "fetch.wait.max.ms": 10,
-        }))
+        consumer = confluent_kafka.Consumer(
+            client_conf(
+                self.conf,
+                who="coordinator",
+                forced={
+                    "group.id": self.topics.coordinator_group,
+                    # Range assignment gives half p and op p to the same member: classic protocol.
+                    "group.protocol": "classic",
+                    "partition.assignment.strategy": "range",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                    # End requests are latency-critical; don't let a fetch linger when data is there.
+                    "fetch.wait.max.ms": 10,
+                },
+            )
+        )
         self._consumer = consumer
-        consumer.subscribe([self.topics.half, self.topics.op], on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        consumer.subscribe(
+            [self.topics.half, self.topics.op],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
         self.ready.set()
-        log.info("transaction service %s running (prefix %s)", self.instance_id,
-                 self.settings.topic_prefix)
+        log.info(
+            "transaction service %s running (prefix %s)",
+            self.instance_id,
+            self.settings.topic_prefix,
+        )
         try:
-            transactional_loop("transaction service", lambda: self._step(consumer, writer),
-                               lambda: self._replay(consumer, writer), stop)
+            transactional_loop(
+                "transaction service",
+                lambda: self._step(consumer, writer),
+                lambda: self._replay(consumer, writer),
+                stop,
+            )
         finally:
             # The transaction in flight completes before the consumer leaves the group.
             try:
@@ -445,11 +553,11 @@ class TransactionService:
         if not actions and not moved:
             return
         writer.submit(actions, offsets, consumer.consumer_group_metadata())
-        self._sent = {p: (state.half_commit, state.op_commit)
-                      for p, state in self.states.items()}
+        self._sent = {p: (state.half_commit, state.op_commit) for p, state in self.states.items()}
 
-    def _read(self, consumer: confluent_kafka.Consumer, most: int,
-              wait_s: float) -> tuple[list, int]:
+    def _read(
+        self, consumer: confluent_kafka.Consumer, most: int, wait_s: float
+    ) -> tuple[list, int]:
         """Up to ``most`` records (waiting ``wait_s`` for the first), dispatched."""
         first = consumer.poll(wait_s)
         self._raise_settle_error()
@@ -473,8 +581,7 @@ class TransactionService:
         except FatalKafkaError:
             raise
         except (TransactionAborted, KafkaOperationError) as exc:
-            log.warning("transaction service: the transaction in flight at %s failed: %s",
-                        why, exc)
+            log.warning("transaction service: the transaction in flight at %s failed: %s", why, exc)
             self._settle_error = self._settle_error or exc
 
     def _raise_settle_error(self) -> None:

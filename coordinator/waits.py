@@ -46,6 +46,7 @@ class WaitSteps:
     _probed_ms: int
 
     if TYPE_CHECKING:
+
         def _discard(self, offset: int, reason: DiscardReason, detail: str = "") -> Discard: ...
         def _finish(self, offset: int, outcome: TxnState) -> Finish: ...
 
@@ -56,29 +57,39 @@ class WaitSteps:
             return []
         return [self._finish(anchor, TxnState.COMMITTED)]
 
-    def _second_decision(self, request: EndRequest, first: TxnState | None,
-                         same: bool) -> None:
+    def _second_decision(self, request: EndRequest, first: TxnState | None, same: bool) -> None:
         """A decision after the first one: a duplicate is counted; a conflict is counted and
         logged with both decisions (first decision wins, the second is ignored)."""
         if same:
             self.counters["duplicate_decisions"] += 1
             return
         self.counters["conflicting_decisions"] += 1
-        self.rejections.append((request, f"conflicting decision {request.state} after the "
-                                         f"first one, {getattr(first, 'name', 'forgotten')}: "
-                                         "ignored (the first decision wins)"))
+        self.rejections.append(
+            (
+                request,
+                f"conflicting decision {request.state} after the "
+                f"first one, {getattr(first, 'name', 'forgotten')}: "
+                "ignored (the first decision wins)",
+            )
+        )
 
     def _mismatch(self, request: EndRequest, half: HalfMessage) -> list:
         """An end request whose transaction id or producer group is not the half's."""
         self.counters["rejected_mismatch"] += 1
-        self.rejections.append((request, f"does not match the half message (txn "
-                                         f"{half.txn_id}, group {half.producer_group})"))
+        self.rejections.append(
+            (
+                request,
+                f"does not match the half message (txn {half.txn_id}, group {half.producer_group})",
+            )
+        )
         return []
 
     def _defer(self, request: EndRequest) -> None:
         """Keep ``request`` until its half record is read (or drop one, when full)."""
-        if self._deferred_count >= self.max_deferred_ends and (
-                request := self._make_room(request)) is None:
+        if (
+            self._deferred_count >= self.max_deferred_ends
+            and (request := self._make_room(request)) is None
+        ):
             return
         if request.half_offset not in self.deferred:
             heapq.heappush(self._deferred_far, -request.half_offset)
@@ -101,10 +112,15 @@ class WaitSteps:
             if not self.deferred[far]:
                 del self.deferred[far]
         self.counters["rejected_deferred_full"] += 1
-        self.rejections.append((victim, f"over max_deferred_ends={self.max_deferred_ends} end "
-                                        "requests wait for their half record: the one "
-                                        "addressed farthest ahead is dropped (a real one's "
-                                        "transaction is checked instead)"))
+        self.rejections.append(
+            (
+                victim,
+                f"over max_deferred_ends={self.max_deferred_ends} end "
+                "requests wait for their half record: the one "
+                "addressed farthest ahead is dropped (a real one's "
+                "transaction is checked instead)",
+            )
+        )
         return None if victim is request else request
 
     @property
@@ -118,11 +134,14 @@ class WaitSteps:
         producer died mid-send); never promoted in part, every member read is set aside."""
         if not self.half_at_end:
             return []
-        return [self._discard(unit.anchor, DiscardReason.INCOMPLETE,
-                              f"committed with {unit.count} members read")
-                for unit in list(self.assemblies.waiting_commits())
-                if now_ms - unit.waiting_since >= DEFER_GRACE_MS
-                and self.half_eofs > self._commit_eofs.get(unit.anchor, self.half_eofs)]
+        return [
+            self._discard(
+                unit.anchor, DiscardReason.INCOMPLETE, f"committed with {unit.count} members read"
+            )
+            for unit in list(self.assemblies.waiting_commits())
+            if now_ms - unit.waiting_since >= DEFER_GRACE_MS
+            and self.half_eofs > self._commit_eofs.get(unit.anchor, self.half_eofs)
+        ]
 
     def wants_half_end(self, now_ms: int) -> bool:
         """Whether the I/O layer should read the half partition to its end again (a seek to
@@ -134,10 +153,10 @@ class WaitSteps:
             return False
         stale_end = self.half_at_end and now_ms - self.half_eof_ms >= DEFER_GRACE_MS
         if not (self._deferred_count and stale_end) and not any(
-                self._commit_eofs.get(unit.anchor, self.half_eofs) >= self.half_eofs
-                and now_ms - unit.waiting_since >= DEFER_GRACE_MS
-                for unit in self.assemblies.waiting_commits()):
+            self._commit_eofs.get(unit.anchor, self.half_eofs) >= self.half_eofs
+            and now_ms - unit.waiting_since >= DEFER_GRACE_MS
+            for unit in self.assemblies.waiting_commits()
+        ):
             return False
         self._probed_ms = now_ms
         return True
-

@@ -51,12 +51,18 @@ def push_conf(broker, group: str) -> dict:
     return group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest"}))
 
 
-def start(broker, group: str, topic: str, prefix: str, listener, *, tags=None,
-          **kwargs) -> PushConsumer:
-    kwargs = {"max_workers": 16, "max_reconsume_times": MAX_RECONSUME,
-              "delay_levels": LEVELS, **kwargs}
-    consumer = PushConsumer(push_conf(broker, group), listener=listener, topic_prefix=prefix,
-                            **kwargs)
+def start(
+    broker, group: str, topic: str, prefix: str, listener, *, tags=None, **kwargs
+) -> PushConsumer:
+    kwargs = {
+        "max_workers": 16,
+        "max_reconsume_times": MAX_RECONSUME,
+        "delay_levels": LEVELS,
+        **kwargs,
+    }
+    consumer = PushConsumer(
+        push_conf(broker, group), listener=listener, topic_prefix=prefix, **kwargs
+    )
     consumer.subscribe([topic], tags=tags)
     consumer.start()
     return consumer
@@ -107,8 +113,7 @@ def check_retry_waits(recorder: Recorder) -> None:
     assert checked
 
 
-def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, make_topic,
-                                                                       unique):
+def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, make_topic, unique):
     topic, group, prefix = make_topic("push", PARTITIONS), unique("push-g"), unique("__rmqp")
     numbers = range(N)
     produce_numbers(broker.conf(), topic, numbers)
@@ -116,8 +121,11 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
     consumed, dead = expected_done(numbers)
     consumer = start(broker, group, topic, prefix, recorder)
     try:
-        wait_for(lambda: set(recorder.successes()) >= consumed
-                 and consumer.counts["dead"] >= len(dead), 120, "every message consumed")
+        wait_for(
+            lambda: set(recorder.successes()) >= consumed and consumer.counts["dead"] >= len(dead),
+            120,
+            "every message consumed",
+        )
     finally:
         consumer.shutdown()
     successes = Counter(recorder.successes())
@@ -128,8 +136,9 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
         tries = sum(1 for k in range(MAX_RECONSUME + 2) if (n, k) in deliveries)
         assert tries == (MAX_RECONSUME + 1 if fails_always(n) else 2 if fails_once(n) else 1)
     # A retry shows its ORIGINAL coordinates and birth time, as RocketMQ does.
-    firsts = {d.n: (d.topic, d.offset, d.born) for d in recorder.snapshot()
-              if d.reconsume_times == 0}
+    firsts = {
+        d.n: (d.topic, d.offset, d.born) for d in recorder.snapshot() if d.reconsume_times == 0
+    }
     assert all((d.topic, d.offset, d.born) == firsts[d.n] for d in recorder.snapshot())
     check_retry_waits(recorder)
     check_dlq(broker, prefix, group, topic, dead)
@@ -138,7 +147,8 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
 
 
 def test_tags_filter_sees_exactly_the_matching_messages_and_commits_past_the_rest(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     topic, group, prefix = make_topic("push-tags", 2), unique("push-tg"), unique("__rmqp")
     tag_of = {0: "TagA", 1: "TagB", 2: "TagC", 3: None}
     numbers = range(400)
@@ -169,8 +179,11 @@ def test_async_listener_retries_and_dead_letters(broker, make_topic, unique):
     consumed, dead = expected_done(numbers)
     consumer = start(broker, group, topic, prefix, recorder.async_listener)
     try:
-        wait_for(lambda: set(recorder.successes()) >= consumed
-                 and consumer.counts["dead"] >= len(dead), 60, "every message consumed")
+        wait_for(
+            lambda: set(recorder.successes()) >= consumed and consumer.counts["dead"] >= len(dead),
+            60,
+            "every message consumed",
+        )
     finally:
         consumer.shutdown()
     successes = Counter(recorder.successes())
@@ -204,16 +217,32 @@ def test_a_call_past_consume_timeout_is_reconsumed_later(broker, make_topic, uni
 class PushWorker:
     """tests/integration/push_worker.py in a subprocess, and what it wrote."""
 
-    def __init__(self, broker, tmp_path: Path, name: str, *, prefix: str, group: str,
-                 topic: str) -> None:
+    def __init__(
+        self, broker, tmp_path: Path, name: str, *, prefix: str, group: str, topic: str
+    ) -> None:
         self.path = tmp_path / f"{name}.jsonl"
         self.path.touch()
         self._stderr = open(tmp_path / f"{name}.stderr", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.push_worker",
-             "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix,
-             "--group", group, "--topic", topic, "--result", str(self.path)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr)
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.push_worker",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+                "--group",
+                group,
+                "--topic",
+                topic,
+                "--result",
+                str(self.path),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
 
     def lines(self) -> list[dict]:
         return jsonl(self.path)
@@ -229,13 +258,14 @@ class PushWorker:
         self._stderr.close()
 
 
-def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_topic, unique,
-                                                                  tmp_path):
+def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(
+    broker, make_topic, unique, tmp_path
+):
     if broker.embedded is not None and broker.embedded.client_conf() != {
-            "bootstrap.servers": broker.bootstrap}:
+        "bootstrap.servers": broker.bootstrap
+    }:
         pytest.skip("the worker connects with a bare bootstrap list")
-    topic, group, prefix = make_topic("push-kill", PARTITIONS), unique("push-kg"), unique(
-        "__rmqp")
+    topic, group, prefix = make_topic("push-kill", PARTITIONS), unique("push-kg"), unique("__rmqp")
     numbers = range(N)
     produce_numbers(broker.conf(), topic, numbers)
     consumed, dead = expected_done(numbers)
@@ -243,18 +273,27 @@ def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_t
     second = None
     try:
         # Kill once a third is through and some retries came back (the retry path is live).
-        wait_for(lambda: (lambda lines: len(lines) > N // 3 and any(
-            x.get("reconsume", 0) > 0 for x in lines))(first.lines()), 120,
-            "the first worker a third through")
+        wait_for(
+            lambda: (
+                lambda lines: len(lines) > N // 3 and any(x.get("reconsume", 0) > 0 for x in lines)
+            )(first.lines()),
+            120,
+            "the first worker a third through",
+        )
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
-        second = PushWorker(broker, tmp_path, "second", prefix=prefix, group=group,
-                            topic=topic)
+        second = PushWorker(broker, tmp_path, "second", prefix=prefix, group=group, topic=topic)
         lines = lambda: first.lines() + second.lines()  # noqa: E731
-        wait_for(lambda: {x["n"] for x in lines() if x["outcome"] == "CONSUME_SUCCESS"}
-                 >= consumed, 180, "every message consumed after the kill")
-        wait_for(lambda: len(read_all(broker.conf(), f"{prefix}_dlq_{group}")) >= len(dead),
-                 60, "the DLQ filled")
+        wait_for(
+            lambda: {x["n"] for x in lines() if x["outcome"] == "CONSUME_SUCCESS"} >= consumed,
+            180,
+            "every message consumed after the kill",
+        )
+        wait_for(
+            lambda: len(read_all(broker.conf(), f"{prefix}_dlq_{group}")) >= len(dead),
+            60,
+            "the DLQ filled",
+        )
     finally:
         first.stop()
         if second is not None:
@@ -267,19 +306,20 @@ def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_t
             copies[(int(r.value()), int(headers_of(r)[H.RECONSUME_TIMES]))] += 1
     assert copies and set(copies.values()) == {1}, [k for k, v in copies.items() if v > 1]
     wanted = {(n, k) for n in numbers if fails_once(n) for k in (1,)} | {
-        (n, k) for n in dead for k in range(1, MAX_RECONSUME + 1)}
+        (n, k) for n in dead for k in range(1, MAX_RECONSUME + 1)
+    }
     assert set(copies) == wanted
     # Each worker got each retry copy once; a copy the killed one was running (not committed)
     # comes again to the second, as any uncommitted delivery does (at least once).
     for worker in (first, second):
-        retried = Counter((x["n"], x["reconsume"]) for x in worker.lines()
-                          if x["reconsume"] > 0)
+        retried = Counter((x["n"], x["reconsume"]) for x in worker.lines() if x["reconsume"] > 0)
         assert set(retried.values()) == {1}, [k for k, v in retried.items() if v > 1]
 
 
 # -- untrusted retry records -------------------------------------------------------------------
 def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_consumer(
-        broker, make_topic, unique, caplog):
+    broker, make_topic, unique, caplog
+):
     topic, group, prefix = make_topic("push-fuzz"), unique("push-fz"), unique("__rmqp")
     seen: list[tuple[bytes | None, str | None]] = []
 
@@ -296,8 +336,9 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
         producer = confluent_kafka.Producer(broker.conf())
         for case in made:
             for raw in case.records:
-                producer.produce(retry_topic, raw.value, key=raw.key, headers=raw.headers,
-                                 partition=0)
+                producer.produce(
+                    retry_topic, raw.value, key=raw.key, headers=raw.headers, partition=0
+                )
         assert producer.flush(30) == 0
         produce_numbers(broker.conf(), topic, range(20))  # good records after the bad ones
         wait_for(lambda: len(seen) == 80, 60, "every record delivered")
@@ -312,8 +353,9 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
     assert all(line.startswith(f"{retry_topic}[0]@") for line in logged)
 
 
-def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broker, make_topic,
-                                                                          unique):
+def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(
+    broker, make_topic, unique
+):
     """Campaign seed 30: a broker fault fenced the push consumer's own transactional producer
     (a newer epoch of its transactional.id); the consumer must start a new producer and go
     on, not stop consuming for good."""
@@ -330,15 +372,19 @@ def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broke
     try:
         wait_for(lambda: set(seen) >= set(range(20)), 60, "the first messages")
         # A newer instance of the same transactional.id fences the consumer's producer.
-        fencer = confluent_kafka.Producer(broker.conf(
-            **{"transactional.id": f"{prefix}_push_{client_id}"}))
+        fencer = confluent_kafka.Producer(
+            broker.conf(**{"transactional.id": f"{prefix}_push_{client_id}"})
+        )
         fencer.init_transactions(30)
         produce_numbers(broker.conf(), topic, range(20, 40))
         wait_for(lambda: set(seen) >= set(range(40)), 60, "the messages after the fence")
         # The new producer replays from the committed offsets (what the fenced transaction
         # held is processed again): consuming goes on until all is committed.
-        wait_for(lambda: operator.eq(*committed_ends(broker.conf(), group, topic)), 60,
-                 "the commits after the fence")
+        wait_for(
+            lambda: operator.eq(*committed_ends(broker.conf(), group, topic)),
+            60,
+            "the commits after the fence",
+        )
     finally:
         consumer.shutdown()
     committed, ends = committed_ends(broker.conf(), group, topic)

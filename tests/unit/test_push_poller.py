@@ -32,8 +32,7 @@ class FakeConsumer:
         if self.failures:
             self.failures -= 1
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "committed timed out"))
-        return [TopicPartition(tp.topic, tp.partition, self.committed_offset)
-                for tp in partitions]
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in partitions]
 
     def incremental_assign(self, partitions: list) -> None:
         self.assigned.extend(partitions)
@@ -68,14 +67,32 @@ class FakeConsumer:
 
 
 def _loop() -> PollLoop:
-    settings = PollSettings(consumer_conf={}, producer_conf={}, topics=["orders"],
-                            retry_levels={}, delay_levels=(1.0,), tags=TagFilter(),
-                            batch_size=1, backlog=16, max_reconsume_times=3,
-                            consume_timeout_ms=1000, drain_timeout_s=1.0)
-    ledger = Ledger(retry_topic=lambda level: f"retry_{level}", dlq_topic="dlq",
-                    delay_levels=(1.0,), max_reconsume_times=3)
-    return PollLoop(settings, ledger, pool=None, stopping=threading.Event(),  # type: ignore[arg-type]
-                    name="test")
+    settings = PollSettings(
+        consumer_conf={},
+        producer_conf={},
+        topics=["orders"],
+        retry_levels={},
+        delay_levels=(1.0,),
+        tags=TagFilter(),
+        batch_size=1,
+        backlog=16,
+        max_reconsume_times=3,
+        consume_timeout_ms=1000,
+        drain_timeout_s=1.0,
+    )
+    ledger = Ledger(
+        retry_topic=lambda level: f"retry_{level}",
+        dlq_topic="dlq",
+        delay_levels=(1.0,),
+        max_reconsume_times=3,
+    )
+    return PollLoop(
+        settings,
+        ledger,
+        pool=None,
+        stopping=threading.Event(),  # type: ignore[arg-type]
+        name="test",
+    )
 
 
 def test_a_failed_committed_read_in_on_assign_is_retried_and_never_raises():
@@ -116,7 +133,8 @@ def test_a_retry_partition_without_a_commit_is_read_from_its_start_once_its_offs
     loop._on_assign(consumer, [TopicPartition("retry_1", 0)])  # type: ignore[arg-type]
     loop._read_unassigned(consumer, force=True)  # type: ignore[arg-type]
     assert [(s.topic, s.offset) for s in consumer.sought] == [
-        ("retry_1", confluent_kafka.OFFSET_BEGINNING)]
+        ("retry_1", confluent_kafka.OFFSET_BEGINNING)
+    ]
 
 
 def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record_not_taken():
@@ -133,7 +151,9 @@ def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record
     loop.ledger.assign(Part(("orders", 2), OffsetTracker()))  # no commit, nothing read
     rewind(consumer, loop.ledger, loop.s.consumer_conf, "test")  # type: ignore[arg-type]
     assert sorted((s.topic, s.partition, s.offset) for s in consumer.sought) == [
-        ("orders", 0, 7), ("orders", 1, 9)]
+        ("orders", 0, 7),
+        ("orders", 1, 9),
+    ]
 
 
 class FakeProducer:
@@ -142,11 +162,20 @@ class FakeProducer:
     #5511). After a fatal error any call but flush fails the test: on the real client the
     next begin_transaction waited forever, holding the GIL (campaign seed 1)."""
 
-    def __init__(self, name: str, *, commit_error: KafkaError | None = None,
-                 abort_error: KafkaError | None = None,
-                 stuck: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        commit_error: KafkaError | None = None,
+        abort_error: KafkaError | None = None,
+        stuck: threading.Event | None = None,
+    ) -> None:
         self.name, self.commit_error, self.abort_error, self.stuck = (
-            name, commit_error, abort_error, stuck)
+            name,
+            commit_error,
+            abort_error,
+            stuck,
+        )
         self.calls: list[str] = []
         self.fatal: KafkaError | None = None
         self.sent: list[TopicPartition] = []
@@ -154,7 +183,8 @@ class FakeProducer:
 
     def _call(self, what: str) -> None:
         assert self.fatal is None, (
-            f"{what} called on producer {self.name} after its fatal error {self.fatal}")
+            f"{what} called on producer {self.name} after its fatal error {self.fatal}"
+        )
         self.calls.append(what)
 
     def init_transactions(self, timeout: float) -> None:
@@ -166,8 +196,7 @@ class FakeProducer:
     def produce(self, *args: object, **kwargs: object) -> None:
         self._call("produce")
 
-    def send_offsets_to_transaction(self, offsets: list, metadata: object,
-                                    timeout: float) -> None:
+    def send_offsets_to_transaction(self, offsets: list, metadata: object, timeout: float) -> None:
         self._call("send_offsets")
         if self.stuck is not None:
             self.stuck.wait()  # ignores its timeout
@@ -193,8 +222,9 @@ class FakeProducer:
         pass
 
 
-def _open_with(monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
-               ) -> tuple[PollLoop, FakeConsumer]:
+def _open_with(
+    monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
+) -> tuple[PollLoop, FakeConsumer]:
     """A loop opened on fakes (``producers`` in the order it creates them), one partition
     assigned at committed offset 7 with 7 and 8 done since."""
     consumer = FakeConsumer(failures=0)
@@ -219,10 +249,15 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
     """Campaign seeds 1 and 2: a commit failed (abortable), its abort failed fatally
     (INVALID_TXN_STATE); the next round called begin_transaction on the dead producer, which
     never returned, holding the GIL: the whole push consumer froze until SIGKILL."""
-    dead = FakeProducer("first", commit_error=KafkaError(
-        KafkaError._TIMED_OUT, "add offsets timed out", txn_requires_abort=True),
-        abort_error=KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction",
-                               fatal=True))
+    dead = FakeProducer(
+        "first",
+        commit_error=KafkaError(
+            KafkaError._TIMED_OUT, "add offsets timed out", txn_requires_abort=True
+        ),
+        abort_error=KafkaError(
+            KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True
+        ),
+    )
     fresh = FakeProducer("second")
     loop, consumer = _open_with(monkeypatch, [dead, fresh])
     loop._commit()
@@ -237,8 +272,7 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
     assert loop.ledger.counts["producer_renewals"] == 1
 
 
-def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(
-        monkeypatch):
+def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(monkeypatch):
     """Campaign seed 2: a transactional call of the poll thread never returned (past its
     30 s timeout, librdkafka #5456, #5511); the poll thread stayed busy until shutdown and
     1,762 records were never processed."""
