@@ -214,6 +214,7 @@ class ReappendSteps:
     decided: dict
     deferred: dict
     early_markers: dict
+    _commit_eofs: dict
 
     if TYPE_CHECKING:
 
@@ -289,6 +290,26 @@ class ReappendSteps:
         ):
             actions += self.on_end_request(request, now_ms)
         return actions
+
+    def _drop_unit(self, anchor: int) -> None:
+        """The unit pending at ``anchor`` is done (a done marker of one of its members was
+        read: they are all written in one Kafka transaction): forget it and its members."""
+        self.assemblies.remove(anchor)
+        self._commit_eofs.pop(anchor, None)
+        self.pending.pop(anchor, None)
+        self.early_markers.pop(anchor, None)
+
+    def _retire_replaced(self, half: HalfMessage, carried: Carried | None) -> None:
+        """A re-appended member read while the unit of the copies it replaces is still
+        assembled: their REAPPENDED done markers, written in the same Kafka transaction as
+        it, are in Op but not read yet (a replay reads the half partition ahead of Op). The
+        unit is done as those markers will say, so the newer copies assemble on their own
+        instead of each being "a second member" of the older ones (campaign seed 2)."""
+        if (
+            carried is not None
+            and (anchor := self.assemblies.replaced(half, carried.previous_offset)) is not None
+        ):
+            self._drop_unit(anchor)
 
     def _reappends_due(self, now_ms: int) -> list[Action]:
         actions: list[Action] = []

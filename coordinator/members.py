@@ -109,6 +109,20 @@ class Assemblies:
         self._anchor_of[offset] = anchor
         return anchor, ""
 
+    def replaced(self, half: HalfMessage, previous_offset: int) -> int | None:
+        """The anchor of the unit holding the member that ``half``, a coordinator's
+        re-append of it, replaces: the same transaction, group and index at
+        ``previous_offset``; None when no unit holds it (its done marker was read)."""
+        anchor = self._anchor_of.get(previous_offset)
+        held = self._units[anchor].members.get(half.txn_index) if anchor is not None else None
+        if (
+            held is None
+            or held.offset != previous_offset
+            or (held.txn_id, held.producer_group) != (half.txn_id, half.producer_group)
+        ):
+            return None
+        return anchor
+
     def anchor(self, offset: int) -> int | None:
         """The anchor of the pending unit the member at ``offset`` belongs to."""
         return self._anchor_of.get(offset)

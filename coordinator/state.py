@@ -168,6 +168,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         (the caller makes it pending, as the anchor), else what became applicable."""
         if (closed := self.assemblies.closed(half.txn_id)) is not None:
             return [self._late_member(offset, half, *closed)]
+        self._retire_replaced(half, carried)
         anchor, problem = self.assemblies.add(offset, half)
         if anchor == offset:
             return None
@@ -214,10 +215,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         low = self.half_commit
         anchor = self.assemblies.anchor(half_offset)
         if anchor is not None:  # every member is done in the same Kafka transaction
-            self.assemblies.remove(anchor)
-            self._commit_eofs.pop(anchor, None)
-            self.pending.pop(anchor, None)
-            self.early_markers.pop(anchor, None)
+            self._drop_unit(anchor)
         self.pending.pop(half_offset, None)
         self.early_markers.pop(half_offset, None)
         if half_offset >= low:

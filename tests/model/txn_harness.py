@@ -238,8 +238,10 @@ class Partition:
         self.op.append((encode(KEY.sign(TOPICS.op, 0, record)), self.now))
 
     # -- producers and adversaries ----------------------------------------------------------------
-    def append_half(self, raw: Raw, member: tuple[str, int] | None = None) -> int:
-        """A half record; a ``member`` of a producer's transaction is signed by its group."""
+    def append_half(self, raw: Raw, member: tuple[str, int] | None = None, skew_ms: int = 0) -> int:
+        """A half record; a ``member`` of a producer's transaction is signed by its group.
+        ``skew_ms``: its producer's clock runs that far ahead (Kafka's CreateTime is the
+        producer's), so the re-append horizon counts from later than its offset says."""
         if member is not None:
             self.member[len(self.half)] = member
             if self.tenancy:
@@ -247,7 +249,7 @@ class Partition:
                     raw,
                     headers=sign_half_headers(group_key(GROUP), raw.headers, raw.key, raw.value),
                 )
-        self.half.append((raw, self.now))
+        self.half.append((raw, self.now + skew_ms))
         return len(self.half) - 1
 
     def append_op(self, value: bytes | SystemRecord | None, signer: str | None = OWN) -> int:

@@ -88,11 +88,19 @@ class TxnMachine(RuleBasedStateMachine):
         return self.p.now
 
     # -- producers -----------------------------------------------------------------------------
-    @rule(target=txns, size=st.sampled_from([1, 1, 2, 3]), final=states)
-    def begin(self, size: int, final: EndState) -> str:
+    @rule(
+        target=txns,
+        size=st.sampled_from([1, 1, 2, 3]),
+        final=states,
+        skew=st.sampled_from([0, 0, 0, 2500]),
+    )
+    def begin(self, size: int, final: EndState, skew: int) -> str:
+        """A transaction; ``skew``: its producer's clock is ahead, so a transaction written
+        after it is re-appended before it, and the committed half offset stays below the
+        copies that re-append replaced (campaign seed 2: a replay read them again)."""
         txn = f"t{len(self.txns_by_id)}"
         offsets = [
-            self.p.append_half(half_record(txn, size, i, self._now()), (txn, i))
+            self.p.append_half(half_record(txn, size, i, self._now()), (txn, i), skew)
             for i in range(size)
         ]
         self.txns_by_id[txn] = Txn(txn, size, offsets[0], final)
@@ -400,3 +408,35 @@ def test_forgetting_copies_of_a_half_record_is_caught(monkeypatch: pytest.Monkey
     found = find_failure(TxnMachine)
     assert isinstance(found.error, AssertionError), found.report
     assert any(s.startswith("state.copy_half(") for s in found.steps), found.report
+
+
+def _older_copies_read_again(machine: TxnMachine) -> None:
+    """Campaign seed 2's history in the machine's rules: a transaction from a producer whose
+    clock is ahead holds the committed half offset while a two-member one written after it is
+    re-appended; a restart then reads both copy sets before the Op records (settle reads the
+    half partition first)."""
+    machine.begin(size=1, final=EndState.COMMIT, skew=2500)
+    machine.begin(size=2, final=EndState.COMMIT, skew=0)
+    machine.tick(5000)
+    machine.read("half", "end")
+    machine.read("op", "end")
+    machine.step()  # the second re-appended, the first not due yet
+    assert machine.p.committed[0] == 0 and len(machine.p.half) == 5
+    machine.restart()
+    machine.settle()
+
+
+def test_a_restart_reading_older_copies_first_still_promotes_the_transaction_once() -> None:
+    machine = TxnMachine()
+    _older_copies_read_again(machine)
+    assert sorted(machine.p.written.promoted) == [("t0", 0), ("t1", 0), ("t1", 1)]
+
+
+def test_assembling_a_newer_copy_set_with_the_older_one_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted defect (campaign seed 2's): a re-appended member read while the copies it
+    replaces are still assembled joins them, as a second member of its index: malformed."""
+    monkeypatch.setattr(PartitionState, "_retire_replaced", lambda self, *args: None)
+    with pytest.raises(AssertionError, match="t1 discarded, 0 UNKNOW"):
+        _older_copies_read_again(TxnMachine())

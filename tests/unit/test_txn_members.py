@@ -12,7 +12,7 @@ from coordinator.members import Assemblies
 from coordinator.state import Discard, EndRequest, Finish, IssueCheck, PartitionState, TxnState
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.half import MAX_TXN_SIZE, HalfMessage, parse_half
-from rmq_semantics.records.reappend import reappended_headers
+from rmq_semantics.records.reappend import Carried, reappended_headers
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.txn import DoneEntry, DoneMarkers, Outcome
 
@@ -372,3 +372,38 @@ def test_a_commit_waiting_for_members_is_not_re_appended_away():
     [finish] = feed(st, member(11, 1, size=2))
     assert isinstance(finish, Finish) and finish.outcome is TxnState.COMMITTED
     assert [h.offset for h in finish.records] == [10, 11]
+
+
+def _copy(offset: int, of: HalfMessage, origin: int = 10) -> HalfMessage:
+    """``of`` as a coordinator re-appended it at ``offset`` (promote._reappend's headers)."""
+    again = member(offset, of.txn_index)
+    carried = Carried(of.offset, origin, T0, 3, 0, 0, T0 + 60000)
+    return dataclasses.replace(again, headers=reappended_headers(again, carried))
+
+
+@pytest.mark.parametrize("reappends", [1, 2])
+def test_a_replay_reading_half_ahead_of_op_keeps_a_re_appended_transaction_whole(reappends):
+    # Campaign seed 2 (txn 9474..., half[2]@1005 -> 1046 -> 1102 -> 1118): a new owner read
+    # the half partition from below the first copies (another transaction held the committed
+    # offset) ahead of Op, so every copy set was read before the REAPPENDED done markers that
+    # retire the older ones. The newest copies were each "a second member with
+    # rmq.txn_index=N" and set aside malformed; the producer's COMMIT came as late_commit.
+    st = PartitionState(0, 6000, 60000, 3)
+    st.start_at(10, 0)
+    copies = [[member(10, 0), member(11, 1), member(12, 2)]]
+    for n in range(reappends):
+        copies.append([_copy(20 + 10 * n + i, m) for i, m in enumerate(copies[-1])])
+    actions = feed(st, *(m for copy_set in copies for m in copy_set))
+    for op, copy_set in enumerate(copies[:-1]):  # each re-append's done markers, in Op order
+        st.on_op_marker(
+            op,
+            DoneMarkers(
+                tuple(DoneEntry(m.offset, "tx", Outcome.REAPPENDED, 0) for m in copy_set), T0
+            ),
+        )
+    actions += st.on_end_request(end(reappends, 10, "COMMIT"), T0)  # to the first offset
+    actions += st.on_eof("half", T0) + st.on_eof("op", T0) + st.due(T0)
+    assert [type(a) for a in actions] == [Finish], actions
+    assert actions[0].outcome is TxnState.COMMITTED
+    assert [h.offset for h in actions[0].records] == [m.offset for m in copies[-1]]
+    assert st.counters["malformed_member"] == 0 and st.pending == {}
