@@ -476,7 +476,7 @@ def _sizing_line(r: dict) -> str:
 def _default_timeout_s() -> float:
     from coordinator.settings import CoordinatorSettings
 
-    fields = {f.name: f.default for f in dataclasses.fields(CoordinatorSettings)}
+    fields: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CoordinatorSettings)}
     return float(fields["transaction_timeout_ms"]) / 1000
 
 
