@@ -1,6 +1,7 @@
 """The push consumer's poll loop under faults only the broker can cause, injected through a
 fake Kafka consumer and producer: a committed-offset read that fails in the rebalance
-callback, the rewind after a failed round, and transactional producers that die or wedge."""
+callback, the rewind after a failed round, transactional producers that die or wedge, and
+librdkafka keeping a pause across a rebalance."""
 
 from __future__ import annotations
 
@@ -263,8 +264,6 @@ def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_repl
     assert loop.ledger.counts["producer_renewals"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a partition paused by the poll loop, lost and assigned "
-                   "again stays paused: librdkafka keeps an app pause across unassign/assign")
 def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reassigned(
         monkeypatch):
     """Campaign seed 2, long run (issue 30): the producer was re-created, so every partition
@@ -293,8 +292,6 @@ def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reass
     assert ("orders", 0) not in consumer.paused, "assigned again, but never resumed"
 
 
-@pytest.mark.xfail(strict=True, reason="a held retry partition revoked and assigned again "
-                   "stays paused: librdkafka keeps an app pause across unassign/assign")
 def test_a_held_retry_partition_revoked_and_assigned_again_is_read_again(monkeypatch):
     """The same stale pause without a fault: a retry partition held until its head is due,
     revoked by a rebalance and assigned back, was never resumed (its hold was forgotten)."""
