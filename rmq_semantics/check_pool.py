@@ -52,11 +52,18 @@ class CheckPool:
     """``ask(check) -> state`` on ``threads`` workers, then ``reply(check, state)``;
     ``done(job)`` once a job is answered, timed out or skipped (never before its reply)."""
 
-    def __init__(self, *, threads: int, timeout_s: float, queue_size: int,
-                 ask: Callable[[CheckRequest], LocalTransactionState],
-                 reply: Callable[[CheckRequest, LocalTransactionState], Any],
-                 done: Callable[[CheckJob], Any], name: str,
-                 max_abandoned: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        threads: int,
+        timeout_s: float,
+        queue_size: int,
+        ask: Callable[[CheckRequest], LocalTransactionState],
+        reply: Callable[[CheckRequest, LocalTransactionState], Any],
+        done: Callable[[CheckJob], Any],
+        name: str,
+        max_abandoned: int | None = None,
+    ) -> None:
         self._ask, self._reply, self._done = ask, reply, done
         self._timeout_s = timeout_s
         self._threads = threads
@@ -92,8 +99,9 @@ class CheckPool:
     def start(self) -> None:
         for _ in range(self._threads):
             self._spawn()
-        watchdog = threading.Thread(target=self._watch, name=f"rmq-check-watchdog-{self._name}",
-                                    daemon=True)
+        watchdog = threading.Thread(
+            target=self._watch, name=f"rmq-check-watchdog-{self._name}", daemon=True
+        )
         watchdog.start()
         self._workers.append(watchdog)
 
@@ -119,8 +127,12 @@ class CheckPool:
         with self._lock:
             self._live += 1
         worker = next(self._ids)
-        thread = threading.Thread(target=self._work, args=(worker,), daemon=True,
-                                  name=f"rmq-check-worker-{self._name}-{worker}")
+        thread = threading.Thread(
+            target=self._work,
+            args=(worker,),
+            daemon=True,
+            name=f"rmq-check-worker-{self._name}-{worker}",
+        )
         thread.start()
         with self._lock:
             self._workers = [t for t in self._workers if t.is_alive()] + [thread]
@@ -144,15 +156,22 @@ class CheckPool:
                     self._abandoned.discard(worker)
                     self._live += rejoin
             if late:
-                log.warning("%s: check #%d returned %s after its timeout; dropped (UNKNOW "
-                            "was sent)", job.where, job.check.check_seq,
-                            repr(error) if error else state.value)
+                log.warning(
+                    "%s: check #%d returned %s after its timeout; dropped (UNKNOW was sent)",
+                    job.where,
+                    job.check.check_seq,
+                    repr(error) if error else state.value,
+                )
                 if not rejoin:
                     return
             elif error is not None:
                 self.skipped += 1
-                log.warning("%s: check #%d skipped, it cannot be asked: %r", job.where,
-                            job.check.check_seq, error)
+                log.warning(
+                    "%s: check #%d skipped, it cannot be asked: %r",
+                    job.where,
+                    job.check.check_seq,
+                    error,
+                )
                 self._done(job)
             else:
                 self._send(job, state)
@@ -162,8 +181,7 @@ class CheckPool:
             self._reply(job.check, state)
             self.answered += 1
         except Exception as exc:  # not lost: the coordinator checks again later
-            log.warning("%s: could not answer check #%d: %r", job.where, job.check.check_seq,
-                        exc)
+            log.warning("%s: could not answer check #%d: %r", job.where, job.check.check_seq, exc)
         finally:
             self._done(job)
 
@@ -173,21 +191,31 @@ class CheckPool:
         while not self._stop.wait(WATCH_SLICE_S):
             now = time.monotonic()
             with self._lock:
-                late = [(w, job) for w, (job, started) in self._running.items()
-                        if now - started > self._timeout_s]
+                late = [
+                    (w, job)
+                    for w, (job, started) in self._running.items()
+                    if now - started > self._timeout_s
+                ]
                 for worker, _ in late:
                     del self._running[worker]
                     self._abandoned.add(worker)
                     self._live -= 1
-                replace = min(len(late), self._max_abandoned + self._threads
-                              - self._live - len(self._abandoned))
+                replace = min(
+                    len(late),
+                    self._max_abandoned + self._threads - self._live - len(self._abandoned),
+                )
             for n, (_, job) in enumerate(late):
                 self.timed_out += 1
-                log.warning("%s: check_local_transaction of check #%d ran past its %g s "
-                            "timeout; answering UNKNOW (checked again later)%s", job.where,
-                            job.check.check_seq, self._timeout_s,
-                            " and replacing its thread" if n < replace else
-                            f"; {self._max_abandoned} hung threads already, none started")
+                log.warning(
+                    "%s: check_local_transaction of check #%d ran past its %g s "
+                    "timeout; answering UNKNOW (checked again later)%s",
+                    job.where,
+                    job.check.check_seq,
+                    self._timeout_s,
+                    " and replacing its thread"
+                    if n < replace
+                    else f"; {self._max_abandoned} hung threads already, none started",
+                )
                 if n < replace:
                     self._spawn()
                 self._send(job, LocalTransactionState.UNKNOW)
@@ -202,6 +230,10 @@ class CheckPool:
             except queue.Empty:
                 return
             self.starved += 1
-            log.warning("%s: check #%d answered UNKNOW unasked: every check thread is stuck "
-                        "in check_local_transaction", job.where, job.check.check_seq)
+            log.warning(
+                "%s: check #%d answered UNKNOW unasked: every check thread is stuck "
+                "in check_local_transaction",
+                job.where,
+                job.check.check_seq,
+            )
             self._send(job, LocalTransactionState.UNKNOW)

@@ -45,8 +45,13 @@ from rmq_semantics.transaction_api import LocalTransactionState, as_state
 if TYPE_CHECKING:
     from rmq_semantics.unsent import UnsentHalves
 
-__all__ = ["CHECK_QUEUE_SIZE", "CheckCounters", "CheckResponder", "ask_listener",
-           "valid_instance_id"]
+__all__ = [
+    "CHECK_QUEUE_SIZE",
+    "CheckCounters",
+    "CheckResponder",
+    "ask_listener",
+    "valid_instance_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +73,17 @@ def valid_instance_id(given: str | None) -> str:
     (unique per producer, also across processes of one host)."""
     if given is None:
         return f"{socket.gethostname()[:64]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    if not isinstance(given, str) or not given or len(given.encode()) > MAX_INSTANCE_ID_LENGTH \
-            or not given.isascii() or not given.isprintable():
-        raise ConfigError(f"instance_id must be printable ASCII of 1 to "
-                          f"{MAX_INSTANCE_ID_LENGTH} bytes, got {given!r}")
+    if (
+        not isinstance(given, str)
+        or not given
+        or len(given.encode()) > MAX_INSTANCE_ID_LENGTH
+        or not given.isascii()
+        or not given.isprintable()
+    ):
+        raise ConfigError(
+            f"instance_id must be printable ASCII of 1 to "
+            f"{MAX_INSTANCE_ID_LENGTH} bytes, got {given!r}"
+        )
     return given
 
 
@@ -82,11 +94,22 @@ def ask_listener(listener: Any, half_topic: str, check: CheckRequest) -> LocalTr
     view = check_view(check)  # a member of several: the first one and the count
     try:
         with check_span(check.headers, check.topic, check.txn_id, check.check_seq):
-            return as_state(listener.check_local_transaction(view), "check_local_transaction",
-                            half_topic, check.half_partition, check.half_offset, check.txn_id)
+            return as_state(
+                listener.check_local_transaction(view),
+                "check_local_transaction",
+                half_topic,
+                check.half_partition,
+                check.half_offset,
+                check.txn_id,
+            )
     except Exception:
-        log.exception("%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
-                      half_topic, check.half_partition, check.half_offset, check.txn_id)
+        log.exception(
+            "%s[%d]@%d txn=%s: check_local_transaction raised (answering UNKNOW)",
+            half_topic,
+            check.half_partition,
+            check.half_offset,
+            check.txn_id,
+        )
         return LocalTransactionState.UNKNOW
 
 
@@ -129,29 +152,50 @@ class CheckResponder:
     A KafkaOperationError or BufferError from ``reply`` is logged (the coordinator checks
     again later)."""
 
-    def __init__(self, conf: dict, topics: SystemTopics, producer_group: str, *,
-                 instance_id: str, check_topic: str | None = None,
-                 ask: Callable[[CheckRequest], LocalTransactionState],
-                 reply: Callable[[CheckRequest, LocalTransactionState], object],
-                 threads: int = 1, timeout_s: float = 60.0, affinity: bool = True,
-                 queue_size: int = CHECK_QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        topics: SystemTopics,
+        producer_group: str,
+        *,
+        instance_id: str,
+        check_topic: str | None = None,
+        ask: Callable[[CheckRequest], LocalTransactionState],
+        reply: Callable[[CheckRequest, LocalTransactionState], object],
+        threads: int = 1,
+        timeout_s: float = 60.0,
+        affinity: bool = True,
+        queue_size: int = CHECK_QUEUE_SIZE,
+    ) -> None:
         self.producer_group = producer_group
         self.topics = topics
         # The shared check topic, or the group's own under tenant isolation (its group
         # then has the topic's name: one literal ACL name covers both).
         self.check_topic = check_topic or topics.check
-        self._conf = client_conf(conf, who="check consumer", internal=True, forced={
-            "group.id": topics.check_group(producer_group) if check_topic is None
-            else check_topic,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 1000,
-        })
-        self._pool = CheckPool(threads=threads, timeout_s=timeout_s, queue_size=queue_size,
-                               ask=ask, reply=reply, done=self._done,
-                               name=producer_group)
+        self._conf = client_conf(
+            conf,
+            who="check consumer",
+            internal=True,
+            forced={
+                "group.id": topics.check_group(producer_group)
+                if check_topic is None
+                else check_topic,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 1000,
+            },
+        )
+        self._pool = CheckPool(
+            threads=threads,
+            timeout_s=timeout_s,
+            queue_size=queue_size,
+            ask=ask,
+            reply=reply,
+            done=self._done,
+            name=producer_group,
+        )
         self._seen: OrderedDict[str, int] = OrderedDict()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -179,16 +223,20 @@ class CheckResponder:
     def affinity(self) -> Headers:
         """Check affinity's headers for a half record written now: this instance and the
         check partitions it holds (none while it holds none, or with affinity off)."""
-        return affinity_headers(self.instance_id, self.held_partitions) if self._affinity \
-            else []
+        return affinity_headers(self.instance_id, self.held_partitions) if self._affinity else []
 
     def start(self) -> None:
         self._consumer = confluent_kafka.Consumer(self._conf)
-        self._consumer.subscribe([self.check_topic], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._consumer.subscribe(
+            [self.check_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         self._pool.start()
-        thread = threading.Thread(target=self._consume, daemon=True,
-                                  name=f"rmq-check-consumer-{self.producer_group}")
+        thread = threading.Thread(
+            target=self._consume, daemon=True, name=f"rmq-check-consumer-{self.producer_group}"
+        )
         thread.start()
         self._threads.append(thread)
 
@@ -212,8 +260,12 @@ class CheckResponder:
             if unfinished is not None:
                 unfinished.discard(job.offset)
 
-    def _commit(self, consumer: confluent_kafka.Consumer, asynchronous: bool = True,
-                partitions: list[int] | None = None) -> None:
+    def _commit(
+        self,
+        consumer: confluent_kafka.Consumer,
+        asynchronous: bool = True,
+        partitions: list[int] | None = None,
+    ) -> None:
         with self._offsets_lock:
             wanted = []
             for p in self._read_to if partitions is None else partitions:
@@ -229,8 +281,9 @@ class CheckResponder:
         try:
             consumer.commit(offsets=wanted, asynchronous=asynchronous)
         except (KafkaException, RuntimeError) as exc:  # checked again: nothing is lost
-            log.warning("check consumer of producer group %s: commit failed: %s",
-                        self.producer_group, exc)
+            log.warning(
+                "check consumer of producer group %s: commit failed: %s", self.producer_group, exc
+            )
             with self._offsets_lock:
                 for tp in wanted:
                     self._committed.pop(tp.partition, None)
@@ -280,8 +333,10 @@ class CheckResponder:
         on (the coordinator checks again later)."""
         policy = retrying(CHECK_RETRY_DEADLINE_S, self._stop).copy(
             sleep=self._stop.wait,  # a shutdown cuts a pause short
-            retry=retry_if_exception(lambda exc: isinstance(exc, KafkaException)
-                                     and not _fatal(exc.args[0])))
+            retry=retry_if_exception(
+                lambda exc: isinstance(exc, KafkaException) and not _fatal(exc.args[0])
+            ),
+        )
         last_commit = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -290,9 +345,12 @@ class CheckResponder:
                 if self._stop.is_set():
                     return
                 if not _fatal(exc.args[0]):
-                    log.error("check consumer of producer group %s failing for %.0f s: %s; "
-                              "retrying", self.producer_group, CHECK_RETRY_DEADLINE_S,
-                              exc.args[0].str())
+                    log.error(
+                        "check consumer of producer group %s failing for %.0f s: %s; retrying",
+                        self.producer_group,
+                        CHECK_RETRY_DEADLINE_S,
+                        exc.args[0].str(),
+                    )
                     continue
                 self._stopped(exc.args[0])
                 return
@@ -322,16 +380,17 @@ class CheckResponder:
             try:
                 record = decode(msg.value())
             except MalformedRecordError as exc:
-                log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
-                            msg.offset(), exc)
+                log.warning(
+                    "%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(), exc
+                )
                 continue
             if not isinstance(record, CheckRequest) or (
-                    record.producer_group != self.producer_group):
+                record.producer_group != self.producer_group
+            ):
                 continue
             current = newest.get(record.txn_id)
             if current is None or record.check_seq > current.check.check_seq:
-                newest[record.txn_id] = CheckJob(record, msg.topic(), msg.partition(),
-                                                 msg.offset())
+                newest[record.txn_id] = CheckJob(record, msg.topic(), msg.partition(), msg.offset())
         jobs = [job for job in newest.values() if not self._superseded(job)]
         with self._offsets_lock:
             for partition, offset in read_to.items():
@@ -344,10 +403,18 @@ class CheckResponder:
             if not self._pool.submit(job):
                 self.dropped += 1
                 self._done(job)
-                log.warning("%s: check queue full (%d), dropping check #%d; the coordinator "
-                            "will check it again", job.where, self._pool.maxsize,
-                            job.check.check_seq)
+                log.warning(
+                    "%s: check queue full (%d), dropping check #%d; the coordinator "
+                    "will check it again",
+                    job.where,
+                    self._pool.maxsize,
+                    job.check.check_seq,
+                )
 
     def _stopped(self, err: KafkaError) -> None:
-        log.error("check consumer of producer group %s stopped: %s (fatal); back-checks go "
-                  "unanswered until the producer restarts", self.producer_group, err.str())
+        log.error(
+            "check consumer of producer group %s stopped: %s (fatal); back-checks go "
+            "unanswered until the producer restarts",
+            self.producer_group,
+            err.str(),
+        )

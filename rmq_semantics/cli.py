@@ -52,14 +52,20 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
         if not user or not password:
             raise RmqError("--sasl-plain wants USER:PASSWORD")
         sasl = {user: password}
-    broker = EmbeddedKafka(Path(args.data_dir), port=getattr(args, "port", None),
-                           sasl_users=sasl, version=getattr(args, "version", None))
+    broker = EmbeddedKafka(
+        Path(args.data_dir),
+        port=getattr(args, "port", None),
+        sasl_users=sasl,
+        version=getattr(args, "version", None),
+    )
     if args.action == "start":
         print(f"starting Apache Kafka in {broker.data_dir} ...", flush=True)
         bootstrap = broker.start()
         if sasl:
-            print(f"clients need: security.protocol=SASL_PLAINTEXT sasl.mechanisms=PLAIN "
-                  f"sasl.username={next(iter(sasl))} sasl.password=...")
+            print(
+                f"clients need: security.protocol=SASL_PLAINTEXT sasl.mechanisms=PLAIN "
+                f"sasl.username={next(iter(sasl))} sasl.password=..."
+            )
         print(bootstrap)
     elif args.kill:
         running = broker.running_pid() is not None
@@ -77,21 +83,30 @@ def _cmd_kafka_cluster(args: argparse.Namespace) -> int:
     if getattr(args, "sasl_plain", None):
         raise RmqError("--sasl-plain is for the one-node broker only")
     creating = args.action == "start" and not is_cluster_dir(Path(args.data_dir))
-    cluster = EmbeddedCluster(Path(args.data_dir), brokers=getattr(args, "brokers", None),
-                              port=(args.port or DEFAULT_PORT) if creating else None,
-                              version=getattr(args, "version", None))
+    cluster = EmbeddedCluster(
+        Path(args.data_dir),
+        brokers=getattr(args, "brokers", None),
+        port=(args.port or DEFAULT_PORT) if creating else None,
+        version=getattr(args, "version", None),
+    )
     if args.action == "start" and args.node is not None:
         print(f"starting node {args.node} of the cluster in {cluster.data_dir} ...", flush=True)
         cluster.start_node(args.node)
     elif args.action == "start":
-        print(f"starting a {cluster.brokers}-node Apache Kafka {cluster.version} cluster in "
-              f"{cluster.data_dir} ...", flush=True)
+        print(
+            f"starting a {cluster.brokers}-node Apache Kafka {cluster.version} cluster in "
+            f"{cluster.data_dir} ...",
+            flush=True,
+        )
         cluster.start()
     else:
         stopped = cluster.stop(args.node, kill=args.kill)
         verb = "killed" if args.kill else "stopped"
-        print(f"{verb} node(s) {', '.join(map(str, stopped))}" if stopped
-              else f"no node running in {cluster.data_dir}")
+        print(
+            f"{verb} node(s) {', '.join(map(str, stopped))}"
+            if stopped
+            else f"no node running in {cluster.data_dir}"
+        )
         return 0
     print(cluster.bootstrap)
     return 0
@@ -105,21 +120,37 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup", help="resolve the broker and Spark jars from Maven Central")
     setup.set_defaults(func=_cmd_setup)
 
-    kafka = sub.add_parser("kafka", help="the embedded Apache Kafka (KRaft): one node, or "
-                                         "a cluster with --brokers N")
+    kafka = sub.add_parser(
+        "kafka", help="the embedded Apache Kafka (KRaft): one node, or a cluster with --brokers N"
+    )
     kafka_sub = kafka.add_subparsers(dest="action", required=True)
     start = kafka_sub.add_parser("start", help="start it in the background")
     start.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     start.add_argument("--port", type=int, default=None, help="listener port (default 9092)")
-    start.add_argument("--sasl-plain", metavar="USER:PASSWORD", default=None,
-                       help="listen with SASL_PLAINTEXT/PLAIN for this user")
-    start.add_argument("--brokers", type=int, default=None,
-                       help="nodes of a new cluster (each broker and controller, ids 1..N); "
-                            "node I listens on port + I - 1")
-    start.add_argument("--version", default=None,
-                       help="Apache Kafka release from Maven Central (default: the pom's)")
-    start.add_argument("--node", type=int, default=None,
-                       help="start this stopped node of an existing cluster again")
+    start.add_argument(
+        "--sasl-plain",
+        metavar="USER:PASSWORD",
+        default=None,
+        help="listen with SASL_PLAINTEXT/PLAIN for this user",
+    )
+    start.add_argument(
+        "--brokers",
+        type=int,
+        default=None,
+        help="nodes of a new cluster (each broker and controller, ids 1..N); "
+        "node I listens on port + I - 1",
+    )
+    start.add_argument(
+        "--version",
+        default=None,
+        help="Apache Kafka release from Maven Central (default: the pom's)",
+    )
+    start.add_argument(
+        "--node",
+        type=int,
+        default=None,
+        help="start this stopped node of an existing cluster again",
+    )
     stop = kafka_sub.add_parser("stop", help="stop it gracefully")
     stop.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     stop.add_argument("--node", type=int, default=None, help="stop only this node")

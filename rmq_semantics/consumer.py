@@ -64,8 +64,10 @@ class Consumer:
         self._incremental = incremental_assignment(self._conf)
         self._rebalance_calls = 0  # assignment changes the user's callback made itself
         # With auto store on, librdkafka stores a record's offset when poll returns it.
-        self._store_skipped = str(self._conf.get("enable.auto.offset.store", True)).lower() \
-            in ("false", "0")
+        self._store_skipped = str(self._conf.get("enable.auto.offset.store", True)).lower() in (
+            "false",
+            "0",
+        )
         self._closed = False
 
     def _visible(self, msg: confluent_kafka.Message | None) -> bool:
@@ -82,8 +84,7 @@ class Consumer:
         if topic is not None and not self._system.keeps(topic):
             self.skipped_system_records += 1
             return "system"
-        if self._tags.keeps_all or msg.error() is not None or self._tags.matches(
-                msg.headers()):
+        if self._tags.keeps_all or msg.error() is not None or self._tags.matches(msg.headers()):
             return None
         self.skipped_tag_records += 1
         return "tag"
@@ -102,19 +103,28 @@ class Consumer:
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
         return [m for m in self._consumer.consume(num_messages, timeout) if self._visible(m)]
 
-    def subscribe(self, topics: list[str], tags: str | None = None, *,
-                  on_assign: Callable[..., Any] | None = None,
-                  on_revoke: Callable[..., Any] | None = None,
-                  on_lost: Callable[..., Any] | None = None, **kwargs: Any) -> None:
+    def subscribe(
+        self,
+        topics: list[str],
+        tags: str | None = None,
+        *,
+        on_assign: Callable[..., Any] | None = None,
+        on_revoke: Callable[..., Any] | None = None,
+        on_lost: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         """confluent_kafka's ``subscribe``, plus RocketMQ's tag expression for all ``topics``.
         The callbacks get ``(this consumer, partitions)`` without the system-topic ones."""
         topics = list(topics)
         tag_filter = TagFilter(tags)
         refuse_system_topics(topics, self.topic_prefix)
         self._consumer.subscribe(
-            topics, on_assign=lambda _c, parts: self._assigned(on_assign, parts),
+            topics,
+            on_assign=lambda _c, parts: self._assigned(on_assign, parts),
             on_revoke=lambda _c, parts: self._revoked(on_revoke, parts),
-            on_lost=lambda _c, parts: self._revoked(on_lost or on_revoke, parts), **kwargs)
+            on_lost=lambda _c, parts: self._revoked(on_lost or on_revoke, parts),
+            **kwargs,
+        )
         self._tags = tag_filter
         self._system.name(topics)
 
@@ -122,16 +132,31 @@ class Consumer:
         """Rebalance: assign ``partitions`` but the system ones, or let ``callback`` do it.
         Either way one assignment call is made: else the client assigns them all itself."""
         kept = self._system.keep(partitions)
-        self._rebalance(callback, kept, lambda: self._consumer.incremental_assign(kept)
-                        if self._incremental else self._consumer.assign(kept))
+        self._rebalance(
+            callback,
+            kept,
+            lambda: (
+                self._consumer.incremental_assign(kept)
+                if self._incremental
+                else self._consumer.assign(kept)
+            ),
+        )
 
     def _revoked(self, callback: Callable[..., Any] | None, partitions: list) -> None:
         kept = self._system.release(partitions)
-        self._rebalance(callback, kept, lambda: self._consumer.incremental_unassign(kept)
-                        if self._incremental else self._consumer.unassign())
+        self._rebalance(
+            callback,
+            kept,
+            lambda: (
+                self._consumer.incremental_unassign(kept)
+                if self._incremental
+                else self._consumer.unassign()
+            ),
+        )
 
-    def _rebalance(self, callback: Callable[..., Any] | None, kept: list,
-                   default: Callable[[], None]) -> None:
+    def _rebalance(
+        self, callback: Callable[..., Any] | None, kept: list, default: Callable[[], None]
+    ) -> None:
         """``callback`` with this drop-in; ``default`` unless it made the call itself."""
         self._rebalance_calls = 0
         try:
@@ -142,8 +167,9 @@ class Consumer:
                 default()
 
     def _name(self, partitions: list) -> None:
-        self._system.named |= {tp.topic for tp in partitions
-                               if is_readable_system_topic(tp.topic, self.topic_prefix)}
+        self._system.named |= {
+            tp.topic for tp in partitions if is_readable_system_topic(tp.topic, self.topic_prefix)
+        }
 
     def assign(self, partitions: list) -> None:
         refuse_system_topics([tp.topic for tp in partitions], self.topic_prefix)

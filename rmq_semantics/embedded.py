@@ -65,8 +65,9 @@ def cache_dir() -> Path:
     return Path(xdg) / "rmq-semantics"
 
 
-def resolve_maven_jars(pom: Path, target: Path, what: str,
-                       properties: list[str] | None = None) -> Path:
+def resolve_maven_jars(
+    pom: Path, target: Path, what: str, properties: list[str] | None = None
+) -> Path:
     """Copy the runtime dependencies of ``pom`` into ``target`` once, atomically."""
     if target.is_dir() and any(target.glob("*.jar")):
         return target
@@ -80,13 +81,25 @@ def resolve_maven_jars(pom: Path, target: Path, what: str,
     shutil.rmtree(partial, ignore_errors=True)
     log.info("resolving %s jars from Maven Central into %s", what, target)
     settings = Path(str(resources.files("rmq_semantics") / "kafka" / "maven-settings.xml"))
-    cmd = [mvn, "-q", "-B", "-s", str(settings), "-f", str(pom), "dependency:copy-dependencies",
-           f"-DoutputDirectory={partial}", "-DincludeScope=runtime", *(properties or [])]
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-s",
+        str(settings),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={partial}",
+        "-DincludeScope=runtime",
+        *(properties or []),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise EmbeddedKafkaError(f"Maven did not resolve the {what} jars within "
-                                 f"{MAVEN_TIMEOUT_S:.0f} s") from exc
+        raise EmbeddedKafkaError(
+            f"Maven did not resolve the {what} jars within {MAVEN_TIMEOUT_S:.0f} s"
+        ) from exc
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR" in ln]
         detail = lines[0] if lines else (proc.stdout + proc.stderr).strip()[-300:]
@@ -101,16 +114,21 @@ def resolve_maven_jars(pom: Path, target: Path, what: str,
 def checked_version(version: str) -> str:
     """``version`` if it names a release (it becomes a Maven property and a cache dir)."""
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise EmbeddedKafkaError(f"--version {version!r}: want an Apache Kafka release such "
-                                 "as 4.4.0")
+        raise EmbeddedKafkaError(
+            f"--version {version!r}: want an Apache Kafka release such as 4.4.0"
+        )
     return version
 
 
 def kafka_classpath(version: str | None = None) -> str:
     """The jars of Apache Kafka ``version`` (default: the pom's), resolved once per version."""
     version = checked_version(version or kafka_version())
-    libs = resolve_maven_jars(_pom(), cache_dir() / f"kafka-{version}" / "libs",
-                              f"Apache Kafka {version}", [f"-Dkafka.version={version}"])
+    libs = resolve_maven_jars(
+        _pom(),
+        cache_dir() / f"kafka-{version}" / "libs",
+        f"Apache Kafka {version}",
+        [f"-Dkafka.version={version}"],
+    )
     return str(libs / "*")
 
 
@@ -120,8 +138,10 @@ def java_executable() -> str:
         return str(Path(java_home) / "bin" / "java")
     java = shutil.which("java")
     if java is None:
-        raise EmbeddedKafkaError("Java is not installed (no 'java' on PATH and no JAVA_HOME); "
-                                 "Kafka 4 needs Java 17 or newer")
+        raise EmbeddedKafkaError(
+            "Java is not installed (no 'java' on PATH and no JAVA_HOME); "
+            "Kafka 4 needs Java 17 or newer"
+        )
     return java
 
 
@@ -200,9 +220,11 @@ class EmbeddedKafka:
         for user, password in (self.sasl_users or {}).items():
             # They are written into a quoted JAAS string of server.properties.
             if not user or not password or any(c in user + password for c in '"\\\n;='):
-                raise EmbeddedKafkaError(f"SASL user {user!r}: user and password must be "
-                                         "non-empty, without quotes, backslashes, ';', '=' "
-                                         "or newlines")
+                raise EmbeddedKafkaError(
+                    f"SASL user {user!r}: user and password must be "
+                    "non-empty, without quotes, backslashes, ';', '=' "
+                    "or newlines"
+                )
 
     # -- state kept in the data dir ------------------------------------------------------
     @property
@@ -219,8 +241,9 @@ class EmbeddedKafka:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            raise EmbeddedKafkaError(f"{self._state_file} is corrupt ({exc}); remove it "
-                                     "or choose another --data-dir") from exc
+            raise EmbeddedKafkaError(
+                f"{self._state_file} is corrupt ({exc}); remove it or choose another --data-dir"
+            ) from exc
 
     def running_pid(self) -> int | None:
         pid = self._read_state().get("pid")
@@ -237,8 +260,14 @@ class EmbeddedKafka:
         conf = {"bootstrap.servers": self.bootstrap}
         if self.sasl_users:
             user, password = next(iter(self.sasl_users.items()))
-            conf.update({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
-                         "sasl.username": user, "sasl.password": password})
+            conf.update(
+                {
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanisms": "PLAIN",
+                    "sasl.username": user,
+                    "sasl.password": password,
+                }
+            )
         return conf
 
     # -- start ----------------------------------------------------------------------------
@@ -261,8 +290,10 @@ class EmbeddedKafka:
         state = self._read_state()
         self.port = self.port or state.get("port") or DEFAULT_PORT
         if not port_free(self.port):
-            raise EmbeddedKafkaError(f"port {self.port} on 127.0.0.1 is already in use; "
-                                     "stop whatever listens there or pass --port")
+            raise EmbeddedKafkaError(
+                f"port {self.port} on 127.0.0.1 is already in use; "
+                "stop whatever listens there or pass --port"
+            )
         controller_port = self._controller_port(state)
         java = java_executable()
         classpath = kafka_classpath(self.version)
@@ -274,18 +305,36 @@ class EmbeddedKafka:
         log4j = resources.files("rmq_semantics") / "kafka" / "log4j2.properties"
         # G1 with Kafka's own start script's pause goal (kafka-run-class.sh): young pauses
         # of 45-70 ms without it set the p99 of every latency measured here (14-18 with it).
-        cmd = [*self.command_prefix, java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
-               "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-               "-XX:+ExplicitGCInvokesConcurrent",
-               "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true", *self._jvm_extra(),
-               f"-Dkafka.logs.dir={self.data_dir}",
-               f"-Dlog4j2.configurationFile={log4j}",
-               "-cp", classpath, "kafka.Kafka", str(props)]
+        cmd = [
+            *self.command_prefix,
+            java,
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true",
+            *self._jvm_extra(),
+            f"-Dkafka.logs.dir={self.data_dir}",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(props),
+        ]
         with log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self._state_file.write_text(json.dumps(
-            {"pid": proc.pid, "port": self.port, "controller_port": controller_port}))
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._state_file.write_text(
+            json.dumps({"pid": proc.pid, "port": self.port, "controller_port": controller_port})
+        )
         return proc
 
     # Hooks a node of a multi-node cluster (rmq_semantics/kafka_cluster.py) overrides.
@@ -303,8 +352,7 @@ class EmbeddedKafka:
 
     def _write_properties(self, controller_port: int) -> Path:
         path = self.data_dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in
-                                self._properties(controller_port).items()))
+        path.write_text("".join(f"{k}={v}\n" for k, v in self._properties(controller_port).items()))
         return path
 
     def _properties(self, controller_port: int) -> dict[str, str]:
@@ -314,12 +362,11 @@ class EmbeddedKafka:
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
             "listeners": f"{listener}://127.0.0.1:{self.port},"
-                         f"CONTROLLER://127.0.0.1:{controller_port}",
+            f"CONTROLLER://127.0.0.1:{controller_port}",
             "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": listener,
-            "listener.security.protocol.map":
-                "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self._log_dir),
             # One node: every internal topic has replication factor 1 and min ISR 1.
             "offsets.topic.replication.factor": "1",
@@ -351,11 +398,13 @@ class EmbeddedKafka:
             lines["sasl.mechanism.inter.broker.protocol"] = "PLAIN"
             lines["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                f'username="{admin_user}" password="{admin_password}" {users};')
+                f'username="{admin_user}" password="{admin_password}" {users};'
+            )
             if self.acls:
                 # ANONYMOUS: the broker's own requests to its controller (plaintext listener).
                 lines["authorizer.class.name"] = (
-                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                )
                 lines["super.users"] = f"User:{admin_user};User:ANONYMOUS"
                 lines["allow.everyone.if.no.acl.found"] = "true"
         return lines
@@ -368,33 +417,49 @@ class EmbeddedKafka:
                 raise EmbeddedKafkaError(
                     f"data dir {self.data_dir} is not a usable Kafka data dir "
                     f"({meta} is missing or has no cluster.id); remove it or choose "
-                    "another --data-dir")
+                    "another --data-dir"
+                )
             return
         cluster_id = self._new_cluster_id()
-        cmd = [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-               "-t", cluster_id, "-c", str(props), "--ignore-formatted"]
+        cmd = [
+            java,
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(props),
+            "--ignore-formatted",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise EmbeddedKafkaError(f"formatting {self._log_dir} failed: "
-                                     f"{detail[-1] if detail else proc.returncode}")
+            raise EmbeddedKafkaError(
+                f"formatting {self._log_dir} failed: {detail[-1] if detail else proc.returncode}"
+            )
 
     def _await_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({**shared_conf(self.client_conf()),
-                             "socket.connection.setup.timeout.ms": 2000})
+        admin = AdminClient(
+            {**shared_conf(self.client_conf()), "socket.connection.setup.timeout.ms": 2000}
+        )
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise EmbeddedKafkaError(f"the broker exited with code {proc.returncode}: "
-                                         f"{self._last_error_line()}")
+                raise EmbeddedKafkaError(
+                    f"the broker exited with code {proc.returncode}: {self._last_error_line()}"
+                )
             try:
                 meta = admin.list_topics(timeout=2.0)
                 if meta.brokers:
                     return
             except KafkaException:
                 pass
-        raise EmbeddedKafkaError(f"the broker did not answer a metadata request within "
-                                 f"{timeout_s:.0f} s; see {self.data_dir / 'broker.log'}")
+        raise EmbeddedKafkaError(
+            f"the broker did not answer a metadata request within "
+            f"{timeout_s:.0f} s; see {self.data_dir / 'broker.log'}"
+        )
 
     def _last_error_line(self) -> str:
         for name in ("broker.out", "broker.log"):

@@ -32,8 +32,9 @@ def group_key_of(settings: ProducerSettings) -> GroupKey | None:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"group_key_file={str(path)!r}: cannot read it "
-                              f"({exc.strerror or exc})") from exc
+            raise ConfigError(
+                f"group_key_file={str(path)!r}: cannot read it ({exc.strerror or exc})"
+            ) from exc
         return GroupKey(data.strip())
     return None
 
@@ -54,8 +55,9 @@ class SignedProducer(confluent_kafka.Producer):
         """``produce``'s keyword arguments with the record's MAC among its headers."""
         kwargs = dict(kwargs)
         if topic == self._half:
-            kwargs["headers"] = sign_half_headers(self._group_key, kwargs.get("headers") or [],
-                                                  kwargs.get("key"), value)
+            kwargs["headers"] = sign_half_headers(
+                self._group_key, kwargs.get("headers") or [], kwargs.get("key"), value
+            )
         elif topic == self._op:
             partition = kwargs.get("partition", -1)
             if partition is None or partition < 0:  # the MAC names the partition
@@ -66,8 +68,9 @@ class SignedProducer(confluent_kafka.Producer):
         return kwargs
 
 
-def producer_factory(key: GroupKey | None,
-                     topics: SystemTopics) -> Callable[[dict], confluent_kafka.Producer]:
+def producer_factory(
+    key: GroupKey | None, topics: SystemTopics
+) -> Callable[[dict], confluent_kafka.Producer]:
     """How a transactional producer makes its Kafka producers: signing ones with a key."""
     if key is None:
         return confluent_kafka.Producer

@@ -42,9 +42,14 @@ CLUSTER_FILE = "cluster.json"
 NODE_HEAP = "512m"
 NODE_JVM_OPTIONS = ["-XX:ParallelGCThreads=1", "-XX:ConcGCThreads=1"]
 # Kafka's defaults (3 network, 8 I/O threads per node) mean 30+ busy threads on 2 cores.
-NODE_THREADS = {"num.network.threads": "2", "num.io.threads": "3",
-                "num.replica.fetchers": "1", "background.threads": "4",
-                "log.cleaner.threads": "1", "num.recovery.threads.per.data.dir": "1"}
+NODE_THREADS = {
+    "num.network.threads": "2",
+    "num.io.threads": "3",
+    "num.replica.fetchers": "1",
+    "background.threads": "4",
+    "log.cleaner.threads": "1",
+    "num.recovery.threads.per.data.dir": "1",
+}
 METADATA_POLL_S = 2.0
 
 
@@ -67,7 +72,8 @@ class ClusterNode(EmbeddedKafka):
         if not port_free(self.controller_port_fixed):
             raise EmbeddedKafkaError(
                 f"controller port {self.controller_port_fixed} of node {self.node_id} is in "
-                "use; it is part of the cluster's voter set, so free it first")
+                "use; it is part of the cluster's voter set, so free it first"
+            )
         return self.controller_port_fixed
 
     def _jvm_extra(self) -> list[str]:
@@ -79,18 +85,20 @@ class ClusterNode(EmbeddedKafka):
     def _properties(self, controller_port: int) -> dict[str, str]:
         lines = super()._properties(controller_port)
         factor, min_isr = (str(n) for n in replication_for(self.brokers))
-        lines.update({
-            "node.id": str(self.node_id),
-            "controller.quorum.voters": self.voters,
-            "offsets.topic.replication.factor": factor,
-            "transaction.state.log.replication.factor": factor,
-            "transaction.state.log.min.isr": min_isr,
-            "share.coordinator.state.topic.replication.factor": factor,
-            "share.coordinator.state.topic.min.isr": min_isr,
-            "default.replication.factor": factor,
-            "min.insync.replicas": min_isr,
-            **NODE_THREADS,
-        })
+        lines.update(
+            {
+                "node.id": str(self.node_id),
+                "controller.quorum.voters": self.voters,
+                "offsets.topic.replication.factor": factor,
+                "transaction.state.log.replication.factor": factor,
+                "transaction.state.log.min.isr": min_isr,
+                "share.coordinator.state.topic.replication.factor": factor,
+                "share.coordinator.state.topic.min.isr": min_isr,
+                "default.replication.factor": factor,
+                "min.insync.replicas": min_isr,
+                **NODE_THREADS,
+            }
+        )
         return lines
 
     @property
@@ -108,10 +116,15 @@ class EmbeddedCluster:
     each node under its own group id); None: none.
     """
 
-    def __init__(self, data_dir: Path | str, brokers: int | None = None,
-                 port: int | None = None, version: str | None = None,
-                 heap: str = NODE_HEAP,
-                 node_prefix: Callable[[int], Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path | str,
+        brokers: int | None = None,
+        port: int | None = None,
+        version: str | None = None,
+        heap: str = NODE_HEAP,
+        node_prefix: Callable[[int], Sequence[str]] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.heap = heap
         self.node_prefix = node_prefix
@@ -122,29 +135,41 @@ class EmbeddedCluster:
     def _file(self) -> Path:
         return self.data_dir / CLUSTER_FILE
 
-    def _load_or_plan(self, brokers: int | None, port: int | None,
-                      version: str | None) -> dict:
+    def _load_or_plan(self, brokers: int | None, port: int | None, version: str | None) -> dict:
         if self._file.exists():
             try:
                 layout = json.loads(self._file.read_text())
             except (OSError, ValueError) as exc:
-                raise EmbeddedKafkaError(f"{self._file} is corrupt ({exc}); remove the data "
-                                         "dir or choose another --data-dir") from exc
+                raise EmbeddedKafkaError(
+                    f"{self._file} is corrupt ({exc}); remove the data "
+                    "dir or choose another --data-dir"
+                ) from exc
             for name, wanted in (("brokers", brokers), ("version", version)):
                 if wanted is not None and wanted != layout[name]:
                     raise EmbeddedKafkaError(
                         f"the cluster in {self.data_dir} has {name}={layout[name]}, not "
-                        f"{wanted}; choose another --data-dir for a different cluster")
+                        f"{wanted}; choose another --data-dir for a different cluster"
+                    )
             return layout
         if brokers is None or brokers < 1:
-            raise EmbeddedKafkaError(f"no cluster in {self.data_dir} ({self._file} is "
-                                     "missing); start one with --brokers N")
-        ports = ([port + i for i in range(brokers)] if port is not None
-                 else [free_port() for _ in range(brokers)])
-        return {"brokers": brokers, "version": checked_version(version or kafka_version()),
-                "cluster_id": _cluster_id(),
-                "nodes": [{"id": i + 1, "port": p, "controller_port": free_port()}
-                          for i, p in enumerate(ports)]}
+            raise EmbeddedKafkaError(
+                f"no cluster in {self.data_dir} ({self._file} is "
+                "missing); start one with --brokers N"
+            )
+        ports = (
+            [port + i for i in range(brokers)]
+            if port is not None
+            else [free_port() for _ in range(brokers)]
+        )
+        return {
+            "brokers": brokers,
+            "version": checked_version(version or kafka_version()),
+            "cluster_id": _cluster_id(),
+            "nodes": [
+                {"id": i + 1, "port": p, "controller_port": free_port()}
+                for i, p in enumerate(ports)
+            ],
+        }
 
     @property
     def brokers(self) -> int:
@@ -164,16 +189,23 @@ class EmbeddedCluster:
     def node(self, node_id: int) -> ClusterNode:
         nodes = self._layout["nodes"]
         if not 1 <= node_id <= len(nodes):
-            raise EmbeddedKafkaError(f"--node {node_id}: the cluster in {self.data_dir} has "
-                                     f"nodes 1..{len(nodes)}")
+            raise EmbeddedKafkaError(
+                f"--node {node_id}: the cluster in {self.data_dir} has nodes 1..{len(nodes)}"
+            )
         spec = nodes[node_id - 1]
         voters = ",".join(f"{n['id']}@127.0.0.1:{n['controller_port']}" for n in nodes)
-        return ClusterNode(self.data_dir / f"node-{node_id}", port=spec["port"],
-                           heap=self.heap, version=self.version, node_id=node_id,
-                           brokers=self.brokers, controller_port_fixed=spec["controller_port"],
-                           voters=voters, cluster_id=self._layout["cluster_id"],
-                           command_prefix=tuple(self.node_prefix(node_id)
-                                                if self.node_prefix else ()))
+        return ClusterNode(
+            self.data_dir / f"node-{node_id}",
+            port=spec["port"],
+            heap=self.heap,
+            version=self.version,
+            node_id=node_id,
+            brokers=self.brokers,
+            controller_port_fixed=spec["controller_port"],
+            voters=voters,
+            cluster_id=self._layout["cluster_id"],
+            command_prefix=tuple(self.node_prefix(node_id) if self.node_prefix else ()),
+        )
 
     def nodes(self) -> list[ClusterNode]:
         return [self.node(i) for i in range(1, self.brokers + 1)]
@@ -199,32 +231,36 @@ class EmbeddedCluster:
 
     def _await_brokers(self, launched: dict, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({**shared_conf(self.conf()), "socket.connection.setup.timeout.ms":
-                             2000})
+        admin = AdminClient(
+            {**shared_conf(self.conf()), "socket.connection.setup.timeout.ms": 2000}
+        )
         while time.monotonic() < deadline:
             for node_id, proc in launched.items():
                 if proc.poll() is not None:
                     raise EmbeddedKafkaError(
                         f"node {node_id} exited with code {proc.returncode}: "
-                        f"{self.node(node_id)._last_error_line()}")
+                        f"{self.node(node_id)._last_error_line()}"
+                    )
             try:
                 if len(admin.list_topics(timeout=METADATA_POLL_S).brokers) >= self.brokers:
                     return
             except KafkaException:
                 pass
-        raise EmbeddedKafkaError(f"the cluster did not show {self.brokers} brokers within "
-                                 f"{timeout_s:.0f} s; see {self.data_dir}/node-*/broker.log")
+        raise EmbeddedKafkaError(
+            f"the cluster did not show {self.brokers} brokers within "
+            f"{timeout_s:.0f} s; see {self.data_dir}/node-*/broker.log"
+        )
 
     def start_node(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> str:
         """Start one stopped node of this (running) cluster again; returns its address."""
         if not self._file.exists():
-            raise EmbeddedKafkaError(f"no cluster in {self.data_dir}; start one with "
-                                     "--brokers N")
+            raise EmbeddedKafkaError(f"no cluster in {self.data_dir}; start one with --brokers N")
         return self.node(node_id).start(timeout_s)
 
     # -- stop -----------------------------------------------------------------------------
-    def stop(self, node_id: int | None = None, kill: bool = False,
-             timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+    def stop(
+        self, node_id: int | None = None, kill: bool = False, timeout_s: float = STOP_TIMEOUT_S
+    ) -> list[int]:
         """Stop one node or all (SIGTERM, or SIGKILL with ``kill``); returns the ids that
         were running. Idempotent."""
         nodes = [self.node(node_id)] if node_id is not None else self.nodes()

@@ -95,8 +95,10 @@ def _normalize(partitions: Iterable[Any]) -> list[TP]:
 def _id_problem(name: str, value: str) -> ConfigError | None:
     if 0 < len(value) <= MAX_ID_CHARS:
         return None
-    return ConfigError(f"{name} of {len(value)} characters ({value[:32]!r}...): the "
-                       f"coordinator's lock service refuses ids over {MAX_ID_CHARS}")
+    return ConfigError(
+        f"{name} of {len(value)} characters ({value[:32]!r}...): the "
+        f"coordinator's lock service refuses ids over {MAX_ID_CHARS}"
+    )
 
 
 def split_requests(client_id: str, refs: list[QueueRef]) -> list[list[QueueRef]]:
@@ -126,8 +128,9 @@ class LockClient:
     queues than one request's reply may hold goes as several requests.
     """
 
-    def __init__(self, conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-                 client_id: str | None = None) -> None:
+    def __init__(
+        self, conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX, client_id: str | None = None
+    ) -> None:
         self.topics = SystemTopics(topic_prefix)
         self.client_id = client_id or f"lockclient-{uuid.uuid4().hex[:12]}"
         if (problem := _id_problem("client_id", self.client_id)) is not None:
@@ -151,50 +154,67 @@ class LockClient:
                 raise IllegalStateError("LockClient is closed")
             if self._consumer is not None:
                 return
-            producer = confluent_kafka.Producer({**self._conf, "enable.idempotence": True,
-                                                 "acks": "all", "linger.ms": 0})
+            producer = confluent_kafka.Producer(
+                {**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+            )
             counts = {}
             try:
                 meta = producer.list_topics(timeout=CONNECT_TIMEOUT_S)
             except KafkaException as exc:
-                raise KafkaOperationError.wrap("reading lock-topic metadata",
-                                               exc.args[0]) from exc
+                raise KafkaOperationError.wrap("reading lock-topic metadata", exc.args[0]) from exc
             for topic in (self.topics.lock_request, self.topics.lock_reply):
                 tmeta = meta.topics.get(topic)
                 if tmeta is None or tmeta.error is not None or not tmeta.partitions:
                     raise KafkaOperationError(
                         f"{topic} does not exist yet: is the coordinator's lock service "
                         f"running with topic_prefix={self.topics.prefix!r}?",
-                        KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+                        KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+                    )
                 counts[topic] = len(tmeta.partitions)
-            reply_partition = java_partition(self.client_id.encode(),
-                                             counts[self.topics.lock_reply])
-            consumer = confluent_kafka.Consumer({
-                **self._conf,
-                # Required by the client library; never joined nor committed (assign only).
-                "group.id": f"{self.topics.prefix}_lock_client",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 10,
-            })
+            reply_partition = java_partition(
+                self.client_id.encode(), counts[self.topics.lock_reply]
+            )
+            consumer = confluent_kafka.Consumer(
+                {
+                    **self._conf,
+                    # Required by the client library; never joined nor committed (assign only).
+                    "group.id": f"{self.topics.prefix}_lock_client",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 10,
+                }
+            )
             tp = TopicPartition(self.topics.lock_reply, reply_partition)
             try:
-                _, high = consumer.get_watermark_offsets(tp, timeout=CONNECT_TIMEOUT_S,
-                                                         cached=False)
+                _, high = consumer.get_watermark_offsets(
+                    tp, timeout=CONNECT_TIMEOUT_S, cached=False
+                )
             except KafkaException as exc:
                 consumer.close()
-                raise KafkaOperationError.wrap("reading the reply partition's end",
-                                               exc.args[0]) from exc
+                raise KafkaOperationError.wrap(
+                    "reading the reply partition's end", exc.args[0]
+                ) from exc
             consumer.assign([TopicPartition(tp.topic, tp.partition, high)])
             self._producer, self._consumer = producer, consumer
             self._request_partitions = counts[self.topics.lock_request]
             self.reply_partition = reply_partition
-            log.debug("lock client %s reads replies from %s[%d]@%d", self.client_id,
-                      tp.topic, reply_partition, high)
+            log.debug(
+                "lock client %s reads replies from %s[%d]@%d",
+                self.client_id,
+                tp.topic,
+                reply_partition,
+                high,
+            )
 
     # -- protocol --------------------------------------------------------------------------
-    def lock(self, group: str, partitions: Iterable[Any], lease_ms: int, *,
-             timeout: float = DEFAULT_TIMEOUT_S) -> dict[TP, LockGrant]:
+    def lock(
+        self,
+        group: str,
+        partitions: Iterable[Any],
+        lease_ms: int,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[TP, LockGrant]:
         """Lock (or renew) ``partitions`` of consumer group ``group`` for ``lease_ms``.
 
         Returns ``{(topic, partition): LockGrant(granted, epoch, expires)}`` for every
@@ -205,8 +225,7 @@ class LockClient:
             raise ConfigError(f"lease_ms must be a positive int, got {lease_ms!r}")
         tps = _normalize(partitions)
         sent_at = time.monotonic()
-        replies = self._call(RequestKind.LOCK, group, {tp: None for tp in tps}, lease_ms,
-                             timeout)
+        replies = self._call(RequestKind.LOCK, group, {tp: None for tp in tps}, lease_ms, timeout)
         out = {tp: LockGrant(False, -1, 0.0) for tp in tps}
         for reply in replies:
             for r in reply.results:
@@ -217,22 +236,36 @@ class LockClient:
                     expires = sent_at + r.lease_ms / 1000 * CLIENT_LEASE_FRACTION
                     out[tp] = LockGrant(True, r.epoch, expires)
                     if r.lease_ms < lease_ms:
-                        self._warn_once("capped", "lock %s granted for %d ms, not the %d ms "
-                                        "asked (the coordinator's lock_lease_ms); renew more "
-                                        "often than every %d ms", LockKey(group, *tp),
-                                        r.lease_ms, lease_ms,
-                                        int(r.lease_ms * CLIENT_LEASE_FRACTION))
+                        self._warn_once(
+                            "capped",
+                            "lock %s granted for %d ms, not the %d ms "
+                            "asked (the coordinator's lock_lease_ms); renew more "
+                            "often than every %d ms",
+                            LockKey(group, *tp),
+                            r.lease_ms,
+                            lease_ms,
+                            int(r.lease_ms * CLIENT_LEASE_FRACTION),
+                        )
                 elif r.reason == "stale":
                     # Answered within our wait, so the request was not old: the clock it
                     # was timed by (this host's, or the broker's) is behind the coordinator's.
                     out[tp] = LockGrant(False, r.epoch, 0.0)
-                    self._warn_once("stale", "lock %s refused as stale although answered "
-                                    "within the wait: this host's (or the broker's) clock is "
-                                    "behind the coordinator's", LockKey(group, *tp))
+                    self._warn_once(
+                        "stale",
+                        "lock %s refused as stale although answered "
+                        "within the wait: this host's (or the broker's) clock is "
+                        "behind the coordinator's",
+                        LockKey(group, *tp),
+                    )
                 else:
                     out[tp] = LockGrant(False, r.epoch, 0.0)
-                    log.debug("lock %s denied (%s): held by %s with epoch %d",
-                              LockKey(group, *tp), r.reason, r.holder or "-", r.epoch)
+                    log.debug(
+                        "lock %s denied (%s): held by %s with epoch %d",
+                        LockKey(group, *tp),
+                        r.reason,
+                        r.holder or "-",
+                        r.epoch,
+                    )
         return out
 
     def _warn_once(self, kind: str, fmt: str, *args: object) -> None:
@@ -242,17 +275,23 @@ class LockClient:
         self._warned.add(kind)
         log.warning("lock client %s: " + fmt, self.client_id, *args)
 
-    def unlock(self, group: str, partitions: Iterable[Any], *,
-               epochs: dict[TP, int] | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S) -> dict[TP, bool]:
+    def unlock(
+        self,
+        group: str,
+        partitions: Iterable[Any],
+        *,
+        epochs: dict[TP, int] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> dict[TP, bool]:
         """Release ``partitions`` if this client holds them (with ``epochs[tp]`` if given).
 
         Returns ``{(topic, partition): released}``; False also when no reply came in time.
         """
         tps = _normalize(partitions)
         epochs = epochs or {}
-        replies = self._call(RequestKind.UNLOCK, group, {tp: epochs.get(tp) for tp in tps}, 0,
-                             timeout)
+        replies = self._call(
+            RequestKind.UNLOCK, group, {tp: epochs.get(tp) for tp in tps}, 0, timeout
+        )
         out = dict.fromkeys(tps, False)
         for reply in replies:
             for r in reply.results:
@@ -260,8 +299,14 @@ class LockClient:
                     out[(r.topic, r.partition)] = r.granted
         return out
 
-    def _call(self, kind: RequestKind, group: str, queues: dict[TP, int | None],
-              lease_ms: int, timeout: float) -> list[LockReply]:
+    def _call(
+        self,
+        kind: RequestKind,
+        group: str,
+        queues: dict[TP, int | None],
+        lease_ms: int,
+        timeout: float,
+    ) -> list[LockReply]:
         if not isinstance(group, str) or not group:
             raise ConfigError(f"group must be a non-empty str, got {group!r}")
         if (problem := _id_problem("group", group)) is not None:
@@ -279,18 +324,33 @@ class LockClient:
         for (topic, partition), epoch in queues.items():
             p = LockKey(group, topic, partition).request_partition(self._request_partitions)
             by_partition.setdefault(p, []).append(QueueRef(topic, partition, epoch))
-        batches = [(uuid.uuid4().hex, p, run) for p, refs in sorted(by_partition.items())
-                   for run in split_requests(self.client_id, refs)]
+        batches = [
+            (uuid.uuid4().hex, p, run)
+            for p, refs in sorted(by_partition.items())
+            for run in split_requests(self.client_id, refs)
+        ]
         request_ids = [request_id for request_id, _, _ in batches]
         with self._replies_cv:
             self._pending.update(dict.fromkeys(request_ids))
         try:
             for request_id, p, refs in batches:
-                request = LockRequest(kind, request_id, self.client_id, group,
-                                      self.reply_partition, tuple(refs), lease_ms,
-                                      int(time.time() * 1000), int(timeout * 1000))
-                producer.produce(self.topics.lock_request, encode(request),
-                                 key=refs[0].key(group).record_key(), partition=p)
+                request = LockRequest(
+                    kind,
+                    request_id,
+                    self.client_id,
+                    group,
+                    self.reply_partition,
+                    tuple(refs),
+                    lease_ms,
+                    int(time.time() * 1000),
+                    int(timeout * 1000),
+                )
+                producer.produce(
+                    self.topics.lock_request,
+                    encode(request),
+                    key=refs[0].key(group).record_key(),
+                    partition=p,
+                )
             producer.flush(max(0.0, deadline - time.monotonic()))
             return self._await(request_ids, deadline, kind)
         finally:
@@ -298,8 +358,7 @@ class LockClient:
                 for request_id in request_ids:
                     self._pending.pop(request_id, None)
 
-    def _await(self, request_ids: list[str], deadline: float,
-               kind: RequestKind) -> list[LockReply]:
+    def _await(self, request_ids: list[str], deadline: float, kind: RequestKind) -> list[LockReply]:
         """Wait for the replies; whichever waiting thread holds the poll lock reads."""
         while True:
             with self._replies_cv:
@@ -309,8 +368,13 @@ class LockClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sum(g is None for g in got)
-                log.warning("lock client %s: %d of %d %s replies missing after the timeout",
-                            self.client_id, missing, len(request_ids), kind.value)
+                log.warning(
+                    "lock client %s: %d of %d %s replies missing after the timeout",
+                    self.client_id,
+                    missing,
+                    len(request_ids),
+                    kind.value,
+                )
                 return [g for g in got if g is not None]
             if self._poll_lock.acquire(timeout=min(POLL_SLICE_S, remaining)):
                 try:
@@ -340,8 +404,9 @@ class LockClient:
                 try:
                     reply = decode_as(LockReply, msg.value())
                 except MalformedRecordError as exc:
-                    log.warning("%s[%d]@%d skipped: %s", msg.topic(), msg.partition(),
-                                msg.offset(), exc)
+                    log.warning(
+                        "%s[%d]@%d skipped: %s", msg.topic(), msg.partition(), msg.offset(), exc
+                    )
                     continue
                 if reply.request_id in self._pending:
                     self._pending[reply.request_id] = reply
@@ -372,4 +437,3 @@ class LockClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

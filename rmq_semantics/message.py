@@ -71,16 +71,20 @@ class Message:
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
             raise ConfigError(f"Message.topic must be a non-empty str, got {self.topic!r}")
-        if self.partition is not None and (not isinstance(self.partition, int)
-                                           or self.partition < 0):
+        if self.partition is not None and (
+            not isinstance(self.partition, int) or self.partition < 0
+        ):
             raise ConfigError(f"Message.partition must be an int >= 0, got {self.partition!r}")
         if self.check_immunity_ms is not None and self.check_immunity_ms < 0:
             raise ConfigError(
-                f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}")
-        if self.message_group is not None and (not isinstance(self.message_group, str)
-                                               or not self.message_group):
-            raise ConfigError(f"Message.message_group must be a non-empty str or None, got "
-                              f"{self.message_group!r}")
+                f"Message.check_immunity_ms must be >= 0, got {self.check_immunity_ms!r}"
+            )
+        if self.message_group is not None and (
+            not isinstance(self.message_group, str) or not self.message_group
+        ):
+            raise ConfigError(
+                f"Message.message_group must be a non-empty str or None, got {self.message_group!r}"
+            )
         object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
         object.__setattr__(self, "headers", normalize_headers(self.headers))

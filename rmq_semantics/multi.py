@@ -20,8 +20,7 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.transaction_api import Transaction
 
-__all__ = ["check_view", "half_partition_for", "listener_message", "member_headers",
-           "record_bytes"]
+__all__ = ["check_view", "half_partition_for", "listener_message", "member_headers", "record_bytes"]
 
 
 def listener_message(msg: Message, txn_id: str) -> Message:
@@ -36,27 +35,38 @@ def half_partition_for(txn_id: str, half_partitions: int) -> int:
 
 def record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
     """What a record weighs against ``max_transaction_bytes``: key, value and headers."""
-    return len(key or b"") + len(value or b"") + sum(
-        len(name.encode()) + len(raw or b"") for name, raw in headers)
+    return (
+        len(key or b"")
+        + len(value or b"")
+        + sum(len(name.encode()) + len(raw or b"") for name, raw in headers)
+    )
 
 
-def member_headers(msgs: Sequence[Message], txn_id: str, producer_group: bytes,
-                   born_ts: bytes, *, max_messages: int, max_bytes: int,
-                   affinity: Headers = ()) -> list[Headers]:
+def member_headers(
+    msgs: Sequence[Message],
+    txn_id: str,
+    producer_group: bytes,
+    born_ts: bytes,
+    *,
+    max_messages: int,
+    max_bytes: int,
+    affinity: Headers = (),
+) -> list[Headers]:
     """The half-record headers of every member of one transaction, in index order; raises
     :class:`TransactionSizeError` for an empty list or one over the bounds (before anything
     is written), :class:`ConfigError` for an item that is not a Message."""
     if not msgs:
-        raise TransactionSizeError("send_transaction: no messages (a transaction needs 1 or "
-                                   "more)")
+        raise TransactionSizeError("send_transaction: no messages (a transaction needs 1 or more)")
     if len(msgs) > max_messages:
         raise TransactionSizeError(
             f"send_transaction: {len(msgs)} messages, more than max_transaction_messages="
-            f"{max_messages}; nothing was written")
+            f"{max_messages}; nothing was written"
+        )
     for index, msg in enumerate(msgs):
         if not isinstance(msg, Message):
-            raise ConfigError(f"send_transaction: messages[{index}] is a "
-                              f"{type(msg).__name__}, not a Message")
+            raise ConfigError(
+                f"send_transaction: messages[{index}] is a {type(msg).__name__}, not a Message"
+            )
     size = len(msgs)
     out, total = [], 0
     for index, msg in enumerate(msgs):
@@ -68,20 +78,30 @@ def member_headers(msgs: Sequence[Message], txn_id: str, producer_group: bytes,
     if total > max_bytes:
         raise TransactionSizeError(
             f"send_transaction: {size} messages of {total:,} bytes (keys, values and "
-            f"headers), more than max_transaction_bytes={max_bytes:,}; nothing was written")
+            f"headers), more than max_transaction_bytes={max_bytes:,}; nothing was written"
+        )
     return out
 
 
 def check_view(check: CheckRequest) -> Message | Transaction:
     """What ``check_local_transaction`` gets: the checked message as before, or, for a
     member of a multi-message transaction, a :class:`Transaction` of it and the count."""
-    msg = Message(check.topic, check.value, key=check.key, headers=check.user_headers(),
-                  partition=check.partition, transaction_id=check.txn_id,
-                  tags=check.header_text(H.TAGS), keys=check.header_text(H.KEYS),
-                  message_group=check.header_text(H.MESSAGE_GROUP) or None,
-                  check_times=check.check_seq, born_timestamp=check.born_ts)
+    msg = Message(
+        check.topic,
+        check.value,
+        key=check.key,
+        headers=check.user_headers(),
+        partition=check.partition,
+        transaction_id=check.txn_id,
+        tags=check.header_text(H.TAGS),
+        keys=check.header_text(H.KEYS),
+        message_group=check.header_text(H.MESSAGE_GROUP) or None,
+        check_times=check.check_seq,
+        born_timestamp=check.born_ts,
+    )
     size = check.header_text(H.TXN_SIZE)
     if size is None or not (size.isascii() and size.isdigit()) or int(size) < 2:
         return msg  # a transaction of one (a malformed size is never checked)
-    return Transaction(check.txn_id, (msg,), int(size), check_times=check.check_seq,
-                       born_timestamp=check.born_ts)
+    return Transaction(
+        check.txn_id, (msg,), int(size), check_times=check.check_seq, born_timestamp=check.born_ts
+    )

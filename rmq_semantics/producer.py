@@ -138,9 +138,12 @@ class CallProducer:
     call); concurrent callers still share batches while a request is in flight. A
     :class:`DeliveryPoller` serves its reports. ``stop`` flushes and joins; idempotent."""
 
-    def __init__(self, conf: dict, name: str,
-                 factory: Callable[[dict], confluent_kafka.Producer] = confluent_kafka.Producer,
-                 ) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        name: str,
+        factory: Callable[[dict], confluent_kafka.Producer] = confluent_kafka.Producer,
+    ) -> None:
         self._conf = conf
         self._name = name
         self._factory = factory  # a signing producer's, under tenant isolation
@@ -198,8 +201,10 @@ class PartitionCache:
             raise KafkaOperationError.wrap(f"reading metadata of {topic}", exc.args[0]) from exc
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error.str() if meta is not None and meta.error else "no partitions"
-            raise KafkaOperationError(f"topic {topic!r} is not available: {reason}",
-                                      meta.error if meta is not None else None)
+            raise KafkaOperationError(
+                f"topic {topic!r} is not available: {reason}",
+                meta.error if meta is not None else None,
+            )
         partitions = sorted(meta.partitions)
         with self._lock:
             self._entries.pop(topic, None)
@@ -224,7 +229,8 @@ class PartitionCache:
         if partition not in partitions:
             raise UnknownPartitionError(
                 f"{topic!r} has no partition {partition}: it has {len(partitions)} partitions "
-                f"(0..{len(partitions) - 1})")
+                f"(0..{len(partitions) - 1})"
+            )
 
 
 class Producer:
@@ -261,18 +267,34 @@ class Producer:
         """Partition ids of ``topic`` (cached for a short while)."""
         return self._partitions.partitions(topic, timeout)
 
-    def send(self, msg: Message, selector: Any = None, arg: Any = None,
-             sharding_key: bytes | str | None = None, *,
-             timeout: float = SEND_TIMEOUT_S) -> SendResult:
+    def send(
+        self,
+        msg: Message,
+        selector: Any = None,
+        arg: Any = None,
+        sharding_key: bytes | str | None = None,
+        *,
+        timeout: float = SEND_TIMEOUT_S,
+    ) -> SendResult:
         """Send ``msg`` and wait for its acknowledgement; return where it landed."""
         waiter = DeliveryWaiter()
-        self._producer.produce(msg.topic, msg.value, **self._record(
-            msg, selector, arg, sharding_key, timeout), on_delivery=waiter)
+        self._producer.produce(
+            msg.topic,
+            msg.value,
+            **self._record(msg, selector, arg, sharding_key, timeout),
+            on_delivery=waiter,
+        )
         waiter.wait(self._producer, f"sending to {msg.topic}", timeout)
         return SendResult(msg.topic, waiter.partition, waiter.offset)
 
-    def _record(self, msg: Message, selector: Any, arg: Any,
-                sharding_key: bytes | str | None, timeout: float) -> dict[str, Any]:
+    def _record(
+        self,
+        msg: Message,
+        selector: Any,
+        arg: Any,
+        sharding_key: bytes | str | None,
+        timeout: float,
+    ) -> dict[str, Any]:
         """``produce``'s keywords for ``msg`` (key, headers, partition); a selector or a
         sharding key reads the topic's partitions (metadata, cached: may block)."""
         if selector is not None and sharding_key is not None:
@@ -280,13 +302,11 @@ class Producer:
         refuse_system_destination(msg.topic, self.topic_prefix)
         partition = msg.partition
         if selector is not None:
-            partition = apply_selector(selector, self.partitions_for(msg.topic, timeout),
-                                       msg, arg)
+            partition = apply_selector(selector, self.partitions_for(msg.topic, timeout), msg, arg)
         elif sharding_key is not None:
             key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
             partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
-        record: dict[str, Any] = {"key": msg.key,
-                                  "headers": msg.user_headers() + msg.rmq_headers()}
+        record: dict[str, Any] = {"key": msg.key, "headers": msg.user_headers() + msg.rmq_headers()}
         if partition is not None:
             record["partition"] = partition
         return record
@@ -305,8 +325,14 @@ class Producer:
             self._refuse_reserved(headers)
         self._producer.produce(*args, **kwargs)
 
-    def produce_batch(self, topic: str, messages: list, partition: int = -1,
-                      callback: Any = None, on_delivery: Any = None) -> int:
+    def produce_batch(
+        self,
+        topic: str,
+        messages: list,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+    ) -> int:
         """confluent_kafka's ``produce_batch``: each dict's ``value``, ``key``,
         ``partition``, ``timestamp``, ``headers`` and ``callback``; returns how many were
         queued, and a message that was not gets an ``_error`` (a ``KafkaError``). Unlike
@@ -352,17 +378,22 @@ class Producer:
         """Raise for an ``rmq.*`` header a business producer does not write: a record that
         carries one would be trusted as the coordinator's (a forged promotion)."""
         try:
-            names = list(headers.keys() if isinstance(headers, dict)
-                         else (item[0] for item in headers))
+            names = list(
+                headers.keys() if isinstance(headers, dict) else (item[0] for item in headers)
+            )
         except (TypeError, IndexError, KeyError):
             return  # malformed: confluent_kafka refuses it with its own error
         for name in names:
-            if (isinstance(name, str) and name.startswith(RESERVED_PREFIX)
-                    and name not in PRODUCER_HEADERS):
+            if (
+                isinstance(name, str)
+                and name.startswith(RESERVED_PREFIX)
+                and name not in PRODUCER_HEADERS
+            ):
                 raise ConfigError(
                     f"header {name!r}: the rmq.* header namespace is reserved (written by "
                     f"the coordinator and consumers, trusted downstream); business producers "
-                    f"may set only {sorted(PRODUCER_HEADERS)}")
+                    f"may set only {sorted(PRODUCER_HEADERS)}"
+                )
 
     def cluster_id(self, timeout: float = CLUSTER_ID_TIMEOUT_S) -> str | None:
         """The cluster id from the broker metadata (None if none came within ``timeout``)."""
@@ -416,8 +447,12 @@ class Producer:
         self._closed = True
         left = self._producer.flush(timeout)
         if left:
-            log.warning("closing the producer: %d records not delivered within %.1f s are "
-                        "purged (their delivery callbacks report it)", left, timeout)
+            log.warning(
+                "closing the producer: %d records not delivered within %.1f s are "
+                "purged (their delivery callbacks report it)",
+                left,
+                timeout,
+            )
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
             self._producer.flush(0)  # serves the purge reports
         return bool(self._producer.close())

@@ -8,8 +8,14 @@ from typing import Any, Protocol
 
 from rmq_semantics.errors import SelectorError
 
-__all__ = ["MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom",
-           "apply_selector", "java_partition", "murmur2"]
+__all__ = [
+    "MessageQueueSelector",
+    "SelectMessageQueueByHash",
+    "SelectMessageQueueByRandom",
+    "apply_selector",
+    "java_partition",
+    "murmur2",
+]
 
 
 class MessageQueueSelector(Protocol):
@@ -32,7 +38,7 @@ def murmur2(data: bytes) -> int:
     length4 = length // 4
     for i in range(length4):
         i4 = i * 4
-        k = (data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24))
+        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> r
         k = (k * m) & 0xFFFFFFFF
@@ -98,19 +104,26 @@ def apply_selector(selector: Any, partitions: Sequence[int], message: Any, arg: 
         try:
             selector = selector()
         except TypeError as exc:
-            raise SelectorError(f"selector class {selector.__name__} needs arguments ({exc}); "
-                                f"pass an instance") from None
+            raise SelectorError(
+                f"selector class {selector.__name__} needs arguments ({exc}); pass an instance"
+            ) from None
     select = getattr(selector, "select", None)
     if not callable(select):
         select = selector
     if not callable(select):
-        raise SelectorError(f"selector must be callable (partitions, msg, arg) or have "
-                            f"select(partitions, msg, arg), got {selector!r}")
+        raise SelectorError(
+            f"selector must be callable (partitions, msg, arg) or have "
+            f"select(partitions, msg, arg), got {selector!r}"
+        )
     chosen = select(partitions, message, arg)
     partition = getattr(chosen, "partition", chosen)
-    if isinstance(partition, bool) or not isinstance(partition, int) or (
-            partition not in partitions):
+    if (
+        isinstance(partition, bool)
+        or not isinstance(partition, int)
+        or (partition not in partitions)
+    ):
         raise SelectorError(
             f"selector returned {chosen!r} for topic {getattr(message, 'topic', '?')!r}, "
-            f"which has partitions 0..{len(partitions) - 1}")
+            f"which has partitions 0..{len(partitions) - 1}"
+        )
     return partition

@@ -31,8 +31,12 @@ RECORD_OVERHEAD = 256
 def record_size(msg: Message) -> int:
     """The bytes ``msg`` takes when promoted, uncompressed, within ``RECORD_OVERHEAD``."""
     headers = msg.user_headers() + msg.rmq_headers()
-    return (len(msg.value or b"") + len(msg.key or b"") + RECORD_OVERHEAD
-            + sum(len(k.encode()) + len(v or b"") for k, v in headers))
+    return (
+        len(msg.value or b"")
+        + len(msg.key or b"")
+        + RECORD_OVERHEAD
+        + sum(len(k.encode()) + len(v or b"") for k, v in headers)
+    )
 
 
 class SendChecks:
@@ -56,17 +60,19 @@ class SendChecks:
         runs it on the loop then, else on its executor)."""
         now = time.monotonic()
         with self._lock:
-            return all(now - self._max_bytes.get(m.topic, (-METADATA_TTL_S, None))[0]
-                       < METADATA_TTL_S for m in msgs) and all(
-                self.partitions.fresh(m.topic) for m in msgs)
+            return all(
+                now - self._max_bytes.get(m.topic, (-METADATA_TTL_S, None))[0] < METADATA_TTL_S
+                for m in msgs
+            ) and all(self.partitions.fresh(m.topic) for m in msgs)
 
     def check(self, msgs: list[Message], timeout: float) -> None:
         for msg in msgs:
             refuse_system_destination(msg.topic, self._prefix)
         for msg in msgs:
             if not msg.value:
-                raise MessageSizeError(f"the message for {msg.topic!r} has an empty body "
-                                       f"(RocketMQ refuses it too)")
+                raise MessageSizeError(
+                    f"the message for {msg.topic!r} has an empty body (RocketMQ refuses it too)"
+                )
             self._require_topic(msg.topic, timeout)
             if msg.partition is not None:
                 self.partitions.require(msg.topic, msg.partition, timeout)
@@ -74,7 +80,8 @@ class SendChecks:
             if limit is not None and (size := record_size(msg)) > limit:
                 raise MessageSizeError(
                     f"the message for {msg.topic!r} takes about {size} bytes ({len(msg.value)} "
-                    f"of body), over the topic's max.message.bytes of {limit}")
+                    f"of body), over the topic's max.message.bytes of {limit}"
+                )
 
     def _require_topic(self, topic: str, timeout: float) -> None:
         """Raise UnknownTopicError when two metadata reads in a row (the second fresh) say
@@ -86,8 +93,10 @@ class SendChecks:
             except KafkaOperationError as exc:
                 if not _unknown_topic(exc):
                     raise
-        raise UnknownTopicError(f"topic {topic!r} does not exist: create it before sending "
-                                f"to it (nothing was written, the local transaction not run)")
+        raise UnknownTopicError(
+            f"topic {topic!r} does not exist: create it before sending "
+            f"to it (nothing was written, the local transaction not run)"
+        )
 
     def _max_message_bytes(self, topic: str, timeout: float) -> int | None:
         with self._lock:
@@ -105,13 +114,21 @@ class SendChecks:
     def _describe(self, topic: str, timeout: float) -> int | None:
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
         try:
-            entries = self._admin_client().describe_configs([resource], request_timeout=timeout)[
-                resource].result(timeout)
+            entries = (
+                self._admin_client()
+                .describe_configs([resource], request_timeout=timeout)[resource]
+                .result(timeout)
+            )
             return int(entries["max.message.bytes"].value)
         except (KafkaException, KeyError, ValueError, TimeoutError) as exc:
             # A missing permission, a timeout: sent unchecked (the broker still refuses).
-            log.warning("%s: max.message.bytes not readable (%s); its messages are not "
-                        "size-checked before sending for %.0f s", topic, exc, METADATA_TTL_S)
+            log.warning(
+                "%s: max.message.bytes not readable (%s); its messages are not "
+                "size-checked before sending for %.0f s",
+                topic,
+                exc,
+                METADATA_TTL_S,
+            )
             return None
 
     def _admin_client(self) -> AdminClient:
@@ -123,6 +140,7 @@ class SendChecks:
 
 def _unknown_topic(exc: KafkaOperationError) -> bool:
     error = exc.kafka_error
-    return error is not None and error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                  KafkaError._UNKNOWN_TOPIC)
-
+    return error is not None and error.code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+    )

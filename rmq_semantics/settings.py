@@ -17,9 +17,19 @@ from typing import Any, TypeVar
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.half import MAX_TXN_SIZE
 
-__all__ = ["MAX_TRANSACTION_BYTES", "MAX_TRANSACTION_MESSAGES", "ProducerSettings",
-           "add_arguments", "add_kafka_arguments", "env_name", "flag_name",
-           "kafka_conf_from_args", "kafka_env_conf", "load", "setting"]
+__all__ = [
+    "MAX_TRANSACTION_BYTES",
+    "MAX_TRANSACTION_MESSAGES",
+    "ProducerSettings",
+    "add_arguments",
+    "add_kafka_arguments",
+    "env_name",
+    "flag_name",
+    "kafka_conf_from_args",
+    "kafka_env_conf",
+    "load",
+    "setting",
+]
 
 T = TypeVar("T")
 
@@ -27,8 +37,9 @@ T = TypeVar("T")
 def setting(default: Any, help: str, *, secret: bool = False) -> Any:
     """A settings field. A ``secret`` one (a key, a password) is set by kwargs or env only,
     never a CLI flag (a command line is visible to every local user), and left out of repr."""
-    return dataclasses.field(default=default, repr=not secret,
-                             metadata={"help": help, "secret": secret})
+    return dataclasses.field(
+        default=default, repr=not secret, metadata={"help": help, "secret": secret}
+    )
 
 
 def flag_name(field_name: str) -> str:
@@ -55,18 +66,26 @@ def _convert(cls: type, field: dataclasses.Field, raw: Any, source: str) -> Any:
             return raw.lower() in ("1", "true", "yes")
         return kind(raw)
     except ValueError as exc:
-        raise ConfigError(f"{field.name}={raw!r} (from {source}) is not a valid "
-                          f"{kind.__name__}") from exc
+        raise ConfigError(
+            f"{field.name}={raw!r} (from {source}) is not a valid {kind.__name__}"
+        ) from exc
 
 
 class _RefusedSecret(argparse.Action):
     """A secret on the command line is visible to every local user: refuse it, naming the
     env variable instead, and never echo the value."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
-        parser.error(f"{option_string} is not taken on the command line (every local user "
-                     f"can read it there); set env {env_name(self.dest)} instead")
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is not taken on the command line (every local user "
+            f"can read it there); set env {env_name(self.dest)} instead"
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -75,17 +94,33 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     for field in dataclasses.fields(cls):
         if field.metadata.get("secret"):
             # Registered so that it is not taken as an abbreviation of a longer flag.
-            parser.add_argument(flag_name(field.name), dest=field.name, default=None,
-                                nargs="?", action=_RefusedSecret, help=argparse.SUPPRESS)
+            parser.add_argument(
+                flag_name(field.name),
+                dest=field.name,
+                default=None,
+                nargs="?",
+                action=_RefusedSecret,
+                help=argparse.SUPPRESS,
+            )
             continue
-        help_text = f"{field.metadata.get('help', '')} (env {env_name(field.name)}; " \
-                    f"default {field.default!r})"
-        parser.add_argument(flag_name(field.name), dest=field.name, default=None,
-                            metavar=field.name.upper(), help=help_text)
+        help_text = (
+            f"{field.metadata.get('help', '')} (env {env_name(field.name)}; "
+            f"default {field.default!r})"
+        )
+        parser.add_argument(
+            flag_name(field.name),
+            dest=field.name,
+            default=None,
+            metavar=field.name.upper(),
+            help=help_text,
+        )
 
 
-def load(cls: type[T], values: Mapping[str, Any] | argparse.Namespace | None = None,
-         env: Mapping[str, str] | None = None) -> T:
+def load(
+    cls: type[T],
+    values: Mapping[str, Any] | argparse.Namespace | None = None,
+    env: Mapping[str, str] | None = None,
+) -> T:
     """Build ``cls`` from explicit ``values`` (kwargs or parsed CLI), then env, then defaults."""
     from_cli = isinstance(values, argparse.Namespace)
     values = dict(vars(values) if from_cli else (values or {}))
@@ -96,11 +131,11 @@ def load(cls: type[T], values: Mapping[str, Any] | argparse.Namespace | None = N
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
         if values.get(field.name) is not None:
-            kwargs[field.name] = _convert(cls, field, values[field.name],
-                                          flag_name(field.name))
+            kwargs[field.name] = _convert(cls, field, values[field.name], flag_name(field.name))
         elif env_name(field.name) in env:
-            kwargs[field.name] = _convert(cls, field, env[env_name(field.name)],
-                                          env_name(field.name))
+            kwargs[field.name] = _convert(
+                cls, field, env[env_name(field.name)], env_name(field.name)
+            )
     return cls(**kwargs)
 
 
@@ -108,17 +143,24 @@ def kafka_env_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """librdkafka settings from ``RMQ_KAFKA_<KEY>`` env vars (``RMQ_KAFKA_SASL_PASSWORD`` ->
     ``sasl.password``), so secrets need not be on a command line."""
     env = os.environ if env is None else env
-    return {key.removeprefix("RMQ_KAFKA_").lower().replace("_", "."): value
-            for key, value in env.items() if key.startswith("RMQ_KAFKA_")}
+    return {
+        key.removeprefix("RMQ_KAFKA_").lower().replace("_", "."): value
+        for key, value in env.items()
+        if key.startswith("RMQ_KAFKA_")
+    }
 
 
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     """``--bootstrap-servers`` and repeatable ``--kafka-option KEY=VALUE`` (every command that
     talks to Kafka)."""
     parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("--kafka-option", action="append", metavar="KEY=VALUE",
-                        help="extra librdkafka setting for every client (e.g. "
-                             "security.protocol=SASL_SSL); env RMQ_KAFKA_<KEY> works too")
+    parser.add_argument(
+        "--kafka-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra librdkafka setting for every client (e.g. "
+        "security.protocol=SASL_SSL); env RMQ_KAFKA_<KEY> works too",
+    )
 
 
 def kafka_conf_from_args(args: argparse.Namespace) -> dict:
@@ -147,39 +189,57 @@ class ProducerSettings:
     constructor, else env ``RMQ_<NAME>`` (e.g. ``RMQ_MAX_TRANSACTION_BYTES``), else these."""
 
     max_transaction_messages: int = setting(
-        MAX_TRANSACTION_MESSAGES, "messages one send_transaction may carry (at most "
-                                  f"{MAX_TRANSACTION_MESSAGES})")
+        MAX_TRANSACTION_MESSAGES,
+        f"messages one send_transaction may carry (at most {MAX_TRANSACTION_MESSAGES})",
+    )
     max_transaction_bytes: int = setting(
-        MAX_TRANSACTION_BYTES, "bytes (keys, values and headers of its half records) one "
-                               "send_transaction may carry")
+        MAX_TRANSACTION_BYTES,
+        "bytes (keys, values and headers of its half records) one send_transaction may carry",
+    )
     check_threads: int = setting(
-        4, "threads answering back-checks (RocketMQ's setExecutorService): a hung "
-           "check_local_transaction holds one until check_timeout_ms")
+        4,
+        "threads answering back-checks (RocketMQ's setExecutorService): a hung "
+        "check_local_transaction holds one until check_timeout_ms",
+    )
     check_timeout_ms: int = setting(
-        30_000, "a check_local_transaction running longer is answered UNKNOW (the coordinator "
-                "checks again later) and its thread replaced")
+        30_000,
+        "a check_local_transaction running longer is answered UNKNOW (the coordinator "
+        "checks again later) and its thread replaced",
+    )
     check_affinity: bool = setting(
-        True, "name this instance in its half records (rmq.check_affinity), so their back-checks "
-              "come to it while it is a live member of the group")
+        True,
+        "name this instance in its half records (rmq.check_affinity), so their back-checks "
+        "come to it while it is a live member of the group",
+    )
 
     group_key: str = setting(
-        "", "this producer group's key under tenant isolation (docs/security.md): its half "
-            "records and end requests are signed with it and its checks read from its own "
-            "check topic; empty: isolation off", secret=True)
+        "",
+        "this producer group's key under tenant isolation (docs/security.md): its half "
+        "records and end requests are signed with it and its checks read from its own "
+        "check topic; empty: isolation off",
+        secret=True,
+    )
     group_key_file: str = setting(
-        "", "a file holding group_key (surrounding whitespace stripped), e.g. a mounted secret")
+        "", "a file holding group_key (surrounding whitespace stripped), e.g. a mounted secret"
+    )
 
     def __post_init__(self) -> None:
         if self.group_key and self.group_key_file:
             raise ConfigError("group_key and group_key_file: give one of them, not both")
         if not isinstance(self.check_affinity, bool):
             raise ConfigError(f"check_affinity must be a bool, got {self.check_affinity!r}")
-        for name in ("max_transaction_messages", "max_transaction_bytes", "check_threads",
-                     "check_timeout_ms"):
+        for name in (
+            "max_transaction_messages",
+            "max_transaction_bytes",
+            "check_threads",
+            "check_timeout_ms",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         if self.max_transaction_messages > MAX_TRANSACTION_MESSAGES:
-            raise ConfigError(f"max_transaction_messages must be at most "
-                              f"{MAX_TRANSACTION_MESSAGES} (the coordinator's cap), got "
-                              f"{self.max_transaction_messages}")
+            raise ConfigError(
+                f"max_transaction_messages must be at most "
+                f"{MAX_TRANSACTION_MESSAGES} (the coordinator's cap), got "
+                f"{self.max_transaction_messages}"
+            )

@@ -22,8 +22,9 @@ class TagFilter:
 
     def __init__(self, expression: str | None = None) -> None:
         if expression is not None and not isinstance(expression, str):
-            raise ConfigError(f"tags must be a str such as 'TagA || TagB' or '*', got "
-                              f"{expression!r}")
+            raise ConfigError(
+                f"tags must be a str such as 'TagA || TagB' or '*', got {expression!r}"
+            )
         text = (expression or "").strip()
         self.expression = text or ALL
         if self.expression == ALL:

@@ -120,9 +120,11 @@ class SystemTopics:
         its check consumers' group: a literal Kafka ACL on it reaches that group alone."""
         name = f"{self.prefix}_check_{encode_group(producer_group)}"
         if len(name) > MAX_TOPIC_LENGTH:
-            raise ConfigError(f"producer group {producer_group[:40]!r}...: its check topic "
-                              f"name would be {len(name)} characters, over Kafka's "
-                              f"{MAX_TOPIC_LENGTH}; use a shorter group name")
+            raise ConfigError(
+                f"producer group {producer_group[:40]!r}...: its check topic "
+                f"name would be {len(name)} characters, over Kafka's "
+                f"{MAX_TOPIC_LENGTH}; use a shorter group name"
+            )
         return name
 
 
@@ -143,14 +145,16 @@ def refuse_system_destination(topic: str, prefix: str) -> None:
     if is_system_topic(topic, prefix):
         raise SystemTopicError(
             f"{topic!r} is a system topic of rmq_semantics (prefix {prefix!r}); business "
-            "producers may not write to it")
+            "producers may not write to it"
+        )
 
 
 TopicSpecs = dict[str, tuple[int, dict[str, str]]]
 
 
-def txn_topic_specs(topics: SystemTopics, half_partitions: int, check_partitions: int, *,
-                    horizon_ms: int = 0) -> TopicSpecs:
+def txn_topic_specs(
+    topics: SystemTopics, half_partitions: int, check_partitions: int, *, horizon_ms: int = 0
+) -> TopicSpecs:
     """Partitions and configs of the transactional system topics, the same whichever
     process creates them first (a coordinator or ``TransactionProducer.start()``).
 
@@ -171,16 +175,20 @@ def txn_topic_specs(topics: SystemTopics, half_partitions: int, check_partitions
 def is_readable_system_topic(topic: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> bool:
     """A DLQ or retry topic (``<prefix>_dlq_<group>``, ``<prefix>_retry_<group>_<level>``):
     a consumer may read one it names explicitly, as RocketMQ users re-consume ``%DLQ%``."""
-    return topic.startswith(tuple(f"{p}{kind}" for p in system_prefixes(prefix)
-                                  for kind in ("dlq_", "retry_")))
+    return topic.startswith(
+        tuple(f"{p}{kind}" for p in system_prefixes(prefix) for kind in ("dlq_", "retry_"))
+    )
 
 
 def refuse_system_topics(topics: list[str], prefix: str) -> None:
     """Raise for an explicit subscription to a system topic (patterns are filtered later);
     a DLQ or retry topic named explicitly is allowed."""
     for topic in topics:
-        if (not topic.startswith("^") and is_system_topic(topic, prefix)
-                and not is_readable_system_topic(topic, prefix)):
+        if (
+            not topic.startswith("^")
+            and is_system_topic(topic, prefix)
+            and not is_readable_system_topic(topic, prefix)
+        ):
             raise SystemTopicError(
                 f"{topic!r} is a system topic of rmq_semantics; business consumers read "
                 "only promoted topics (and DLQ or retry topics named explicitly)"
@@ -229,9 +237,12 @@ class SystemPartitionFilter:
             left = [tp for tp in partitions if not self.keeps(tp.topic)]
             self.skipped_partitions += len(left)
             self._left_out.update((tp.topic, tp.partition) for tp in left)
-            log.info("%s: not reading %d system-topic partitions its subscription pattern "
-                     "matched (%s)", self.who, len(left),
-                     ", ".join(sorted({tp.topic for tp in left})))
+            log.info(
+                "%s: not reading %d system-topic partitions its subscription pattern matched (%s)",
+                self.who,
+                len(left),
+                ", ".join(sorted({tp.topic for tp in left})),
+            )
         return kept
 
     def release(self, partitions: list) -> list:
@@ -268,10 +279,13 @@ class _AuthWatch:
         if err.code() == KafkaError._SSL:
             hint = "check security.protocol and the ssl.* settings"
         else:
-            hint = ("check security.protocol, sasl.mechanisms, sasl.username and sasl.password "
-                    "(--kafka-option KEY=VALUE or env RMQ_KAFKA_SASL_PASSWORD)")
-        raise AuthenticationError(f"Kafka authentication failed at {where}: {err.str()}; {hint}",
-                                  err)
+            hint = (
+                "check security.protocol, sasl.mechanisms, sasl.username and sasl.password "
+                "(--kafka-option KEY=VALUE or env RMQ_KAFKA_SASL_PASSWORD)"
+            )
+        raise AuthenticationError(
+            f"Kafka authentication failed at {where}: {err.str()}; {hint}", err
+        )
 
 
 def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
@@ -279,8 +293,14 @@ def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
     return AdminClient({**shared_conf(conf), "error_cb": watch}), watch
 
 
-def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,
-              topic: str | None = None, timeout_s: float = ADMIN_TIMEOUT_S) -> ClusterMetadata:
+def _metadata(
+    admin: AdminClient,
+    watch: _AuthWatch,
+    conf: dict,
+    what: str,
+    topic: str | None = None,
+    timeout_s: float = ADMIN_TIMEOUT_S,
+) -> ClusterMetadata:
     """``list_topics`` in short slices; raises AuthenticationError as soon as the broker
     refuses the credentials, BrokerUnavailableError when nothing answered by ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -297,7 +317,8 @@ def _metadata(admin: AdminClient, watch: _AuthWatch, conf: dict, what: str,
                     raise BrokerUnavailableError(
                         f"{what}: no broker answered at {conf.get('bootstrap.servers')!r} "
                         f"within {timeout_s:.0f} s ({err.str()}); check bootstrap.servers",
-                        err) from exc
+                        err,
+                    ) from exc
                 raise KafkaOperationError.wrap(what, err) from exc
 
 
@@ -317,8 +338,13 @@ def replication_for(brokers: int, factor: int | None = None) -> tuple[int, int]:
     return copies, min(2, copies)
 
 
-def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
-                  replicated: bool = False, replication_factor: int | None = None) -> None:
+def ensure_topics(
+    conf: dict,
+    specs: dict[str, tuple[int, dict[str, str]]],
+    *,
+    replicated: bool = False,
+    replication_factor: int | None = None,
+) -> None:
     """Create the topics in ``specs`` (name -> (partitions, configs)) that do not exist, and
     return once the broker's metadata shows every one of them with all its partitions.
 
@@ -331,9 +357,12 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
     if replicated:
         factor, min_isr = replication_for(len(meta.brokers), replication_factor)
     missing = [
-        NewTopic(name, num_partitions=parts, replication_factor=factor,
-                 config={**({"min.insync.replicas": str(min_isr)} if min_isr else {}),
-                         **configs})
+        NewTopic(
+            name,
+            num_partitions=parts,
+            replication_factor=factor,
+            config={**({"min.insync.replicas": str(min_isr)} if min_isr else {}), **configs},
+        )
         for name, (parts, configs) in specs.items()
         if name not in meta.topics
     ]
@@ -342,8 +371,11 @@ def ensure_topics(conf: dict, specs: dict[str, tuple[int, dict[str, str]]], *,
     for name, future in admin.create_topics(missing, request_timeout=ADMIN_TIMEOUT_S).items():
         try:
             future.result(timeout=ADMIN_TIMEOUT_S)
-            log.info("created topic %s (replication factor %s)", name,
-                     factor if replicated else "broker default")
+            log.info(
+                "created topic %s (replication factor %s)",
+                name,
+                factor if replicated else "broker default",
+            )
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
@@ -362,18 +394,26 @@ def _require_describable(admin: AdminClient, topic: str) -> None:
     """A topic that exists though this principal's metadata did not show it: raise at once
     if the principal may not describe it (ACLs), rather than wait for it to appear."""
     try:
-        admin.describe_topics(TopicCollection([topic]),
-                              request_timeout=ADMIN_TIMEOUT_S)[topic].result(ADMIN_TIMEOUT_S)
+        admin.describe_topics(TopicCollection([topic]), request_timeout=ADMIN_TIMEOUT_S)[
+            topic
+        ].result(ADMIN_TIMEOUT_S)
     except KafkaException as exc:
         err = exc.args[0]
         if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise KafkaOperationError.wrap(
                 f"topic {topic} exists, but this principal may not describe it (check its "
-                "ACLs: a producer group reads only its own check topic)", err) from exc
+                "ACLs: a producer group reads only its own check topic)",
+                err,
+            ) from exc
 
 
-def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
-                   topics: dict[str, int], fresh_client: bool = False) -> None:
+def _await_visible(
+    admin: AdminClient,
+    watch: _AuthWatch,
+    conf: dict,
+    topics: dict[str, int],
+    fresh_client: bool = False,
+) -> None:
     """A created topic is in the controller's log before the broker's metadata cache has it
     (KRaft applies it asynchronously); wait until every partition has a leader.
     ``fresh_client``: ask through a new client each time, so the one broker ``conf``
@@ -383,15 +423,21 @@ def _await_visible(admin: AdminClient, watch: _AuthWatch, conf: dict,
         if fresh_client:
             admin, watch = _admin(conf)
         meta = _metadata(admin, watch, conf, "reading metadata of new topics").topics
-        waiting = [name for name, parts in topics.items()
-                   if name not in meta or meta[name].error is not None
-                   or len(meta[name].partitions) < parts
-                   or any(p.leader < 0 for p in meta[name].partitions.values())]
+        waiting = [
+            name
+            for name, parts in topics.items()
+            if name not in meta
+            or meta[name].error is not None
+            or len(meta[name].partitions) < parts
+            or any(p.leader < 0 for p in meta[name].partitions.values())
+        ]
         if not waiting:
             return
         if time.monotonic() >= deadline:
-            raise KafkaOperationError(f"topics {sorted(waiting)} were created but have no "
-                                      f"leader after {ADMIN_TIMEOUT_S:.0f} s")
+            raise KafkaOperationError(
+                f"topics {sorted(waiting)} were created but have no "
+                f"leader after {ADMIN_TIMEOUT_S:.0f} s"
+            )
         time.sleep(METADATA_POLL_S)
 
 
@@ -405,7 +451,8 @@ def require_copartitioned(conf: dict, first: str, second: str) -> int:
             f"{first} has {counts[0]} partitions and {second} has {counts[1]}; they must have "
             f"the same count (partition p of one pairs with partition p of the other): add "
             f"partitions to the smaller one (kafka-topics --alter --partitions "
-            f"{max(counts)}) before starting")
+            f"{max(counts)}) before starting"
+        )
     return counts[0]
 
 
@@ -414,10 +461,12 @@ def topic_partition_count(conf: dict, topic: str) -> int | None:
     admin, watch = _admin(conf)
     deadline = time.monotonic() + ADMIN_TIMEOUT_S
     while True:
-        meta = _metadata(admin, watch, conf, f"reading metadata of {topic}",
-                         topic=topic).topics.get(topic)
-        if meta is None or (meta.error is not None
-                            and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        meta = _metadata(
+            admin, watch, conf, f"reading metadata of {topic}", topic=topic
+        ).topics.get(topic)
+        if meta is None or (
+            meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
             return None
         if meta.error is None or meta.partitions:
             return len(meta.partitions)

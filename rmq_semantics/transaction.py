@@ -97,27 +97,47 @@ class TransactionProducer(CheckCounters, BatchTransactions):
     :meth:`send_transaction` are :class:`ProducerSettings` (kwargs, else ``RMQ_*`` env).
     """
 
-    def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
-                 topic_prefix: str = DEFAULT_TOPIC_PREFIX, half_partitions: int = 8,
-                 check_partitions: int = 8, check_queue_size: int = CHECK_QUEUE_SIZE,
-                 send_timeout_s: float = SEND_TIMEOUT_S,
-                 max_transaction_messages: int | None = None,
-                 max_transaction_bytes: int | None = None,
-                 check_threads: int | None = None, check_timeout_ms: int | None = None,
-                 check_affinity: bool | None = None, instance_id: str | None = None,
-                 group_key: str | None = None, group_key_file: str | None = None) -> None:
-        self.settings = load(ProducerSettings, {
-            "max_transaction_messages": max_transaction_messages,
-            "max_transaction_bytes": max_transaction_bytes, "check_threads": check_threads,
-            "check_timeout_ms": check_timeout_ms, "check_affinity": check_affinity,
-            "group_key": group_key, "group_key_file": group_key_file})
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        producer_group: str,
+        listener: TransactionListener,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        half_partitions: int = 8,
+        check_partitions: int = 8,
+        check_queue_size: int = CHECK_QUEUE_SIZE,
+        send_timeout_s: float = SEND_TIMEOUT_S,
+        max_transaction_messages: int | None = None,
+        max_transaction_bytes: int | None = None,
+        check_threads: int | None = None,
+        check_timeout_ms: int | None = None,
+        check_affinity: bool | None = None,
+        instance_id: str | None = None,
+        group_key: str | None = None,
+        group_key_file: str | None = None,
+    ) -> None:
+        self.settings = load(
+            ProducerSettings,
+            {
+                "max_transaction_messages": max_transaction_messages,
+                "max_transaction_bytes": max_transaction_bytes,
+                "check_threads": check_threads,
+                "check_timeout_ms": check_timeout_ms,
+                "check_affinity": check_affinity,
+                "group_key": group_key,
+                "group_key_file": group_key_file,
+            },
+        )
         if not producer_group or not isinstance(producer_group, str):
             raise ConfigError(f"producer_group must be a non-empty str, got {producer_group!r}")
         listener = as_listener(listener)
         if listener is None or not callable(getattr(listener, "execute_local_transaction", None)):
-            raise ConfigError("listener must implement execute_local_transaction and "
-                              "check_local_transaction (or RocketMQ's executeLocalTransaction "
-                              "and checkLocalTransaction)")
+            raise ConfigError(
+                "listener must implement execute_local_transaction and "
+                "check_local_transaction (or RocketMQ's executeLocalTransaction "
+                "and checkLocalTransaction)"
+            )
         self.producer_group = producer_group
         self.listener = listener
         #: This instance's id: its check consumer's, and its half records' check affinity.
@@ -125,8 +145,11 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         self.topics = SystemTopics(validate_prefix(topic_prefix))
         # Tenant isolation (docs/security.md): signed writes, checks on the group's own topic.
         self._group_key = group_key_of(self.settings)
-        self._check_topic = (self.topics.check if self._group_key is None
-                             else self.topics.group_check(producer_group))
+        self._check_topic = (
+            self.topics.check
+            if self._group_key is None
+            else self.topics.group_check(producer_group)
+        )
         self._new_producer = producer_factory(self._group_key, self.topics)
         # Its metadata reads of destination topics (send-time checks) must not create a
         # mistyped topic on a broker with auto.create.topics.enable (the caller's value wins).
@@ -139,16 +162,23 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         # Checks of a half this producer has not seen land are answered here (issue 29).
         self._unsent = UnsentHalves()
         self._checks = CheckResponder(
-            self._conf, self.topics, producer_group, instance_id=self.instance_id,
+            self._conf,
+            self.topics,
+            producer_group,
+            instance_id=self.instance_id,
             check_topic=None if self._group_key is None else self._check_topic,
             ask=lambda check: answer_check(self._unsent, self.topics.half, self._ask, check),
-            reply=self._reply_check, threads=self.settings.check_threads,
+            reply=self._reply_check,
+            threads=self.settings.check_threads,
             affinity=self.settings.check_affinity,
-            timeout_s=self.settings.check_timeout_ms / 1000, queue_size=check_queue_size)
+            timeout_s=self.settings.check_timeout_ms / 1000,
+            queue_size=check_queue_size,
+        )
         self._producer: confluent_kafka.Producer | None = None
         # The one-message path's own producer (the batch path keeps the conf's batching).
-        self._call = CallProducer(self._producer_conf, f"rmq-delivery-{producer_group}",
-                                  self._new_producer)
+        self._call = CallProducer(
+            self._producer_conf, f"rmq-delivery-{producer_group}", self._new_producer
+        )
         self._partitions: PartitionCache | None = None
         self._send_checks: SendChecks | None = None
         self._started = False
@@ -162,8 +192,11 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         # discard topic is the coordinator's alone.
         specs = txn_topic_specs(self.topics, self._half_partitions, self._check_partitions)
         specs[self._check_topic] = specs[self.topics.check]
-        ensure_topics(self._conf, {t: specs[t] for t in (self.topics.half, self.topics.op,
-                                                         self._check_topic)}, replicated=True)
+        ensure_topics(
+            self._conf,
+            {t: specs[t] for t in (self.topics.half, self.topics.op, self._check_topic)},
+            replicated=True,
+        )
         # End requests go to the Op partition of their half partition.
         require_copartitioned(self._conf, self.topics.half, self.topics.op)
         self._producer = self._new_producer(self._producer_conf)
@@ -192,7 +225,8 @@ class TransactionProducer(CheckCounters, BatchTransactions):
     def _require_started(self) -> confluent_kafka.Producer:
         if not self._started or self._closed or self._producer is None:
             raise IllegalStateError(
-                "TransactionProducer is not started (call start() or use 'with')")
+                "TransactionProducer is not started (call start() or use 'with')"
+            )
         return self._producer
 
     def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
@@ -208,28 +242,48 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         self._validate([msg])
         producer, txn_ids = self._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
-            with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER), \
-                    self._unsent.sending(txn_ids):
+            with (
+                tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER),
+                self._unsent.sending(txn_ids),
+            ):
                 [(txn_id, waiter)] = write_halves(
-                    producer, self.topics.half, self.producer_group,
-                    tracing.traced_messages([msg]), txn_ids, SignalledWaiter,
-                    self._checks.affinity())
+                    producer,
+                    self.topics.half,
+                    self.producer_group,
+                    tracing.traced_messages([msg]),
+                    txn_ids,
+                    SignalledWaiter,
+                    self._checks.affinity(),
+                )
                 tracing.name_transaction(txn_id)
                 try:
-                    waiter.wait(producer, f"writing the half message of txn {txn_id}",
-                                self._send_timeout_s + DELIVERY_GRACE_S)
+                    waiter.wait(
+                        producer,
+                        f"writing the half message of txn {txn_id}",
+                        self._send_timeout_s + DELIVERY_GRACE_S,
+                    )
                 except RmqError as exc:  # never promoted, should it land anyway
                     self._unsent.failed(txn_id)
-                    roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
-                                        waiter.partition, self._half_partitions_now, exc)
+                    roll_back_unwritten(
+                        producer,
+                        self.topics.op,
+                        self.producer_group,
+                        txn_id,
+                        waiter.partition,
+                        self._half_partitions_now,
+                        exc,
+                    )
                     raise
                 self._unsent.landed(txn_id)
             result, state = self._execute_local(listener_message(msg, txn_id), arg, waiter)
             self._end_inline(result, state, producer)
         return result
 
-    def send_transaction(self, messages: Sequence[Message], arg: Any = None,
-                         ) -> TransactionSendResult:
+    def send_transaction(
+        self,
+        messages: Sequence[Message],
+        arg: Any = None,
+    ) -> TransactionSendResult:
         """Send ``messages`` (any topics) as ONE transaction: all promoted or none.
 
         Each is written as a half record to one half partition; once all are, the listener's
@@ -242,12 +296,10 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         """
         self._require_started()
         msgs, [txn_id] = list(messages), new_txn_ids(1)
-        with tracing.span("send transaction", self.topics.half, "send", txn_id,
-                          messages=len(msgs)):
+        with tracing.span("send transaction", self.topics.half, "send", txn_id, messages=len(msgs)):
             with tracing.span("send half", self.topics.half, kind=SpanKind.PRODUCER):
                 waiters = self._write_members(msgs, txn_id)
-            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs),
-                               len(msgs))
+            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
             result, state = self._execute_local(view, arg, waiters[0], len(msgs))
             self._end_inline(result, state, self._call_producer())
         return result
@@ -257,12 +309,15 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         ROLLBACK the transaction (by member 0, or by its id if member 0 was not written, so
         what lands is dropped, not checked) and raise."""
         tracing.name_transaction(txn_id)
-        headers = member_headers(tracing.traced_messages(msgs), txn_id,
-                                 self.producer_group.encode(),
-                                 str(int(time.time() * 1000)).encode(),
-                                 max_messages=self.settings.max_transaction_messages,
-                                 max_bytes=self.settings.max_transaction_bytes,
-                                 affinity=self._checks.affinity())
+        headers = member_headers(
+            tracing.traced_messages(msgs),
+            txn_id,
+            self.producer_group.encode(),
+            str(int(time.time() * 1000)).encode(),
+            max_messages=self.settings.max_transaction_messages,
+            max_bytes=self.settings.max_transaction_bytes,
+            affinity=self._checks.affinity(),
+        )
         half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = self._call_producer()
@@ -270,37 +325,67 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         deadline = time.monotonic() + self._send_timeout_s  # for all the members together
         with self._unsent.sending([txn_id]):
             try:
-                write_members(producer, self.topics.half, partition, msgs, headers, waiters,
-                              SignalledWaiter)
+                write_members(
+                    producer, self.topics.half, partition, msgs, headers, waiters, SignalledWaiter
+                )
                 _wait_members(producer, waiters, txn_id, deadline)
             except (RmqError, BufferError) as exc:
                 self._unsent.failed(txn_id)
                 if waiters:  # else nothing was queued: nothing can land
                     self._roll_back_written(
-                        txn_id, _first_written(producer, waiters, txn_id, deadline), len(msgs),
-                        producer, partition, exc)
+                        txn_id,
+                        _first_written(producer, waiters, txn_id, deadline),
+                        len(msgs),
+                        producer,
+                        partition,
+                        exc,
+                    )
                 raise
             self._unsent.landed(txn_id)
         return waiters
 
-    def _roll_back_written(self, txn_id: str, first: DeliveryWaiter | None, count: int,
-                           producer: confluent_kafka.Producer, partition: int,
-                           error: BaseException) -> None:
+    def _roll_back_written(
+        self,
+        txn_id: str,
+        first: DeliveryWaiter | None,
+        count: int,
+        producer: confluent_kafka.Producer,
+        partition: int,
+        error: BaseException,
+    ) -> None:
         """ROLLBACK a transaction whose members were not all written: by member 0's offset
         (``first``), or by its id on the half ``partition`` every member went to when member
         0 was not written (a member that lands anyway is rolled back, never checked). The
         caller's ``error`` says so."""
         if first is None:
-            roll_back_unwritten(producer, self.topics.op, self.producer_group, txn_id,
-                                partition, self._half_partitions_now, error)
+            roll_back_unwritten(
+                producer,
+                self.topics.op,
+                self.producer_group,
+                txn_id,
+                partition,
+                self._half_partitions_now,
+                error,
+            )
             return
         rollback = LocalTransactionState.ROLLBACK_MESSAGE
-        with tracing.span("end transaction", self.topics.op, "send", txn_id,
-                          kind=SpanKind.PRODUCER, state=rollback.name):
-            sent = self._send_end(TransactionSendResult(txn_id, rollback, first.partition,
-                                                        first.offset, self.producer_group,
-                                                        count),
-                                  rollback, from_check=False, check_seq=0, producer=producer)
+        with tracing.span(
+            "end transaction",
+            self.topics.op,
+            "send",
+            txn_id,
+            kind=SpanKind.PRODUCER,
+            state=rollback.name,
+        ):
+            sent = self._send_end(
+                TransactionSendResult(
+                    txn_id, rollback, first.partition, first.offset, self.producer_group, count
+                ),
+                rollback,
+                from_check=False,
+                check_seq=0,
+                producer=producer,
+            )
         say_rolled_back(error, txn_id, sent)
 
     def _half_partitions_now(self) -> list[int]:
@@ -328,50 +413,93 @@ class TransactionProducer(CheckCounters, BatchTransactions):
             self._send_checks = SendChecks(self._partitions, self._conf, self.topics.prefix)
         return self._send_checks
 
-    def _execute_local(self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter,
-                       message_count: int = 1) -> tuple[TransactionSendResult,
-                                                        LocalTransactionState]:
+    def _execute_local(
+        self, view: Message | Transaction, arg: Any, waiter: DeliveryWaiter, message_count: int = 1
+    ) -> tuple[TransactionSendResult, LocalTransactionState]:
         try:
             with tracing.span("local transaction", view.topic, "process", view.transaction_id):
                 answer, error = self.listener.execute_local_transaction(view, arg), None
         except Exception as exc:
             answer, error = None, exc
-        return local_outcome(view, answer, error, waiter, self.producer_group,
-                             self.topics.half, message_count)
+        return local_outcome(
+            view, answer, error, waiter, self.producer_group, self.topics.half, message_count
+        )
 
-    def end_transaction(self, result: TransactionSendResult, state: LocalTransactionState,
-                        *, timeout: float | None = None) -> None:
+    def end_transaction(
+        self,
+        result: TransactionSendResult,
+        state: LocalTransactionState,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Send ``state`` for a transaction (e.g. one left UNKNOW) and wait for the ack."""
         producer, waiter = self._require_started(), DeliveryWaiter()
-        producer.produce(self.topics.op, encode(end_request(
-            result, state, producer_group=self.producer_group, from_check=False,
-            check_seq=0)), partition=result.half_partition, on_delivery=waiter)
-        waiter.wait(producer, f"ending txn {result.transaction_id}",
-                    timeout or self._send_timeout_s)
+        producer.produce(
+            self.topics.op,
+            encode(
+                end_request(
+                    result, state, producer_group=self.producer_group, from_check=False, check_seq=0
+                )
+            ),
+            partition=result.half_partition,
+            on_delivery=waiter,
+        )
+        waiter.wait(
+            producer, f"ending txn {result.transaction_id}", timeout or self._send_timeout_s
+        )
 
-    def _send_end(self, result: TransactionSendResult, state: LocalTransactionState, *,
-                  from_check: bool, check_seq: int,
-                  producer: confluent_kafka.Producer | None = None) -> bool:
+    def _send_end(
+        self,
+        result: TransactionSendResult,
+        state: LocalTransactionState,
+        *,
+        from_check: bool,
+        check_seq: int,
+        producer: confluent_kafka.Producer | None = None,
+    ) -> bool:
         """Queue an end request nobody waits for (after the local transaction ran, or a
         check's answer): it never raises; a failure is logged (False), the back-check
         resolves it."""
         producer = producer or self._require_started()
-        request = end_request(result, state, producer_group=self.producer_group,
-                              from_check=from_check, check_seq=check_seq)
-        queued = queue_end(producer, self.topics.op, encode(request), result.half_partition,
-                           log_failed_end(f"{self.topics.half}[{result.half_partition}]@"
-                                          f"{result.half_offset}", result.transaction_id, state),
-                           f"the {state.value} end request of txn {result.transaction_id}")
+        request = end_request(
+            result,
+            state,
+            producer_group=self.producer_group,
+            from_check=from_check,
+            check_seq=check_seq,
+        )
+        queued = queue_end(
+            producer,
+            self.topics.op,
+            encode(request),
+            result.half_partition,
+            log_failed_end(
+                f"{self.topics.half}[{result.half_partition}]@{result.half_offset}",
+                result.transaction_id,
+                state,
+            ),
+            f"the {state.value} end request of txn {result.transaction_id}",
+        )
         if producer is not self._call.producer:  # its own thread serves its reports
             producer.poll(0)
         return queued
 
-    def _end_inline(self, result: TransactionSendResult, state: LocalTransactionState,
-                    producer: confluent_kafka.Producer) -> None:
+    def _end_inline(
+        self,
+        result: TransactionSendResult,
+        state: LocalTransactionState,
+        producer: confluent_kafka.Producer,
+    ) -> None:
         """The local transaction's outcome, sent without waiting (a failure is logged: the
         back-check resolves the transaction)."""
-        with tracing.span("end transaction", self.topics.op, "send", result.transaction_id,
-                          kind=SpanKind.PRODUCER, state=state.name):
+        with tracing.span(
+            "end transaction",
+            self.topics.op,
+            "send",
+            result.transaction_id,
+            kind=SpanKind.PRODUCER,
+            state=state.name,
+        ):
             self._send_end(result, state, from_check=False, check_seq=0, producer=producer)
 
     def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
@@ -385,28 +513,37 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         return ask_listener(self.listener, self.topics.half, check)
 
     def _reply_check(self, check: CheckRequest, state: LocalTransactionState) -> None:
-        result = TransactionSendResult(check.txn_id, state, check.half_partition,
-                                       check.half_offset, self.producer_group)
+        result = TransactionSendResult(
+            check.txn_id, state, check.half_partition, check.half_offset, self.producer_group
+        )
         self._send_end(result, state, from_check=True, check_seq=check.check_seq)
 
 
-def _wait_members(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
-                  txn_id: str, deadline: float) -> None:
+def _wait_members(
+    producer: confluent_kafka.Producer, waiters: list[SignalledWaiter], txn_id: str, deadline: float
+) -> None:
     """Wait for every member's delivery report until ``deadline`` (monotonic); raise as the
     one-message path does for the first member not written."""
     for index, waiter in enumerate(waiters):
-        waiter.wait(producer, f"writing the half message {index} of {len(waiters)} of txn "
-                              f"{txn_id}", max(0.0, deadline - time.monotonic()))
+        waiter.wait(
+            producer,
+            f"writing the half message {index} of {len(waiters)} of txn {txn_id}",
+            max(0.0, deadline - time.monotonic()),
+        )
 
 
-def _first_written(producer: confluent_kafka.Producer, waiters: list[SignalledWaiter],
-                   txn_id: str, deadline: float) -> SignalledWaiter | None:
+def _first_written(
+    producer: confluent_kafka.Producer, waiters: list[SignalledWaiter], txn_id: str, deadline: float
+) -> SignalledWaiter | None:
     """Member 0's waiter once it is known to be written; None if it was not (then the
     transaction is rolled back by its id)."""
     try:
         first = waiters[0]
-        first.wait(producer, f"writing the first half message of txn {txn_id}",
-                   max(0.0, deadline - time.monotonic()))
+        first.wait(
+            producer,
+            f"writing the first half message of txn {txn_id}",
+            max(0.0, deadline - time.monotonic()),
+        )
     except (IndexError, RmqError):
         return None
     return first

@@ -12,8 +12,14 @@ from typing import Any
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Headers, Message
 
-__all__ = ["LocalTransactionState", "Transaction", "TransactionListener",
-           "TransactionSendResult", "as_listener", "as_state"]
+__all__ = [
+    "LocalTransactionState",
+    "Transaction",
+    "TransactionListener",
+    "TransactionSendResult",
+    "as_listener",
+    "as_state",
+]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -34,8 +40,9 @@ class TransactionListener:
     RocketMQ's names, ``executeLocalTransaction`` and ``checkLocalTransaction``, are
     aliases: a listener ported from Java that defines them instead is called by them."""
 
-    def execute_local_transaction(self, msg: Message | Transaction,
-                                  arg: Any) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: Any
+    ) -> LocalTransactionState:
         return _java_method(self, "executeLocalTransaction")(msg, arg)
 
     def check_local_transaction(self, msg: Message | Transaction) -> LocalTransactionState:
@@ -46,8 +53,9 @@ def _java_method(listener: object, name: str) -> Any:
     method = getattr(listener, name, None)
     if not callable(method):
         python = "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
-        raise NotImplementedError(f"{type(listener).__name__} implements neither {python} "
-                                  f"nor RocketMQ's {name}")
+        raise NotImplementedError(
+            f"{type(listener).__name__} implements neither {python} nor RocketMQ's {name}"
+        )
     return method
 
 
@@ -66,9 +74,11 @@ def as_listener(listener: Any) -> Any:
     """``listener`` as the producers call it: itself, or, for an object that has only
     RocketMQ's ``executeLocalTransaction`` (duck-typed, no TransactionListener base), one
     that calls RocketMQ's names."""
-    if listener is not None and not callable(getattr(listener, "execute_local_transaction",
-                                                     None)) \
-            and callable(getattr(listener, "executeLocalTransaction", None)):
+    if (
+        listener is not None
+        and not callable(getattr(listener, "execute_local_transaction", None))
+        and callable(getattr(listener, "executeLocalTransaction", None))
+    ):
         return _RocketMQNamed(listener)
     return listener
 
@@ -88,8 +98,9 @@ class TransactionSendResult:
 
 
 def _first(name: str) -> property:
-    return property(lambda self: getattr(self.messages[0], name),
-                    doc=f"The first message's ``{name}``.")
+    return property(
+        lambda self: getattr(self.messages[0], name), doc=f"The first message's ``{name}``."
+    )
 
 
 @dataclass(frozen=True)
@@ -129,16 +140,30 @@ class Transaction:
         return self.messages[0].user_headers()
 
 
-def as_state(value: Any, method: str, half_topic: str, partition: int, offset: int,
-              txn_id: str) -> LocalTransactionState:
+def as_state(
+    value: Any, method: str, half_topic: str, partition: int, offset: int, txn_id: str
+) -> LocalTransactionState:
     """The listener's answer; anything but a LocalTransactionState counts as UNKNOW and is
     logged (None, the documented "don't know", only at debug level)."""
     if isinstance(value, LocalTransactionState):
         return value
     if value is None:
-        log.debug("%s[%d]@%d txn=%s: %s returned None (counts as UNKNOW)", half_topic,
-                  partition, offset, txn_id, method)
+        log.debug(
+            "%s[%d]@%d txn=%s: %s returned None (counts as UNKNOW)",
+            half_topic,
+            partition,
+            offset,
+            txn_id,
+            method,
+        )
     else:
-        log.warning("%s[%d]@%d txn=%s: %s returned %r, not a LocalTransactionState (counts "
-                    "as UNKNOW)", half_topic, partition, offset, txn_id, method, value)
+        log.warning(
+            "%s[%d]@%d txn=%s: %s returned %r, not a LocalTransactionState (counts as UNKNOW)",
+            half_topic,
+            partition,
+            offset,
+            txn_id,
+            method,
+            value,
+        )
     return LocalTransactionState.UNKNOW

@@ -39,8 +39,13 @@ class UnsentHalves:
     """Transaction ids whose half write is in flight (queued, its caller has no delivery
     report yet) or was reported failed. Thread-safe: senders add, check threads ask."""
 
-    def __init__(self, *, keep_s: float = FAILED_KEEP_S, max_failed: int = FAILED_MAX,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        keep_s: float = FAILED_KEEP_S,
+        max_failed: int = FAILED_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._keep_s, self._max_failed, self._clock = keep_s, max_failed, clock
         self._lock = threading.Lock()
         # Each entry lives while its caller waits for a report (the send timeout at most).
@@ -101,17 +106,27 @@ class UnsentHalves:
             self._failed.popitem(last=False)
 
 
-def answer_check(unsent: UnsentHalves, half_topic: str,
-                 ask: Callable[[CheckRequest], LocalTransactionState],
-                 check: CheckRequest) -> LocalTransactionState:
+def answer_check(
+    unsent: UnsentHalves,
+    half_topic: str,
+    ask: Callable[[CheckRequest], LocalTransactionState],
+    check: CheckRequest,
+) -> LocalTransactionState:
     """``check``'s answer: the producer's own for a half it has not seen land, else
     ``ask(check)`` (the listener's)."""
     state = unsent.answer(check.txn_id)
     if state is None:
         return ask(check)
-    log.info("%s[%d]@%d txn=%s: check #%d answered %s without asking the listener: its half "
-             "write %s", half_topic, check.half_partition, check.half_offset, check.txn_id,
-             check.check_seq, state.value,
-             "is still in flight here" if state is LocalTransactionState.UNKNOW
-             else "was reported failed to the caller (its local transaction never ran)")
+    log.info(
+        "%s[%d]@%d txn=%s: check #%d answered %s without asking the listener: its half write %s",
+        half_topic,
+        check.half_partition,
+        check.half_offset,
+        check.txn_id,
+        check.check_seq,
+        state.value,
+        "is still in flight here"
+        if state is LocalTransactionState.UNKNOW
+        else "was reported failed to the caller (its local transaction never ran)",
+    )
     return state

@@ -55,10 +55,15 @@ _BROKER_KIND = "none"
 def pytest_report_header(config: pytest.Config) -> list[str]:
     protocol = f"user consumer groups: group.protocol={GROUP_PROTOCOL}"
     if os.environ.get("RMQ_BOOTSTRAP_SERVERS"):
-        return [f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}",
-                protocol]
-    return ["kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
-            "answers, else embedded Apache Kafka", protocol]
+        return [
+            f"kafka broker: existing cluster at {os.environ['RMQ_BOOTSTRAP_SERVERS']}",
+            protocol,
+        ]
+    return [
+        "kafka broker: testcontainers (the project's Kafka image) if a Docker engine "
+        "answers, else embedded Apache Kafka",
+        protocol,
+    ]
 
 
 def _announce(request: pytest.FixtureRequest, line: str) -> None:
@@ -83,14 +88,20 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
                 _announce(request, f"\nkafka broker: testcontainers ({image} at {bootstrap})")
                 yield Broker(bootstrap, "testcontainers")
             return
-        _announce(request, f"\nkafka broker: a Docker engine answers but no Kafka image: "
-                           f"{why_not}; using the embedded broker")
+        _announce(
+            request,
+            f"\nkafka broker: a Docker engine answers but no Kafka image: "
+            f"{why_not}; using the embedded broker",
+        )
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-kafka-"))
     embedded = EmbeddedKafka(data_dir, port=free_port(), version=version)
     try:
         embedded.start()
-        _announce(request, f"\nkafka broker: embedded Apache Kafka "
-                           f"{version or kafka_version()} at {embedded.bootstrap}")
+        _announce(
+            request,
+            f"\nkafka broker: embedded Apache Kafka "
+            f"{version or kafka_version()} at {embedded.bootstrap}",
+        )
         yield Broker(embedded.bootstrap, "embedded", embedded)
     finally:
         embedded.stop()

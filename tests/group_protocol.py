@@ -15,5 +15,7 @@ def group_conf(conf: dict) -> dict:
     """A user consumer's ``conf`` under this session's group protocol."""
     if GROUP_PROTOCOL == "classic":
         return conf
-    return {**{k: v for k, v in conf.items() if k not in CLASSIC_ONLY},
-            "group.protocol": GROUP_PROTOCOL}
+    return {
+        **{k: v for k, v in conf.items() if k not in CLASSIC_ONLY},
+        "group.protocol": GROUP_PROTOCOL,
+    }

@@ -74,8 +74,13 @@ def ensure_kafka_image(announce: Callable[[str], None] = print) -> tuple[str | N
     announce(f"\nkafka image {image} missing: building it (docker/images.sh kafka)")
     env = {**os.environ, "PYTHON": sys.executable, "RMQ_KAFKA_IMAGE": image}
     try:
-        proc = subprocess.run([str(REPO / "docker" / "images.sh"), "kafka"], env=env,
-                              capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        proc = subprocess.run(
+            [str(REPO / "docker" / "images.sh"), "kafka"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return None, f"building {image} took over {BUILD_TIMEOUT_S:.0f} s"
     if proc.returncode != 0:
@@ -88,8 +93,9 @@ def _await_ready(container, bootstrap: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     # Into Python logging (pytest shows it on failure), not a stderr line per refused
     # connection while the broker is still starting.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": log,
-                         "socket.connection.setup.timeout.ms": 2000})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "logger": log, "socket.connection.setup.timeout.ms": 2000}
+    )
     wrapped = container.get_wrapped_container()
     while time.monotonic() < deadline:
         wrapped.reload()
@@ -118,13 +124,18 @@ def kafka_container(image: str, network=None, alias: str = "kafka") -> Iterator[
     internal = alias if network is not None else "localhost"
     # Two listeners: the broker reaches itself (transaction verification) on PLAINTEXT inside
     # the container; the host's clients on HOST, advertised as the published loopback port.
-    container = (DockerContainer(image)
-                 .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093,HOST://:29092")
-                 .with_env("KAFKA_ADVERTISED_LISTENERS",
-                           f"PLAINTEXT://{internal}:9092,HOST://127.0.0.1:{port}")
-                 .with_env("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
-                           "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOST:PLAINTEXT")
-                 .with_envs(**BROKER_ENV))
+    container = (
+        DockerContainer(image)
+        .with_env("KAFKA_LISTENERS", "PLAINTEXT://:9092,CONTROLLER://:9093,HOST://:29092")
+        .with_env(
+            "KAFKA_ADVERTISED_LISTENERS", f"PLAINTEXT://{internal}:9092,HOST://127.0.0.1:{port}"
+        )
+        .with_env(
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,HOST:PLAINTEXT",
+        )
+        .with_envs(**BROKER_ENV)
+    )
     # Published on loopback only (docker-py's (host_ip, port) form; with_bind_ports would
     # publish on every interface). The port is chosen first: the broker advertises it.
     container.ports["29092/tcp"] = ("127.0.0.1", port)

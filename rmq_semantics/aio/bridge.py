@@ -26,8 +26,14 @@ from rmq_semantics.message import Message
 from rmq_semantics.producer import DeliveryWaiter
 from rmq_semantics.transaction_api import LocalTransactionState, Transaction
 
-__all__ = ["EXECUTOR_THREADS", "LoopDeliveryWaiter", "LoopListener", "call_listener",
-           "new_executor", "run_blocking"]
+__all__ = [
+    "EXECUTOR_THREADS",
+    "LoopDeliveryWaiter",
+    "LoopListener",
+    "call_listener",
+    "new_executor",
+    "run_blocking",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +48,14 @@ CHECK_GRACE_S = 5.0
 
 
 def new_executor(name: str, threads: int = EXECUTOR_THREADS) -> concurrent.futures.Executor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=threads,
-                                                 thread_name_prefix=f"rmq-aio-{name}")
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=threads, thread_name_prefix=f"rmq-aio-{name}"
+    )
 
 
-async def run_blocking(executor: concurrent.futures.Executor, fn: Callable[..., T],
-                       *args: Any) -> T:
+async def run_blocking(
+    executor: concurrent.futures.Executor, fn: Callable[..., T], *args: Any
+) -> T:
     """``fn(*args)`` on ``executor``, with the caller's context variables (a trace's span)."""
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     return await asyncio.get_running_loop().run_in_executor(executor, call)
@@ -85,16 +93,18 @@ class LoopDeliveryWaiter(DeliveryWaiter):
             try:
                 await self._future
             except TimeoutError:
-                raise RmqTimeoutError(f"{what}: no delivery report within {timeout:.1f} s") \
-                    from None
+                raise RmqTimeoutError(
+                    f"{what}: no delivery report within {timeout:.1f} s"
+                ) from None
             finally:
                 timer.cancel()
         if self.error is not None:
             raise KafkaOperationError.wrap(what, self.error)
 
 
-async def call_listener(method: Callable[..., Any], executor: concurrent.futures.Executor,
-                        *args: Any) -> tuple[Any, BaseException | None]:
+async def call_listener(
+    method: Callable[..., Any], executor: concurrent.futures.Executor, *args: Any
+) -> tuple[Any, BaseException | None]:
     """(answer, None) or (None, what it raised): an ``async def`` ``method`` is awaited on
     this loop, a plain one runs on ``executor`` (it may block on a database)."""
     try:
@@ -123,14 +133,16 @@ class LoopListener:
     def __init__(self, listener: Any, timeout_s: float) -> None:
         for method in ("execute_local_transaction", "check_local_transaction"):
             if listener is None or not callable(getattr(listener, method, None)):
-                raise ConfigError("listener must implement execute_local_transaction and "
-                                  "check_local_transaction")
+                raise ConfigError(
+                    "listener must implement execute_local_transaction and check_local_transaction"
+                )
         self.listener = listener
         self.timeout_s = timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def execute_local_transaction(self, msg: Message | Transaction,
-                                  arg: Any) -> LocalTransactionState:
+    def execute_local_transaction(
+        self, msg: Message | Transaction, arg: Any
+    ) -> LocalTransactionState:
         raise IllegalStateError("the asyncio producer runs execute_local_transaction itself")
 
     def check_local_transaction(self, msg: Message | Transaction) -> Any:
@@ -144,11 +156,15 @@ class LoopListener:
             future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         except RuntimeError as exc:  # the loop is closed
             coroutine.close()
-            raise IllegalStateError(f"an async check_local_transaction cannot be asked: the "
-                                    f"producer's event loop is not running ({exc})") from exc
+            raise IllegalStateError(
+                f"an async check_local_transaction cannot be asked: the "
+                f"producer's event loop is not running ({exc})"
+            ) from exc
         try:
             return future.result(self.timeout_s + CHECK_GRACE_S)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise RmqTimeoutError(f"check_local_transaction did not answer within "
-                                  f"{self.timeout_s + CHECK_GRACE_S:.0f} s") from None
+            raise RmqTimeoutError(
+                f"check_local_transaction did not answer within "
+                f"{self.timeout_s + CHECK_GRACE_S:.0f} s"
+            ) from None

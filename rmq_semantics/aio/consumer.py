@@ -44,15 +44,15 @@ class AsyncConsumer:
         # iterator prefetches a batch: a commit (or auto commit) would cover records the
         # application never saw. So offsets are stored here, as records are handed out.
         self._store_seen = isinstance(conf, Mapping) and str(
-            conf.get("enable.auto.offset.store", True)).lower() not in ("false", "0")
+            conf.get("enable.auto.offset.store", True)
+        ).lower() not in ("false", "0")
         if isinstance(conf, Mapping):
             conf = {**conf, "enable.auto.offset.store": False}
         self._sync = Consumer(conf, topic_prefix=topic_prefix)
         self.topic_prefix = self._sync.topic_prefix
         self._executor = new_executor("consumer", threads=1)
         # (record, handed out?) in offset order; the others the tag filter skipped.
-        self._buffer: collections.deque[tuple[confluent_kafka.Message, bool]] = \
-            collections.deque()
+        self._buffer: collections.deque[tuple[confluent_kafka.Message, bool]] = collections.deque()
         self._to_store: dict[tuple[str, int], int] = {}  # next offset of what was passed
         self._closed = False
 
@@ -60,8 +60,7 @@ class AsyncConsumer:
         if self._closed:
             raise IllegalStateError("AsyncConsumer is closed")
         stores = self._take_stores()
-        return await run_blocking(self._executor,
-                                  lambda: self._stored(stores, fn(*args, **kwargs)))
+        return await run_blocking(self._executor, lambda: self._stored(stores, fn(*args, **kwargs)))
 
     def _take_stores(self) -> dict[tuple[str, int], int]:
         stores, self._to_store = self._to_store, {}
@@ -72,8 +71,9 @@ class AsyncConsumer:
         (before ``result``'s call returns to the loop); returns ``result``."""
         if stores:
             try:
-                self._sync.store_offsets(offsets=[TopicPartition(t, p, offset)
-                                                  for (t, p), offset in stores.items()])
+                self._sync.store_offsets(
+                    offsets=[TopicPartition(t, p, offset) for (t, p), offset in stores.items()]
+                )
             except KafkaException as exc:  # e.g. revoked meanwhile: the new owner reads it
                 log.info("consumer: storing offsets %s: %s", stores, exc.args[0].str())
         return result
@@ -156,8 +156,11 @@ class AsyncConsumer:
         records of a system topic (assigned by hand through the raw client) are dropped."""
         sync = self._sync
         batch = sync._consumer.consume(CONSUME_BATCH, CONSUME_SLICE_S)
-        return [(msg, skipped is None) for msg in self._usable(batch)
-                if (skipped := sync._skipped(msg)) != "system"]
+        return [
+            (msg, skipped is None)
+            for msg in self._usable(batch)
+            if (skipped := sync._skipped(msg)) != "system"
+        ]
 
     @staticmethod
     def _usable(batch: list) -> list:

@@ -28,8 +28,13 @@ class AsyncProducer:
     read on the executor when the cache is stale. ``flush`` and ``close`` run there too.
     """
 
-    def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-                 executor: concurrent.futures.Executor | None = None) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
         self._sync = Producer(conf, topic_prefix=topic_prefix)
         self.topic_prefix = self._sync.topic_prefix
         self._own_executor = executor is None
@@ -42,20 +47,26 @@ class AsyncProducer:
         """The delivery thread, started on the first send (a thread start, not a wait)."""
         with self._poller_lock:
             if self._poller is None:
-                self._poller = DeliveryPoller(self._sync._producer,
-                                              "rmq-aio-delivery").start()
+                self._poller = DeliveryPoller(self._sync._producer, "rmq-aio-delivery").start()
 
-    async def send(self, msg: Message, selector: Any = None, arg: Any = None,
-                   sharding_key: bytes | str | None = None, *,
-                   timeout: float = SEND_TIMEOUT_S) -> SendResult:
+    async def send(
+        self,
+        msg: Message,
+        selector: Any = None,
+        arg: Any = None,
+        sharding_key: bytes | str | None = None,
+        *,
+        timeout: float = SEND_TIMEOUT_S,
+    ) -> SendResult:
         """Send ``msg`` and wait (without blocking the loop) for its acknowledgement."""
         if self._closed:
             raise IllegalStateError("AsyncProducer is closed")
         if selector is None and sharding_key is None:
             record = self._sync._record(msg, None, arg, None, timeout)  # no metadata needed
         else:
-            record = await run_blocking(self._executor, self._sync._record, msg, selector,
-                                        arg, sharding_key, timeout)
+            record = await run_blocking(
+                self._executor, self._sync._record, msg, selector, arg, sharding_key, timeout
+            )
         self._delivery_thread()
         waiter = LoopDeliveryWaiter(asyncio.get_running_loop())
         self._sync._producer.produce(msg.topic, msg.value, **record, on_delivery=waiter)

@@ -65,13 +65,20 @@ class AsyncTransactionProducer:
     cancelled after the half write leaves its transaction to the back-check.
     """
 
-    def __init__(self, conf: dict, *, producer_group: str, listener: TransactionListener,
-                 executor: concurrent.futures.Executor | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        producer_group: str,
+        listener: TransactionListener,
+        executor: concurrent.futures.Executor | None = None,
+        **options: Any,
+    ) -> None:
         self.listener = listener = as_listener(listener)
         self._checks_listener = LoopListener(listener, timeout_s=0.0)
-        self._core = TransactionProducer(conf, producer_group=producer_group,
-                                         listener=self._checks_listener, **options)
+        self._core = TransactionProducer(
+            conf, producer_group=producer_group, listener=self._checks_listener, **options
+        )
         self._checks_listener.timeout_s = self._core.settings.check_timeout_ms / 1000
         self._own_executor = executor is None
         self._executor = executor or new_executor(producer_group)
@@ -142,16 +149,19 @@ class AsyncTransactionProducer:
             raise IllegalStateError("AsyncTransactionProducer is shut down")
         if self._loop is None:
             raise IllegalStateError(
-                "AsyncTransactionProducer is not started (await start() or use 'async with')")
+                "AsyncTransactionProducer is not started (await start() or use 'async with')"
+            )
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            raise IllegalStateError("AsyncTransactionProducer was started on another event "
-                                    "loop; use it on that one")
+            raise IllegalStateError(
+                "AsyncTransactionProducer was started on another event loop; use it on that one"
+            )
         return loop
 
     # -- sending -------------------------------------------------------------------------
-    async def send_message_in_transaction(self, msg: Message,
-                                          arg: Any = None) -> TransactionSendResult:
+    async def send_message_in_transaction(
+        self, msg: Message, arg: Any = None
+    ) -> TransactionSendResult:
         """Write ``msg`` as a half message, run the local transaction, send its outcome.
 
         Raises as :meth:`TransactionProducer.send_message_in_transaction` does: the half
@@ -165,57 +175,76 @@ class AsyncTransactionProducer:
         with tracing.span("send transaction", msg.topic):
             # In flight until this coroutine has the report (a stalled loop included): the
             # producer answers its checks UNKNOW meanwhile, never the listener (issue 29).
-            with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER), \
-                    core._unsent.sending(txn_ids):
+            with (
+                tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER),
+                core._unsent.sending(txn_ids),
+            ):
                 [(txn_id, waiter)] = write_halves(
-                    producer, core.topics.half, core.producer_group,
-                    tracing.traced_messages([msg]), txn_ids,
-                    functools.partial(LoopDeliveryWaiter, loop), core._checks.affinity())
+                    producer,
+                    core.topics.half,
+                    core.producer_group,
+                    tracing.traced_messages([msg]),
+                    txn_ids,
+                    functools.partial(LoopDeliveryWaiter, loop),
+                    core._checks.affinity(),
+                )
                 tracing.name_transaction(txn_id)
                 try:
-                    await waiter.delivered_within(f"writing the half message of txn {txn_id}",
-                                                  core._send_timeout_s + DELIVERY_GRACE_S)
+                    await waiter.delivered_within(
+                        f"writing the half message of txn {txn_id}",
+                        core._send_timeout_s + DELIVERY_GRACE_S,
+                    )
                 except RmqError as exc:  # never promoted, should it land anyway
                     core._unsent.failed(txn_id)
-                    await run_blocking(self._executor, roll_back_unwritten, producer,
-                                       core.topics.op, core.producer_group, txn_id,
-                                       waiter.partition, core._half_partitions_now, exc)
+                    await run_blocking(
+                        self._executor,
+                        roll_back_unwritten,
+                        producer,
+                        core.topics.op,
+                        core.producer_group,
+                        txn_id,
+                        waiter.partition,
+                        core._half_partitions_now,
+                        exc,
+                    )
                     raise
                 core._unsent.landed(txn_id)
-            result, state = await self._execute_local(listener_message(msg, txn_id), arg,
-                                                      waiter)
+            result, state = await self._execute_local(listener_message(msg, txn_id), arg, waiter)
             core._end_inline(result, state, producer)
         return result
 
-    async def send_transaction(self, messages: Sequence[Message],
-                               arg: Any = None) -> TransactionSendResult:
+    async def send_transaction(
+        self, messages: Sequence[Message], arg: Any = None
+    ) -> TransactionSendResult:
         """Send ``messages`` (any topics) as ONE transaction: all promoted or none; as
         :meth:`TransactionProducer.send_transaction`, with the same bounds and errors."""
         loop = self._require_started()
         core = self._core
         msgs, [txn_id] = list(messages), new_txn_ids(1)
-        with tracing.span("send transaction", core.topics.half, "send", txn_id,
-                          messages=len(msgs)):
+        with tracing.span("send transaction", core.topics.half, "send", txn_id, messages=len(msgs)):
             with tracing.span("send half", core.topics.half, kind=SpanKind.PRODUCER):
                 waiters = await self._write_members(loop, msgs, txn_id)
-            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs),
-                               len(msgs))
+            view = Transaction(txn_id, tuple(listener_message(m, txn_id) for m in msgs), len(msgs))
             result, state = await self._execute_local(view, arg, waiters[0], len(msgs))
             core._end_inline(result, state, core._call_producer())
         return result
 
-    async def _write_members(self, loop: asyncio.AbstractEventLoop, msgs: list[Message],
-                             txn_id: str) -> list[LoopDeliveryWaiter]:
+    async def _write_members(
+        self, loop: asyncio.AbstractEventLoop, msgs: list[Message], txn_id: str
+    ) -> list[LoopDeliveryWaiter]:
         """Write every member and await them; if one was not written, ROLLBACK what was
         (named by member 0) and raise, as the synchronous producer does."""
         core = self._core
         tracing.name_transaction(txn_id)
-        headers = member_headers(tracing.traced_messages(msgs), txn_id,
-                                 core.producer_group.encode(),
-                                 str(int(time.time() * 1000)).encode(),
-                                 max_messages=core.settings.max_transaction_messages,
-                                 max_bytes=core.settings.max_transaction_bytes,
-                                 affinity=core._checks.affinity())
+        headers = member_headers(
+            tracing.traced_messages(msgs),
+            txn_id,
+            core.producer_group.encode(),
+            str(int(time.time() * 1000)).encode(),
+            max_messages=core.settings.max_transaction_messages,
+            max_bytes=core.settings.max_transaction_bytes,
+            affinity=core._checks.affinity(),
+        )
         half_partitions = await run_blocking(self._executor, self._half_partitions, msgs)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = core._call_producer()
@@ -223,18 +252,34 @@ class AsyncTransactionProducer:
         deadline = time.monotonic() + core._send_timeout_s  # for all the members together
         with core._unsent.sending([txn_id]):
             try:
-                write_members(producer, core.topics.half, partition, msgs, headers, waiters,
-                              functools.partial(LoopDeliveryWaiter, loop))
+                write_members(
+                    producer,
+                    core.topics.half,
+                    partition,
+                    msgs,
+                    headers,
+                    waiters,
+                    functools.partial(LoopDeliveryWaiter, loop),
+                )
                 for index, waiter in enumerate(waiters):
                     await waiter.delivered_within(
                         f"writing the half message {index} of {len(waiters)} of txn {txn_id}",
-                        deadline - time.monotonic())
+                        deadline - time.monotonic(),
+                    )
             except (RmqError, BufferError) as exc:
                 core._unsent.failed(txn_id)
                 if waiters:  # else nothing was queued: nothing can land
                     first = await _first_written(waiters, txn_id, deadline)
-                    await run_blocking(self._executor, core._roll_back_written, txn_id, first,
-                                       len(msgs), producer, partition, exc)
+                    await run_blocking(
+                        self._executor,
+                        core._roll_back_written,
+                        txn_id,
+                        first,
+                        len(msgs),
+                        producer,
+                        partition,
+                        exc,
+                    )
                 raise
             core._unsent.landed(txn_id)
         return waiters
@@ -250,25 +295,44 @@ class AsyncTransactionProducer:
 
     def _half_partitions(self, msgs: list[Message]) -> list[int]:
         """Validate ``msgs`` and read the half topic's partitions (metadata: may block)."""
-        return self._core._validate(msgs).partitions(self._core.topics.half,
-                                                     self._core._send_timeout_s)
+        return self._core._validate(msgs).partitions(
+            self._core.topics.half, self._core._send_timeout_s
+        )
 
-    async def _execute_local(self, view: Message | Transaction, arg: Any,
-                             waiter: LoopDeliveryWaiter, message_count: int = 1,
-                             ) -> tuple[TransactionSendResult, LocalTransactionState]:
+    async def _execute_local(
+        self,
+        view: Message | Transaction,
+        arg: Any,
+        waiter: LoopDeliveryWaiter,
+        message_count: int = 1,
+    ) -> tuple[TransactionSendResult, LocalTransactionState]:
         with tracing.span("local transaction", view.topic, "process", view.transaction_id):
-            answer, error = await call_listener(self.listener.execute_local_transaction,
-                                                self._executor, view, arg)
-        return local_outcome(view, answer, error, waiter, self._core.producer_group,
-                             self._core.topics.half, message_count)
+            answer, error = await call_listener(
+                self.listener.execute_local_transaction, self._executor, view, arg
+            )
+        return local_outcome(
+            view,
+            answer,
+            error,
+            waiter,
+            self._core.producer_group,
+            self._core.topics.half,
+            message_count,
+        )
 
-    async def end_transaction(self, result: TransactionSendResult,
-                              state: LocalTransactionState, *,
-                              timeout: float | None = None) -> None:
+    async def end_transaction(
+        self,
+        result: TransactionSendResult,
+        state: LocalTransactionState,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Send ``state`` for a transaction (e.g. one left UNKNOW) and wait for the ack."""
         self._require_started()
-        await run_blocking(self._executor, functools.partial(
-            self._core.end_transaction, result, state, timeout=timeout))
+        await run_blocking(
+            self._executor,
+            functools.partial(self._core.end_transaction, result, state, timeout=timeout),
+        )
 
     async def flush(self, timeout: float = SEND_TIMEOUT_S) -> int:
         """Wait for queued end requests; returns how many are still queued."""
@@ -297,14 +361,16 @@ class AsyncTransactionProducer:
         return self._core.failed_send_ids_dropped
 
 
-async def _first_written(waiters: list[LoopDeliveryWaiter], txn_id: str,
-                         deadline: float) -> LoopDeliveryWaiter | None:
+async def _first_written(
+    waiters: list[LoopDeliveryWaiter], txn_id: str, deadline: float
+) -> LoopDeliveryWaiter | None:
     """Member 0's waiter once it is known to be written (until ``deadline``); None if not
     (then the transaction is rolled back by its id)."""
     try:
         first = waiters[0]
-        await first.delivered_within(f"writing the first half message of txn {txn_id}",
-                                     deadline - time.monotonic())
+        await first.delivered_within(
+            f"writing the first half message of txn {txn_id}", deadline - time.monotonic()
+        )
     except (IndexError, RmqError):
         return None
     return first

@@ -44,16 +44,14 @@ class AsyncTransactionBarrier(BarrierRules):
                 await cursor.execute(sql)
 
     @asynccontextmanager
-    async def local_transaction(self, conn: Any,
-                                msg: Message) -> AsyncIterator[BarrierTransaction]:
+    async def local_transaction(self, conn: Any, msg: Message) -> AsyncIterator[BarrierTransaction]:
         """``async with``: as :meth:`TransactionBarrier.local_transaction` (the barrier row
         first, :class:`BarrierRollback` before the body when a check decided ROLLBACK)."""
         dialect = async_dialect_of(conn)
         txn = BarrierTransaction(transaction_id(msg))
         try:
             async with dialect.transaction(conn) as cursor:
-                if not await dialect.insert_ignore(cursor, self.table, txn.gid,
-                                                   REASON_COMMITTED):
+                if not await dialect.insert_ignore(cursor, self.table, txn.gid, REASON_COMMITTED):
                     self._refuse(await dialect.reason(cursor, self.table, txn.gid), txn.gid)
                 txn.cursor = cursor
                 txn.state = LocalTransactionState.ROLLBACK_MESSAGE  # until the body returns
@@ -80,8 +78,9 @@ class AsyncTransactionBarrier(BarrierRules):
                 return self._gave_up(gid)
         return answer_of(reason)
 
-    async def _decide(self, dialect: AsyncDialect, conn: Any, gid: str,
-                      wait_s: float) -> str | None:
+    async def _decide(
+        self, dialect: AsyncDialect, conn: Any, gid: str, wait_s: float
+    ) -> str | None:
         async with dialect.transaction(conn, wait_s=wait_s) as cursor:
             await dialect.insert_ignore(cursor, self.table, gid, REASON_ROLLBACK)
             return await dialect.reason(cursor, self.table, gid)
@@ -110,9 +109,13 @@ class AsyncBarrierTransactionListener:
     answers as the synchronous listener's does.
     """
 
-    def __init__(self, barrier: AsyncTransactionBarrier, *,
-                 connection: Callable[[], AbstractAsyncContextManager[Any]],
-                 business: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        barrier: AsyncTransactionBarrier,
+        *,
+        connection: Callable[[], AbstractAsyncContextManager[Any]],
+        business: Callable[..., Any],
+    ) -> None:
         if not isinstance(barrier, AsyncTransactionBarrier):
             raise ConfigError(f"barrier must be an AsyncTransactionBarrier, got {barrier!r}")
         if not callable(connection) or not callable(business):
@@ -125,8 +128,7 @@ class AsyncBarrierTransactionListener:
         txn: BarrierTransaction | None = None
         answer: LocalTransactionState | None = None
         try:
-            async with self._connection() as conn, \
-                    self.barrier.local_transaction(conn, msg) as txn:
+            async with self._connection() as conn, self.barrier.local_transaction(conn, msg) as txn:
                 answer = await _awaited(self._business(txn.cursor, msg, arg))
                 if answer is LocalTransactionState.ROLLBACK_MESSAGE:
                     txn.set_rollback_only()

@@ -23,9 +23,17 @@ from rmq_semantics.errors import BarrierRollback, ConfigError, IllegalStateError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState
 
-__all__ = ["DEFAULT_TABLE", "LOCK_TIMEOUT_S", "BarrierRules", "BarrierTransaction",
-           "RollbackRequested", "TransactionBarrier", "answer_of", "purge_seconds",
-           "transaction_id"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "LOCK_TIMEOUT_S",
+    "BarrierRules",
+    "BarrierTransaction",
+    "RollbackRequested",
+    "TransactionBarrier",
+    "answer_of",
+    "purge_seconds",
+    "transaction_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +71,19 @@ def transaction_id(msg: Message) -> str:
     """The barrier's gid: the transaction id the producer gives its listener's messages."""
     gid = getattr(msg, "transaction_id", None)
     if not isinstance(gid, str) or not gid:
-        raise ConfigError(f"the barrier needs msg.transaction_id (set on the messages a "
-                          f"TransactionProducer hands its listener), got {gid!r}")
+        raise ConfigError(
+            f"the barrier needs msg.transaction_id (set on the messages a "
+            f"TransactionProducer hands its listener), got {gid!r}"
+        )
     return gid
 
 
 def purge_seconds(older_than: object) -> float:
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise ConfigError(f"older_than must be a positive timedelta or number of seconds, "
-                          f"got {older_than!r}")
+        raise ConfigError(
+            f"older_than must be a positive timedelta or number of seconds, got {older_than!r}"
+        )
     return float(seconds)
 
 
@@ -85,11 +96,19 @@ class BarrierRules:
     called when a check finds one (the count is :attr:`waited_checks`).
     """
 
-    def __init__(self, *, table: str = DEFAULT_TABLE, lock_timeout_s: float = LOCK_TIMEOUT_S,
-                 on_wait: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        table: str = DEFAULT_TABLE,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
         self.table = validate_table(table)
-        if isinstance(lock_timeout_s, bool) or not isinstance(lock_timeout_s, (int, float)) \
-                or lock_timeout_s <= 0:
+        if (
+            isinstance(lock_timeout_s, bool)
+            or not isinstance(lock_timeout_s, (int, float))
+            or lock_timeout_s <= 0
+        ):
             raise ConfigError(f"lock_timeout_s must be a positive number, got {lock_timeout_s!r}")
         self.lock_timeout_s = float(lock_timeout_s)
         self._on_wait = on_wait
@@ -109,15 +128,23 @@ class BarrierRules:
 
     def _refuse(self, reason: str | None, gid: str) -> None:
         if reason == REASON_COMMITTED:
-            raise IllegalStateError(f"txn={gid}: its local transaction already ran and "
-                                    f"committed (barrier table {self.table})")
-        raise BarrierRollback(f"txn={gid}: a back-check decided ROLLBACK before the local "
-                              f"transaction began (barrier table {self.table}); its body "
-                              f"was not run")
+            raise IllegalStateError(
+                f"txn={gid}: its local transaction already ran and "
+                f"committed (barrier table {self.table})"
+            )
+        raise BarrierRollback(
+            f"txn={gid}: a back-check decided ROLLBACK before the local "
+            f"transaction began (barrier table {self.table}); its body "
+            f"was not run"
+        )
 
     def _gave_up(self, gid: str) -> LocalTransactionState:
-        log.info("txn=%s: its local transaction still holds the barrier after %.1f s; "
-                 "answering UNKNOW (the coordinator checks again)", gid, self.lock_timeout_s)
+        log.info(
+            "txn=%s: its local transaction still holds the barrier after %.1f s; "
+            "answering UNKNOW (the coordinator checks again)",
+            gid,
+            self.lock_timeout_s,
+        )
         return LocalTransactionState.UNKNOW
 
 

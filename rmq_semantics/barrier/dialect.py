@@ -24,8 +24,10 @@ def validate_table(table: object) -> str:
     """A plain or schema-qualified SQL identifier (it is formatted into the SQL, so no
     quoting games)."""
     if not isinstance(table, str) or not _TABLE.fullmatch(table):
-        raise ConfigError(f"table must be an SQL identifier such as 'rmq_barrier' or "
-                          f"'myschema.rmq_barrier', got {table!r}")
+        raise ConfigError(
+            f"table must be an SQL identifier such as 'rmq_barrier' or "
+            f"'myschema.rmq_barrier', got {table!r}"
+        )
     return table
 
 
@@ -55,8 +57,7 @@ class Dialect:
     def purge_sql(self, table: str) -> str:
         raise NotImplementedError
 
-    def transaction(self, conn: Any, wait_s: float | None = None
-                    ) -> AbstractContextManager[Any]:
+    def transaction(self, conn: Any, wait_s: float | None = None) -> AbstractContextManager[Any]:
         """A transaction on ``conn`` yielding a cursor: committed when the block ends,
         rolled back when it raises. With ``wait_s`` (a back-check) a lock wait longer than
         that raises RmqTimeoutError."""
@@ -69,8 +70,10 @@ class Dialect:
 
     def reason_sql(self, table: str) -> str:
         p = self.param
-        return (f"SELECT reason FROM {table} WHERE gid = {p} AND branch_id = {p} "
-                f"AND op = {p} AND barrier_id = {p}")
+        return (
+            f"SELECT reason FROM {table} WHERE gid = {p} AND branch_id = {p} "
+            f"AND op = {p} AND barrier_id = {p}"
+        )
 
     def reason(self, cursor: Any, table: str, gid: str) -> str | None:
         cursor.execute(self.reason_sql(table), (gid, *KEY))
@@ -86,8 +89,9 @@ class AsyncDialect:
         self.sql = sql
         self.name = sql.name
 
-    def transaction(self, conn: Any, wait_s: float | None = None
-                    ) -> AbstractAsyncContextManager[Any]:
+    def transaction(
+        self, conn: Any, wait_s: float | None = None
+    ) -> AbstractAsyncContextManager[Any]:
         """As :meth:`Dialect.transaction`, awaited."""
         raise NotImplementedError
 
@@ -111,13 +115,14 @@ def async_dialect_of(conn: object) -> AsyncDialect:
         from rmq_semantics.barrier.sqlite import ASYNC_SQLITE
 
         return ASYNC_SQLITE
-    if _from(conn, "psycopg") and any(c.__name__ == "AsyncConnection"
-                                      for c in type(conn).__mro__):
+    if _from(conn, "psycopg") and any(c.__name__ == "AsyncConnection" for c in type(conn).__mro__):
         from rmq_semantics.barrier.postgres import ASYNC_POSTGRES
 
         return ASYNC_POSTGRES
-    raise ConfigError(f"the async barrier needs an aiosqlite or psycopg (3) AsyncConnection, "
-                      f"got {type(conn).__module__}.{type(conn).__name__}")
+    raise ConfigError(
+        f"the async barrier needs an aiosqlite or psycopg (3) AsyncConnection, "
+        f"got {type(conn).__module__}.{type(conn).__name__}"
+    )
 
 
 def dialect_of(conn: object) -> Dialect:
@@ -126,13 +131,14 @@ def dialect_of(conn: object) -> Dialect:
         from rmq_semantics.barrier.sqlite import SQLITE
 
         return SQLITE
-    if _from(conn, "psycopg") and not any(c.__name__ == "AsyncConnection"
-                                          for c in type(conn).__mro__):
+    if _from(conn, "psycopg") and not any(
+        c.__name__ == "AsyncConnection" for c in type(conn).__mro__
+    ):
         from rmq_semantics.barrier.postgres import POSTGRES
 
         return POSTGRES
-    raise ConfigError(f"the barrier needs a sqlite3 or psycopg (3) connection, got "
-                      f"{type(conn).__module__}.{type(conn).__name__} (an asyncio "
-                      f"connection goes to AsyncTransactionBarrier)")
-
-
+    raise ConfigError(
+        f"the barrier needs a sqlite3 or psycopg (3) connection, got "
+        f"{type(conn).__module__}.{type(conn).__name__} (an asyncio "
+        f"connection goes to AsyncTransactionBarrier)"
+    )

@@ -30,17 +30,17 @@ def failed(txn: BarrierTransaction | None, msg: Message) -> LocalTransactionStat
     """Called in the handler of what the local transaction raised (before the body, in it,
     or in the commit): the barrier row's outcome, which the check answers from too."""
     state = txn.state if txn is not None else LocalTransactionState.UNKNOW
-    log.exception("txn=%s: local transaction failed (answering %s)", msg.transaction_id,
-                  state.name)
+    log.exception("txn=%s: local transaction failed (answering %s)", msg.transaction_id, state.name)
     return state
 
 
-def answered(txn: BarrierTransaction, answer: LocalTransactionState | None,
-             ) -> LocalTransactionState:
+def answered(
+    txn: BarrierTransaction,
+    answer: LocalTransactionState | None,
+) -> LocalTransactionState:
     """The business answered ``answer`` and the block ended: UNKNOW stays UNKNOW (committed,
     left to the check), else the outcome of the block."""
-    return LocalTransactionState.UNKNOW if answer is LocalTransactionState.UNKNOW \
-        else txn.state
+    return LocalTransactionState.UNKNOW if answer is LocalTransactionState.UNKNOW else txn.state
 
 
 class BarrierTransactionListener(TransactionListener):
@@ -54,8 +54,9 @@ class BarrierTransactionListener(TransactionListener):
     first makes the answer ROLLBACK_MESSAGE without running ``business``.
     """
 
-    def __init__(self, barrier: TransactionBarrier, *, connect: Callable[[], Any],
-                 business: Business) -> None:
+    def __init__(
+        self, barrier: TransactionBarrier, *, connect: Callable[[], Any], business: Business
+    ) -> None:
         if not isinstance(barrier, TransactionBarrier):
             raise ConfigError(f"barrier must be a TransactionBarrier, got {barrier!r}")
         if not callable(connect) or not callable(business):

@@ -30,18 +30,21 @@ class PostgresDialect(Dialect):
         return f"CREATE INDEX IF NOT EXISTS {index} ON {table} (created_at)"
 
     def insert_ignore_sql(self, table: str) -> str:
-        return (f"INSERT INTO {table} (gid, branch_id, op, barrier_id, reason) "
-                f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING")
+        return (
+            f"INSERT INTO {table} (gid, branch_id, op, barrier_id, reason) "
+            f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        )
 
     def purge_sql(self, table: str) -> str:
         return f"DELETE FROM {table} WHERE created_at < now() - make_interval(secs => %s)"
 
     @contextmanager
-    def transaction(self, conn: psycopg.Connection,
-                    wait_s: float | None = None) -> Iterator[Any]:
+    def transaction(self, conn: psycopg.Connection, wait_s: float | None = None) -> Iterator[Any]:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise IllegalStateError("the barrier needs a connection with no transaction "
-                                    "open (commit or roll back first)")
+            raise IllegalStateError(
+                "the barrier needs a connection with no transaction "
+                "open (commit or roll back first)"
+            )
         try:
             # transaction() begins and commits whether or not the connection autocommits.
             with conn.transaction(), conn.cursor() as cursor:
@@ -49,8 +52,10 @@ class PostgresDialect(Dialect):
                     # A check reads what committed since its insert waited: a fresh snapshot
                     # per statement, whatever the connection's default isolation.
                     cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    cursor.execute("SELECT set_config('lock_timeout', %s, true)",
-                                   (f"{max(1, round(wait_s * 1000))}ms",))
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{max(1, round(wait_s * 1000))}ms",),
+                    )
                 yield cursor
         except pg_errors.LockNotAvailable as exc:
             if wait_s is None:
@@ -65,17 +70,22 @@ class AsyncPostgresDialect(AsyncDialect):
     """The same on psycopg's AsyncConnection: the server waits for the lock, the loop runs."""
 
     @asynccontextmanager
-    async def transaction(self, conn: psycopg.AsyncConnection,
-                          wait_s: float | None = None) -> AsyncIterator[Any]:
+    async def transaction(
+        self, conn: psycopg.AsyncConnection, wait_s: float | None = None
+    ) -> AsyncIterator[Any]:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise IllegalStateError("the barrier needs a connection with no transaction "
-                                    "open (commit or roll back first)")
+            raise IllegalStateError(
+                "the barrier needs a connection with no transaction "
+                "open (commit or roll back first)"
+            )
         try:
             async with conn.transaction(), conn.cursor() as cursor:
                 if wait_s is not None:  # as the synchronous dialect's check
                     await cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    await cursor.execute("SELECT set_config('lock_timeout', %s, true)",
-                                         (f"{max(1, round(wait_s * 1000))}ms",))
+                    await cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{max(1, round(wait_s * 1000))}ms",),
+                    )
                 yield cursor
         except pg_errors.LockNotAvailable as exc:
             if wait_s is None:

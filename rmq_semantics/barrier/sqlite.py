@@ -30,8 +30,9 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     param = "?"
     # Unix seconds from SQLite's own clock, so purge needs no agreement on time zones.
-    created_at_column = ("created_at INTEGER NOT NULL DEFAULT "
-                         "(CAST(strftime('%s', 'now') AS INTEGER))")
+    created_at_column = (
+        "created_at INTEGER NOT NULL DEFAULT (CAST(strftime('%s', 'now') AS INTEGER))"
+    )
 
     def index_sql(self, schema: str, index: str, table: str) -> str:
         name = table.rpartition(".")[2]
@@ -39,19 +40,23 @@ class SqliteDialect(Dialect):
         return f"CREATE INDEX IF NOT EXISTS {qualified} ON {name} (created_at)"
 
     def insert_ignore_sql(self, table: str) -> str:
-        return (f"INSERT OR IGNORE INTO {table} (gid, branch_id, op, barrier_id, reason) "
-                f"VALUES (?, ?, ?, ?, ?)")
+        return (
+            f"INSERT OR IGNORE INTO {table} (gid, branch_id, op, barrier_id, reason) "
+            f"VALUES (?, ?, ?, ?, ?)"
+        )
 
     def purge_sql(self, table: str) -> str:
-        return (f"DELETE FROM {table} "
-                f"WHERE created_at < CAST(strftime('%s', 'now') AS INTEGER) - ?")
+        return f"DELETE FROM {table} WHERE created_at < CAST(strftime('%s', 'now') AS INTEGER) - ?"
 
     @contextmanager
-    def transaction(self, conn: sqlite3.Connection,
-                    wait_s: float | None = None) -> Iterator[sqlite3.Cursor]:
+    def transaction(
+        self, conn: sqlite3.Connection, wait_s: float | None = None
+    ) -> Iterator[sqlite3.Cursor]:
         if conn.in_transaction:
-            raise IllegalStateError("the barrier needs a connection with no transaction "
-                                    "open (commit or roll back first)")
+            raise IllegalStateError(
+                "the barrier needs a connection with no transaction "
+                "open (commit or roll back first)"
+            )
         previous = None
         if wait_s is not None:
             previous = conn.execute("PRAGMA busy_timeout").fetchone()[0]
@@ -85,8 +90,10 @@ class AsyncSqliteDialect(AsyncDialect):
     @asynccontextmanager
     async def transaction(self, conn: Any, wait_s: float | None = None) -> AsyncIterator[Any]:
         if conn.in_transaction:
-            raise IllegalStateError("the barrier needs a connection with no transaction "
-                                    "open (commit or roll back first)")
+            raise IllegalStateError(
+                "the barrier needs a connection with no transaction "
+                "open (commit or roll back first)"
+            )
         previous = None
         if wait_s is not None:
             async with conn.execute("PRAGMA busy_timeout") as cursor:

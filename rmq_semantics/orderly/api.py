@@ -66,8 +66,9 @@ class ConsumeOrderlyContext:
     mode only: in key mode the commit point is a watermark across keys.
     """
 
-    def __init__(self, topic: str, partition: int, lock_epoch: int = 0, *,
-                 key_mode: bool = False) -> None:
+    def __init__(
+        self, topic: str, partition: int, lock_epoch: int = 0, *, key_mode: bool = False
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.lock_epoch = lock_epoch
@@ -85,8 +86,10 @@ class ConsumeOrderlyContext:
         if not isinstance(value, bool):
             raise ConfigError(f"auto_commit must be a bool, got {value!r}")
         if not value and self._key_mode:
-            raise ConfigError("auto_commit=False needs ordering='partition': with "
-                              "ordering='key' the commit point is a watermark across keys")
+            raise ConfigError(
+                "auto_commit=False needs ordering='partition': with "
+                "ordering='key' the commit point is a watermark across keys"
+            )
         self._auto_commit = value
 
     # RocketMQ's spellings, so a ported listener runs unchanged.
@@ -106,14 +109,18 @@ class ConsumeOrderlyContext:
     def suspend_ms(self, value: int) -> None:
         # 0 would hand the same batch straight back to the listener: a hot retry loop.
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"suspend_ms must be an int > 0 (milliseconds before the "
-                              f"suspended batch is retried), got {value!r}")
+            raise ConfigError(
+                f"suspend_ms must be an int > 0 (milliseconds before the "
+                f"suspended batch is retried), got {value!r}"
+            )
         self._suspend_ms = value
 
     def __repr__(self) -> str:
-        return (f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
-                f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
-                f"auto_commit={self._auto_commit})")
+        return (
+            f"ConsumeOrderlyContext(topic={self.topic!r}, partition={self.partition}, "
+            f"lock_epoch={self.lock_epoch}, suspend_ms={self._suspend_ms}, "
+            f"auto_commit={self._auto_commit})"
+        )
 
 
 class MessageListenerOrderly:
@@ -121,8 +128,9 @@ class MessageListenerOrderly:
     and so does RocketMQ's name ``consumeMessage`` (a listener ported from Java, with or
     without this base class)."""
 
-    def consume_message(self, msgs: list[OrderlyMessage],
-                        context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+    def consume_message(
+        self, msgs: list[OrderlyMessage], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
         """Process ``msgs`` (one partition, offset order); return SUCCESS or SUSPEND."""
         raise NotImplementedError
 
@@ -139,13 +147,15 @@ def listener_callable(listener: object, base: type, returns: str) -> Callable[..
     for name in LISTENER_METHODS:
         method = getattr(listener, name, None)
         if callable(method) and getattr(type(listener), name, None) is not getattr(
-                base, name, None):
+            base, name, None
+        ):
             return method
     if callable(listener) and not isinstance(listener, base):
         return listener
     raise ConfigError(
         f"listener must implement consume_message(msgs, context) (or RocketMQ's "
-        f"consumeMessage) returning {returns}, or be such a callable; got {listener!r}")
+        f"consumeMessage) returning {returns}, or be such a callable; got {listener!r}"
+    )
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -189,8 +199,16 @@ class OrderlyMessage:
         return self.timestamp
 
     def _fields(self) -> tuple:
-        return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,
-                self.timestamp, self.reconsume_times)
+        return (
+            self.topic,
+            self.partition,
+            self.offset,
+            self.key,
+            self.value,
+            self.headers,
+            self.timestamp,
+            self.reconsume_times,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, OrderlyMessage):
@@ -201,8 +219,10 @@ class OrderlyMessage:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return ("OrderlyMessage(topic={!r}, partition={!r}, offset={!r}, key={!r}, value={!r}, "
-                "headers={!r}, timestamp={!r}, reconsume_times={!r})".format(*self._fields()))
+        return (
+            "OrderlyMessage(topic={!r}, partition={!r}, offset={!r}, key={!r}, value={!r}, "
+            "headers={!r}, timestamp={!r}, reconsume_times={!r})".format(*self._fields())
+        )
 
     def __reduce__(self) -> tuple:
         return OrderlyMessage, self._fields()

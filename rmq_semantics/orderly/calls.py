@@ -32,8 +32,12 @@ class ConsumerCalls:
         self._lock = threading.Lock()
         self._closed = False
 
-    def submit(self, fn: Callable[[confluent_kafka.Consumer], Any], what: str,
-               timeout: float = COMMIT_TIMEOUT_S) -> Any:
+    def submit(
+        self,
+        fn: Callable[[confluent_kafka.Consumer], Any],
+        what: str,
+        timeout: float = COMMIT_TIMEOUT_S,
+    ) -> Any:
         """Run ``fn(consumer)`` on the poll thread (at once if we are on it) and return its
         result; raises what it raised, or RmqTimeoutError."""
         consumer = self.consumer
@@ -51,8 +55,9 @@ class ConsumerCalls:
             error = future.exception(timeout + POLL_WAIT_S)
         except FutureTimeout:
             future.cancel()  # skipped if the poll thread has not started it
-            raise RmqTimeoutError(f"{what}: the poll thread did not run it within "
-                                  f"{timeout:.0f} s") from None
+            raise RmqTimeoutError(
+                f"{what}: the poll thread did not run it within {timeout:.0f} s"
+            ) from None
         if error is not None:
             raise error
         return future.result()

@@ -51,8 +51,13 @@ def _epoch_of(metadata: str | None) -> int:
 class Commits:
     """The commit side of every queue: record processed offsets, send, book the outcome."""
 
-    def __init__(self, client_id: str, queues: QueueRegistry, calls: ConsumerCalls,
-                 user_on_commit: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        queues: QueueRegistry,
+        calls: ConsumerCalls,
+        user_on_commit: Callable[..., Any] | None = None,
+    ) -> None:
         self.client_id = client_id
         self._queues = queues
         self._calls = calls
@@ -101,22 +106,33 @@ class Commits:
         if not batch:
             return
         self._next_round = now + COMMIT_INTERVAL_S
-        tps = [TopicPartition(q.tp[0], q.tp[1], offset, metadata=self._metadata(epoch, done))
-               for q, offset, epoch, done in batch]
+        tps = [
+            TopicPartition(q.tp[0], q.tp[1], offset, metadata=self._metadata(epoch, done))
+            for q, offset, epoch, done in batch
+        ]
         try:
             consumer.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
-            log.warning("orderly consumer %s: commit not sent (%s); retrying", self.client_id,
-                        exc.args[0].str())
+            log.warning(
+                "orderly consumer %s: commit not sent (%s); retrying",
+                self.client_id,
+                exc.args[0].str(),
+            )
             self._retry_at = time.monotonic() + WAIT_SLICE_S
             return
         for q, offset, epoch, done in batch:
             with q.cv:
                 q.state.commit_sent, q.state.sent_done = offset, done
             if log.isEnabledFor(logging.DEBUG):  # sent under a lease checked just above
-                log.debug("commit sent %s@%d epoch=%d", q.where, offset, epoch,
-                          extra=event("commit_sent", topic=q.tp[0], partition=q.tp[1],
-                                      offset=offset, epoch=epoch))
+                log.debug(
+                    "commit sent %s@%d epoch=%d",
+                    q.where,
+                    offset,
+                    epoch,
+                    extra=event(
+                        "commit_sent", topic=q.tp[0], partition=q.tp[1], offset=offset, epoch=epoch
+                    ),
+                )
 
     def on_commit(self, err: KafkaError | None, partitions: list) -> None:
         """librdkafka's commit outcome (poll thread, inside consume()); then the caller's own
@@ -137,8 +153,7 @@ class Commits:
             with q.cv:
                 q.state.commit_failed(tp.offset)
             level = logging.INFO if error.code() in REBALANCE_CODES else logging.WARNING
-            log.log(level, "commit %s@%d failed (%s); retrying", q.where, tp.offset,
-                    error.str())
+            log.log(level, "commit %s@%d failed (%s); retrying", q.where, tp.offset, error.str())
             self._retry_at = time.monotonic() + WAIT_SLICE_S
 
     # -- synchronous commits (revocation, shutdown) -------------------------------------------
@@ -156,8 +171,7 @@ class Commits:
                     if pending is not None and not self._commit(q, pending, epoch, done):
                         with q.cv:
                             if q.state.pending_commit is not None:
-                                raise CommitRefusedError(f"commit of {q.where}@{pending} "
-                                                         "refused")
+                                raise CommitRefusedError(f"commit of {q.where}@{pending} refused")
 
     def _metadata(self, epoch: int, done: str) -> str:
         return compose_metadata(done, f"{self.client_id}:{epoch}")
@@ -191,16 +205,31 @@ class Commits:
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _skip(self, q: LiveQueue, offset: int, epoch: int, reason: str) -> None:
-        log.warning("not committing %s@%d: %s (epoch %d); the holder will redo the batch",
-                    q.where, offset, reason, epoch,
-                    extra=event("commit_skipped", topic=q.tp[0], partition=q.tp[1],
-                                offset=offset, epoch=epoch, reason=reason))
+        log.warning(
+            "not committing %s@%d: %s (epoch %d); the holder will redo the batch",
+            q.where,
+            offset,
+            reason,
+            epoch,
+            extra=event(
+                "commit_skipped",
+                topic=q.tp[0],
+                partition=q.tp[1],
+                offset=offset,
+                epoch=epoch,
+                reason=reason,
+            ),
+        )
         with q.cv:
             q.state.commit_skipped(offset)
 
     def _done(self, q: LiveQueue, offset: int, epoch: int, done: str = "") -> None:
         with q.cv:
             q.state.commit_done(offset, done)
-        log.debug("committed %s@%d epoch=%d", q.where, offset, epoch,
-                  extra=event("committed", topic=q.tp[0], partition=q.tp[1], offset=offset,
-                              epoch=epoch))
+        log.debug(
+            "committed %s@%d epoch=%d",
+            q.where,
+            offset,
+            epoch,
+            extra=event("committed", topic=q.tp[0], partition=q.tp[1], offset=offset, epoch=epoch),
+        )

@@ -53,9 +53,12 @@ KEY_MAX_RECONSUME_TIMES = 16
 
 def consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
-    return self_committing_conf(conf, who="OrderlyConsumer", why="the orderly consumer commits "
-                                "each batch itself, under its queue lock",
-                                defaults={"isolation.level": "read_committed"})
+    return self_committing_conf(
+        conf,
+        who="OrderlyConsumer",
+        why="the orderly consumer commits each batch itself, under its queue lock",
+        defaults={"isolation.level": "read_committed"},
+    )
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:
@@ -96,14 +99,22 @@ class OrderlyConsumer:
     bounded); a context manager that shuts down on exit. No network in ``__init__``.
     """
 
-    def __init__(self, conf: dict, *,
-                 listener: MessageListenerOrderly | Callable[..., Any],
-                 max_reconsume_times: int | None = None, lock_lease_ms: int = 60000,
-                 lock_renew_ms: int = 20000, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-                 batch_size: int = 1, client_id: str | None = None,
-                 ordering: str = "partition", max_workers: int | None = None,
-                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
-                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        listener: MessageListenerOrderly | Callable[..., Any],
+        max_reconsume_times: int | None = None,
+        lock_lease_ms: int = 60000,
+        lock_renew_ms: int = 20000,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        batch_size: int = 1,
+        client_id: str | None = None,
+        ordering: str = "partition",
+        max_workers: int | None = None,
+        consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+    ) -> None:
         self._conf = consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -116,20 +127,23 @@ class OrderlyConsumer:
             max_reconsume_times = KEY_MAX_RECONSUME_TIMES if ordering == "key" else -1
         if max_workers is None:
             max_workers = DEFAULT_KEY_WORKERS
-        for name, value, low in (("max_reconsume_times", max_reconsume_times, -1),
-                                 ("max_workers", max_workers, 1),
-                                 ("consume_timeout_ms", consume_timeout_ms, 1),
-                                 ("lock_lease_ms", lock_lease_ms, 1),
-                                 ("lock_renew_ms", lock_renew_ms, 1),
-                                 ("batch_size", batch_size, 1),
-                                 ("max_queued_bytes", max_queued_bytes, 1)):
+        for name, value, low in (
+            ("max_reconsume_times", max_reconsume_times, -1),
+            ("max_workers", max_workers, 1),
+            ("consume_timeout_ms", consume_timeout_ms, 1),
+            ("lock_lease_ms", lock_lease_ms, 1),
+            ("lock_renew_ms", lock_renew_ms, 1),
+            ("batch_size", batch_size, 1),
+            ("max_queued_bytes", max_queued_bytes, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
         if not lock_renew_ms < lock_lease_ms * CLIENT_LEASE_FRACTION:
             raise ConfigError(
                 f"need 0 < lock_renew_ms < {CLIENT_LEASE_FRACTION:.2f} * lock_lease_ms (the "
                 f"consumer's own view of the lease), got lock_renew_ms={lock_renew_ms}, "
-                f"lock_lease_ms={lock_lease_ms}")
+                f"lock_lease_ms={lock_lease_ms}"
+            )
         self.max_reconsume_times = max_reconsume_times
         self.lock_lease_ms = lock_lease_ms
         self.lock_renew_ms = lock_renew_ms
@@ -137,8 +151,9 @@ class OrderlyConsumer:
         self.max_queued_bytes = max_queued_bytes
         self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
         self._topics: list[str] = []
-        self._system = SystemPartitionFilter(self.topic_prefix,
-                                             f"orderly consumer {self.client_id}")
+        self._system = SystemPartitionFilter(
+            self.topic_prefix, f"orderly consumer {self.client_id}"
+        )
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []  # the poll thread, then the lock thread
         self._started = False
@@ -148,35 +163,57 @@ class OrderlyConsumer:
         self._lock_client = LockClient(self._conf, self.topic_prefix, self.client_id)
         self._queues = QueueRegistry()
         self._calls = ConsumerCalls()
-        self._commits = Commits(self.client_id, self._queues, self._calls,
-                                user_on_commit=self._conf.get("on_commit"))
+        self._commits = Commits(
+            self.client_id, self._queues, self._calls, user_on_commit=self._conf.get("on_commit")
+        )
         self._dead_letters = DeadLetters(self._conf, self.topics.dlq(self.group))
-        self._leases = LeaseKeeper(self._lock_client, group=self.group,
-                                   client_id=self.client_id, lease_ms=lock_lease_ms,
-                                   renew_ms=lock_renew_ms, queues=self._queues,
-                                   calls=self._calls)
+        self._leases = LeaseKeeper(
+            self._lock_client,
+            group=self.group,
+            client_id=self.client_id,
+            lease_ms=lock_lease_ms,
+            renew_ms=lock_renew_ms,
+            queues=self._queues,
+            calls=self._calls,
+        )
         self.max_workers = max_workers
         self._key_pool: KeyPool | None = None
         self._key_feeder: KeyFeeder | None = None
         self._worker: Worker | None = None
         if ordering == "key":
-            self._key_pool = KeyPool(listen, max_workers=max_workers,
-                                     max_reconsume_times=max_reconsume_times,
-                                     commits=self._commits, dead_letters=self._dead_letters,
-                                     name=self.group, consume_timeout_ms=consume_timeout_ms)
-            self._key_feeder = KeyFeeder(self._key_pool, batch_size=batch_size,
-                                         max_taken_bytes=max_queued_bytes)
+            self._key_pool = KeyPool(
+                listen,
+                max_workers=max_workers,
+                max_reconsume_times=max_reconsume_times,
+                commits=self._commits,
+                dead_letters=self._dead_letters,
+                name=self.group,
+                consume_timeout_ms=consume_timeout_ms,
+            )
+            self._key_feeder = KeyFeeder(
+                self._key_pool, batch_size=batch_size, max_taken_bytes=max_queued_bytes
+            )
             run_queue = self._key_feeder.run
         else:
-            self._worker = Worker(listen, batch_size=batch_size,
-                                  max_reconsume_times=max_reconsume_times,
-                                  commits=self._commits, dead_letters=self._dead_letters)
+            self._worker = Worker(
+                listen,
+                batch_size=batch_size,
+                max_reconsume_times=max_reconsume_times,
+                commits=self._commits,
+                dead_letters=self._dead_letters,
+            )
             run_queue = self._worker.run
-        self._rebalance = Rebalance(client_id=self.client_id, queues=self._queues,
-                                    calls=self._calls, commits=self._commits,
-                                    leases=self._leases, worker=run_queue,
-                                    stopping=self._stopping, system=self._system,
-                                    incremental=incremental_assignment(self._conf))
+        self._rebalance = Rebalance(
+            client_id=self.client_id,
+            queues=self._queues,
+            calls=self._calls,
+            commits=self._commits,
+            leases=self._leases,
+            worker=run_queue,
+            stopping=self._stopping,
+            system=self._system,
+            incremental=incremental_assignment(self._conf),
+        )
 
     # -- public API ------------------------------------------------------------------------
     def subscribe(self, topics: Sequence[str], tags: str | None = None) -> None:
@@ -184,8 +221,11 @@ class OrderlyConsumer:
         for a DLQ or retry topic named explicitly. ``tags``: RocketMQ's expression
         (``"TagA || TagB"``, ``"*"``) on ``rmq.tags``; records it leaves out are committed
         past without reaching the listener."""
-        if isinstance(topics, str) or not topics or not all(
-                isinstance(t, str) and t for t in topics):
+        if (
+            isinstance(topics, str)
+            or not topics
+            or not all(isinstance(t, str) and t for t in topics)
+        ):
             raise ConfigError(f"subscribe wants a non-empty list of topic names, got {topics!r}")
         if self._started:
             raise IllegalStateError("subscribe() must be called before start()")
@@ -205,16 +245,27 @@ class OrderlyConsumer:
             return
         if not self._topics:
             raise IllegalStateError("call subscribe(topics) before start()")
-        consumer = new_client(confluent_kafka.Consumer,
-                              {**self._conf, "on_commit": self._commits.on_commit}, "consumer")
+        consumer = new_client(
+            confluent_kafka.Consumer,
+            {**self._conf, "on_commit": self._commits.on_commit},
+            "consumer",
+        )
         self._started = True
-        poller = PollThread(consumer, self._topics, client_id=self.client_id,
-                            queues=self._queues, calls=self._calls, commits=self._commits,
-                            rebalance=self._rebalance, stopping=self._stopping,
-                            max_queued_bytes=self.max_queued_bytes)
+        poller = PollThread(
+            consumer,
+            self._topics,
+            client_id=self.client_id,
+            queues=self._queues,
+            calls=self._calls,
+            commits=self._commits,
+            rebalance=self._rebalance,
+            stopping=self._stopping,
+            max_queued_bytes=self.max_queued_bytes,
+        )
         for name, target in (("poll", poller.run), ("locks", self._leases.run)):
-            thread = threading.Thread(target=target, name=f"rmq-orderly-{name}-{self.group}",
-                                      daemon=True)
+            thread = threading.Thread(
+                target=target, name=f"rmq-orderly-{name}-{self.group}", daemon=True
+            )
             self._threads.append(thread)
         self._calls.consumer, self._calls.thread = consumer, self._threads[0]
         if self._key_pool is not None:
@@ -236,8 +287,11 @@ class OrderlyConsumer:
             poll_thread = self._threads[0]
             poll_thread.join(max(0.0, deadline - time.monotonic()))
             if poll_thread.is_alive():
-                log.warning("orderly consumer %s: poll thread still busy after %.0f s",
-                            self.client_id, timeout)
+                log.warning(
+                    "orderly consumer %s: poll thread still busy after %.0f s",
+                    self.client_id,
+                    timeout,
+                )
         self._leases.stop()
         for thread in self._threads[1:] + self._queues.workers():
             if thread is not threading.current_thread():  # shutdown() from a listener

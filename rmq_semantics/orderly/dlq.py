@@ -60,8 +60,7 @@ class DeadLetters:
         self._topic_ready = False
         self._lock = threading.Lock()
 
-    def send(self, batch: list[OrderlyMessage], epoch: int,
-             failure: Failure | None = None) -> bool:
+    def send(self, batch: list[OrderlyMessage], epoch: int, failure: Failure | None = None) -> bool:
         """Dead-letter ``batch`` (run under the lock of ``epoch``) with its last
         ``failure``; False when it could not be sent: the caller retries later."""
         try:
@@ -76,10 +75,16 @@ class DeadLetters:
             log.warning("%s: could not dead-letter (%s); will retry", batch[0].where, exc)
             return False
         for m in batch:
-            log.warning("%s sent to %s after %d reconsumes (last call: %s)", m.where,
-                        self.topic, m.reconsume_times, (failure or Failure()).reason,
-                        extra=event("dlq", topic=m.topic, partition=m.partition,
-                                    offset=m.offset, epoch=epoch))
+            log.warning(
+                "%s sent to %s after %d reconsumes (last call: %s)",
+                m.where,
+                self.topic,
+                m.reconsume_times,
+                (failure or Failure()).reason,
+                extra=event(
+                    "dlq", topic=m.topic, partition=m.partition, offset=m.offset, epoch=epoch
+                ),
+            )
         return True
 
     def _send(self, batch: list[OrderlyMessage], failure: Failure) -> None:
@@ -87,8 +92,7 @@ class DeadLetters:
             ensure_topics(self._conf, {self.topic: (1, {})}, replicated=True)
             self._topic_ready = True
         if self._producer is None:
-            self._producer = confluent_kafka.Producer(producer_defaults(self._conf,
-                                                                        internal=True))
+            self._producer = confluent_kafka.Producer(producer_defaults(self._conf, internal=True))
         producer = self._producer
         errors: list[KafkaError] = []
 
@@ -97,18 +101,26 @@ class DeadLetters:
                 errors.append(err)
 
         for m in batch:
-            headers = dlq_headers(m.headers, topic=m.topic, partition=m.partition,
-                                  offset=m.offset, reconsume_times=m.reconsume_times,
-                                  error=failure.error, reason=failure.reason,
-                                  first_failure_ms=failure.first_ms or None,
-                                  last_failure_ms=failure.last_ms or None)
-            producer.produce(self.topic, m.value, key=m.key, headers=headers,
-                             on_delivery=on_delivery)
+            headers = dlq_headers(
+                m.headers,
+                topic=m.topic,
+                partition=m.partition,
+                offset=m.offset,
+                reconsume_times=m.reconsume_times,
+                error=failure.error,
+                reason=failure.reason,
+                first_failure_ms=failure.first_ms or None,
+                last_failure_ms=failure.last_ms or None,
+            )
+            producer.produce(
+                self.topic, m.value, key=m.key, headers=headers, on_delivery=on_delivery
+            )
         left = producer.flush(DLQ_TIMEOUT_S)
         if left or errors:
             detail = errors[0].str() if errors else f"{left} not delivered in time"
-            raise KafkaOperationError(f"dead-lettering to {self.topic}: {detail}",
-                                      errors[0] if errors else None)
+            raise KafkaOperationError(
+                f"dead-lettering to {self.topic}: {detail}", errors[0] if errors else None
+            )
 
     def close(self, timeout: float) -> None:
         """Shutdown: wait up to ``timeout`` s for what is still being sent."""

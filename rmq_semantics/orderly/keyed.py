@@ -53,8 +53,13 @@ if TYPE_CHECKING:
     from rmq_semantics.orderly.dlq import DeadLetters
     from rmq_semantics.orderly.keyfeed import Session
 
-__all__ = ["DEFAULT_CONSUME_TIMEOUT_MS", "DEFAULT_KEY_WORKERS", "KeyPool", "Unit",
-           "is_async_listener"]
+__all__ = [
+    "DEFAULT_CONSUME_TIMEOUT_MS",
+    "DEFAULT_KEY_WORKERS",
+    "KeyPool",
+    "Unit",
+    "is_async_listener",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +76,18 @@ class Unit:
     """Consecutive records of one ordering key in one partition session: one listener call.
     ``reconsume_times`` counts its suspensions (not the uncounted lease-lapse returns)."""
 
-    __slots__ = ("error", "failure", "key", "offset", "reason", "reconsume_times", "records",
-                 "session")
+    __slots__ = (
+        "error",
+        "failure",
+        "key",
+        "offset",
+        "reason",
+        "reconsume_times",
+        "records",
+        "session",
+    )
 
-    def __init__(self, key: OrderingKey, record: confluent_kafka.Message,
-                 session: Session) -> None:
+    def __init__(self, key: OrderingKey, record: confluent_kafka.Message, session: Session) -> None:
         self.key = key
         self.offset: int = record.offset()
         self.records = [record]
@@ -109,14 +121,18 @@ def _unit_offset(unit: Unit) -> int:
 def is_async_listener(listener: Callable[..., Any]) -> bool:
     """Whether calling ``listener`` returns a coroutine (``async def``, also as ``__call__``)."""
     return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
-        getattr(listener, "__call__", None))  # noqa: B004 (a callable object's async __call__)
+        getattr(listener, "__call__", None)
+    )  # noqa: B004 (a callable object's async __call__)
 
 
 def _status_of(result: object, unit: Unit) -> ConsumeOrderlyStatus:
     if isinstance(result, ConsumeOrderlyStatus):
         return result
-    log.warning("%s: listener returned %r, not a ConsumeOrderlyStatus; suspending the key",
-                unit.where, result)
+    log.warning(
+        "%s: listener returned %r, not a ConsumeOrderlyStatus; suspending the key",
+        unit.where,
+        result,
+    )
     unit.reason = "bad_status"
     return SUSPEND
 
@@ -124,9 +140,17 @@ def _status_of(result: object, unit: Unit) -> ConsumeOrderlyStatus:
 class KeyPool:
     """The scheduler of every held partition's units and the threads that run them."""
 
-    def __init__(self, listener: Callable[..., Any], *, max_workers: int,
-                 max_reconsume_times: int, commits: Commits, dead_letters: DeadLetters,
-                 name: str, consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS) -> None:
+    def __init__(
+        self,
+        listener: Callable[..., Any],
+        *,
+        max_workers: int,
+        max_reconsume_times: int,
+        commits: Commits,
+        dead_letters: DeadLetters,
+        name: str,
+        consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
+    ) -> None:
         self._listener = listener
         self._timeout_s = consume_timeout_ms / 1000
         self.max_workers = max_workers
@@ -141,8 +165,9 @@ class KeyPool:
         self.is_async = is_async_listener(listener)
         self._loop: asyncio.AbstractEventLoop | None = None
         # Async calls done on the loop, settled by the dispatcher (a dead letter may block).
-        self._completed: queue.SimpleQueue[tuple[Unit, ConsumeOrderlyContext, Future]] = \
+        self._completed: queue.SimpleQueue[tuple[Unit, ConsumeOrderlyContext, Future]] = (
             queue.SimpleQueue()
+        )
 
     # -- life ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -153,8 +178,9 @@ class KeyPool:
         else:
             targets = [(f"key{i}", self._work) for i in range(self.max_workers)]
         for name, target in targets:
-            thread = threading.Thread(target=target, daemon=True,
-                                      name=f"rmq-orderly-{name}-{self._name}")
+            thread = threading.Thread(
+                target=target, daemon=True, name=f"rmq-orderly-{name}-{self._name}"
+            )
             self._threads.append(thread)
             thread.start()
 
@@ -220,8 +246,12 @@ class KeyPool:
         session = unit.session
         q, st = session.q, session.q.state
         with q.cv:
-            ok = (not session.closed and st.phase is QueuePhase.ALIGNED
-                  and st.aligned_epoch == session.epoch and st.lease_ok(time.monotonic()))
+            ok = (
+                not session.closed
+                and st.phase is QueuePhase.ALIGNED
+                and st.aligned_epoch == session.epoch
+                and st.lease_ok(time.monotonic())
+            )
         if not ok:
             self._back(unit, time.monotonic() + WAIT_SLICE_S)
         return ok
@@ -266,16 +296,16 @@ class KeyPool:
                 continue
             context = self._context(unit)
             try:
-                future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(
-                    self._listener(unit.messages(), context), self._timeout_s), loop)
+                future = asyncio.run_coroutine_threadsafe(
+                    asyncio.wait_for(self._listener(unit.messages(), context), self._timeout_s),
+                    loop,
+                )
             except Exception as exc:  # wrong arguments, or it returned no coroutine
                 future = Future()
                 future.set_exception(exc)
-            future.add_done_callback(
-                lambda f, u=unit, c=context: self._complete_async(u, c, f))
+            future.add_done_callback(lambda f, u=unit, c=context: self._complete_async(u, c, f))
 
-    def _complete_async(self, unit: Unit, context: ConsumeOrderlyContext,
-                        future: Future) -> None:
+    def _complete_async(self, unit: Unit, context: ConsumeOrderlyContext, future: Future) -> None:
         self._completed.put((unit, context, future))  # on the loop thread
         with self._cv:
             self._cv.notify_all()
@@ -307,17 +337,26 @@ class KeyPool:
         return ConsumeOrderlyContext(tp[0], tp[1], unit.session.epoch, key_mode=True)
 
     @staticmethod
-    def _raised(unit: Unit, exc: BaseException,
-                context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
-        log.warning("%s: listener raised %r; suspending the key for %d ms", unit.where, exc,
-                    context.suspend_ms)
+    def _raised(
+        unit: Unit, exc: BaseException, context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        log.warning(
+            "%s: listener raised %r; suspending the key for %d ms",
+            unit.where,
+            exc,
+            context.suspend_ms,
+        )
         unit.reason, unit.error = "raised", exc
         return SUSPEND
 
     def _timed_out(self, unit: Unit, context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
-        log.warning("%s: listener call ran past consume_timeout_ms (%d ms); counted as failed,"
-                    " suspending the key for %d ms", unit.where, int(self._timeout_s * 1000),
-                    context.suspend_ms)
+        log.warning(
+            "%s: listener call ran past consume_timeout_ms (%d ms); counted as failed,"
+            " suspending the key for %d ms",
+            unit.where,
+            int(self._timeout_s * 1000),
+            context.suspend_ms,
+        )
         unit.reason, unit.error = "timed_out", None
         return SUSPEND
 
@@ -359,8 +398,11 @@ class KeyPool:
             unit.session.in_flight -= 1
             self._cv.notify_all()
         size_of = unit.session.q.state.size_of
-        self.done_offsets(unit.session, [record.offset() for record in unit.records],
-                          freed_bytes=sum(map(size_of, unit.records)))
+        self.done_offsets(
+            unit.session,
+            [record.offset() for record in unit.records],
+            freed_bytes=sum(map(size_of, unit.records)),
+        )
 
     def done_offsets(self, session: Any, offsets: list[int], freed_bytes: int = 0) -> None:
         """``offsets`` of ``session`` are finished (processed, or skipped by the tag filter),
@@ -387,4 +429,3 @@ class KeyPool:
             log.warning("%s: not dead-lettering: %s", unit.where, reason)
             return False
         return self._dead_letters.send(unit.messages(), unit.session.epoch, unit.failure)
-

@@ -51,8 +51,16 @@ class Session:
     """One partition under one aligned lock epoch: its tracker and its units in calls
     (``in_flight``, guarded by the pool's lock; the rest by ``q.cv``)."""
 
-    __slots__ = ("closed", "epoch", "first_offset", "in_flight", "last_offset", "q",
-                 "taken_bytes", "tracker")
+    __slots__ = (
+        "closed",
+        "epoch",
+        "first_offset",
+        "in_flight",
+        "last_offset",
+        "q",
+        "taken_bytes",
+        "tracker",
+    )
 
     def __init__(self, q: LiveQueue, epoch: int, tracker: OffsetTracker) -> None:
         self.q = q
@@ -72,8 +80,9 @@ def _startable(st: QueueState, now: float) -> bool:
 class KeyFeeder:
     """What every partition thread runs in key mode (:meth:`run` is the thread's target)."""
 
-    def __init__(self, pool: KeyPool, *, batch_size: int,
-                 max_taken_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+    def __init__(
+        self, pool: KeyPool, *, batch_size: int, max_taken_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    ) -> None:
         self._pool = pool
         self.batch_size = batch_size
         self.max_taken_bytes = max_taken_bytes
@@ -117,11 +126,14 @@ class KeyFeeder:
                 target = st.committed if st.committed >= 0 else previous.first_offset
                 st.reset_to = target
                 st.clear_buffer()
-                log.info("%s: new lock epoch %d; reading again from offset %d", q.where,
-                         st.aligned_epoch, target)
+                log.info(
+                    "%s: new lock epoch %d; reading again from offset %d",
+                    q.where,
+                    st.aligned_epoch,
+                    target,
+                )
                 return None
-            tracker = OffsetTracker.restore(st.committed, st.committed_metadata,
-                                            where=q.where)
+            tracker = OffsetTracker.restore(st.committed, st.committed_metadata, where=q.where)
             session = Session(q, st.aligned_epoch, tracker)
         self._sessions[q.tp] = session
         try:
@@ -135,8 +147,12 @@ class KeyFeeder:
         st = q.state
         while True:
             with q.cv:
-                if (st.gone or st.phase is QueuePhase.REVOKING or st.reset_to is not None
-                        or st.aligned_epoch != session.epoch):
+                if (
+                    st.gone
+                    or st.phase is QueuePhase.REVOKING
+                    or st.reset_to is not None
+                    or st.aligned_epoch != session.epoch
+                ):
                     return
                 units, skipped = [], []
                 if st.phase is QueuePhase.ALIGNED and st.lease_ok(time.monotonic()):
@@ -148,8 +164,9 @@ class KeyFeeder:
                     continue
             self._pool.offer(units)
 
-    def _take(self, st: QueueState, session: Session,
-              skipped: list[int] | None = None) -> list[Unit]:
+    def _take(
+        self, st: QueueState, session: Session, skipped: list[int] | None = None
+    ) -> list[Unit]:
         """Up to FEED_CHUNK buffered records as units (``q.cv`` held); records the tracker
         says are done (restored from the commit) are skipped, and the offsets of those the
         tag filter leaves out are added to ``skipped``."""
@@ -157,8 +174,7 @@ class KeyFeeder:
         tags = None if self.tag_filter.keeps_all else self.tag_filter
         skipped = [] if skipped is None else skipped
         room = min(KEY_BACKLOG - tracker.in_flight, FEED_CHUNK)
-        if (room <= 0 or not tracker.accepting()
-                or session.taken_bytes >= self.max_taken_bytes):
+        if room <= 0 or not tracker.accepting() or session.taken_bytes >= self.max_taken_bytes:
             return []
         msgs, batch_size, size_of = st.msgs, self.batch_size, st.size_of
         units: list[Unit] = []
@@ -197,13 +213,21 @@ class KeyFeeder:
         def give_up() -> bool:
             now = time.monotonic()
             with q.cv:  # a lost or lapsed lock: the calls' outcomes cannot commit anyway
-                return now >= deadline or session.epoch != q.state.epoch or not (
-                    q.state.held and now < q.state.deadline) or q.state.phase is QueuePhase.LOST
+                return (
+                    now >= deadline
+                    or session.epoch != q.state.epoch
+                    or not (q.state.held and now < q.state.deadline)
+                    or q.state.phase is QueuePhase.LOST
+                )
 
         if not self._pool.wait_idle(session, give_up):
-            log.warning("%s: %d listener calls still running at the end of lock epoch %d; "
-                        "their outcome will not be committed", q.where, session.in_flight,
-                        session.epoch)
+            log.warning(
+                "%s: %d listener calls still running at the end of lock epoch %d; "
+                "their outcome will not be committed",
+                q.where,
+                session.in_flight,
+                session.epoch,
+            )
         with q.cv:
             session.closed = True
 
@@ -217,8 +241,11 @@ class KeyFeeder:
         with q.cv:
             tracker = session.tracker.status()
         return dataclasses.replace(
-            base, queued=base.queued + (keys.queued if keys else 0),
-            in_flight=session.in_flight, in_flight_keys=keys.in_flight_keys if keys else 0,
-            offset_gap=tracker.gap, back_pressure=tracker.back_pressure or (
-                session.taken_bytes >= self.max_taken_bytes),
-            suspended=bool(keys and keys.suspended_keys))
+            base,
+            queued=base.queued + (keys.queued if keys else 0),
+            in_flight=session.in_flight,
+            in_flight_keys=keys.in_flight_keys if keys else 0,
+            offset_gap=tracker.gap,
+            back_pressure=tracker.back_pressure or (session.taken_bytes >= self.max_taken_bytes),
+            suspended=bool(keys and keys.suspended_keys),
+        )

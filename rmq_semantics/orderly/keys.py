@@ -65,8 +65,16 @@ class _Chain:
     """One key's records: ``queue`` waits (its head is a suspended record, if any),
     ``in_flight`` is handed out. ``orphan``: the partition was dropped while in flight."""
 
-    __slots__ = ("in_flight", "key", "orphan", "queue", "ready", "ready_seq",
-                 "reconsume_times", "suspended_until")
+    __slots__ = (
+        "in_flight",
+        "key",
+        "orphan",
+        "queue",
+        "ready",
+        "ready_seq",
+        "reconsume_times",
+        "suspended_until",
+    )
 
     def __init__(self, key: OrderingKey) -> None:
         self.key = key
@@ -86,13 +94,22 @@ class KeyScheduler:
     ``offset_of`` its offset.
     """
 
-    def __init__(self, max_in_flight: int, *,
-                 key_of: Callable[[Any], OrderingKey] = ordering_key,
-                 offset_of: Callable[[Any], int] = operator.attrgetter("offset")) -> None:
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
-                or max_in_flight < 1:
-            raise ConfigError(f"max_in_flight must be an int >= 1 (records handed out at "
-                              f"once), got {max_in_flight!r}")
+    def __init__(
+        self,
+        max_in_flight: int,
+        *,
+        key_of: Callable[[Any], OrderingKey] = ordering_key,
+        offset_of: Callable[[Any], int] = operator.attrgetter("offset"),
+    ) -> None:
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 1
+        ):
+            raise ConfigError(
+                f"max_in_flight must be an int >= 1 (records handed out at "
+                f"once), got {max_in_flight!r}"
+            )
         self.max_in_flight = max_in_flight
         self._key_of = key_of
         self._offset_of = offset_of
@@ -127,8 +144,12 @@ class KeyScheduler:
             self._make_ready(chain)
 
     def _make_ready(self, chain: _Chain) -> None:
-        if not chain.ready and chain.in_flight is None and chain.suspended_until is None \
-                and chain.queue:
+        if (
+            not chain.ready
+            and chain.in_flight is None
+            and chain.suspended_until is None
+            and chain.queue
+        ):
             chain.ready = True
             chain.ready_seq += 1
             self._ring.append((chain.ready_seq, chain))
@@ -137,8 +158,7 @@ class KeyScheduler:
                 self._compact()
 
     def _push_longest(self, chain: _Chain) -> None:
-        heapq.heappush(self._longest,
-                       (-len(chain.queue), next(self._tie), chain.ready_seq, chain))
+        heapq.heappush(self._longest, (-len(chain.queue), next(self._tie), chain.ready_seq, chain))
         if len(self._longest) > 2 * len(self._chains) + 64:
             self._compact()
 
@@ -218,7 +238,8 @@ class KeyScheduler:
         if self._offset_of(chain.in_flight) != self._offset_of(record):
             raise IllegalStateError(
                 f"{_where(key, self._offset_of(record))} is not in flight (offset "
-                f"{self._offset_of(chain.in_flight)} of its key is)")
+                f"{self._offset_of(chain.in_flight)} of its key is)"
+            )
         chain.in_flight = None
         self._in_flight -= 1
         self._in_flight_keys[_tp(key)] -= 1
@@ -310,9 +331,10 @@ class KeyScheduler:
 
     def status(self) -> dict[TopicPartition, KeysStatus]:
         """Per partition with records: keys in flight, records queued, keys suspended."""
-        return {tp: KeysStatus(self._in_flight_keys[tp], self._queued[tp],
-                               self._suspended[tp])
-                for tp in self._keys_of_tp}
+        return {
+            tp: KeysStatus(self._in_flight_keys[tp], self._queued[tp], self._suspended[tp])
+            for tp in self._keys_of_tp
+        }
 
 
 def _tp(key: OrderingKey) -> TopicPartition:

@@ -40,9 +40,17 @@ LOCK_RETRY_S = 0.5
 class LeaseKeeper:
     """Takes, renews and releases the queue locks of this consumer's queues."""
 
-    def __init__(self, lock_client: LockClient, *, group: str, client_id: str,
-                 lease_ms: int, renew_ms: int, queues: QueueRegistry,
-                 calls: ConsumerCalls) -> None:
+    def __init__(
+        self,
+        lock_client: LockClient,
+        *,
+        group: str,
+        client_id: str,
+        lease_ms: int,
+        renew_ms: int,
+        queues: QueueRegistry,
+        calls: ConsumerCalls,
+    ) -> None:
         self.group = group
         self.client_id = client_id
         self._lock_client = lock_client
@@ -80,18 +88,19 @@ class LeaseKeeper:
                     queues = [q for q in self._queues.all() if q.state.phase in LIVE]
                     due = [q for q in queues if renew_all or not q.state.lease_ok(now)]
                     if due:
-                        grants = self._lock_client.lock(self.group, [q.tp for q in due],
-                                                        self._lease_ms, timeout=timeout)
+                        grants = self._lock_client.lock(
+                            self.group, [q.tp for q in due], self._lease_ms, timeout=timeout
+                        )
                 except RmqError as exc:
-                    log.warning("orderly consumer %s: lock request failed: %s", self.client_id,
-                                exc)
+                    log.warning("orderly consumer %s: lock request failed: %s", self.client_id, exc)
                 finally:
                     self._round_trip.release()
             if renew_all:
                 # A round that went unanswered (coordinator down or taking over) is retried
                 # soon, not a renew interval later: the lease keeps running meanwhile.
-                answered = all((g := grants.get(q.tp)) is not None and (g.granted or g.epoch >= 0)
-                               for q in due)
+                answered = all(
+                    (g := grants.get(q.tp)) is not None and (g.granted or g.epoch >= 0) for q in due
+                )
                 next_renew = now + (self._renew_ms / 1000 if answered else LOCK_RETRY_S)
             for q in due:
                 self._apply(q, grants.get(q.tp))
@@ -115,16 +124,23 @@ class LeaseKeeper:
                 # Denied: someone else holds it (or our lease lapsed and it was taken over).
                 fresh = False
                 if st.deny():
-                    log.warning("%s: lock lost (now held with epoch %d)", q.where, grant.epoch,
-                                extra=event("lock_lost", topic=q.tp[0], partition=q.tp[1],
-                                            epoch=st.epoch))
+                    log.warning(
+                        "%s: lock lost (now held with epoch %d)",
+                        q.where,
+                        grant.epoch,
+                        extra=event("lock_lost", topic=q.tp[0], partition=q.tp[1], epoch=st.epoch),
+                    )
             else:
                 fresh = False
             q.cv.notify_all()
         if fresh:
-            log.info("%s locked by %s with epoch %d", q.where, self.client_id, grant.epoch,
-                     extra=event("lock_granted", topic=q.tp[0], partition=q.tp[1],
-                                 epoch=grant.epoch))
+            log.info(
+                "%s locked by %s with epoch %d",
+                q.where,
+                self.client_id,
+                grant.epoch,
+                extra=event("lock_granted", topic=q.tp[0], partition=q.tp[1], epoch=grant.epoch),
+            )
         if align:
             self._align(q, grant.epoch)
 
@@ -134,7 +150,8 @@ class LeaseKeeper:
         try:
             [tp] = self._calls.submit(
                 lambda c: c.committed([TopicPartition(*q.tp)], timeout=COMMIT_TIMEOUT_S),
-                f"reading the committed offset of {q.where}")
+                f"reading the committed offset of {q.where}",
+            )
         except (RmqError, KafkaException, RuntimeError, ValueError) as exc:
             log.warning("%s: reading the committed offset failed (%s); retrying", q.where, exc)
             with q.cv:
@@ -149,14 +166,21 @@ class LeaseKeeper:
         epochs = {q.tp: q.state.epoch for q in queues if q.state.held}
         # The lock thread holds this for at most one lock round trip.
         if not self._round_trip.acquire(timeout=LOCK_TIMEOUT_S + 1):
-            log.warning("orderly consumer %s: lock thread busy; not unlocking %s (the leases "
-                        "will lapse)", self.client_id, [q.where for q in queues])
+            log.warning(
+                "orderly consumer %s: lock thread busy; not unlocking %s (the leases will lapse)",
+                self.client_id,
+                [q.where for q in queues],
+            )
             return
         try:
-            self._lock_client.unlock(self.group, [q.tp for q in queues], epochs=epochs,
-                                     timeout=LOCK_TIMEOUT_S)
+            self._lock_client.unlock(
+                self.group, [q.tp for q in queues], epochs=epochs, timeout=LOCK_TIMEOUT_S
+            )
         except RmqError as exc:
-            log.warning("orderly consumer %s: unlock failed (%s); the leases will lapse",
-                        self.client_id, exc)
+            log.warning(
+                "orderly consumer %s: unlock failed (%s); the leases will lapse",
+                self.client_id,
+                exc,
+            )
         finally:
             self._round_trip.release()

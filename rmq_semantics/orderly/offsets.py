@@ -115,14 +115,15 @@ def _field(base: int, codec: str, payload: bytes, bitmap: bytes) -> str:
 
 def _field_size(base: int, payload_bytes: int) -> int:
     """Length of a field whose payload has ``payload_bytes`` bytes (base64, no padding)."""
-    return (len(DONE_FIELD_PREFIX) + len(str(base)) + 2 + (4 * payload_bytes + 2) // 3
-            + 1 + _CRC_CHARS)
+    return (
+        len(DONE_FIELD_PREFIX) + len(str(base)) + 2 + (4 * payload_bytes + 2) // 3 + 1 + _CRC_CHARS
+    )
 
 
 def _decode_field(field: str, committed: int, max_bytes: int) -> bytes:
     """The bitmap of a done field written at ``committed``, at most ``max_bytes`` long;
     ValueError says what is wrong."""
-    parts = field[len(DONE_FIELD_PREFIX):].split(".")
+    parts = field[len(DONE_FIELD_PREFIX) :].split(".")
     if len(parts) != 3:
         raise ValueError("not base.payload.crc")
     base_text, payload_text, crc_text = parts
@@ -177,9 +178,14 @@ class OffsetTracker:
     offset and metadata to commit. ``where`` names the partition in log lines.
     """
 
-    def __init__(self, start: int | None = None, *, where: str = "",
-                 max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
-                 max_span: int = DEFAULT_MAX_SPAN) -> None:
+    def __init__(
+        self,
+        start: int | None = None,
+        *,
+        where: str = "",
+        max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+        max_span: int = DEFAULT_MAX_SPAN,
+    ) -> None:
         self.where = where
         self.max_metadata_bytes = max_metadata_bytes
         self.max_span = max_span
@@ -195,14 +201,24 @@ class OffsetTracker:
         self._encoded: tuple[int, str, int] = (-1, "", 0)  # version, field, full size
 
     @classmethod
-    def restore(cls, committed_offset: int, metadata: str | None, *, where: str = "",
-                max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
-                max_span: int = DEFAULT_MAX_SPAN) -> OffsetTracker:
+    def restore(
+        cls,
+        committed_offset: int,
+        metadata: str | None,
+        *,
+        where: str = "",
+        max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES,
+        max_span: int = DEFAULT_MAX_SPAN,
+    ) -> OffsetTracker:
         """The tracker of a partition whose group committed ``committed_offset`` with
         ``metadata``: records from there on are processed except those the metadata marks
         done. Foreign, stale or damaged metadata marks nothing done (one warning line)."""
-        tracker = cls(committed_offset if committed_offset >= 0 else None, where=where,
-                      max_metadata_bytes=max_metadata_bytes, max_span=max_span)
+        tracker = cls(
+            committed_offset if committed_offset >= 0 else None,
+            where=where,
+            max_metadata_bytes=max_metadata_bytes,
+            max_span=max_span,
+        )
         field, owner = split_metadata(metadata)
         if not field:
             if owner and not _OWNER.fullmatch(owner):
@@ -221,17 +237,23 @@ class OffsetTracker:
         return tracker
 
     def _ignore(self, committed: int, reason: str) -> None:
-        log.warning("%s: ignoring the done offsets in the commit metadata (%s); every record "
-                    "from offset %d is processed again", self.where or "offsets", reason,
-                    committed)
+        log.warning(
+            "%s: ignoring the done offsets in the commit metadata (%s); every record "
+            "from offset %d is processed again",
+            self.where or "offsets",
+            reason,
+            committed,
+        )
 
     # -- records ------------------------------------------------------------------------------
     def add(self, offset: int) -> bool:
         """A record at ``offset`` (above every one given before) is taken: True to process
         it, False when a restored commit says it is done already (skip it)."""
         if offset <= self._last:
-            raise IllegalStateError(f"{self.where or 'offsets'}: offset {offset} given after "
-                                    f"{self._last}; records enter in offset order")
+            raise IllegalStateError(
+                f"{self.where or 'offsets'}: offset {offset} given after "
+                f"{self._last}; records enter in offset order"
+            )
         if self._low is None:
             self._low, self._byte0 = offset, offset // 8
         start = max(self._last + 1, self._low)
@@ -253,8 +275,9 @@ class OffsetTracker:
     def done(self, offset: int) -> bool:
         """The record at ``offset`` is finished; False if it already was (a repeat)."""
         if self._low is None or offset > self._last:
-            raise IllegalStateError(f"{self.where or 'offsets'}: offset {offset} done but "
-                                    "never given")
+            raise IllegalStateError(
+                f"{self.where or 'offsets'}: offset {offset} done but never given"
+            )
         if self._is_done(offset):
             return False
         index = offset // 8 - self._byte0
@@ -287,8 +310,9 @@ class OffsetTracker:
             bits.extend(bytes(last_index + 1 - len(bits)))
         first_full, end_full = -(-start // 8), stop // 8
         if first_full < end_full:
-            bits[first_full - self._byte0:end_full - self._byte0] = b"\xff" * (end_full
-                                                                                - first_full)
+            bits[first_full - self._byte0 : end_full - self._byte0] = b"\xff" * (
+                end_full - first_full
+            )
             edges = [*range(start, first_full * 8), *range(end_full * 8, stop)]
         else:
             edges = list(range(start, stop))
@@ -344,7 +368,7 @@ class OffsetTracker:
         if low is None or top <= low:
             return "", 0
         # From low's byte to top's; the bits below low are cleared (not part of the field).
-        bitmap = bytearray(self._bits[low // 8 - self._byte0:top // 8 - self._byte0 + 1])
+        bitmap = bytearray(self._bits[low // 8 - self._byte0 : top // 8 - self._byte0 + 1])
         bitmap[0] &= (0xFF << (low & 7)) & 0xFF
         bitmap = bytes(bitmap)
         raw = _field(low, "b", bitmap, bitmap)
@@ -355,7 +379,7 @@ class OffsetTracker:
         # Over the bound: the longest raw prefix that fits; the done offsets above it are
         # redone after a takeover (safe), and back-pressure is already on.
         room = self.max_metadata_bytes - _field_size(low, 0)
-        prefix = bitmap[:max(0, room * 3 // 4)].rstrip(b"\x00")
+        prefix = bitmap[: max(0, room * 3 // 4)].rstrip(b"\x00")
         return (_field(low, "b", prefix, prefix) if prefix else ""), len(best)
 
     # -- back-pressure and status -----------------------------------------------------------

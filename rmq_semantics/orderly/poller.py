@@ -48,25 +48,33 @@ WATERMARK_INTERVAL_S = 0.1
 DRAIN_CAP_S = 10.0
 
 
-def flow_control(queued: int, queued_bytes: int, *, paused: bool, held: bool,
-                 max_queued_bytes: int) -> tuple[bool, bool]:
+def flow_control(
+    queued: int, queued_bytes: int, *, paused: bool, held: bool, max_queued_bytes: int
+) -> tuple[bool, bool]:
     """(pause, resume) of a partition with ``queued`` records of ``queued_bytes`` buffered:
     pause when its lock is not held or either bound is reached; resume once held and both
     are at half (hysteresis, so a busy partition is not paused and resumed every poll)."""
-    pause = not paused and (not held or queued >= MAX_QUEUED
-                            or queued_bytes >= max_queued_bytes)
-    resume = (paused and held and queued <= MAX_QUEUED // 2
-              and queued_bytes <= max_queued_bytes // 2)
+    pause = not paused and (not held or queued >= MAX_QUEUED or queued_bytes >= max_queued_bytes)
+    resume = paused and held and queued <= MAX_QUEUED // 2 and queued_bytes <= max_queued_bytes // 2
     return pause, resume
 
 
 class PollThread:
     """The poll loop: dispatch, consumer calls, commits and flow control, then the drain."""
 
-    def __init__(self, consumer: confluent_kafka.Consumer, topics: list[str], *,
-                 client_id: str, queues: QueueRegistry, calls: ConsumerCalls,
-                 commits: Commits, rebalance: Rebalance, stopping: threading.Event,
-                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+    def __init__(
+        self,
+        consumer: confluent_kafka.Consumer,
+        topics: list[str],
+        *,
+        client_id: str,
+        queues: QueueRegistry,
+        calls: ConsumerCalls,
+        commits: Commits,
+        rebalance: Rebalance,
+        stopping: threading.Event,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+    ) -> None:
         self.client_id = client_id
         self.max_queued_bytes = max_queued_bytes
         self._consumer = consumer
@@ -81,9 +89,12 @@ class PollThread:
     def run(self) -> None:
         consumer = self._consumer
         try:
-            consumer.subscribe(self._topics, on_assign=self._rebalance.on_assign,
-                               on_revoke=self._rebalance.on_revoke,
-                               on_lost=self._rebalance.on_lost)
+            consumer.subscribe(
+                self._topics,
+                on_assign=self._rebalance.on_assign,
+                on_revoke=self._rebalance.on_revoke,
+                on_lost=self._rebalance.on_lost,
+            )
             while not self._stopping.is_set():
                 self.poll_once()
             self._drain()
@@ -97,8 +108,9 @@ class PollThread:
                 try:
                     consumer.close()
                 except (KafkaException, RuntimeError) as exc:
-                    log.warning("orderly consumer %s: closing the consumer: %s",
-                                self.client_id, exc)
+                    log.warning(
+                        "orderly consumer %s: closing the consumer: %s", self.client_id, exc
+                    )
 
     def poll_once(self) -> None:
         consumer = self._consumer
@@ -151,8 +163,13 @@ class PollThread:
                     continue
                 reset_to = st.take_reset()
                 held = st.phase is QueuePhase.ALIGNED and st.lease_ok(now)
-                pause, resume = flow_control(len(st.msgs), st.queued_bytes, paused=st.paused,
-                                             held=held, max_queued_bytes=self.max_queued_bytes)
+                pause, resume = flow_control(
+                    len(st.msgs),
+                    st.queued_bytes,
+                    paused=st.paused,
+                    held=held,
+                    max_queued_bytes=self.max_queued_bytes,
+                )
             if not (watermarks or reset_to is not None or pause or resume):
                 continue
             tp = TopicPartition(q.tp[0], q.tp[1])
@@ -199,8 +216,7 @@ class PollThread:
                         if pending:
                             self._commits.commit_pending(q)
                         with q.cv:
-                            busy = busy or (q.state.pending_commit is not None
-                                            and not q.state.gone)
+                            busy = busy or (q.state.pending_commit is not None and not q.state.gone)
                     finally:
                         q.consume_lock.release()
                 else:

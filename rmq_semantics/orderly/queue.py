@@ -71,7 +71,8 @@ def transition(current: QueuePhase, target: QueuePhase) -> QueuePhase:
     """Return ``target`` if the lifecycle allows ``current -> target``, else raise."""
     if target not in TRANSITIONS[current]:
         raise IllegalTransitionError(
-            f"orderly queue cannot go from {current.value} to {target.value}")
+            f"orderly queue cannot go from {current.value} to {target.value}"
+        )
     return target
 
 
@@ -93,10 +94,14 @@ class QueueState:
     them from ``committed_metadata``, read at alignment; partition mode leaves them "".
     """
 
-    def __init__(self, tp: tuple[str, int], *,
-                 offset_of: Callable[[Any], int] = operator.attrgetter("offset"),
-                 views: Callable[[list[Any]], list[OrderlyMessage]] | None = None,
-                 size_of: Callable[[Any], int] = _value_size) -> None:
+    def __init__(
+        self,
+        tp: tuple[str, int],
+        *,
+        offset_of: Callable[[Any], int] = operator.attrgetter("offset"),
+        views: Callable[[list[Any]], list[OrderlyMessage]] | None = None,
+        size_of: Callable[[Any], int] = _value_size,
+    ) -> None:
         self.tp = tp
         self._offset_of = offset_of
         self._views = views
@@ -149,9 +154,13 @@ class QueueState:
     def runnable(self, now: float) -> bool:
         """A batch may start at ``now``: aligned under a live lease, not rewinding, not
         suspended, and something to hand over."""
-        return (self.phase is QueuePhase.ALIGNED and now < self.deadline
-                and self.reset_to is None and bool(self.inflight or self.msgs)
-                and now >= self.suspended_until)
+        return (
+            self.phase is QueuePhase.ALIGNED
+            and now < self.deadline
+            and self.reset_to is None
+            and bool(self.inflight or self.msgs)
+            and now >= self.suspended_until
+        )
 
     def may_commit(self, epoch: int, now: float) -> str | None:
         """None when a batch that started under ``epoch`` may be committed (or dead-lettered)
@@ -370,7 +379,16 @@ class QueueState:
         committed = self.committed
         lag = max(0, self.high - committed) if self.high >= 0 and committed >= 0 else -1
         return PartitionStatus(
-            self.tp[0], self.tp[1], state, self.epoch,
-            int(max(0.0, self.deadline - now) * 1000) if locked else 0, committed, lag,
-            len(self.msgs), len(self.inflight), self.reconsume_times,
-            now < self.suspended_until, queued_bytes=self.queued_bytes)
+            self.tp[0],
+            self.tp[1],
+            state,
+            self.epoch,
+            int(max(0.0, self.deadline - now) * 1000) if locked else 0,
+            committed,
+            lag,
+            len(self.msgs),
+            len(self.inflight),
+            self.reconsume_times,
+            now < self.suspended_until,
+            queued_bytes=self.queued_bytes,
+        )

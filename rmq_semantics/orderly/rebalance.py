@@ -39,10 +39,19 @@ AWAIT_SLICE_S = 0.005
 class Rebalance:
     """The rebalance callbacks and the release of queues (also used by shutdown)."""
 
-    def __init__(self, *, client_id: str, queues: QueueRegistry, calls: ConsumerCalls,
-                 commits: Commits, leases: LeaseKeeper,
-                 worker: Callable[[LiveQueue], None], stopping: threading.Event,
-                 system: SystemPartitionFilter, incremental: bool) -> None:
+    def __init__(
+        self,
+        *,
+        client_id: str,
+        queues: QueueRegistry,
+        calls: ConsumerCalls,
+        commits: Commits,
+        leases: LeaseKeeper,
+        worker: Callable[[LiveQueue], None],
+        stopping: threading.Event,
+        system: SystemPartitionFilter,
+        incremental: bool,
+    ) -> None:
         self.client_id = client_id
         self.system = system
         self._incremental = incremental
@@ -57,14 +66,18 @@ class Rebalance:
         # System-topic partitions a pattern matched get no queue, no lock, no fetch.
         partitions = self.system.keep(partitions)
         try:
-            added = self._queues.add([(tp.topic, tp.partition) for tp in partitions],
-                                     self._worker, idle=self._stopping.is_set())
+            added = self._queues.add(
+                [(tp.topic, tp.partition) for tp in partitions],
+                self._worker,
+                idle=self._stopping.is_set(),
+            )
             for q in added:
                 if q.thread is not None:
                     q.thread.start()
             if added:
-                log.info("orderly consumer %s assigned %s", self.client_id,
-                         [q.where for q in added])
+                log.info(
+                    "orderly consumer %s assigned %s", self.client_id, [q.where for q in added]
+                )
                 self._leases.wake()
         finally:
             # Assigned here: left to itself the client would assign the system ones too.
@@ -79,8 +92,7 @@ class Rebalance:
     def on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._revoked(consumer, partitions, lost=True)
 
-    def _revoked(self, consumer: confluent_kafka.Consumer, partitions: list,
-                 lost: bool) -> None:
+    def _revoked(self, consumer: confluent_kafka.Consumer, partitions: list, lost: bool) -> None:
         partitions = self.system.release(partitions)
         try:
             self.release(self._take(partitions), lost=lost)
@@ -92,8 +104,9 @@ class Rebalance:
                 consumer.unassign()
 
     def _take(self, partitions: list) -> list[LiveQueue]:
-        return [q for tp in partitions
-                if (q := self._queues.get((tp.topic, tp.partition))) is not None]
+        return [
+            q for tp in partitions if (q := self._queues.get((tp.topic, tp.partition))) is not None
+        ]
 
     def release(self, queues: list[LiveQueue], lost: bool) -> None:
         """Revocation: finish the in-flight batch, commit, then unlock (finally). A lost
@@ -124,14 +137,21 @@ class Rebalance:
                         q.consume_lock.release()
                 else:
                     self._drop(q)
-                    log.warning("%s: batch still in the listener at revocation; not "
-                                "unlocking (the lease will lapse)", q.where)
+                    log.warning(
+                        "%s: batch still in the listener at revocation; not "
+                        "unlocking (the lease will lapse)",
+                        q.where,
+                    )
         finally:
             # Also queues whose first grant is still in flight: unlock is by client id.
             if finished:
                 self._leases.unlock(finished)
-            log.info("orderly consumer %s %s %s", self.client_id,
-                     "lost" if lost else "released", [q.where for q in queues])
+            log.info(
+                "orderly consumer %s %s %s",
+                self.client_id,
+                "lost" if lost else "released",
+                [q.where for q in queues],
+            )
 
     def _await_batch(self, q: LiveQueue, wait: float) -> bool:
         """Acquire ``q.consume_lock`` within ``wait`` s. On the poll thread, keep running the

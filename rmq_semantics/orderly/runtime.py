@@ -84,8 +84,9 @@ class QueueRegistry:
         with self._lock:
             return list(self._queues.values())
 
-    def add(self, tps: list[tuple[str, int]], worker: Callable[[LiveQueue], None], *,
-            idle: bool = False) -> list[LiveQueue]:
+    def add(
+        self, tps: list[tuple[str, int]], worker: Callable[[LiveQueue], None], *, idle: bool = False
+    ) -> list[LiveQueue]:
         """Queues (and their worker threads, not started) for the partitions not here yet;
         ``idle`` ones start out revoking (assigned while shutting down)."""
         added = []
@@ -96,8 +97,9 @@ class QueueRegistry:
                 q = LiveQueue(tp, self._consume_locks.setdefault(tp, threading.Lock()))
                 if idle:
                     q.state.revoke()
-                q.thread = threading.Thread(target=worker, args=(q,), daemon=True,
-                                            name=f"rmq-orderly-{tp[0]}[{tp[1]}]")
+                q.thread = threading.Thread(
+                    target=worker, args=(q,), daemon=True, name=f"rmq-orderly-{tp[0]}[{tp[1]}]"
+                )
                 self._queues[tp] = q
                 added.append(q)
             self._workers = [t for t in self._workers if t.is_alive()]

@@ -41,9 +41,15 @@ ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ROLLBACK})
 class Worker:
     """What every worker thread runs (:meth:`run` is the thread's target)."""
 
-    def __init__(self, listener: Callable[..., Any], *, batch_size: int,
-                 max_reconsume_times: int, commits: Commits,
-                 dead_letters: DeadLetters) -> None:
+    def __init__(
+        self,
+        listener: Callable[..., Any],
+        *,
+        batch_size: int,
+        max_reconsume_times: int,
+        commits: Commits,
+        dead_letters: DeadLetters,
+    ) -> None:
         self._listener = listener
         self.batch_size = batch_size
         self.max_reconsume_times = max_reconsume_times
@@ -98,8 +104,7 @@ class Worker:
                 if status is ROLLBACK:
                     with q.cv:
                         st.rollback()
-                        st.suspend(time.monotonic() + context.suspend_ms / 1000,
-                                   retried=False)
+                        st.suspend(time.monotonic() + context.suspend_ms / 1000, retried=False)
                     return
                 if status is SUCCESS:
                     with q.cv:
@@ -131,25 +136,34 @@ class Worker:
             st.processed(batch[-1].offset + 1, st.epoch)
         return []
 
-    def _dead_letter(self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int,
-                     failure: Failure) -> bool:
+    def _dead_letter(
+        self, q: LiveQueue, batch: list[OrderlyMessage], epoch: int, failure: Failure
+    ) -> bool:
         reason = self._commits.may_commit(q, epoch)  # a deposed holder must not move on
         if reason is not None:
             log.warning("%s: not dead-lettering: %s", batch[0].where, reason)
             return False
         return self._dead_letters.send(batch, epoch, failure)
 
-    def _call_listener(self, batch: list[OrderlyMessage], context: ConsumeOrderlyContext
-                       ) -> tuple[ConsumeOrderlyStatus, str, Exception | None]:
+    def _call_listener(
+        self, batch: list[OrderlyMessage], context: ConsumeOrderlyContext
+    ) -> tuple[ConsumeOrderlyStatus, str, Exception | None]:
         """The listener's status, and for a failed call why (a DLQ reason) and its error."""
         try:
             status = self._listener(batch, context)
         except Exception as exc:
-            log.warning("%s: listener raised %r; suspending the queue for %d ms",
-                        batch[0].where, exc, context.suspend_ms)
+            log.warning(
+                "%s: listener raised %r; suspending the queue for %d ms",
+                batch[0].where,
+                exc,
+                context.suspend_ms,
+            )
             return SUSPEND, "raised", exc
         if not isinstance(status, ConsumeOrderlyStatus):
-            log.warning("%s: listener returned %r, not a ConsumeOrderlyStatus; suspending",
-                        batch[0].where, status)
+            log.warning(
+                "%s: listener returned %r, not a ConsumeOrderlyStatus; suspending",
+                batch[0].where,
+                status,
+            )
             return SUSPEND, "bad_status", None
         return status, "suspended", None

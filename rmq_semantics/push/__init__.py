@@ -10,5 +10,11 @@ from rmq_semantics.push.api import (
 from rmq_semantics.push.consumer import PushConsumer
 from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS
 
-__all__ = ["DEFAULT_DELAY_LEVELS", "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus",
-           "MessageListenerConcurrently", "PushConsumer", "PushMessage"]
+__all__ = [
+    "DEFAULT_DELAY_LEVELS",
+    "ConsumeConcurrentlyContext",
+    "ConsumeConcurrentlyStatus",
+    "MessageListenerConcurrently",
+    "PushConsumer",
+    "PushMessage",
+]

@@ -8,8 +8,12 @@ from enum import Enum
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus",
-           "MessageListenerConcurrently", "PushMessage"]
+__all__ = [
+    "ConsumeConcurrentlyContext",
+    "ConsumeConcurrentlyStatus",
+    "MessageListenerConcurrently",
+    "PushMessage",
+]
 
 
 class ConsumeConcurrentlyStatus(Enum):
@@ -42,8 +46,10 @@ class ConsumeConcurrentlyContext:
     @delay_level_when_next_consume.setter
     def delay_level_when_next_consume(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"delay_level_when_next_consume must be an int (0: by "
-                              f"reconsume count, k > 0: level k, < 0: DLQ), got {value!r}")
+            raise ConfigError(
+                f"delay_level_when_next_consume must be an int (0: by "
+                f"reconsume count, k > 0: level k, < 0: DLQ), got {value!r}"
+            )
         self._delay_level = value
 
     @property
@@ -57,9 +63,11 @@ class ConsumeConcurrentlyContext:
         self._ack_index = value
 
     def __repr__(self) -> str:
-        return (f"ConsumeConcurrentlyContext(topic={self.topic!r}, partition={self.partition}, "
-                f"delay_level_when_next_consume={self._delay_level}, "
-                f"ack_index={self._ack_index})")
+        return (
+            f"ConsumeConcurrentlyContext(topic={self.topic!r}, partition={self.partition}, "
+            f"delay_level_when_next_consume={self._delay_level}, "
+            f"ack_index={self._ack_index})"
+        )
 
 
 class MessageListenerConcurrently:
@@ -67,8 +75,9 @@ class MessageListenerConcurrently:
     ``async def`` one) works too, and so does RocketMQ's name ``consumeMessage`` (a listener
     ported from Java, with or without this base class)."""
 
-    def consume_message(self, msgs: list[PushMessage],
-                        context: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
+    def consume_message(
+        self, msgs: list[PushMessage], context: ConsumeConcurrentlyContext
+    ) -> ConsumeConcurrentlyStatus:
         """Process ``msgs`` (one partition); return CONSUME_SUCCESS or RECONSUME_LATER."""
         raise NotImplementedError
 

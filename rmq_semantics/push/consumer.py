@@ -44,9 +44,12 @@ RETRY_RETENTION_MS = str(7 * 24 * 3600 * 1000)
 def push_consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what the concurrent consumer needs (the caller's dict is untouched):
     it commits itself, inside its transactions, and reads only committed retry copies."""
-    out = self_committing_conf(conf, who="PushConsumer", why="the PushConsumer commits "
-                               "offsets in the transactions that write its retry copies",
-                               forced={"isolation.level": "read_committed"})
+    out = self_committing_conf(
+        conf,
+        who="PushConsumer",
+        why="the PushConsumer commits offsets in the transactions that write its retry copies",
+        forced={"isolation.level": "read_committed"},
+    )
     if out.get("group.protocol", "classic") == "classic":
         # Incremental assignment: the rebalance callbacks assign and unassign themselves.
         out["partition.assignment.strategy"] = "cooperative-sticky"
@@ -54,8 +57,7 @@ def push_consumer_conf(conf: dict) -> dict:
 
 
 def _listener_callable(listener: object) -> Callable[..., Any]:
-    return listener_callable(listener, MessageListenerConcurrently,
-                             "ConsumeConcurrentlyStatus")
+    return listener_callable(listener, MessageListenerConcurrently, "ConsumeConcurrentlyStatus")
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -80,14 +82,19 @@ class PushConsumer:
     context manager. No network in ``__init__``.
     """
 
-    def __init__(self, conf: dict, *,
-                 listener: MessageListenerConcurrently | Callable[..., Any],
-                 max_workers: int = DEFAULT_PUSH_WORKERS, max_reconsume_times: int = 16,
-                 delay_levels: Sequence[float] = DEFAULT_DELAY_LEVELS,
-                 consume_message_batch_max_size: int = 1,
-                 consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
-                 topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-                 client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        listener: MessageListenerConcurrently | Callable[..., Any],
+        max_workers: int = DEFAULT_PUSH_WORKERS,
+        max_reconsume_times: int = 16,
+        delay_levels: Sequence[float] = DEFAULT_DELAY_LEVELS,
+        consume_message_batch_max_size: int = 1,
+        consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        client_id: str | None = None,
+    ) -> None:
         self._conf = push_consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -95,14 +102,17 @@ class PushConsumer:
         self._listener = _listener_callable(listener)
         self.max_workers = _check_int("max_workers", max_workers, 1)
         self.max_reconsume_times = _check_int("max_reconsume_times", max_reconsume_times, 0)
-        self.batch_size = _check_int("consume_message_batch_max_size",
-                                     consume_message_batch_max_size, 1)
+        self.batch_size = _check_int(
+            "consume_message_batch_max_size", consume_message_batch_max_size, 1
+        )
         self.consume_timeout_ms = _check_int("consume_timeout_ms", consume_timeout_ms, 1)
         self.delay_levels = check_delay_levels(delay_levels)
         self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
         self.dlq_topic = self.system_topics.dlq(self.group)
-        self.retry_topics = [self.system_topics.retry(self.group, level)
-                             for level in range(1, len(self.delay_levels) + 1)]
+        self.retry_topics = [
+            self.system_topics.retry(self.group, level)
+            for level in range(1, len(self.delay_levels) + 1)
+        ]
         self._topics: list[str] = []
         self._system = SystemPartitionFilter(self.topic_prefix, f"push consumer {self.client_id}")
         self._tags = TagFilter()
@@ -113,24 +123,32 @@ class PushConsumer:
         self._shutdown_lock = threading.Lock()
         self._shut = False
         self._reported = False  # start() raised the poll thread's error already
-        self.ledger = Ledger(retry_topic=lambda level: self.retry_topics[level - 1],
-                             dlq_topic=self.dlq_topic, delay_levels=self.delay_levels,
-                             max_reconsume_times=self.max_reconsume_times)
+        self.ledger = Ledger(
+            retry_topic=lambda level: self.retry_topics[level - 1],
+            dlq_topic=self.dlq_topic,
+            delay_levels=self.delay_levels,
+            max_reconsume_times=self.max_reconsume_times,
+        )
 
     # -- public API ------------------------------------------------------------------------
     def subscribe(self, topics: Sequence[str], tags: str | None = None) -> None:
         """Topics to consume (before ``start()``), with RocketMQ's tag expression
         (``"TagA || TagB"``, ``"*"``/None: all); system topics are refused."""
-        if isinstance(topics, str) or not topics or not all(
-                isinstance(t, str) and t for t in topics):
+        if (
+            isinstance(topics, str)
+            or not topics
+            or not all(isinstance(t, str) and t for t in topics)
+        ):
             raise ConfigError(f"subscribe wants a non-empty list of topic names, got {topics!r}")
         if self._thread is not None:
             raise IllegalStateError("subscribe() must be called before start()")
         refuse_system_topics(list(topics), self.topic_prefix)
         own = sorted(set(topics) & set(self.retry_topics))
         if own:  # read by this consumer already, at their due times
-            raise ConfigError(f"{own[0]!r} is one of this consumer's retry topics: a system "
-                              "topic it reads by itself")
+            raise ConfigError(
+                f"{own[0]!r} is one of this consumer's retry topics: a system "
+                "topic it reads by itself"
+            )
         self._tags = TagFilter(tags)
         self._topics = list(topics)
         # Its own retry topics are system topics it reads by name.
@@ -147,33 +165,52 @@ class PushConsumer:
         specs = {t: (1, {"retention.ms": RETRY_RETENTION_MS}) for t in self.retry_topics}
         specs[self.dlq_topic] = (1, {})
         ensure_topics(self._conf, specs, replicated=True)
-        self._pool = ListenerPool(self._listener, max_workers=self.max_workers,
-                                  ledger=self.ledger, name=self.group,
-                                  consume_timeout_ms=self.consume_timeout_ms)
+        self._pool = ListenerPool(
+            self._listener,
+            max_workers=self.max_workers,
+            ledger=self.ledger,
+            name=self.group,
+            consume_timeout_ms=self.consume_timeout_ms,
+        )
         settings = PollSettings(
             consumer_conf=self._conf,
-            producer_conf=client_conf(producer_defaults(self._conf, internal=True),
-                                      forced={"transactional.id": f"{self.topic_prefix}_push_"
-                                              f"{self.client_id}",
-                                              "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}),
+            producer_conf=client_conf(
+                producer_defaults(self._conf, internal=True),
+                forced={
+                    "transactional.id": f"{self.topic_prefix}_push_{self.client_id}",
+                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                },
+            ),
             topics=self._topics,
             retry_levels={t: i + 1 for i, t in enumerate(self.retry_topics)},
-            delay_levels=self.delay_levels, tags=self._tags, batch_size=self.batch_size,
-            backlog=max(4 * self.max_workers, 16), max_reconsume_times=self.max_reconsume_times,
-            consume_timeout_ms=self.consume_timeout_ms, drain_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-        self._loop = PollLoop(settings, self.ledger, self._pool, self._stopping, self.client_id,
-                              self._system)
-        self._thread = threading.Thread(target=self._loop.run, daemon=True,
-                                        name=f"rmq-push-poll-{self.group}")
+            delay_levels=self.delay_levels,
+            tags=self._tags,
+            batch_size=self.batch_size,
+            backlog=max(4 * self.max_workers, 16),
+            max_reconsume_times=self.max_reconsume_times,
+            consume_timeout_ms=self.consume_timeout_ms,
+            drain_timeout_s=SHUTDOWN_TIMEOUT_S / 2,
+        )
+        self._loop = PollLoop(
+            settings, self.ledger, self._pool, self._stopping, self.client_id, self._system
+        )
+        self._thread = threading.Thread(
+            target=self._loop.run, daemon=True, name=f"rmq-push-poll-{self.group}"
+        )
         self._thread.start()
         if not self._loop.started.wait(START_TIMEOUT_S):
-            raise RmqTimeoutError(f"PushConsumer {self.client_id} did not start within "
-                                  f"{START_TIMEOUT_S:.0f} s")
+            raise RmqTimeoutError(
+                f"PushConsumer {self.client_id} did not start within {START_TIMEOUT_S:.0f} s"
+            )
         if self._loop.error is not None:
             self._reported = True
             raise self._loop.error
-        log.info("push consumer %s started on %s (tags %s)", self.client_id, self._topics,
-                 self._tags.expression)
+        log.info(
+            "push consumer %s started on %s (tags %s)",
+            self.client_id,
+            self._topics,
+            self._tags.expression,
+        )
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Let running calls end, commit, leave the group. Idempotent; returns within about
@@ -187,8 +224,9 @@ class PushConsumer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(max(0.0, deadline - time.monotonic()))
             if self._thread.is_alive():
-                log.warning("push consumer %s: poll thread still busy after %.0f s",
-                            self.client_id, timeout)
+                log.warning(
+                    "push consumer %s: poll thread still busy after %.0f s", self.client_id, timeout
+                )
         if self._pool is not None:
             self._pool.close(max(0.1, deadline - time.monotonic()))
         log.info("push consumer %s shut down (%s)", self.client_id, self.ledger.counts)

@@ -58,8 +58,14 @@ class Ledger:
     """Partitions, their trackers and owed copies, under one lock (workers settle, the
     poll thread adds records and takes commits)."""
 
-    def __init__(self, *, retry_topic: Callable[[int], str], dlq_topic: str,
-                 delay_levels: tuple[float, ...], max_reconsume_times: int) -> None:
+    def __init__(
+        self,
+        *,
+        retry_topic: Callable[[int], str],
+        dlq_topic: str,
+        delay_levels: tuple[float, ...],
+        max_reconsume_times: int,
+    ) -> None:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # a call settled: in_flight went down
         self._parts: dict[TP, Part] = {}
@@ -68,8 +74,16 @@ class Ledger:
         self.dlq_topic = dlq_topic
         self._levels = delay_levels
         self._max = max_reconsume_times
-        self.counts = {"consumed": 0, "retried": 0, "dead": 0, "skipped": 0, "malformed": 0,
-                       "timed_out": 0, "poll_errors": 0, "producer_renewals": 0}
+        self.counts = {
+            "consumed": 0,
+            "retried": 0,
+            "dead": 0,
+            "skipped": 0,
+            "malformed": 0,
+            "timed_out": 0,
+            "poll_errors": 0,
+            "producer_renewals": 0,
+        }
 
     def count(self, name: str) -> int:
         """One more ``name`` (e.g. a poll-thread error); the new count."""
@@ -122,8 +136,13 @@ class Ledger:
             return self._room.wait_for(lambda: len(self._batches) < limit, timeout_s)
 
     # -- outcomes (workers, and the poll thread for timeouts) --------------------------------
-    def settle(self, batch: Batch, status: object, context: ConsumeConcurrentlyContext,
-               error: BaseException | None) -> None:
+    def settle(
+        self,
+        batch: Batch,
+        status: object,
+        context: ConsumeConcurrentlyContext,
+        error: BaseException | None,
+    ) -> None:
         """Record a call's outcome once: successes done, failures queued as copies."""
         now_ms = int(time.time() * 1000)
         with self._lock:
@@ -139,26 +158,54 @@ class Ledger:
             for index, msg in enumerate(batch.msgs):
                 if index >= ok:
                     source = f"{part.tp[0]}[{part.tp[1]}]@{batch.offsets[index]}"
-                    part.outbox.append(self._copy(msg, batch.first_failures[index],
-                                                  context.delay_level_when_next_consume,
-                                                  error, now_ms, source))
+                    part.outbox.append(
+                        self._copy(
+                            msg,
+                            batch.first_failures[index],
+                            context.delay_level_when_next_consume,
+                            error,
+                            now_ms,
+                            source,
+                        )
+                    )
                 else:
                     self.counts["consumed"] += 1
                 part.tracker.done(batch.offsets[index])
 
-    def _copy(self, msg: Msg, first_failure: int | None, asked: int,
-              error: BaseException | None, now_ms: int, source: str) -> OutRecord:
+    def _copy(
+        self,
+        msg: Msg,
+        first_failure: int | None,
+        asked: int,
+        error: BaseException | None,
+        now_ms: int,
+        source: str,
+    ) -> OutRecord:
         times = msg.reconsume_times + 1
         if asked < 0 or times > self._max:
             self.counts["dead"] += 1
-            return out_record(msg, now_ms=now_ms, topic=self.dlq_topic, retry=False,
-                              due_ms=now_ms, error=error, first_failure_ms=first_failure,
-                              source=source)
+            return out_record(
+                msg,
+                now_ms=now_ms,
+                topic=self.dlq_topic,
+                retry=False,
+                due_ms=now_ms,
+                error=error,
+                first_failure_ms=first_failure,
+                source=source,
+            )
         level = level_of(times, asked, len(self._levels))
         self.counts["retried"] += 1
-        return out_record(msg, now_ms=now_ms, topic=self._retry_topic(level), retry=True,
-                          due_ms=now_ms + int(self._levels[level - 1] * 1000), error=error,
-                          first_failure_ms=first_failure, source=source)
+        return out_record(
+            msg,
+            now_ms=now_ms,
+            topic=self._retry_topic(level),
+            retry=True,
+            due_ms=now_ms + int(self._levels[level - 1] * 1000),
+            error=error,
+            first_failure_ms=first_failure,
+            source=source,
+        )
 
     def expired(self, now: float) -> list[Batch]:
         """Calls running past their deadline (the caller settles them as failed)."""
@@ -190,4 +237,3 @@ class Ledger:
             for part, records in copies:
                 if self._parts.get(part.tp) is part:
                     part.outbox[:0] = records
-

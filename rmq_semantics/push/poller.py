@@ -73,9 +73,15 @@ def _now_ms() -> int:
 class PollLoop:
     """Run by the poll thread: :meth:`run` until ``stopping`` is set, then drains."""
 
-    def __init__(self, settings: PollSettings, ledger: Ledger, pool: ListenerPool,
-                 stopping: threading.Event, name: str,
-                 system: SystemPartitionFilter | None = None) -> None:
+    def __init__(
+        self,
+        settings: PollSettings,
+        ledger: Ledger,
+        pool: ListenerPool,
+        stopping: threading.Event,
+        name: str,
+        system: SystemPartitionFilter | None = None,
+    ) -> None:
         self.s = settings
         self.system = system or SystemPartitionFilter(DEFAULT_TOPIC_PREFIX, name)
         self.ledger = ledger
@@ -108,8 +114,12 @@ class PollLoop:
                     if isinstance(exc, KafkaException) and exc.args[0].fatal():
                         raise  # the consumer is unusable: end, for shutdown() to report
                     count = self.ledger.count("poll_errors")
-                    log.exception("push consumer %s: error in the poll loop (#%d); going on "
-                                  "in %.1f s", self.name, count, delay)
+                    log.exception(
+                        "push consumer %s: error in the poll loop (#%d); going on in %.1f s",
+                        self.name,
+                        count,
+                        delay,
+                    )
                     rewind(self.consumer, self.ledger, self.s.consumer_conf, self.name)
                     self.stopping.wait(delay)
                     delay = min(POLL_ERROR_BACKOFF_MAX_S, delay * 2)
@@ -122,15 +132,20 @@ class PollLoop:
             self._close()
 
     def _open(self) -> None:
-        self.txn = PushProducer(lambda: new_client(confluent_kafka.Producer,
-                                                   self.s.producer_conf,
-                                                   "PushConsumer producer"), self.name)
+        self.txn = PushProducer(
+            lambda: new_client(
+                confluent_kafka.Producer, self.s.producer_conf, "PushConsumer producer"
+            ),
+            self.name,
+        )
         self.txn.init(WEDGED_AFTER_S)
-        self.consumer = new_client(confluent_kafka.Consumer, self.s.consumer_conf,
-                                   "PushConsumer")
-        self.consumer.subscribe([*self.s.topics, *self.s.retry_levels],
-                                on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
+        self.consumer = new_client(confluent_kafka.Consumer, self.s.consumer_conf, "PushConsumer")
+        self.consumer.subscribe(
+            [*self.s.topics, *self.s.retry_levels],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
 
     def _round(self) -> None:
         consumer = self.consumer
@@ -197,14 +212,12 @@ class PollLoop:
         except KafkaException as exc:
             self._unread.failed(exc, self.ledger.count("poll_errors"))
             return
-        for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name,
-                        self._replay_from):
+        for tp in adopt(committed, self.ledger, self.s.retry_levels, self.name, self._replay_from):
             # Paused since assigned, so nothing was fetched: only a known start needs a seek
             # (else librdkafka's auto.offset.reset start stands).
             if tp.offset >= 0 or tp.offset == confluent_kafka.OFFSET_BEGINNING:
                 consumer.seek(tp)
-        consumer.resume([tp for tp in committed if (tp.topic, tp.partition)
-                         not in self._bp_paused])
+        consumer.resume([tp for tp in committed if (tp.topic, tp.partition) not in self._bp_paused])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._commit()  # what is done of them is committed before another owner starts
@@ -235,8 +248,7 @@ class PollLoop:
         for tp in due:
             del self._held[tp]
         if due and self.consumer is not None:
-            self.consumer.resume([TopicPartition(*tp) for tp in due
-                                  if tp not in self._bp_paused])
+            self.consumer.resume([TopicPartition(*tp) for tp in due if tp not in self._bp_paused])
 
     def _back_pressure(self, consumer: confluent_kafka.Consumer) -> None:
         busy = self.ledger.in_flight
@@ -250,14 +262,16 @@ class PollLoop:
             if self._bp_paused:
                 consumer.pause([TopicPartition(*tp) for tp in self._bp_paused])
         elif busy < self.s.backlog // 2 and self._bp_paused:
-            resume = [TopicPartition(*tp) for tp in self._bp_paused
-                      if tp not in self._held and tp not in self._unread]
+            resume = [
+                TopicPartition(*tp)
+                for tp in self._bp_paused
+                if tp not in self._held and tp not in self._unread
+            ]
             self._bp_paused = set()
             if resume:
                 consumer.resume(resume)
 
-    def _hold(self, consumer: confluent_kafka.Consumer, tp: TP, offset: int,
-              due_ms: int) -> None:
+    def _hold(self, consumer: confluent_kafka.Consumer, tp: TP, offset: int, due_ms: int) -> None:
         """Pause retry partition ``tp`` with its head at ``offset`` until ``due_ms``."""
         part = TopicPartition(tp[0], tp[1], offset)
         consumer.pause([part])
@@ -297,31 +311,60 @@ class PollLoop:
         for batch in pending.values():
             self.pool.submit(batch)
 
-    def _message(self, record: confluent_kafka.Message, part: Part,
-                 now_ms: int) -> tuple[PushMessage | None, int | None]:
+    def _message(
+        self, record: confluent_kafka.Message, part: Part, now_ms: int
+    ) -> tuple[PushMessage | None, int | None]:
         """The listener's view of ``record`` and its first failure time; (None, due ms)
         for a retry record not due yet."""
         headers = tuple((k, v if v is not None else b"") for k, v in record.headers() or ())
         born = record.timestamp()[1]
         if not part.level:
-            return PushMessage(record.topic(), record.partition(), record.offset(),
-                               record.key(), record.value(), headers, born, born), None
+            return PushMessage(
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                record.key(),
+                record.value(),
+                headers,
+                born,
+                born,
+            ), None
         where = (record.topic(), record.partition(), record.offset())
-        info = read_retry(list(headers), where=where,
-                          level_delay_ms=int(self.s.delay_levels[part.level - 1] * 1000),
-                          now_ms=now_ms, max_reconsume_times=self.s.max_reconsume_times)
+        info = read_retry(
+            list(headers),
+            where=where,
+            level_delay_ms=int(self.s.delay_levels[part.level - 1] * 1000),
+            now_ms=now_ms,
+            max_reconsume_times=self.s.max_reconsume_times,
+        )
         if info.due_ms > now_ms:
             return None, info.due_ms  # read again once due: counted then, once
         if info.problems:
             self.ledger.counts["malformed"] += 1
-            log.warning("%s[%d]@%d: retry record with %s; delivering it repaired", *where,
-                        "; ".join(info.problems),
-                        extra=event("malformed_retry", topic=where[0], partition=where[1],
-                                    offset=where[2], reason="; ".join(info.problems)))
-        return PushMessage(info.topic, info.partition, info.offset, record.key(),
-                           record.value(), headers, born, born_of(headers, born),
-                           info.reconsume_times,
-                           record.topic()), info.first_failure_ms
+            log.warning(
+                "%s[%d]@%d: retry record with %s; delivering it repaired",
+                *where,
+                "; ".join(info.problems),
+                extra=event(
+                    "malformed_retry",
+                    topic=where[0],
+                    partition=where[1],
+                    offset=where[2],
+                    reason="; ".join(info.problems),
+                ),
+            )
+        return PushMessage(
+            info.topic,
+            info.partition,
+            info.offset,
+            record.key(),
+            record.value(),
+            headers,
+            born,
+            born_of(headers, born),
+            info.reconsume_times,
+            record.topic(),
+        ), info.first_failure_ms
 
     # -- transactions ------------------------------------------------------------------------
     def _commit(self) -> None:
@@ -334,8 +377,10 @@ class PollLoop:
         if not copies and not offsets:
             return
         records = [rec for _part, recs in copies for rec in recs]
-        positions = [TopicPartition(p.tp[0], p.tp[1], off, metadata=meta)
-                     for p, (off, meta) in offsets.items()]
+        positions = [
+            TopicPartition(p.tp[0], p.tp[1], off, metadata=meta)
+            for p, (off, meta) in offsets.items()
+        ]
         try:
             metadata = consumer.consumer_group_metadata() if offsets else None
             txn.commit(records, positions, metadata, WEDGED_AFTER_S)
@@ -343,14 +388,19 @@ class PollLoop:
             self._replay(consumer, str(exc))
             return
         except KafkaException as exc:
-            log.warning("push consumer %s: transaction failed (%s); retrying", self.name,
-                        exc.args[0])
+            log.warning(
+                "push consumer %s: transaction failed (%s); retrying", self.name, exc.args[0]
+            )
             self.ledger.put_back(copies)
             return
         self.ledger.committed(offsets)
         for rec in records:
-            log.info("%s sent to %s", rec.source, rec.topic,
-                     extra=event("retry_write", source=rec.source, topic=rec.topic))
+            log.info(
+                "%s sent to %s",
+                rec.source,
+                rec.topic,
+                extra=event("retry_write", source=rec.source, topic=rec.topic),
+            )
 
     def _replay(self, consumer: confluent_kafka.Consumer, why: str) -> None:
         """The producer was re-created: whether the failed transaction committed is unknown
@@ -358,10 +408,15 @@ class PollLoop:
         committed offset, read again (KIP-447 waits out the old transaction), as if just
         assigned: records after it are processed again, at least once."""
         parts = self.ledger.parts()
-        log.warning("push consumer %s: transactional producer re-created (#%d: %s); "
-                    "replaying %d partitions from their committed offsets", self.name,
-                    self.ledger.count("producer_renewals"), why, len(parts),
-                    extra=event("push_producer_renewed", reason=why))
+        log.warning(
+            "push consumer %s: transactional producer re-created (#%d: %s); "
+            "replaying %d partitions from their committed offsets",
+            self.name,
+            self.ledger.count("producer_renewals"),
+            why,
+            len(parts),
+            extra=event("push_producer_renewed", reason=why),
+        )
         for part in parts:
             self.ledger.revoke(part.tp)  # its calls still running are ignored, redone
             self._held.pop(part.tp, None)

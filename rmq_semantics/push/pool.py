@@ -28,8 +28,15 @@ LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
 class ListenerPool:
     """Runs listener calls and settles their outcomes in the ledger."""
 
-    def __init__(self, listener: Callable[..., Any], *, max_workers: int, ledger: Ledger,
-                 name: str, consume_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        listener: Callable[..., Any],
+        *,
+        max_workers: int,
+        ledger: Ledger,
+        name: str,
+        consume_timeout_ms: int,
+    ) -> None:
         self._listener = listener
         self._ledger = ledger
         self._timeout_s = consume_timeout_ms / 1000
@@ -41,8 +48,9 @@ class ListenerPool:
         if self.is_async:
             self._loop = asyncio.new_event_loop()
             self._slots = asyncio.Semaphore(max_workers)
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                                 name=f"rmq-push-loop-{name}")
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, daemon=True, name=f"rmq-push-loop-{name}"
+            )
             self._loop_thread.start()
         else:
             self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix=f"rmq-push-{name}")
@@ -79,10 +87,12 @@ class ListenerPool:
                     with process_span(first.headers, first.topic, len(batch.msgs)):
                         result = await asyncio.wait_for(
                             self._listener(list(batch.msgs), context),
-                            max(batch.deadline - time.monotonic(), 0.001))
+                            max(batch.deadline - time.monotonic(), 0.001),
+                        )
                 except TimeoutError as exc:  # wait_for cancelled the call
-                    raise ConsumeTimeoutError(f"listener call ran past consume_timeout_ms "
-                                              f"({self._timeout_s:.3f} s)") from exc
+                    raise ConsumeTimeoutError(
+                        f"listener call ran past consume_timeout_ms ({self._timeout_s:.3f} s)"
+                    ) from exc
             except Exception as exc:  # the listener's own failure, or the timeout
                 self._failed(batch, context, exc)
                 return
@@ -90,15 +100,23 @@ class ListenerPool:
 
     def _done(self, batch: Batch, context: ConsumeConcurrentlyContext, result: object) -> None:
         if not isinstance(result, ConsumeConcurrentlyStatus):
-            log.warning("%s: listener returned %r, not a ConsumeConcurrentlyStatus; "
-                        "reconsuming later", batch.msgs[0].where, result)
+            log.warning(
+                "%s: listener returned %r, not a ConsumeConcurrentlyStatus; reconsuming later",
+                batch.msgs[0].where,
+                result,
+            )
             result = LATER
         self._ledger.settle(batch, result, context, None)
 
-    def _failed(self, batch: Batch, context: ConsumeConcurrentlyContext,
-                error: BaseException) -> None:
-        log.warning("%s: listener failed (%s: %s); reconsuming later", batch.msgs[0].where,
-                    type(error).__name__, error)
+    def _failed(
+        self, batch: Batch, context: ConsumeConcurrentlyContext, error: BaseException
+    ) -> None:
+        log.warning(
+            "%s: listener failed (%s: %s); reconsuming later",
+            batch.msgs[0].where,
+            type(error).__name__,
+            error,
+        )
         self._ledger.settle(batch, LATER, context, error)
 
     def expire(self, batch: Batch) -> None:
@@ -106,8 +124,13 @@ class ListenerPool:
         stopped, its outcome is ignored when it returns."""
         self._ledger.counts["timed_out"] += 1
         context = ConsumeConcurrentlyContext(*batch.part.tp, len(batch.msgs))
-        self._failed(batch, context, ConsumeTimeoutError(
-            f"listener call ran past consume_timeout_ms ({self._timeout_s:.3f} s)"))
+        self._failed(
+            batch,
+            context,
+            ConsumeTimeoutError(
+                f"listener call ran past consume_timeout_ms ({self._timeout_s:.3f} s)"
+            ),
+        )
 
     def close(self, timeout: float) -> None:
         """Stop taking calls; wait up to ``timeout`` s for the loop thread (idempotent)."""
@@ -117,4 +140,3 @@ class ListenerPool:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._loop_thread is not None:
             self._loop_thread.join(timeout)
-

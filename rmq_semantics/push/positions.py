@@ -14,8 +14,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.push.ledger import Ledger, Part
 
-__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "assign",
-           "rewind"]
+__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "assign", "rewind"]
 
 log = logging.getLogger("rmq_semantics.push.poller")
 
@@ -50,9 +49,15 @@ class UnreadOffsets:
         """A read failed (poll error #``count``): the next one after a longer delay."""
         self._delay = min(UNREAD_RETRY_MAX_S, self._delay * 2)
         self._due = time.monotonic() + self._delay
-        log.warning("push consumer %s: reading the committed offsets of %s failed (%s; "
-                    "poll error #%d); they stay paused, read again in %.0f s", self.name,
-                    sorted(f"{t}[{p}]" for t, p in self.tps), exc.args[0], count, self._delay)
+        log.warning(
+            "push consumer %s: reading the committed offsets of %s failed (%s; "
+            "poll error #%d); they stay paused, read again in %.0f s",
+            self.name,
+            sorted(f"{t}[{p}]" for t, p in self.tps),
+            exc.args[0],
+            count,
+            self._delay,
+        )
 
     def due(self, force: bool = False) -> bool:
         return bool(self.tps) and (force or time.monotonic() >= self._due)
@@ -60,15 +65,21 @@ class UnreadOffsets:
     def read(self, consumer: confluent_kafka.Consumer) -> list:
         """The committed offsets of every unread partition, which are then no longer
         unread; raises KafkaException (the caller counts it and calls :meth:`failed`)."""
-        committed = consumer.committed([TopicPartition(t, p) for t, p in self.tps],
-                                       timeout=self.timeout_s)
+        committed = consumer.committed(
+            [TopicPartition(t, p) for t, p in self.tps], timeout=self.timeout_s
+        )
         self.tps = set()
         self._delay = UNREAD_RETRY_MIN_S / 2
         return committed
 
 
-def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: str,
-          replayed: dict[tuple[str, int], int] | None = None) -> list:
+def adopt(
+    committed: list,
+    ledger: Ledger,
+    retry_levels: dict[str, int],
+    name: str,
+    replayed: dict[tuple[str, int], int] | None = None,
+) -> list:
     """Track ``committed`` partitions in the ledger; returns them, a retry partition
     without a commit set to its start, and one ``replayed`` (read already, its producer
     re-created since) without a commit to its first record read (popped from it)."""
@@ -84,8 +95,11 @@ def adopt(committed: list, ledger: Ledger, retry_levels: dict[str, int], name: s
         if tp.offset < 0 and tp.offset != confluent_kafka.OFFSET_BEGINNING and start is not None:
             tp.offset = start
     if committed:
-        log.info("push consumer %s assigned %s", name,
-                 [f"{tp.topic}[{tp.partition}]" for tp in committed])
+        log.info(
+            "push consumer %s assigned %s",
+            name,
+            [f"{tp.topic}[{tp.partition}]" for tp in committed],
+        )
     return committed
 
 
@@ -99,15 +113,19 @@ def assign(consumer: confluent_kafka.Consumer, partitions: list) -> None:
         consumer.resume(partitions)
 
 
-def rewind(consumer: confluent_kafka.Consumer | None, ledger: Ledger, consumer_conf: dict,
-           name: str) -> None:
+def rewind(
+    consumer: confluent_kafka.Consumer | None, ledger: Ledger, consumer_conf: dict, name: str
+) -> None:
     """After a failed round: seek every partition back to the first record not taken.
     A consume() whose callback raised drops the records it fetched, and the tracker reads
     a gap as no work: without this they would be committed past, never seen."""
     if consumer is None:
         return
     earliest = str(consumer_conf.get("auto.offset.reset", "")).lower() in (
-        "earliest", "smallest", "beginning")
+        "earliest",
+        "smallest",
+        "beginning",
+    )
     for part in ledger.parts():
         offset = part.tracker.next_offset
         if offset is None:  # nothing read yet, no commit: where the reset policy says
@@ -117,5 +135,11 @@ def rewind(consumer: confluent_kafka.Consumer | None, ledger: Ledger, consumer_c
         try:
             consumer.seek(TopicPartition(part.tp[0], part.tp[1], offset))
         except KafkaException as exc:  # e.g. revoked meanwhile; the next owner reads it
-            log.warning("push consumer %s: rewinding %s[%d] to %d: %s", name,
-                        part.tp[0], part.tp[1], offset, exc.args[0])
+            log.warning(
+                "push consumer %s: rewinding %s[%d] to %d: %s",
+                name,
+                part.tp[0],
+                part.tp[1],
+                offset,
+                exc.args[0],
+            )

@@ -19,14 +19,40 @@ from rmq_semantics.push.api import PushMessage
 from rmq_semantics.records.dead_letter import dlq_headers, retry_headers
 from rmq_semantics.records.headers import H
 
-__all__ = ["DEFAULT_DELAY_LEVELS", "OutRecord", "RetryRead", "born_of", "check_delay_levels",
-           "level_of", "out_record", "read_retry"]
+__all__ = [
+    "DEFAULT_DELAY_LEVELS",
+    "OutRecord",
+    "RetryRead",
+    "born_of",
+    "check_delay_levels",
+    "level_of",
+    "out_record",
+    "read_retry",
+]
 
 log = logging.getLogger(__name__)
 
 #: RocketMQ's ``messageDelayLevel``: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
-DEFAULT_DELAY_LEVELS: tuple[float, ...] = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420,
-                                           480, 540, 600, 1200, 1800, 3600, 7200)
+DEFAULT_DELAY_LEVELS: tuple[float, ...] = (
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
 # A due time this far past what its level allows is forged: deliver it now.
 DUE_SLACK_MS = 5000
 
@@ -38,8 +64,10 @@ def check_delay_levels(levels: Sequence[float]) -> tuple[float, ...]:
     except (TypeError, ValueError):
         out = ()
     if not out or any(not math.isfinite(s) or s < 0 for s in out):
-        raise ConfigError(f"delay_levels must be a non-empty sequence of seconds >= 0 (level 1 "
-                          f"first), got {levels!r}")
+        raise ConfigError(
+            f"delay_levels must be a non-empty sequence of seconds >= 0 (level 1 "
+            f"first), got {levels!r}"
+        )
     return out
 
 
@@ -65,28 +93,51 @@ class OutRecord:
         return H.DLQ_ORIGINAL_TOPIC in (k for k, _ in self.headers)
 
 
-def out_record(msg: PushMessage, *, now_ms: int, topic: str, retry: bool, due_ms: int,
-               error: BaseException | None, first_failure_ms: int | None,
-               source: str) -> OutRecord:
+def out_record(
+    msg: PushMessage,
+    *,
+    now_ms: int,
+    topic: str,
+    retry: bool,
+    due_ms: int,
+    error: BaseException | None,
+    first_failure_ms: int | None,
+    source: str,
+) -> OutRecord:
     """The copy of failed ``msg`` for ``topic``: a retry copy due at ``due_ms``, or (not
     ``retry``) a dead letter; ``source`` is where it was read, for log lines."""
     first = first_failure_ms if first_failure_ms is not None else now_ms
     if retry:
-        headers = retry_headers(msg.headers, topic=msg.topic, partition=msg.partition,
-                                offset=msg.offset, reconsume_times=msg.reconsume_times + 1,
-                                first_failure_ms=first, due_ms=due_ms)
+        headers = retry_headers(
+            msg.headers,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            reconsume_times=msg.reconsume_times + 1,
+            first_failure_ms=first,
+            due_ms=due_ms,
+        )
         return OutRecord(topic, msg.key, msg.value, _with_born(headers, msg), now_ms, source)
-    headers = dlq_headers(msg.headers, topic=msg.topic, partition=msg.partition,
-                          offset=msg.offset, reconsume_times=msg.reconsume_times, error=error,
-                          first_failure_ms=first, last_failure_ms=now_ms)
+    headers = dlq_headers(
+        msg.headers,
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        reconsume_times=msg.reconsume_times,
+        error=error,
+        first_failure_ms=first,
+        last_failure_ms=now_ms,
+    )
     return OutRecord(topic, msg.key, msg.value, _with_born(headers, msg), now_ms, source)
 
 
 def _with_born(headers: list[tuple[str, bytes]], msg: PushMessage) -> list[tuple[str, bytes]]:
     """A copy is written at now (retention counts from there, so a message born long ago is
     not deleted at once); its birth time travels in ``rmq.born_ts``."""
-    return [*(h for h in headers if h[0] != H.BORN_TS),
-            (H.BORN_TS, str(msg.born_timestamp).encode())]
+    return [
+        *(h for h in headers if h[0] != H.BORN_TS),
+        (H.BORN_TS, str(msg.born_timestamp).encode()),
+    ]
 
 
 def born_of(headers: list[tuple[str, bytes]] | tuple, record_ts: int) -> int:
@@ -114,8 +165,9 @@ class RetryRead:
     problems: tuple[str, ...]
 
 
-def _int_header(values: dict[str, bytes], name: str, low: int, high: int,
-                problems: list[str]) -> int | None:
+def _int_header(
+    values: dict[str, bytes], name: str, low: int, high: int, problems: list[str]
+) -> int | None:
     raw = values.get(name)
     if raw is None:
         problems.append(f"{name} missing")
@@ -131,8 +183,14 @@ def _int_header(values: dict[str, bytes], name: str, low: int, high: int,
     return value
 
 
-def read_retry(headers: list[tuple[str, bytes | None]] | None, *, where: tuple[str, int, int],
-               level_delay_ms: int, now_ms: int, max_reconsume_times: int) -> RetryRead:
+def read_retry(
+    headers: list[tuple[str, bytes | None]] | None,
+    *,
+    where: tuple[str, int, int],
+    level_delay_ms: int,
+    now_ms: int,
+    max_reconsume_times: int,
+) -> RetryRead:
     """The retry headers of a record read at ``where`` (topic, partition, offset) of a retry
     topic whose level waits ``level_delay_ms``. Garbage is repaired so the message can
     neither loop forever nor hold its partition: a bad count counts as the last reconsume
@@ -158,5 +216,6 @@ def read_retry(headers: list[tuple[str, bytes | None]] | None, *, where: tuple[s
         if topic == "":
             problems.append(f"{H.ORIGINAL_TOPIC} missing or not UTF-8")
         topic, partition, offset = where
-    return RetryRead(times, topic, partition, offset, first,
-                     now_ms if due is None else due, tuple(problems))
+    return RetryRead(
+        times, topic, partition, offset, first, now_ms if due is None else due, tuple(problems)
+    )

@@ -90,11 +90,19 @@ class PushProducer:
     def init(self, wedged_after_s: float) -> None:
         """``init_transactions`` (fences an older instance); raises KafkaException, or
         :class:`Renewed` when it did not return in ``wedged_after_s``."""
-        self._wait(self._worker.submit(self._init_job(self.producer, self._abandoned)),
-                   wedged_after_s, "initialising transactions")
+        self._wait(
+            self._worker.submit(self._init_job(self.producer, self._abandoned)),
+            wedged_after_s,
+            "initialising transactions",
+        )
 
-    def commit(self, copies: Sequence[OutRecord], offsets: list[TopicPartition],
-               metadata: object, wedged_after_s: float) -> None:
+    def commit(
+        self,
+        copies: Sequence[OutRecord],
+        offsets: list[TopicPartition],
+        metadata: object,
+        wedged_after_s: float,
+    ) -> None:
         """Begin, produce ``copies``, send ``offsets``, commit. Raises KafkaException for a
         transaction failed and aborted (the caller owes its copies again) and
         :class:`Renewed` when the producer had to be re-created (the caller replays)."""
@@ -115,17 +123,24 @@ class PushProducer:
                 self.producer.flush(timeout)
 
     # -- internals -------------------------------------------------------------------------
-    def _init_job(self, producer: confluent_kafka.Producer,
-                  abandoned: threading.Event) -> Callable[[], None]:
+    def _init_job(
+        self, producer: confluent_kafka.Producer, abandoned: threading.Event
+    ) -> Callable[[], None]:
         def job() -> None:
             producer.init_transactions(TXN_TIMEOUT_S)
             if not abandoned.is_set():
                 self._init_due = False
+
         return job
 
-    def _transaction(self, producer: confluent_kafka.Producer, abandoned: threading.Event,
-                     copies: Sequence[OutRecord], offsets: list[TopicPartition],
-                     metadata: object) -> None:
+    def _transaction(
+        self,
+        producer: confluent_kafka.Producer,
+        abandoned: threading.Event,
+        copies: Sequence[OutRecord],
+        offsets: list[TopicPartition],
+        metadata: object,
+    ) -> None:
         def step() -> None:
             if abandoned.is_set():  # its successor has taken over: commit nothing now
                 raise _Abandoned
@@ -134,8 +149,9 @@ class PushProducer:
             step()
             producer.begin_transaction()
             for rec in copies:
-                producer.produce(rec.topic, rec.value, key=rec.key, headers=rec.headers,
-                                 timestamp=rec.timestamp)
+                producer.produce(
+                    rec.topic, rec.value, key=rec.key, headers=rec.headers, timestamp=rec.timestamp
+                )
             if offsets:
                 step()
                 producer.send_offsets_to_transaction(offsets, metadata, TXN_TIMEOUT_S)
@@ -150,26 +166,33 @@ class PushProducer:
             except KafkaException as abort_exc:
                 if abort_exc.args[0].fatal():
                     raise abort_exc from exc  # re-created: its next begin would never return
-                log.warning("push consumer %s: abort failed (%s)", self.name,
-                            abort_exc.args[0])
+                log.warning("push consumer %s: abort failed (%s)", self.name, abort_exc.args[0])
             raise
 
-    def _wait(self, future: concurrent.futures.Future, wedged_after_s: float,
-              what: str) -> None:
+    def _wait(self, future: concurrent.futures.Future, wedged_after_s: float, what: str) -> None:
         try:
             future.result(timeout=wedged_after_s)
         except concurrent.futures.TimeoutError:
-            log.warning("push consumer %s: %s has not returned in %.0f s, past its %.0f s "
-                        "timeout (librdkafka #5456, #5511); abandoning the producer to it "
-                        "and re-creating it: its new epoch aborts the stuck transaction",
-                        self.name, what, wedged_after_s, TXN_TIMEOUT_S)
+            log.warning(
+                "push consumer %s: %s has not returned in %.0f s, past its %.0f s "
+                "timeout (librdkafka #5456, #5511); abandoning the producer to it "
+                "and re-creating it: its new epoch aborts the stuck transaction",
+                self.name,
+                what,
+                wedged_after_s,
+                TXN_TIMEOUT_S,
+            )
             self._renew(flush=False)
             raise Renewed(f"{what} did not return in {wedged_after_s:.0f} s") from None
         except KafkaException as exc:
             if not exc.args[0].fatal():
                 raise
-            log.warning("push consumer %s: %s failed fatally (%s); re-creating the "
-                        "transactional producer", self.name, what, exc.args[0])
+            log.warning(
+                "push consumer %s: %s failed fatally (%s); re-creating the transactional producer",
+                self.name,
+                what,
+                exc.args[0],
+            )
             self._renew(flush=True)
             raise Renewed(f"{what}: {exc.args[0]}") from exc
 

@@ -50,8 +50,17 @@ class RecordType(IntEnum):
         return self.name.lower()
 
 
-SystemRecord = (EndRequest | EndRequests | DoneMarker | DoneMarkers | CheckMarker
-                | CheckRequest | LockRequest | LockReply | LockEntry)
+SystemRecord = (
+    EndRequest
+    | EndRequests
+    | DoneMarker
+    | DoneMarkers
+    | CheckMarker
+    | CheckRequest
+    | LockRequest
+    | LockReply
+    | LockEntry
+)
 R = TypeVar("R", bound=SystemRecord)
 
 #: The dataclass of each record type.
@@ -87,7 +96,8 @@ def schema(record_type: RecordType, version: int) -> Any:
         text = path.read_text()
     except FileNotFoundError as exc:
         raise MalformedRecordError(
-            f"unknown schema version {version} for {record_type.name}") from exc
+            f"unknown schema version {version} for {record_type.name}"
+        ) from exc
     return fastavro.parse_schema(json.loads(text))
 
 
@@ -97,8 +107,9 @@ def encode(record: SystemRecord) -> bytes:
         raise ConfigError(f"encode: {type(record).__name__} is not a system record type")
     out = io.BytesIO()
     out.write(_PREFIX[record_type])
-    fastavro.schemaless_writer(out, schema(record_type, CURRENT_VERSION[record_type]),
-                               record.to_body())
+    fastavro.schemaless_writer(
+        out, schema(record_type, CURRENT_VERSION[record_type]), record.to_body()
+    )
     return out.getvalue()
 
 
@@ -113,13 +124,15 @@ def decode(data: bytes | None) -> SystemRecord:
     version = data[2]
     writer = schema(record_type, version)
     # Schema resolution only for an older (or newer) writer: it costs a third of a decode.
-    reader = None if version == CURRENT_VERSION[record_type] else schema(
-        record_type, CURRENT_VERSION[record_type])
+    reader = (
+        None
+        if version == CURRENT_VERSION[record_type]
+        else schema(record_type, CURRENT_VERSION[record_type])
+    )
     try:
         body = fastavro.schemaless_reader(io.BytesIO(data[3:]), writer, reader)
     except Exception as exc:  # fastavro raises many types on garbage input
-        raise MalformedRecordError(
-            f"{record_type.name} v{version} does not decode: {exc}") from exc
+        raise MalformedRecordError(f"{record_type.name} v{version} does not decode: {exc}") from exc
     if not isinstance(body, dict):
         raise MalformedRecordError(f"{record_type.name} v{version} decoded to {type(body)}")
     return RECORD_CLASSES[record_type].from_body(body)
@@ -130,7 +143,8 @@ def decode_as(record_class: type[R], data: bytes | None) -> R:
     record = decode(data)
     if not isinstance(record, record_class):
         raise MalformedRecordError(
-            f"a {type(record).__name__} record where a {record_class.__name__} belongs")
+            f"a {type(record).__name__} record where a {record_class.__name__} belongs"
+        )
     return record
 
 
@@ -153,8 +167,9 @@ def decode_lock_state(key: bytes | None, value: bytes | None) -> LockEntry:
     if key is not None and key != entry.key.record_key():
         raise MalformedRecordError(f"lock state: record key {key!r} does not match {entry.key}")
     if not 0 <= entry.epoch <= MAX_LOCK_EPOCH:
-        raise MalformedRecordError(f"lock state of {entry.key}: epoch {entry.epoch} is out of "
-                                   f"range (0..{MAX_LOCK_EPOCH})")
+        raise MalformedRecordError(
+            f"lock state of {entry.key}: epoch {entry.epoch} is out of range (0..{MAX_LOCK_EPOCH})"
+        )
     return entry
 
 

@@ -22,8 +22,17 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Headers
 from rmq_semantics.records.headers import H
 
-__all__ = ["MAX_TOPIC_LENGTH", "MIN_GROUP_KEY_BYTES", "GroupKey", "derive_group_key",
-           "encode_group", "half_canonical", "header", "op_canonical", "sign_half_headers"]
+__all__ = [
+    "MAX_TOPIC_LENGTH",
+    "MIN_GROUP_KEY_BYTES",
+    "GroupKey",
+    "derive_group_key",
+    "encode_group",
+    "half_canonical",
+    "header",
+    "op_canonical",
+    "sign_half_headers",
+]
 
 MIN_GROUP_KEY_BYTES = 16
 # Separate these MACs from any other use of a key; bump them if a canonical form changes.
@@ -43,8 +52,7 @@ def encode_group(group: str) -> str:
     escape, so two groups never share a name."""
     if not group:
         raise ConfigError("a producer group name must not be empty")
-    return "".join(c if c in _PLAIN else "".join(f"_{b:02x}" for b in c.encode())
-                   for c in group)
+    return "".join(c if c in _PLAIN else "".join(f"_{b:02x}" for b in c.encode()) for c in group)
 
 
 def header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
@@ -56,19 +64,39 @@ def _digest(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def half_canonical(group: str, txn_id: str, real_topic: str, real_partition: int | None,
-                   txn_size: int, txn_index: int, key: bytes | None,
-                   value: bytes | None) -> bytes:
+def half_canonical(
+    group: str,
+    txn_id: str,
+    real_topic: str,
+    real_partition: int | None,
+    txn_size: int,
+    txn_index: int,
+    key: bytes | None,
+    value: bytes | None,
+) -> bytes:
     """The bytes a half record's MAC covers."""
-    return json.dumps([HALF_DOMAIN, group, txn_id, real_topic, real_partition, txn_size,
-                       txn_index, _digest(key), _digest(value)],
-                      separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        [
+            HALF_DOMAIN,
+            group,
+            txn_id,
+            real_topic,
+            real_partition,
+            txn_size,
+            txn_index,
+            _digest(key),
+            _digest(value),
+        ],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
 
 
 def op_canonical(op_topic: str, partition: int, value: bytes | None) -> bytes:
     """The bytes an end request's MAC covers: where it is and what it says."""
-    return json.dumps([OP_DOMAIN, op_topic, partition, _digest(value)],
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        [OP_DOMAIN, op_topic, partition, _digest(value)], separators=(",", ":")
+    ).encode()
 
 
 class GroupKey:
@@ -79,8 +107,10 @@ class GroupKey:
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes) or len(key) < MIN_GROUP_KEY_BYTES:
             size = len(key) if isinstance(key, bytes) else type(key).__name__
-            raise ConfigError(f"a group key must be at least {MIN_GROUP_KEY_BYTES} bytes, got "
-                              f"{size}; derive it with `rmq-semantics tenant key --group G`")
+            raise ConfigError(
+                f"a group key must be at least {MIN_GROUP_KEY_BYTES} bytes, got "
+                f"{size}; derive it with `rmq-semantics tenant key --group G`"
+            )
         self._key = key
 
     def mac(self, canonical: bytes) -> bytes:
@@ -103,14 +133,17 @@ def derive_group_key(tenant_key: bytes, group: str) -> GroupKey:
     """``group``'s key from the coordinators' tenant key (an HMAC of the group's name): the
     coordinators hold one secret, each group's producers only their own key."""
     if len(tenant_key) < MIN_GROUP_KEY_BYTES:
-        raise ConfigError(f"the tenant key must be at least {MIN_GROUP_KEY_BYTES} bytes, got "
-                          f"{len(tenant_key)}; generate one with `openssl rand -base64 32`")
+        raise ConfigError(
+            f"the tenant key must be at least {MIN_GROUP_KEY_BYTES} bytes, got "
+            f"{len(tenant_key)}; generate one with `openssl rand -base64 32`"
+        )
     raw = hmac.new(tenant_key, _DERIVE_LABEL + group.encode(), hashlib.sha256).hexdigest()
     return GroupKey(raw.encode())
 
 
-def sign_half_headers(key: GroupKey, headers: Headers, record_key: bytes | None,
-                      value: bytes | None) -> Headers:
+def sign_half_headers(
+    key: GroupKey, headers: Headers, record_key: bytes | None, value: bytes | None
+) -> Headers:
     """``headers`` of a half record with its ``rmq.group_mac`` (replacing any); unchanged if
     they lack what a half record needs (the coordinator sets such a record aside anyway)."""
     found = {k: v for k, v in headers if k.startswith("rmq.")}
@@ -119,9 +152,15 @@ def sign_half_headers(key: GroupKey, headers: Headers, record_key: bytes | None,
         index = int(found.get(H.TXN_INDEX) or 0)
         real_partition = found.get(H.REAL_PARTITION)
         canonical = half_canonical(
-            found[H.PRODUCER_GROUP].decode(), found[H.TXN_ID].decode(),
-            found[H.REAL_TOPIC].decode(), int(real_partition) if real_partition else None,
-            size, index, record_key, value)
+            found[H.PRODUCER_GROUP].decode(),
+            found[H.TXN_ID].decode(),
+            found[H.REAL_TOPIC].decode(),
+            int(real_partition) if real_partition else None,
+            size,
+            index,
+            record_key,
+            value,
+        )
     except (KeyError, ValueError, AttributeError, UnicodeDecodeError):
         return list(headers)
     return [*((k, v) for k, v in headers if k != H.GROUP_MAC), (H.GROUP_MAC, key.mac(canonical))]

@@ -9,8 +9,17 @@ from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message
 from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
 
-__all__ = ["MAX_CHECK_PARTITIONS", "MAX_INSTANCE_ID_LENGTH", "MAX_TXN_ID_LENGTH", "MAX_TXN_SIZE",
-           "HalfMessage", "affinity_headers", "half_headers", "parse_half", "unparsed_half"]
+__all__ = [
+    "MAX_CHECK_PARTITIONS",
+    "MAX_INSTANCE_ID_LENGTH",
+    "MAX_TXN_ID_LENGTH",
+    "MAX_TXN_SIZE",
+    "HalfMessage",
+    "affinity_headers",
+    "half_headers",
+    "parse_half",
+    "unparsed_half",
+]
 
 _REQUIRED = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
 # Every done marker carries the transaction id, and one Op record holds a whole batch's
@@ -30,22 +39,27 @@ def affinity_headers(instance_id: str, check_partitions: tuple[int, ...]) -> Hea
     coordinator writes this transaction's checks; none while it holds no partition."""
     if not check_partitions:
         return []
-    return [(H.CHECK_AFFINITY, instance_id.encode()),
-            (H.CHECK_PARTITIONS, ",".join(map(str, check_partitions)).encode())]
+    return [
+        (H.CHECK_AFFINITY, instance_id.encode()),
+        (H.CHECK_PARTITIONS, ",".join(map(str, check_partitions)).encode()),
+    ]
 
 
-def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes,
-                 affinity: Headers = ()) -> Headers:
+def half_headers(
+    msg: Message, txn_id: str, producer_group: bytes, born_ts: bytes, affinity: Headers = ()
+) -> Headers:
     """The headers of ``msg``'s half record: its user headers plus the ``rmq.*`` ones.
 
     ``producer_group``, ``born_ts`` and ``affinity`` (:func:`affinity_headers`, or none) come
     encoded: they are the same for a whole batch.
     """
-    headers = [*msg.user_headers(),
-               (H.TXN_ID, txn_id.encode()),
-               (H.REAL_TOPIC, msg.topic.encode()),
-               (H.PRODUCER_GROUP, producer_group),
-               (H.BORN_TS, born_ts)]
+    headers = [
+        *msg.user_headers(),
+        (H.TXN_ID, txn_id.encode()),
+        (H.REAL_TOPIC, msg.topic.encode()),
+        (H.PRODUCER_GROUP, producer_group),
+        (H.BORN_TS, born_ts),
+    ]
     if msg.partition is not None:
         headers.append((H.REAL_PARTITION, str(msg.partition).encode()))
     if msg.check_immunity_ms is not None:
@@ -58,6 +72,7 @@ def half_headers(msg: Message, txn_id: str, producer_group: bytes, born_ts: byte
 # Kafka's partition numbers are int32; timestamps and durations in Avro int64.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class HalfMessage:
@@ -99,8 +114,11 @@ class HalfMessage:
     def promoted_headers(self, promoted_at_ms: int | None = None) -> Headers:
         """User headers, the kept ``rmq.*`` ones, ``rmq.promoted_from`` and (when given)
         ``rmq.promoted_at``: the record's timestamp stays the producer's birth time."""
-        kept = [(k, v) for k, v in self.headers
-                if not k.startswith(RESERVED_PREFIX) or k in PROMOTED_KEEPS]
+        kept = [
+            (k, v)
+            for k, v in self.headers
+            if not k.startswith(RESERVED_PREFIX) or k in PROMOTED_KEEPS
+        ]
         kept.append((H.PROMOTED_FROM, f"{self.partition}:{self.offset}".encode()))
         if promoted_at_ms is not None:
             kept.append((H.PROMOTED_AT, str(promoted_at_ms).encode()))
@@ -116,8 +134,14 @@ class HalfMessage:
         return born + immunity
 
 
-def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-               value: bytes | None, headers: Headers | None) -> HalfMessage:
+def parse_half(
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None,
+) -> HalfMessage:
     """Parse a half record; missing or unreadable ``rmq.*`` headers raise MalformedRecordError."""
     found: dict[str, bytes] = {}
     for name, raw in headers or []:
@@ -128,26 +152,35 @@ def parse_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None
     if missing:
         raise MalformedRecordError(f"half[{partition}]@{offset}: missing headers {missing}")
     if len(found[H.TXN_ID]) > MAX_TXN_ID_LENGTH:
-        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.TXN_ID} is longer than "
-                                   f"{MAX_TXN_ID_LENGTH} bytes")
+        raise MalformedRecordError(
+            f"half[{partition}]@{offset}: {H.TXN_ID} is longer than {MAX_TXN_ID_LENGTH} bytes"
+        )
     try:
         real_partition = found.get(H.REAL_PARTITION)
         immunity = found.get(H.CHECK_IMMUNITY_MS)
         size, index = _membership(found, partition, offset)
         return HalfMessage(
-            partition=partition, offset=offset, timestamp_ms=timestamp_ms,
+            partition=partition,
+            offset=offset,
+            timestamp_ms=timestamp_ms,
             txn_id=found[H.TXN_ID].decode(),
             producer_group=found[H.PRODUCER_GROUP].decode(),
             real_topic=found[H.REAL_TOPIC].decode(),
             real_partition=_in_range(real_partition, H.REAL_PARTITION, INT32_MAX)
-            if real_partition else None,
+            if real_partition
+            else None,
             born_ts=_in_range(found[H.BORN_TS], H.BORN_TS, INT64_MAX),
             check_immunity_ms=_in_range(immunity, H.CHECK_IMMUNITY_MS, INT64_MAX)
-            if immunity else None,
-            key=key, value=value, headers=list(headers or []), txn_size=size, txn_index=index,
+            if immunity
+            else None,
+            key=key,
+            value=value,
+            headers=list(headers or []),
+            txn_size=size,
+            txn_index=index,
             check_affinity=_affinity(found.get(H.CHECK_AFFINITY), partition, offset),
-            check_partitions=_check_partitions(found.get(H.CHECK_PARTITIONS), partition,
-                                               offset))
+            check_partitions=_check_partitions(found.get(H.CHECK_PARTITIONS), partition, offset),
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRecordError(f"half[{partition}]@{offset}: bad rmq.* header: {exc}") from exc
 
@@ -158,9 +191,11 @@ def _affinity(raw: bytes | None, partition: int, offset: int) -> str | None:
     if not raw:
         return None
     if len(raw) > MAX_INSTANCE_ID_LENGTH or not raw.isascii() or not raw.decode().isprintable():
-        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.CHECK_AFFINITY} is not an "
-                                   f"instance id (printable ASCII, at most "
-                                   f"{MAX_INSTANCE_ID_LENGTH} bytes)")
+        raise MalformedRecordError(
+            f"half[{partition}]@{offset}: {H.CHECK_AFFINITY} is not an "
+            f"instance id (printable ASCII, at most "
+            f"{MAX_INSTANCE_ID_LENGTH} bytes)"
+        )
     return raw.decode()
 
 
@@ -171,9 +206,12 @@ def _check_partitions(raw: bytes | None, partition: int, offset: int) -> tuple[i
         return ()
     parts = raw.split(b",")
     if len(parts) > MAX_CHECK_PARTITIONS or not all(
-            p.isdigit() and p.isascii() and len(p) <= 10 for p in parts):
-        raise MalformedRecordError(f"half[{partition}]@{offset}: {H.CHECK_PARTITIONS} is not "
-                                   f"a list of at most {MAX_CHECK_PARTITIONS} partitions")
+        p.isdigit() and p.isascii() and len(p) <= 10 for p in parts
+    ):
+        raise MalformedRecordError(
+            f"half[{partition}]@{offset}: {H.CHECK_PARTITIONS} is not "
+            f"a list of at most {MAX_CHECK_PARTITIONS} partitions"
+        )
     return tuple(_in_range(p, H.CHECK_PARTITIONS, INT32_MAX) for p in parts)
 
 
@@ -185,15 +223,21 @@ def _membership(found: dict[str, bytes], partition: int, offset: int) -> tuple[i
         return 1, 0
     where = f"half[{partition}]@{offset}"
     if not size_raw or not index_raw:
-        raise MalformedRecordError(f"{where}: {H.TXN_SIZE} and {H.TXN_INDEX} go together, "
-                                   f"got only {H.TXN_SIZE if size_raw else H.TXN_INDEX}")
+        raise MalformedRecordError(
+            f"{where}: {H.TXN_SIZE} and {H.TXN_INDEX} go together, "
+            f"got only {H.TXN_SIZE if size_raw else H.TXN_INDEX}"
+        )
     if not all(raw.isdigit() and len(raw) <= 10 for raw in (size_raw, index_raw)):
-        raise MalformedRecordError(f"{where}: {H.TXN_SIZE}/{H.TXN_INDEX} are not decimal "
-                                   f"numbers: {size_raw[:20]!r}/{index_raw[:20]!r}")
+        raise MalformedRecordError(
+            f"{where}: {H.TXN_SIZE}/{H.TXN_INDEX} are not decimal "
+            f"numbers: {size_raw[:20]!r}/{index_raw[:20]!r}"
+        )
     size, index = int(size_raw), int(index_raw)
     if not 2 <= size <= MAX_TXN_SIZE or index >= size:
-        raise MalformedRecordError(f"{where}: {H.TXN_INDEX}={index} of {H.TXN_SIZE}={size} "
-                                   f"(need 2 <= size <= {MAX_TXN_SIZE}, index < size)")
+        raise MalformedRecordError(
+            f"{where}: {H.TXN_INDEX}={index} of {H.TXN_SIZE}={size} "
+            f"(need 2 <= size <= {MAX_TXN_SIZE}, index < size)"
+        )
     return size, index
 
 
@@ -206,8 +250,14 @@ def _in_range(raw: bytes, name: str, high: int) -> int:
     return value
 
 
-def unparsed_half(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-                  value: bytes | None, headers: Headers | None) -> HalfMessage:
+def unparsed_half(
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None,
+) -> HalfMessage:
     """A half record :func:`parse_half` refused, as far as it can be read (never raises):
     what the coordinator copies to the discard topic and names in its done marker."""
 
@@ -216,7 +266,16 @@ def unparsed_half(partition: int, offset: int, timestamp_ms: int, key: bytes | N
         return raw[:limit].decode(errors="replace")
 
     return HalfMessage(
-        partition=partition, offset=offset, timestamp_ms=timestamp_ms,
-        txn_id=text(H.TXN_ID, MAX_TXN_ID_LENGTH), producer_group=text(H.PRODUCER_GROUP, 1024),
-        real_topic=text(H.REAL_TOPIC, 1024), real_partition=None, born_ts=timestamp_ms,
-        check_immunity_ms=None, key=key, value=value, headers=list(headers or []))
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        txn_id=text(H.TXN_ID, MAX_TXN_ID_LENGTH),
+        producer_group=text(H.PRODUCER_GROUP, 1024),
+        real_topic=text(H.REAL_TOPIC, 1024),
+        real_partition=None,
+        born_ts=timestamp_ms,
+        check_immunity_ms=None,
+        key=key,
+        value=value,
+        headers=list(headers or []),
+    )

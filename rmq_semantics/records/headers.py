@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["DISCARD_HEADERS", "DLQ_HEADERS", "DLQ_REASONS", "PRODUCER_HEADERS", "PROMOTED_KEEPS",
-           "REAPPEND_HEADERS", "RESERVED_PREFIX", "RETRY_HEADERS", "H"]
+__all__ = [
+    "DISCARD_HEADERS",
+    "DLQ_HEADERS",
+    "DLQ_REASONS",
+    "PRODUCER_HEADERS",
+    "PROMOTED_KEEPS",
+    "REAPPEND_HEADERS",
+    "RESERVED_PREFIX",
+    "RETRY_HEADERS",
+    "H",
+]
 
 #: The header namespace the product owns; user headers may not start with it.
 RESERVED_PREFIX: Final = "rmq."
@@ -91,18 +100,44 @@ PRODUCER_HEADERS: Final = frozenset((H.TAGS, H.KEYS, H.MESSAGE_GROUP))
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
 PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS, H.MESSAGE_GROUP)
 #: What the coordinator adds to a record it sets aside in the discard topic.
-DISCARD_HEADERS: Final = (H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT, H.DISCARD_REASON,
-                          H.DISCARDED_TS)
+DISCARD_HEADERS: Final = (
+    H.HALF_PARTITION,
+    H.HALF_OFFSET,
+    H.CHECK_COUNT,
+    H.DISCARD_REASON,
+    H.DISCARDED_TS,
+)
 #: What the coordinator adds to a half record it re-appends (all of them, always).
-REAPPEND_HEADERS: Final = (H.REAPPEND_OF, H.ORIGIN_OFFSET, H.ORIGIN_TS, H.CHECKS_ISSUED,
-                           H.CHECKS_ANSWERED, H.ANSWERED_SEQ, H.NEXT_CHECK_TS)
+REAPPEND_HEADERS: Final = (
+    H.REAPPEND_OF,
+    H.ORIGIN_OFFSET,
+    H.ORIGIN_TS,
+    H.CHECKS_ISSUED,
+    H.CHECKS_ANSWERED,
+    H.ANSWERED_SEQ,
+    H.NEXT_CHECK_TS,
+)
 #: What a consumer adds to a dead letter (the exception pair only if the listener raised).
-DLQ_HEADERS: Final = (H.DLQ_ORIGINAL_TOPIC, H.DLQ_ORIGINAL_PARTITION, H.DLQ_ORIGINAL_OFFSET,
-                      H.DLQ_RECONSUME_TIMES, H.DLQ_EXCEPTION, H.DLQ_EXCEPTION_MESSAGE,
-                      H.DLQ_FIRST_FAILURE_TS, H.DLQ_LAST_FAILURE_TS, H.DLQ_REASON)
+DLQ_HEADERS: Final = (
+    H.DLQ_ORIGINAL_TOPIC,
+    H.DLQ_ORIGINAL_PARTITION,
+    H.DLQ_ORIGINAL_OFFSET,
+    H.DLQ_RECONSUME_TIMES,
+    H.DLQ_EXCEPTION,
+    H.DLQ_EXCEPTION_MESSAGE,
+    H.DLQ_FIRST_FAILURE_TS,
+    H.DLQ_LAST_FAILURE_TS,
+    H.DLQ_REASON,
+)
 #: ``rmq.dlq.reason`` values: the listener raised, returned SUSPEND, returned something
 #: that is not a status, or ran past ``consume_timeout_ms``.
 DLQ_REASONS: Final = ("raised", "suspended", "bad_status", "timed_out")
 #: What a concurrent consumer adds to a message it sends to a retry topic.
-RETRY_HEADERS: Final = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,
-                        H.ORIGINAL_OFFSET, H.FIRST_FAILURE_TS, H.RETRY_DUE_TS)
+RETRY_HEADERS: Final = (
+    H.RECONSUME_TIMES,
+    H.ORIGINAL_TOPIC,
+    H.ORIGINAL_PARTITION,
+    H.ORIGINAL_OFFSET,
+    H.FIRST_FAILURE_TS,
+    H.RETRY_DUE_TS,
+)

@@ -50,8 +50,11 @@ RESULT_OVERHEAD = 64
 def reply_bound(client_id: str, request_id: str, topics: Any) -> int:
     """The most bytes the reply to a request for queues of ``topics`` (one name per queue)
     can take: each result may name a holder of :data:`MAX_ID_CHARS`."""
-    return 2 * len(client_id) + len(request_id) + sum(
-        len(topic) + MAX_ID_CHARS + RESULT_OVERHEAD for topic in topics)
+    return (
+        2 * len(client_id)
+        + len(request_id)
+        + sum(len(topic) + MAX_ID_CHARS + RESULT_OVERHEAD for topic in topics)
+    )
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -105,8 +108,7 @@ TRANSITIONS: dict[LockState, frozenset[LockState]] = {
 def transition(current: LockState, target: LockState) -> LockState:
     """Return ``target`` if the lifecycle allows ``current -> target``, else raise."""
     if target not in TRANSITIONS[current]:
-        raise IllegalTransitionError(
-            f"queue lock cannot go from {current.value} to {target.value}")
+        raise IllegalTransitionError(f"queue lock cannot go from {current.value} to {target.value}")
     return target
 
 
@@ -139,18 +141,31 @@ class LockEntry:
         return replace(self, state=transition(self.state, target), **changes)
 
     def to_body(self) -> Body:
-        return {"group": self.key.group, "topic": self.key.topic,
-                "partition": self.key.partition, "state": self.state.value,
-                "client_id": self.client_id, "epoch": self.epoch, "lease_ms": self.lease_ms,
-                "acquired_at_ms": self.acquired_at_ms, "expires_at_ms": self.expires_at_ms,
-                "updated_at_ms": self.updated_at_ms}
+        return {
+            "group": self.key.group,
+            "topic": self.key.topic,
+            "partition": self.key.partition,
+            "state": self.state.value,
+            "client_id": self.client_id,
+            "epoch": self.epoch,
+            "lease_ms": self.lease_ms,
+            "acquired_at_ms": self.acquired_at_ms,
+            "expires_at_ms": self.expires_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> LockEntry:
-        return cls(LockKey(body["group"], body["topic"], body["partition"]),
-                   LockState(body["state"]), body["client_id"], body["epoch"],
-                   body["lease_ms"], body["acquired_at_ms"], body["expires_at_ms"],
-                   body["updated_at_ms"])
+        return cls(
+            LockKey(body["group"], body["topic"], body["partition"]),
+            LockState(body["state"]),
+            body["client_id"],
+            body["epoch"],
+            body["lease_ms"],
+            body["acquired_at_ms"],
+            body["expires_at_ms"],
+            body["updated_at_ms"],
+        )
 
 
 # -- requests and replies --------------------------------------------------------------------
@@ -188,21 +203,33 @@ class LockRequest:
     wait_ms: int = 0
 
     def to_body(self) -> Body:
-        return {"kind": self.kind.value, "request_id": self.request_id,
-                "client_id": self.client_id, "group": self.group,
-                "reply_partition": self.reply_partition,
-                "queues": [{"topic": q.topic, "partition": q.partition, "epoch": q.epoch}
-                           for q in self.queues],
-                "lease_ms": self.lease_ms, "sent_at_ms": self.sent_at_ms,
-                "wait_ms": self.wait_ms}
+        return {
+            "kind": self.kind.value,
+            "request_id": self.request_id,
+            "client_id": self.client_id,
+            "group": self.group,
+            "reply_partition": self.reply_partition,
+            "queues": [
+                {"topic": q.topic, "partition": q.partition, "epoch": q.epoch} for q in self.queues
+            ],
+            "lease_ms": self.lease_ms,
+            "sent_at_ms": self.sent_at_ms,
+            "wait_ms": self.wait_ms,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> LockRequest:
-        return cls(RequestKind(body["kind"]), body["request_id"], body["client_id"],
-                   body["group"], body["reply_partition"],
-                   tuple(QueueRef(q["topic"], q["partition"], q["epoch"])
-                         for q in body["queues"]),
-                   body["lease_ms"], body["sent_at_ms"], body.get("wait_ms", 0))
+        return cls(
+            RequestKind(body["kind"]),
+            body["request_id"],
+            body["client_id"],
+            body["group"],
+            body["reply_partition"],
+            tuple(QueueRef(q["topic"], q["partition"], q["epoch"]) for q in body["queues"]),
+            body["lease_ms"],
+            body["sent_at_ms"],
+            body.get("wait_ms", 0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,17 +261,42 @@ class LockReply:
     results: tuple[QueueResult, ...]
 
     def to_body(self) -> Body:
-        return {"request_id": self.request_id, "client_id": self.client_id,
-                "kind": self.kind.value,
-                "results": [{"topic": r.topic, "partition": r.partition, "granted": r.granted,
-                             "reason": r.reason, "epoch": r.epoch, "lease_ms": r.lease_ms,
-                             "expires_at_ms": r.expires_at_ms, "holder": r.holder}
-                            for r in self.results]}
+        return {
+            "request_id": self.request_id,
+            "client_id": self.client_id,
+            "kind": self.kind.value,
+            "results": [
+                {
+                    "topic": r.topic,
+                    "partition": r.partition,
+                    "granted": r.granted,
+                    "reason": r.reason,
+                    "epoch": r.epoch,
+                    "lease_ms": r.lease_ms,
+                    "expires_at_ms": r.expires_at_ms,
+                    "holder": r.holder,
+                }
+                for r in self.results
+            ],
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> LockReply:
-        return cls(body["request_id"], body["client_id"], RequestKind(body["kind"]),
-                   tuple(QueueResult(r["topic"], r["partition"], r["granted"], r["reason"],
-                                     r["epoch"], r["lease_ms"], r["expires_at_ms"],
-                                     r["holder"])
-                         for r in body["results"]))
+        return cls(
+            body["request_id"],
+            body["client_id"],
+            RequestKind(body["kind"]),
+            tuple(
+                QueueResult(
+                    r["topic"],
+                    r["partition"],
+                    r["granted"],
+                    r["reason"],
+                    r["epoch"],
+                    r["lease_ms"],
+                    r["expires_at_ms"],
+                    r["holder"],
+                )
+                for r in body["results"]
+            ),
+        )

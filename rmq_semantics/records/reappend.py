@@ -36,10 +36,16 @@ class Carried:
     next_check_ts: int
 
     def headers(self) -> Headers:
-        values = (self.previous_offset, self.origin_offset, self.origin_ts, self.checks_issued,
-                  self.checks_answered, self.answered_seq, self.next_check_ts)
-        return [(name, str(v).encode()) for name, v in zip(REAPPEND_HEADERS, values,
-                                                          strict=True)]
+        values = (
+            self.previous_offset,
+            self.origin_offset,
+            self.origin_ts,
+            self.checks_issued,
+            self.checks_answered,
+            self.answered_seq,
+            self.next_check_ts,
+        )
+        return [(name, str(v).encode()) for name, v in zip(REAPPEND_HEADERS, values, strict=True)]
 
 
 def reappended_headers(half: HalfMessage, carried: Carried) -> Headers:
@@ -59,15 +65,17 @@ def split_reappended(half: HalfMessage) -> tuple[HalfMessage, Carried | None]:
     if not found:
         return half, None
     if len(found) != len(REAPPEND_HEADERS):
-        raise MalformedRecordError(f"{half.where}: re-append headers incomplete: "
-                                   f"{sorted(found)}")
+        raise MalformedRecordError(f"{half.where}: re-append headers incomplete: {sorted(found)}")
     try:
         carried = Carried(*(int(found[name] or b"") for name in REAPPEND_HEADERS))
     except ValueError as exc:
         raise MalformedRecordError(f"{half.where}: bad re-append header: {exc}") from exc
-    if not 0 <= carried.origin_offset <= carried.previous_offset < half.offset or min(
-            carried.checks_issued, carried.checks_answered, carried.answered_seq) < 0:
-        raise MalformedRecordError(f"{half.where}: re-append headers do not fit offset "
-                                   f"{half.offset}: {carried}")
+    if (
+        not 0 <= carried.origin_offset <= carried.previous_offset < half.offset
+        or min(carried.checks_issued, carried.checks_answered, carried.answered_seq) < 0
+    ):
+        raise MalformedRecordError(
+            f"{half.where}: re-append headers do not fit offset {half.offset}: {carried}"
+        )
     original = [(k, v) for k, v in half.headers if k not in _NAMES]
     return dataclasses.replace(half, timestamp_ms=carried.origin_ts, headers=original), carried

@@ -72,16 +72,29 @@ class EndRequest:
     ts: int
 
     def to_body(self) -> Body:
-        return {"txn_id": self.txn_id, "producer_group": self.producer_group,
-                "half_partition": self.half_partition, "half_offset": self.half_offset,
-                "state": self.state, "from_check": self.from_check,
-                "check_seq": self.check_seq, "ts": self.ts}
+        return {
+            "txn_id": self.txn_id,
+            "producer_group": self.producer_group,
+            "half_partition": self.half_partition,
+            "half_offset": self.half_offset,
+            "state": self.state,
+            "from_check": self.from_check,
+            "check_seq": self.check_seq,
+            "ts": self.ts,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> EndRequest:
-        return cls(body["txn_id"], body["producer_group"], body["half_partition"],
-                   body["half_offset"], _END_STATES[body["state"]], body["from_check"],
-                   body["check_seq"], body["ts"])
+        return cls(
+            body["txn_id"],
+            body["producer_group"],
+            body["half_partition"],
+            body["half_offset"],
+            _END_STATES[body["state"]],
+            body["from_check"],
+            body["check_seq"],
+            body["ts"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +124,22 @@ class EndRequests:
     ts: int
 
     def to_body(self) -> Body:
-        return {"producer_group": self.producer_group, "half_partition": self.half_partition,
-                "entries": [e.to_body() for e in self.entries], "ts": self.ts}
+        return {
+            "producer_group": self.producer_group,
+            "half_partition": self.half_partition,
+            "entries": [e.to_body() for e in self.entries],
+            "ts": self.ts,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> EndRequests:
         entry = EndEntry.from_body
-        return cls(body["producer_group"], body["half_partition"],
-                   tuple([entry(e) for e in body["entries"]]), body["ts"])
+        return cls(
+            body["producer_group"],
+            body["half_partition"],
+            tuple([entry(e) for e in body["entries"]]),
+            body["ts"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +154,23 @@ class DoneMarker:
     ts: int
 
     def to_body(self) -> Body:
-        return {"half_offset": self.half_offset, "txn_id": self.txn_id,
-                "outcome": self.outcome, "checks_answered": self.checks_answered,
-                "ts": self.ts}
+        return {
+            "half_offset": self.half_offset,
+            "txn_id": self.txn_id,
+            "outcome": self.outcome,
+            "checks_answered": self.checks_answered,
+            "ts": self.ts,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> DoneMarker:
-        return cls(body["half_offset"], body["txn_id"], _OUTCOMES[body["outcome"]],
-                   body["checks_answered"], body["ts"])
+        return cls(
+            body["half_offset"],
+            body["txn_id"],
+            _OUTCOMES[body["outcome"]],
+            body["checks_answered"],
+            body["ts"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +183,18 @@ class DoneEntry:
     checks_answered: int
 
     def to_body(self) -> Body:
-        return {"half_offset": self.half_offset, "txn_id": self.txn_id,
-                "outcome": self.outcome, "checks_answered": self.checks_answered}
+        return {
+            "half_offset": self.half_offset,
+            "txn_id": self.txn_id,
+            "outcome": self.outcome,
+            "checks_answered": self.checks_answered,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> DoneEntry:
-        return cls(body["half_offset"], body["txn_id"], _OUTCOMES[body["outcome"]],
-                   body["checks_answered"])
+        return cls(
+            body["half_offset"], body["txn_id"], _OUTCOMES[body["outcome"]], body["checks_answered"]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,16 +230,29 @@ class CheckMarker:
     mac: bytes | None = None  # the writing coordinator's HMAC (v2); None before v2
 
     def to_body(self) -> Body:
-        return {"half_offset": self.half_offset, "txn_id": self.txn_id,
-                "checks_issued": self.checks_issued, "checks_answered": self.checks_answered,
-                "answered_seq": self.answered_seq, "next_check_ts": self.next_check_ts,
-                "ts": self.ts, "mac": self.mac}
+        return {
+            "half_offset": self.half_offset,
+            "txn_id": self.txn_id,
+            "checks_issued": self.checks_issued,
+            "checks_answered": self.checks_answered,
+            "answered_seq": self.answered_seq,
+            "next_check_ts": self.next_check_ts,
+            "ts": self.ts,
+            "mac": self.mac,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> CheckMarker:
-        return cls(body["half_offset"], body["txn_id"], body["checks_issued"],
-                   body["checks_answered"], body["answered_seq"], body["next_check_ts"],
-                   body["ts"], body.get("mac"))
+        return cls(
+            body["half_offset"],
+            body["txn_id"],
+            body["checks_issued"],
+            body["checks_answered"],
+            body["answered_seq"],
+            body["next_check_ts"],
+            body["ts"],
+            body.get("mac"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,9 +275,20 @@ class CheckRequest:
 
     @classmethod
     def of_half(cls, half: HalfMessage, check_seq: int, ts: int) -> CheckRequest:
-        return cls(half.txn_id, half.producer_group, half.partition, half.offset, check_seq,
-                   half.born_ts, half.real_topic, half.real_partition, half.key, half.value,
-                   half.headers, ts)
+        return cls(
+            half.txn_id,
+            half.producer_group,
+            half.partition,
+            half.offset,
+            check_seq,
+            half.born_ts,
+            half.real_topic,
+            half.real_partition,
+            half.key,
+            half.value,
+            half.headers,
+            ts,
+        )
 
     def user_headers(self) -> Headers:
         return [(k, v) for k, v in self.headers if not k.startswith(RESERVED_PREFIX)]
@@ -242,15 +301,34 @@ class CheckRequest:
         return None
 
     def to_body(self) -> Body:
-        return {"txn_id": self.txn_id, "producer_group": self.producer_group,
-                "half_partition": self.half_partition, "half_offset": self.half_offset,
-                "check_seq": self.check_seq, "born_ts": self.born_ts, "topic": self.topic,
-                "partition": self.partition, "key": self.key, "value": self.value,
-                "headers": [{"key": k, "value": v} for k, v in self.headers], "ts": self.ts}
+        return {
+            "txn_id": self.txn_id,
+            "producer_group": self.producer_group,
+            "half_partition": self.half_partition,
+            "half_offset": self.half_offset,
+            "check_seq": self.check_seq,
+            "born_ts": self.born_ts,
+            "topic": self.topic,
+            "partition": self.partition,
+            "key": self.key,
+            "value": self.value,
+            "headers": [{"key": k, "value": v} for k, v in self.headers],
+            "ts": self.ts,
+        }
 
     @classmethod
     def from_body(cls, body: Body) -> CheckRequest:
-        return cls(body["txn_id"], body["producer_group"], body["half_partition"],
-                   body["half_offset"], body["check_seq"], body["born_ts"], body["topic"],
-                   body["partition"], body["key"], body["value"],
-                   [(h["key"], h["value"]) for h in body["headers"]], body["ts"])
+        return cls(
+            body["txn_id"],
+            body["producer_group"],
+            body["half_partition"],
+            body["half_offset"],
+            body["check_seq"],
+            body["born_ts"],
+            body["topic"],
+            body["partition"],
+            body["key"],
+            body["value"],
+            [(h["key"], h["value"]) for h in body["headers"]],
+            body["ts"],
+        )

@@ -40,8 +40,14 @@ from rmq_semantics.topics import (
     topic_partition_count,
 )
 
-__all__ = ["DiscardedTxn", "PendingTxn", "list_discarded", "list_pending", "redrive",
-           "register_cli"]
+__all__ = [
+    "DiscardedTxn",
+    "PendingTxn",
+    "list_discarded",
+    "list_pending",
+    "redrive",
+    "register_cli",
+]
 
 # Reading a partition to its end on a local broker takes well under this.
 READ_TIMEOUT_S = 60.0
@@ -99,10 +105,15 @@ class DiscardedTxn:
 
 
 def _reader(conf: dict, group: str) -> confluent_kafka.Consumer:
-    return confluent_kafka.Consumer({**shared_conf(conf), "group.id": group,
-                                     "enable.auto.commit": False,
-                                     "enable.partition.eof": True,
-                                     "isolation.level": "read_committed"})
+    return confluent_kafka.Consumer(
+        {
+            **shared_conf(conf),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
 
 
 def _read_to_eof(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]):
@@ -112,8 +123,9 @@ def _read_to_eof(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]):
     deadline = time.monotonic() + READ_TIMEOUT_S
     while waiting:
         if time.monotonic() > deadline:
-            raise RmqTimeoutError(f"could not read {sorted(waiting)} to the end within "
-                                  f"{READ_TIMEOUT_S:.0f} s")
+            raise RmqTimeoutError(
+                f"could not read {sorted(waiting)} to the end within {READ_TIMEOUT_S:.0f} s"
+            )
         for msg in consumer.consume(1000, 0.5):
             err = msg.error()
             if err is not None:
@@ -140,19 +152,31 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
         tps = [TopicPartition(t, p) for p in range(partitions) for t in (topics.half, topics.op)]
         committed = consumer.committed(tps, timeout=READ_TIMEOUT_S)
         states = {p: PartitionState(p, 1, 1, 1 << 30) for p in range(partitions)}
-        start = [TopicPartition(tp.topic, tp.partition,
-                                tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING)
-                 for tp in committed]
+        start = [
+            TopicPartition(
+                tp.topic,
+                tp.partition,
+                tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING,
+            )
+            for tp in committed
+        ]
         for tp in committed:
             offset = max(tp.offset, 0)
-            states[tp.partition].start_at(*((offset, 0) if tp.topic == topics.half else
-                                            (0, offset)))
+            states[tp.partition].start_at(
+                *((offset, 0) if tp.topic == topics.half else (0, offset))
+            )
         for msg in _read_to_eof(consumer, start):
             state = states[msg.partition()]
             if msg.topic() == topics.half:
                 try:
-                    half = parse_half(msg.partition(), msg.offset(), msg.timestamp()[1],
-                                      msg.key(), msg.value(), msg.headers())
+                    half = parse_half(
+                        msg.partition(),
+                        msg.offset(),
+                        msg.timestamp()[1],
+                        msg.key(),
+                        msg.value(),
+                        msg.headers(),
+                    )
                 except MalformedRecordError:
                     half = None
                 state.on_half(msg.offset(), half, now_ms)
@@ -165,9 +189,18 @@ def list_pending(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[P
         for p, state in states.items():
             for entry in state.pending.values():
                 half = entry.half
-                out.append(PendingTxn(half.txn_id, half.real_topic, half.producer_group,
-                                      (now_ms - half.born_ts) / 1000, entry.checks_issued,
-                                      entry.checks_answered, p, half.offset))
+                out.append(
+                    PendingTxn(
+                        half.txn_id,
+                        half.real_topic,
+                        half.producer_group,
+                        (now_ms - half.born_ts) / 1000,
+                        entry.checks_issued,
+                        entry.checks_answered,
+                        p,
+                        half.offset,
+                    )
+                )
     finally:
         consumer.close()
     return sorted(out, key=lambda t: -t.age_s)
@@ -191,8 +224,10 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
     late: set[tuple[str, int | None, int | None]] = set()
     now_ms = int(time.time() * 1000)
     try:
-        tps = [TopicPartition(topics.discard, p, confluent_kafka.OFFSET_BEGINNING)
-               for p in range(partitions)]
+        tps = [
+            TopicPartition(topics.discard, p, confluent_kafka.OFFSET_BEGINNING)
+            for p in range(partitions)
+        ]
         for msg in _read_to_eof(consumer, tps):
             headers = {k: (v or b"").decode(errors="replace") for k, v in msg.headers() or []}
             txn_id = headers.get(H.TXN_ID, "")
@@ -205,11 +240,18 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
                 continue
             discarded_ms = _number(headers.get(H.DISCARDED_TS)) or now_ms
             found = DiscardedTxn(
-                txn_id, headers.get(H.REAL_TOPIC, "?"),
+                txn_id,
+                headers.get(H.REAL_TOPIC, "?"),
                 headers.get(H.PRODUCER_GROUP, "?"),
-                int(headers.get(H.CHECK_COUNT, "0") or 0), reason,
-                (now_ms - discarded_ms) / 1000, msg.offset(), msg, *where,
-                size=_number(headers.get(H.TXN_SIZE)) or 1, discarded_ms=discarded_ms)
+                int(headers.get(H.CHECK_COUNT, "0") or 0),
+                reason,
+                (now_ms - discarded_ms) / 1000,
+                msg.offset(),
+                msg,
+                *where,
+                size=_number(headers.get(H.TXN_SIZE)) or 1,
+                discarded_ms=discarded_ms,
+            )
             if found.size > 1 and txn_id:
                 groups.setdefault((txn_id, discarded_ms), []).append(found)
             else:
@@ -220,8 +262,10 @@ def list_discarded(conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list
         whole = _one_line(copies)
         if whole.txn_id not in latest or latest[whole.txn_id].discarded_ms <= whole.discarded_ms:
             latest[whole.txn_id] = whole
-    return [replace(t, late_commit=True) if (t.txn_id, t.half_partition, t.half_offset) in late
-            else t for t in latest.values()]
+    return [
+        replace(t, late_commit=True) if (t.txn_id, t.half_partition, t.half_offset) in late else t
+        for t in latest.values()
+    ]
 
 
 def _member_index(copy: DiscardedTxn) -> int:
@@ -234,12 +278,14 @@ def _one_line(copies: list[DiscardedTxn]) -> DiscardedTxn:
     ordered = sorted(copies, key=_member_index)
     first = ordered[0]
     offsets = [c.half_offset for c in ordered if c.half_offset is not None]
-    return replace(first, members=tuple(c.record for c in ordered),
-                   half_offset=min(offsets) if offsets else None)
+    return replace(
+        first,
+        members=tuple(c.record for c in ordered),
+        half_offset=min(offsets) if offsets else None,
+    )
 
 
-def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str,
-                    since_ms: int) -> str | None:
+def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str, since_ms: int) -> str | None:
     """Where (``op[p]@offset``) a done marker COMMITTED ``txn_id`` after ``since_ms``, if
     one did: a re-driven copy of a discarded transaction was promoted."""
     partitions = topic_partition_count(conf, topics.op)
@@ -250,15 +296,19 @@ def _promoted_since(conf: dict, topics: SystemTopics, txn_id: str,
     try:
         starts = consumer.offsets_for_times(
             [TopicPartition(topics.op, p, since_ms) for p in range(partitions)],
-            timeout=READ_TIMEOUT_S)
+            timeout=READ_TIMEOUT_S,
+        )
         # -1: nothing written to that partition since.
         for msg in _read_to_eof(consumer, [tp for tp in starts if tp.offset >= 0]):
             try:
                 record = decode(msg.value())
             except MalformedRecordError:
                 continue
-            entries = record.entries if isinstance(record, DoneMarkers) else (
-                [record] if isinstance(record, DoneMarker) else [])
+            entries = (
+                record.entries
+                if isinstance(record, DoneMarkers)
+                else ([record] if isinstance(record, DoneMarker) else [])
+            )
             if any(e.txn_id == txn_id and e.outcome is Outcome.COMMITTED for e in entries):
                 found = found or f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
     finally:
@@ -272,39 +322,60 @@ def _redrivable(conf: dict, txn_id: str, topic_prefix: str) -> DiscardedTxn:
     if found is None:
         raise ConfigError(f"no discarded transaction {txn_id!r} under prefix {topic_prefix!r}")
     if not found.complete:
-        raise ConfigError(f"transaction {txn_id} was discarded as {found.reason} with "
-                          f"{found.count} of its members: re-driving cannot bring back the "
-                          "members that never arrived")
+        raise ConfigError(
+            f"transaction {txn_id} was discarded as {found.reason} with "
+            f"{found.count} of its members: re-driving cannot bring back the "
+            "members that never arrived"
+        )
     if found.reason in NOT_REDRIVABLE:
-        raise ConfigError(f"transaction {txn_id} was discarded as {found.reason}: its half "
-                          "message names no transaction or real topic a check could decide; "
-                          "it cannot be re-driven")
+        raise ConfigError(
+            f"transaction {txn_id} was discarded as {found.reason}: its half "
+            "message names no transaction or real topic a check could decide; "
+            "it cannot be re-driven"
+        )
     if any(p.txn_id == txn_id for p in list_pending(conf, topic_prefix)):
         raise ConfigError(f"transaction {txn_id} is already pending again (re-driven before?)")
-    promoted = _promoted_since(conf, SystemTopics(topic_prefix), txn_id,
-                               found.record.timestamp()[1])
+    promoted = _promoted_since(
+        conf, SystemTopics(topic_prefix), txn_id, found.record.timestamp()[1]
+    )
     if promoted is not None:
-        raise ConfigError(f"transaction {txn_id} was already promoted after its discard (done "
-                          f"marker {promoted}): re-driving it again would promote it twice")
+        raise ConfigError(
+            f"transaction {txn_id} was already promoted after its discard (done "
+            f"marker {promoted}): re-driving it again would promote it twice"
+        )
     return found
 
 
-def _write_back(producer: confluent_kafka.Producer, half_topic: str,
-                found: DiscardedTxn) -> list[DeliveryWaiter]:
+def _write_back(
+    producer: confluent_kafka.Producer, half_topic: str, found: DiscardedTxn
+) -> list[DeliveryWaiter]:
     """Produce every member, in index order, to the half partition they were in (the one
     producer keeps that order): the coordinator sees the whole transaction again."""
     waiters = []
     for record in found.members or (found.record,):
         original = {k: v for k, v in record.headers() or []}
         headers = [(k, v) for k, v in record.headers() or [] if k not in DISCARD_HEADERS]
-        headers.append((H.REDRIVE_OF,
-                        f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
-                        f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode()))
-        partition = {"partition": found.half_partition} if found.members and (
-            found.half_partition is not None) else {}
+        headers.append(
+            (
+                H.REDRIVE_OF,
+                f"{original.get(H.HALF_PARTITION, b'?').decode()}:"
+                f"{original.get(H.HALF_OFFSET, b'?').decode()}".encode(),
+            )
+        )
+        partition = (
+            {"partition": found.half_partition}
+            if found.members and (found.half_partition is not None)
+            else {}
+        )
         waiters.append(DeliveryWaiter())
-        producer.produce(half_topic, record.value(), key=record.key(), headers=headers,
-                         on_delivery=waiters[-1], **partition)
+        producer.produce(
+            half_topic,
+            record.value(),
+            key=record.key(),
+            headers=headers,
+            on_delivery=waiters[-1],
+            **partition,
+        )
     return waiters
 
 
@@ -322,10 +393,13 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     the copy in its checks and refuses.
     """
     topics = SystemTopics(topic_prefix)
-    producer = confluent_kafka.Producer({
-        **producer_defaults(conf, internal=True),
-        "transactional.id": f"{topics.prefix}_txn_redrive_{txn_id}",
-        "transaction.timeout.ms": REDRIVE_TXN_TIMEOUT_MS})
+    producer = confluent_kafka.Producer(
+        {
+            **producer_defaults(conf, internal=True),
+            "transactional.id": f"{topics.prefix}_txn_redrive_{txn_id}",
+            "transaction.timeout.ms": REDRIVE_TXN_TIMEOUT_MS,
+        }
+    )
     try:
         producer.init_transactions(READ_TIMEOUT_S)
         found = _redrivable(conf, txn_id, topic_prefix)
@@ -335,9 +409,12 @@ def redrive(conf: dict, txn_id: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -
     except KafkaException as exc:
         err = exc.args[0]
         if err.code() in FENCED:
-            raise FatalKafkaError(f"re-driving txn {txn_id} was fenced: another `txn redrive` "
-                                  "of it started after this run, so this run wrote nothing "
-                                  f"({err.name()})", err) from None
+            raise FatalKafkaError(
+                f"re-driving txn {txn_id} was fenced: another `txn redrive` "
+                "of it started after this run, so this run wrote nothing "
+                f"({err.name()})",
+                err,
+            ) from None
         if err.txn_requires_abort():
             with contextlib.suppress(KafkaException):
                 producer.abort_transaction(READ_TIMEOUT_S)
@@ -365,25 +442,48 @@ def cli_context(args: argparse.Namespace) -> tuple[dict, Console]:
 def _cmd_txn(args: argparse.Namespace) -> int:
     conf, console = cli_context(args)
     if args.action == "pending":
-        table = Table("txn id", "real topic", "producer group", "age (s)", "checks",
-                      "answered", "half")
+        table = Table(
+            "txn id", "real topic", "producer group", "age (s)", "checks", "answered", "half"
+        )
         for t in list_pending(conf, args.topic_prefix):
-            table.add_row(t.txn_id, t.real_topic, t.producer_group, f"{t.age_s:.1f}",
-                          str(t.checks_issued), str(t.checks_answered),
-                          f"{t.half_partition}:{t.half_offset}")
+            table.add_row(
+                t.txn_id,
+                t.real_topic,
+                t.producer_group,
+                f"{t.age_s:.1f}",
+                str(t.checks_issued),
+                str(t.checks_answered),
+                f"{t.half_partition}:{t.half_offset}",
+            )
         console.print(table)
     elif args.action == "discarded":
-        table = Table("txn id", "real topic", "producer group", "checks", "reason",
-                      "discarded (s ago)", "half", "members")
+        table = Table(
+            "txn id",
+            "real topic",
+            "producer group",
+            "checks",
+            "reason",
+            "discarded (s ago)",
+            "half",
+            "members",
+        )
         for t in list_discarded(conf, args.topic_prefix):
-            table.add_row(t.txn_id or "-", t.real_topic, t.producer_group, str(t.check_count),
-                          t.status, f"{t.age_s:.1f}", f"{t.half_partition}:{t.half_offset}",
-                          t.count)
+            table.add_row(
+                t.txn_id or "-",
+                t.real_topic,
+                t.producer_group,
+                str(t.check_count),
+                t.status,
+                f"{t.age_s:.1f}",
+                f"{t.half_partition}:{t.half_offset}",
+                t.count,
+            )
         console.print(table)
     else:
         partition, offset = redrive(conf, args.txn_id, args.topic_prefix)
-        console.print(f"re-driven {args.txn_id} as half {partition}:{offset}; it will be "
-                      "checked again")
+        console.print(
+            f"re-driven {args.txn_id} as half {partition}:{offset}; it will be checked again"
+        )
     return 0
 
 
@@ -392,9 +492,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
     txn = sub.add_parser("txn", help="list pending/discarded transactions, re-drive one")
     actions = txn.add_subparsers(dest="action", required=True)
-    for name, help_text in (("pending", "transactions with no final decision yet"),
-                            ("discarded", "transactions set aside, with the reason"),
-                            ("redrive", "check a discarded transaction again")):
+    for name, help_text in (
+        ("pending", "transactions with no final decision yet"),
+        ("discarded", "transactions set aside, with the reason"),
+        ("redrive", "check a discarded transaction again"),
+    ):
         parser = actions.add_parser(name, help=help_text)
         if name == "redrive":
             parser.add_argument("txn_id", metavar="TXN_ID")

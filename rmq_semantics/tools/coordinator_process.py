@@ -51,9 +51,15 @@ class CoordinatorProcess:
     the coordinator is up, and stops it on exit.
     """
 
-    def __init__(self, bootstrap: str, log_path: Path | str | None = None, *args: str,
-                 settings: Mapping[str, object] | None = None,
-                 env: Mapping[str, str] | None = None, module: str = "coordinator") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        log_path: Path | str | None = None,
+        *args: str,
+        settings: Mapping[str, object] | None = None,
+        env: Mapping[str, str] | None = None,
+        module: str = "coordinator",
+    ) -> None:
         settings = dict(settings or {})
         _validate(settings)
         self.argv = [sys.executable, "-m", module, "--bootstrap-servers", bootstrap, *args]
@@ -78,12 +84,20 @@ class CoordinatorProcess:
             if self._proc is not None:
                 return self
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
             log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by the pump thread
-            self._pump = threading.Thread(target=self._copy_output,
-                                          args=(self._proc.stdout, log_file),
-                                          name=f"coordinator-{self._proc.pid}-log", daemon=True)
+            self._pump = threading.Thread(
+                target=self._copy_output,
+                args=(self._proc.stdout, log_file),
+                name=f"coordinator-{self._proc.pid}-log",
+                daemon=True,
+            )
             self._pump.start()
             log.info("coordinator started (pid %d), log in %s", self._proc.pid, self.log_path)
             return self
@@ -93,8 +107,9 @@ class CoordinatorProcess:
         if self._proc is None:
             raise RmqError("the coordinator process was never started")
         if not self._settled.wait(timeout_s):
-            raise RmqTimeoutError(f"the coordinator was not up within {timeout_s:.0f} s; "
-                                  f"see {self.log_path}")
+            raise RmqTimeoutError(
+                f"the coordinator was not up within {timeout_s:.0f} s; see {self.log_path}"
+            )
         if not self._up.is_set():
             self._raise_exited()
 
@@ -117,8 +132,11 @@ class CoordinatorProcess:
                 try:
                     proc.wait(timeout_s)
                 except subprocess.TimeoutExpired:
-                    log.warning("coordinator (pid %d) ignored SIGTERM for %.0f s: killing it",
-                                proc.pid, timeout_s)
+                    log.warning(
+                        "coordinator (pid %d) ignored SIGTERM for %.0f s: killing it",
+                        proc.pid,
+                        timeout_s,
+                    )
                     self.killed = True
                     proc.kill()
                     proc.wait(REAP_TIMEOUT_S)
@@ -190,8 +208,10 @@ class CoordinatorProcess:
         except subprocess.TimeoutExpired:
             code = None
         last = self.log.splitlines()[-EXIT_LOG_LINES:]
-        raise RmqError(f"the coordinator exited (code {code}); see {self.log_path}; it ended "
-                       "with:\n" + "\n".join(last))
+        raise RmqError(
+            f"the coordinator exited (code {code}); see {self.log_path}; it ended "
+            "with:\n" + "\n".join(last)
+        )
 
 
 def _validate(settings: dict[str, object]) -> None:

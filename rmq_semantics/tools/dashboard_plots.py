@@ -59,8 +59,11 @@ def panels(dashboard: dict) -> list[Panel]:
     """The panels of a Grafana dashboard (its JSON model), in order, with their queries."""
     out = []
     for panel in dashboard.get("panels", []):
-        targets = tuple(Target(t["expr"], t.get("legendFormat", ""))
-                        for t in panel.get("targets", []) if t.get("expr"))
+        targets = tuple(
+            Target(t["expr"], t.get("legendFormat", ""))
+            for t in panel.get("targets", [])
+            if t.get("expr")
+        )
         if targets:
             unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
             out.append(Panel(panel.get("title", ""), unit, targets))
@@ -84,20 +87,30 @@ def query(url: str, expr: str, at: float | None = None) -> list[Series]:
     data = _get(url, "/api/v1/query", params)
     if data["resultType"] == "scalar":
         return [Series({}, [(data["result"][0], float(data["result"][1]))])]
-    return [Series(r["metric"], [(float(r["value"][0]), float(r["value"][1]))])
-            for r in data["result"]]
+    return [
+        Series(r["metric"], [(float(r["value"][0]), float(r["value"][1]))]) for r in data["result"]
+    ]
 
 
 def query_range(url: str, expr: str, start: float, end: float, step: float) -> list[Series]:
     """A range query (``/api/v1/query_range``) from ``start`` to ``end`` every ``step`` s."""
-    data = _get(url, "/api/v1/query_range",
-                {"query": expr, "start": start, "end": end, "step": step})
-    return [Series(r["metric"], [(float(t), float(v)) for t, v in r["values"]])
-            for r in data["result"]]
+    data = _get(
+        url, "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step}
+    )
+    return [
+        Series(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]
+    ]
 
 
-def render(url: str, dashboard: dict, start: float, end: float, out: Path,
-           step: float | None = None, title: str | None = None) -> Path:
+def render(
+    url: str,
+    dashboard: dict,
+    start: float,
+    end: float,
+    out: Path,
+    step: float | None = None,
+    title: str | None = None,
+) -> Path:
     """Draw every panel of ``dashboard`` from ``url``'s data over [start, end] into ``out``
     (PNG), two panels a row, time in seconds from ``start``; series that stayed at 0 (the
     label values the coordinator creates up front) are left out."""
@@ -115,8 +128,9 @@ def render(url: str, dashboard: dict, start: float, end: float, out: Path,
             for series in query_range(url, target.expr, start, end, step):
                 points = [(t - start, v) for t, v in series.points if math.isfinite(v)]
                 if any(v for _, v in points):  # label values that stayed at 0 are left out
-                    ax.plot(*zip(*points, strict=True), label=series.name(target.legend),
-                            linewidth=1.2)
+                    ax.plot(
+                        *zip(*points, strict=True), label=series.name(target.legend), linewidth=1.2
+                    )
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlim(0, end - start)
         ax.set_ylim(bottom=0)
@@ -125,7 +139,7 @@ def render(url: str, dashboard: dict, start: float, end: float, out: Path,
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
-    for ax in list(axes.flat)[len(shown):]:
+    for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("seconds into the run", fontsize=8)
@@ -141,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: draw the PNG, print its path; 1 and one line when it cannot."""
     parser = argparse.ArgumentParser(
         prog="python -m rmq_semantics.tools.dashboard_plots",
-        description="Draw the Grafana dashboard's panels from a Prometheus' data as a PNG.")
-    parser.add_argument("--prometheus", default="http://127.0.0.1:9090",
-                        help="the Prometheus base URL")
+        description="Draw the Grafana dashboard's panels from a Prometheus' data as a PNG.",
+    )
+    parser.add_argument(
+        "--prometheus", default="http://127.0.0.1:9090", help="the Prometheus base URL"
+    )
     parser.add_argument("--dashboard", type=Path, default=Path("docker/grafana/rmq-semantics.json"))
     parser.add_argument("--start", type=float, help="unix seconds (default: end - --last)")
     parser.add_argument("--end", type=float, help="unix seconds (default: now)")

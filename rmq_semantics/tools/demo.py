@@ -45,8 +45,13 @@ __all__ = ["register_cli", "run_demo"]
 ORDERS = 60
 CUSTOMERS = 6
 # Short horizons so the back-check resolves the "crashed" orders within seconds.
-COORDINATOR_SETTINGS = {"transaction_timeout_ms": 2000, "check_interval_ms": 2000,
-                        "check_max": 5, "half_partitions": 4, "check_partitions": 2}
+COORDINATOR_SETTINGS = {
+    "transaction_timeout_ms": 2000,
+    "check_interval_ms": 2000,
+    "check_max": 5,
+    "half_partitions": 4,
+    "check_partitions": 2,
+}
 RESOLVE_TIMEOUT_S = 90.0
 # A slow order holds its local transaction open until its back-check waits on it, or this long.
 SLOW_ORDER_WAIT_S = 15.0
@@ -61,8 +66,18 @@ def _scenario(n: int) -> str:
     # two orders are slow: their local transaction is still open when the back-check comes.
     if n % 30 == 15:
         return "slow-commit"
-    return {0: "commit", 1: "commit", 2: "commit", 3: "rollback", 4: "crash-committed",
-            5: "commit", 6: "commit", 7: "commit", 8: "rollback", 9: "crash-uncommitted"}[n % 10]
+    return {
+        0: "commit",
+        1: "commit",
+        2: "commit",
+        3: "rollback",
+        4: "crash-committed",
+        5: "commit",
+        6: "commit",
+        7: "commit",
+        8: "rollback",
+        9: "crash-uncommitted",
+    }[n % 10]
 
 
 class OrderService(BarrierTransactionListener):
@@ -75,13 +90,18 @@ class OrderService(BarrierTransactionListener):
         self.checked: set[str] = set()
         self._lock = threading.Lock()
         self._waited: dict[str, threading.Event] = {}
-        super().__init__(TransactionBarrier(on_wait=self._check_waits), connect=self._db,
-                         business=self._insert_order)
+        super().__init__(
+            TransactionBarrier(on_wait=self._check_waits),
+            connect=self._db,
+            business=self._insert_order,
+        )
         db = self._db()
         try:
             self.barrier.create_table(db)
-            db.execute("CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, "
-                       "customer TEXT, seq INT, amount_cents INT, txn_id TEXT UNIQUE)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, "
+                "customer TEXT, seq INT, amount_cents INT, txn_id TEXT UNIQUE)"
+            )
             db.commit()
         finally:
             db.close()
@@ -101,11 +121,13 @@ class OrderService(BarrierTransactionListener):
             return LocalTransactionState.UNKNOW  # "crashed" before its local transaction
         return super().execute_local_transaction(msg, arg)
 
-    def _insert_order(self, cursor: sqlite3.Cursor, msg: Message,
-                      arg: dict) -> LocalTransactionState:
-        cursor.execute("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
-                       (arg["order_id"], arg["customer"], arg["seq"], arg["amount_cents"],
-                        msg.transaction_id))
+    def _insert_order(
+        self, cursor: sqlite3.Cursor, msg: Message, arg: dict
+    ) -> LocalTransactionState:
+        cursor.execute(
+            "INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+            (arg["order_id"], arg["customer"], arg["seq"], arg["amount_cents"], msg.transaction_id),
+        )
         scenario = arg["scenario"]
         if scenario == "slow-commit":
             # Held open until its back-check waits on it (the check then answers COMMIT).
@@ -173,8 +195,14 @@ def _orderly_check(conf: dict, topic: str, expected: int, summary: Summary) -> N
                 seen.add(order["order_id"])
         return ConsumeOrderlyStatus.SUCCESS
 
-    consumer = OrderlyConsumer({**conf, "group.id": f"demo-billing-{uuid.uuid4().hex[:6]}",
-                                "auto.offset.reset": "earliest"}, listener=listener)
+    consumer = OrderlyConsumer(
+        {
+            **conf,
+            "group.id": f"demo-billing-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+        },
+        listener=listener,
+    )
     consumer.subscribe([topic])
     consumer.start()
     try:
@@ -186,8 +214,7 @@ def _orderly_check(conf: dict, topic: str, expected: int, summary: Summary) -> N
     summary.orderly_processed = len(seen)
 
 
-def _spark(bootstrap: str, topic: str, work: Path, summary: Summary,
-           committed: set[str]) -> None:
+def _spark(bootstrap: str, topic: str, work: Path, summary: Summary, committed: set[str]) -> None:
     try:
         from spark.job import JobSettings, build_session, run_job
     except ImportError:
@@ -198,11 +225,18 @@ def _spark(bootstrap: str, topic: str, work: Path, summary: Summary,
     output = work / "orders.parquet"
     spark = build_session("local[2]")
     try:
-        run_job(JobSettings(bootstrap_servers=bootstrap, topics=topic, output=str(output),
-                            checkpoint=str(work / "orders.checkpoint"),
-                            avro_schema=str(schema_file), available_now=True), spark=spark)
-        ids = [r["order_id"] for r in spark.read.parquet(str(output)).select("order_id")
-               .collect()]
+        run_job(
+            JobSettings(
+                bootstrap_servers=bootstrap,
+                topics=topic,
+                output=str(output),
+                checkpoint=str(work / "orders.checkpoint"),
+                avro_schema=str(schema_file),
+                available_now=True,
+            ),
+            spark=spark,
+        )
+        ids = [r["order_id"] for r in spark.read.parquet(str(output)).select("order_id").collect()]
     finally:
         spark.stop()
     summary.spark_rows = len(ids)
@@ -221,28 +255,42 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
         ensure_topics(conf, {topic: (3, {})})
         console.print(f"      broker at {bootstrap}")
         console.print("[bold]2/5[/bold] starting the coordinator sidecar ...")
-        coordinator = CoordinatorProcess(bootstrap, work / "coordinator.log",
-                                         settings=COORDINATOR_SETTINGS).start()
+        coordinator = CoordinatorProcess(
+            bootstrap, work / "coordinator.log", settings=COORDINATOR_SETTINGS
+        ).start()
         coordinator.wait_ready()
 
-        console.print(f"[bold]3/5[/bold] order service: {orders} orders in local SQLite "
-                      "transactions ...")
+        console.print(
+            f"[bold]3/5[/bold] order service: {orders} orders in local SQLite transactions ..."
+        )
         service = OrderService(work / "orders.db")
         schema = order_schema()
         scenarios: dict[str, str] = {}
-        with TransactionProducer(conf, producer_group="order-service", listener=service,
-                                 half_partitions=4, check_partitions=2) as producer, \
-                Progress(console=console, transient=True) as progress:
+        with (
+            TransactionProducer(
+                conf,
+                producer_group="order-service",
+                listener=service,
+                half_partitions=4,
+                check_partitions=2,
+            ) as producer,
+            Progress(console=console, transient=True) as progress,
+        ):
             sending = progress.add_task("sending orders", total=orders)
             for n in range(orders):
                 customer = f"customer-{n % CUSTOMERS}"
-                order = {"order_id": f"order-{n:04d}", "customer": customer,
-                         "seq": n // CUSTOMERS, "amount_cents": 1000 + n}
+                order = {
+                    "order_id": f"order-{n:04d}",
+                    "customer": customer,
+                    "seq": n // CUSTOMERS,
+                    "amount_cents": 1000 + n,
+                }
                 scenario = _scenario(n)
                 scenarios[order["order_id"]] = scenario
                 producer.send_message_in_transaction(
                     Message(topic, _encode(schema, order), key=customer, tags="OrderCreated"),
-                    {**order, "scenario": scenario})
+                    {**order, "scenario": scenario},
+                )
                 progress.advance(sending)
             resolving = progress.add_task("back-check resolving crashed orders", total=None)
             deadline = time.monotonic() + RESOLVE_TIMEOUT_S
@@ -255,8 +303,9 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
                 time.sleep(0.5)
         committed = service.committed_orders()
         summary.committed = len(committed)
-        summary.rolled_back = sum(1 for s in scenarios.values()
-                                  if s in ("rollback", "crash-uncommitted"))
+        summary.rolled_back = sum(
+            1 for s in scenarios.values() if s in ("rollback", "crash-uncommitted")
+        )
         summary.resolved_by_check = len(service.checked)
         summary.checks_waited = service.barrier.waited_checks
         summary.discarded = len(list_discarded(conf))
@@ -276,19 +325,22 @@ def run_demo(console: Console, work: Path, orders: int = ORDERS) -> bool:
     table.add_row("orders committed (SQLite)", str(summary.committed))
     table.add_row("orders rolled back", str(summary.rolled_back))
     table.add_row("resolved by back-check", str(summary.resolved_by_check))
-    table.add_row("back-checks that found a local transaction running",
-                  str(summary.checks_waited))
+    table.add_row("back-checks that found a local transaction running", str(summary.checks_waited))
     table.add_row("discarded", str(summary.discarded))
     order_note = "" if summary.orderly_in_order else " (OUT OF ORDER)"
-    table.add_row("events processed in order (orderly consumer)",
-                  f"{summary.orderly_processed}{order_note}")
+    table.add_row(
+        "events processed in order (orderly consumer)", f"{summary.orderly_processed}{order_note}"
+    )
     table.add_row("rows Spark wrote to Parquet", str(summary.spark_rows))
     console.print(table)
     for note in summary.notes:
         console.print(f"note: {note}")
     ok = summary.spark_ok and summary.orderly_in_order and summary.discarded == 0
-    console.print("[bold green]PASS[/bold green]: Spark's rows equal the database's committed "
-                  "orders" if ok else "[bold red]FAIL[/bold red]: see the table above")
+    console.print(
+        "[bold green]PASS[/bold green]: Spark's rows equal the database's committed orders"
+        if ok
+        else "[bold red]FAIL[/bold red]: see the table above"
+    )
     return ok
 
 
@@ -308,8 +360,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run the whole pipeline on the embedded broker")
-    demo.add_argument("--work-dir", default=None, help="broker data, SQLite and Parquet "
-                      "(default: a temp dir, removed afterwards)")
+    demo.add_argument(
+        "--work-dir",
+        default=None,
+        help="broker data, SQLite and Parquet (default: a temp dir, removed afterwards)",
+    )
     demo.add_argument("--orders", type=int, default=ORDERS)
     demo.add_argument("--keep", action="store_true", help="keep the work dir")
     demo.set_defaults(func=_cmd_demo)

@@ -66,11 +66,19 @@ class DeadLetter:
             value = text.get(name, "")
             return int(value) if value.lstrip("-").isdigit() else None
 
-        return cls(msg.partition(), msg.offset(), text.get(H.DLQ_ORIGINAL_TOPIC),
-                   number(H.DLQ_ORIGINAL_PARTITION), number(H.DLQ_ORIGINAL_OFFSET),
-                   number(H.DLQ_RECONSUME_TIMES), text.get(H.DLQ_EXCEPTION),
-                   text.get(H.DLQ_EXCEPTION_MESSAGE), number(H.DLQ_FIRST_FAILURE_TS),
-                   number(H.DLQ_LAST_FAILURE_TS), msg)
+        return cls(
+            msg.partition(),
+            msg.offset(),
+            text.get(H.DLQ_ORIGINAL_TOPIC),
+            number(H.DLQ_ORIGINAL_PARTITION),
+            number(H.DLQ_ORIGINAL_OFFSET),
+            number(H.DLQ_RECONSUME_TIMES),
+            text.get(H.DLQ_EXCEPTION),
+            text.get(H.DLQ_EXCEPTION_MESSAGE),
+            number(H.DLQ_FIRST_FAILURE_TS),
+            number(H.DLQ_LAST_FAILURE_TS),
+            msg,
+        )
 
 
 def _dlq_topic(conf: dict, group: str, topic_prefix: str) -> tuple[str, int]:
@@ -79,19 +87,23 @@ def _dlq_topic(conf: dict, group: str, topic_prefix: str) -> tuple[str, int]:
     topic = SystemTopics(topic_prefix).dlq(group)
     partitions = topic_partition_count(conf, topic)
     if partitions is None:
-        raise ConfigError(f"no DLQ topic {topic}: group {group!r} dead-lettered nothing under "
-                          f"prefix {topic_prefix!r}")
+        raise ConfigError(
+            f"no DLQ topic {topic}: group {group!r} dead-lettered nothing under "
+            f"prefix {topic_prefix!r}"
+        )
     return topic, partitions
 
 
-def list_dead_letters(conf: dict, group: str,
-                      topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[DeadLetter]:
+def list_dead_letters(
+    conf: dict, group: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX
+) -> list[DeadLetter]:
     """Every dead letter of ``group``, in partition and offset order."""
     topic, partitions = _dlq_topic(conf, group, topic_prefix)
     consumer = _reader(conf, f"{SystemTopics(topic_prefix).prefix}_admin")
     try:
-        tps = [TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-               for p in range(partitions)]
+        tps = [
+            TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)
+        ]
         letters = [DeadLetter.of(msg) for msg in _read_to_eof(consumer, tps)]
     finally:
         consumer.close()
@@ -108,14 +120,21 @@ def parse_position(text: str) -> tuple[int, int]:
 
 
 def _redriven_headers(letter: DeadLetter, topic: str) -> list[tuple[str, bytes]]:
-    headers = [(k, v if v is not None else b"") for k, v in letter.record.headers() or []
-               if k not in STRIPPED and k != H.REDRIVE_OF]
+    headers = [
+        (k, v if v is not None else b"")
+        for k, v in letter.record.headers() or []
+        if k not in STRIPPED and k != H.REDRIVE_OF
+    ]
     headers.append((H.REDRIVE_OF, f"{topic}[{letter.partition}]@{letter.offset}".encode()))
     return headers
 
 
-def redrive_dead_letters(conf: dict, group: str, positions: list[tuple[int, int]] | None,
-                         topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> list[tuple[DeadLetter, str]]:
+def redrive_dead_letters(
+    conf: dict,
+    group: str,
+    positions: list[tuple[int, int]] | None,
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+) -> list[tuple[DeadLetter, str]]:
     """Send the dead letters at ``positions`` ((partition, offset); None: all) back to their
     original topic and partition in one Kafka transaction; returns (letter, destination)."""
     topic, _ = _dlq_topic(conf, group, topic_prefix)
@@ -130,28 +149,42 @@ def redrive_dead_letters(conf: dict, group: str, positions: list[tuple[int, int]
     for letter in chosen:
         # A forged DLQ record must not make this tool write into a system topic.
         if not letter.original_topic or is_system_topic(letter.original_topic, topic_prefix):
-            raise ConfigError(f"dead letter {letter.where} of {topic} names no business topic "
-                              f"to go back to ({letter.original_topic!r})")
+            raise ConfigError(
+                f"dead letter {letter.where} of {topic} names no business topic "
+                f"to go back to ({letter.original_topic!r})"
+            )
     if not chosen:
         return []
     prefix = SystemTopics(topic_prefix).prefix
-    producer = confluent_kafka.Producer({**producer_defaults(conf, internal=True),
-                                         "transactional.id": f"{prefix}_dlq_redrive_{group}"})
+    producer = confluent_kafka.Producer(
+        {
+            **producer_defaults(conf, internal=True),
+            "transactional.id": f"{prefix}_dlq_redrive_{group}",
+        }
+    )
     out = []
     try:
         producer.init_transactions(READ_TIMEOUT_S)
         producer.begin_transaction()
         for letter in chosen:
-            kwargs = {} if letter.original_partition is None else {
-                "partition": letter.original_partition}
-            producer.produce(letter.original_topic, letter.record.value(),
-                             key=letter.record.key(), headers=_redriven_headers(letter, topic),
-                             **kwargs)
+            kwargs = (
+                {}
+                if letter.original_partition is None
+                else {"partition": letter.original_partition}
+            )
+            producer.produce(
+                letter.original_topic,
+                letter.record.value(),
+                key=letter.record.key(),
+                headers=_redriven_headers(letter, topic),
+                **kwargs,
+            )
             out.append((letter, f"{letter.original_topic}[{kwargs.get('partition', '?')}]"))
         producer.commit_transaction(READ_TIMEOUT_S)
     except KafkaException as exc:
-        raise KafkaOperationError(f"re-driving dead letters of {topic}: {exc.args[0].str()}",
-                                  exc.args[0]) from None
+        raise KafkaOperationError(
+            f"re-driving dead letters of {topic}: {exc.args[0].str()}", exc.args[0]
+        ) from None
     finally:
         producer.flush(0)
     return out
@@ -164,21 +197,32 @@ def _ts(ms: int | None) -> str:
 def _cmd_dlq(args: argparse.Namespace) -> int:
     conf, console = cli_context(args)
     if args.action == "list":
-        table = Table("dlq", "original", "reconsumes", "exception", "first failure (UTC)",
-                      "last failure (UTC)", "key")
+        table = Table(
+            "dlq",
+            "original",
+            "reconsumes",
+            "exception",
+            "first failure (UTC)",
+            "last failure (UTC)",
+            "key",
+        )
         for d in list_dead_letters(conf, args.group, args.topic_prefix):
             exception = ": ".join(x for x in (d.exception, d.exception_message) if x) or "-"
-            table.add_row(d.where, f"{d.original_topic}[{d.original_partition}]@"
-                                   f"{d.original_offset}", str(d.reconsume_times),
-                          exception, _ts(d.first_failure_ts), _ts(d.last_failure_ts),
-                          repr(d.record.key()))
+            table.add_row(
+                d.where,
+                f"{d.original_topic}[{d.original_partition}]@{d.original_offset}",
+                str(d.reconsume_times),
+                exception,
+                _ts(d.first_failure_ts),
+                _ts(d.last_failure_ts),
+                repr(d.record.key()),
+            )
         console.print(table)
         return 0
     if bool(args.all) == bool(args.offset):
         raise ConfigError("dlq redrive: give --offset N (repeatable) or --all")
     positions = None if args.all else [parse_position(o) for o in args.offset]
-    for letter, destination in redrive_dead_letters(conf, args.group, positions,
-                                                    args.topic_prefix):
+    for letter, destination in redrive_dead_letters(conf, args.group, positions, args.topic_prefix):
         console.print(f"re-driven {letter.where} to {destination}")
     return 0
 
@@ -188,13 +232,19 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
 
     dlq = sub.add_parser("dlq", help="list a consumer group's dead letters, re-drive some")
     actions = dlq.add_subparsers(dest="action", required=True)
-    for name, help_text in (("list", "dead letters with their reasons"),
-                            ("redrive", "send dead letters back to their original topic")):
+    for name, help_text in (
+        ("list", "dead letters with their reasons"),
+        ("redrive", "send dead letters back to their original topic"),
+    ):
         parser = actions.add_parser(name, help=help_text)
         parser.add_argument("--group", required=True, metavar="G")
         if name == "redrive":
-            parser.add_argument("--offset", action="append", metavar="N",
-                                help="a dead letter's offset (or PARTITION:N), repeatable")
+            parser.add_argument(
+                "--offset",
+                action="append",
+                metavar="N",
+                help="a dead letter's offset (or PARTITION:N), repeatable",
+            )
             parser.add_argument("--all", action="store_true", help="every dead letter")
         add_kafka_arguments(parser)
         parser.add_argument("--topic-prefix", default=DEFAULT_TOPIC_PREFIX)

@@ -72,8 +72,10 @@ class Db:
         return kind(table=self.barrier_table, **options)
 
     def insert_order(self, cursor: Any, msg: Message) -> None:
-        cursor.execute(f"INSERT INTO {self.orders} VALUES ({self.param}, {self.param})",
-                       (msg.transaction_id, (msg.value or b"").decode()))
+        cursor.execute(
+            f"INSERT INTO {self.orders} VALUES ({self.param}, {self.param})",
+            (msg.transaction_id, (msg.value or b"").decode()),
+        )
 
     def committed(self) -> set[str]:
         """Transaction ids of the committed business rows."""
@@ -97,8 +99,9 @@ def postgres_dsn() -> Iterator[str]:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        missing("postgres", "no PostgreSQL: psycopg is not installed (pip install -e "
-                            "'.[postgres]')")
+        missing(
+            "postgres", "no PostgreSQL: psycopg is not installed (pip install -e '.[postgres]')"
+        )
     server = PostgresServer()
     try:
         dsn = server.start()
@@ -116,8 +119,7 @@ def db(request: pytest.FixtureRequest, tmp_path) -> Iterator[Db]:
     if request.param == "sqlite":
         path = tmp_path / "barrier.db"
         # Local transactions of many threads queue for SQLite's one write lock.
-        database = Db("sqlite", lambda: sqlite3.connect(path, timeout=30,
-                                                        check_same_thread=False))
+        database = Db("sqlite", lambda: sqlite3.connect(path, timeout=30, check_same_thread=False))
     else:
         import psycopg
 

@@ -38,8 +38,10 @@ def _binary(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=version)
     path = found[-1] if found else shutil.which(name)
     if path is None:
-        raise PostgresUnavailable(f"no {name} (tests/barrier/postgres.sh ensure installs "
-                                  f"Debian's postgresql; make setup runs it)")
+        raise PostgresUnavailable(
+            f"no {name} (tests/barrier/postgres.sh ensure installs "
+            f"Debian's postgresql; make setup runs it)"
+        )
     return path
 
 
@@ -59,13 +61,15 @@ class PostgresServer:
 
     def _run(self, cmd: list[str], timeout_s: float, what: str) -> None:
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  check=False)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PostgresUnavailable(f"{what}: {exc}") from exc
         if done.returncode != 0:
-            raise PostgresUnavailable(f"{what} exited {done.returncode}: "
-                                      f"{(done.stderr or done.stdout).strip()[-500:]}")
+            raise PostgresUnavailable(
+                f"{what} exited {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"
+            )
 
     def start(self) -> str:
         initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
@@ -74,20 +78,50 @@ class PostgresServer:
             try:
                 owner = pwd.getpwnam("postgres")
             except KeyError as exc:
-                raise PostgresUnavailable("running as root and there is no postgres user "
-                                          "to run initdb as") from exc
+                raise PostgresUnavailable(
+                    "running as root and there is no postgres user to run initdb as"
+                ) from exc
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
         data = self.root / "data"
-        self._run(self._as_owner(initdb, "-D", str(data), "-U", USER, "--auth=trust",
-                                 "-E", "UTF8", "--locale=C", "--no-sync"),
-                  INITDB_TIMEOUT_S, "initdb")
+        self._run(
+            self._as_owner(
+                initdb,
+                "-D",
+                str(data),
+                "-U",
+                USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ),
+            INITDB_TIMEOUT_S,
+            "initdb",
+        )
         self.port = free_port()
         # Loopback only; the socket in our own dir; durability is not what the tests test.
-        options = (f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                   f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-        self._run(self._as_owner(pg_ctl, "-D", str(data), "-l", str(self.root / "server.log"),
-                                 "-o", options, "-w", "-t", str(START_TIMEOUT_S), "start"),
-                  START_TIMEOUT_S + 10, "pg_ctl start")
+        options = (
+            f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            self._as_owner(
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(self.root / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "start",
+            ),
+            START_TIMEOUT_S + 10,
+            "pg_ctl start",
+        )
         self._pid = int((data / "postmaster.pid").read_text().split()[0])
         self.dsn = f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
         return self.dsn

@@ -81,8 +81,10 @@ def test_a_check_before_the_local_transaction_refuses_it_before_its_body(db):
     assert barrier.check(db.connect(), msg) == ROLLBACK
     body_ran = False
     refused = f"txn={msg.transaction_id}: a back-check decided ROLLBACK before the local"
-    with pytest.raises(BarrierRollback, match=refused), \
-            barrier.local_transaction(db.connect(), msg) as txn:
+    with (
+        pytest.raises(BarrierRollback, match=refused),
+        barrier.local_transaction(db.connect(), msg) as txn,
+    ):
         body_ran = True
         db.insert_order(txn.cursor, msg)
     assert not body_ran
@@ -117,8 +119,10 @@ def test_committed_rolled_back_and_unknown_local_transactions(db):
     assert db.committed() == {committed.transaction_id}
     assert barrier.check(db.connect(), committed) == COMMIT
     assert barrier.check(db.connect(), rolled_back) == ROLLBACK
-    with pytest.raises(IllegalStateError, match="already ran and committed"), \
-            barrier.local_transaction(db.connect(), committed):
+    with (
+        pytest.raises(IllegalStateError, match="already ran and committed"),
+        barrier.local_transaction(db.connect(), committed),
+    ):
         pass
 
 
@@ -129,8 +133,10 @@ def test_purge_deletes_only_rows_older_than_the_horizon(db):
         assert barrier.check(db.connect(), msg) == ROLLBACK
     conn = db.connect()
     age = "created_at - 7200" if db.kind == "sqlite" else "created_at - interval '2 hours'"
-    conn.execute(f"UPDATE {db.barrier_table} SET created_at = {age} WHERE gid = {db.param}",
-                 (old.transaction_id,))
+    conn.execute(
+        f"UPDATE {db.barrier_table} SET created_at = {age} WHERE gid = {db.param}",
+        (old.transaction_id,),
+    )
     conn.commit()
     assert barrier.purge(db.connect(), older_than=timedelta(hours=1)) == 1
     assert db.query(f"SELECT gid FROM {db.barrier_table}") == [(new.transaction_id,)]
@@ -142,16 +148,21 @@ def test_a_connection_with_an_open_transaction_is_refused(db):
     conn = db.connect()
     conn.execute(f"INSERT INTO {db.orders} VALUES ({db.param}, {db.param})", ("x", "y"))
     barrier = TransactionBarrier(table=db.barrier_table)
-    with pytest.raises(IllegalStateError, match="no transaction open"), \
-            barrier.local_transaction(conn, txn_message()):
+    with (
+        pytest.raises(IllegalStateError, match="no transaction open"),
+        barrier.local_transaction(conn, txn_message()),
+    ):
         pass
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"table": "orders; DROP TABLE x"}, "table must be an SQL identifier"),
-    ({"table": ""}, "table must be an SQL identifier"),
-    ({"lock_timeout_s": 0}, "lock_timeout_s must be a positive number, got 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"table": "orders; DROP TABLE x"}, "table must be an SQL identifier"),
+        ({"table": ""}, "table must be an SQL identifier"),
+        ({"lock_timeout_s": 0}, "lock_timeout_s must be a positive number, got 0"),
+    ],
+)
 def test_bad_barrier_settings_name_the_field(options, message):
     with pytest.raises(ConfigError, match=message):
         TransactionBarrier(**options)

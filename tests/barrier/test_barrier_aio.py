@@ -57,8 +57,10 @@ class AsyncDb:
 
     async def insert_order(self, cursor, msg) -> None:
         p = self.db.param
-        await cursor.execute(f"INSERT INTO {self.db.orders} VALUES ({p}, {p})",
-                             (msg.transaction_id, msg.value.decode()))
+        await cursor.execute(
+            f"INSERT INTO {self.db.orders} VALUES ({p}, {p})",
+            (msg.transaction_id, msg.value.decode()),
+        )
 
     async def close(self) -> None:
         for conn in self._opened:
@@ -67,8 +69,9 @@ class AsyncDb:
 
 @pytest.fixture
 def adb(db, request, tmp_path) -> AsyncDb:
-    where = tmp_path / "barrier.db" if db.kind == "sqlite" \
-        else request.getfixturevalue("postgres_dsn")
+    where = (
+        tmp_path / "barrier.db" if db.kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    )
     return AsyncDb(db, where)
 
 
@@ -83,8 +86,9 @@ async def _run(adb: AsyncDb, guard: LoopGuard, body) -> object:
 
 def test_a_check_during_an_open_local_transaction_waits_and_answers_its_commit(adb, guard):
     waited = asyncio.Event()
-    barrier = AsyncTransactionBarrier(table=adb.db.barrier_table, lock_timeout_s=WAIT_S,
-                                      on_wait=lambda gid: waited.set())
+    barrier = AsyncTransactionBarrier(
+        table=adb.db.barrier_table, lock_timeout_s=WAIT_S, on_wait=lambda gid: waited.set()
+    )
     msg = txn_message()
 
     async def body():
@@ -109,8 +113,7 @@ def test_a_check_during_an_open_local_transaction_waits_and_answers_its_commit(a
     assert barrier.waited_checks == 1
 
 
-def test_a_check_first_refuses_the_local_transaction_and_one_past_the_timeout_is_unknow(
-        adb, guard):
+def test_a_check_first_refuses_the_local_transaction_and_one_past_the_timeout_is_unknow(adb, guard):
     barrier = AsyncTransactionBarrier(table=adb.db.barrier_table, lock_timeout_s=0.2)
     first, held = txn_message(1), txn_message(2)
 
@@ -131,8 +134,12 @@ def test_a_check_first_refuses_the_local_transaction_and_one_past_the_timeout_is
 def test_the_async_listener_answers_each_outcome_and_its_checks_from_the_rows(adb, guard):
     barrier = AsyncTransactionBarrier(table=adb.db.barrier_table)
     msgs = [txn_message(n) for n in range(4)]
-    plans = {msgs[0].transaction_id: None, msgs[1].transaction_id: ROLLBACK,
-             msgs[2].transaction_id: UNKNOW, msgs[3].transaction_id: "raise"}
+    plans = {
+        msgs[0].transaction_id: None,
+        msgs[1].transaction_id: ROLLBACK,
+        msgs[2].transaction_id: UNKNOW,
+        msgs[3].transaction_id: "raise",
+    }
 
     async def business(cursor, msg, arg):
         await adb.insert_order(cursor, msg)
@@ -149,8 +156,9 @@ def test_the_async_listener_answers_each_outcome_and_its_checks_from_the_rows(ad
             async with lock:
                 yield conn
 
-        listener = AsyncBarrierTransactionListener(barrier, connection=connection,
-                                                   business=business)
+        listener = AsyncBarrierTransactionListener(
+            barrier, connection=connection, business=business
+        )
         answers = [await listener.execute_local_transaction(m, None) for m in msgs]
         checks = [await listener.check_local_transaction(m) for m in msgs]
         return answers, checks
@@ -176,7 +184,8 @@ def test_a_sync_connection_for_the_async_barrier_and_the_reverse_are_refused(tmp
         with pytest.raises(ConfigError, match="needs an aiosqlite or psycopg"):
             await AsyncTransactionBarrier().create_table(sqlite3.connect(tmp_path / "y.db"))
         with pytest.raises(ConfigError, match="must be an AsyncTransactionBarrier"):
-            AsyncBarrierTransactionListener(TransactionBarrier(), connection=object,
-                                            business=object)
+            AsyncBarrierTransactionListener(
+                TransactionBarrier(), connection=object, business=object
+            )
 
     asyncio.run(body())

@@ -31,8 +31,13 @@ SENDERS = 16
 PARTITIONS = 4
 # Checks come 1 s after a half write and every 1 s after that; many answered UNKNOW (a check
 # past the barrier's lock timeout) must not discard a committed transaction.
-RACE_COORDINATOR = {"transaction_timeout_ms": 1000, "check_interval_ms": 1000,
-                    "check_max": 30, "half_partitions": PARTITIONS, "check_partitions": 2}
+RACE_COORDINATOR = {
+    "transaction_timeout_ms": 1000,
+    "check_interval_ms": 1000,
+    "check_max": 30,
+    "half_partitions": PARTITIONS,
+    "check_partitions": 2,
+}
 
 
 def _txn_ids(records) -> Counter:
@@ -60,15 +65,26 @@ class CheckFirst(BarrierTransactionListener):
 
 
 def test_a_check_before_the_local_transaction_rolls_it_back_and_nothing_is_promoted(
-        db, broker, make_topic, unique):
+    db, broker, make_topic, unique
+):
     prefix = unique("b").replace("-", "")
     topic = make_topic("barrier-first", partitions=2)
     conf = broker.conf()
-    listener = CheckFirst(db.barrier(), connect=db.connect,
-                          business=lambda cursor, msg, arg: db.insert_order(cursor, msg))
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-            half_partitions=4) as producer:
+    listener = CheckFirst(
+        db.barrier(),
+        connect=db.connect,
+        business=lambda cursor, msg, arg: db.insert_order(cursor, msg),
+    )
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer,
+    ):
         result = producer.send_message_in_transaction(Message(topic, b"order-1", key="c1"))
         producer.flush(30)
         wait_for(lambda: no_pending(coordinator, 4), WAIT_S, "the transaction to be resolved")
@@ -95,8 +111,13 @@ def _plans(rng: random.Random, n: int, kind: str) -> list[Plan]:
         r = rng.random()
         # None, less or more than the check's delay: the check comes after, or before, or
         # while the local transaction runs.
-        before = 0.0 if r < 0.4 else rng.uniform(0, timeout_s) if r < 0.7 else rng.uniform(
-            timeout_s, 2.5 * timeout_s)
+        before = (
+            0.0
+            if r < 0.4
+            else rng.uniform(0, timeout_s)
+            if r < 0.7
+            else rng.uniform(timeout_s, 2.5 * timeout_s)
+        )
         # SQLite runs one local transaction at a time (its write lock): keep those short.
         inside = rng.uniform(0, timeout_s) if kind == "postgres" else rng.uniform(0, 0.02)
         outcome = rng.choices(["commit", "unknown", "fail"], [0.7, 0.15, 0.15])[0]
@@ -137,7 +158,8 @@ class RaceListener(BarrierTransactionListener):
 
 
 def test_n_transactions_racing_checks_promote_exactly_the_committed_rows(
-        db, broker, make_topic, unique):
+    db, broker, make_topic, unique
+):
     seed = int(os.environ.get("RMQ_TEST_BARRIER_SEED", random.randrange(1 << 30)))
     plans = _plans(random.Random(seed), N, db.kind)
     prefix = unique("b").replace("-", "")
@@ -145,26 +167,42 @@ def test_n_transactions_racing_checks_promote_exactly_the_committed_rows(
     conf = broker.conf()
     barrier = db.barrier(lock_timeout_s=5.0)
     listener = RaceListener(barrier, db, plans)
-    with ThreadCoordinator(conf, topic_prefix=prefix, **RACE_COORDINATOR) as coordinator, \
-            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                topic_prefix=prefix, half_partitions=PARTITIONS) as producer, \
-            ThreadPoolExecutor(SENDERS) as senders:
-        sent = [senders.submit(producer.send_message_in_transaction,
-                               Message(topic, str(i).encode(), key=f"k{i % 17}"))
-                for i in range(N)]
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, **RACE_COORDINATOR) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=PARTITIONS,
+        ) as producer,
+        ThreadPoolExecutor(SENDERS) as senders,
+    ):
+        sent = [
+            senders.submit(
+                producer.send_message_in_transaction,
+                Message(topic, str(i).encode(), key=f"k{i % 17}"),
+            )
+            for i in range(N)
+        ]
         results = [f.result(WAIT_S + 10) for f in sent]
         producer.flush(30)
-        wait_for(lambda: no_pending(coordinator, PARTITIONS), 300,
-                 "every transaction to be resolved")
+        wait_for(
+            lambda: no_pending(coordinator, PARTITIONS), 300, "every transaction to be resolved"
+        )
     promoted = _txn_ids(read_to_end(conf, topic, PARTITIONS))
     committed = db.committed()
     refused = db.query(f"SELECT count(*) FROM {db.barrier_table} WHERE reason = 'rollback'")
-    about = (f"seed={seed} N={N} answers={Counter(r.local_transaction_state.name for r in results)}"
-             f" checks={dict(listener.checks)} waited={barrier.waited_checks} "
-             f"rollback_rows={refused[0][0]}")
+    about = (
+        f"seed={seed} N={N} answers={Counter(r.local_transaction_state.name for r in results)}"
+        f" checks={dict(listener.checks)} waited={barrier.waited_checks} "
+        f"rollback_rows={refused[0][0]}"
+    )
     assert max(promoted.values(), default=1) == 1, about
-    assert set(promoted) == committed, (f"{about} promoted-not-committed="
-                                        f"{sorted(set(promoted) - committed)[:5]} "
-                                        f"committed-not-promoted="
-                                        f"{sorted(committed - set(promoted))[:5]}")
+    assert set(promoted) == committed, (
+        f"{about} promoted-not-committed="
+        f"{sorted(set(promoted) - committed)[:5]} "
+        f"committed-not-promoted="
+        f"{sorted(committed - set(promoted))[:5]}"
+    )
     assert sum(listener.checks.values()) > 0, about  # the race had back-checks in it

@@ -28,14 +28,17 @@ OFFSET = re.compile(r"[+-]\d+(\.\d+)?[smhd]?")
 
 
 def _faketime_lib() -> str | None:
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1")
-                   + glob.glob("/usr/lib/faketime/libfaketimeMT.so.1"))
+    found = sorted(
+        glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1")
+        + glob.glob("/usr/lib/faketime/libfaketimeMT.so.1")
+    )
     return found[0] if found else None
 
 
 def _fix_lib() -> str | None:
-    proc = subprocess.run([str(HERE / "tools.sh"), "fixlib"], capture_output=True,
-                          text=True, timeout=10)
+    proc = subprocess.run(
+        [str(HERE / "tools.sh"), "fixlib"], capture_output=True, text=True, timeout=10
+    )
     path = proc.stdout.strip()
     return path if path and os.path.exists(path) else None
 
@@ -56,8 +59,11 @@ def _preload(env: dict[str, str]) -> dict[str, str]:
     libs = [_fix_lib(), _faketime_lib()]
     if env.get("LD_PRELOAD"):
         libs.append(env["LD_PRELOAD"])
-    return {**env, "LD_PRELOAD": ":".join(str(lib) for lib in libs),
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return {
+        **env,
+        "LD_PRELOAD": ":".join(str(lib) for lib in libs),
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 def _checked(offset: str) -> str:
@@ -73,16 +79,16 @@ def skewed_env(offset: str, env: dict[str, str] | None = None) -> dict[str, str]
     return {**_preload(base), "FAKETIME": _checked(offset)}
 
 
-def clock_file_env(path: Path, offset: str = "+0",
-                   env: dict[str, str] | None = None) -> dict[str, str]:
+def clock_file_env(
+    path: Path, offset: str = "+0", env: dict[str, str] | None = None
+) -> dict[str, str]:
     """The environment of one process whose offset is read from ``path`` (written now with
     ``offset``); :class:`ClockSkew` changes it while the process runs."""
     Path(path).write_text(_checked(offset) + "\n")
     base = dict(os.environ if env is None else env)
     base.pop("FAKETIME", None)
     # Re-read when the second changes (libfaketime compares whole seconds).
-    return {**_preload(base), "FAKETIME_TIMESTAMP_FILE": str(path),
-            "FAKETIME_CACHE_DURATION": "0"}
+    return {**_preload(base), "FAKETIME_TIMESTAMP_FILE": str(path), "FAKETIME_CACHE_DURATION": "0"}
 
 
 class ClockSkew(Fault):
@@ -91,8 +97,7 @@ class ClockSkew(Fault):
 
     kind = "clock_skew"
 
-    def __init__(self, target: ProcTarget, offset: str = "+120s",
-                 seed: int | None = None) -> None:
+    def __init__(self, target: ProcTarget, offset: str = "+120s", seed: int | None = None) -> None:
         super().__init__(target.name, seed)
         if target.clock_file is None:
             raise ValueError(f"{target.name} has no clock_file: start it with clock_file_env")

@@ -14,9 +14,15 @@ CONFIG_FILE = "config.json"
 # seconds). check_max is high: a check the barrier cannot answer in time (a local
 # transaction that outlives transaction_timeout_ms) answers UNKNOW, and a discard would be a
 # liveness failure rather than a fault's effect.
-COORDINATOR_SETTINGS = {"transaction_timeout_ms": 2000, "check_interval_ms": 3000,
-                        "check_max": 10, "lock_lease_ms": 6000, "lock_renew_ms": 2000,
-                        "half_partitions": 4, "check_partitions": 2}
+COORDINATOR_SETTINGS = {
+    "transaction_timeout_ms": 2000,
+    "check_interval_ms": 3000,
+    "check_max": 10,
+    "lock_lease_ms": 6000,
+    "lock_renew_ms": 2000,
+    "half_partitions": 4,
+    "check_partitions": 2,
+}
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_MS = 1000
 
@@ -25,7 +31,7 @@ HEARTBEAT_MS = 1000
 class ConsumerSpec:
     """``count`` processes of one consumer class in one group."""
 
-    role: str    # "push", "orderly-partition" or "orderly-key"
+    role: str  # "push", "orderly-partition" or "orderly-key"
     group: str
     count: int
 
@@ -36,15 +42,15 @@ class CampaignConfig:
     run_id: str
     bootstrap: str
     out_dir: str
-    topic_prefix: str                 # the coordinators' system topics
-    topics: tuple[str, ...]           # the workload's topics created before the load
+    topic_prefix: str  # the coordinators' system topics
+    topics: tuple[str, ...]  # the workload's topics created before the load
     partitions: int
     load_s: float
-    producers: tuple[str, ...]        # one api per process: "sync" or "async"
+    producers: tuple[str, ...]  # one api per process: "sync" or "async"
     consumers: tuple[ConsumerSpec, ...]
-    ops_per_s: float                  # per producer process
-    new_topics_per_producer: int      # created mid-run, used at once
-    keys: int = 12                    # ordering keys per topic
+    ops_per_s: float  # per producer process
+    new_topics_per_producer: int  # created mid-run, used at once
+    keys: int = 12  # ordering keys per topic
     coordinator: dict = field(default_factory=lambda: dict(COORDINATOR_SETTINGS))
     session_timeout_ms: int = SESSION_TIMEOUT_MS
     consumer_lease_ms: int = 6000

@@ -48,16 +48,18 @@ def _final(history: History) -> tuple[dict[Record, Event], set[str]]:
     return records, {r[0] for r in records}
 
 
-def _order_violations(group: str, mode: str, first: dict[Record, Event],
-                      final: dict[Record, Event]) -> list[Violation]:
+def _order_violations(
+    group: str, mode: str, first: dict[Record, Event], final: dict[Record, Event]
+) -> list[Violation]:
     """Records of one partition (key mode: of one key in it) were first processed in offset
     order."""
     lanes: dict[tuple, list[tuple[int, Event]]] = defaultdict(list)
     for rec, e in first.items():
         # The ordering key: the message group header, else the record key (orderly/keys.py).
         seen = final.get(rec)
-        key = ((seen.get("headers", {}).get(MESSAGE_GROUP) or seen.get("key")) if seen
-               else None) or e.get("key")
+        key = (
+            (seen.get("headers", {}).get(MESSAGE_GROUP) or seen.get("key")) if seen else None
+        ) or e.get("key")
         lanes[(rec[0], rec[1], key) if mode == "key" else rec[:2]].append((rec[2], e))
     out = []
     for lane, items in lanes.items():
@@ -66,12 +68,16 @@ def _order_violations(group: str, mode: str, first: dict[Record, Event],
         for _offset, e in items:
             if latest is not None and e.mono_s < latest.mono_s:
                 what = f"key {lane[2]!r} of " if mode == "key" else ""
-                out.append(Violation("out_of_order", f"group {group}: {what}{e.where} was "
-                                     f"first processed {latest.mono_s - e.mono_s:.3f} s "
-                                     f"before {latest.where} ({e['instance']} vs "
-                                     f"{latest['instance']})",
-                                     {"group": group, "record": e.where,
-                                      "before": latest.where}))
+                out.append(
+                    Violation(
+                        "out_of_order",
+                        f"group {group}: {what}{e.where} was "
+                        f"first processed {latest.mono_s - e.mono_s:.3f} s "
+                        f"before {latest.where} ({e['instance']} vs "
+                        f"{latest['instance']})",
+                        {"group": group, "record": e.where, "before": latest.where},
+                    )
+                )
             if latest is None or e.mono_s >= latest.mono_s:
                 latest = e
     return out
@@ -92,26 +98,48 @@ def check_orderly(history: History, *, echo: bool = True) -> CheckResult:
                 rec = (e["topic"], e["partition"], e["offset"])
                 first.setdefault(rec, e)
                 if rec in final and final[rec].get("msg_id") not in (None, e["msg_id"]):
-                    violations.append(Violation("mismatch", f"group {group}: {e.where} was "
-                                                f"processed as msg {e['msg_id']}, the final "
-                                                f"read has {final[rec]['msg_id']}",
-                                                {"record": e.where}))
+                    violations.append(
+                        Violation(
+                            "mismatch",
+                            f"group {group}: {e.where} was "
+                            f"processed as msg {e['msg_id']}, the final "
+                            f"read has {final[rec]['msg_id']}",
+                            {"record": e.where},
+                        )
+                    )
                 elif rec not in final and e["topic"] in read_topics:
-                    violations.append(Violation("phantom", f"group {group}: processed "
-                                                f"{e.where} (msg {e['msg_id']}), which is not "
-                                                "in the final read", {"record": e.where}))
-        dead = {(e["topic"], e["partition"], e["offset"]) for e in history.of(Kind.DLQ)
-                if e["group"] == group}
+                    violations.append(
+                        Violation(
+                            "phantom",
+                            f"group {group}: processed "
+                            f"{e.where} (msg {e['msg_id']}), which is not "
+                            "in the final read",
+                            {"record": e.where},
+                        )
+                    )
+        dead = {
+            (e["topic"], e["partition"], e["offset"])
+            for e in history.of(Kind.DLQ)
+            if e["group"] == group
+        }
         expected = [rec for rec in final if rec[0] in topics]
         total += len(expected)
         for rec in sorted(expected):
             if rec not in first and rec not in dead:
-                violations.append(Violation("unprocessed", f"group {group}: "
-                                            f"{final[rec].where} (msg {final[rec].get('msg_id')})"
-                                            " was never processed", {"record": final[rec].where}))
+                violations.append(
+                    Violation(
+                        "unprocessed",
+                        f"group {group}: "
+                        f"{final[rec].where} (msg {final[rec].get('msg_id')})"
+                        " was never processed",
+                        {"record": final[rec].where},
+                    )
+                )
         violations += _order_violations(group, mode, first, final)
-    return _done(CheckResult.of("orderly", f"{len(groups)} groups, {total} records expected",
-                                violations), echo)
+    return _done(
+        CheckResult.of("orderly", f"{len(groups)} groups, {total} records expected", violations),
+        echo,
+    )
 
 
 @dataclass
@@ -145,12 +173,14 @@ def _leases(history: History) -> dict[str, dict[tuple[str, int], _Lease]]:
         if cut is not None and e["granted_ms"] <= cut:
             end = min(end, cut)
         leases[e["queue"]].setdefault((e["consumer"], e["epoch"]), _Lease([])).intervals.append(
-            (e["granted_ms"], end))
+            (e["granted_ms"], end)
+        )
     return leases
 
 
-def _grant_violations(history: History, leases: dict[str, dict[tuple[str, int], _Lease]]
-                      ) -> list[Violation]:
+def _grant_violations(
+    history: History, leases: dict[str, dict[tuple[str, int], _Lease]]
+) -> list[Violation]:
     """A new holder has a higher epoch than every earlier grant, and gets the lock only
     after the previous holder's lease ended (or was released)."""
     out = []
@@ -163,19 +193,36 @@ def _grant_violations(history: History, leases: dict[str, dict[tuple[str, int], 
         for g in grants:
             if prev is not None and g["consumer"] != prev["consumer"]:
                 if g["epoch"] <= prev["epoch"]:
-                    out.append(Violation("epoch_not_increasing", f"{queue}: {g['consumer']} "
-                                         f"got epoch {g['epoch']} after {prev['consumer']} held "
-                                         f"epoch {prev['epoch']}", {"queue": queue}))
+                    out.append(
+                        Violation(
+                            "epoch_not_increasing",
+                            f"{queue}: {g['consumer']} "
+                            f"got epoch {g['epoch']} after {prev['consumer']} held "
+                            f"epoch {prev['epoch']}",
+                            {"queue": queue},
+                        )
+                    )
                 span = leases[queue][(prev["consumer"], prev["epoch"])].covering(g["granted_ms"])
                 if span is not None and g["granted_ms"] < span[1]:
-                    out.append(Violation("overlapping_grant", f"{queue}: granted to "
-                                         f"{g['consumer']} (epoch {g['epoch']}) at "
-                                         f"{g['granted_ms']} while {prev['consumer']}'s lease "
-                                         f"ran to {span[1]}", {"queue": queue}))
+                    out.append(
+                        Violation(
+                            "overlapping_grant",
+                            f"{queue}: granted to "
+                            f"{g['consumer']} (epoch {g['epoch']}) at "
+                            f"{g['granted_ms']} while {prev['consumer']}'s lease "
+                            f"ran to {span[1]}",
+                            {"queue": queue},
+                        )
+                    )
             elif prev is not None and g["epoch"] < prev["epoch"]:
-                out.append(Violation("epoch_not_increasing", f"{queue}: {g['consumer']}'s "
-                                     f"epoch went from {prev['epoch']} to {g['epoch']}",
-                                     {"queue": queue}))
+                out.append(
+                    Violation(
+                        "epoch_not_increasing",
+                        f"{queue}: {g['consumer']}'s "
+                        f"epoch went from {prev['epoch']} to {g['epoch']}",
+                        {"queue": queue},
+                    )
+                )
             prev = g
     return out
 
@@ -195,14 +242,23 @@ def check_locks(history: History, *, echo: bool = True) -> CheckResult:
     late_landings = 0
     for b in history.of(Kind.BATCH):
         queue, who, epoch = b["queue"], b["instance"], b["epoch"]
-        lease = leases[queue].get((who, epoch)) if queue in leases else _Lease(
-            [(b.get("lease_granted_ms", b["start_ms"]), b["lease_valid_until_ms"])])
+        lease = (
+            leases[queue].get((who, epoch))
+            if queue in leases
+            else _Lease([(b.get("lease_granted_ms", b["start_ms"]), b["lease_valid_until_ms"])])
+        )
         where = {"queue": queue, "instance": who, "epoch": epoch, "start_ms": b["start_ms"]}
         span = lease.covering(b["start_ms"]) if lease else None
         if span is None:
-            violations.append(Violation("batch_without_lease", f"{queue}: {who} (epoch "
-                                        f"{epoch}) started a batch at {b['start_ms']} without "
-                                        "a valid lease", where))
+            violations.append(
+                Violation(
+                    "batch_without_lease",
+                    f"{queue}: {who} (epoch "
+                    f"{epoch}) started a batch at {b['start_ms']} without "
+                    "a valid lease",
+                    where,
+                )
+            )
             continue
         spans[queue].append((b["start_ms"], min(b["end_ms"], span[1]), b))
         if b["committed"]:
@@ -213,38 +269,63 @@ def check_locks(history: History, *, echo: bool = True) -> CheckResult:
             # land after another holder took the queue. It states a prefix its holder
             # processed, so at worst the next holder redoes records; counted, not a violation.
             at, sent = b["commit_ms"], b.get("commit_sent_ms") or b["commit_ms"]
-            taken = [g for g in grants_of[queue] if g["consumer"] != who
-                     and g["epoch"] > epoch and g["granted_ms"] <= at]
+            taken = [
+                g
+                for g in grants_of[queue]
+                if g["consumer"] != who and g["epoch"] > epoch and g["granted_ms"] <= at
+            ]
             if lease is None or lease.covering(sent) is None:
                 why = "its lease had lapsed" + (
                     f" ({taken[0]['consumer']} got epoch {taken[0]['epoch']} at "
-                    f"{taken[0]['granted_ms']})" if taken else "")
-                violations.append(Violation("commit_after_lease_lost", f"{queue}: {who} "
-                                            f"(epoch {epoch}) committed offsets "
-                                            f"{b.get('offsets', [])} at {sent} after {why}",
-                                            where))
+                    f"{taken[0]['granted_ms']})"
+                    if taken
+                    else ""
+                )
+                violations.append(
+                    Violation(
+                        "commit_after_lease_lost",
+                        f"{queue}: {who} "
+                        f"(epoch {epoch}) committed offsets "
+                        f"{b.get('offsets', [])} at {sent} after {why}",
+                        where,
+                    )
+                )
             elif taken:
                 late_landings += 1
     for queue, items in spans.items():
         items.sort(key=lambda s: s[0])
         for i, (_lo, hi, b) in enumerate(items):
-            for lo2, _hi2, b2 in items[i + 1:]:
+            for lo2, _hi2, b2 in items[i + 1 :]:
                 if lo2 >= hi:
                     break
                 if b2["instance"] != b["instance"]:
-                    violations.append(Violation("overlapping_lock", f"{queue}: {b2['instance']}"
-                                                f" (epoch {b2['epoch']}) processed from {lo2} "
-                                                f"while {b['instance']} (epoch {b['epoch']}) "
-                                                f"held a valid lease to {hi}",
-                                                {"queue": queue}))
-    return _done(CheckResult.of(
-        "locks", f"{len(grants)} grants, {len(history.of(Kind.BATCH))} batches on "
-        f"{len(spans)} queues, {late_landings} commits landed after a takeover",
-        violations), echo)
+                    violations.append(
+                        Violation(
+                            "overlapping_lock",
+                            f"{queue}: {b2['instance']}"
+                            f" (epoch {b2['epoch']}) processed from {lo2} "
+                            f"while {b['instance']} (epoch {b['epoch']}) "
+                            f"held a valid lease to {hi}",
+                            {"queue": queue},
+                        )
+                    )
+    return _done(
+        CheckResult.of(
+            "locks",
+            f"{len(grants)} grants, {len(history.of(Kind.BATCH))} batches on "
+            f"{len(spans)} queues, {late_landings} commits landed after a takeover",
+            violations,
+        ),
+        echo,
+    )
 
 
-def check_push(history: History, *, dead_letter_expected: Callable[[str], bool] | None = None,
-               echo: bool = True) -> CheckResult:
+def check_push(
+    history: History,
+    *,
+    dead_letter_expected: Callable[[str], bool] | None = None,
+    echo: bool = True,
+) -> CheckResult:
     """Every record of a push group's topics in the final read was processed successfully
     at least once or dead-lettered; every retry was consumed again or dead-lettered; no
     record outside the final read was processed. ``dead_letter_expected(msg_id)``: the
@@ -254,24 +335,36 @@ def check_push(history: History, *, dead_letter_expected: Callable[[str], bool] 
     n_records = n_retries = n_dead = 0
     for group, (topics, _mode) in _groups(history, "push").items():
         expected = {e.get("msg_id") or e.where: e for rec, e in final.items() if rec[0] in topics}
-        consumed = [e for e in history.of(Kind.CONSUMED)
-                    if e["consumer"] == "push" and e["group"] == group]
+        consumed = [
+            e for e in history.of(Kind.CONSUMED) if e["consumer"] == "push" and e["group"] == group
+        ]
         ok = {e["msg_id"] for e in consumed if e.get("result", "SUCCESS") == "SUCCESS"}
         dead = {e["msg_id"]: e for e in history.of(Kind.DLQ) if e["group"] == group}
         n_records += len(expected)
         n_dead += len(dead)
         for msg_id, e in expected.items():
             if msg_id not in ok and msg_id not in dead:
-                violations.append(Violation("lost", f"group {group}: msg {msg_id} at {e.where}"
-                                            " was never processed nor dead-lettered",
-                                            {"group": group, "msg_id": msg_id}))
+                violations.append(
+                    Violation(
+                        "lost",
+                        f"group {group}: msg {msg_id} at {e.where}"
+                        " was never processed nor dead-lettered",
+                        {"group": group, "msg_id": msg_id},
+                    )
+                )
         if dead_letter_expected is not None:
             violations += _dead_letter_violations(group, expected, dead, dead_letter_expected)
         for e in consumed:
             if e["msg_id"] not in expected:
-                violations.append(Violation("phantom", f"group {group}: processed msg "
-                                            f"{e['msg_id']} at {e.where}, which is not in the "
-                                            "final read", {"group": group, "record": e.where}))
+                violations.append(
+                    Violation(
+                        "phantom",
+                        f"group {group}: processed msg "
+                        f"{e['msg_id']} at {e.where}, which is not in the "
+                        "final read",
+                        {"group": group, "record": e.where},
+                    )
+                )
         last_seen = {e["msg_id"]: e.mono_s for e in consumed}  # history order: the last wins
         for r in history.of(Kind.PUSH_RETRY):
             if r["group"] != group:
@@ -279,22 +372,44 @@ def check_push(history: History, *, dead_letter_expected: Callable[[str], bool] 
             n_retries += 1
             again = last_seen.get(r["msg_id"], -1.0) > r.mono_s
             if not again and r["msg_id"] not in dead:
-                violations.append(Violation("retry_lost", f"group {group}: msg {r['msg_id']} "
-                                            f"sent to retry ({r.get('reconsume_times')} "
-                                            "times consumed) never came back nor reached the "
-                                            "DLQ", {"group": group, "msg_id": r["msg_id"]}))
-    return _done(CheckResult.of(
-        "push", f"{n_records} records, {n_retries} retries, {n_dead} dead letters",
-        violations), echo)
+                violations.append(
+                    Violation(
+                        "retry_lost",
+                        f"group {group}: msg {r['msg_id']} "
+                        f"sent to retry ({r.get('reconsume_times')} "
+                        "times consumed) never came back nor reached the "
+                        "DLQ",
+                        {"group": group, "msg_id": r["msg_id"]},
+                    )
+                )
+    return _done(
+        CheckResult.of(
+            "push", f"{n_records} records, {n_retries} retries, {n_dead} dead letters", violations
+        ),
+        echo,
+    )
 
 
-def _dead_letter_violations(group: str, expected: dict[str, Event], dead: dict[str, Event],
-                            planned: Callable[[str], bool]) -> list[Violation]:
+def _dead_letter_violations(
+    group: str, expected: dict[str, Event], dead: dict[str, Event], planned: Callable[[str], bool]
+) -> list[Violation]:
     """The dead letters are exactly the visible messages the listener always fails."""
-    out = [Violation("unexpected_dead_letter", f"group {group}: msg {m} is a dead letter but "
-                     "its listener succeeds on a retry", {"group": group, "msg_id": m})
-           for m in sorted(dead) if not planned(m)]
-    out += [Violation("missing_dead_letter", f"group {group}: msg {m} at {e.where} always "
-                      "fails but is not on the DLQ", {"group": group, "msg_id": m})
-            for m, e in sorted(expected.items()) if planned(m) and m not in dead]
+    out = [
+        Violation(
+            "unexpected_dead_letter",
+            f"group {group}: msg {m} is a dead letter but its listener succeeds on a retry",
+            {"group": group, "msg_id": m},
+        )
+        for m in sorted(dead)
+        if not planned(m)
+    ]
+    out += [
+        Violation(
+            "missing_dead_letter",
+            f"group {group}: msg {m} at {e.where} always fails but is not on the DLQ",
+            {"group": group, "msg_id": m},
+        )
+        for m, e in sorted(expected.items())
+        if planned(m) and m not in dead
+    ]
     return out

@@ -90,8 +90,7 @@ class Batches:
             self.waiting[tp] = [b for b in waiting if b not in done]
         at = wall_ms()
         for b in done:
-            self.rec.emit(ev.batch(**b, committed=committed, commit_ms=at if committed
-                                   else None))
+            self.rec.emit(ev.batch(**b, committed=committed, commit_ms=at if committed else None))
 
     def flush(self) -> None:
         with self.lock:
@@ -121,16 +120,30 @@ class EventHandler(logging.Handler):
             self.batches.resolve(tp, int(fields["offset"]), name == "committed")
         elif name == "dlq":
             where = f"{tp[0]}[{tp[1]}]@{fields.get('offset')}"
-            self.rec.emit(ev.dlq("orderly", self.group, where, topic=tp[0], partition=tp[1],
-                                 offset=fields.get("offset"), reason="orderly dlq event"))
+            self.rec.emit(
+                ev.dlq(
+                    "orderly",
+                    self.group,
+                    where,
+                    topic=tp[0],
+                    partition=tp[1],
+                    offset=fields.get("offset"),
+                    reason="orderly dlq event",
+                )
+            )
 
 
 def record_of(msg: Any) -> dict:
     body = parse_body(msg.value)
     key = msg.key.decode(errors="replace") if isinstance(msg.key, bytes) else msg.key
     where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
-    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset, "key": key,
-            "msg_id": body.get("mid") or f"<no msg id at {where}>"}
+    return {
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        "key": key,
+        "msg_id": body.get("mid") or f"<no msg id at {where}>",
+    }
 
 
 class ConsumerWorker:
@@ -148,11 +161,14 @@ class ConsumerWorker:
         self.batches = Batches(self.rec)
 
     def conf(self) -> dict:
-        return {"bootstrap.servers": self.cfg.bootstrap, "group.id": self.group,
-                "auto.offset.reset": "earliest",
-                "session.timeout.ms": self.cfg.session_timeout_ms,
-                "heartbeat.interval.ms": HEARTBEAT_MS,
-                "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS}
+        return {
+            "bootstrap.servers": self.cfg.bootstrap,
+            "group.id": self.group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": self.cfg.session_timeout_ms,
+            "heartbeat.interval.ms": HEARTBEAT_MS,
+            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+        }
 
     def work(self) -> None:
         with self.rng_lock:
@@ -166,26 +182,47 @@ class ConsumerWorker:
             fields = record_of(msg)
             self.work()
             fail = push_fails(fields["msg_id"], msg.reconsume_times)
-            draft = ev.consumed("push", self.group, self.client_id, **fields,
-                                result="RECONSUME_LATER" if fail else "SUCCESS")
-            self.rec.record(draft.kind, **draft.fields, reconsume_times=msg.reconsume_times,
-                            retry_topic=getattr(msg, "retry_topic", None))
+            draft = ev.consumed(
+                "push",
+                self.group,
+                self.client_id,
+                **fields,
+                result="RECONSUME_LATER" if fail else "SUCCESS",
+            )
+            self.rec.record(
+                draft.kind,
+                **draft.fields,
+                reconsume_times=msg.reconsume_times,
+                retry_topic=getattr(msg, "retry_topic", None),
+            )
             if fail:
                 status = ConsumeConcurrentlyStatus.RECONSUME_LATER
         if status is ConsumeConcurrentlyStatus.RECONSUME_LATER:  # the whole batch comes back
             for msg in msgs:
                 fields = record_of(msg)
-                self.rec.emit(ev.push_retry(self.group, fields["msg_id"], topic=msg.topic,
-                                            partition=msg.partition, offset=msg.offset,
-                                            reconsume_times=msg.reconsume_times,
-                                            retry_topic=getattr(msg, "retry_topic", None)))
+                self.rec.emit(
+                    ev.push_retry(
+                        self.group,
+                        fields["msg_id"],
+                        topic=msg.topic,
+                        partition=msg.partition,
+                        offset=msg.offset,
+                        reconsume_times=msg.reconsume_times,
+                        retry_topic=getattr(msg, "retry_topic", None),
+                    )
+                )
         return status
 
     def make_push(self) -> PushConsumer:
-        return PushConsumer(self.conf(), listener=self.push_listener, max_workers=4,
-                            max_reconsume_times=self.cfg.push_max_reconsume,
-                            delay_levels=PUSH_DELAY_LEVELS, topic_prefix=self.cfg.topic_prefix,
-                            client_id=self.client_id)
+        return PushConsumer(
+            self.conf(),
+            listener=self.push_listener,
+            max_workers=4,
+            max_reconsume_times=self.cfg.push_max_reconsume,
+            delay_levels=PUSH_DELAY_LEVELS,
+            topic_prefix=self.cfg.topic_prefix,
+            client_id=self.client_id,
+        )
 
     # -- orderly -------------------------------------------------------------------------
     def lease_left(self, topic: str, partition: int) -> int | None:
@@ -203,16 +240,34 @@ class ConsumerWorker:
             fields = record_of(msg)
             self.work()
             suspend = suspend or orderly_suspends(fields["msg_id"], msg.reconsume_times)
-            draft = ev.consumed("orderly", self.group, self.client_id, **fields,
-                                result="SUSPEND" if suspend else "SUCCESS")
-            self.rec.record(draft.kind, **draft.fields, epoch=context.lock_epoch,
-                            reconsume_times=msg.reconsume_times)
+            draft = ev.consumed(
+                "orderly",
+                self.group,
+                self.client_id,
+                **fields,
+                result="SUSPEND" if suspend else "SUCCESS",
+            )
+            self.rec.record(
+                draft.kind,
+                **draft.fields,
+                epoch=context.lock_epoch,
+                reconsume_times=msg.reconsume_times,
+            )
         tp = (context.topic, context.partition)
-        self.batches.add(tp, {
-            "queue": f"{self.group}/{context.topic}/{context.partition}",
-            "instance": self.client_id, "epoch": context.lock_epoch, "lease_granted_ms": None,
-            "lease_valid_until_ms": start + (lease or 0), "start_ms": start,
-            "end_ms": wall_ms(), "offsets": [m.offset for m in msgs]}, settled=suspend)
+        self.batches.add(
+            tp,
+            {
+                "queue": f"{self.group}/{context.topic}/{context.partition}",
+                "instance": self.client_id,
+                "epoch": context.lock_epoch,
+                "lease_granted_ms": None,
+                "lease_valid_until_ms": start + (lease or 0),
+                "start_ms": start,
+                "end_ms": wall_ms(),
+                "offsets": [m.offset for m in msgs],
+            },
+            settled=suspend,
+        )
         if suspend:
             context.suspend_ms = 200
             return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
@@ -224,23 +279,34 @@ class ConsumerWorker:
         orderly_log = logging.getLogger("rmq_semantics.orderly")
         orderly_log.setLevel(logging.DEBUG)
         orderly_log.addHandler(handler)
-        return OrderlyConsumer(self.conf(), listener=self.orderly_listener,
-                               lock_lease_ms=self.cfg.consumer_lease_ms,
-                               lock_renew_ms=self.cfg.consumer_renew_ms,
-                               topic_prefix=self.cfg.topic_prefix, ordering=ordering,
-                               max_workers=4 if ordering == "key" else None,
-                               client_id=self.client_id)
+        return OrderlyConsumer(
+            self.conf(),
+            listener=self.orderly_listener,
+            lock_lease_ms=self.cfg.consumer_lease_ms,
+            lock_renew_ms=self.cfg.consumer_renew_ms,
+            topic_prefix=self.cfg.topic_prefix,
+            ordering=ordering,
+            max_workers=4 if ordering == "key" else None,
+            client_id=self.client_id,
+        )
 
     def snapshot(self) -> None:
         """The consumer's public status, every second, until stopped."""
         while not self.stop.wait(STATUS_EVERY_S):
             try:
                 if isinstance(self.consumer, OrderlyConsumer):
-                    queues = [{"topic": s.topic, "partition": s.partition,
-                               "lock": s.lock_state, "epoch": s.epoch,
-                               "lease_ms": s.lease_remaining_ms,
-                               "committed": s.committed_offset, "lag": s.lag}
-                              for s in self.consumer.status().values()]
+                    queues = [
+                        {
+                            "topic": s.topic,
+                            "partition": s.partition,
+                            "lock": s.lock_state,
+                            "epoch": s.epoch,
+                            "lease_ms": s.lease_remaining_ms,
+                            "committed": s.committed_offset,
+                            "lag": s.lag,
+                        }
+                        for s in self.consumer.status().values()
+                    ]
                     self.rec.emit(ev.status(self.client_id, queues=queues))
                 else:
                     self.rec.emit(ev.status(self.client_id, counts=self.consumer.counts))
@@ -251,10 +317,16 @@ class ConsumerWorker:
         self.consumer = self.make_push() if self.role == "push" else self.make_orderly()
         self.consumer.subscribe([self.cfg.topic_pattern])
         self.consumer.start()
-        self.rec.emit(ev.subscribe(self.cls, self.group, self.client_id, [],
-                                   mode=None if self.role == "push" else
-                                   self.role.removeprefix("orderly-"),
-                                   pattern=self.cfg.topic_pattern))
+        self.rec.emit(
+            ev.subscribe(
+                self.cls,
+                self.group,
+                self.client_id,
+                [],
+                mode=None if self.role == "push" else self.role.removeprefix("orderly-"),
+                pattern=self.cfg.topic_pattern,
+            )
+        )
         self.rec.emit(ev.worker("ready", role=self.role, group=self.group))
         watcher = threading.Thread(target=self.snapshot, daemon=True)
         watcher.start()
@@ -276,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--instance", type=int, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for handler in logging.getLogger().handlers:  # the orderly logger's DEBUG events stay
-        handler.setLevel(logging.WARNING)         # in the history, off stderr
-    worker = ConsumerWorker(CampaignConfig.read(args.config), args.role, args.group,
-                            args.instance)
+        handler.setLevel(logging.WARNING)  # in the history, off stderr
+    worker = ConsumerWorker(CampaignConfig.read(args.config), args.role, args.group, args.instance)
     worker.rec.emit(ev.worker("start", role=args.role, group=args.group))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop.set())
     return worker.run()

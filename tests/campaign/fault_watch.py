@@ -27,22 +27,26 @@ from tests.campaign.faultkit import (
     group_snapshot,
 )
 
-__all__ = ["FENCE_PATTERNS", "GroupWatch", "LeaderWatch", "controller_elections",
-           "count_log_lines"]
+__all__ = ["FENCE_PATTERNS", "GroupWatch", "LeaderWatch", "controller_elections", "count_log_lines"]
 
 POLL_S = 0.5
 # The coordinator's own lines when its transactional producer was fenced or re-created
 # (coordinator/kafka_txn.py), and librdkafka's fencing errors as they reach its log.
-FENCE_PATTERNS = (r"re-creating transactional producer", r"fenced by another instance",
-                  r"PRODUCER_FENCED", r"INVALID_PRODUCER_EPOCH")
+FENCE_PATTERNS = (
+    r"re-creating transactional producer",
+    r"fenced by another instance",
+    r"PRODUCER_FENCED",
+    r"INVALID_PRODUCER_EPOCH",
+)
 
 
 class _Poller:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"nemesis-{type(self).__name__}")
+        self._thread = threading.Thread(
+            target=self._loop, daemon=True, name=f"nemesis-{type(self).__name__}"
+        )
         self.lock = threading.Lock()
 
     def start(self) -> _Poller:
@@ -79,8 +83,9 @@ class _Poller:
 class LeaderWatch(_Poller):
     """Counts leader changes of ``topics``' partitions (all topics when empty)."""
 
-    def __init__(self, cluster: EmbeddedCluster, topics: Iterable[str] = (),
-                 interval_s: float = POLL_S) -> None:
+    def __init__(
+        self, cluster: EmbeddedCluster, topics: Iterable[str] = (), interval_s: float = POLL_S
+    ) -> None:
         super().__init__(interval_s)
         self.reader = MetadataReader(cluster)
         self.topics = list(topics)
@@ -117,8 +122,9 @@ class LeaderWatch(_Poller):
 class GroupWatch(_Poller):
     """Counts rebalances of consumer group ``group`` and moves of its coordinator."""
 
-    def __init__(self, cluster: EmbeddedCluster, group: str,
-                 interval_s: float = POLL_S / 2) -> None:
+    def __init__(
+        self, cluster: EmbeddedCluster, group: str, interval_s: float = POLL_S / 2
+    ) -> None:
         super().__init__(interval_s)
         self.probe = GroupProbe(cluster.bootstrap)
         self.group = group

@@ -32,10 +32,26 @@ from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.embedded import port_free
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 
-__all__ = ["AllBrokersPaused", "BrokerKill", "BrokerPause", "ControllerKill", "Fault",
-           "GroupCoordinatorKill", "GroupProbe", "MetadataReader", "ProcTarget", "ProcessKill",
-           "ProcessPause", "active_controller", "await_healthy", "cluster_healthy",
-           "group_coordinator", "group_snapshot", "now_ms", "restart_node"]
+__all__ = [
+    "AllBrokersPaused",
+    "BrokerKill",
+    "BrokerPause",
+    "ControllerKill",
+    "Fault",
+    "GroupCoordinatorKill",
+    "GroupProbe",
+    "MetadataReader",
+    "ProcTarget",
+    "ProcessKill",
+    "ProcessPause",
+    "active_controller",
+    "await_healthy",
+    "cluster_healthy",
+    "group_coordinator",
+    "group_snapshot",
+    "now_ms",
+    "restart_node",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +104,22 @@ class Fault:
             raise
         finally:
             self.end_ms = now_ms()
-            log.info("nemesis: %s on %s ends after %.1f s", self.kind, self.target,
-                     (self.end_ms - (self.start_ms or self.end_ms)) / 1000)
+            log.info(
+                "nemesis: %s on %s ends after %.1f s",
+                self.kind,
+                self.target,
+                (self.end_ms - (self.start_ms or self.end_ms)) / 1000,
+            )
 
     def event(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "start_ms": self.start_ms,
-                "end_ms": self.end_ms, "seed": self.seed, "detail": dict(self.detail)}
+        return {
+            "kind": self.kind,
+            "target": self.target,
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
+            "seed": self.seed,
+            "detail": dict(self.detail),
+        }
 
     def __enter__(self) -> Fault:
         self.apply()
@@ -156,8 +182,10 @@ class MetadataReader:
     partition leaves silent (its TCP connection stays up)."""
 
     def __init__(self, cluster: EmbeddedCluster, timeout_s: float = 1.5) -> None:
-        self.admins = [AdminClient(shared_conf({"bootstrap.servers": node.bootstrap}))
-                       for node in cluster.nodes()]
+        self.admins = [
+            AdminClient(shared_conf({"bootstrap.servers": node.bootstrap}))
+            for node in cluster.nodes()
+        ]
         self.timeout_s = timeout_s
         self._next = 0
 
@@ -181,9 +209,12 @@ def cluster_healthy(reader: MetadataReader, brokers: int) -> str | None:
         return "no node answers a metadata request"
     if len(meta.brokers) < brokers:
         return f"{len(meta.brokers)} of {brokers} brokers registered"
-    short = [f"{t}[{n}] leader {p.leader} isr {p.isrs}" for t, topic in meta.topics.items()
-             for n, p in topic.partitions.items()
-             if p.leader < 0 or len(p.isrs) < len(p.replicas)]
+    short = [
+        f"{t}[{n}] leader {p.leader} isr {p.isrs}"
+        for t, topic in meta.topics.items()
+        for n, p in topic.partitions.items()
+        if p.leader < 0 or len(p.isrs) < len(p.replicas)
+    ]
     return f"{len(short)} partitions short: {', '.join(short[:3])}" if short else None
 
 
@@ -249,8 +280,13 @@ class GroupProbe:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 proc = self._proc = subprocess.Popen(
-                    [sys.executable, "-c", PROBE, self.bootstrap], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                    [sys.executable, "-c", PROBE, self.bootstrap],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    bufsize=1,
+                )
             assert proc.stdin is not None and proc.stdout is not None
             try:
                 proc.stdin.write(group + "\n")
@@ -325,8 +361,9 @@ class BrokerKill(Fault):
 
     kind = "broker_kill"
 
-    def __init__(self, cluster: EmbeddedCluster, node_id: int | None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, cluster: EmbeddedCluster, node_id: int | None, seed: int | None = None
+    ) -> None:
         super().__init__(f"node-{node_id}" if node_id else "node-?", seed)
         self.cluster = cluster
         self.node_id = node_id
@@ -371,8 +408,14 @@ class GroupCoordinatorKill(BrokerKill):
 
     kind = "group_coordinator_kill"
 
-    def __init__(self, cluster: EmbeddedCluster, group: str, trigger: Fault | None = None,
-                 rebalance_wait_s: float = 30.0, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: EmbeddedCluster,
+        group: str,
+        trigger: Fault | None = None,
+        rebalance_wait_s: float = 30.0,
+        seed: int | None = None,
+    ) -> None:
         super().__init__(cluster, None, seed)
         self.group = group
         self.trigger = trigger
@@ -395,8 +438,9 @@ class GroupCoordinatorKill(BrokerKill):
         deadline = time.monotonic() + self.rebalance_wait_s
         while time.monotonic() < deadline:
             now = group_snapshot(self.probe, self.group)
-            if now is not None and (now[0] in REBALANCING
-                                    or (before is not None and now[1] != before[1])):
+            if now is not None and (
+                now[0] in REBALANCING or (before is not None and now[1] != before[1])
+            ):
                 self.detail["state"] = now[0]
                 return True
             time.sleep(0.1)

@@ -55,8 +55,11 @@ def parse_console_line(topic: str, line: str) -> dict | None:
     """One record as DefaultMessageFormatter prints it with our separators:
     ``Partition:P<TAB>Offset:O<TAB>h1:v1<US>h2:v2<TAB>value`` (``NO_HEADERS`` when none)."""
     parts = line.split(FIELD_SEPARATOR, 3)
-    if len(parts) != 4 or not parts[0].startswith("Partition:") \
-            or not parts[1].startswith("Offset:"):
+    if (
+        len(parts) != 4
+        or not parts[0].startswith("Partition:")
+        or not parts[1].startswith("Offset:")
+    ):
         return None
     try:
         partition, offset = int(parts[0][10:]), int(parts[1][7:])
@@ -68,23 +71,49 @@ def parse_console_line(topic: str, line: str) -> dict | None:
             name, _, value = item.partition(":")
             headers[name] = value
     body = parse_body(parts[3])
-    return {"topic": topic, "partition": partition, "offset": offset, "headers": headers,
-            "mid": body.get("mid"), "key": body.get("key"),
-            "txn_id": headers.get("rmq.txn_id")}
+    return {
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "headers": headers,
+        "mid": body.get("mid"),
+        "key": body.get("key"),
+        "txn_id": headers.get("rmq.txn_id"),
+    }
 
 
-def read_topic(bootstrap: str, topic: str, out_dir: Path, classpath: str,
-               idle_ms: int = IDLE_TIMEOUT_MS) -> TopicRead:
-    cmd = [java_executable(), "-Xmx256m", f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-           "-cp", classpath, CONSOLE_CONSUMER, "--bootstrap-server", bootstrap,
-           "--topic", topic, "--from-beginning", "--isolation-level", "read_committed",
-           "--timeout-ms", str(idle_ms),
-           "--formatter-property", "print.headers=true",
-           "--formatter-property", "print.offset=true",
-           "--formatter-property", "print.partition=true",
-           "--formatter-property", "print.key=false",
-           "--formatter-property", f"headers.separator={HEADER_SEPARATOR}",
-           "--command-property", "auto.offset.reset=earliest"]
+def read_topic(
+    bootstrap: str, topic: str, out_dir: Path, classpath: str, idle_ms: int = IDLE_TIMEOUT_MS
+) -> TopicRead:
+    cmd = [
+        java_executable(),
+        "-Xmx256m",
+        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+        "-cp",
+        classpath,
+        CONSOLE_CONSUMER,
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--isolation-level",
+        "read_committed",
+        "--timeout-ms",
+        str(idle_ms),
+        "--formatter-property",
+        "print.headers=true",
+        "--formatter-property",
+        "print.offset=true",
+        "--formatter-property",
+        "print.partition=true",
+        "--formatter-property",
+        "print.key=false",
+        "--formatter-property",
+        f"headers.separator={HEADER_SEPARATOR}",
+        "--command-property",
+        "auto.offset.reset=earliest",
+    ]
     raw = out_dir / f"{topic}.txt"
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=READ_DEADLINE_S)
@@ -102,8 +131,7 @@ def read_topic(bootstrap: str, topic: str, out_dir: Path, classpath: str,
             records.append(record)
     total = re.search(r"Processed a total of (\d+) messages", proc.stderr)
     error = f"{bad} lines not understood" if bad else ""
-    return TopicRead(topic, records, int(total.group(1)) if total else None, proc.returncode,
-                     error)
+    return TopicRead(topic, records, int(total.group(1)) if total else None, proc.returncode, error)
 
 
 def listed_topics(bootstrap: str, pattern: str) -> set[str]:
@@ -113,8 +141,9 @@ def listed_topics(bootstrap: str, pattern: str) -> set[str]:
     return {t for t in metadata.topics if re.match(pattern, t)}
 
 
-def read_topics(bootstrap: str, topics: list[str], out_dir: Path,
-                expected: dict[str, int]) -> list[TopicRead]:
+def read_topics(
+    bootstrap: str, topics: list[str], out_dir: Path, expected: dict[str, int]
+) -> list[TopicRead]:
     """Every topic read by the Java client, a few JVMs at a time; the parsed records go to
     ``records.jsonl`` beside each tool's raw output.
 
@@ -127,9 +156,16 @@ def read_topics(bootstrap: str, topics: list[str], out_dir: Path,
     with ThreadPoolExecutor(PARALLEL_READS) as pool:
         reads = list(pool.map(lambda t: read_topic(bootstrap, t, out_dir, classpath), topics))
         again = [i for i, r in enumerate(reads) if len(r.records) != expected.get(r.topic, 0)]
-        for i, read in zip(again, pool.map(
-                lambda i: read_topic(bootstrap, topics[i], out_dir, classpath,
-                                     RETRY_IDLE_TIMEOUT_MS), again), strict=True):
+        for i, read in zip(
+            again,
+            pool.map(
+                lambda i: read_topic(
+                    bootstrap, topics[i], out_dir, classpath, RETRY_IDLE_TIMEOUT_MS
+                ),
+                again,
+            ),
+            strict=True,
+        ):
             reads[i] = read
     with open(out_dir / "records.jsonl", "w") as out:
         for read in reads:
@@ -141,19 +177,29 @@ def read_topics(bootstrap: str, topics: list[str], out_dir: Path,
 def table_rows(table: str) -> list[list[str]]:
     """The data rows of a table ``rich`` printed: its header's separators are heavy (┃),
     its rows' light (│)."""
-    return [[c.strip() for c in line.strip().strip("│").split("│")]
-            for line in table.splitlines() if "│" in line]
+    return [
+        [c.strip() for c in line.strip().strip("│").split("│")]
+        for line in table.splitlines()
+        if "│" in line
+    ]
 
 
-def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tuple[str | None,
-                                                                                 str]:
+def txn_listing(bootstrap: str, prefix: str, action: str, out_dir: Path) -> tuple[str | None, str]:
     """``rmq-semantics txn pending|discarded``: (its table as printed, or None; an error
     line or "")."""
-    cmd = [sys.executable, "-m", "rmq_semantics", "txn", action, "--bootstrap-servers",
-           bootstrap, "--topic-prefix", prefix]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rmq_semantics",
+        "txn",
+        action,
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic-prefix",
+        prefix,
+    ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                              cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=REPO)
     except subprocess.TimeoutExpired:
         return None, f"txn {action}: no answer within {CLI_TIMEOUT_S:.0f} s"
     (out_dir / f"txn-{action}.txt").write_text(proc.stdout + proc.stderr)

@@ -15,11 +15,15 @@ from tests.campaign.history import Draft
 from tests.campaign.txn_tools import ToolOutputError, find_hanging_on_brokers, transactions_command
 from tests.campaign.workload import committed_rows
 
-__all__ = ["committed", "committed_drafts", "dead_letter_drafts", "final_read_drafts",
-           "kafka_transactions"]
+__all__ = [
+    "committed",
+    "committed_drafts",
+    "dead_letter_drafts",
+    "final_read_drafts",
+    "kafka_transactions",
+]
 
-DLQ_ORIGINAL = ("rmq.dlq.original_topic", "rmq.dlq.original_partition",
-                "rmq.dlq.original_offset")
+DLQ_ORIGINAL = ("rmq.dlq.original_topic", "rmq.dlq.original_partition", "rmq.dlq.original_offset")
 
 
 def committed(db_dir: Path) -> dict[str, dict]:
@@ -32,16 +36,28 @@ def committed(db_dir: Path) -> dict[str, dict]:
 
 
 def committed_drafts(rows: dict[str, dict]) -> list[Draft]:
-    return [ev.committed_row(r["txn_id"], m, r["topic"], key=r["key"], db=r["producer"])
-            for m, r in sorted(rows.items())]
+    return [
+        ev.committed_row(r["txn_id"], m, r["topic"], key=r["key"], db=r["producer"])
+        for m, r in sorted(rows.items())
+    ]
 
 
 def final_read_drafts(reads: Iterable[TopicRead]) -> list[Draft]:
     """One final_read event per record the Java client read; a record without the
     workload's body keeps msg_id None (the checker names it by topic[partition]@offset)."""
-    return [ev.final_read(r["topic"], r["partition"], r["offset"], msg_id=r.get("mid"),
-                          txn_id=r.get("txn_id"), key=r.get("key"), headers=r["headers"])
-            for read in reads for r in read.records]
+    return [
+        ev.final_read(
+            r["topic"],
+            r["partition"],
+            r["offset"],
+            msg_id=r.get("mid"),
+            txn_id=r.get("txn_id"),
+            key=r.get("key"),
+            headers=r["headers"],
+        )
+        for read in reads
+        for r in read.records
+    ]
 
 
 def _int(value: str | None) -> int | None:
@@ -58,14 +74,23 @@ def dead_letter_drafts(group: str, reads: Iterable[TopicRead]) -> list[Draft]:
     for read in reads:
         for r in read.records:
             topic, partition, offset = (r["headers"].get(h) for h in DLQ_ORIGINAL)
-            out.append(ev.dlq("push", group, r.get("mid") or f"{read.topic}[{r['partition']}]"
-                              f"@{r['offset']}", topic=topic, partition=_int(partition),
-                              offset=_int(offset), reason=r["headers"].get("rmq.dlq.reason")))
+            out.append(
+                ev.dlq(
+                    "push",
+                    group,
+                    r.get("mid") or f"{read.topic}[{r['partition']}]@{r['offset']}",
+                    topic=topic,
+                    partition=_int(partition),
+                    offset=_int(offset),
+                    reason=r["headers"].get("rmq.dlq.reason"),
+                )
+            )
     return out
 
 
-def kafka_transactions(bootstrap: str, broker_ids: list[int],
-                       out_dir: Path) -> tuple[dict[int, str], str]:
+def kafka_transactions(
+    bootstrap: str, broker_ids: list[int], out_dir: Path
+) -> tuple[dict[int, str], str]:
     """``find-hanging --broker-id N`` on every broker and ``list``; a tool that failed
     gives its error text, which the checker reports as unreadable."""
     try:

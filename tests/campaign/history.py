@@ -146,8 +146,15 @@ REQUIRED: dict[Kind, tuple[str, ...]] = {
     Kind.COMMITTED_ROW: ("txn_id", "msg_id", "topic"),
     Kind.SUBSCRIBE: ("consumer", "group", "instance", "topics"),
     Kind.CONSUMED: ("consumer", "group", "instance", "topic", "partition", "offset", "msg_id"),
-    Kind.BATCH: ("queue", "instance", "epoch", "lease_valid_until_ms", "start_ms", "end_ms",
-                 "committed"),
+    Kind.BATCH: (
+        "queue",
+        "instance",
+        "epoch",
+        "lease_valid_until_ms",
+        "start_ms",
+        "end_ms",
+        "committed",
+    ),
     Kind.LOCK_GRANT: ("queue", "consumer", "epoch", "granted_ms", "valid_until_ms"),
     Kind.LOCK_RELEASE: ("queue", "consumer", "epoch", "released_ms"),
     Kind.PUSH_RETRY: ("group", "msg_id"),
@@ -191,10 +198,20 @@ class Event:
         return default if value is None else value
 
     def to_json(self) -> str:
-        return json.dumps({"kind": self.kind.value, "wall_ms": self.wall_ms,
-                           "mono_s": self.mono_s, "proc": self.proc, "pid": self.pid,
-                           "seq": self.seq, **self.data}, separators=(",", ":"),
-                          sort_keys=False, default=str)
+        return json.dumps(
+            {
+                "kind": self.kind.value,
+                "wall_ms": self.wall_ms,
+                "mono_s": self.mono_s,
+                "proc": self.proc,
+                "pid": self.pid,
+                "seq": self.seq,
+                **self.data,
+            },
+            separators=(",", ":"),
+            sort_keys=False,
+            default=str,
+        )
 
     @property
     def where(self) -> str:
@@ -222,8 +239,9 @@ class BadLine:
 
 def _fields(kind: Kind, fields: Mapping[str, Any]) -> dict[str, Any]:
     """``fields`` without None values, checked against the kind's required fields."""
-    data = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in fields.items()
-            if v is not None}
+    data = {
+        k: (v.value if isinstance(v, StrEnum) else v) for k, v in fields.items() if v is not None
+    }
     missing = [name for name in REQUIRED[kind] if name not in data]
     if missing:
         raise ValueError(f"a {kind.value} event needs {', '.join(missing)}")
@@ -233,8 +251,9 @@ def _fields(kind: Kind, fields: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def at(draft: Draft, mono_s: float, *, proc: str = "test", wall_ms: int | None = None,
-       seq: int = 0) -> Event:
+def at(
+    draft: Draft, mono_s: float, *, proc: str = "test", wall_ms: int | None = None, seq: int = 0
+) -> Event:
     """``draft`` as if recorded at ``mono_s`` (wall ms = mono_s * 1000 unless given): for
     planted histories in tests."""
     wall = int(mono_s * 1000) if wall_ms is None else wall_ms
@@ -249,8 +268,9 @@ class Recorder:
     as torn. Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], proc: str, *, flush_every: int = 1,
-                 fsync: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], proc: str, *, flush_every: int = 1, fsync: bool = False
+    ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
         self.path = Path(path)
@@ -270,8 +290,15 @@ class Recorder:
         with self._lock:
             if self._file is None:
                 raise ValueError(f"recorder {self.proc} ({self.path}) is closed")
-            event = Event(kind, time.monotonic(), time.time_ns() // 1_000_000, self.proc,
-                          os.getpid(), self._seq, data)
+            event = Event(
+                kind,
+                time.monotonic(),
+                time.time_ns() // 1_000_000,
+                self.proc,
+                os.getpid(),
+                self._seq,
+                data,
+            )
             self._seq += 1
             self._file.write(event.to_json() + "\n")
             self._unflushed += 1
@@ -363,8 +390,15 @@ def _parse_line(text: str) -> Event:
     missing = [name for name in REQUIRED[kind] if data.get(name) is None]
     if missing:
         raise ValueError(f"{kind.value} without {', '.join(missing)}")
-    return Event(kind, float(obj["mono_s"]), int(obj["wall_ms"]), obj["proc"],
-                 int(obj.get("pid") or 0), int(obj.get("seq") or 0), data)
+    return Event(
+        kind,
+        float(obj["mono_s"]),
+        int(obj["wall_ms"]),
+        obj["proc"],
+        int(obj.get("pid") or 0),
+        int(obj.get("seq") or 0),
+        data,
+    )
 
 
 def _files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:

@@ -28,8 +28,16 @@ from pathlib import Path
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 from tests.campaign.faultkit import Fault, restart_node
 
-__all__ = ["DiskFull", "Partition", "TmpfsLogDir", "heal_partitions", "inside",
-           "node_gid", "node_prefix", "ns_command"]
+__all__ = [
+    "DiskFull",
+    "Partition",
+    "TmpfsLogDir",
+    "heal_partitions",
+    "inside",
+    "node_gid",
+    "node_prefix",
+    "ns_command",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +66,33 @@ def inside() -> bool:
 
 def require_inside(what: str) -> None:
     if not inside():
-        raise RuntimeError(f"{what} needs the campaign's namespaces: run under "
-                           "`python -m tests.campaign.namespaces ...` (ns_command)")
+        raise RuntimeError(
+            f"{what} needs the campaign's namespaces: run under "
+            "`python -m tests.campaign.namespaces ...` (ns_command)"
+        )
 
 
 def ns_command(cmd: Sequence[str]) -> list[str]:
     """``cmd`` in a new network + mount namespace with loopback up (root only), to run with
     the env of :func:`ns_env`. Also a PID namespace with ``cmd`` as its init: when it exits
     or crashes, the kernel kills whatever it left (brokers, workers) with it."""
-    return ["unshare", "--net", "--mount", "--propagation", "private", "--pid", "--fork",
-            "--kill-child", "--mount-proc", "--",
-            "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+    return [
+        "unshare",
+        "--net",
+        "--mount",
+        "--propagation",
+        "private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+        "sh",
+        "-c",
+        'ip link set lo up && exec "$@"',
+        "sh",
+        *cmd,
+    ]
 
 
 def ns_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -105,15 +129,22 @@ def node_ports(cluster: EmbeddedCluster, node_id: int) -> tuple[int, int]:
 def _rules(cluster: EmbeddedCluster, node_id: int) -> list[tuple[str, list[str]]]:
     ports = ",".join(str(p) for p in node_ports(cluster, node_id))
     tag = ["-m", "comment", "--comment", f"{RULE_TAG}-{node_id}"]
-    return [("OUTPUT", ["-o", "lo", "-m", "owner", "--gid-owner", str(node_gid(node_id)),
-                        *tag, "-j", "DROP"]),
-            ("INPUT", ["-i", "lo", "-p", "tcp", "-m", "multiport", "--dports", ports,
-                       *tag, "-j", "DROP"])]
+    return [
+        (
+            "OUTPUT",
+            ["-o", "lo", "-m", "owner", "--gid-owner", str(node_gid(node_id)), *tag, "-j", "DROP"],
+        ),
+        (
+            "INPUT",
+            ["-i", "lo", "-p", "tcp", "-m", "multiport", "--dports", ports, *tag, "-j", "DROP"],
+        ),
+    ]
 
 
 def _iptables(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(
+        ["iptables", "-w", "5", *args], capture_output=True, text=True, timeout=30
+    )
 
 
 class Partition(Fault):
@@ -132,9 +163,11 @@ class Partition(Fault):
         require_inside("a partition")
         pid = self.cluster.node(self.node_id).pid
         if pid is not None and _process_gid(pid) != node_gid(self.node_id):
-            raise RuntimeError(f"node {self.node_id} (pid {pid}) does not run under gid "
-                               f"{node_gid(self.node_id)}: start the cluster with "
-                               "node_prefix=namespaces.node_prefix")
+            raise RuntimeError(
+                f"node {self.node_id} (pid {pid}) does not run under gid "
+                f"{node_gid(self.node_id)}: start the cluster with "
+                "node_prefix=namespaces.node_prefix"
+            )
         for chain, rule in _rules(self.cluster, self.node_id):
             proc = _iptables("-I", chain, *rule)
             if proc.returncode != 0:
@@ -154,8 +187,11 @@ def heal_partitions() -> int:
     for chain in ("INPUT", "OUTPUT"):
         listing = _iptables("-S", chain).stdout.splitlines()
         for line in listing:
-            if (RULE_TAG in line and line.startswith("-A ")
-                    and _iptables("-D", *line.split()[1:]).returncode == 0):
+            if (
+                RULE_TAG in line
+                and line.startswith("-A ")
+                and _iptables("-D", *line.split()[1:]).returncode == 0
+            ):
                 removed += 1
     return removed
 
@@ -183,8 +219,9 @@ class TmpfsLogDir:
     costs nothing; on a running node it stops the node, copies its data in and starts it.
     :meth:`uninstall` copies the data back to disk the same way."""
 
-    def __init__(self, cluster: EmbeddedCluster, node_id: int,
-                 size_mb: int = DEFAULT_TMPFS_MB) -> None:
+    def __init__(
+        self, cluster: EmbeddedCluster, node_id: int, size_mb: int = DEFAULT_TMPFS_MB
+    ) -> None:
         self.cluster = cluster
         self.node_id = node_id
         self.size_mb = size_mb
@@ -207,8 +244,9 @@ class TmpfsLogDir:
             self.log_dir.rename(aside)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         size = used + self.size_mb * 1024 * 1024
-        _run("mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "rmq-nemesis",
-             str(self.log_dir))
+        _run(
+            "mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "rmq-nemesis", str(self.log_dir)
+        )
         if aside.exists():
             _run("cp", "-a", "--sparse=always", f"{aside}/.", f"{self.log_dir}/")
             shutil.rmtree(aside)
@@ -256,8 +294,10 @@ class DiskFull(Fault):
 
     def _apply(self) -> None:
         if not self.tmpfs.mounted():
-            raise RuntimeError(f"node {self.tmpfs.node_id}'s log dir is not on a tmpfs: "
-                               "TmpfsLogDir.install() first")
+            raise RuntimeError(
+                f"node {self.tmpfs.node_id}'s log dir is not on a tmpfs: "
+                "TmpfsLogDir.install() first"
+            )
         free = self.tmpfs.free_bytes() - FILL_SLACK
         # tmpfs takes a fallocate whole or not at all (the broker's own appends can take the
         # last pages first): what does not fit at once is written in chunks to ENOSPC.
@@ -290,6 +330,7 @@ def main(argv: list[str]) -> int:
     if inside():
         os.execvp(argv[0], argv)
     from rmq_semantics.embedded import kafka_classpath
+
     kafka_classpath()
     started = time.monotonic()
     rc = subprocess.call(ns_command(argv), env=ns_env())

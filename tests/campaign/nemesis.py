@@ -56,15 +56,35 @@ from tests.campaign.faultkit import (
     restart_node,
 )
 
-__all__ = ["ALL_KINDS", "BROKER_KINDS", "PROCESS_KINDS", "SHORT", "Nemesis", "Step",
-           "Timing", "make_plan"]
+__all__ = [
+    "ALL_KINDS",
+    "BROKER_KINDS",
+    "PROCESS_KINDS",
+    "SHORT",
+    "Nemesis",
+    "Step",
+    "Timing",
+    "make_plan",
+]
 
 log = logging.getLogger(__name__)
 
-BROKER_KINDS = ("broker_pause", "broker_kill", "all_brokers_paused", "controller_kill",
-                "group_coordinator_kill", "disk_full", "partition")
-PROCESS_KINDS = ("coordinator_pause", "coordinator_kill", "consumer_pause", "consumer_kill",
-                 "clock_skew")
+BROKER_KINDS = (
+    "broker_pause",
+    "broker_kill",
+    "all_brokers_paused",
+    "controller_kill",
+    "group_coordinator_kill",
+    "disk_full",
+    "partition",
+)
+PROCESS_KINDS = (
+    "coordinator_pause",
+    "coordinator_kill",
+    "consumer_pause",
+    "consumer_kill",
+    "clock_skew",
+)
 ALL_KINDS = BROKER_KINDS + PROCESS_KINDS
 NAMESPACE_KINDS = ("disk_full", "partition")
 
@@ -89,9 +109,17 @@ class Timing:
     skew_s: tuple[int, int] = (60, 300)  # |offset| drawn from this range, ahead or behind
 
 
-SHORT = Timing(broker_pause_s=14.0, all_paused_s=5.0, partition_s=14.0, disk_full_s=4.0,
-               kill_down_s=2.0, process_pause_s=10.0, clock_skew_s=10.0, gap_s=3.0,
-               rebalance_wait_s=15.0)
+SHORT = Timing(
+    broker_pause_s=14.0,
+    all_paused_s=5.0,
+    partition_s=14.0,
+    disk_full_s=4.0,
+    kill_down_s=2.0,
+    process_pause_s=10.0,
+    clock_skew_s=10.0,
+    gap_s=3.0,
+    rebalance_wait_s=15.0,
+)
 # What a step costs besides its hold, for planning: a node's restart, a rebalance.
 RESTART_S = 15.0
 
@@ -111,21 +139,30 @@ class Step:
 
 
 def _cost(kind: str, hold_s: float, gap_s: float) -> float:
-    restarts = kind in ("broker_kill", "controller_kill", "group_coordinator_kill",
-                        "disk_full")
+    restarts = kind in ("broker_kill", "controller_kill", "group_coordinator_kill", "disk_full")
     return hold_s + gap_s + (RESTART_S if restarts else 0.0)
 
 
 def _hold(kind: str, t: Timing) -> float:
-    return {"broker_pause": t.broker_pause_s, "all_brokers_paused": t.all_paused_s,
-            "partition": t.partition_s, "disk_full": t.disk_full_s,
-            "clock_skew": t.clock_skew_s}.get(
-        kind, t.process_pause_s if kind.endswith("_pause") else t.kill_down_s)
+    return {
+        "broker_pause": t.broker_pause_s,
+        "all_brokers_paused": t.all_paused_s,
+        "partition": t.partition_s,
+        "disk_full": t.disk_full_s,
+        "clock_skew": t.clock_skew_s,
+    }.get(kind, t.process_pause_s if kind.endswith("_pause") else t.kill_down_s)
 
 
-def make_plan(seed: int, kinds: Iterable[str], duration_s: float, nodes: Sequence[int],
-              procs: Sequence[ProcTarget], timing: Timing, short: bool = False,
-              disk_node: int | None = None) -> list[Step]:
+def make_plan(
+    seed: int,
+    kinds: Iterable[str],
+    duration_s: float,
+    nodes: Sequence[int],
+    procs: Sequence[ProcTarget],
+    timing: Timing,
+    short: bool = False,
+    disk_node: int | None = None,
+) -> list[Step]:
     """The faults of a run, drawn from ``seed``. Each lane first takes every kind it has
     once (shuffled), then (unless ``short``) random kinds until ``duration_s`` is used."""
     rng = random.Random(seed)
@@ -148,8 +185,14 @@ def make_plan(seed: int, kinds: Iterable[str], duration_s: float, nodes: Sequenc
     return plan
 
 
-def _target(rng: random.Random, kind: str, nodes: Sequence[int], procs: Sequence[ProcTarget],
-            timing: Timing, disk_node: int | None) -> tuple[int | str | None, dict]:
+def _target(
+    rng: random.Random,
+    kind: str,
+    nodes: Sequence[int],
+    procs: Sequence[ProcTarget],
+    timing: Timing,
+    disk_node: int | None,
+) -> tuple[int | str | None, dict]:
     if kind in ("broker_pause", "broker_kill", "partition"):
         return rng.choice(list(nodes)), {}
     if kind == "disk_full":
@@ -190,11 +233,20 @@ class Nemesis:
     """Runs a seeded fault plan in two threads; :meth:`stop` heals everything and returns
     the events (``{kind, target, start_ms, end_ms, seed, detail}``, by start)."""
 
-    def __init__(self, seed: int, cluster: EmbeddedCluster, targets: Sequence[ProcTarget] = (),
-                 kinds: Iterable[str] = ALL_KINDS, duration_s: float = 600.0,
-                 group: str | None = None, timing: Timing | None = None, short: bool = False,
-                 disk_node: int | None = None, tmpfs_mb: int = namespaces.DEFAULT_TMPFS_MB,
-                 watch_topics: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        seed: int,
+        cluster: EmbeddedCluster,
+        targets: Sequence[ProcTarget] = (),
+        kinds: Iterable[str] = ALL_KINDS,
+        duration_s: float = 600.0,
+        group: str | None = None,
+        timing: Timing | None = None,
+        short: bool = False,
+        disk_node: int | None = None,
+        tmpfs_mb: int = namespaces.DEFAULT_TMPFS_MB,
+        watch_topics: Iterable[str] = (),
+    ) -> None:
         self.seed = seed
         self.cluster = cluster
         self.targets = {p.name: p for p in targets}
@@ -205,15 +257,27 @@ class Nemesis:
         unknown = [k for k in wanted if k not in ALL_KINDS]
         if unknown:
             raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(ALL_KINDS)}")
-        self.skipped = {k: why for k in wanted
-                        if (why := _available(k, list(targets), group)) is not None}
+        self.skipped = {
+            k: why for k in wanted if (why := _available(k, list(targets), group)) is not None
+        }
         for kind, why in self.skipped.items():
             log.warning("nemesis: no %s faults: %s", kind, why)
         self.kinds = [k for k in wanted if k not in self.skipped]
-        self.plan = make_plan(seed, self.kinds, duration_s, range(1, cluster.brokers + 1),
-                              list(targets), self.timing, short, self.disk_node)
-        self.tmpfs = (namespaces.TmpfsLogDir(cluster, self.disk_node, tmpfs_mb)
-                      if "disk_full" in self.kinds else None)
+        self.plan = make_plan(
+            seed,
+            self.kinds,
+            duration_s,
+            range(1, cluster.brokers + 1),
+            list(targets),
+            self.timing,
+            short,
+            self.disk_node,
+        )
+        self.tmpfs = (
+            namespaces.TmpfsLogDir(cluster, self.disk_node, tmpfs_mb)
+            if "disk_full" in self.kinds
+            else None
+        )
         self._events: list[Fault] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -223,8 +287,9 @@ class Nemesis:
         self._epoch0: int | None = None
 
     @classmethod
-    def short(cls, seed: int, cluster: EmbeddedCluster, targets: Sequence[ProcTarget] = (),
-              **kwargs: Any) -> Nemesis:
+    def short(
+        cls, seed: int, cluster: EmbeddedCluster, targets: Sequence[ProcTarget] = (), **kwargs: Any
+    ) -> Nemesis:
         """Every kind at least once, short holds: about three minutes."""
         return cls(seed, cluster, targets, short=True, **kwargs)
 
@@ -243,8 +308,9 @@ class Nemesis:
             self._group_watch.start()
         for lane in ("cluster", "process"):
             steps = [s for s in self.plan if s.lane == lane]
-            thread = threading.Thread(target=self._run_lane, args=(steps,), daemon=True,
-                                      name=f"nemesis-{lane}")
+            thread = threading.Thread(
+                target=self._run_lane, args=(steps,), daemon=True, name=f"nemesis-{lane}"
+            )
             self._threads.append(thread)
             thread.start()
 
@@ -303,8 +369,7 @@ class Nemesis:
                 # now would leave partitions below min ISR for longer than planned.
                 problem = await_healthy(self.cluster, self.timing.settle_s)
                 if problem is not None:
-                    log.warning("nemesis: cluster not healthy before %s: %s", step.kind,
-                                problem)
+                    log.warning("nemesis: cluster not healthy before %s: %s", step.kind, problem)
             fault = self._fault(step)
             with self._lock:
                 self._events.append(fault)
@@ -317,8 +382,7 @@ class Nemesis:
             try:
                 fault.heal()
             except Exception as exc:
-                log.warning("nemesis: healing %s on %s failed: %s", fault.kind,
-                            fault.target, exc)
+                log.warning("nemesis: healing %s on %s failed: %s", fault.kind, fault.target, exc)
                 self.heal_all()
 
     def _fault(self, step: Step) -> Fault:
@@ -334,9 +398,12 @@ class Nemesis:
         elif step.kind == "group_coordinator_kill":
             trigger = step.extra.get("trigger")
             fault = GroupCoordinatorKill(
-                cluster, str(self.group),
+                cluster,
+                str(self.group),
                 ProcessPause(self.targets[trigger], seed) if trigger else None,
-                rebalance_wait_s=self.timing.rebalance_wait_s, seed=seed)
+                rebalance_wait_s=self.timing.rebalance_wait_s,
+                seed=seed,
+            )
         elif step.kind == "disk_full":
             assert self.tmpfs is not None
             fault = namespaces.DiskFull(self.tmpfs, seed)
@@ -352,26 +419,27 @@ class Nemesis:
         return fault
 
     # -- did the faults take effect --------------------------------------------------------
-    def observations(self, coordinator_logs: Iterable[Path | str] = (),
-                     broker_logs: bool = True) -> dict[str, int]:
+    def observations(
+        self, coordinator_logs: Iterable[Path | str] = (), broker_logs: bool = True
+    ) -> dict[str, int]:
         """Counts for the summary's minimums: leader changes seen, KRaft elections,
         rebalances and coordinator moves of ``group``, fenced or re-created transactional
         producers in ``coordinator_logs``, and fault kinds applied."""
-        counts = {"leader_changes": self._leaders.changes,
-                  "coordinator_rebalances": getattr(self._group_watch, "rebalances", 0),
-                  "group_coordinator_moves": getattr(self._group_watch, "coordinator_moves",
-                                                     0),
-                  "fenced_producers": count_log_lines(coordinator_logs, FENCE_PATTERNS),
-                  "faults_applied": sum(1 for e in self.events() if "error" not in
-                                        e["detail"])}
+        counts = {
+            "leader_changes": self._leaders.changes,
+            "coordinator_rebalances": getattr(self._group_watch, "rebalances", 0),
+            "group_coordinator_moves": getattr(self._group_watch, "coordinator_moves", 0),
+            "fenced_producers": count_log_lines(coordinator_logs, FENCE_PATTERNS),
+            "faults_applied": sum(1 for e in self.events() if "error" not in e["detail"]),
+        }
         with contextlib.suppress(RuntimeError):
             if self._epoch0 is not None:
-                counts["controller_elections"] = controller_elections(self.cluster,
-                                                                      self._epoch0)
+                counts["controller_elections"] = controller_elections(self.cluster, self._epoch0)
         if broker_logs:
             counts["broker_disk_errors"] = count_log_lines(
                 (n.data_dir / "broker.log" for n in self.cluster.nodes()),
-                [r"No space left on device"])
+                [r"No space left on device"],
+            )
         return counts
 
 

@@ -39,8 +39,10 @@ POLL_S = 1.0
 ADMIN_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 60.0
 # Log lines of a coordinator that count as a rebalance it took part in, or a fenced producer.
-REBALANCE_LINE = re.compile(r"assigned half/op partitions|lock service \S+ assigned request "
-                            r"partitions")
+REBALANCE_LINE = re.compile(
+    r"assigned half/op partitions|lock service \S+ assigned request "
+    r"partitions"
+)
 FENCED_LINE = re.compile(r"fenced|FENCED")
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 
@@ -78,8 +80,13 @@ class LeaderTracker:
 class Watcher(threading.Thread):
     """Polls leaders and producer groups every second until ``stop()``."""
 
-    def __init__(self, bootstrap: str, rec: Recorder, wanted: Callable[[str], bool],
-                 producers: Callable[[], list[tuple[str, WorkerProcess]]]) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        rec: Recorder,
+        wanted: Callable[[str], bool],
+        producers: Callable[[], list[tuple[str, WorkerProcess]]],
+    ) -> None:
         super().__init__(name="campaign-watcher", daemon=True)
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.rec, self.wanted, self.producers = rec, wanted, producers
@@ -102,8 +109,12 @@ class Watcher(threading.Thread):
             md = self.admin.list_topics(timeout=ADMIN_TIMEOUT_S)
         except KafkaException:
             return  # the cluster is down or electing: asked again in a second
-        leaders = {(name, p): part.leader for name, t in md.topics.items() if self.wanted(name)
-                   for p, part in t.partitions.items()}
+        leaders = {
+            (name, p): part.leader
+            for name, t in md.topics.items()
+            if self.wanted(name)
+            for p, part in t.partitions.items()
+        }
         for change in self.leaders.update(leaders):
             self.rec.emit(ev.observed(Kind.LEADER_CHANGE, detail=change))
 
@@ -115,8 +126,9 @@ class Watcher(threading.Thread):
                 self.rec.emit(ev.group_state(group, up))
 
 
-def lock_drafts(entries: Iterable[LockEntry], since_ms: int = 0,
-                until_ms: int | None = None) -> list[Draft]:
+def lock_drafts(
+    entries: Iterable[LockEntry], since_ms: int = 0, until_ms: int | None = None
+) -> list[Draft]:
     """LockEntry records in topic order as lock_grant / lock_release events. A grant to
     another holder while the queue's last entry was still HELD by the previous one (its
     lease lapsed: no release, no handover) within ``[since_ms, until_ms)`` is also a
@@ -128,14 +140,22 @@ def lock_drafts(entries: Iterable[LockEntry], since_ms: int = 0,
         before = last.get(queue)
         last[queue] = e
         if e.state is LockState.HELD:
-            drafts.append(ev.lock_grant(queue, e.client_id, e.epoch, e.updated_at_ms,
-                                        e.expires_at_ms))
-            if (before is not None and before.state is LockState.HELD
-                    and before.client_id != e.client_id and since_ms <= e.updated_at_ms
-                    and (until_ms is None or e.updated_at_ms < until_ms)):
-                drafts.append(ev.observed(Kind.LOCK_TAKEOVER, detail=f"{queue}: "
-                                          f"{before.client_id} -> {e.client_id} (epoch "
-                                          f"{e.epoch})"))
+            drafts.append(
+                ev.lock_grant(queue, e.client_id, e.epoch, e.updated_at_ms, e.expires_at_ms)
+            )
+            if (
+                before is not None
+                and before.state is LockState.HELD
+                and before.client_id != e.client_id
+                and since_ms <= e.updated_at_ms
+                and (until_ms is None or e.updated_at_ms < until_ms)
+            ):
+                drafts.append(
+                    ev.observed(
+                        Kind.LOCK_TAKEOVER,
+                        detail=f"{queue}: {before.client_id} -> {e.client_id} (epoch {e.epoch})",
+                    )
+                )
         elif e.state is LockState.RELEASED:
             drafts.append(ev.lock_release(queue, e.client_id, e.epoch, e.updated_at_ms))
     return drafts
@@ -144,10 +164,15 @@ def lock_drafts(entries: Iterable[LockEntry], since_ms: int = 0,
 def read_lock_topic(bootstrap: str, topic: str) -> tuple[list[LockEntry], list[str]]:
     """Every committed record of the lock topic, each partition to its end: (entries in
     order per partition, one line per record set aside)."""
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"campaign-lock-reader-{time.time_ns()}",
-        "isolation.level": "read_committed", "enable.auto.commit": False,
-        "enable.partition.eof": True})
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"campaign-lock-reader-{time.time_ns()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     entries: list[LockEntry] = []
     skipped: list[str] = []
     try:
@@ -155,8 +180,7 @@ def read_lock_topic(bootstrap: str, topic: str) -> tuple[list[LockEntry], list[s
         if md is None or md.error is not None:
             return [], [f"{topic}: {md.error if md else 'not found'}"]
         parts = sorted(md.partitions)
-        consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                         for p in parts])
+        consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in parts])
         left = set(parts)
         deadline = time.monotonic() + READ_TIMEOUT_S
         while left and time.monotonic() < deadline:
@@ -172,8 +196,10 @@ def read_lock_topic(bootstrap: str, topic: str) -> tuple[list[LockEntry], list[s
             except MalformedRecordError as exc:
                 skipped.append(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: {exc}")
         if left:
-            skipped.append(f"{topic}: partitions {sorted(left)} not read to their end in "
-                           f"{READ_TIMEOUT_S:.0f} s")
+            skipped.append(
+                f"{topic}: partitions {sorted(left)} not read to their end in "
+                f"{READ_TIMEOUT_S:.0f} s"
+            )
     finally:
         consumer.close()
     return entries, skipped
@@ -188,8 +214,7 @@ def log_time_ms(line: str) -> int | None:
     return int(when.timestamp() * 1000) + int(m.group(2))
 
 
-def log_drafts(logs: dict[str, Path], since_ms: int,
-               until_ms: int | None = None) -> list[Draft]:
+def log_drafts(logs: dict[str, Path], since_ms: int, until_ms: int | None = None) -> list[Draft]:
     """Rebalance lines (coordinators) and fenced-producer lines (any process) of each log
     within ``[since_ms, until_ms)`` (the load and its aftermath, not the start or the
     harness stopping the coordinators)."""
@@ -204,8 +229,7 @@ def log_drafts(logs: dict[str, Path], since_ms: int,
             if REBALANCE_LINE.search(line):
                 drafts.append(ev.observed(Kind.REBALANCE, detail=f"{name}: {line[24:200]}"))
             if FENCED_LINE.search(line):
-                drafts.append(ev.observed(Kind.FENCED_PRODUCER, detail=f"{name}: "
-                                          f"{line[24:200]}"))
+                drafts.append(ev.observed(Kind.FENCED_PRODUCER, detail=f"{name}: {line[24:200]}"))
     return drafts
 
 
@@ -220,5 +244,6 @@ def wait_for_brokers(cluster: EmbeddedCluster, timeout_s: float) -> None:
         except KafkaException:
             pass
         time.sleep(1)
-    raise RuntimeError(f"the cluster did not show {cluster.brokers} brokers within "
-                       f"{timeout_s:.0f} s after heal")
+    raise RuntimeError(
+        f"the cluster did not show {cluster.brokers} brokers within {timeout_s:.0f} s after heal"
+    )

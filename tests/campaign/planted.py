@@ -17,8 +17,13 @@ from tests.campaign.history import Event, History, at
 __all__ = ["HORIZON_S", "MINIMUMS", "clean_events", "history_of"]
 
 HORIZON_S = 10.0
-MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1, "fenced_producer": 1,
-            "fault:broker_sigkill": 1}
+MINIMUMS = {
+    "leader_change": 1,
+    "lock_takeover": 1,
+    "rebalance": 1,
+    "fenced_producer": 1,
+    "fault:broker_sigkill": 1,
+}
 TXN_PENDING_EMPTY = """\
 ┏━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┳━━━━━━┓
 ┃ txn id ┃ real topic ┃ producer group ┃ age (s) ┃ checks ┃ answered ┃ half ┃
@@ -35,93 +40,223 @@ def _producer() -> list[Event]:
         at(ev.local_committed("t1", "grp", db="p1.db", row=1), 1.1, proc=p),
         at(ev.send("t2", "grp", ["orders"], ["m2"], "ROLLBACK", keys=["k1"]), 1.2, proc=p),
         at(ev.local_rolled_back("t2", "grp", db="p1.db", row=2), 1.3, proc=p),
-        at(ev.send("t3", "grp", ["orders"], ["m3"], "UNKNOW_then_COMMIT", keys=["k1"]), 1.4,
-           proc=p),
+        at(
+            ev.send("t3", "grp", ["orders"], ["m3"], "UNKNOW_then_COMMIT", keys=["k1"]), 1.4, proc=p
+        ),
         at(ev.local_committed("t3", "grp", db="p1.db", row=3), 1.5, proc=p),
         at(ev.check_answered("t3", "grp", "UNKNOW", checks=1), 2.0, proc=p),
         at(ev.check_answered("t3", "grp", "COMMIT", checks=2), 3.0, proc=p),
-        at(ev.send("t4", "grp", ["orders"], ["m4"], "UNKNOW_then_ROLLBACK", keys=["k2"]), 1.6,
-           proc=p),
+        at(
+            ev.send("t4", "grp", ["orders"], ["m4"], "UNKNOW_then_ROLLBACK", keys=["k2"]),
+            1.6,
+            proc=p,
+        ),
         at(ev.check_answered("t4", "grp", "ROLLBACK", checks=1), 4.0, proc=p),
-        at(ev.send("t5", "grp", ["orders", "audit"], ["m5a", "m5b"], "COMMIT",
-                   keys=["k2", "k2"]), 1.7, proc=p),
+        at(
+            ev.send("t5", "grp", ["orders", "audit"], ["m5a", "m5b"], "COMMIT", keys=["k2", "k2"]),
+            1.7,
+            proc=p,
+        ),
         at(ev.local_committed("t5", "grp", db="p1.db", row=5), 1.8, proc=p),
-        at(ev.send_failed("grp", "KafkaError{_MSG_TIMED_OUT}", txn_id="t6", msg_ids=["m6"]),
-           1.9, proc=p),
+        at(
+            ev.send_failed("grp", "KafkaError{_MSG_TIMED_OUT}", txn_id="t6", msg_ids=["m6"]),
+            1.9,
+            proc=p,
+        ),
         at(ev.group_state("grp", True), 0.5, proc="harness"),
-    ] + [at(ev.committed_row(t, m, topic, db="p1.db"), 30.0, proc="harness")
-         for t, m, topic in (("t1", "m1", "orders"), ("t3", "m3", "orders"),
-                             ("t5", "m5a", "orders"), ("t5", "m5b", "audit"))]
+    ] + [
+        at(ev.committed_row(t, m, topic, db="p1.db"), 30.0, proc="harness")
+        for t, m, topic in (
+            ("t1", "m1", "orders"),
+            ("t3", "m3", "orders"),
+            ("t5", "m5a", "orders"),
+            ("t5", "m5b", "audit"),
+        )
+    ]
 
 
 def _final() -> list[Event]:
-    rows = (("orders", 0, 0, "m1", "t1", "k1"), ("orders", 0, 1, "m5a", "t5", "k2"),
-            ("orders", 0, 2, "m3", "t3", "k1"), ("audit", 0, 0, "m5b", "t5", "k2"))
-    return [at(ev.final_read(topic, p, o, msg_id=m, txn_id=t, key=k,
-                             headers={"rmq.txn_id": t, "campaign.msg_id": m}), 31.0,
-               proc="final-reader", seq=i) for i, (topic, p, o, m, t, k) in enumerate(rows)]
+    rows = (
+        ("orders", 0, 0, "m1", "t1", "k1"),
+        ("orders", 0, 1, "m5a", "t5", "k2"),
+        ("orders", 0, 2, "m3", "t3", "k1"),
+        ("audit", 0, 0, "m5b", "t5", "k2"),
+    )
+    return [
+        at(
+            ev.final_read(
+                topic,
+                p,
+                o,
+                msg_id=m,
+                txn_id=t,
+                key=k,
+                headers={"rmq.txn_id": t, "campaign.msg_id": m},
+            ),
+            31.0,
+            proc="final-reader",
+            seq=i,
+        )
+        for i, (topic, p, o, m, t, k) in enumerate(rows)
+    ]
 
 
 def _orderly() -> list[Event]:
     q = "og/orders/0"
-    out = [at(ev.subscribe("orderly", "og", "c1", ["orders", "audit"], mode="key"), 0.6,
-              proc="c1"),
-           at(ev.lock_grant(q, "c1", 1, 1000, 5000), 1.0, proc="coordinator-1"),
-           at(ev.lock_grant(q, "c1", 1, 4000, 9000), 4.0, proc="coordinator-1"),
-           # c1's lease ran out at 9000; c2 got the queue with a higher epoch afterwards.
-           at(ev.lock_grant(q, "c2", 2, 9500, 20000), 9.5, proc="coordinator-2"),
-           at(ev.lock_grant("og/audit/0", "c1", 1, 1000, 60000), 1.0, proc="coordinator-1")]
-    consumed = (("c1", "orders", 0, "m1", "k1", 5.0), ("c1", "orders", 1, "m5a", "k2", 5.1),
-                ("c2", "orders", 2, "m3", "k1", 10.0), ("c2", "orders", 2, "m3", "k1", 10.5),
-                ("c1", "audit", 0, "m5b", "k2", 5.2))
-    out += [at(ev.consumed("orderly", "og", who, topic, 0, off, m, key=k), t, proc=who)
-            for who, topic, off, m, k, t in consumed]
-    out += [at(ev.batch(q, "c1", 1, lease_granted_ms=1000, lease_valid_until_ms=9000,
-                        start_ms=5000, end_ms=5200, offsets=[0, 1], committed=True,
-                        commit_ms=5300), 5.3, proc="c1"),
-            # Started under c1's valid lease; it may outlive it (no commit after 9000).
-            at(ev.batch(q, "c1", 1, lease_granted_ms=1000, lease_valid_until_ms=9000,
-                        start_ms=8900, end_ms=9800, offsets=[], committed=False), 9.8,
-               proc="c1"),
-            at(ev.batch(q, "c2", 2, lease_granted_ms=9500, lease_valid_until_ms=20000,
-                        start_ms=10000, end_ms=10600, offsets=[2], committed=True,
-                        commit_ms=10700), 10.7, proc="c2"),
-            at(ev.batch("og/audit/0", "c1", 1, lease_granted_ms=1000,
-                        lease_valid_until_ms=60000, start_ms=5200, end_ms=5250, offsets=[0],
-                        committed=True, commit_ms=5260), 5.26, proc="c1")]
+    out = [
+        at(ev.subscribe("orderly", "og", "c1", ["orders", "audit"], mode="key"), 0.6, proc="c1"),
+        at(ev.lock_grant(q, "c1", 1, 1000, 5000), 1.0, proc="coordinator-1"),
+        at(ev.lock_grant(q, "c1", 1, 4000, 9000), 4.0, proc="coordinator-1"),
+        # c1's lease ran out at 9000; c2 got the queue with a higher epoch afterwards.
+        at(ev.lock_grant(q, "c2", 2, 9500, 20000), 9.5, proc="coordinator-2"),
+        at(ev.lock_grant("og/audit/0", "c1", 1, 1000, 60000), 1.0, proc="coordinator-1"),
+    ]
+    consumed = (
+        ("c1", "orders", 0, "m1", "k1", 5.0),
+        ("c1", "orders", 1, "m5a", "k2", 5.1),
+        ("c2", "orders", 2, "m3", "k1", 10.0),
+        ("c2", "orders", 2, "m3", "k1", 10.5),
+        ("c1", "audit", 0, "m5b", "k2", 5.2),
+    )
+    out += [
+        at(ev.consumed("orderly", "og", who, topic, 0, off, m, key=k), t, proc=who)
+        for who, topic, off, m, k, t in consumed
+    ]
+    out += [
+        at(
+            ev.batch(
+                q,
+                "c1",
+                1,
+                lease_granted_ms=1000,
+                lease_valid_until_ms=9000,
+                start_ms=5000,
+                end_ms=5200,
+                offsets=[0, 1],
+                committed=True,
+                commit_ms=5300,
+            ),
+            5.3,
+            proc="c1",
+        ),
+        # Started under c1's valid lease; it may outlive it (no commit after 9000).
+        at(
+            ev.batch(
+                q,
+                "c1",
+                1,
+                lease_granted_ms=1000,
+                lease_valid_until_ms=9000,
+                start_ms=8900,
+                end_ms=9800,
+                offsets=[],
+                committed=False,
+            ),
+            9.8,
+            proc="c1",
+        ),
+        at(
+            ev.batch(
+                q,
+                "c2",
+                2,
+                lease_granted_ms=9500,
+                lease_valid_until_ms=20000,
+                start_ms=10000,
+                end_ms=10600,
+                offsets=[2],
+                committed=True,
+                commit_ms=10700,
+            ),
+            10.7,
+            proc="c2",
+        ),
+        at(
+            ev.batch(
+                "og/audit/0",
+                "c1",
+                1,
+                lease_granted_ms=1000,
+                lease_valid_until_ms=60000,
+                start_ms=5200,
+                end_ms=5250,
+                offsets=[0],
+                committed=True,
+                commit_ms=5260,
+            ),
+            5.26,
+            proc="c1",
+        ),
+    ]
     return out
 
 
 def _push() -> list[Event]:
     w = "push-1"
-    return [at(ev.subscribe("push", "pg", w, ["orders", "audit"]), 0.6, proc=w),
-            at(ev.consumed("push", "pg", w, "orders", 0, 0, "m1"), 5.0, proc=w),
-            at(ev.consumed("push", "pg", w, "orders", 0, 2, "m3", result="RECONSUME_LATER"),
-               11.0, proc=w),
-            at(ev.push_retry("pg", "m3", topic="orders", partition=0, offset=2,
-                             reconsume_times=1, retry_topic="%RETRY%pg"), 11.1, proc=w),
-            at(ev.consumed("push", "pg", w, "%RETRY%pg", 0, 0, "m3"), 13.0, proc=w),
-            at(ev.consumed("push", "pg", w, "orders", 0, 1, "m5a",
-                           result="RECONSUME_LATER"), 5.1, proc=w),
-            at(ev.dlq("push", "pg", "m5a", topic="orders", partition=0, offset=1,
-                      reason="max_reconsume_times"), 6.0, proc=w),
-            at(ev.consumed("push", "pg", w, "audit", 0, 0, "m5b"), 5.2, proc=w)]
+    return [
+        at(ev.subscribe("push", "pg", w, ["orders", "audit"]), 0.6, proc=w),
+        at(ev.consumed("push", "pg", w, "orders", 0, 0, "m1"), 5.0, proc=w),
+        at(
+            ev.consumed("push", "pg", w, "orders", 0, 2, "m3", result="RECONSUME_LATER"),
+            11.0,
+            proc=w,
+        ),
+        at(
+            ev.push_retry(
+                "pg",
+                "m3",
+                topic="orders",
+                partition=0,
+                offset=2,
+                reconsume_times=1,
+                retry_topic="%RETRY%pg",
+            ),
+            11.1,
+            proc=w,
+        ),
+        at(ev.consumed("push", "pg", w, "%RETRY%pg", 0, 0, "m3"), 13.0, proc=w),
+        at(
+            ev.consumed("push", "pg", w, "orders", 0, 1, "m5a", result="RECONSUME_LATER"),
+            5.1,
+            proc=w,
+        ),
+        at(
+            ev.dlq(
+                "push",
+                "pg",
+                "m5a",
+                topic="orders",
+                partition=0,
+                offset=1,
+                reason="max_reconsume_times",
+            ),
+            6.0,
+            proc=w,
+        ),
+        at(ev.consumed("push", "pg", w, "audit", 0, 0, "m5b"), 5.2, proc=w),
+    ]
 
 
 def _cluster() -> list[Event]:
     n = "harness"
-    return [at(ev.fault("broker_sigkill", "broker-2", 7000, end_ms=8000, seed=42), 7.0, proc=n),
-            at(ev.exit_("coordinator", "coordinator-1", -9, killed_by_nemesis=True), 7.5,
-               proc=n),
-            at(ev.exit_("coordinator", "coordinator-2", 0, killed_by_nemesis=False,
-                        stopped=True), 29.0, proc=n),
-            at(ev.observed("leader_change", count=2), 8.0, proc=n),
-            at(ev.observed("lock_takeover"), 9.5, proc=n),
-            at(ev.observed("rebalance", count=3), 8.0, proc=n),
-            at(ev.observed("fenced_producer"), 8.5, proc=n)] + [
+    return [
+        at(ev.fault("broker_sigkill", "broker-2", 7000, end_ms=8000, seed=42), 7.0, proc=n),
+        at(ev.exit_("coordinator", "coordinator-1", -9, killed_by_nemesis=True), 7.5, proc=n),
+        at(
+            ev.exit_("coordinator", "coordinator-2", 0, killed_by_nemesis=False, stopped=True),
+            29.0,
+            proc=n,
+        ),
+        at(ev.observed("leader_change", count=2), 8.0, proc=n),
+        at(ev.observed("lock_takeover"), 9.5, proc=n),
+        at(ev.observed("rebalance", count=3), 8.0, proc=n),
+        at(ev.observed("fenced_producer"), 8.5, proc=n),
+    ] + [
         at(ev.spark_row(m, topic=t), 32.0, proc="spark", seq=i)
-        for i, (m, t) in enumerate((("m1", "orders"), ("m3", "orders"), ("m5a", "orders"),
-                                    ("m5b", "audit")))]
+        for i, (m, t) in enumerate(
+            (("m1", "orders"), ("m3", "orders"), ("m5a", "orders"), ("m5b", "audit"))
+        )
+    ]
 
 
 def clean_events() -> list[Event]:

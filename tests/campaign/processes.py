@@ -32,8 +32,9 @@ class Ended(NamedTuple):
     mono_s: float
 
 
-def note_end(ended: list[Ended], code: int | None, *, killed: bool = False,
-             stopped: bool = False) -> None:
+def note_end(
+    ended: list[Ended], code: int | None, *, killed: bool = False, stopped: bool = False
+) -> None:
     ended.append(Ended(code, killed, stopped, time.monotonic()))
 
 
@@ -44,8 +45,7 @@ class WorkerProcess:
     killed process, or one under a skewed clock with libfaketime's variables in ``env``).
     """
 
-    def __init__(self, name: str, module: str, args: list[str], log_path: Path,
-                 kind: str) -> None:
+    def __init__(self, name: str, module: str, args: list[str], log_path: Path, kind: str) -> None:
         self.name, self.module, self.args, self.kind = name, module, list(args), kind
         self.log_path = log_path
         self.extra_env: dict[str, str] = {}
@@ -63,9 +63,13 @@ class WorkerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts + 1} at {time.time():.3f}\n".encode())
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args], cwd=REPO,
+                [sys.executable, "-m", self.module, *self.args],
+                cwd=REPO,
                 env={**os.environ, "PYTHONPATH": str(REPO), **self.extra_env},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.starts += 1
         self.expected_down = False
         return self
@@ -129,8 +133,9 @@ class Coordinator:
     """One coordinator process (``python -m coordinator``) of this checkout, restartable
     with the same instance id (which fences its predecessor)."""
 
-    def __init__(self, name: str, bootstrap: str, log_path: Path, settings: dict,
-                 kafka_options: list[str]) -> None:
+    def __init__(
+        self, name: str, bootstrap: str, log_path: Path, settings: dict, kafka_options: list[str]
+    ) -> None:
         self.name, self.bootstrap, self.log_path = name, bootstrap, log_path
         self.settings = {**settings, "instance_id": name}
         self.args = [a for opt in kafka_options for a in ("--kafka-option", opt)]
@@ -144,9 +149,13 @@ class Coordinator:
     def start(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Coordinator:
         if env is not None:
             self.extra_env = dict(env)
-        self.process = CoordinatorProcess(self.bootstrap, self.log_path, *self.args,
-                                          settings=self.settings,
-                                          env={"PYTHONPATH": str(REPO), **self.extra_env})
+        self.process = CoordinatorProcess(
+            self.bootstrap,
+            self.log_path,
+            *self.args,
+            settings=self.settings,
+            env={"PYTHONPATH": str(REPO), **self.extra_env},
+        )
         self.process.start()
         self.starts += 1
         self.expected_down = False

@@ -137,10 +137,13 @@ class Worker:
         return {"bootstrap.servers": self.cfg.bootstrap}
 
     def producer_kwargs(self) -> dict:
-        return {"producer_group": self.group, "topic_prefix": self.cfg.topic_prefix,
-                "half_partitions": self.cfg.coordinator["half_partitions"],
-                "check_partitions": self.cfg.coordinator["check_partitions"],
-                "instance_id": f"{self.name}-{int(time.monotonic() * 1000)}"}
+        return {
+            "producer_group": self.group,
+            "topic_prefix": self.cfg.topic_prefix,
+            "half_partitions": self.cfg.coordinator["half_partitions"],
+            "check_partitions": self.cfg.coordinator["check_partitions"],
+            "instance_id": f"{self.name}-{int(time.monotonic() * 1000)}",
+        }
 
     def before_send(self, op: Op) -> None:
         if op.new_topic:
@@ -152,20 +155,41 @@ class Worker:
         (the transaction id is known from here on)."""
         self.txn_of[op.n] = txn_id
         d = op.describe()
-        draft = ev.send(txn_id, self.group, d["topics"], d["mids"], intent_of(op.kind),
-                        keys=d["keys"], api=self.api)
+        draft = ev.send(
+            txn_id,
+            self.group,
+            d["topics"],
+            d["mids"],
+            intent_of(op.kind),
+            keys=d["keys"],
+            api=self.api,
+        )
         self.rec.record(draft.kind, **draft.fields, op=op.n, op_kind=op.kind, multi=op.multi)
 
     def sent(self, op: Op, result: Any) -> None:
-        self.rec.emit(ev.sent(result.transaction_id, self.group,
-                              result.local_transaction_state.name,
-                              half=f"{result.half_partition}:{result.half_offset}"))
+        self.rec.emit(
+            ev.sent(
+                result.transaction_id,
+                self.group,
+                result.local_transaction_state.name,
+                half=f"{result.half_partition}:{result.half_offset}",
+            )
+        )
 
     def failed(self, op: Op, exc: BaseException) -> None:
-        draft = ev.send_failed(self.group, type(exc).__name__, txn_id=self.txn_of.get(op.n),
-                               msg_ids=[m.mid for m in op.messages])
-        self.rec.record(draft.kind, **draft.fields, op=op.n, detail=str(exc)[:300],
-                        planned=op.kind == BAD_PARTITION)
+        draft = ev.send_failed(
+            self.group,
+            type(exc).__name__,
+            txn_id=self.txn_of.get(op.n),
+            msg_ids=[m.mid for m in op.messages],
+        )
+        self.rec.record(
+            draft.kind,
+            **draft.fields,
+            op=op.n,
+            detail=str(exc)[:300],
+            planned=op.kind == BAD_PARTITION,
+        )
 
     def business_sql(self, cursor: Any, msg: Any, op: Op) -> None:
         cursor.executemany(INSERT_SQL, business_rows(msg.transaction_id, op, self.name))
@@ -179,22 +203,30 @@ class Worker:
         elif reason is not None or state is LocalTransactionState.ROLLBACK_MESSAGE:
             # A rolled-back local transaction may leave no barrier row (its insert rolled
             # back with it); the check then writes one.
-            self.rec.emit(ev.local_rolled_back(txn_id, self.group, db=self.db.name,
-                                               row=reason or "none"))
+            self.rec.emit(
+                ev.local_rolled_back(txn_id, self.group, db=self.db.name, row=reason or "none")
+            )
 
     def checked(self, msg: Any, state: LocalTransactionState) -> None:
-        answer = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK"}.get(state.name,
-                                                                                "UNKNOW")
-        self.rec.emit(ev.check_answered(msg.transaction_id, self.group, answer,
-                                        checks=getattr(msg, "check_times", None)))
+        answer = {"COMMIT_MESSAGE": "COMMIT", "ROLLBACK_MESSAGE": "ROLLBACK"}.get(
+            state.name, "UNKNOW"
+        )
+        self.rec.emit(
+            ev.check_answered(
+                msg.transaction_id, self.group, answer, checks=getattr(msg, "check_times", None)
+            )
+        )
 
 
 # -- the synchronous producer ---------------------------------------------------------------
 class SyncListener(BarrierTransactionListener):
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        super().__init__(TransactionBarrier(table=BARRIER_TABLE, lock_timeout_s=BARRIER_LOCK_S),
-                         connect=lambda: connect(worker.db), business=self._business)
+        super().__init__(
+            TransactionBarrier(table=BARRIER_TABLE, lock_timeout_s=BARRIER_LOCK_S),
+            connect=lambda: connect(worker.db),
+            business=self._business,
+        )
 
     def _business(self, cursor: Any, msg: Any, op: Op) -> LocalTransactionState | None:
         self.worker.business_sql(cursor, msg, op)
@@ -220,8 +252,9 @@ class SyncListener(BarrierTransactionListener):
 
 
 def run_sync(worker: Worker) -> None:
-    producer = TransactionProducer(worker.conf(), listener=SyncListener(worker),
-                                   **worker.producer_kwargs())
+    producer = TransactionProducer(
+        worker.conf(), listener=SyncListener(worker), **worker.producer_kwargs()
+    )
     producer.start()
     worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="sync"))
     pause = 1.0 / worker.cfg.ops_per_s
@@ -232,8 +265,11 @@ def run_sync(worker: Worker) -> None:
             try:
                 worker.before_send(op)
                 msgs = op.to_kafka()
-                result = (producer.send_transaction(msgs, op) if op.multi
-                          else producer.send_message_in_transaction(msgs[0], op))
+                result = (
+                    producer.send_transaction(msgs, op)
+                    if op.multi
+                    else producer.send_message_in_transaction(msgs[0], op)
+                )
                 worker.sent(op, result)
             except (RmqError, RuntimeError, BufferError) as exc:
                 worker.failed(op, exc)
@@ -290,8 +326,9 @@ async def run_async(worker: Worker) -> None:
     drain, stop = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    producer = AsyncTransactionProducer(worker.conf(), listener=async_listener(worker),
-                                        **worker.producer_kwargs())
+    producer = AsyncTransactionProducer(
+        worker.conf(), listener=async_listener(worker), **worker.producer_kwargs()
+    )
     await producer.start()
     worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="async"))
     pause = ASYNC_CONCURRENCY / worker.cfg.ops_per_s
@@ -303,14 +340,16 @@ async def run_async(worker: Worker) -> None:
             try:
                 await asyncio.to_thread(worker.before_send, op)  # topic creation blocks
                 msgs = op.to_kafka()
-                result = await (producer.send_transaction(msgs, op) if op.multi
-                                else producer.send_message_in_transaction(msgs[0], op))
+                result = await (
+                    producer.send_transaction(msgs, op)
+                    if op.multi
+                    else producer.send_message_in_transaction(msgs[0], op)
+                )
                 worker.sent(op, result)
             except (RmqError, RuntimeError, BufferError) as exc:
                 worker.failed(op, exc)
             with suppress(TimeoutError):
-                await asyncio.wait_for(drain.wait(), max(0.0, pause - (time.monotonic()
-                                                                        - started)))
+                await asyncio.wait_for(drain.wait(), max(0.0, pause - (time.monotonic() - started)))
 
     try:
         await asyncio.gather(*(sender() for _ in range(ASYNC_CONCURRENCY)))
@@ -327,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--api", choices=("sync", "async"), required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     worker = Worker(CampaignConfig.read(args.config), args.index, args.api)
     worker.rec.emit(ev.worker("start", role="producer", group=worker.group, api=args.api))
     if args.api == "async":

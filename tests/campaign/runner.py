@@ -56,16 +56,17 @@ log = logging.getLogger("campaign")
 
 BROKERS = 3
 COORDINATORS = 2
-READY_TIMEOUT_S = 120.0     # a worker's imports, group join and topic creation
-SETTLE_TIMEOUT_S = 180.0    # drain: every transaction decided
-DRAIN_TIMEOUT_S = 90.0      # a producer's operations in flight end (a send times out in 30)
+READY_TIMEOUT_S = 120.0  # a worker's imports, group join and topic creation
+SETTLE_TIMEOUT_S = 180.0  # drain: every transaction decided
+DRAIN_TIMEOUT_S = 90.0  # a producer's operations in flight end (a send times out in 30)
 CATCH_UP_TIMEOUT_S = 120.0  # consumers process what the final read saw
 POLL_S = 2.0
-BROKERS_BACK_S = 120.0      # every node registered again after heal
+BROKERS_BACK_S = 120.0  # every node registered again after heal
 # An UNKNOW transaction is decided within this much up-time of its producer group: a
 # check is due transaction_timeout_ms after the half, then every check_interval_ms; a
 # coordinator's takeover after a fault adds a session timeout and its recovery read.
 HORIZON_S = 60.0
+
 
 @dataclass(frozen=True)
 class Options:
@@ -74,29 +75,38 @@ class Options:
     short: bool
     out_dir: Path
     stub_faults: bool = False  # smoke.SmokeNemesis until nemesis.py lands
-    calm: bool = False         # no nemesis at all (else nemesis.py's when it exists)
+    calm: bool = False  # no nemesis at all (else nemesis.py's when it exists)
     minimums: Mapping[str, int] | None = None  # None: by the nemesis (0 in calm weather)
     horizon_s: float = HORIZON_S
 
 
 def plan_config(opts: Options, bootstrap: str) -> CampaignConfig:
     run_id = f"cw{opts.seed}x{uuid.uuid4().hex[:4]}"
-    consumers = (ConsumerSpec("push", f"{run_id}-push", 1),
-                 ConsumerSpec("orderly-partition", f"{run_id}-orderly", 2),
-                 ConsumerSpec("orderly-key", f"{run_id}-keyed", 1))
+    consumers = (
+        ConsumerSpec("push", f"{run_id}-push", 1),
+        ConsumerSpec("orderly-partition", f"{run_id}-orderly", 2),
+        ConsumerSpec("orderly-key", f"{run_id}-keyed", 1),
+    )
     return CampaignConfig(
-        seed=opts.seed, run_id=run_id, bootstrap=bootstrap, out_dir=str(opts.out_dir),
-        topic_prefix=f"__{run_id}", topics=tuple(f"{run_id}-t{i}" for i in range(3)),
-        partitions=3, load_s=opts.load_s,
-        producers=("sync", "sync", "async") if opts.short else ("sync", "sync", "async",
-                                                                "async"),
-        consumers=consumers, ops_per_s=4.0 if opts.short else 6.0,
-        new_topics_per_producer=1 if opts.short else 2)
+        seed=opts.seed,
+        run_id=run_id,
+        bootstrap=bootstrap,
+        out_dir=str(opts.out_dir),
+        topic_prefix=f"__{run_id}",
+        topics=tuple(f"{run_id}-t{i}" for i in range(3)),
+        partitions=3,
+        load_s=opts.load_s,
+        producers=("sync", "sync", "async") if opts.short else ("sync", "sync", "async", "async"),
+        consumers=consumers,
+        ops_per_s=4.0 if opts.short else 6.0,
+        new_topics_per_producer=1 if opts.short else 2,
+    )
 
 
 class Campaign:
-    def __init__(self, opts: Options, cluster: EmbeddedCluster | None = None,
-                 owns_cluster: bool = False) -> None:
+    def __init__(
+        self, opts: Options, cluster: EmbeddedCluster | None = None, owns_cluster: bool = False
+    ) -> None:
         self.opts = opts
         self.out = opts.out_dir
         self.out.mkdir(parents=True, exist_ok=True)
@@ -127,9 +137,11 @@ class Campaign:
 
     def start_cluster(self) -> str:
         if self.cluster is None:
-            self.cluster = (wire.prepare_cluster(self.out / "cluster", BROKERS)
-                            if self.real_nemesis else
-                            EmbeddedCluster(self.out / "cluster", brokers=BROKERS))
+            self.cluster = (
+                wire.prepare_cluster(self.out / "cluster", BROKERS)
+                if self.real_nemesis
+                else EmbeddedCluster(self.out / "cluster", brokers=BROKERS)
+            )
             self.owns_cluster = True
             self.phase("cluster start", data_dir=str(self.cluster.data_dir))
             self.cluster.start()
@@ -142,13 +154,21 @@ class Campaign:
         config_file = cfg.write(self.out)
         create_topics(cfg.bootstrap, list(cfg.topics), cfg.partitions)
         self.phase("coordinators start")
-        options = [f"session.timeout.ms={SESSION_TIMEOUT_MS}",
-                   f"heartbeat.interval.ms={HEARTBEAT_MS}"]
+        options = [
+            f"session.timeout.ms={SESSION_TIMEOUT_MS}",
+            f"heartbeat.interval.ms={HEARTBEAT_MS}",
+        ]
         for i in range(COORDINATORS):
             name = f"{cfg.run_id}-coord{i}"
-            targets.coordinators.append(Coordinator(
-                name, cfg.bootstrap, self.out / "logs" / f"coordinator-{i}.log",
-                {**cfg.coordinator, "topic_prefix": cfg.topic_prefix}, options))
+            targets.coordinators.append(
+                Coordinator(
+                    name,
+                    cfg.bootstrap,
+                    self.out / "logs" / f"coordinator-{i}.log",
+                    {**cfg.coordinator, "topic_prefix": cfg.topic_prefix},
+                    options,
+                )
+            )
         for c in targets.coordinators:
             c.start(wait=False)
         for c in targets.coordinators:
@@ -158,22 +178,40 @@ class Campaign:
         for spec in cfg.consumers:
             for i in range(spec.count):
                 name = f"{spec.role}-{i}"
-                targets.consumers.append(WorkerProcess(
-                    name, "tests.campaign.consumer_worker",
-                    ["--config", str(config_file), "--role", spec.role, "--group", spec.group,
-                     "--instance", str(i)], self.out / "logs" / f"{name}.log", spec.role).start())
+                targets.consumers.append(
+                    WorkerProcess(
+                        name,
+                        "tests.campaign.consumer_worker",
+                        [
+                            "--config",
+                            str(config_file),
+                            "--role",
+                            spec.role,
+                            "--group",
+                            spec.group,
+                            "--instance",
+                            str(i),
+                        ],
+                        self.out / "logs" / f"{name}.log",
+                        spec.role,
+                    ).start()
+                )
         self.await_ready(targets.consumers)
         self.phase("producers start")
         for i, api in enumerate(cfg.producers):
             name, env = f"producer-{i}", None
-            if (self.real_nemesis and name == wire.SKEWED_PRODUCER
-                    and faketime_available() is None):
+            if self.real_nemesis and name == wire.SKEWED_PRODUCER and faketime_available() is None:
                 self.clock_files[name] = self.out / f"clock-{name}"
                 env = clock_file_env(self.clock_files[name])
-            targets.producers.append(WorkerProcess(
-                name, "tests.campaign.producer_worker",
-                ["--config", str(config_file), "--index", str(i), "--api", api],
-                self.out / "logs" / f"{name}.log", f"producer-{api}").start(env))
+            targets.producers.append(
+                WorkerProcess(
+                    name,
+                    "tests.campaign.producer_worker",
+                    ["--config", str(config_file), "--index", str(i), "--api", api],
+                    self.out / "logs" / f"{name}.log",
+                    f"producer-{api}",
+                ).start(env)
+            )
         self.await_ready(targets.producers)
         return targets
 
@@ -185,19 +223,24 @@ class Campaign:
         while time.monotonic() < deadline:
             dead = [w.name for w in workers if not w.alive()]
             if dead:
-                raise RuntimeError(f"workers exited while starting: {dead}; see "
-                                   f"{self.out / 'logs'}")
+                raise RuntimeError(
+                    f"workers exited while starting: {dead}; see {self.out / 'logs'}"
+                )
             if {w.name for w in workers} <= self.workers_in("ready"):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"workers not ready within {READY_TIMEOUT_S:.0f} s; see "
-                           f"{self.out / 'logs'}")
+        raise RuntimeError(
+            f"workers not ready within {READY_TIMEOUT_S:.0f} s; see {self.out / 'logs'}"
+        )
 
     def start_watcher(self, cfg: CampaignConfig, targets: Targets) -> None:
         groups = [(producer_names(cfg, i)[1], p) for i, p in enumerate(targets.producers)]
         self.watcher = observe.Watcher(
-            cfg.bootstrap, self.rec,
-            lambda t: t.startswith((f"{cfg.run_id}-", cfg.topic_prefix)), lambda: groups)
+            cfg.bootstrap,
+            self.rec,
+            lambda t: t.startswith((f"{cfg.run_id}-", cfg.topic_prefix)),
+            lambda: groups,
+        )
         self.watcher.start()
 
     def load(self, cfg: CampaignConfig, nemesis: object) -> None:
@@ -271,8 +314,9 @@ class Campaign:
             time.sleep(POLL_S)
         self.rec.emit(ev.run("settled", params={"pending": len(pending)}))
         if pending:
-            self.notes.append(f"{len(pending)} transactions still pending after "
-                              f"{SETTLE_TIMEOUT_S:.0f} s")
+            self.notes.append(
+                f"{len(pending)} transactions still pending after {SETTLE_TIMEOUT_S:.0f} s"
+            )
         self.watch_exits()
         self.phase("producers stop")
         for p in self.targets.producers:
@@ -291,10 +335,12 @@ class Campaign:
         topics = [*cfg.topics, *sorted(created - set(cfg.topics))]
         reads = final_read.read_topics(cfg.bootstrap, topics, self.out / "final", expected)
         self.note_read_errors(reads)
-        pending, error = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix, "pending",
-                                                self.out / "final")
-        discarded, error2 = final_read.txn_listing(cfg.bootstrap, cfg.topic_prefix,
-                                                   "discarded", self.out / "final")
+        pending, error = final_read.txn_listing(
+            cfg.bootstrap, cfg.topic_prefix, "pending", self.out / "final"
+        )
+        discarded, error2 = final_read.txn_listing(
+            cfg.bootstrap, cfg.topic_prefix, "discarded", self.out / "final"
+        )
         self.notes += [e for e in (error, error2) if e]
         self.txn_tools = (pending, discarded, {}, "")
         return reads
@@ -304,8 +350,9 @@ class Campaign:
             if r.error or r.exit_code not in (0, None):
                 self.notes.append(f"final read of {r.topic}: exit {r.exit_code} {r.error}")
             if r.processed is not None and r.processed != len(r.records):
-                self.notes.append(f"final read of {r.topic}: tool counted {r.processed}, "
-                                  f"parsed {len(r.records)}")
+                self.notes.append(
+                    f"final read of {r.topic}: tool counted {r.processed}, parsed {len(r.records)}"
+                )
 
     def catch_up(self, cfg: CampaignConfig, reads: list[final_read.TopicRead]) -> None:
         """Let every consumer group process what the final read saw (the push group's
@@ -318,8 +365,9 @@ class Campaign:
         while time.monotonic() < deadline:
             done: dict[str, set] = {s.group: set() for s in cfg.consumers}
             for e in self.history().of(Kind.CONSUMED):
-                last_try = (e.get("reconsume_times", 0) >= cfg.push_max_reconsume
-                            and push_dead_letter_expected(e["msg_id"]))
+                last_try = e.get(
+                    "reconsume_times", 0
+                ) >= cfg.push_max_reconsume and push_dead_letter_expected(e["msg_id"])
                 if e.get("result", "SUCCESS") == "SUCCESS" or last_try:
                     done.setdefault(e["group"], set()).add(e["msg_id"])
             missing = {g: len(wanted - mids) for g, mids in done.items() if wanted - mids}
@@ -340,8 +388,9 @@ class Campaign:
             if spec.role != "push":
                 continue
             topic = f"{cfg.topic_prefix}_dlq_{spec.group}"
-            dlq = final_read.read_topics(cfg.bootstrap, [topic], self.out / "final" / "dlq",
-                                         {topic: planned})
+            dlq = final_read.read_topics(
+                cfg.bootstrap, [topic], self.out / "final" / "dlq", {topic: planned}
+            )
             self.note_read_errors([r for r in dlq if planned or r.exit_code == 0])
             drafts += gather.dead_letter_drafts(spec.group, dlq)
         return drafts
@@ -355,32 +404,46 @@ class Campaign:
             c.stop()
         self.phase("kafka transactions")
         hanging, listing = gather.kafka_transactions(
-            cfg.bootstrap, [n.node_id for n in self.cluster.nodes()], self.out / "final")
+            cfg.bootstrap, [n.node_id for n in self.cluster.nodes()], self.out / "final"
+        )
         assert self.txn_tools is not None
         self.txn_tools = (*self.txn_tools[:2], hanging, listing)
 
     # -- into the history -------------------------------------------------------------------
-    def record_end(self, cfg: CampaignConfig, reads: list[final_read.TopicRead],
-                   dead: list) -> None:
+    def record_end(
+        self, cfg: CampaignConfig, reads: list[final_read.TopicRead], dead: list
+    ) -> None:
         """Exits, lock grants, log observations, ground truth and final read as events."""
         assert self.targets is not None
         self.phase("record")
         with Recorder(self.history_dir / "final.jsonl", "final", flush_every=500) as out:
-            for role, procs in (("coordinator", self.targets.coordinators),
-                                ("producer", self.targets.producers),
-                                ("consumer", self.targets.consumers)):
+            for role, procs in (
+                ("coordinator", self.targets.coordinators),
+                ("producer", self.targets.producers),
+                ("consumer", self.targets.consumers),
+            ):
                 for p in procs:
                     for end in p.ended:
-                        out.emit(ev.exit_(role, p.name, end.code, killed_by_nemesis=end.killed,
-                                          stopped=end.stopped))
+                        out.emit(
+                            ev.exit_(
+                                role,
+                                p.name,
+                                end.code,
+                                killed_by_nemesis=end.killed,
+                                stopped=end.stopped,
+                            )
+                        )
             entries, skipped = observe.read_lock_topic(cfg.bootstrap, f"{cfg.topic_prefix}_lock")
             self.notes += [f"lock topic: {s}" for s in skipped[:5]]
             logs = {p.stem: p for p in sorted((self.out / "logs").glob("*.log"))}
             window = (self.load_started_ms, self.stopping_ms)
-            for draft in [*observe.lock_drafts(entries, *window),
-                          *observe.log_drafts(logs, *window),
-                          *gather.committed_drafts(gather.committed(self.out / "db")),
-                          *gather.final_read_drafts(reads), *dead]:
+            for draft in [
+                *observe.lock_drafts(entries, *window),
+                *observe.log_drafts(logs, *window),
+                *gather.committed_drafts(gather.committed(self.out / "db")),
+                *gather.final_read_drafts(reads),
+                *dead,
+            ]:
                 out.emit(draft)
             out.emit(ev.run("end", seed=cfg.seed))
 
@@ -388,24 +451,39 @@ class Campaign:
     def run(self) -> int:
         started = time.monotonic()
         results: list[CheckResult] = []
-        nemesis_cls, minimums = pick_nemesis(self.opts.calm, self.opts.stub_faults,
-                                             self.opts.minimums)
+        nemesis_cls, minimums = pick_nemesis(
+            self.opts.calm, self.opts.stub_faults, self.opts.minimums
+        )
         if nemesis_cls.__name__ == "Nemesis":
             self.real_nemesis = True
-            minimums = dict(self.opts.minimums if self.opts.minimums is not None
-                            else wire.MINIMUMS)
+            minimums = dict(self.opts.minimums if self.opts.minimums is not None else wire.MINIMUMS)
         try:
             bootstrap = self.start_cluster()
             cfg = self.cfg = plan_config(self.opts, bootstrap)
-            self.rec.emit(ev.run("start", seed=cfg.seed, params={
-                "run_id": cfg.run_id, "short": self.opts.short, "load_s": cfg.load_s,
-                "nemesis": nemesis_cls.__name__, "minimums": minimums,
-                "horizon_s": self.opts.horizon_s}))
+            self.rec.emit(
+                ev.run(
+                    "start",
+                    seed=cfg.seed,
+                    params={
+                        "run_id": cfg.run_id,
+                        "short": self.opts.short,
+                        "load_s": cfg.load_s,
+                        "nemesis": nemesis_cls.__name__,
+                        "minimums": minimums,
+                        "horizon_s": self.opts.horizon_s,
+                    },
+                )
+            )
             targets = self.start_processes(cfg)
             self.start_watcher(cfg, targets)
-            self.load(cfg, nemesis_cls(cfg.seed, targets, self.rec) if not self.real_nemesis
-                      else wire.RealNemesis(cfg, targets, self.rec, self.clock_files,
-                                            self.opts.short, self.notes))
+            self.load(
+                cfg,
+                nemesis_cls(cfg.seed, targets, self.rec)
+                if not self.real_nemesis
+                else wire.RealNemesis(
+                    cfg, targets, self.rec, self.clock_files, self.opts.short, self.notes
+                ),
+            )
             self.drain(cfg)
             reads = self.final_reads(cfg)
             self.catch_up(cfg, reads)
@@ -422,8 +500,13 @@ class Campaign:
             results = self.check(cfg, minimums)
         except Exception as exc:  # a phase failed: the run fails with its reason
             log.exception("campaign: the run failed")
-            results.append(CheckResult.of("run", "the run did not complete", [
-                Violation("phase_failed", f"{type(exc).__name__}: {exc}")]))
+            results.append(
+                CheckResult.of(
+                    "run",
+                    "the run did not complete",
+                    [Violation("phase_failed", f"{type(exc).__name__}: {exc}")],
+                )
+            )
         finally:
             self.teardown()
         return self.report(results, time.monotonic() - started)
@@ -433,21 +516,30 @@ class Campaign:
         history = self.history()
         assert self.txn_tools is not None
         pending, discarded, hanging, listing = self.txn_tools
-        results = run_all(history, horizon_s=self.opts.horizon_s, minimums=minimums,
-                          pending=pending if pending is not None else "txn pending failed",
-                          discarded=discarded if discarded is not None
-                          else "txn discarded failed",
-                          find_hanging=hanging, txn_list=listing,
-                          txn_id_prefix=cfg.topic_prefix,
-                          topic_prefixes=[f"{cfg.run_id}-", cfg.topic_prefix],
-                          topics=read_topics(history),
-                          dead_letter_expected=push_dead_letter_expected,
-                          spark_rows=[] if self.spark is not None
-                          and not history.of(Kind.SPARK_ROW) else None)
+        results = run_all(
+            history,
+            horizon_s=self.opts.horizon_s,
+            minimums=minimums,
+            pending=pending if pending is not None else "txn pending failed",
+            discarded=discarded if discarded is not None else "txn discarded failed",
+            find_hanging=hanging,
+            txn_list=listing,
+            txn_id_prefix=cfg.topic_prefix,
+            topic_prefixes=[f"{cfg.run_id}-", cfg.topic_prefix],
+            topics=read_topics(history),
+            dead_letter_expected=push_dead_letter_expected,
+            spark_rows=[] if self.spark is not None and not history.of(Kind.SPARK_ROW) else None,
+        )
         results.append(check_worker_exits(history))
-        results.append(CheckResult.of("run", "every phase within its deadline" if not
-                                      self.notes else f"{len(self.notes)} remarks",
-                                      [Violation("remark", n) for n in self.notes]).print())
+        results.append(
+            CheckResult.of(
+                "run",
+                "every phase within its deadline"
+                if not self.notes
+                else f"{len(self.notes)} remarks",
+                [Violation("remark", n) for n in self.notes],
+            ).print()
+        )
         return results
 
     def teardown(self) -> None:
@@ -471,28 +563,49 @@ class Campaign:
     def report(self, results: list[CheckResult], elapsed_s: float) -> int:
         history = self.history()
         passed = all(r.passed for r in results)
-        text = render_summary(history, results, seed=self.opts.seed,
-                              history_paths=[str(self.history_dir)])
-        verdict = (f"campaign seed {self.opts.seed}: {'PASS' if passed else 'FAIL'} in "
-                   f"{elapsed_s:.0f} s (out: {self.out})")
+        text = render_summary(
+            history, results, seed=self.opts.seed, history_paths=[str(self.history_dir)]
+        )
+        verdict = (
+            f"campaign seed {self.opts.seed}: {'PASS' if passed else 'FAIL'} in "
+            f"{elapsed_s:.0f} s (out: {self.out})"
+        )
         lines = [r.line() for r in results]
         if not passed:
-            lines.append(f"replay: python -m tests.campaign --seed {self.opts.seed} "
-                         f"--duration {self.opts.load_s:.0f}"
-                         f"{' --short' if self.opts.short else ''}"
-                         f"{' --stub-faults' if self.opts.stub_faults else ''}"
-                         f"{' --calm' if self.opts.calm else ''}; history in "
-                         f"{self.history_dir}")
+            lines.append(
+                f"replay: python -m tests.campaign --seed {self.opts.seed} "
+                f"--duration {self.opts.load_s:.0f}"
+                f"{' --short' if self.opts.short else ''}"
+                f"{' --stub-faults' if self.opts.stub_faults else ''}"
+                f"{' --calm' if self.opts.calm else ''}; history in "
+                f"{self.history_dir}"
+            )
         print(verdict if passed else "\n".join([verdict, lines[-1]]), flush=True)
         (self.out / "summary.txt").write_text("\n".join([verdict, *lines, text]) + "\n")
-        (self.out / "summary.json").write_text(json.dumps(
-            {"seed": self.opts.seed, "passed": passed, "elapsed_s": elapsed_s,
-             "checks": [{"name": r.name, "status": r.status.value, "summary": r.summary,
-                         "violations": [str(v) for v in r.violations[:50]]}
-                        for r in results]}, indent=1))
+        (self.out / "summary.json").write_text(
+            json.dumps(
+                {
+                    "seed": self.opts.seed,
+                    "passed": passed,
+                    "elapsed_s": elapsed_s,
+                    "checks": [
+                        {
+                            "name": r.name,
+                            "status": r.status.value,
+                            "summary": r.summary,
+                            "violations": [str(v) for v in r.violations[:50]],
+                        }
+                        for r in results
+                    ],
+                },
+                indent=1,
+            )
+        )
         return 0 if passed else 1
 
 
 def default_out(seed: int) -> Path:
-    return Path("/tmp") / f"rmq-campaign-{seed}-{time.strftime('%Y%m%d-%H%M%S')}-" \
-                          f"{random.randrange(1 << 16):04x}"
+    return (
+        Path("/tmp") / f"rmq-campaign-{seed}-{time.strftime('%Y%m%d-%H%M%S')}-"
+        f"{random.randrange(1 << 16):04x}"
+    )

@@ -24,8 +24,7 @@ from tests.campaign.processes import Targets
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 # What the faults must have caused (checkers.OBSERVATIONS), unless the nemesis class says
 # (its MINIMUMS); the smoke faults' own; none in calm weather.
-FAULT_MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1,
-                  "fenced_producer": 1}
+FAULT_MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1, "fenced_producer": 1}
 SMOKE_MINIMUMS = {"leader_change": 1, "lock_takeover": 1, "rebalance": 1}
 
 
@@ -57,16 +56,24 @@ class SmokeNemesis(Calm):
         t = self.targets
         by_name = {w.name: w for w in t.workers()}
         steps: list[tuple[str, str, Callable[[], None]]] = [
-            ("process_sigkill", "producer-0",
-             lambda: self._kill_restart(by_name["producer-0"], 3)),
-            ("consumer_sigstop", "orderly-partition-0",
-             lambda: self._pause(by_name["orderly-partition-0"], 9)),
+            ("process_sigkill", "producer-0", lambda: self._kill_restart(by_name["producer-0"], 3)),
+            (
+                "consumer_sigstop",
+                "orderly-partition-0",
+                lambda: self._pause(by_name["orderly-partition-0"], 9),
+            ),
             ("broker_sigkill", "broker-2", lambda: self._kill_broker(2, 10)),
-            ("coordinator_sigkill", t.coordinators[1].name,
-             lambda: self._kill_restart(t.coordinators[1], 2)),
+            (
+                "coordinator_sigkill",
+                t.coordinators[1].name,
+                lambda: self._kill_restart(t.coordinators[1], 2),
+            ),
             ("clock_skew", "producer-2", lambda: self._skew(by_name["producer-2"], "+20s")),
-            ("coordinator_sigstop", t.coordinators[0].name,
-             lambda: self._pause(t.coordinators[0], 10)),
+            (
+                "coordinator_sigstop",
+                t.coordinators[0].name,
+                lambda: self._pause(t.coordinators[0], 10),
+            ),
         ]
         # The steps themselves take about 40 s (downs and pauses): the gaps share the rest,
         # so every step runs in a short load too.
@@ -99,8 +106,13 @@ class SmokeNemesis(Calm):
 
     def _skew(self, proc: Any, offset: str) -> None:
         proc.kill()
-        proc.restart(env={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": offset,
-                          "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        proc.restart(
+            env={
+                "LD_PRELOAD": FAKETIME_LIB,
+                "FAKETIME": offset,
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            }
+        )
 
 
 def real_nemesis() -> type | None:
@@ -111,8 +123,9 @@ def real_nemesis() -> type | None:
     return getattr(importlib.import_module("tests.campaign.nemesis"), "Nemesis", None)
 
 
-def pick_nemesis(calm: bool, stub_faults: bool,
-                 minimums: Mapping[str, int] | None) -> tuple[type, dict[str, int]]:
+def pick_nemesis(
+    calm: bool, stub_faults: bool, minimums: Mapping[str, int] | None
+) -> tuple[type, dict[str, int]]:
     """The nemesis class and the minimums of what its faults must cause (``minimums``
     given: those)."""
     if calm:
@@ -121,6 +134,7 @@ def pick_nemesis(calm: bool, stub_faults: bool,
         chosen, least = SmokeNemesis, dict(SMOKE_MINIMUMS)
     else:
         real = real_nemesis()
-        chosen, least = (Calm, {}) if real is None else (
-            real, dict(getattr(real, "MINIMUMS", FAULT_MINIMUMS)))
+        chosen, least = (
+            (Calm, {}) if real is None else (real, dict(getattr(real, "MINIMUMS", FAULT_MINIMUMS)))
+        )
     return chosen, dict(minimums) if minimums is not None else least

@@ -60,13 +60,25 @@ class SparkLane:
         self.notes: list[str] = []
 
     def _args(self, *extra: str) -> list[str]:
-        return ["spark", "--bootstrap-servers", self.cfg.bootstrap, "--topics", self.pattern,
-                "--output", str(self.output), "--master", "local[1]",
-                "--topic-prefix", self.cfg.topic_prefix, *extra]
+        return [
+            "spark",
+            "--bootstrap-servers",
+            self.cfg.bootstrap,
+            "--topics",
+            self.pattern,
+            "--output",
+            str(self.output),
+            "--master",
+            "local[1]",
+            "--topic-prefix",
+            self.cfg.topic_prefix,
+            *extra,
+        ]
 
     def start(self) -> None:
-        self.stream = WorkerProcess("spark", "rmq_semantics", self._args(),
-                                    self.dir / "stream.log", "spark").start(ENV)
+        self.stream = WorkerProcess(
+            "spark", "rmq_semantics", self._args(), self.dir / "stream.log", "spark"
+        ).start(ENV)
 
     def finish(self) -> list[Draft]:
         """Stop the stream, catch up from its checkpoint, read the output as spark_row
@@ -74,15 +86,17 @@ class SparkLane:
         if self.stream is not None:
             code = self.stream.stop(STOP_TIMEOUT_S)
             if code not in (0, None, -signal.SIGTERM):
-                self.notes.append(f"spark: the streaming job exited {code} (see "
-                                  f"{self.dir / 'stream.log'})")
-        catch_up = self._run([sys.executable, "-m", "rmq_semantics",
-                              *self._args("--available-now")], "catch-up",
-                             CATCH_UP_TIMEOUT_S)
+                self.notes.append(
+                    f"spark: the streaming job exited {code} (see {self.dir / 'stream.log'})"
+                )
+        catch_up = self._run(
+            [sys.executable, "-m", "rmq_semantics", *self._args("--available-now")],
+            "catch-up",
+            CATCH_UP_TIMEOUT_S,
+        )
         if catch_up is None:
             return []
-        rows = self._run([sys.executable, "-c", _READ, str(self.output)], "read",
-                         READ_TIMEOUT_S)
+        rows = self._run([sys.executable, "-c", _READ, str(self.output)], "read", READ_TIMEOUT_S)
         drafts = []
         for line in (rows or "").splitlines():
             if not line.startswith("{"):
@@ -90,22 +104,31 @@ class SparkLane:
             row = json.loads(line)
             where = f"{row['_topic']}[{row['_partition']}]@{row['_offset']}"
             mid = parse_body(row.get("value")).get("mid") or f"not a workload record: {where}"
-            drafts.append(ev.spark_row(mid, topic=row["_topic"], partition=row["_partition"],
-                                       offset=row["_offset"]))
+            drafts.append(
+                ev.spark_row(
+                    mid, topic=row["_topic"], partition=row["_partition"], offset=row["_offset"]
+                )
+            )
         return drafts
 
     def _run(self, argv: list[str], what: str, timeout_s: float) -> str | None:
         with open(self.dir / f"{what}.log", "ab") as err:
             try:
-                done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
-                                      timeout=timeout_s, check=False,
-                                      env={**os.environ, "PYTHONPATH": str(REPO), **ENV})
+                done = subprocess.run(
+                    argv,
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    timeout=timeout_s,
+                    check=False,
+                    env={**os.environ, "PYTHONPATH": str(REPO), **ENV},
+                )
             except subprocess.TimeoutExpired:
                 self.notes.append(f"spark {what}: no end within {timeout_s:.0f} s")
                 return None
         if done.returncode != 0:
-            self.notes.append(f"spark {what}: exit {done.returncode} (see "
-                              f"{self.dir / (what + '.log')})")
+            self.notes.append(
+                f"spark {what}: exit {done.returncode} (see {self.dir / (what + '.log')})"
+            )
             return None
         return done.stdout.decode(errors="replace")
-

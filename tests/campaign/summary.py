@@ -34,20 +34,28 @@ def outcome_counts(history: History) -> Counter[str]:
     return counts
 
 
-def failure_line(results: Sequence[CheckResult], seed: int | None,
-                 history_paths: Sequence[str]) -> str | None:
+def failure_line(
+    results: Sequence[CheckResult], seed: int | None, history_paths: Sequence[str]
+) -> str | None:
     """``None`` when every checker passed, else how to replay the run."""
     failed = [r.name for r in results if not r.passed]
     if not failed:
         return None
-    return (f"FAILED {', '.join(failed)}: replay with seed {seed if seed is not None else '?'} "
-            f"(make campaign SEEDS={seed if seed is not None else '?'}); history: "
-            f"{' '.join(history_paths) or '(none)'}")
+    return (
+        f"FAILED {', '.join(failed)}: replay with seed {seed if seed is not None else '?'} "
+        f"(make campaign SEEDS={seed if seed is not None else '?'}); history: "
+        f"{' '.join(history_paths) or '(none)'}"
+    )
 
 
-def render_summary(history: History, results: Sequence[CheckResult], *,
-                   seed: int | None = None, history_paths: Sequence[str] | None = None,
-                   console: Console | None = None) -> str:
+def render_summary(
+    history: History,
+    results: Sequence[CheckResult],
+    *,
+    seed: int | None = None,
+    history_paths: Sequence[str] | None = None,
+    console: Console | None = None,
+) -> str:
     """Print the summary with rich (to ``console``, default stdout) and return it as text."""
     seed = history.seed if seed is None else seed
     paths = list(history.paths if history_paths is None else history_paths)
@@ -56,8 +64,9 @@ def render_summary(history: History, results: Sequence[CheckResult], *,
     for kind, n in sorted(Counter(e["fault"] for e in history.of(Kind.FAULT)).items()):
         faults.add_row(kind, str(n))
     for kind in OBSERVATIONS:
-        faults.add_row(f"observed {kind.value}",
-                       str(sum(int(e.get("count", 1)) for e in history.of(kind))))
+        faults.add_row(
+            f"observed {kind.value}", str(sum(int(e.get("count", 1)) for e in history.of(kind)))
+        )
     outcomes = Table("outcome", "count", title="records")
     for name, n in outcome_counts(history).items():
         outcomes.add_row(name, str(n))

@@ -20,18 +20,53 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FIND_HANGING_HEADERS", "LIST_HEADERS", "HangingTxn", "ToolOutputError",
-           "TxnListing", "find_hanging_on_brokers", "kafka_tools_classpath",
-           "parse_discarded", "parse_find_hanging", "parse_kafka_table", "parse_pending",
-           "parse_rich_table", "parse_txn_list", "transactions_command"]
+__all__ = [
+    "FIND_HANGING_HEADERS",
+    "LIST_HEADERS",
+    "HangingTxn",
+    "ToolOutputError",
+    "TxnListing",
+    "find_hanging_on_brokers",
+    "kafka_tools_classpath",
+    "parse_discarded",
+    "parse_find_hanging",
+    "parse_kafka_table",
+    "parse_pending",
+    "parse_rich_table",
+    "parse_txn_list",
+    "transactions_command",
+]
 
 LIST_HEADERS = ("TransactionalId", "Coordinator", "ProducerId", "TransactionState")
-FIND_HANGING_HEADERS = ("Topic", "Partition", "ProducerId", "ProducerEpoch",
-                        "CoordinatorEpoch", "StartOffset", "LastTimestamp", "Duration(min)")
-PENDING_HEADERS = ("txn id", "real topic", "producer group", "age (s)", "checks", "answered",
-                   "half")
-DISCARDED_HEADERS = ("txn id", "real topic", "producer group", "checks", "reason",
-                     "discarded (s ago)", "half", "members")
+FIND_HANGING_HEADERS = (
+    "Topic",
+    "Partition",
+    "ProducerId",
+    "ProducerEpoch",
+    "CoordinatorEpoch",
+    "StartOffset",
+    "LastTimestamp",
+    "Duration(min)",
+)
+PENDING_HEADERS = (
+    "txn id",
+    "real topic",
+    "producer group",
+    "age (s)",
+    "checks",
+    "answered",
+    "half",
+)
+DISCARDED_HEADERS = (
+    "txn id",
+    "real topic",
+    "producer group",
+    "checks",
+    "reason",
+    "discarded (s ago)",
+    "half",
+    "members",
+)
 # One JVM start, an admin client and a few metadata round trips; minutes only if broken.
 TOOL_TIMEOUT_S = 120.0
 TOOLS_MAIN = "org.apache.kafka.tools.TransactionsCommand"
@@ -81,16 +116,19 @@ def parse_kafka_table(text: str, headers: Sequence[str]) -> list[dict[str, str]]
     start = next((i for i, ln in enumerate(lines) if _cells(ln) == list(headers)), None)
     if start is None:
         head = text.strip().splitlines()[:1]
-        raise ToolOutputError(f"no {' '.join(headers[:2])}... header in the tool's output "
-                              f"(first line: {head[0] if head else '(empty)'!r})")
+        raise ToolOutputError(
+            f"no {' '.join(headers[:2])}... header in the tool's output "
+            f"(first line: {head[0] if head else '(empty)'!r})"
+        )
     rows = []
-    for number, line in enumerate(lines[start + 1:], start + 2):
+    for number, line in enumerate(lines[start + 1 :], start + 2):
         if "\t" not in line:
             continue
         cells = _cells(line)
         if len(cells) != len(headers):
-            raise ToolOutputError(f"line {number} has {len(cells)} cells, want "
-                                  f"{len(headers)}: {line!r}")
+            raise ToolOutputError(
+                f"line {number} has {len(cells)} cells, want {len(headers)}: {line!r}"
+            )
         rows.append(dict(zip(headers, cells, strict=True)))
     return rows
 
@@ -104,14 +142,23 @@ def _int(row: dict[str, str], name: str) -> int:
 
 def parse_txn_list(text: str) -> list[TxnListing]:
     """``kafka-transactions.sh list``."""
-    return [TxnListing(r["TransactionalId"], _int(r, "Coordinator"), _int(r, "ProducerId"),
-                       r["TransactionState"]) for r in parse_kafka_table(text, LIST_HEADERS)]
+    return [
+        TxnListing(
+            r["TransactionalId"],
+            _int(r, "Coordinator"),
+            _int(r, "ProducerId"),
+            r["TransactionState"],
+        )
+        for r in parse_kafka_table(text, LIST_HEADERS)
+    ]
 
 
 def parse_find_hanging(text: str) -> list[HangingTxn]:
     """``kafka-transactions.sh find-hanging``: empty when nothing hangs."""
-    return [HangingTxn(r["Topic"], *(_int(r, h) for h in FIND_HANGING_HEADERS[1:]))
-            for r in parse_kafka_table(text, FIND_HANGING_HEADERS)]
+    return [
+        HangingTxn(r["Topic"], *(_int(r, h) for h in FIND_HANGING_HEADERS[1:]))
+        for r in parse_kafka_table(text, FIND_HANGING_HEADERS)
+    ]
 
 
 _VERTICAL = "┃│|"
@@ -150,13 +197,13 @@ def parse_rich_table(text: str, headers: Sequence[str]) -> list[dict[str, str]]:
             body = groups[i + 1] if i + 1 < len(groups) else []
             break
     else:
-        raise ToolOutputError(f"no '{headers[0]}' table in the output: "
-                              f"{text.strip()[:120]!r}")
+        raise ToolOutputError(f"no '{headers[0]}' table in the output: {text.strip()[:120]!r}")
     rows: list[list[str]] = []
     for cells in body:
         if len(cells) != len(headers):
-            raise ToolOutputError(f"a row has {len(cells)} cells, want {len(headers)}: "
-                                  f"{' | '.join(cells)!r}")
+            raise ToolOutputError(
+                f"a row has {len(cells)} cells, want {len(headers)}: {' | '.join(cells)!r}"
+            )
         if cells[0] == "" and rows:
             rows[-1] = [a + b for a, b in zip(rows[-1], cells, strict=True)]
         else:
@@ -182,40 +229,70 @@ def kafka_tools_classpath(pom: Path = TOOLS_POM) -> str:
     if match is None:
         raise ToolOutputError(f"{pom} does not pin <kafka.version>")
     version = match.group(1)
-    libs = resolve_maven_jars(pom, cache_dir() / f"kafka-tools-{version}" / "libs",
-                              f"kafka-tools {version}", [f"-Dkafka.version={version}"])
+    libs = resolve_maven_jars(
+        pom,
+        cache_dir() / f"kafka-tools-{version}" / "libs",
+        f"kafka-tools {version}",
+        [f"-Dkafka.version={version}"],
+    )
     return str(libs / "*")
 
 
-def transactions_command(bootstrap: str, args: Sequence[str], *,
-                         command_config: str | None = None,
-                         timeout_s: float = TOOL_TIMEOUT_S) -> str:
+def transactions_command(
+    bootstrap: str,
+    args: Sequence[str],
+    *,
+    command_config: str | None = None,
+    timeout_s: float = TOOL_TIMEOUT_S,
+) -> str:
     """Run Apache Kafka's ``TransactionsCommand`` (what ``kafka-transactions.sh`` runs) and
     return its stdout; a non-zero exit raises ToolOutputError with its stderr's last line."""
     from rmq_semantics.embedded import java_executable
 
-    cmd = [java_executable(), "-cp", kafka_tools_classpath(), TOOLS_MAIN,
-           "--bootstrap-server", bootstrap]
+    cmd = [
+        java_executable(),
+        "-cp",
+        kafka_tools_classpath(),
+        TOOLS_MAIN,
+        "--bootstrap-server",
+        bootstrap,
+    ]
     if command_config:
         cmd += ["--command-config", command_config]
     cmd += list(args)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raise ToolOutputError(f"TransactionsCommand {' '.join(args)} did not finish within "
-                              f"{timeout_s:.0f} s") from exc
+        raise ToolOutputError(
+            f"TransactionsCommand {' '.join(args)} did not finish within {timeout_s:.0f} s"
+        ) from exc
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise ToolOutputError(f"TransactionsCommand {' '.join(args)} exited {proc.returncode}: "
-                              f"{lines[-1] if lines else '(no stderr)'}")
+        raise ToolOutputError(
+            f"TransactionsCommand {' '.join(args)} exited {proc.returncode}: "
+            f"{lines[-1] if lines else '(no stderr)'}"
+        )
     return proc.stdout
 
 
-def find_hanging_on_brokers(bootstrap: str, broker_ids: Sequence[int], *,
-                            command_config: str | None = None,
-                            max_transaction_timeout_min: int | None = None) -> dict[int, str]:
+def find_hanging_on_brokers(
+    bootstrap: str,
+    broker_ids: Sequence[int],
+    *,
+    command_config: str | None = None,
+    max_transaction_timeout_min: int | None = None,
+) -> dict[int, str]:
     """``find-hanging --broker-id N`` on every broker: broker id -> the command's output."""
-    extra = [] if max_transaction_timeout_min is None else [
-        "--max-transaction-timeout", str(max_transaction_timeout_min)]
-    return {b: transactions_command(bootstrap, ["find-hanging", "--broker-id", str(b), *extra],
-                                    command_config=command_config) for b in broker_ids}
+    extra = (
+        []
+        if max_transaction_timeout_min is None
+        else ["--max-transaction-timeout", str(max_transaction_timeout_min)]
+    )
+    return {
+        b: transactions_command(
+            bootstrap,
+            ["find-hanging", "--broker-id", str(b), *extra],
+            command_config=command_config,
+        )
+        for b in broker_ids
+    }

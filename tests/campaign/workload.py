@@ -24,15 +24,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rmq_semantics import LocalTransactionState, Message
 
 # What one operation does (the weights of the mix below):
-COMMIT = "commit"        # the local transaction commits and answers COMMIT
-ROLLBACK = "rollback"    # it rolls back and answers ROLLBACK
-RAISE = "raise"          # the business code raises: rolled back, the answer ROLLBACK
-UNKNOWN = "unknown"      # it commits and answers UNKNOW: the back-check decides (COMMIT)
-NO_ROW = "no_row"        # it answers UNKNOW without running: the check decides ROLLBACK
-SLOW = "slow"            # it commits after outliving transaction_timeout_ms
+COMMIT = "commit"  # the local transaction commits and answers COMMIT
+ROLLBACK = "rollback"  # it rolls back and answers ROLLBACK
+RAISE = "raise"  # the business code raises: rolled back, the answer ROLLBACK
+UNKNOWN = "unknown"  # it commits and answers UNKNOW: the back-check decides (COMMIT)
+NO_ROW = "no_row"  # it answers UNKNOW without running: the check decides ROLLBACK
+SLOW = "slow"  # it commits after outliving transaction_timeout_ms
 BAD_PARTITION = "bad_partition"  # a partition the topic lacks: refused at send time
-KINDS = {COMMIT: 40, ROLLBACK: 10, RAISE: 4, UNKNOWN: 15, NO_ROW: 4, SLOW: 3,
-         BAD_PARTITION: 4}
+KINDS = {COMMIT: 40, ROLLBACK: 10, RAISE: 4, UNKNOWN: 15, NO_ROW: 4, SLOW: 3, BAD_PARTITION: 4}
 # A share of the operations are multi-message transactions (send_transaction).
 MULTI_SHARE = 0.25
 MULTI_MAX = 4
@@ -46,13 +45,14 @@ MISSING_PARTITION = 97
 
 @dataclass(frozen=True)
 class PlannedMessage:
-    mid: str        # unique in the campaign: <producer>-<op>-<index>
+    mid: str  # unique in the campaign: <producer>-<op>-<index>
     topic: str
     key: str
 
     def body(self, pad: int) -> bytes:
-        return json.dumps({"mid": self.mid, "key": self.key, "pad": "x" * pad},
-                          separators=(",", ":")).encode()
+        return json.dumps(
+            {"mid": self.mid, "key": self.key, "pad": "x" * pad}, separators=(",", ":")
+        ).encode()
 
 
 @dataclass(frozen=True)
@@ -65,23 +65,30 @@ class Op:
     multi: bool
     messages: tuple[PlannedMessage, ...]
     pad: int = 0
-    new_topic: str | None = None   # create this topic first, then send to it
+    new_topic: str | None = None  # create this topic first, then send to it
     fields: dict = field(default_factory=dict)
 
     def to_kafka(self) -> list[Message]:
         partition = MISSING_PARTITION if self.kind == BAD_PARTITION else None
-        return [Message(m.topic, m.body(self.pad), key=m.key, partition=partition)
-                for m in self.messages]
+        return [
+            Message(m.topic, m.body(self.pad), key=m.key, partition=partition)
+            for m in self.messages
+        ]
 
     def describe(self) -> dict:
-        return {"op": self.n, "op_kind": self.kind, "multi": self.multi,
-                "mids": [m.mid for m in self.messages],
-                "topics": [m.topic for m in self.messages],
-                "keys": [m.key for m in self.messages]}
+        return {
+            "op": self.n,
+            "op_kind": self.kind,
+            "multi": self.multi,
+            "mids": [m.mid for m in self.messages],
+            "topics": [m.topic for m in self.messages],
+            "keys": [m.key for m in self.messages],
+        }
 
 
-def plan_ops(seed: int, producer: str, topics: list[str], keys: int,
-             new_topics: list[tuple[int, str]]) -> Iterator[Op]:
+def plan_ops(
+    seed: int, producer: str, topics: list[str], keys: int, new_topics: list[tuple[int, str]]
+) -> Iterator[Op]:
     """The producer's operations, endless; ``new_topics`` are (op number, topic): that op
     creates the topic and sends to it, and later ops use it like the others."""
     rng = random.Random(f"{seed}/{producer}")
@@ -97,8 +104,7 @@ def plan_ops(seed: int, producer: str, topics: list[str], keys: int,
         msgs = []
         for i in range(count):
             topic = new_topic if new_topic and i == 0 else rng.choice(live)
-            msgs.append(PlannedMessage(f"{producer}-{n:06d}-{i}", topic,
-                                       f"k{rng.randrange(keys)}"))
+            msgs.append(PlannedMessage(f"{producer}-{n:06d}-{i}", topic, f"k{rng.randrange(keys)}"))
         if new_topic:
             kind = COMMIT  # a new topic is used at once, by a transaction that commits
         yield Op(n, kind, multi, tuple(msgs), rng.randrange(PAD_MAX), new_topic)
@@ -110,8 +116,7 @@ def plan_ops(seed: int, producer: str, topics: list[str], keys: int,
 # -- the local database ---------------------------------------------------------------------
 def connect(path: Path | str) -> sqlite3.Connection:
     """A connection in autocommit mode: the barrier begins its own transactions."""
-    conn = sqlite3.connect(str(path), timeout=10, isolation_level=None,
-                           check_same_thread=False)
+    conn = sqlite3.connect(str(path), timeout=10, isolation_level=None, check_same_thread=False)
     return conn
 
 
@@ -121,9 +126,11 @@ def create_schema(path: Path | str) -> None:
     conn = connect(path)
     try:
         conn.execute("PRAGMA journal_mode=WAL")  # checks read while a local txn writes
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {BUSINESS_TABLE} (mid TEXT PRIMARY KEY, "
-                     "txn_id TEXT NOT NULL, topic TEXT NOT NULL, msg_key TEXT, op INTEGER, "
-                     "kind TEXT, producer TEXT)")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {BUSINESS_TABLE} (mid TEXT PRIMARY KEY, "
+            "txn_id TEXT NOT NULL, topic TEXT NOT NULL, msg_key TEXT, op INTEGER, "
+            "kind TEXT, producer TEXT)"
+        )
         TransactionBarrier(table=BARRIER_TABLE).create_table(conn)
     finally:
         conn.close()
@@ -133,8 +140,10 @@ def business_rows(txn_id: str, op: Op, producer: str) -> list[tuple]:
     return [(m.mid, txn_id, m.topic, m.key, op.n, op.kind, producer) for m in op.messages]
 
 
-INSERT_SQL = (f"INSERT INTO {BUSINESS_TABLE} (mid, txn_id, topic, msg_key, op, kind, producer) "
-              "VALUES (?, ?, ?, ?, ?, ?, ?)")
+INSERT_SQL = (
+    f"INSERT INTO {BUSINESS_TABLE} (mid, txn_id, topic, msg_key, op, kind, producer) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def answer_for(kind: str) -> LocalTransactionState | None:
@@ -157,12 +166,23 @@ def committed_rows(path: Path | str) -> dict[str, dict]:
     try:
         rows = conn.execute(
             f"SELECT r.mid, r.txn_id, r.topic, r.msg_key, r.op, r.kind, r.producer, b.reason "
-            f"FROM {BUSINESS_TABLE} r LEFT JOIN {BARRIER_TABLE} b ON b.gid = r.txn_id").fetchall()
+            f"FROM {BUSINESS_TABLE} r LEFT JOIN {BARRIER_TABLE} b ON b.gid = r.txn_id"
+        ).fetchall()
     finally:
         conn.close()
-    return {mid: {"mid": mid, "txn_id": txn, "topic": topic, "key": key, "op": op,
-                  "kind": kind, "producer": producer, "barrier": reason}
-            for mid, txn, topic, key, op, kind, producer, reason in rows}
+    return {
+        mid: {
+            "mid": mid,
+            "txn_id": txn,
+            "topic": topic,
+            "key": key,
+            "op": op,
+            "kind": kind,
+            "producer": producer,
+            "barrier": reason,
+        }
+        for mid, txn, topic, key, op, kind, producer, reason in rows
+    }
 
 
 def barrier_reason(path: Path | str, txn_id: str) -> str | None:
@@ -170,8 +190,9 @@ def barrier_reason(path: Path | str, txn_id: str) -> str | None:
     never ran)."""
     conn = connect(path)
     try:
-        row = conn.execute(f"SELECT reason FROM {BARRIER_TABLE} WHERE gid = ?",
-                           (txn_id,)).fetchone()
+        row = conn.execute(
+            f"SELECT reason FROM {BARRIER_TABLE} WHERE gid = ?", (txn_id,)
+        ).fetchone()
     finally:
         conn.close()
     return None if row is None else row[0]
@@ -179,8 +200,13 @@ def barrier_reason(path: Path | str, txn_id: str) -> str | None:
 
 def intent_of(kind: str) -> str:
     """What the plan means an operation's transaction to end as (history.Intent's values)."""
-    return {ROLLBACK: "ROLLBACK", RAISE: "ROLLBACK", UNKNOWN: "UNKNOW_then_COMMIT",
-            NO_ROW: "UNKNOW_then_ROLLBACK", SLOW: "slow_local_txn"}.get(kind, "COMMIT")
+    return {
+        ROLLBACK: "ROLLBACK",
+        RAISE: "ROLLBACK",
+        UNKNOWN: "UNKNOW_then_COMMIT",
+        NO_ROW: "UNKNOW_then_ROLLBACK",
+        SLOW: "slow_local_txn",
+    }.get(kind, "COMMIT")
 
 
 def barrier_rows(path: Path | str) -> dict[str, str]:
@@ -199,7 +225,9 @@ def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
         [NewTopic(t, partitions, 3, config={"min.insync.replicas": "2"}) for t in names],
-        operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S)
+        operation_timeout=ADMIN_TIMEOUT_S,
+        request_timeout=ADMIN_TIMEOUT_S,
+    )
     for name, future in futures.items():
         try:
             future.result(ADMIN_TIMEOUT_S)

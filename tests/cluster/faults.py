@@ -43,15 +43,18 @@ def warm_up_internal_topics(conf: dict, topic: str) -> None:
 def half_op_leaders(admin: AdminClient, topics: SystemTopics) -> Counter:
     """Half/op partitions led by each node."""
     meta = admin.list_topics(timeout=10).topics
-    return Counter(p.leader for t in (topics.half, topics.op)
-                   for p in meta[t].partitions.values())
+    return Counter(p.leader for t in (topics.half, topics.op) for p in meta[t].partitions.values())
 
 
 def describe_leaders(admin: AdminClient, *names: str) -> str:
     """Leader and ISR of each partition, for a failure message."""
     meta = admin.list_topics(timeout=10).topics
-    return "; ".join(f"{t}[{n}] leader {p.leader} isr {p.isrs}" for t in names if t in meta
-                     for n, p in sorted(meta[t].partitions.items()))
+    return "; ".join(
+        f"{t}[{n}] leader {p.leader} isr {p.isrs}"
+        for t in names
+        if t in meta
+        for n, p in sorted(meta[t].partitions.items())
+    )
 
 
 def pause(cluster: EmbeddedCluster, node_id: int) -> None:

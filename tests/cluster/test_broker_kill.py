@@ -48,7 +48,8 @@ def _assert_replicated(admin: AdminClient, topics: SystemTopics) -> None:
 
 
 def test_sigkill_of_the_busiest_half_op_leader_loses_and_duplicates_nothing(
-        cluster, broker, make_topic, unique, tmp_path):
+    cluster, broker, make_topic, unique, tmp_path
+):
     prefix = unique("k").replace("-", "")
     topics = SystemTopics(prefix)
     topic = make_topic("killed", partitions=PARTITIONS)
@@ -57,27 +58,39 @@ def test_sigkill_of_the_busiest_half_op_leader_loses_and_duplicates_nothing(
     admin = AdminClient(conf)
     messages = [Message(topic, f"m-{i}".encode(), key=f"k{i % 50}") for i in range(TOTAL)]
     committed = {m.value for m in messages if _inline(m.value) != S.ROLLBACK_MESSAGE}
-    coordinator = CoordinatorProcess(broker.bootstrap, tmp_path / "coordinator.log",
-                                     topic_prefix=prefix, instance_id=f"c-{uuid.uuid4().hex[:8]}")
+    coordinator = CoordinatorProcess(
+        broker.bootstrap,
+        tmp_path / "coordinator.log",
+        topic_prefix=prefix,
+        instance_id=f"c-{uuid.uuid4().hex[:8]}",
+    )
     reader = TopicReader(conf, topic, PARTITIONS)
     victim = None
     try:
         coordinator.wait_ready()
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix,
-                                 half_partitions=FAST["half_partitions"]) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer:
             _assert_replicated(admin, topics)
             sender = threading.Thread(
-                target=lambda: [producer.send_message_in_transaction(m) for m in messages])
+                target=lambda: [producer.send_message_in_transaction(m) for m in messages]
+            )
             sender.start()
             reader.read_until(lambda r: len(r) >= KILL_AFTER, 120, "the first promotions")
             victim = half_op_leaders(admin, topics).most_common(1)[0][0]
             assert cluster.stop(victim, kill=True) == [victim]
             # Restart once the cluster has moved the victim's leaderships: a node back at once
             # would hide the failover.
-            wait_for(lambda: victim not in half_op_leaders(admin, topics), 60,
-                     f"the half/op leaderships of node {victim} to move",
-                     details=lambda: describe_leaders(admin, topics.half, topics.op, topic))
+            wait_for(
+                lambda: victim not in half_op_leaders(admin, topics),
+                60,
+                f"the half/op leaderships of node {victim} to move",
+                details=lambda: describe_leaders(admin, topics.half, topics.op, topic),
+            )
             cluster.start_node(victim)
             victim = None
             sender.join(300)
@@ -86,7 +99,9 @@ def test_sigkill_of_the_busiest_half_op_leader_loses_and_duplicates_nothing(
             # require_running: a coordinator that exited fails the test at once, with its log.
             reader.read_until(
                 lambda r: coordinator.require_running() or len(r) >= len(committed),
-                300, "every promotion")
+                300,
+                "every promotion",
+            )
     finally:
         if victim is not None:
             cluster.start_node(victim)
@@ -96,5 +111,6 @@ def test_sigkill_of_the_busiest_half_op_leader_loses_and_duplicates_nothing(
     counts = Counter(m.value() for m in read_to_end(conf, topic, PARTITIONS))
     assert set(counts) == committed, (
         f"missing {len(committed - set(counts))}, rolled back yet visible "
-        f"{len(set(counts) - committed)}")
+        f"{len(set(counts) - committed)}"
+    )
     assert set(counts.values()) == {1}, [v for v, n in counts.items() if n > 1][:10]

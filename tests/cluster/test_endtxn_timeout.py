@@ -42,12 +42,17 @@ def _committed(conf: dict, group: str, topic: str) -> int:
         consumer.close()
 
 
-@pytest.mark.parametrize(("call_timeout_s", "logged"), [
-    (3.0, "committing timed out"),
-    (kafka_txn.TXN_CALL_TIMEOUT_S, "outlived its 10000 ms timeout"),
-], ids=["endtxn_timeout", "failover_fence"])
+@pytest.mark.parametrize(
+    ("call_timeout_s", "logged"),
+    [
+        (3.0, "committing timed out"),
+        (kafka_txn.TXN_CALL_TIMEOUT_S, "outlived its 10000 ms timeout"),
+    ],
+    ids=["endtxn_timeout", "failover_fence"],
+)
 def test_a_frozen_commit_recreates_the_producer_and_the_replay_copies_once(
-        cluster, broker, make_topic, caplog, monkeypatch, call_timeout_s, logged):
+    cluster, broker, make_topic, caplog, monkeypatch, call_timeout_s, logged
+):
     monkeypatch.setattr(kafka_txn, "TXN_CALL_TIMEOUT_S", call_timeout_s)
     conf = broker.conf()
     source, sink = make_topic("endtxn-in"), make_topic("endtxn-out")
@@ -76,8 +81,9 @@ def test_a_frozen_commit_recreates_the_producer_and_the_replay_copies_once(
             txn.finish([], metadata)
     finally:
         resume(cluster, frozen)
-    assert any(logged in r.getMessage() and "re-creating" in r.getMessage()
-               for r in caplog.records), caplog.text
+    assert any(
+        logged in r.getMessage() and "re-creating" in r.getMessage() for r in caplog.records
+    ), caplog.text
     assert txn.renewals == 1
 
     # The replay, as the coordinator's: the new epoch first (it settles the old transaction,

@@ -52,8 +52,13 @@ SENDERS = 2
 # the abort's EndTxn a call timeout later.
 PAUSE_S = 2 * TXN_CALL_TIMEOUT_S + 15
 # check_max: the slow messages are answered UNKNOW through the whole pause, not discarded.
-SETTINGS = {"half_partitions": 4, "check_partitions": 2, "transaction_timeout_ms": 3000,
-            "check_interval_ms": 2500, "check_max": 200}
+SETTINGS = {
+    "half_partitions": 4,
+    "check_partitions": 2,
+    "transaction_timeout_ms": 3000,
+    "check_interval_ms": 2500,
+    "check_max": 200,
+}
 # Messages whose back-checks keep both coordinators writing transactions during the pause.
 SLOW = 40
 
@@ -108,8 +113,9 @@ class Senders:
         self.sent = 0
         self.failed: list[str] = []
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._send, args=(n,), daemon=True)
-                        for n in range(SENDERS)]
+        self.threads = [
+            threading.Thread(target=self._send, args=(n,), daemon=True) for n in range(SENDERS)
+        ]
 
     def start(self) -> None:
         for thread in self.threads:
@@ -121,7 +127,8 @@ class Senders:
                 value = f"m-{i}-{attempt}".encode()
                 try:
                     self.producer.send_message_in_transaction(
-                        Message(self.topic, value, key=f"k{i % 50}"))
+                        Message(self.topic, value, key=f"k{i % 50}")
+                    )
                     break
                 except RmqError as exc:
                     with self.lock:
@@ -136,8 +143,9 @@ class Senders:
         assert not any(t.is_alive() for t in self.threads), "the senders did not finish"
 
 
-def test_transactions_through_broker_and_coordinator_faults(cluster, broker, make_topic,
-                                                            unique, tmp_path):
+def test_transactions_through_broker_and_coordinator_faults(
+    cluster, broker, make_topic, unique, tmp_path
+):
     prefix = unique("f").replace("-", "")
     topics = SystemTopics(prefix)
     topic = make_topic("faults", partitions=PARTITIONS)
@@ -149,29 +157,47 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
     # frozen group coordinator hangs send_offsets_to_transaction instead (librdkafka #5511).
     warm_up_internal_topics(conf, topic)
     group_node = coordinator_node(admin, "__consumer_offsets", topics.coordinator_group)
-    ids = [next(i for i in (f"a-{uuid.uuid4().hex[:8]}" for _ in range(100))
-                if coordinator_node(admin, "__transaction_state",
-                                    f"{topics.coordinator_group}-{i}") != group_node),
-           f"b-{uuid.uuid4().hex[:8]}"]
-    coordinators = [CoordinatorProcess(broker.bootstrap, tmp_path / f"{i}.log",
-                                       topic_prefix=prefix, instance_id=i, **SETTINGS)
-                    for i in ids]
+    ids = [
+        next(
+            i
+            for i in (f"a-{uuid.uuid4().hex[:8]}" for _ in range(100))
+            if coordinator_node(admin, "__transaction_state", f"{topics.coordinator_group}-{i}")
+            != group_node
+        ),
+        f"b-{uuid.uuid4().hex[:8]}",
+    ]
+    coordinators = [
+        CoordinatorProcess(
+            broker.bootstrap, tmp_path / f"{i}.log", topic_prefix=prefix, instance_id=i, **SETTINGS
+        )
+        for i in ids
+    ]
     reader = TopicReader(conf, topic, PARTITIONS)
     down: list[tuple[str, int]] = []  # nodes to bring back whatever happens
 
     def stage(sent_fraction: float) -> None:
         """Wait until this share of the messages is sent (the next fault hits mid-stream)."""
-        wait_for(lambda: [c.require_running() for c in coordinators] and
-                 senders.sent >= TOTAL * sent_fraction, 600,
-                 f"{sent_fraction:.0%} of the messages sent",
-                 details=lambda: f"sent {senders.sent}, failed sends {len(senders.failed)}")
+        wait_for(
+            lambda: (
+                [c.require_running() for c in coordinators]
+                and senders.sent >= TOTAL * sent_fraction
+            ),
+            600,
+            f"{sent_fraction:.0%} of the messages sent",
+            details=lambda: f"sent {senders.sent}, failed sends {len(senders.failed)}",
+        )
 
     try:
         for coordinator in coordinators:
             coordinator.wait_ready()
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=database,
-                                 topic_prefix=prefix, half_partitions=4,
-                                 check_partitions=2) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=database,
+            topic_prefix=prefix,
+            half_partitions=4,
+            check_partitions=2,
+        ) as producer:
             senders = Senders(producer, topic)
             senders.start()
 
@@ -179,9 +205,12 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
             victim = half_op_leaders(admin, topics).most_common(1)[0][0]
             down.append(("start", victim))
             assert cluster.stop(victim, kill=True) == [victim]
-            wait_for(lambda: victim not in half_op_leaders(admin, topics), 60,
-                     f"the half/op leaderships of node {victim} to move",
-                     details=lambda: describe_leaders(admin, topics.half, topics.op))
+            wait_for(
+                lambda: victim not in half_op_leaders(admin, topics),
+                60,
+                f"the half/op leaderships of node {victim} to move",
+                details=lambda: describe_leaders(admin, topics.half, topics.op),
+            )
             cluster.start_node(victim)
             down.clear()
 
@@ -207,18 +236,27 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
             stage(0.7)
             before = len(reader.records)
             coordinators[0].kill()
-            reader.read_until(lambda r: coordinators[1].require_running() or
-                              len(r) >= before + 100, 300, "promotions by the survivor")
-            coordinators[0] = CoordinatorProcess(broker.bootstrap, tmp_path / f"{ids[0]}.log",
-                                                 topic_prefix=prefix, instance_id=ids[0],
-                                                 **SETTINGS)
+            reader.read_until(
+                lambda r: coordinators[1].require_running() or len(r) >= before + 100,
+                300,
+                "promotions by the survivor",
+            )
+            coordinators[0] = CoordinatorProcess(
+                broker.bootstrap,
+                tmp_path / f"{ids[0]}.log",
+                topic_prefix=prefix,
+                instance_id=ids[0],
+                **SETTINGS,
+            )
             coordinators[0].wait_ready()
 
             senders.join(900)
             committed = database.committed()
             reader.read_until(
-                lambda r: [c.require_running() for c in coordinators] and
-                len(r) >= len(committed), 600, "every promotion")
+                lambda r: [c.require_running() for c in coordinators] and len(r) >= len(committed),
+                600,
+                "every promotion",
+            )
     finally:
         for action, node in down:
             if action == "resume":
@@ -232,7 +270,8 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
     counts = Counter(m.value() for m in read_to_end(conf, topic, PARTITIONS))
     assert set(counts) == committed, (
         f"missing {len(committed - set(counts))}, rolled back yet visible "
-        f"{len(set(counts) - committed)}")
+        f"{len(set(counts) - committed)}"
+    )
     assert set(counts.values()) == {1}, [v for v, n in counts.items() if n > 1][:10]
     # A call to the frozen transaction coordinator times out (an EndTxn, when the pause
     # caught one in flight) or, as librdkafka's send_offsets_to_transaction does, never
@@ -240,6 +279,8 @@ def test_transactions_through_broker_and_coordinator_faults(cluster, broker, mak
     # Which of the three paths shows depends on where the pause lands (an EndTxn in flight
     # times out; a send_offsets_to_transaction never returns, librdkafka #5456; or the
     # broker times the transaction out first and fences it): each re-creates the producer.
-    assert re.search(r"((committing|aborting) timed out|has not returned in \d+ s[^\n]*past its "
-                     r"\d+ s timeout|outlived its \d+ ms timeout)[^\n]*re-creating", logs), (
-        "no producer was re-created after the pause")
+    assert re.search(
+        r"((committing|aborting) timed out|has not returned in \d+ s[^\n]*past its "
+        r"\d+ s timeout|outlived its \d+ ms timeout)[^\n]*re-creating",
+        logs,
+    ), "no producer was re-created after the pause"

@@ -31,33 +31,45 @@ ROUNDS = 20
 
 def _lock_leaders(admin: AdminClient, topics: SystemTopics) -> Counter:
     meta = admin.list_topics(timeout=10).topics
-    return Counter(p.leader for t in (topics.lock, topics.lock_request, topics.lock_reply)
-                   for p in meta[t].partitions.values())
+    return Counter(
+        p.leader
+        for t in (topics.lock, topics.lock_request, topics.lock_reply)
+        for p in meta[t].partitions.values()
+    )
 
 
 def _conf(broker, group: str, protocol: str) -> dict:
-    membership = ({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-                  if protocol == "classic" else {"group.protocol": "consumer"})
+    membership = (
+        {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+        if protocol == "classic"
+        else {"group.protocol": "consumer"}
+    )
     return broker.conf(**{"group.id": group, "auto.offset.reset": "earliest", **membership})
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_orderly_consumers_keep_order_and_exclusivity_through_a_lock_leader_kill(
-        cluster, broker, make_topic, unique, tmp_path, protocol):
+    cluster, broker, make_topic, unique, tmp_path, protocol
+):
     prefix = unique("l").replace("-", "")
     topics = SystemTopics(prefix)
     topic, group = make_topic("locked", partitions=PARTITIONS), unique("g")
     admin = AdminClient(broker.conf())
     journal = Journal()
-    coordinator = CoordinatorProcess(broker.bootstrap, tmp_path / "coordinator.log",
-                                     topic_prefix=prefix, lock_lease_ms=LEASE_MS,
-                                     lock_renew_ms=RENEW_MS)
+    coordinator = CoordinatorProcess(
+        broker.bootstrap,
+        tmp_path / "coordinator.log",
+        topic_prefix=prefix,
+        lock_lease_ms=LEASE_MS,
+        lock_renew_ms=RENEW_MS,
+    )
     consumers: list[OrderlyConsumer] = []
     victim = None
 
     def send(rounds: range) -> None:
-        produce(broker, topic, [(k.encode(), f"{k}:{s}".encode(), None)
-                                for s in rounds for k in KEYS])
+        produce(
+            broker, topic, [(k.encode(), f"{k}:{s}".encode(), None) for s in rounds for k in KEYS]
+        )
 
     def processed_at_least(n: int) -> bool:
         coordinator.require_running()
@@ -67,9 +79,13 @@ def test_orderly_consumers_keep_order_and_exclusivity_through_a_lock_leader_kill
         coordinator.wait_ready()
         for name in ("c1", "c2"):
             consumer = OrderlyConsumer(
-                _conf(broker, group, protocol), listener=journal.listener(name, work_s=0.003),
-                lock_lease_ms=LEASE_MS, lock_renew_ms=RENEW_MS, topic_prefix=prefix,
-                client_id=f"{name}-{uuid.uuid4().hex[:6]}")
+                _conf(broker, group, protocol),
+                listener=journal.listener(name, work_s=0.003),
+                lock_lease_ms=LEASE_MS,
+                lock_renew_ms=RENEW_MS,
+                topic_prefix=prefix,
+                client_id=f"{name}-{uuid.uuid4().hex[:6]}",
+            )
             consumer.subscribe([topic])
             consumer.start()
             consumers.append(consumer)
@@ -78,11 +94,15 @@ def test_orderly_consumers_keep_order_and_exclusivity_through_a_lock_leader_kill
         victim = _lock_leaders(admin, topics).most_common(1)[0][0]
         assert cluster.stop(victim, kill=True) == [victim]
         send(range(5, 10))
-        wait_for(lambda: victim not in _lock_leaders(admin, topics), 60,
-                 f"the lock leaderships of node {victim} to move",
-                 details=lambda: describe_leaders(admin, topics.lock, topics.lock_request))
-        wait_for(lambda: processed_at_least(10 * len(KEYS)), 180,
-                 "progress with the lock leader dead")
+        wait_for(
+            lambda: victim not in _lock_leaders(admin, topics),
+            60,
+            f"the lock leaderships of node {victim} to move",
+            details=lambda: describe_leaders(admin, topics.lock, topics.lock_request),
+        )
+        wait_for(
+            lambda: processed_at_least(10 * len(KEYS)), 180, "progress with the lock leader dead"
+        )
         cluster.start_node(victim)
         victim = None
         send(range(10, ROUNDS))

@@ -42,9 +42,10 @@ from tests.campaign.nemesis import Nemesis, Timing
 from tests.integration.txn_helpers import wait_for
 
 pytestmark = pytest.mark.cluster
-inner = pytest.mark.skipif(not namespaces.inside(),
-                           reason="runs inside the campaign's namespaces "
-                                  "(test_every_fault_in_the_campaigns_namespaces)")
+inner = pytest.mark.skipif(
+    not namespaces.inside(),
+    reason="runs inside the campaign's namespaces (test_every_fault_in_the_campaigns_namespaces)",
+)
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_MS = 6000
 # A member of the test group: polls its topic until killed, printing nothing.
@@ -79,10 +80,25 @@ def test_every_fault_in_the_campaigns_namespaces(tmp_path):
         pytest.skip("already inside: the other tests of this file run here")
     if os.geteuid() != 0:
         pytest.skip("the campaign's namespaces need root")
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "cluster",
-           str(Path(__file__).resolve())]
-    proc = subprocess.run(namespaces.ns_command(cmd), env=namespaces.ns_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-m",
+        "cluster",
+        str(Path(__file__).resolve()),
+    ]
+    proc = subprocess.run(
+        namespaces.ns_command(cmd),
+        env=namespaces.ns_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     (tmp_path / "inner.log").write_text(proc.stdout + proc.stderr)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
     assert proc.returncode == 0, f"{tail}\n(all of it: {tmp_path / 'inner.log'})"
@@ -150,15 +166,22 @@ def _event_ok(fault, kind: str) -> dict:
 
 
 @inner
-def test_broker_pause_past_the_session_timeout_moves_its_leaderships(cluster, admin, reader,
-                                                                    topic):
+def test_broker_pause_past_the_session_timeout_moves_its_leaderships(cluster, admin, reader, topic):
     _healthy(cluster)
     node = _leaders(admin, topic)[0][0]
     with LeaderWatch(cluster, [topic]) as watch, BrokerPause(cluster, node) as fault:
-        wait_for(lambda: _all_leaders(reader, topic, lambda leader, _isr: leader != node),
-                 60, f"leaders off paused node {node}", interval_s=0.5)
-        wait_for(lambda: watch.changes >= 1, 30, "the watch to count the moves",
-                 details=lambda: str(watch.leaders))
+        wait_for(
+            lambda: _all_leaders(reader, topic, lambda leader, _isr: leader != node),
+            60,
+            f"leaders off paused node {node}",
+            interval_s=0.5,
+        )
+        wait_for(
+            lambda: watch.changes >= 1,
+            30,
+            "the watch to count the moves",
+            details=lambda: str(watch.leaders),
+        )
     _event_ok(fault, "broker_pause")
     _healthy(cluster)
 
@@ -169,9 +192,12 @@ def test_broker_kill_then_restart(cluster, admin, reader, topic):
     node = _leaders(admin, topic)[1][0]
     with BrokerKill(cluster, node) as fault:
         assert cluster.node(node).pid is None
-        wait_for(lambda: _all_leaders(reader, topic,
-                                      lambda leader, _isr: leader not in (node, -1)),
-                 60, "new leaders", interval_s=0.5)
+        wait_for(
+            lambda: _all_leaders(reader, topic, lambda leader, _isr: leader not in (node, -1)),
+            60,
+            "new leaders",
+            interval_s=0.5,
+        )
     event = _event_ok(fault, "broker_kill")
     assert event["detail"]["restart_s"] > 0 and cluster.node(node).pid is not None
     _healthy(cluster)
@@ -193,42 +219,64 @@ def test_the_active_controller_killed_gives_way_to_another(cluster):
     _healthy(cluster)
     node, epoch = active_controller(cluster)
     with ControllerKill(cluster) as fault:
-        wait_for(lambda: active_controller(cluster)[1] > epoch
-                 and active_controller(cluster)[0] != node, 60, "a new KRaft leader",
-                 interval_s=0.5)
+        wait_for(
+            lambda: active_controller(cluster)[1] > epoch and active_controller(cluster)[0] != node,
+            60,
+            "a new KRaft leader",
+            interval_s=0.5,
+        )
     event = _event_ok(fault, "controller_kill")
     assert event["target"] == f"node-{node}" and event["detail"]["epoch"] == epoch
     _healthy(cluster)
 
 
 def _member(cluster, group: str, topic: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", MEMBER, cluster.bootstrap, group, topic],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", MEMBER, cluster.bootstrap, group, topic],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @inner
 def test_group_coordinator_killed_during_a_rebalance_a_zombie_member_caused(
-        cluster, probe, topic, unique):
+    cluster, probe, topic, unique
+):
     _healthy(cluster)
     group = unique("nemesis-group")
     members = [_member(cluster, group, topic) for _ in range(2)]
     try:
-        wait_for(lambda: (s := probe.describe(group)) and len(s["members"]) == 2
-                 and s["state"] == "STABLE", 60, "two members, stable", interval_s=0.5)
+        wait_for(
+            lambda: (
+                (s := probe.describe(group)) and len(s["members"]) == 2 and s["state"] == "STABLE"
+            ),
+            60,
+            "two members, stable",
+            interval_s=0.5,
+        )
         node = group_coordinator(probe, group)
         zombie = ProcTarget("member-0", "consumer", lambda: members[0].pid)
         with GroupWatch(cluster, group) as watch:
-            fault = GroupCoordinatorKill(cluster, group, ProcessPause(zombie),
-                                         rebalance_wait_s=SESSION_MS / 1000 + 20)
+            fault = GroupCoordinatorKill(
+                cluster, group, ProcessPause(zombie), rebalance_wait_s=SESSION_MS / 1000 + 20
+            )
             with fault:
-                wait_for(lambda: (s := probe.describe(group)) and s["coordinator"] != node,
-                         90, "the group's coordinator moved", interval_s=0.5)
+                wait_for(
+                    lambda: (s := probe.describe(group)) and s["coordinator"] != node,
+                    90,
+                    "the group's coordinator moved",
+                    interval_s=0.5,
+                )
             event = _event_ok(fault, "group_coordinator_kill")
             assert event["target"] == f"node-{node}" and event["detail"]["rebalance_seen"]
             assert event["detail"]["trigger"]["kind"] == "consumer_pause"
-            wait_for(lambda: watch.rebalances >= 1 and watch.coordinator_moves >= 1, 30,
-                     "the watch to see the rebalance and the move", interval_s=0.5)
+            wait_for(
+                lambda: watch.rebalances >= 1 and watch.coordinator_moves >= 1,
+                30,
+                "the watch to see the rebalance and the move",
+                interval_s=0.5,
+            )
         _healthy(cluster)
     finally:
         for proc in members:
@@ -237,22 +285,33 @@ def test_group_coordinator_killed_during_a_rebalance_a_zombie_member_caused(
 
 
 @inner
-def test_a_killed_consumer_process_leaves_its_group_and_is_restarted(cluster, probe, topic,
-                                                                     unique):
+def test_a_killed_consumer_process_leaves_its_group_and_is_restarted(cluster, probe, topic, unique):
     group = unique("nemesis-kill")
     procs = [_member(cluster, group, topic)]
-    target = ProcTarget("member", "consumer", lambda: procs[-1].pid,
-                        restart=lambda: procs.append(_member(cluster, group, topic)))
+    target = ProcTarget(
+        "member",
+        "consumer",
+        lambda: procs[-1].pid,
+        restart=lambda: procs.append(_member(cluster, group, topic)),
+    )
     try:
-        wait_for(lambda: (s := probe.describe(group)) and len(s["members"]) == 1, 60,
-                 "the member joined", interval_s=0.5)
+        wait_for(
+            lambda: (s := probe.describe(group)) and len(s["members"]) == 1,
+            60,
+            "the member joined",
+            interval_s=0.5,
+        )
         first = probe.describe(group)["members"]
         with ProcessKill(target) as fault:
             assert procs[0].wait(10) == -9  # killed (the fault does not reap our child)
         event = _event_ok(fault, "consumer_kill")
         assert event["detail"]["restarted_pid"] == procs[-1].pid != procs[0].pid
-        wait_for(lambda: (s := probe.describe(group)) and s["members"] not in ([], first),
-                 60, "the restarted member in the group's place", interval_s=0.5)
+        wait_for(
+            lambda: (s := probe.describe(group)) and s["members"] not in ([], first),
+            60,
+            "the restarted member in the group's place",
+            interval_s=0.5,
+        )
     finally:
         for proc in procs:
             proc.kill()
@@ -260,9 +319,14 @@ def test_a_killed_consumer_process_leaves_its_group_and_is_restarted(cluster, pr
 
 
 def _skewed_producer(cluster, topic, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SKEWED, cluster.bootstrap, topic],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", SKEWED, cluster.bootstrap, topic],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
 
 
 def _ask(proc: subprocess.Popen) -> dict:
@@ -274,8 +338,7 @@ def _ask(proc: subprocess.Popen) -> dict:
 
 
 @inner
-def test_a_producer_whose_clock_runs_ahead_then_behind_still_produces(cluster, topic,
-                                                                      tmp_path):
+def test_a_producer_whose_clock_runs_ahead_then_behind_still_produces(cluster, topic, tmp_path):
     why = faketime_available()
     if why:
         pytest.skip(why)
@@ -288,8 +351,7 @@ def test_a_producer_whose_clock_runs_ahead_then_behind_still_produces(cluster, t
         assert answer["error"] is None and -95 < answer["skew"] < -85, answer
         assert 0.15 < answer["slept"] < 5 and abs(answer["ts"] / 1000 - answer["time"]) < 5
         assert abs(_ask(proc)["skew"]) < 5
-        target = ProcTarget("skewed", "producer", lambda: proc.pid,
-                            clock_file=tmp_path / "clock")
+        target = ProcTarget("skewed", "producer", lambda: proc.pid, clock_file=tmp_path / "clock")
         with ClockSkew(target, "+120s") as fault:
             time.sleep(2.5)  # libfaketime re-reads the file when the second changes
             ahead = _ask(proc)
@@ -305,14 +367,18 @@ def test_a_producer_whose_clock_runs_ahead_then_behind_still_produces(cluster, t
 
 
 @inner
-def test_a_partitioned_broker_drops_out_of_every_isr_until_healed(cluster, admin, reader,
-                                                                  topic):
+def test_a_partitioned_broker_drops_out_of_every_isr_until_healed(cluster, admin, reader, topic):
     _healthy(cluster)
     node = _leaders(admin, topic)[2][0]
     with namespaces.Partition(cluster, node) as fault:
-        wait_for(lambda: _all_leaders(reader, topic,
-                                      lambda leader, isr: node not in isr and leader != node),
-                 60, f"node {node} out of every ISR", interval_s=0.5)
+        wait_for(
+            lambda: _all_leaders(
+                reader, topic, lambda leader, isr: node not in isr and leader != node
+            ),
+            60,
+            f"node {node} out of every ISR",
+            interval_s=0.5,
+        )
     assert _event_ok(fault, "partition")["detail"]["ports"]
     _healthy(cluster)
 
@@ -320,19 +386,32 @@ def test_a_partitioned_broker_drops_out_of_every_isr_until_healed(cluster, admin
 @inner
 def test_a_short_nemesis_run_records_its_faults_and_heals_everything(cluster, topic):
     members = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
-    target = ProcTarget("sleeper", "consumer", lambda: members[-1].pid,
-                        restart=lambda: members.append(subprocess.Popen(
-                            [sys.executable, "-c", "import time; time.sleep(600)"])))
+    target = ProcTarget(
+        "sleeper",
+        "consumer",
+        lambda: members[-1].pid,
+        restart=lambda: members.append(
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        ),
+    )
     timing = Timing(all_paused_s=2, process_pause_s=2, kill_down_s=1, gap_s=1, settle_s=60)
-    nemesis = Nemesis(5, cluster, [target], kinds=("all_brokers_paused", "consumer_pause",
-                                                    "consumer_kill"),
-                      short=True, timing=timing)
+    nemesis = Nemesis(
+        5,
+        cluster,
+        [target],
+        kinds=("all_brokers_paused", "consumer_pause", "consumer_kill"),
+        short=True,
+        timing=timing,
+    )
     try:
         nemesis.start()
         assert nemesis.wait(120)
         events = nemesis.stop()
-        assert sorted(e["kind"] for e in events) == ["all_brokers_paused", "consumer_kill",
-                                                     "consumer_pause"]
+        assert sorted(e["kind"] for e in events) == [
+            "all_brokers_paused",
+            "consumer_kill",
+            "consumer_pause",
+        ]
         assert all(e["seed"] == 5 and e["end_ms"] >= e["start_ms"] for e in events)
         assert len(members) == 2 and members[-1].poll() is None
         assert _produce_acked(cluster, topic, timeout_ms=60000) is None

@@ -40,23 +40,32 @@ def _values(spark, output) -> list[bytes]:
 
 
 def test_spark_standalone_writes_the_committed_set_through_a_worker_kill(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     prefix = unique("sp").replace("-", "")
     topic = make_topic("spark", partitions=4)
     committed = {f"m{i}".encode() for i in range(TOTAL) if i % 5}
     listener = ScriptedListener(_answer, _answer)
     output, stop = tmp_path / "out", threading.Event()
     errors: list[BaseException] = []
-    coordinator = CoordinatorProcess(broker.bootstrap, tmp_path / "coordinator.log",
-                                     topic_prefix=prefix)
+    coordinator = CoordinatorProcess(
+        broker.bootstrap, tmp_path / "coordinator.log", topic_prefix=prefix
+    )
     try:
         coordinator.wait_ready()
         with StandaloneCluster(tmp_path / "spark", workers=2) as spark_cluster:
-            spark = build_session(spark_cluster.master_url, "rmq-test-standalone", conf={
-                "spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"})
-            job = JobSettings(bootstrap_servers=broker.bootstrap, topics=topic,
-                              output=str(output), checkpoint=str(tmp_path / "checkpoint"),
-                              spark_master=spark_cluster.master_url)
+            spark = build_session(
+                spark_cluster.master_url,
+                "rmq-test-standalone",
+                conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"},
+            )
+            job = JobSettings(
+                bootstrap_servers=broker.bootstrap,
+                topics=topic,
+                output=str(output),
+                checkpoint=str(tmp_path / "checkpoint"),
+                spark_master=spark_cluster.master_url,
+            )
 
             def run() -> None:
                 try:
@@ -66,17 +75,24 @@ def test_spark_standalone_writes_the_committed_set_through_a_worker_kill(
 
             runner = threading.Thread(target=run, name="spark-job", daemon=True)
             runner.start()
-            with TransactionProducer(broker.conf(), producer_group=unique("pg"),
-                                     listener=listener, topic_prefix=prefix,
-                                     half_partitions=4) as producer:
+            with TransactionProducer(
+                broker.conf(),
+                producer_group=unique("pg"),
+                listener=listener,
+                topic_prefix=prefix,
+                half_partitions=4,
+            ) as producer:
                 for i in range(TOTAL // 2):
                     producer.send_message_in_transaction(Message(topic, f"m{i}".encode()))
                 wait_for(lambda: _values(spark, output) or errors, 240, "a first batch")
                 spark_cluster.kill_worker(0)  # its tasks go to the other worker
                 for i in range(TOTAL // 2, TOTAL):
                     producer.send_message_in_transaction(Message(topic, f"m{i}".encode()))
-            wait_for(lambda: len(_values(spark, output)) >= len(committed) or errors, 300,
-                     "every committed message in the Parquet output")
+            wait_for(
+                lambda: len(_values(spark, output)) >= len(committed) or errors,
+                300,
+                "every committed message in the Parquet output",
+            )
             stop.set()
             runner.join(JOB_TIMEOUT_S)
             values = _values(spark, output)

@@ -21,17 +21,20 @@ COMMAND_TIMEOUT_S = 60
 class ComposeProject:
     def __init__(self, name: str, override: Path, env: dict[str, str]) -> None:
         self.name = name
-        self.base = ["docker", "compose", "-p", name, "-f", str(COMPOSE_FILE),
-                     "-f", str(override)]
+        self.base = ["docker", "compose", "-p", name, "-f", str(COMPOSE_FILE), "-f", str(override)]
         self.env = {**os.environ, **env}
 
-    def run(self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S,
-            check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*self.base, *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout_s)
+    def run(
+        self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [*self.base, *args], env=self.env, capture_output=True, text=True, timeout=timeout_s
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"docker compose {' '.join(args)} exited {proc.returncode}:\n"
-                                 f"{(proc.stderr or proc.stdout)[-3000:]}")
+            raise AssertionError(
+                f"docker compose {' '.join(args)} exited {proc.returncode}:\n"
+                f"{(proc.stderr or proc.stdout)[-3000:]}"
+            )
         return proc
 
     def __enter__(self) -> ComposeProject:
@@ -40,13 +43,27 @@ class ComposeProject:
     def __exit__(self, *exc: object) -> None:
         # -v: the named Kafka volume goes too; bind mounts stay for the test to read.
         with contextlib.suppress(Exception):
-            self.run("down", "-v", "--remove-orphans", "--timeout", "60",
-                     timeout_s=DOWN_TIMEOUT_S, check=False)
+            self.run(
+                "down",
+                "-v",
+                "--remove-orphans",
+                "--timeout",
+                "60",
+                timeout_s=DOWN_TIMEOUT_S,
+                check=False,
+            )
 
     def up(self) -> None:
         """Start every service; return once Kafka and both coordinators report healthy."""
-        self.run("up", "-d", "--no-build", "--wait", "--wait-timeout", str(UP_TIMEOUT_S),
-                 timeout_s=UP_TIMEOUT_S + 60)
+        self.run(
+            "up",
+            "-d",
+            "--no-build",
+            "--wait",
+            "--wait-timeout",
+            str(UP_TIMEOUT_S),
+            timeout_s=UP_TIMEOUT_S + 60,
+        )
 
     def containers(self, service: str) -> list[str]:
         return sorted(self.run("ps", "-q", service).stdout.split())
@@ -56,13 +73,18 @@ class ComposeProject:
 
 
 def docker_inspect(container: str, template: str) -> str:
-    proc = subprocess.run(["docker", "inspect", "-f", template, container],
-                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    proc = subprocess.run(
+        ["docker", "inspect", "-f", template, container],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
 
 def docker_kill(container: str) -> None:
-    proc = subprocess.run(["docker", "kill", container], capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S)
+    proc = subprocess.run(
+        ["docker", "kill", container], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr

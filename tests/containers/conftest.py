@@ -75,9 +75,12 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
         with kafka_container(image, network=network) as bootstrap:
             capture = request.config.pluginmanager.get_plugin("capturemanager")
             with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                print(f"\nkafka broker: testcontainers ({image} at {bootstrap}, "
-                      f"kafka:9092 on network {network.name}); coordinator image "
-                      f"{coordinator_image()}", flush=True)
+                print(
+                    f"\nkafka broker: testcontainers ({image} at {bootstrap}, "
+                    f"kafka:9092 on network {network.name}); coordinator image "
+                    f"{coordinator_image()}",
+                    flush=True,
+                )
             yield Stack(network, bootstrap)
     finally:
         with contextlib.suppress(Exception):
@@ -93,12 +96,15 @@ def compose_images() -> dict[str, str]:
     if not docker_answers():
         _no_engine("no Docker engine answers (make test-docker-full sets one up)")
     try:
-        version = subprocess.run(["docker", "compose", "version"], capture_output=True,
-                                 text=True, timeout=30)
+        version = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         _no_engine(f"`docker compose version` failed: {exc}")
     if version.returncode != 0:
         _no_engine("no docker compose plugin (docker/engine.sh ensure builds it)")
-    images = {"coordinator": coordinator_image(),
-              "spark": coordinator_image().replace("-coordinator:", "-spark:")}
+    images = {
+        "coordinator": coordinator_image(),
+        "spark": coordinator_image().replace("-coordinator:", "-spark:"),
+    }
     return {**images, "kafka": _require_images(*images.values())}

@@ -20,9 +20,13 @@ from rmq_semantics.settings import flag_name
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 # The image's own HEALTHCHECK runs every 15 s; the tests check every second (nanoseconds).
-FAST_HEALTHCHECK = {"test": ["CMD", "python", "-m", "coordinator.healthcheck"],
-                    "interval": 1_000_000_000, "timeout": 5_000_000_000, "retries": 3,
-                    "start_period": 60_000_000_000}
+FAST_HEALTHCHECK = {
+    "test": ["CMD", "python", "-m", "coordinator.healthcheck"],
+    "interval": 1_000_000_000,
+    "timeout": 5_000_000_000,
+    "retries": 3,
+    "start_period": 60_000_000_000,
+}
 PARTITIONS_LINE = re.compile(r"(assigned|revoked) half/op partitions \[([0-9, ]*)\]")
 
 
@@ -34,15 +38,20 @@ def coordinator_image() -> str:
 class CoordinatorContainer:
     """One coordinator replica; ``settings`` are CoordinatorSettings fields (CLI flags)."""
 
-    def __init__(self, network, kafka: str, name: str, env: dict[str, str] | None = None,
-                 **settings: object) -> None:
+    def __init__(
+        self, network, kafka: str, name: str, env: dict[str, str] | None = None, **settings: object
+    ) -> None:
         args = ["--bootstrap-servers", kafka]
         for key, value in settings.items():
             args += [flag_name(key), str(value)]
         self.name = name
-        self.container = (DockerContainer(coordinator_image())
-                          .with_name(name).with_network(network).with_command(args)
-                          .with_kwargs(healthcheck=FAST_HEALTHCHECK))
+        self.container = (
+            DockerContainer(coordinator_image())
+            .with_name(name)
+            .with_network(network)
+            .with_command(args)
+            .with_kwargs(healthcheck=FAST_HEALTHCHECK)
+        )
         for key, value in (env or {}).items():
             self.container.with_env(key, value)
 
@@ -71,8 +80,10 @@ class CoordinatorContainer:
             if self.wrapped.status == "exited":
                 break
             time.sleep(0.2)
-        raise AssertionError(f"{self.name}: no log line /{pattern}/ within {timeout_s:.0f} s "
-                             f"(status {self.wrapped.status}):\n{self.logs()[-3000:]}")
+        raise AssertionError(
+            f"{self.name}: no log line /{pattern}/ within {timeout_s:.0f} s "
+            f"(status {self.wrapped.status}):\n{self.logs()[-3000:]}"
+        )
 
     def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -115,7 +126,9 @@ class OtlpReceiverContainer(CoordinatorContainer):
     def __init__(self, network, name: str) -> None:
         self.name = name
         script = (Path(__file__).parent / "otlp_receiver_main.py").read_text()
-        self.container = (DockerContainer(coordinator_image())
-                          .with_name(name).with_network(network)
-                          .with_kwargs(entrypoint=["python", "-c", script], healthcheck={
-                              "test": ["NONE"]}))
+        self.container = (
+            DockerContainer(coordinator_image())
+            .with_name(name)
+            .with_network(network)
+            .with_kwargs(entrypoint=["python", "-c", script], healthcheck={"test": ["NONE"]})
+        )

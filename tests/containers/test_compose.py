@@ -42,21 +42,29 @@ def _override(tmp: Path, data: Path) -> Path:
     data.mkdir()
     data.chmod(0o777)
     override = tmp / "compose.override.yaml"
-    override.write_text("services:\n  spark:\n    volumes:\n"
-                        f"      - type: bind\n        source: {data}\n        target: /data\n")
+    override.write_text(
+        "services:\n  spark:\n    volumes:\n"
+        f"      - type: bind\n        source: {data}\n        target: /data\n"
+    )
     return override
 
 
 @pytest.fixture
-def project(compose_images, tmp_path, announce,
-            request) -> Iterator[tuple[ComposeProject, str, Path]]:
+def project(
+    compose_images, tmp_path, announce, request
+) -> Iterator[tuple[ComposeProject, str, Path]]:
     # 19092 as the compose file has it, unless something (a shared broker) holds it.
     port = HOST_PORT if port_free(HOST_PORT) else free_port()
     data = tmp_path / "spark-data"
-    env = {"RMQ_KAFKA_IMAGE": compose_images["kafka"], "RMQ_KAFKA_HOST_PORT": str(port),
-           "RMQ_IMAGE_TAG": compose_images["coordinator"].rsplit(":", 1)[1],
-           # Pinned: the caller's environment must not move the stack off what is asserted.
-           "RMQ_TOPIC": TOPIC, "RMQ_SPARK_TOPICS": TOPIC, "RMQ_TOPIC_PREFIX": PREFIX}
+    env = {
+        "RMQ_KAFKA_IMAGE": compose_images["kafka"],
+        "RMQ_KAFKA_HOST_PORT": str(port),
+        "RMQ_IMAGE_TAG": compose_images["coordinator"].rsplit(":", 1)[1],
+        # Pinned: the caller's environment must not move the stack off what is asserted.
+        "RMQ_TOPIC": TOPIC,
+        "RMQ_SPARK_TOPICS": TOPIC,
+        "RMQ_TOPIC_PREFIX": PREFIX,
+    }
     name = f"rmqcompose{uuid.uuid4().hex[:8]}"
     with ComposeProject(name, _override(tmp_path, data), env) as compose:
         started = time.monotonic()
@@ -65,8 +73,10 @@ def project(compose_images, tmp_path, announce,
         except AssertionError:
             announce(compose.logs())
             raise
-        announce(f"\ncompose: project {name}, {compose_images['kafka']} on 127.0.0.1:{port}, "
-                 f"up --wait took {time.monotonic() - started:.0f} s")
+        announce(
+            f"\ncompose: project {name}, {compose_images['kafka']} on 127.0.0.1:{port}, "
+            f"up --wait took {time.monotonic() - started:.0f} s"
+        )
         failed_before = request.session.testsfailed
         yield compose, f"127.0.0.1:{port}", data
         if request.session.testsfailed > failed_before:  # what the services said, before down
@@ -79,9 +89,14 @@ def spark_reader():
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (SparkSession.builder.master("local[1]").appName("rmq-test-compose")
-               .config("spark.ui.enabled", "false").config("spark.driver.memory", "512m")
-               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("rmq-test-compose")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "512m")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -113,8 +128,9 @@ def _rows(spark, output: Path) -> list[tuple[str, str, str]]:
     if not files:
         return []
     frame = spark.read.parquet(*files)
-    return [(r.value, r._key, r._txn_id)
-            for r in frame.select("value", "_key", "_txn_id").collect()]
+    return [
+        (r.value, r._key, r._txn_id) for r in frame.select("value", "_key", "_txn_id").collect()
+    ]
 
 
 def _await_rows(spark, output: Path, expected: set[str], what: str) -> list:
@@ -126,8 +142,10 @@ def _await_rows(spark, output: Path, expected: set[str], what: str) -> list:
             return rows
         time.sleep(1.0)  # a Spark read per poll; micro-batches come every few seconds
     missing = sorted(expected - {value for value, _, _ in rows})
-    raise AssertionError(f"{what}: {len(missing)} committed orders never reached the Parquet "
-                         f"output within {ROWS_TIMEOUT_S:.0f} s, e.g. {missing[:5]}")
+    raise AssertionError(
+        f"{what}: {len(missing)} committed orders never reached the Parquet "
+        f"output within {ROWS_TIMEOUT_S:.0f} s, e.g. {missing[:5]}"
+    )
 
 
 class Orders:
@@ -136,11 +154,18 @@ class Orders:
     def __init__(self, bootstrap: str) -> None:
         self.run = uuid.uuid4().hex[:6]
         listener = ScriptedListener(
-            lambda v: S.ROLLBACK_MESSAGE if int(v.rsplit(b"-", 1)[1]) % 3 == 1
-            else S.COMMIT_MESSAGE, lambda v: S.UNKNOW)
+            lambda v: (
+                S.ROLLBACK_MESSAGE if int(v.rsplit(b"-", 1)[1]) % 3 == 1 else S.COMMIT_MESSAGE
+            ),
+            lambda v: S.UNKNOW,
+        )
         self.producer = TransactionProducer(
-            {"bootstrap.servers": bootstrap}, producer_group=f"pg-{self.run}",
-            listener=listener, topic_prefix=PREFIX, half_partitions=HALF_PARTITIONS)
+            {"bootstrap.servers": bootstrap},
+            producer_group=f"pg-{self.run}",
+            listener=listener,
+            topic_prefix=PREFIX,
+            half_partitions=HALF_PARTITIONS,
+        )
         self.committed: dict[str, tuple[str, str]] = {}  # value -> (key, transaction id)
         self.rolled_back: set[str] = set()
         self.error: BaseException | None = None
@@ -162,7 +187,8 @@ class Orders:
         for i in numbers:
             value, key = f"order-{self.run}-{i}", f"customer-{i % 7}"
             result = self.producer.send_message_in_transaction(
-                Message(TOPIC, value.encode(), key=key))
+                Message(TOPIC, value.encode(), key=key)
+            )
             if result.local_transaction_state == S.COMMIT_MESSAGE:
                 self.committed[value] = (key, result.transaction_id)
             else:
@@ -177,12 +203,14 @@ def _assert_exactly_committed(rows: list, orders: Orders) -> None:
     assert not duplicated, f"{len(duplicated)} orders written twice, e.g. {duplicated[:5]}"
     assert set(counts) == set(orders.committed), (
         f"rolled back yet written: {sorted(set(counts) & orders.rolled_back)[:5]}, "
-        f"unknown: {sorted(set(counts) - set(orders.committed) - orders.rolled_back)[:5]}")
+        f"unknown: {sorted(set(counts) - set(orders.committed) - orders.rolled_back)[:5]}"
+    )
     assert {value: (key, txn) for value, key, txn in rows} == orders.committed
 
 
 def test_compose_stack_writes_exactly_the_committed_orders_through_a_replica_kill(
-        project, spark_reader, announce):
+    project, spark_reader, announce
+):
     compose, bootstrap, data = project
     coordinators = compose.containers("coordinator")
     assert len(coordinators) == 2, coordinators
@@ -195,8 +223,10 @@ def test_compose_stack_writes_exactly_the_committed_orders_through_a_replica_kil
         orders.send(range(60))
         rows = _await_rows(spark_reader, output, set(orders.committed), "before the kill")
         _assert_exactly_committed(rows, orders)
-        announce(f"compose: {len(orders.committed)} committed orders written once, "
-                 f"{len(orders.rolled_back)} rolled back absent")
+        announce(
+            f"compose: {len(orders.committed)} committed orders written once, "
+            f"{len(orders.rolled_back)} rolled back absent"
+        )
 
         # Kill one replica while the next orders are in flight; the survivor (or the
         # replica docker restarts) promotes what the killed one had not.
@@ -210,5 +240,7 @@ def test_compose_stack_writes_exactly_the_committed_orders_through_a_replica_kil
             raise orders.error
     rows = _await_rows(spark_reader, output, set(orders.committed), "after the kill")
     _assert_exactly_committed(rows, orders)
-    announce(f"compose: killed coordinator {victim[:12]} mid-flow; {len(orders.committed)} "
-             f"committed orders written once, {len(orders.rolled_back)} rolled back absent")
+    announce(
+        f"compose: killed coordinator {victim[:12]} mid-flow; {len(orders.committed)} "
+        f"committed orders written once, {len(orders.rolled_back)} rolled back absent"
+    )

@@ -28,10 +28,17 @@ def _names(stem: str) -> tuple[str, str]:
     return f"{stem}{tag}", f"{stem}-{tag}"
 
 
-def _coordinator(stack, name: str, prefix: str, env: dict[str, str] | None = None,
-                 **settings: object) -> CoordinatorContainer:
-    return CoordinatorContainer(stack.network, stack.kafka_inside, name, env=env,
-                                topic_prefix=prefix, **{**FAST, **settings})
+def _coordinator(
+    stack, name: str, prefix: str, env: dict[str, str] | None = None, **settings: object
+) -> CoordinatorContainer:
+    return CoordinatorContainer(
+        stack.network,
+        stack.kafka_inside,
+        name,
+        env=env,
+        topic_prefix=prefix,
+        **{**FAST, **settings},
+    )
 
 
 def _topic(stack, stem: str, partitions: int) -> str:
@@ -41,14 +48,19 @@ def _topic(stack, stem: str, partitions: int) -> str:
 
 
 def _producer(stack, prefix: str, listener) -> TransactionProducer:
-    return TransactionProducer(stack.conf(), producer_group=f"pg-{uuid.uuid4().hex[:8]}",
-                               listener=listener, topic_prefix=prefix,
-                               half_partitions=FAST["half_partitions"])
+    return TransactionProducer(
+        stack.conf(),
+        producer_group=f"pg-{uuid.uuid4().hex[:8]}",
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=FAST["half_partitions"],
+    )
 
 
 def _send(producer, messages: list) -> threading.Thread:
-    sender = threading.Thread(target=lambda: [producer.send_message_in_transaction(m)
-                                              for m in messages], daemon=True)
+    sender = threading.Thread(
+        target=lambda: [producer.send_message_in_transaction(m) for m in messages], daemon=True
+    )
     sender.start()
     return sender
 
@@ -57,8 +69,9 @@ def _exactly_once(records: list, expected: set[bytes]) -> None:
     counts = Counter(m.value() for m in records)
     duplicated = sorted(v for v, n in counts.items() if n > 1)[:5]
     assert not duplicated, f"duplicated: {duplicated}"
-    assert set(counts) == expected, (f"lost {len(expected - set(counts))}, unexpected "
-                                     f"{len(set(counts) - expected)}")
+    assert set(counts) == expected, (
+        f"lost {len(expected - set(counts))}, unexpected {len(set(counts) - expected)}"
+    )
 
 
 def _traceparent(i: int) -> str:
@@ -72,27 +85,40 @@ def test_commit_rollback_and_back_check_through_the_coordinator_container(stack,
     # m-0: COMMIT, m-1: ROLLBACK, m-2: UNKNOW then checked COMMIT, m-3: UNKNOW then ROLLBACK.
     inline = {0: S.COMMIT_MESSAGE, 1: S.ROLLBACK_MESSAGE, 2: S.UNKNOW, 3: S.UNKNOW}
     checked = {2: S.COMMIT_MESSAGE, 3: S.ROLLBACK_MESSAGE}
-    listener = ScriptedListener(lambda v: inline[int(v.split(b"-")[1]) % 4],
-                                lambda v: checked.get(int(v.split(b"-")[1]) % 4, S.UNKNOW))
+    listener = ScriptedListener(
+        lambda v: inline[int(v.split(b"-")[1]) % 4],
+        lambda v: checked.get(int(v.split(b"-")[1]) % 4, S.UNKNOW),
+    )
     # The image's [otel] extra: OTEL_* variables alone send its promote spans to a receiver.
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{name}-otlp:4318",
-            "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_SERVICE_NAME": name}
-    with OtlpReceiverContainer(stack.network, f"{name}-otlp") as receiver, _coordinator(
-            stack, name, prefix, env=otel, instance_id=name) as coordinator:
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{name}-otlp:4318",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_SERVICE_NAME": name,
+    }
+    with (
+        OtlpReceiverContainer(stack.network, f"{name}-otlp") as receiver,
+        _coordinator(stack, name, prefix, env=otel, instance_id=name) as coordinator,
+    ):
         receiver.wait_log("receiver listening")
         coordinator.wait_healthy()
         log = coordinator.wait_log(rf"transaction service {name} running")
         announce(f"\ncoordinator: container {name} ({coordinator.container.image}), healthy")
         with _producer(stack, prefix, listener) as producer:
             for i in range(40):
-                producer.send_message_in_transaction(Message(
-                    topic, f"m-{i}".encode(), key=f"k{i}",
-                    headers={"traceparent": _traceparent(i)}))
+                producer.send_message_in_transaction(
+                    Message(
+                        topic,
+                        f"m-{i}".encode(),
+                        key=f"k{i}",
+                        headers={"traceparent": _traceparent(i)},
+                    )
+                )
             expected = {f"m-{i}".encode() for i in range(40) if i % 4 in (0, 2)}
             reader = TopicReader(stack.conf(), topic, 2)
             try:
-                reader.read_until(lambda r: len(r) >= len(expected), 90,
-                                  "the commits and the checked commits")
+                reader.read_until(
+                    lambda r: len(r) >= len(expected), 90, "the commits and the checked commits"
+                )
             finally:
                 reader.close()
         # A commit's and a checked commit's promote spans, in the traces their headers name.
@@ -102,8 +128,9 @@ def test_commit_rollback_and_back_check_through_the_coordinator_container(stack,
         assert "running" in log and "exporting spans over OTLP/HTTP" in log
     records = read_to_end(stack.conf(), topic, 2)
     _exactly_once(records, expected)
-    assert {dict(m.headers())["traceparent"].decode() for m in records
-            if m.value() == b"m-0"} == {_traceparent(0)}  # kept on the promoted record
+    assert {dict(m.headers())["traceparent"].decode() for m in records if m.value() == b"m-0"} == {
+        _traceparent(0)
+    }  # kept on the promoted record
     assert {int(v.split(b"-")[1]) % 4 for v in listener.checked} == {2, 3}
 
 
@@ -119,8 +146,9 @@ def test_docker_kill_mid_2000_commits_then_a_new_container_promotes_each_once(st
     try:
         with first, _producer(stack, prefix, listener) as producer:
             first.wait_log(rf"transaction service {name} running")
-            sender = _send(producer, [Message(topic, f"m{i}".encode(), key=f"k{i % 50}")
-                                      for i in range(total)])
+            sender = _send(
+                producer, [Message(topic, f"m{i}".encode(), key=f"k{i % 50}") for i in range(total)]
+            )
             reader.read_until(lambda r: len(r) >= 400, 180, "the first promotions")
             first.kill()  # docker kill: SIGKILL, no chance to finish anything
             with second:
@@ -139,11 +167,19 @@ def test_docker_kill_mid_2000_commits_then_a_new_container_promotes_each_once(st
 
 def _uncommitted_values(stack, topic: str, partitions: int) -> Counter:
     """Every data record of ``topic`` read_uncommitted: an aborted promotion shows here."""
-    consumer = RawConsumer({**stack.conf(), "group.id": "unused",
-                            "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+    consumer = RawConsumer(
+        {
+            **stack.conf(),
+            "group.id": "unused",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+        }
+    )
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         values: Counter = Counter()
         done: set[int] = {p for p, end in ends.items() if end == 0}
@@ -166,11 +202,14 @@ def test_docker_stop_exits_0_in_the_grace_period_and_leaves_no_aborted_promotion
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     reader = TopicReader(stack.conf(), topic, 2)
     try:
-        with _coordinator(stack, name, prefix, instance_id=name) as coordinator, \
-                _producer(stack, prefix, listener) as producer:
+        with (
+            _coordinator(stack, name, prefix, instance_id=name) as coordinator,
+            _producer(stack, prefix, listener) as producer,
+        ):
             coordinator.wait_log(rf"transaction service {name} running")
-            sender = _send(producer, [Message(topic, f"m{i}".encode(), key=f"k{i % 20}")
-                                      for i in range(total)])
+            sender = _send(
+                producer, [Message(topic, f"m{i}".encode(), key=f"k{i % 20}") for i in range(total)]
+            )
             reader.read_until(lambda r: len(r) >= 100, 120, "promotions in flight")
             # docker stop: SIGTERM, then SIGKILL after the grace (exit code 137, not 0).
             assert coordinator.stop(GRACE_S) == 0
@@ -192,8 +231,7 @@ def test_docker_stop_exits_0_in_the_grace_period_and_leaves_no_aborted_promotion
                 assert successor.stop(GRACE_S) == 0
     finally:
         reader.close()
-    _exactly_once(read_to_end(stack.conf(), topic, 2),
-                  {f"m{i}".encode() for i in range(total)})
+    _exactly_once(read_to_end(stack.conf(), topic, 2), {f"m{i}".encode() for i in range(total)})
 
 
 def test_two_coordinator_containers_split_the_partitions_and_commits_flow(stack, announce):
@@ -202,21 +240,32 @@ def test_two_coordinator_containers_split_the_partitions_and_commits_flow(stack,
     total = 500
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     everything = set(range(FAST["half_partitions"]))
-    with _coordinator(stack, f"{name}-a", prefix) as one, \
-            _coordinator(stack, f"{name}-b", prefix) as two:
+    with (
+        _coordinator(stack, f"{name}-a", prefix) as one,
+        _coordinator(stack, f"{name}-b", prefix) as two,
+    ):
         reader = TopicReader(stack.conf(), topic, 2)
         try:
-            reader.read_until(lambda _r: one.owned_partitions() and two.owned_partitions()
-                              and one.owned_partitions() | two.owned_partitions()
-                              == everything, 120, "a split of the half/op partitions")
+            reader.read_until(
+                lambda _r: (
+                    one.owned_partitions()
+                    and two.owned_partitions()
+                    and one.owned_partitions() | two.owned_partitions() == everything
+                ),
+                120,
+                "a split of the half/op partitions",
+            )
             halves = one.owned_partitions(), two.owned_partitions()
             assert not halves[0] & halves[1] and halves[0] | halves[1] == everything
-            announce(f"\ncoordinator containers: {one.name} owns {sorted(halves[0])}, "
-                  f"{two.name} owns {sorted(halves[1])}")
+            announce(
+                f"\ncoordinator containers: {one.name} owns {sorted(halves[0])}, "
+                f"{two.name} owns {sorted(halves[1])}"
+            )
             with _producer(stack, prefix, listener) as producer:
                 for i in range(total):
                     producer.send_message_in_transaction(
-                        Message(topic, f"m{i}".encode(), key=f"k{i % 50}"))
+                        Message(topic, f"m{i}".encode(), key=f"k{i % 50}")
+                    )
             reader.read_until(lambda r: len(r) >= total, 120, "every promotion")
         finally:
             reader.close()

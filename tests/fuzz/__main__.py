@@ -26,8 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="reproduce a run (default: random)")
     parser.add_argument("--only", default="", help="comma-separated categories (default all)")
     parser.add_argument("--skip", default="", help="comma-separated categories to leave out")
-    parser.add_argument("--safe", action="store_true",
-                        help="leave out the categories today's code is known to fail on")
+    parser.add_argument(
+        "--safe",
+        action="store_true",
+        help="leave out the categories today's code is known to fail on",
+    )
     parser.add_argument("--list", action="store_true", help="list the categories and exit")
     parser.add_argument("--bootstrap", default=os.environ.get("RMQ_BOOTSTRAP_SERVERS"))
     parser.add_argument("--log-dir", type=Path, help="where the coordinator's log goes")
@@ -45,15 +48,26 @@ def main(argv: list[str] | None = None) -> int:
     # The producers' own warnings about the bad records are expected: errors only.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     if args.bootstrap:
-        report = run(args.bootstrap, records=args.records, categories=categories,
-                     seed=args.seed, log_dir=args.log_dir)
+        report = run(
+            args.bootstrap,
+            records=args.records,
+            categories=categories,
+            seed=args.seed,
+            log_dir=args.log_dir,
+        )
     else:
         data_dir = Path(tempfile.mkdtemp(prefix="rmq-fuzz-kafka-"))
         kafka = EmbeddedKafka(data_dir, port=free_port())
         try:
             kafka.start()
-            report = run(kafka.bootstrap, records=args.records, categories=categories,
-                         seed=args.seed, conf=kafka.client_conf(), log_dir=args.log_dir)
+            report = run(
+                kafka.bootstrap,
+                records=args.records,
+                categories=categories,
+                seed=args.seed,
+                conf=kafka.client_conf(),
+                log_dir=args.log_dir,
+            )
         finally:
             kafka.stop()
             shutil.rmtree(data_dir, ignore_errors=True)

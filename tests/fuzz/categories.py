@@ -107,10 +107,10 @@ def _commit_after(txn: str, ctx: Ctx) -> FollowUp:
     return then
 
 
-def _half_case(name: str, raw: Raw, txn: str, ctx: Ctx, *, commit: bool = False,
-               never_promoted: bool = False) -> Case:
-    return Case(name, HALF, [raw], _commit_after(txn, ctx) if commit else None, txn,
-                never_promoted)
+def _half_case(
+    name: str, raw: Raw, txn: str, ctx: Ctx, *, commit: bool = False, never_promoted: bool = False
+) -> Case:
+    return Case(name, HALF, [raw], _commit_after(txn, ctx) if commit else None, txn, never_promoted)
 
 
 # -- half records ----------------------------------------------------------------------------
@@ -136,15 +136,20 @@ def half_not_utf8(rng: random.Random, ctx: Ctx) -> Case:
 
 
 def half_empty(rng: random.Random, ctx: Ctx) -> Case:
-    raw = Raw(pick(rng, [None, b"", some_bytes(rng)]), pick(rng, [None, b""]),
-              pick(rng, [None, [], [("app", b"1")]]), rng.randrange(ctx.partitions))
+    raw = Raw(
+        pick(rng, [None, b"", some_bytes(rng)]),
+        pick(rng, [None, b""]),
+        pick(rng, [None, [], [("app", b"1")]]),
+        rng.randrange(ctx.partitions),
+    )
     return Case("half_empty", HALF, [raw])
 
 
 def _stray_headers(rng: random.Random, ctx: Ctx) -> RawHeaders:
     """User headers with binary values, and ``rmq.*`` headers a half record never has."""
-    out: RawHeaders = [(f"fuzz-{rng.randrange(1000)}", some_bytes(rng, 300))
-                       for _ in range(rng.randrange(4))]
+    out: RawHeaders = [
+        (f"fuzz-{rng.randrange(1000)}", some_bytes(rng, 300)) for _ in range(rng.randrange(4))
+    ]
     stray = [n for n in HEADER_VALUES if n not in (*REQUIRED_HALF, *NUMERIC_HALF)]
     for name in rng.sample(stray, 1 + rng.randrange(3)):
         out.append((name, HEADER_VALUES[name](rng, ctx) or b""))
@@ -193,8 +198,9 @@ def half_partition_out_of_range(rng: random.Random, ctx: Ctx) -> Case:
     raw, txn = valid_half(rng, ctx)
     partition = pick(rng, [1, 99, INT32_MAX, 2**31, 2**40, -5, -1])
     raw.headers = set_header(raw.headers or [], H.REAL_PARTITION, str(partition).encode())
-    return _half_case("half_partition_out_of_range", raw, txn, ctx, commit=True,
-                      never_promoted=True)
+    return _half_case(
+        "half_partition_out_of_range", raw, txn, ctx, commit=True, never_promoted=True
+    )
 
 
 def half_system_topic(rng: random.Random, ctx: Ctx) -> Case:
@@ -211,9 +217,21 @@ def half_unknown_topic(rng: random.Random, ctx: Ctx) -> Case:
 
 
 # -- members of multi-message transactions (issue 18) ---------------------------------------
-BAD_MEMBERSHIP = ((b"x", b"0"), (b"", b"0"), (b"1", b"0"), (b"0", b"0"), (b"-3", b"1"),
-                  (b"3", b"3"), (b"3", b"9"), (b"1001", b"0"), (str(2**64).encode(), b"0"),
-                  (b"3", None), (None, b"1"), (b"2", b"-1"), (b"\xff", b"0"))
+BAD_MEMBERSHIP = (
+    (b"x", b"0"),
+    (b"", b"0"),
+    (b"1", b"0"),
+    (b"0", b"0"),
+    (b"-3", b"1"),
+    (b"3", b"3"),
+    (b"3", b"9"),
+    (b"1001", b"0"),
+    (str(2**64).encode(), b"0"),
+    (b"3", None),
+    (None, b"1"),
+    (b"2", b"-1"),
+    (b"\xff", b"0"),
+)
 
 
 def txn_bad_membership(rng: random.Random, ctx: Ctx) -> Case:
@@ -222,11 +240,15 @@ def txn_bad_membership(rng: random.Random, ctx: Ctx) -> Case:
     raws, txn = valid_members(rng, ctx, 2)
     size, index = pick(rng, BAD_MEMBERSHIP)
     headers = [h for h in raws[0].headers or [] if h[0] not in (H.TXN_SIZE, H.TXN_INDEX)]
-    headers += [(name, value) for name, value in ((H.TXN_SIZE, size), (H.TXN_INDEX, index))
-                if value is not None]
+    headers += [
+        (name, value)
+        for name, value in ((H.TXN_SIZE, size), (H.TXN_INDEX, index))
+        if value is not None
+    ]
     raw = Raw(raws[0].value, raws[0].key, headers, raws[0].partition)
-    return _half_case("txn_bad_membership", raw, txn, ctx, commit=rng.random() < 0.5,
-                      never_promoted=True)
+    return _half_case(
+        "txn_bad_membership", raw, txn, ctx, commit=rng.random() < 0.5, never_promoted=True
+    )
 
 
 def txn_member_mismatch(rng: random.Random, ctx: Ctx) -> Case:
@@ -235,24 +257,41 @@ def txn_member_mismatch(rng: random.Random, ctx: Ctx) -> Case:
     are never promoted in part (discarded as incomplete)."""
     size = rng.randrange(2, 5)
     raws, txn = valid_members(rng, ctx, size)
-    good = raws[:rng.randrange(1, size)]
-    odd = pick(rng, raws[:len(good)])
-    name, value = pick(rng, [(H.TXN_SIZE, str(size + 1).encode()),
-                             (H.TXN_INDEX, dict(odd.headers or [])[H.TXN_INDEX]),
-                             (H.PRODUCER_GROUP, b"fuzz-other-group")])
+    good = raws[: rng.randrange(1, size)]
+    odd = pick(rng, raws[: len(good)])
+    name, value = pick(
+        rng,
+        [
+            (H.TXN_SIZE, str(size + 1).encode()),
+            (H.TXN_INDEX, dict(odd.headers or [])[H.TXN_INDEX]),
+            (H.PRODUCER_GROUP, b"fuzz-other-group"),
+        ],
+    )
     odd = Raw(odd.value, odd.key, set_header(odd.headers or [], name, value), odd.partition)
-    return Case("txn_member_mismatch", HALF, [*good, odd], _commit_after(txn, ctx), txn,
-                never_promoted=True, bad=1)
+    return Case(
+        "txn_member_mismatch",
+        HALF,
+        [*good, odd],
+        _commit_after(txn, ctx),
+        txn,
+        never_promoted=True,
+        bad=1,
+    )
 
 
 # -- Op records ------------------------------------------------------------------------------
 OP_TYPES = (RecordType.END_REQUEST, RecordType.END_REQUESTS, *MARKER_TYPES)
-NOT_OP_TYPES = (RecordType.CHECK_REQUEST, RecordType.LOCK_REQUEST, RecordType.LOCK_REPLY,
-                RecordType.LOCK_STATE)
+NOT_OP_TYPES = (
+    RecordType.CHECK_REQUEST,
+    RecordType.LOCK_REQUEST,
+    RecordType.LOCK_REPLY,
+    RecordType.LOCK_STATE,
+)
 
 
-def _op(name: str, rng: random.Random, ctx: Ctx, value: bytes | None,
-        partition: int | None = None) -> Case:
+def _op(
+    name: str, rng: random.Random, ctx: Ctx, value: bytes | None, partition: int | None = None
+) -> Case:
     p = rng.randrange(ctx.partitions) if partition is None else partition
     return Case(name, OP, [Raw(value, partition=p)])
 
@@ -301,34 +340,57 @@ def end_request_odd_fields(rng: random.Random, ctx: Ctx) -> Case:
     if isinstance(record, EndRequests) and rng.random() < 0.2:
         entries = tuple(EndEntry(txn_id(), i, EndState.COMMIT) for i in range(300))
         record = EndRequests(record.producer_group, record.half_partition, entries, record.ts)
-    return _op("end_request_odd_fields", rng, ctx, corrupted(rng, record),
-               record.half_partition)
+    return _op("end_request_odd_fields", rng, ctx, corrupted(rng, record), record.half_partition)
 
 
 def _marker_at(rng: random.Random, ctx: Ctx, offset: int, txn: str) -> bytes:
     outcome = pick(rng, V1_OUTCOMES)
-    return encode(pick(rng, [
-        DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
-        DoneMarker(offset, txn, outcome, 0, ctx.now_ms),
-        CheckMarker(offset, txn, INT32_MAX, pick(rng, [0, INT32_MAX]), 0,
-                    pick(rng, [INT64_MAX, ctx.now_ms + 10**9]), ctx.now_ms),
-    ]))
+    return encode(
+        pick(
+            rng,
+            [
+                DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
+                DoneMarker(offset, txn, outcome, 0, ctx.now_ms),
+                CheckMarker(
+                    offset,
+                    txn,
+                    INT32_MAX,
+                    pick(rng, [0, INT32_MAX]),
+                    0,
+                    pick(rng, [INT64_MAX, ctx.now_ms + 10**9]),
+                    ctx.now_ms,
+                ),
+            ],
+        )
+    )
 
 
 def forged_done_marker(rng: random.Random, ctx: Ctx) -> Case:
     """A done marker for a good pending transaction, written by a plain producer."""
     p, offset, txn = pick(rng, ctx.targets) if ctx.targets else (0, rng.randrange(50), "x")
     outcome = pick(rng, V1_OUTCOMES)
-    record = pick(rng, [DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
-                        DoneMarker(offset, txn, outcome, 0, ctx.now_ms)])
+    record = pick(
+        rng,
+        [
+            DoneMarkers((DoneEntry(offset, txn, outcome, 0),), ctx.now_ms),
+            DoneMarker(offset, txn, outcome, 0, ctx.now_ms),
+        ],
+    )
     return _op("forged_done_marker", rng, ctx, encode(record), p)
 
 
 def forged_check_marker(rng: random.Random, ctx: Ctx) -> Case:
     """A check marker for a good pending transaction that puts its next check off for ever."""
     p, offset, txn = pick(rng, ctx.targets) if ctx.targets else (0, rng.randrange(50), "x")
-    record = CheckMarker(offset, txn, pick(rng, [1, INT32_MAX]), pick(rng, [0, INT32_MAX]),
-                         0, pick(rng, [INT64_MAX, ctx.now_ms + 10**9]), ctx.now_ms)
+    record = CheckMarker(
+        offset,
+        txn,
+        pick(rng, [1, INT32_MAX]),
+        pick(rng, [0, INT32_MAX]),
+        0,
+        pick(rng, [INT64_MAX, ctx.now_ms + 10**9]),
+        ctx.now_ms,
+    )
     return _op("forged_check_marker", rng, ctx, encode(record), p)
 
 
@@ -359,13 +421,29 @@ def check_request_unanswerable(rng: random.Random, ctx: Ctx) -> Case:
     """A check request whose message has no valid topic or partition, or whose half
     partition the Op topic lacks (the answer cannot be written)."""
     record: CheckRequest = VALID[RecordType.CHECK_REQUEST](rng, ctx)
-    topic, partition, half_partition = pick(rng, [
-        ("", None, record.half_partition), (record.topic, -1, record.half_partition),
-        (record.topic, INT32_MIN, record.half_partition),
-        (record.topic, None, pick(rng, [ctx.partitions, INT32_MAX, -5]))])
-    bad = CheckRequest(record.txn_id, ctx.group, half_partition, record.half_offset,
-                       record.check_seq, record.born_ts, topic, partition, record.key,
-                       record.value, record.headers, record.ts)
+    topic, partition, half_partition = pick(
+        rng,
+        [
+            ("", None, record.half_partition),
+            (record.topic, -1, record.half_partition),
+            (record.topic, INT32_MIN, record.half_partition),
+            (record.topic, None, pick(rng, [ctx.partitions, INT32_MAX, -5])),
+        ],
+    )
+    bad = CheckRequest(
+        record.txn_id,
+        ctx.group,
+        half_partition,
+        record.half_offset,
+        record.check_seq,
+        record.born_ts,
+        topic,
+        partition,
+        record.key,
+        record.value,
+        record.headers,
+        record.ts,
+    )
     return _check("check_request_unanswerable", encode(bad), ctx.group)
 
 
@@ -382,32 +460,47 @@ def _lock(request: LockRequest, partition: int) -> Raw:
 def lock_garbage(rng: random.Random, ctx: Ctx) -> Case:
     data = valid_bytes(rng, ctx, RecordType.LOCK_REQUEST)
     value = pick(rng, [*BREAKING, huge_length])(rng, data)
-    return Case("lock_garbage", LOCK_REQUEST, [Raw(value, partition=rng.randrange(
-        ctx.partitions))])
+    return Case("lock_garbage", LOCK_REQUEST, [Raw(value, partition=rng.randrange(ctx.partitions))])
 
 
 def _request(rng: random.Random, ctx: Ctx, group: str, **fields: object) -> LockRequest:
     key = lock_key(rng, ctx, group)
-    base = {"kind": RequestKind.LOCK, "request_id": txn_id(), "client_id": "fuzz-c",
-            "group": group, "reply_partition": 0,
-            "queues": (QueueRef(key.topic, key.partition),), "lease_ms": 30_000,
-            "sent_at_ms": ctx.now_ms}
+    base = {
+        "kind": RequestKind.LOCK,
+        "request_id": txn_id(),
+        "client_id": "fuzz-c",
+        "group": group,
+        "reply_partition": 0,
+        "queues": (QueueRef(key.topic, key.partition),),
+        "lease_ms": 30_000,
+        "sent_at_ms": ctx.now_ms,
+    }
     return LockRequest(**{**base, **fields})
 
 
 def lock_misrouted(rng: random.Random, ctx: Ctx) -> Case:
     request = _request(rng, ctx, f"fuzz-mr-{rng.randrange(10**6)}")
     right = _routed(request.queues[0].key(request.group), ctx)
-    return Case("lock_misrouted", LOCK_REQUEST,
-                [_lock(request, (right + 1 + rng.randrange(ctx.partitions - 1))
-                       % ctx.partitions)])
+    return Case(
+        "lock_misrouted",
+        LOCK_REQUEST,
+        [_lock(request, (right + 1 + rng.randrange(ctx.partitions - 1)) % ctx.partitions)],
+    )
 
 
 def lock_invalid(rng: random.Random, ctx: Ctx) -> Case:
-    request = _request(rng, ctx, f"fuzz-inv-{rng.randrange(10**6)}", client_id="",
-                       kind=pick(rng, list(RequestKind)))
-    return Case("lock_invalid", LOCK_REQUEST,
-                [_lock(request, _routed(request.queues[0].key(request.group), ctx))])
+    request = _request(
+        rng,
+        ctx,
+        f"fuzz-inv-{rng.randrange(10**6)}",
+        client_id="",
+        kind=pick(rng, list(RequestKind)),
+    )
+    return Case(
+        "lock_invalid",
+        LOCK_REQUEST,
+        [_lock(request, _routed(request.queues[0].key(request.group), ctx))],
+    )
 
 
 def lock_stale_epoch(rng: random.Random, ctx: Ctx) -> Case:
@@ -415,8 +508,13 @@ def lock_stale_epoch(rng: random.Random, ctx: Ctx) -> Case:
     group = f"fuzz-se-{txn_id()}"
     granted = _request(rng, ctx, group)
     ref = granted.queues[0]
-    stale = _request(rng, ctx, group, kind=RequestKind.UNLOCK, queues=(QueueRef(
-        ref.topic, ref.partition, pick(rng, [0, 2, 999, -1, INT64_MAX])),))
+    stale = _request(
+        rng,
+        ctx,
+        group,
+        kind=RequestKind.UNLOCK,
+        queues=(QueueRef(ref.topic, ref.partition, pick(rng, [0, 2, 999, -1, INT64_MAX])),),
+    )
     p = _routed(ref.key(group), ctx)
     return Case("lock_stale_epoch", LOCK_REQUEST, [_lock(granted, p), _lock(stale, p)], bad=1)
 
@@ -426,18 +524,26 @@ def lock_odd(rng: random.Random, ctx: Ctx) -> Case:
     group = f"fuzz-odd-{rng.randrange(10**6)}"
     key = lock_key(rng, ctx, group)
     p = _routed(key, ctx)
-    odd = pick(rng, [
-        lambda: {"lease_ms": pick(rng, [0, -1, INT64_MAX])},
-        lambda: {"reply_partition": pick(rng, [-1, 999, INT32_MAX])},
-        lambda: {"kind": RequestKind.UNLOCK},
-        lambda: {"queues": (QueueRef(key.topic, key.partition,
-                                     pick(rng, [0, -1, INT64_MAX])),)},
-        lambda: {"queues": tuple(
-            QueueRef(f"t{i}", i) for i in range(3000)
-            if LockKey(group, f"t{i}", i).request_partition(ctx.partitions) == p)},
-        lambda: {"request_id": huge_text(rng), "client_id": f"fuzz-{huge_text(rng)[:50_000]}"},
-        lambda: {"queues": ()},
-    ])()
+    odd = pick(
+        rng,
+        [
+            lambda: {"lease_ms": pick(rng, [0, -1, INT64_MAX])},
+            lambda: {"reply_partition": pick(rng, [-1, 999, INT32_MAX])},
+            lambda: {"kind": RequestKind.UNLOCK},
+            lambda: {
+                "queues": (QueueRef(key.topic, key.partition, pick(rng, [0, -1, INT64_MAX])),)
+            },
+            lambda: {
+                "queues": tuple(
+                    QueueRef(f"t{i}", i)
+                    for i in range(3000)
+                    if LockKey(group, f"t{i}", i).request_partition(ctx.partitions) == p
+                )
+            },
+            lambda: {"request_id": huge_text(rng), "client_id": f"fuzz-{huge_text(rng)[:50_000]}"},
+            lambda: {"queues": ()},
+        ],
+    )()
     if "queues" not in odd or odd["queues"]:
         odd.setdefault("queues", (QueueRef(key.topic, key.partition),))
     request = _request(rng, ctx, group, **odd)
@@ -449,10 +555,15 @@ def lock_stale_request(rng: random.Random, ctx: Ctx) -> Case:
     the broker's clock (the request topic is LogAppendTime), never by a client's claim: it is
     handled like any other, so nothing is owed a count (the refusal of a really stale request
     is tests/integration/test_edges.py's)."""
-    request = _request(rng, ctx, f"{STALE_LOCK_GROUP}{rng.randrange(10**6)}",
-                       sent_at_ms=ctx.now_ms - 600_000)
-    return Case("lock_stale_request", LOCK_REQUEST,
-                [_lock(request, _routed(request.queues[0].key(request.group), ctx))], bad=0)
+    request = _request(
+        rng, ctx, f"{STALE_LOCK_GROUP}{rng.randrange(10**6)}", sent_at_ms=ctx.now_ms - 600_000
+    )
+    return Case(
+        "lock_stale_request",
+        LOCK_REQUEST,
+        [_lock(request, _routed(request.queues[0].key(request.group), ctx))],
+        bad=0,
+    )
 
 
 CATEGORIES: tuple[Category, ...] = (
@@ -526,8 +637,9 @@ BY_NAME = {c.name: c for c in CATEGORIES}
 KNOWN_BAD = {c.name: c.known_bad for c in CATEGORIES if c.known_bad}
 
 
-def select(only: Iterable[str] = (), skip: Iterable[str] = (), *,
-           safe: bool = False) -> list[Category]:
+def select(
+    only: Iterable[str] = (), skip: Iterable[str] = (), *, safe: bool = False
+) -> list[Category]:
     """Categories by name (``only``; all by default) less ``skip``; ``safe`` drops the known
     bad ones. Unknown names are a ValueError naming the known ones."""
     only, skip = list(only), list(skip)
@@ -545,10 +657,21 @@ def cases(rng: random.Random, ctx: Ctx, categories: list[Category], n: int) -> l
 
 # -- what the coordinator counted ------------------------------------------------------------
 #: Counters of normal work, not of bad input.
-NORMAL_COUNTERS = ("rmq_promotions_total", "rmq_rollbacks_total", "rmq_checks_issued_total",
-                   "rmq_transactions_aborted_total")
-NORMAL_LOCK_EVENTS = ("requests", "granted", "renewed", "taken_over", "released", "aborted",
-                      "expired")
+NORMAL_COUNTERS = (
+    "rmq_promotions_total",
+    "rmq_rollbacks_total",
+    "rmq_checks_issued_total",
+    "rmq_transactions_aborted_total",
+)
+NORMAL_LOCK_EVENTS = (
+    "requests",
+    "granted",
+    "renewed",
+    "taken_over",
+    "released",
+    "aborted",
+    "expired",
+)
 
 
 # An inline UNKNOW (a good producer's) is ignored: only answers to checks count.
@@ -557,9 +680,11 @@ NORMAL_DECISIONS = ("unknown_ignored",)
 
 def bad_input(counts: dict[str, float]) -> dict[str, float]:
     """The counters (``name{label=value}``) that count bad input under a reason."""
-    normal = {*NORMAL_COUNTERS, *(f"rmq_lock_events_total{{event={e}}}"
-                                  for e in NORMAL_LOCK_EVENTS),
-              *(f"rmq_conflicting_decisions_total{{kind={k}}}" for k in NORMAL_DECISIONS)}
+    normal = {
+        *NORMAL_COUNTERS,
+        *(f"rmq_lock_events_total{{event={e}}}" for e in NORMAL_LOCK_EVENTS),
+        *(f"rmq_conflicting_decisions_total{{kind={k}}}" for k in NORMAL_DECISIONS),
+    }
     return {k: v for k, v in counts.items() if v and k not in normal}
 
 
@@ -573,7 +698,8 @@ def counted_by_topic(counts: dict[str, float], prefix: str) -> Counter[str]:
         if key.startswith("rmq_lock_events_total"):
             out[LOCK_REQUEST] += value
         elif key.startswith("rmq_discarded_total") or (
-                key == f"rmq_malformed_records_total{{topic={prefix}_{HALF}}}"):
+            key == f"rmq_malformed_records_total{{topic={prefix}_{HALF}}}"
+        ):
             out[HALF] += value
         else:
             out[OP] += value
@@ -592,5 +718,8 @@ def owed_by_topic(cases: Iterable[Case]) -> Counter[str]:
 def uncounted(counts: dict[str, float], prefix: str, cases: Iterable[Case]) -> list[str]:
     """Topics whose counted bad records moved fewer counters than there were records."""
     owed, counted = owed_by_topic(cases), counted_by_topic(counts, prefix)
-    return [f"{topic}: {n} bad records owed a count, {counted[topic]:.0f} counted"
-            for topic, n in sorted(owed.items()) if counted[topic] < n]
+    return [
+        f"{topic}: {n} bad records owed a count, {counted[topic]:.0f} counted"
+        for topic, n in sorted(owed.items())
+        if counted[topic] < n
+    ]

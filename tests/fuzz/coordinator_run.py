@@ -45,8 +45,13 @@ from tests.fuzz.generators import Ctx, Raw, pick
 
 REPO = Path(__file__).resolve().parents[2]
 # The tests' coordinator settings (tests/integration/txn_helpers.FAST): checks within seconds.
-FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 3,
-        "half_partitions": 4, "check_partitions": 2}
+FAST = {
+    "transaction_timeout_ms": 1500,
+    "check_interval_ms": 2500,
+    "check_max": 3,
+    "half_partitions": 4,
+    "check_partitions": 2,
+}
 CHUNK = 50  # bad cases written between two batches of good transactions
 HTTP_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 120.0
@@ -87,18 +92,22 @@ class Report:
         wrong = {t: self.promoted[t] for t in want if self.promoted[t] != want[t]}
         if wrong:
             lost = sum(1 for t, n in wrong.items() if n < want[t])
-            out.append(f"{len(wrong)} good transactions not promoted exactly once "
-                       f"({lost} lost or short, {len(wrong) - lost} extra), e.g. "
-                       f"{[(t, self.good[t], n) for t, n in list(wrong.items())[:3]]}")
+            out.append(
+                f"{len(wrong)} good transactions not promoted exactly once "
+                f"({lost} lost or short, {len(wrong) - lost} extra), e.g. "
+                f"{[(t, self.good[t], n) for t, n in list(wrong.items())[:3]]}"
+            )
         out += self.forbidden[:5] + self.lock_failures[:5]
         out += self.uncounted
         return out
 
     def text(self) -> str:
-        lines = [f"fuzz run: seed {self.seed}, prefix {self.prefix}, {sum(self.sent.values())} "
-                 f"bad records, {len(self.good)} good transactions, {self.seconds:.0f} s; "
-                 f"coordinator log {self.log_path}",
-                 "bad records sent, per category:"]
+        lines = [
+            f"fuzz run: seed {self.seed}, prefix {self.prefix}, {sum(self.sent.values())} "
+            f"bad records, {len(self.good)} good transactions, {self.seconds:.0f} s; "
+            f"coordinator log {self.log_path}",
+            "bad records sent, per category:",
+        ]
         for name, n in sorted(self.sent.items()):
             flag = f"   [known bad: {KNOWN_BAD[name]}]" if name in KNOWN_BAD else ""
             lines.append(f"  {name:32} {n:6}{flag}")
@@ -124,16 +133,19 @@ class _Listener(TransactionListener):
         return _STATE.get(kind, LocalTransactionState.UNKNOW)
 
 
-_STATE = {b"good-commit": LocalTransactionState.COMMIT_MESSAGE,
-          b"good-rollback": LocalTransactionState.ROLLBACK_MESSAGE}
+_STATE = {
+    b"good-commit": LocalTransactionState.COMMIT_MESSAGE,
+    b"good-rollback": LocalTransactionState.ROLLBACK_MESSAGE,
+}
 _KINDS = {b"good-commit": "COMMIT", b"good-rollback": "ROLLBACK", b"good-unknown": "UNKNOWN"}
 
 
 def _counters(port: int) -> dict[str, float] | None:
     """``name{label=value}`` -> value of every counter the coordinator serves; None if down."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                    timeout=HTTP_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=HTTP_TIMEOUT_S
+        ) as resp:
             text = resp.read().decode()
     except OSError:
         return None
@@ -148,8 +160,9 @@ def _counters(port: int) -> dict[str, float] | None:
 
 def _health(port: int) -> dict:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
-                                    timeout=HTTP_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/healthz", timeout=HTTP_TIMEOUT_S
+        ) as resp:
             return json.loads(resp.read())
     except (OSError, ValueError):
         return {}
@@ -157,9 +170,14 @@ def _health(port: int) -> dict:
 
 def _read_all(conf: dict, topic: str, timeout_s: float = READ_TIMEOUT_S) -> list:
     """Every read_committed record of ``topic`` up to its end as of now ([] if missing)."""
-    consumer = confluent_kafka.Consumer({**conf, "group.id": f"fuzz-reader-{uuid.uuid4().hex}",
-                                         "isolation.level": "read_committed",
-                                         "enable.auto.commit": False})
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": f"fuzz-reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -172,8 +190,7 @@ def _read_all(conf: dict, topic: str, timeout_s: float = READ_TIMEOUT_S) -> list
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             positions = consumer.position([TopicPartition(topic, p) for p in ends])
-            if all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0
-                   for tp in positions):
+            if all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions):
                 break
             records += [m for m in consumer.consume(1000, 0.2) if m.error() is None]
         return records
@@ -195,8 +212,15 @@ def _promoted(msg) -> bool:
 class FuzzRun:
     """One run: a coordinator, a good producer and lock client, and a writer of bad records."""
 
-    def __init__(self, bootstrap: str, conf: dict, categories: list[Category], records: int,
-                 seed: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        conf: dict,
+        categories: list[Category],
+        records: int,
+        seed: int,
+        log_dir: Path,
+    ) -> None:
         self.conf, self.categories, self.records = conf, categories, records
         self.rng = random.Random(seed)
         self.prefix = f"fuzz{uuid.uuid4().hex[:10]}"
@@ -205,12 +229,21 @@ class FuzzRun:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.report = Report(seed, self.prefix, log_dir / f"{self.prefix}-coordinator.log")
         self.coordinator = CoordinatorProcess(
-            bootstrap, self.report.log_path, "--metrics-port", str(self.port),
+            bootstrap,
+            self.report.log_path,
+            "--metrics-port",
+            str(self.port),
             settings={**FAST, "topic_prefix": self.prefix, "instance_id": self.prefix},
-            env={"PYTHONPATH": str(REPO)})
-        self.ctx = Ctx(prefix=self.prefix, partitions=FAST["half_partitions"],
-                       group=f"{self.prefix}-pg", real_topic=f"{self.prefix}-sink",
-                       missing_topic=f"{self.prefix}-missing", lock_group=f"{self.prefix}-lg")
+            env={"PYTHONPATH": str(REPO)},
+        )
+        self.ctx = Ctx(
+            prefix=self.prefix,
+            partitions=FAST["half_partitions"],
+            group=f"{self.prefix}-pg",
+            real_topic=f"{self.prefix}-sink",
+            missing_topic=f"{self.prefix}-missing",
+            lock_group=f"{self.prefix}-lg",
+        )
         self.cases: list[Case] = []
         self.baseline: dict[str, float] = {}
         self.latest: dict[str, float] = {}
@@ -224,10 +257,14 @@ class FuzzRun:
             self.coordinator.wait_ready(START_TIMEOUT_S)
             self._wait_owned()
             self.baseline = _counters(self.port) or {}
-            with TransactionProducer(self.conf, producer_group=self.ctx.group,
-                                     listener=_Listener(), topic_prefix=self.prefix,
-                                     half_partitions=FAST["half_partitions"],
-                                     check_partitions=FAST["check_partitions"]) as producer:
+            with TransactionProducer(
+                self.conf,
+                producer_group=self.ctx.group,
+                listener=_Listener(),
+                topic_prefix=self.prefix,
+                half_partitions=FAST["half_partitions"],
+                check_partitions=FAST["check_partitions"],
+            ) as producer:
                 locks = LockClient(self.conf, topic_prefix=self.prefix)
                 try:
                     self._write(producer, locks)
@@ -254,11 +291,11 @@ class FuzzRun:
         while time.monotonic() < deadline and self.coordinator.poll() is None:
             status = _health(self.port)
             if status.get("owned_partitions") == want and (
-                    status.get("owned_lock_partitions") == want):
+                status.get("owned_lock_partitions") == want
+            ):
                 return
             time.sleep(0.2)
-        raise RmqError(f"the coordinator did not take every partition; see "
-                       f"{self.report.log_path}")
+        raise RmqError(f"the coordinator did not take every partition; see {self.report.log_path}")
 
     def _write(self, producer: TransactionProducer, locks: LockClient) -> None:
         raw = confluent_kafka.Producer({**self.conf, "linger.ms": 5})
@@ -277,16 +314,17 @@ class FuzzRun:
             raw.flush(30)
 
     def _send_good(self, producer: TransactionProducer, n: int) -> tuple:
-        kinds = [pick(self.rng, [b"good-commit", b"good-commit", b"good-rollback",
-                                 b"good-unknown"]) for _ in range(n)]
+        kinds = [
+            pick(self.rng, [b"good-commit", b"good-commit", b"good-rollback", b"good-unknown"])
+            for _ in range(n)
+        ]
         msgs = [Message(self.topic, kind + b":" + uuid.uuid4().hex.encode()) for kind in kinds]
         results = producer.send_messages_in_transaction(msgs)
         targets = []
         for kind, result in zip(kinds, results, strict=True):
             self.report.good[result.transaction_id] = _KINDS[kind]
             if kind == b"good-unknown" and result.half_offset >= 0:
-                targets.append((result.half_partition, result.half_offset,
-                                result.transaction_id))
+                targets.append((result.half_partition, result.half_offset, result.transaction_id))
         producer.flush(30)
         return tuple(targets)
 
@@ -297,6 +335,7 @@ class FuzzRun:
             def on_delivery(err, msg) -> None:
                 if err is None:
                     landed[i] = (msg.partition(), msg.offset())
+
             return on_delivery
 
         for i, case in enumerate(batch):
@@ -311,8 +350,9 @@ class FuzzRun:
                     self._produce(raw, topic, record)
         raw.poll(0)
 
-    def _produce(self, raw: confluent_kafka.Producer, topic: str, record: Raw,
-                 on_delivery=None) -> None:
+    def _produce(
+        self, raw: confluent_kafka.Producer, topic: str, record: Raw, on_delivery=None
+    ) -> None:
         kwargs = {"key": record.key, "headers": record.headers, "on_delivery": on_delivery}
         if record.partition is not None:
             kwargs["partition"] = record.partition
@@ -341,9 +381,14 @@ class FuzzRun:
         """Read promotions until every good COMMIT is there (or the coordinator is gone, or
         time is up), a little more for duplicates, then wait for the counts."""
         want = {t for t, s in self.report.good.items() if s != "ROLLBACK"}
-        consumer = confluent_kafka.Consumer({**self.conf, "group.id": f"fuzz-{self.prefix}",
-                                             "isolation.level": "read_committed",
-                                             "enable.auto.commit": False})
+        consumer = confluent_kafka.Consumer(
+            {
+                **self.conf,
+                "group.id": f"fuzz-{self.prefix}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.assign([TopicPartition(self.topic, p, 0) for p in range(2)])
         promoted = self.report.promoted
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -362,8 +407,11 @@ class FuzzRun:
                         break
         finally:
             consumer.close()
-        while time.monotonic() < deadline and self._alive() and uncounted(
-                self._delta(), self.prefix, self.cases):
+        while (
+            time.monotonic() < deadline
+            and self._alive()
+            and uncounted(self._delta(), self.prefix, self.cases)
+        ):
             time.sleep(0.5)
 
     def _delta(self) -> dict[str, float]:
@@ -376,27 +424,38 @@ class FuzzRun:
         report.owed = owed_by_topic(self.cases)
         report.uncounted = uncounted(self._delta(), self.prefix, self.cases)
         log = self.coordinator.log
-        report.log_problems = [line for line in log.splitlines()
-                               if "Traceback" in line or "coordinator stopped:" in line
-                               or line.startswith(("TypeError", "ValueError", "OverflowError"))]
+        report.log_problems = [
+            line
+            for line in log.splitlines()
+            if "Traceback" in line
+            or "coordinator stopped:" in line
+            or line.startswith(("TypeError", "ValueError", "OverflowError"))
+        ]
         forbidden = {c.txn_id: c.category for c in self.cases if c.never_promoted}
         for topic in (self.ctx.real_topic, *self.ctx.system_topics()):
             for msg in _read_all(self.conf, topic):
                 txn = _txn(msg)
                 if txn in forbidden and _promoted(msg):
-                    report.forbidden.append(f"{forbidden[txn]} txn {txn} promoted to "
-                                            f"{msg.topic()}[{msg.partition()}]")
+                    report.forbidden.append(
+                        f"{forbidden[txn]} txn {txn} promoted to {msg.topic()}[{msg.partition()}]"
+                    )
         topics = AdminClient(self.conf).list_topics(timeout=10).topics
         if self.ctx.missing_topic in topics:
             report.forbidden.append(f"{self.ctx.missing_topic} was created (by a promotion)")
 
 
-
-def run(bootstrap: str, *, records: int, categories: list[Category], seed: int | None = None,
-        conf: dict | None = None, log_dir: Path | None = None) -> Report:
+def run(
+    bootstrap: str,
+    *,
+    records: int,
+    categories: list[Category],
+    seed: int | None = None,
+    conf: dict | None = None,
+    log_dir: Path | None = None,
+) -> Report:
     """One fuzz run through a real coordinator on ``bootstrap``."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "rmq-fuzz"
-    return FuzzRun(bootstrap, conf or {"bootstrap.servers": bootstrap}, categories, records,
-                   seed, log_dir).run()
-
+    return FuzzRun(
+        bootstrap, conf or {"bootstrap.servers": bootstrap}, categories, records, seed, log_dir
+    ).run()

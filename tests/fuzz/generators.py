@@ -81,13 +81,16 @@ class Ctx:
     now_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def system_topics(self) -> list[str]:
-        return [f"{self.prefix}_{s}" for s in ("half", "op", "check", "discard", "lock",
-                                               "lock_request", "lock_reply")]
+        return [
+            f"{self.prefix}_{s}"
+            for s in ("half", "op", "check", "discard", "lock", "lock_request", "lock_reply")
+        ]
 
 
 # -- values ----------------------------------------------------------------------------------
 #: The outcomes a v1 record (DoneMarker, never written since DoneMarkers) can carry.
 V1_OUTCOMES = [o for o in Outcome if o is not Outcome.REAPPENDED]
+
 
 def some_bytes(rng: random.Random, most: int = 48) -> bytes:
     return rng.randbytes(rng.randrange(most + 1))
@@ -99,8 +102,16 @@ def not_utf8(rng: random.Random) -> bytes:
 
 
 def some_text(rng: random.Random) -> str:
-    return rng.choice(["", "x", "ü€/\u0000", "a" * 300, uuid.uuid4().hex,
-                       "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(12))])
+    return rng.choice(
+        [
+            "",
+            "x",
+            "ü€/\u0000",
+            "a" * 300,
+            uuid.uuid4().hex,
+            "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(12)),
+        ]
+    )
 
 
 def huge_text(rng: random.Random) -> str:
@@ -116,17 +127,29 @@ def pick(rng: random.Random, options: list[Any] | tuple[Any, ...]) -> Any:
 
 
 # -- valid records, one builder per record type ----------------------------------------------
-def valid_half(rng: random.Random, ctx: Ctx, *, topic: str | None = None,
-               partition: int | None = None, group: str | None = None,
-               user_headers: RawHeaders | None = None) -> tuple[Raw, str]:
+def valid_half(
+    rng: random.Random,
+    ctx: Ctx,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    group: str | None = None,
+    user_headers: RawHeaders | None = None,
+) -> tuple[Raw, str]:
     """A half record as ``TransactionProducer`` writes it; returns it and its txn id."""
-    msg = Message(topic or ctx.real_topic, some_bytes(rng), key=pick(rng, [None, b"k"]),
-                  partition=partition, tags=pick(rng, [None, "TagA"]),
-                  keys=pick(rng, [None, "key-1"]),
-                  check_immunity_ms=pick(rng, [None, 0, 500]))
+    msg = Message(
+        topic or ctx.real_topic,
+        some_bytes(rng),
+        key=pick(rng, [None, b"k"]),
+        partition=partition,
+        tags=pick(rng, [None, "TagA"]),
+        keys=pick(rng, [None, "key-1"]),
+        check_immunity_ms=pick(rng, [None, 0, 500]),
+    )
     txn = txn_id()
-    headers: RawHeaders = list(half_headers(msg, txn, (group or ctx.group).encode(),
-                                            str(ctx.now_ms).encode()))
+    headers: RawHeaders = list(
+        half_headers(msg, txn, (group or ctx.group).encode(), str(ctx.now_ms).encode())
+    )
     headers = [*(user_headers or []), *headers]
     return Raw(msg.value, msg.key, headers, rng.randrange(ctx.partitions)), txn
 
@@ -140,13 +163,25 @@ def valid_members(rng: random.Random, ctx: Ctx, size: int) -> tuple[list[Raw], s
         raw = first if index == 0 else valid_half(rng, ctx)[0]
         headers = set_header(raw.headers or [], H.TXN_ID, txn.encode())
         headers = set_header(headers, H.TXN_SIZE, str(size).encode())
-        out.append(Raw(raw.value, raw.key, set_header(headers, H.TXN_INDEX, str(index).encode()),
-                       first.partition))
+        out.append(
+            Raw(
+                raw.value,
+                raw.key,
+                set_header(headers, H.TXN_INDEX, str(index).encode()),
+                first.partition,
+            )
+        )
     return out, txn
 
 
-def end_request(ctx: Ctx, partition: int, offset: int, txn: str,
-                state: EndState = EndState.COMMIT, group: str | None = None) -> EndRequest:
+def end_request(
+    ctx: Ctx,
+    partition: int,
+    offset: int,
+    txn: str,
+    state: EndState = EndState.COMMIT,
+    group: str | None = None,
+) -> EndRequest:
     return EndRequest(txn, group or ctx.group, partition, offset, state, False, 0, ctx.now_ms)
 
 
@@ -158,14 +193,24 @@ def _target(rng: random.Random, ctx: Ctx) -> tuple[int, int, str]:
 
 def _end_request(rng: random.Random, ctx: Ctx) -> EndRequest:
     p, offset, _ = _target(rng, ctx)
-    return EndRequest(txn_id(), ctx.group, p, offset, pick(rng, list(EndState)),
-                      rng.random() < 0.3, rng.randrange(4), ctx.now_ms)
+    return EndRequest(
+        txn_id(),
+        ctx.group,
+        p,
+        offset,
+        pick(rng, list(EndState)),
+        rng.random() < 0.3,
+        rng.randrange(4),
+        ctx.now_ms,
+    )
 
 
 def _end_requests(rng: random.Random, ctx: Ctx) -> EndRequests:
     p, offset, _ = _target(rng, ctx)
-    entries = tuple(EndEntry(txn_id(), offset + i, pick(rng, list(EndState)))
-                    for i in range(1 + rng.randrange(5)))
+    entries = tuple(
+        EndEntry(txn_id(), offset + i, pick(rng, list(EndState)))
+        for i in range(1 + rng.randrange(5))
+    )
     return EndRequests(ctx.group, p, entries, ctx.now_ms)
 
 
@@ -188,31 +233,67 @@ def _check_request(rng: random.Random, ctx: Ctx) -> CheckRequest:
     half, txn = valid_half(rng, ctx)
     p, offset, _ = _target(rng, ctx)
     headers = [(k, v or b"") for k, v in half.headers or []]
-    return CheckRequest(txn, ctx.group, p, offset, 1 + rng.randrange(3), ctx.now_ms,
-                        ctx.real_topic, None, half.key, half.value, headers, ctx.now_ms)
+    return CheckRequest(
+        txn,
+        ctx.group,
+        p,
+        offset,
+        1 + rng.randrange(3),
+        ctx.now_ms,
+        ctx.real_topic,
+        None,
+        half.key,
+        half.value,
+        headers,
+        ctx.now_ms,
+    )
 
 
 def lock_key(rng: random.Random, ctx: Ctx, group: str | None = None) -> LockKey:
-    return LockKey(group or f"fuzz-g{rng.randrange(5)}", f"fuzz-t{rng.randrange(3)}",
-                   rng.randrange(8))
+    return LockKey(
+        group or f"fuzz-g{rng.randrange(5)}", f"fuzz-t{rng.randrange(3)}", rng.randrange(8)
+    )
 
 
 def _lock_request(rng: random.Random, ctx: Ctx) -> LockRequest:
     key = lock_key(rng, ctx)
-    return LockRequest(pick(rng, list(RequestKind)), txn_id(), f"fuzz-c{rng.randrange(3)}",
-                       key.group, 0, (QueueRef(key.topic, key.partition),), 30_000,
-                       ctx.now_ms)
+    return LockRequest(
+        pick(rng, list(RequestKind)),
+        txn_id(),
+        f"fuzz-c{rng.randrange(3)}",
+        key.group,
+        0,
+        (QueueRef(key.topic, key.partition),),
+        30_000,
+        ctx.now_ms,
+    )
 
 
 def _lock_reply(rng: random.Random, ctx: Ctx) -> LockReply:
     key = lock_key(rng, ctx)
-    return LockReply(txn_id(), "fuzz-c0", RequestKind.LOCK, (QueueResult(
-        key.topic, key.partition, True, "granted", 1, 30_000, ctx.now_ms + 30_000, "c"),))
+    return LockReply(
+        txn_id(),
+        "fuzz-c0",
+        RequestKind.LOCK,
+        (
+            QueueResult(
+                key.topic, key.partition, True, "granted", 1, 30_000, ctx.now_ms + 30_000, "c"
+            ),
+        ),
+    )
 
 
 def _lock_state(rng: random.Random, ctx: Ctx) -> LockEntry:
-    return LockEntry(lock_key(rng, ctx), pick(rng, list(LockState)), "fuzz-c0",
-                     rng.randrange(5), 30_000, ctx.now_ms, ctx.now_ms + 30_000, ctx.now_ms)
+    return LockEntry(
+        lock_key(rng, ctx),
+        pick(rng, list(LockState)),
+        "fuzz-c0",
+        rng.randrange(5),
+        30_000,
+        ctx.now_ms,
+        ctx.now_ms + 30_000,
+        ctx.now_ms,
+    )
 
 
 #: One builder of a valid record per record type (the house rule: a new type adds one).
@@ -273,12 +354,14 @@ def _leaves(body: Any, avro_type: Any, path: tuple) -> list[tuple[tuple, Any]]:
     return [(path, avro_type)]
 
 
-def corrupt_body(rng: random.Random, record_type: RecordType, body: dict,
-                 keep: tuple[str, ...] = ()) -> tuple[dict, str]:
+def corrupt_body(
+    rng: random.Random, record_type: RecordType, body: dict, keep: tuple[str, ...] = ()
+) -> tuple[dict, str]:
     """``body`` with one scalar set to an extreme of its type (top-level fields in ``keep``
     stay as they are); also says which."""
-    leaves = [leaf for leaf in _leaves(body, schema_json(record_type), ())
-              if leaf[0][0] not in keep]
+    leaves = [
+        leaf for leaf in _leaves(body, schema_json(record_type), ()) if leaf[0][0] not in keep
+    ]
     path, avro_type = pick(rng, leaves)
     value = pick(rng, _extremes(rng, avro_type))
     holder = body
@@ -319,7 +402,7 @@ def _varint(n: int) -> bytes:
 
 
 def truncated(rng: random.Random, data: bytes) -> bytes:
-    return data[:rng.randrange(3, len(data))] if len(data) > 3 else data[:1]
+    return data[: rng.randrange(3, len(data))] if len(data) > 3 else data[:1]
 
 
 def bad_magic(rng: random.Random, data: bytes) -> bytes:
@@ -341,8 +424,19 @@ def huge_length(rng: random.Random, data: bytes) -> bytes:
 
 
 def garbage(rng: random.Random, data: bytes) -> bytes | None:
-    return pick(rng, [None, b"", b"\x00", bytes((MAGIC,)), bytes((MAGIC, 1, 1)),
-                      some_bytes(rng, 200), b"{\"v\": 1}", b"{" + some_bytes(rng, 20)])
+    return pick(
+        rng,
+        [
+            None,
+            b"",
+            b"\x00",
+            bytes((MAGIC,)),
+            bytes((MAGIC, 1, 1)),
+            some_bytes(rng, 200),
+            b'{"v": 1}',
+            b"{" + some_bytes(rng, 20),
+        ],
+    )
 
 
 #: Mutations that leave no decodable record (the decoder must call each malformed).
@@ -372,12 +466,17 @@ def _keys_record(kind: str, **fields: Any) -> bytes:
 KEYS_RECORDS: dict[str, Callable[[random.Random], bytes]] = {
     "key": lambda rng: _keys_record("key", key=some_text(rng) or "k"),
     "fingerprint": lambda rng: _keys_record("fingerprint", fingerprint=some_bytes(rng).hex()),
-    "watermark": lambda rng: _keys_record("watermark", partition=rng.randrange(64),
-                                          offset=rng.randrange(10**9)),
+    "watermark": lambda rng: _keys_record(
+        "watermark", partition=rng.randrange(64), offset=rng.randrange(10**9)
+    ),
     "history": lambda rng: _keys_record("history", earlier=rng.random() < 0.5),
-    "tenancy": lambda rng: _keys_record("tenancy", **{t: {str(p): rng.randrange(10**9)
-                                                          for p in range(rng.randrange(4))}
-                                                      for t in ("half", "op")}),
+    "tenancy": lambda rng: _keys_record(
+        "tenancy",
+        **{
+            t: {str(p): rng.randrange(10**9) for p in range(rng.randrange(4))}
+            for t in ("half", "op")
+        },
+    ),
 }
 #: Odd values for the fields of a keys record: wrong types, out of range, missing.
 KEYS_ODD_VALUES = (None, "", "1", 1.5, -1, True, [], {}, 2**70)
@@ -396,8 +495,9 @@ def keys_mutation(rng: random.Random, data: bytes) -> bytes | None:
     elif how == 2:
         record["kind"] = pick(rng, [*KEYS_RECORDS, "other", None])
     else:
-        return pick(rng, [None, b"", data[: rng.randrange(len(data))], not_utf8(rng),
-                          b"[" + data + b"]"])
+        return pick(
+            rng, [None, b"", data[: rng.randrange(len(data))], not_utf8(rng), b"[" + data + b"]"]
+        )
     return json.dumps(record).encode()
 
 
@@ -414,8 +514,7 @@ def _any(rng: random.Random) -> bytes | None:
 #: generators put these on half records: required ones break the parse, the rest are carried.
 HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.TXN_ID: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
-    H.REAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b"",
-                                              ctx.missing_topic.encode()]),
+    H.REAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b"", ctx.missing_topic.encode()]),
     H.REAL_PARTITION: lambda rng, ctx: _number_text(rng),
     H.PRODUCER_GROUP: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
     H.BORN_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b""]),
@@ -442,66 +541,103 @@ HEADER_VALUES: dict[str, Callable[[random.Random, Ctx], bytes | None]] = {
     H.ANSWERED_SEQ: lambda rng, ctx: _number_text(rng),
     H.NEXT_CHECK_TS: lambda rng, ctx: _number_text(rng),
     # Alone, or next to a good partner, each of these is a malformed member (issue 18).
-    H.TXN_SIZE: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"0", b"1", b"-2",
-                                            b"1001", b"3x", not_utf8(rng)]),
-    H.TXN_INDEX: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"-1", b"1000",
-                                             b"1e3", not_utf8(rng)]),
+    H.TXN_SIZE: lambda rng, ctx: pick(
+        rng, [_number_text(rng), b"", b"0", b"1", b"-2", b"1001", b"3x", not_utf8(rng)]
+    ),
+    H.TXN_INDEX: lambda rng, ctx: pick(
+        rng, [_number_text(rng), b"", b"-1", b"1000", b"1e3", not_utf8(rng)]
+    ),
     # Not an instance id (printable ASCII, at most 128 bytes): the record is malformed.
-    H.CHECK_AFFINITY: lambda rng, ctx: pick(rng, [not_utf8(rng), b"x" * 129, b"id\x00",
-                                                  b"caf\xc3\xa9", b"a\nb"]),
+    H.CHECK_AFFINITY: lambda rng, ctx: pick(
+        rng, [not_utf8(rng), b"x" * 129, b"id\x00", b"caf\xc3\xa9", b"a\nb"]
+    ),
     # Not a list of check partitions: the record is malformed.
-    H.CHECK_PARTITIONS: lambda rng, ctx: pick(rng, [b"-1", b"1,,2", b"a", b"1;2", b" 1",
-                                                    b"99999999999", b"0," * 300 + b"0",
-                                                    not_utf8(rng)]),
+    H.CHECK_PARTITIONS: lambda rng, ctx: pick(
+        rng,
+        [b"-1", b"1,,2", b"a", b"1;2", b" 1", b"99999999999", b"0," * 300 + b"0", not_utf8(rng)],
+    ),
     # Tenant isolation (issue 31): a MAC that is short, long, of another group or none;
     # the record is set aside as forged (isolation on) or carried unread (off).
-    H.GROUP_MAC: lambda rng, ctx: pick(rng, [None, b"", some_bytes(rng), b"\x00" * 32,
-                                             not_utf8(rng), huge_text(rng).encode()]),
+    H.GROUP_MAC: lambda rng, ctx: pick(
+        rng, [None, b"", some_bytes(rng), b"\x00" * 32, not_utf8(rng), huge_text(rng).encode()]
+    ),
     # W3C trace context (issue 20): user headers the coordinator keeps on promotion and reads
     # for its promote span; a forged one must neither stop it nor block the record.
-    "traceparent": lambda rng, ctx: pick(rng, [
-        not_utf8(rng), b"", b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01",
-        b"ff-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01", b"00-xyz-abc-01",
-        b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01-extra", huge_text(rng).encode()]),
-    "tracestate": lambda rng, ctx: pick(rng, [not_utf8(rng), b"=,=,", b"a=" * 1000,
-                                              huge_text(rng).encode()]),
+    "traceparent": lambda rng, ctx: pick(
+        rng,
+        [
+            not_utf8(rng),
+            b"",
+            b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01",
+            b"ff-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01",
+            b"00-xyz-abc-01",
+            b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01-extra",
+            huge_text(rng).encode(),
+        ],
+    ),
+    "tracestate": lambda rng, ctx: pick(
+        rng, [not_utf8(rng), b"=,=,", b"a=" * 1000, huge_text(rng).encode()]
+    ),
 }
 # The concurrent consumer's retry headers and the extended DLQ family (issue 17): odd
 # values a forged retry or dead-letter record may carry.
-HEADER_VALUES.update({
-    H.PROMOTED_AT: lambda rng, ctx: _number_text(rng),
-    H.RECONSUME_TIMES: lambda rng, ctx: pick(rng, [_number_text(rng), b"", b"-1", b"0",
-                                                   str(2**40).encode()]),
-    H.ORIGINAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
-    H.ORIGINAL_PARTITION: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
-    H.ORIGINAL_OFFSET: lambda rng, ctx: pick(rng, [_number_text(rng), b"-7"]),
-    H.FIRST_FAILURE_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
-    H.RETRY_DUE_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1",
-                                                str(ctx.now_ms + 10**9).encode()]),
-    H.DLQ_EXCEPTION: lambda rng, ctx: _any(rng),
-    H.DLQ_EXCEPTION_MESSAGE: lambda rng, ctx: _any(rng),
-    H.DLQ_FIRST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
-    H.DLQ_LAST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
-    H.DLQ_REASON: lambda rng, ctx: pick(rng, [_any(rng), b"raised", b"", not_utf8(rng)]),
-})
+HEADER_VALUES.update(
+    {
+        H.PROMOTED_AT: lambda rng, ctx: _number_text(rng),
+        H.RECONSUME_TIMES: lambda rng, ctx: pick(
+            rng, [_number_text(rng), b"", b"-1", b"0", str(2**40).encode()]
+        ),
+        H.ORIGINAL_TOPIC: lambda rng, ctx: pick(rng, [not_utf8(rng), b""]),
+        H.ORIGINAL_PARTITION: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
+        H.ORIGINAL_OFFSET: lambda rng, ctx: pick(rng, [_number_text(rng), b"-7"]),
+        H.FIRST_FAILURE_TS: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
+        H.RETRY_DUE_TS: lambda rng, ctx: pick(
+            rng, [_number_text(rng), b"-1", str(ctx.now_ms + 10**9).encode()]
+        ),
+        H.DLQ_EXCEPTION: lambda rng, ctx: _any(rng),
+        H.DLQ_EXCEPTION_MESSAGE: lambda rng, ctx: _any(rng),
+        H.DLQ_FIRST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
+        H.DLQ_LAST_FAILURE_TS: lambda rng, ctx: _number_text(rng),
+        H.DLQ_REASON: lambda rng, ctx: pick(rng, [_any(rng), b"raised", b"", not_utf8(rng)]),
+    }
+)
 #: The retry headers a concurrent consumer parses (each odd value above is refused).
-RETRY_PARSED = (H.RECONSUME_TIMES, H.ORIGINAL_TOPIC, H.ORIGINAL_PARTITION,
-                H.ORIGINAL_OFFSET, H.FIRST_FAILURE_TS, H.RETRY_DUE_TS)
+RETRY_PARSED = (
+    H.RECONSUME_TIMES,
+    H.ORIGINAL_TOPIC,
+    H.ORIGINAL_PARTITION,
+    H.ORIGINAL_OFFSET,
+    H.FIRST_FAILURE_TS,
+    H.RETRY_DUE_TS,
+)
 
 
 def valid_retry(rng: random.Random, ctx: Ctx, *, reconsume_times: int = 1) -> Raw:
     """A retry copy as a PushConsumer writes it, due now, from ``ctx.real_topic``."""
-    headers = retry_headers([("app", b"1")], topic=ctx.real_topic, partition=0,
-                            offset=rng.randrange(1000), reconsume_times=reconsume_times,
-                            first_failure_ms=ctx.now_ms, due_ms=ctx.now_ms)
+    headers = retry_headers(
+        [("app", b"1")],
+        topic=ctx.real_topic,
+        partition=0,
+        offset=rng.randrange(1000),
+        reconsume_times=reconsume_times,
+        first_failure_ms=ctx.now_ms,
+        due_ms=ctx.now_ms,
+    )
     return Raw(some_bytes(rng), pick(rng, [None, b"k"]), list(headers), 0)
 
 
 #: Headers a half record must carry (``records.half``), and those whose odd value makes it
 #: malformed (numbers, and the check affinity's instance id).
 REQUIRED_HALF = (H.TXN_ID, H.REAL_TOPIC, H.PRODUCER_GROUP, H.BORN_TS)
-NUMERIC_HALF = (H.BORN_TS, H.REAL_PARTITION, H.CHECK_IMMUNITY_MS, H.TXN_SIZE, H.TXN_INDEX,
-                H.CHECK_AFFINITY, H.CHECK_PARTITIONS)
+NUMERIC_HALF = (
+    H.BORN_TS,
+    H.REAL_PARTITION,
+    H.CHECK_IMMUNITY_MS,
+    H.TXN_SIZE,
+    H.TXN_INDEX,
+    H.CHECK_AFFINITY,
+    H.CHECK_PARTITIONS,
+)
 
 
 def header_names() -> set[str]:

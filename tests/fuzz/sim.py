@@ -49,8 +49,15 @@ GOOD_SIZES = (1, 1, 1, 2, 4)
 class Message:
     """A consumed record, as much of ``confluent_kafka.Message`` as the service reads."""
 
-    def __init__(self, topic: str, partition: int, offset: int, raw: Raw | None,
-                 timestamp_ms: int, error: KafkaError | None = None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        raw: Raw | None,
+        timestamp_ms: int,
+        error: KafkaError | None = None,
+    ) -> None:
         self._topic, self._partition, self._offset = topic, partition, offset
         self._raw, self._ts, self._error = raw, timestamp_ms, error
 
@@ -114,9 +121,16 @@ class FakeProducer:
     def begin_transaction(self) -> None:
         self._records, self._offsets, self._reports = [], [], []
 
-    def produce(self, topic: str, value: bytes | str | None = None, key: bytes | None = None,
-                partition: int = -1, headers: list | None = None, on_delivery=None,
-                **_: object) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | None = None,
+        partition: int = -1,
+        headers: list | None = None,
+        on_delivery=None,
+        **_: object,
+    ) -> None:
         # What librdkafka refuses at once: the same exceptions, raised here.
         if not -(2**31) <= partition < 2**31:
             raise OverflowError("signed integer is greater than maximum")
@@ -130,8 +144,7 @@ class FakeProducer:
         self._records.append((topic, Raw(value, key, list(headers or []), partition)))
         self._reports.append(on_delivery)
 
-    def send_offsets_to_transaction(self, offsets: list, metadata: object,
-                                    timeout: float) -> None:
+    def send_offsets_to_transaction(self, offsets: list, metadata: object, timeout: float) -> None:
         self._offsets = list(offsets)
 
     def commit_transaction(self, timeout: float) -> None:
@@ -143,8 +156,11 @@ class FakeProducer:
         for (t, raw), report in zip(records, self._reports, strict=True):
             if t not in cluster.topics:
                 error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-            elif (raw.partition is not None and raw.partition != -1
-                  and not 0 <= raw.partition < cluster.topics[t]):
+            elif (
+                raw.partition is not None
+                and raw.partition != -1
+                and not 0 <= raw.partition < cluster.topics[t]
+            ):
                 error = KafkaError(KafkaError._UNKNOWN_PARTITION)
             else:
                 continue
@@ -154,8 +170,9 @@ class FakeProducer:
         if bad or cluster.fail_next_commit:
             cluster.fail_next_commit = False
             code = KafkaError.UNKNOWN_TOPIC_OR_PART if bad else KafkaError._TIMED_OUT
-            raise KafkaException(KafkaError(code, f"sim: cannot write {bad}",
-                                            txn_requires_abort=True))
+            raise KafkaException(
+                KafkaError(code, f"sim: cannot write {bad}", txn_requires_abort=True)
+            )
         for topic, raw in records:
             cluster.append(topic, raw)
         for tp in self._offsets:
@@ -177,8 +194,9 @@ class FakeProducer:
 class FakeConsumer:
     """The coordinator's consumer over the half and Op partitions, in a random interleaving."""
 
-    def __init__(self, cluster: Cluster, topics: list[str], partitions: int,
-                 rng: random.Random) -> None:
+    def __init__(
+        self, cluster: Cluster, topics: list[str], partitions: int, rng: random.Random
+    ) -> None:
         self.cluster, self.rng = cluster, rng
         self.tps = [(t, p) for t in topics for p in range(partitions)]
         self._at = {tp: cluster.committed.get(tp, 0) for tp in self.tps}
@@ -188,17 +206,21 @@ class FakeConsumer:
         return [TopicPartition(t, p) for t, p in self.tps]
 
     def committed(self, tps: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition,
-                               self.cluster.committed.get((tp.topic, tp.partition), -1001))
-                for tp in tps]
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.cluster.committed.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in tps
+        ]
 
     def seek(self, tp: TopicPartition) -> None:
         self._at[(tp.topic, tp.partition)] = max(tp.offset, 0)
         self.eof_due.add((tp.topic, tp.partition))
 
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self._at[(tp.topic, tp.partition)])
-                for tp in tps]
+        return [
+            TopicPartition(tp.topic, tp.partition, self._at[(tp.topic, tp.partition)]) for tp in tps
+        ]
 
     def consumer_group_metadata(self) -> str:
         return "sim-group-metadata"
@@ -217,8 +239,13 @@ class FakeConsumer:
             return Message(*tp, offset, self.cluster.logs[tp][offset], self.cluster.clock_ms)
         if self.eof_due:
             tp = self.eof_due.pop()
-            return Message(*tp, self._at[tp], None, self.cluster.clock_ms,
-                           KafkaError(KafkaError._PARTITION_EOF))
+            return Message(
+                *tp,
+                self._at[tp],
+                None,
+                self.cluster.clock_ms,
+                KafkaError(KafkaError._PARTITION_EOF),
+            )
         return None
 
     def poll(self, timeout: float = 0) -> Message | None:
@@ -254,8 +281,9 @@ class Simulation:
 
     def __init__(self, rng: random.Random, partitions: int = 2, prefix: str = "sim") -> None:
         self.rng = rng
-        self.settings = CoordinatorSettings(topic_prefix=prefix, half_partitions=partitions,
-                                            check_partitions=1, **SETTINGS)
+        self.settings = CoordinatorSettings(
+            topic_prefix=prefix, half_partitions=partitions, check_partitions=1, **SETTINGS
+        )
         self.ctx = Ctx(prefix=prefix, partitions=partitions, real_topic=REAL_TOPIC)
         topics = {f"{prefix}_{t}": partitions for t in ("half", "op")}
         topics |= {f"{prefix}_{t}": 1 for t in ("check", "discard")}
@@ -274,14 +302,20 @@ class Simulation:
         self._service = service = TransactionService(SIM_CONF, self.settings)
         # What run() would load from the keys topic and read from the cluster's metadata.
         service._markers = MarkerVerifier(SIM_KEY, service.topics.op, {})
-        service.destinations.partition_count = (
-            lambda topic, partition=None, decided_at=None: self.cluster.topics.get(topic))
+        service.destinations.partition_count = lambda topic, partition=None, decided_at=None: (
+            self.cluster.topics.get(topic)
+        )
         topics = [service.topics.half, service.topics.op]
-        self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions,
-                                      self.rng)
+        self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions, self.rng)
         service._consumer = self._consumer  # type: ignore[assignment]
-        self._writer = TransactionWriter(SIM_CONF, service.topics, "sim-writer",
-                                         service.metrics, service.ledger, marker_key=SIM_KEY)
+        self._writer = TransactionWriter(
+            SIM_CONF,
+            service.topics,
+            "sim-writer",
+            service.metrics,
+            service.ledger,
+            marker_key=SIM_KEY,
+        )
         self._writer.start()
         self._service._on_assign(self._consumer, self._consumer.assignment())
         self._steps_left = 0
@@ -318,15 +352,20 @@ class Simulation:
 
         self._steps_left, self._stop = steps, threading.Event()
         kafka_txn.transactional_loop(
-            "sim", step, lambda: service._replay(self._consumer, self._writer), self._stop)
+            "sim", step, lambda: service._replay(self._consumer, self._writer), self._stop
+        )
 
     # -- producers ---------------------------------------------------------------------------
     def send_good(self, inline: EndState | None, size: int = 1) -> Good:
         """A transaction as ``TransactionProducer`` sends it (``size`` > 1: its members as
         ``send_transaction`` does, then one end request for member 0); ``inline`` None is
         UNKNOW."""
-        ctx = Ctx(prefix=self.ctx.prefix, partitions=self.ctx.partitions,
-                  real_topic=REAL_TOPIC, now_ms=self.cluster.clock_ms)
+        ctx = Ctx(
+            prefix=self.ctx.prefix,
+            partitions=self.ctx.partitions,
+            real_topic=REAL_TOPIC,
+            now_ms=self.cluster.clock_ms,
+        )
         if size > 1:
             raws, txn = valid_members(self.rng, ctx, size)
         else:
@@ -337,9 +376,17 @@ class Simulation:
             self.cluster.append(f"{ctx.prefix}_{HALF}", raw)
         good = self.good[txn] = Good(txn, partition, offset, inline, size)
         if inline is not None:
-            self.cluster.append(f"{ctx.prefix}_{OP}", Raw(encode(EndRequests(
-                ctx.group, partition, (EndEntry(txn, offset, inline),), ctx.now_ms)),
-                partition=partition))
+            self.cluster.append(
+                f"{ctx.prefix}_{OP}",
+                Raw(
+                    encode(
+                        EndRequests(
+                            ctx.group, partition, (EndEntry(txn, offset, inline),), ctx.now_ms
+                        )
+                    ),
+                    partition=partition,
+                ),
+            )
         return good
 
     def send_case(self, case: Case) -> None:
@@ -354,12 +401,13 @@ class Simulation:
 
     def targets(self) -> tuple[tuple[int, int, str], ...]:
         """Good transactions still waiting for their back-check (forged records aim here)."""
-        return tuple((g.partition, g.offset, g.txn_id) for g in self.good.values()
-                     if g.inline is None)
+        return tuple(
+            (g.partition, g.offset, g.txn_id) for g in self.good.values() if g.inline is None
+        )
 
     def _answer_checks(self) -> None:
         log = self.cluster.logs[(f"{self.ctx.prefix}_check", 0)]
-        for raw in log[self._checks_read:]:
+        for raw in log[self._checks_read :]:
             try:
                 check = decode(raw.value)
             except MalformedRecordError:
@@ -369,10 +417,24 @@ class Simulation:
             good = self.good.get(check.txn_id)
             state = good.final if good else EndState.UNKNOWN
             self.answered_checks += 1
-            self.cluster.append(f"{self.ctx.prefix}_{OP}", Raw(encode(EndRequest(
-                check.txn_id, check.producer_group, check.half_partition, check.half_offset,
-                state, True, check.check_seq, self.cluster.clock_ms)),
-                partition=check.half_partition))
+            self.cluster.append(
+                f"{self.ctx.prefix}_{OP}",
+                Raw(
+                    encode(
+                        EndRequest(
+                            check.txn_id,
+                            check.producer_group,
+                            check.half_partition,
+                            check.half_offset,
+                            state,
+                            True,
+                            check.check_seq,
+                            self.cluster.clock_ms,
+                        )
+                    ),
+                    partition=check.half_partition,
+                ),
+            )
         self._checks_read = len(log)
 
     # -- outcomes ----------------------------------------------------------------------------
@@ -388,10 +450,13 @@ class Simulation:
     def promoted_forbidden(self) -> list[str]:
         """Where a half record that must never be promoted was promoted to (any topic)."""
         forbidden = {c.txn_id: c.category for c in self.cases if c.never_promoted}
-        return [f"{forbidden[txn]} txn {txn} promoted to {topic}[{p}]"
-                for (topic, p), log in self.cluster.logs.items() for raw in log
-                if (txn := _txn_of(raw)) in forbidden
-                and any(k == H.PROMOTED_FROM for k, _ in raw.headers or [])]
+        return [
+            f"{forbidden[txn]} txn {txn} promoted to {topic}[{p}]"
+            for (topic, p), log in self.cluster.logs.items()
+            for raw in log
+            if (txn := _txn_of(raw)) in forbidden
+            and any(k == H.PROMOTED_FROM for k, _ in raw.headers or [])
+        ]
 
     def undecided(self) -> list[Good]:
         """Good transactions not promoted exactly once (COMMIT) or promoted (ROLLBACK)."""
@@ -402,8 +467,10 @@ class Simulation:
     def violations(self, *, counts: bool = True) -> list[str]:
         """The invariants this run broke (checked after it ran); ``counts``: also that every
         record of a counted category moved a counter (restarts re-count, so only then)."""
-        out = [f"good txn {g.txn_id} ({g.final.value}) promoted {self.promoted()[g.txn_id]} "
-               f"times" for g in self.undecided()]
+        out = [
+            f"good txn {g.txn_id} ({g.final.value}) promoted {self.promoted()[g.txn_id]} times"
+            for g in self.undecided()
+        ]
         out += self.promoted_forbidden()
         if not counts:
             return out
@@ -423,10 +490,12 @@ class Simulation:
             return cluster.clock_ms
 
         self._patches = contextlib.ExitStack()
-        for patch in (mock.patch.object(kafka_txn.confluent_kafka, "Producer", Producer),
-                      mock.patch("coordinator.txn_service._now_ms", now),
-                      mock.patch("coordinator.promote._now_ms", now),
-                      mock.patch.object(kafka_txn, "RETRY_PAUSE_S", 0.0)):
+        for patch in (
+            mock.patch.object(kafka_txn.confluent_kafka, "Producer", Producer),
+            mock.patch("coordinator.txn_service._now_ms", now),
+            mock.patch("coordinator.promote._now_ms", now),
+            mock.patch.object(kafka_txn, "RETRY_PAUSE_S", 0.0),
+        ):
             self._patches.enter_context(patch)
         return self
 
@@ -454,8 +523,9 @@ def _txn_of(raw: Raw) -> str:
     return "?"
 
 
-def fuzz(rng: random.Random, categories: list[Category], cases: int, *, good: int,
-         chaos: bool) -> tuple[Simulation, list[str]]:
+def fuzz(
+    rng: random.Random, categories: list[Category], cases: int, *, good: int, chaos: bool
+) -> tuple[Simulation, list[str]]:
     """``cases`` fuzz cases of ``categories`` among ``good`` good transactions, through one
     simulated coordinator (``chaos``: with restarts and aborted commits); returns the run and
     the invariants it broke. An exception out of the coordinator's loop propagates."""
@@ -465,8 +535,9 @@ def fuzz(rng: random.Random, categories: list[Category], cases: int, *, good: in
         for i in range(total):
             if rng.randrange(total - i) < good:
                 good -= 1
-                sim.send_good(pick(rng, [EndState.COMMIT, EndState.ROLLBACK, None]),
-                              pick(rng, GOOD_SIZES))
+                sim.send_good(
+                    pick(rng, [EndState.COMMIT, EndState.ROLLBACK, None]), pick(rng, GOOD_SIZES)
+                )
             else:
                 ctx = replace(sim.ctx, targets=sim.targets(), now_ms=sim.cluster.clock_ms)
                 sim.send_case(pick(rng, categories).make(rng, ctx))

@@ -36,9 +36,14 @@ class Listener(TransactionListener):
 def main() -> None:
     bootstrap, prefix, group, topic, half_partitions, check_partitions = sys.argv[1:7]
     producer = TransactionProducer(
-        {"bootstrap.servers": bootstrap}, producer_group=group, listener=Listener(),
-        topic_prefix=prefix, half_partitions=int(half_partitions),
-        check_partitions=int(check_partitions), instance_id="A")
+        {"bootstrap.servers": bootstrap},
+        producer_group=group,
+        listener=Listener(),
+        topic_prefix=prefix,
+        half_partitions=int(half_partitions),
+        check_partitions=int(check_partitions),
+        instance_id="A",
+    )
     producer.start()
     say("STARTED")
     for line in sys.stdin:

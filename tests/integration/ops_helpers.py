@@ -18,8 +18,9 @@ HTTP_TIMEOUT_S = 5.0
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
-                                    timeout=HTTP_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{path}", timeout=HTTP_TIMEOUT_S
+        ) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -38,9 +39,11 @@ def health(coordinator: CoordinatorProcess, port: int) -> dict | None:
 def samples(port: int) -> dict[tuple[str, tuple], float]:
     status, body = http_get(port, "/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body.decode())
-            for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
 
 
 def value(metrics: dict, name: str, **labels: str) -> float:

@@ -75,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     result = ResultFile(args.result, args.client_id)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s",
+    )
     orderly_log = logging.getLogger("rmq_semantics.orderly")
     orderly_log.setLevel(logging.DEBUG)
     orderly_log.addHandler(EventHandler(result))
@@ -85,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def listener(msgs, context):
         for m in msgs:
-            fields = {"partition": m.partition, "offset": m.offset,
-                      "value": (m.value or b"").decode(), "epoch": context.lock_epoch,
-                      "reconsume": m.reconsume_times}
+            fields = {
+                "partition": m.partition,
+                "offset": m.offset,
+                "value": (m.value or b"").decode(),
+                "epoch": context.lock_epoch,
+                "reconsume": m.reconsume_times,
+            }
             result.write("start", **fields)
             if (m.value or b"").startswith(slow):
                 time.sleep(args.slow_s)  # simulated work: the window a test acts in
@@ -96,16 +103,27 @@ def main(argv: list[str] | None = None) -> int:
             result.write("end", **fields)
         return ConsumeOrderlyStatus.SUCCESS
 
-    conf = group_conf({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group,
-                       "auto.offset.reset": "earliest",
-                       "session.timeout.ms": args.session_timeout_ms,
-                       "heartbeat.interval.ms": 500})
+    conf = group_conf(
+        {
+            "bootstrap.servers": args.bootstrap_servers,
+            "group.id": args.group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": args.session_timeout_ms,
+            "heartbeat.interval.ms": 500,
+        }
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    consumer = OrderlyConsumer(conf, listener=listener, lock_lease_ms=args.lock_lease_ms,
-                               lock_renew_ms=args.lock_renew_ms, topic_prefix=args.topic_prefix,
-                               client_id=args.client_id, ordering=args.ordering,
-                               max_workers=args.max_workers)
+    consumer = OrderlyConsumer(
+        conf,
+        listener=listener,
+        lock_lease_ms=args.lock_lease_ms,
+        lock_renew_ms=args.lock_renew_ms,
+        topic_prefix=args.topic_prefix,
+        client_id=args.client_id,
+        ordering=args.ordering,
+        max_workers=args.max_workers,
+    )
     consumer.subscribe([args.topic])
     consumer.start()
     result.write("ready")

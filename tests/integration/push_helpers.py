@@ -73,9 +73,18 @@ class Recorder:
         except ValueError:
             result = "RAISED"
         with self._lock:
-            self.deliveries.append(Delivery(n, m.reconsume_times, at_ms,
-                                            int(due) if due else None, result, m.topic,
-                                            m.offset, m.born_timestamp))
+            self.deliveries.append(
+                Delivery(
+                    n,
+                    m.reconsume_times,
+                    at_ms,
+                    int(due) if due else None,
+                    result,
+                    m.topic,
+                    m.offset,
+                    m.born_timestamp,
+                )
+            )
         if result == "RAISED":
             raise ValueError(f"message {n} always fails")
         return result
@@ -86,6 +95,7 @@ class Recorder:
 
     async def async_listener(self, msgs, context):
         import asyncio
+
         await asyncio.sleep(0)
         return self(msgs, context)
 
@@ -97,28 +107,37 @@ class Recorder:
         return [d.n for d in self.snapshot() if d.outcome == "CONSUME_SUCCESS"]
 
 
-def produce_numbers(conf: dict, topic: str, numbers: range,
-                    tags: Callable[[int], str | None] = lambda n: None) -> None:
+def produce_numbers(
+    conf: dict, topic: str, numbers: range, tags: Callable[[int], str | None] = lambda n: None
+) -> None:
     producer = confluent_kafka.Producer(conf)
     for n in numbers:
         tag = tags(n)
-        producer.produce(topic, str(n).encode(), key=str(n).encode(),
-                         headers=[(H.TAGS, tag.encode())] if tag else None)
+        producer.produce(
+            topic,
+            str(n).encode(),
+            key=str(n).encode(),
+            headers=[(H.TAGS, tag.encode())] if tag else None,
+        )
         producer.poll(0)
     assert producer.flush(30) == 0
 
 
 def read_all(conf: dict, topic: str) -> list[confluent_kafka.Message]:
     """Every committed record of ``topic`` (read_committed, to the end)."""
-    consumer = confluent_kafka.Consumer({**conf, "group.id": "reader",
-                                         "enable.partition.eof": True,
-                                         "isolation.level": "read_committed",
-                                         "enable.auto.commit": False})
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": "reader",
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     out: list[confluent_kafka.Message] = []
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                         for p in parts])
+        consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in parts])
         eof: set[int] = set()
         deadline = time.monotonic() + 30
         while len(eof) < len(parts) and time.monotonic() < deadline:
@@ -146,8 +165,10 @@ def committed_ends(conf: dict, group: str, topic: str) -> tuple[dict[int, int], 
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         tps = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in parts}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in parts
+        }
         return {tp.partition: tp.offset for tp in tps}, ends
     finally:
         consumer.close()

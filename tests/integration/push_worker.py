@@ -25,8 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--bootstrap-servers", "--topic-prefix", "--group", "--topic", "--result"):
         parser.add_argument(flag, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s worker %(levelname)s %(name)s: %(message)s",
+    )
     out = open(args.result, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
     lock = threading.Lock()
 
@@ -38,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             result = outcome(n, m.reconsume_times)
         except ValueError:
             result = None
-        line = json.dumps({"n": n, "reconsume": m.reconsume_times,
-                           "outcome": result.name if result else "RAISED"})
+        line = json.dumps(
+            {"n": n, "reconsume": m.reconsume_times, "outcome": result.name if result else "RAISED"}
+        )
         with lock:
             out.write(line + "\n")
             out.flush()
@@ -47,14 +51,25 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"message {n} always fails")
         return result
 
-    conf = group_conf({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group,
-                       "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
-                       "heartbeat.interval.ms": 500})
+    conf = group_conf(
+        {
+            "bootstrap.servers": args.bootstrap_servers,
+            "group.id": args.group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    consumer = PushConsumer(conf, listener=listener, max_workers=4,
-                            max_reconsume_times=MAX_RECONSUME, delay_levels=LEVELS,
-                            topic_prefix=args.topic_prefix)
+    consumer = PushConsumer(
+        conf,
+        listener=listener,
+        max_workers=4,
+        max_reconsume_times=MAX_RECONSUME,
+        delay_levels=LEVELS,
+        topic_prefix=args.topic_prefix,
+    )
     consumer.subscribe([args.topic])
     consumer.start()
     try:

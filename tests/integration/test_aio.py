@@ -43,8 +43,12 @@ CONCURRENT = int(os.environ.get("RMQ_TEST_AIO_N", "1000"))
 # decide inline; "unknown" commits its row and answers UNKNOW, "crash" dies before its local
 # transaction began (no row): the async back-check decides those two from the barrier row.
 KINDS = ("commit", "rollback", "unknown", "crash")
-INLINE = {"commit": S.COMMIT_MESSAGE, "rollback": S.ROLLBACK_MESSAGE, "unknown": S.UNKNOW,
-          "crash": S.UNKNOW}
+INLINE = {
+    "commit": S.COMMIT_MESSAGE,
+    "rollback": S.ROLLBACK_MESSAGE,
+    "unknown": S.UNKNOW,
+    "crash": S.UNKNOW,
+}
 ROW_WRITTEN = ("commit", "unknown")
 
 
@@ -66,8 +70,10 @@ class SqliteOrders(TransactionListener):
             if kind == "rollback":
                 txn.set_rollback_only()
             else:
-                await txn.cursor.execute("INSERT INTO orders (txn_id, value) VALUES (?, ?)",
-                                         (msg.transaction_id, msg.value))
+                await txn.cursor.execute(
+                    "INSERT INTO orders (txn_id, value) VALUES (?, ?)",
+                    (msg.transaction_id, msg.value),
+                )
         return S.UNKNOW if kind == "unknown" else txn.state
 
     async def check_local_transaction(self, msg):
@@ -80,31 +86,49 @@ async def _open_orders(path: Path) -> tuple[aiosqlite.Connection, aiosqlite.Conn
     """The orders and barrier tables (WAL: the checks read while the local transactions
     write) and two connections, one for the local transactions and one for the checks."""
     db = await aiosqlite.connect(path, isolation_level=None, timeout=30)
-    await db.executescript("PRAGMA journal_mode=WAL; "
-                           "CREATE TABLE orders (txn_id TEXT PRIMARY KEY, value BLOB);")
+    await db.executescript(
+        "PRAGMA journal_mode=WAL; CREATE TABLE orders (txn_id TEXT PRIMARY KEY, value BLOB);"
+    )
     await AsyncTransactionBarrier(table="rmq_barrier").create_table(db)
     return db, await aiosqlite.connect(path, isolation_level=None, timeout=30)
 
 
-async def _send_concurrently(conf: dict, prefix: str, group: str, topic: str,
-                             coordinator: ThreadCoordinator, guard: LoopGuard,
-                             path: Path) -> tuple[list, SqliteOrders]:
+async def _send_concurrently(
+    conf: dict,
+    prefix: str,
+    group: str,
+    topic: str,
+    coordinator: ThreadCoordinator,
+    guard: LoopGuard,
+    path: Path,
+) -> tuple[list, SqliteOrders]:
     guard.arm()
     db, check_db = await _open_orders(path)
     try:
         listener = SqliteOrders(db, check_db)
         async with AsyncTransactionProducer(
-                conf, producer_group=group, listener=listener, topic_prefix=prefix,
-                half_partitions=FAST["half_partitions"],
-                check_partitions=FAST["check_partitions"]) as producer:
-            results = await asyncio.gather(*(
-                producer.send_message_in_transaction(
-                    Message(topic, f"order-{i}".encode(), key=f"k{i}"), KINDS[i % 4])
-                for i in range(CONCURRENT)))
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+            check_partitions=FAST["check_partitions"],
+        ) as producer:
+            results = await asyncio.gather(
+                *(
+                    producer.send_message_in_transaction(
+                        Message(topic, f"order-{i}".encode(), key=f"k{i}"), KINDS[i % 4]
+                    )
+                    for i in range(CONCURRENT)
+                )
+            )
             # The loop stays free to run the async checks while a thread waits.
             await asyncio.to_thread(
-                wait_for, lambda: no_pending(coordinator, FAST["half_partitions"]), 120,
-                "every transaction to be decided")
+                wait_for,
+                lambda: no_pending(coordinator, FAST["half_partitions"]),
+                120,
+                "every transaction to be decided",
+            )
         return results, listener
     finally:
         await db.close()
@@ -113,27 +137,39 @@ async def _send_concurrently(conf: dict, prefix: str, group: str, topic: str,
 
 
 def test_concurrent_async_transactions_with_async_sqlite_and_checks_promote_once(
-        broker, make_topic, unique, tmp_path, monkeypatch):
+    broker, make_topic, unique, tmp_path, monkeypatch
+):
     prefix = unique("aio").replace("-", "")
     topic = make_topic("aio", partitions=3)
     conf = broker.conf()
-    with loop_guard(monkeypatch) as guard, ThreadCoordinator(
-            conf, topic_prefix=prefix) as coordinator:
-        results, listener = asyncio.run(_send_concurrently(
-            conf, prefix, unique("pg"), topic, coordinator, guard, tmp_path / "orders.db"))
+    with (
+        loop_guard(monkeypatch) as guard,
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+    ):
+        results, listener = asyncio.run(
+            _send_concurrently(
+                conf, prefix, unique("pg"), topic, coordinator, guard, tmp_path / "orders.db"
+            )
+        )
 
     assert guard.offences == [], "\n".join(guard.offences[:3])
     # The guard did guard: these ran, off the loop.
-    assert {"Producer.flush", "Consumer.consume", "sqlite3 Connection.execute",
-            "sqlite3 Cursor.fetchone"} <= set(guard.calls_elsewhere)
+    assert {
+        "Producer.flush",
+        "Consumer.consume",
+        "sqlite3 Connection.execute",
+        "sqlite3 Cursor.fetchone",
+    } <= set(guard.calls_elsewhere)
     assert [r.local_transaction_state for r in results] == [
-        INLINE[KINDS[i % 4]] for i in range(CONCURRENT)]
+        INLINE[KINDS[i % 4]] for i in range(CONCURRENT)
+    ]
     assert len({r.transaction_id for r in results}) == CONCURRENT
     checked = set(listener.checked)
     assert checked == {f"order-{i}".encode() for i in range(CONCURRENT) if i % 4 >= 2}
     promoted = Counter(m.value() for m in read_to_end(conf, topic, 3))
-    assert set(promoted) == {f"order-{i}".encode() for i in range(CONCURRENT)
-                             if KINDS[i % 4] in ROW_WRITTEN}
+    assert set(promoted) == {
+        f"order-{i}".encode() for i in range(CONCURRENT) if KINDS[i % 4] in ROW_WRITTEN
+    }
     assert max(promoted.values()) == 1
 
 
@@ -154,7 +190,8 @@ class PlainListener(TransactionListener):
 
 
 def test_plain_listeners_multi_message_transactions_and_the_sync_errors(
-        broker, make_topic, unique, monkeypatch):
+    broker, make_topic, unique, monkeypatch
+):
     prefix = unique("aiop").replace("-", "")
     topic, other = make_topic("aiop", partitions=2), make_topic("aiop2")
     conf = broker.conf()
@@ -164,23 +201,32 @@ def test_plain_listeners_multi_message_transactions_and_the_sync_errors(
         guard.arm()
         try:
             async with AsyncTransactionProducer(
-                    conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-                    half_partitions=FAST["half_partitions"],
-                    check_partitions=FAST["check_partitions"]) as producer:
+                conf,
+                producer_group=unique("pg"),
+                listener=listener,
+                topic_prefix=prefix,
+                half_partitions=FAST["half_partitions"],
+                check_partitions=FAST["check_partitions"],
+            ) as producer:
                 with pytest.raises(SystemTopicError):
                     await producer.send_message_in_transaction(Message(f"{prefix}_half", b"x"))
                 with pytest.raises(UnknownPartitionError):
                     await producer.send_message_in_transaction(
-                        Message(topic, b"x", partition=7), S.COMMIT_MESSAGE)
+                        Message(topic, b"x", partition=7), S.COMMIT_MESSAGE
+                    )
                 one = await producer.send_message_in_transaction(
-                    Message(topic, b"one", partition=1), S.COMMIT_MESSAGE)
+                    Message(topic, b"one", partition=1), S.COMMIT_MESSAGE
+                )
                 checked = await producer.send_message_in_transaction(
-                    Message(topic, b"checked"), S.UNKNOW)
+                    Message(topic, b"checked"), S.UNKNOW
+                )
                 multi = await producer.send_transaction(
                     [Message(topic, b"m0"), Message(other, b"m1"), Message(topic, b"m2")],
-                    S.COMMIT_MESSAGE)
-                await asyncio.to_thread(wait_for, lambda: producer.checks_answered >= 1, 60,
-                                        "the plain back-check")
+                    S.COMMIT_MESSAGE,
+                )
+                await asyncio.to_thread(
+                    wait_for, lambda: producer.checks_answered >= 1, 60, "the plain back-check"
+                )
             return one, checked, multi
         finally:
             guard.disarm()
@@ -200,7 +246,8 @@ def test_plain_listeners_multi_message_transactions_and_the_sync_errors(
 
 
 def test_async_producer_keeps_each_messages_headers_read_back_with_async_for(
-        broker, make_topic, unique, monkeypatch):
+    broker, make_topic, unique, monkeypatch
+):
     topic = make_topic("aioh", partitions=2)
     conf = broker.conf()
     count = 50
@@ -209,14 +256,24 @@ def test_async_producer_keeps_each_messages_headers_read_back_with_async_for(
         guard.arm()
         try:
             async with AsyncProducer(conf) as producer:
-                sent = await asyncio.gather(*(
-                    producer.send(Message(topic, f"v{i}".encode(), headers={"h": f"h{i}"},
-                                          tags="TagA" if i % 2 else "TagB"),
-                                  sharding_key=f"key-{i}" if i % 3 == 0 else None)
-                    for i in range(count)))
+                sent = await asyncio.gather(
+                    *(
+                        producer.send(
+                            Message(
+                                topic,
+                                f"v{i}".encode(),
+                                headers={"h": f"h{i}"},
+                                tags="TagA" if i % 2 else "TagB",
+                            ),
+                            sharding_key=f"key-{i}" if i % 3 == 0 else None,
+                        )
+                        for i in range(count)
+                    )
+                )
             got = []
-            async with AsyncConsumer({**conf, "group.id": unique("g"),
-                                      "auto.offset.reset": "earliest"}) as consumer:
+            async with AsyncConsumer(
+                {**conf, "group.id": unique("g"), "auto.offset.reset": "earliest"}
+            ) as consumer:
                 await consumer.subscribe([topic], tags="TagA")
                 async for msg in consumer:
                     got.append(msg)

@@ -20,29 +20,74 @@ pytestmark = pytest.mark.integration
 
 # Every figure of a full run (key paths), the derived ones included.
 FIGURES = (
-    "baseline_msgs_per_s", "txn_msgs_per_s", "multi_msgs_per_s", "multi_txns_per_s",
-    "txn_ratio", "commit_to_visible_saturation_ms.p99",
-    "commit_to_visible_ms.p50", "commit_to_visible_ms.p99", "commit_to_visible_ms.max",
+    "baseline_msgs_per_s",
+    "txn_msgs_per_s",
+    "multi_msgs_per_s",
+    "multi_txns_per_s",
+    "txn_ratio",
+    "commit_to_visible_saturation_ms.p99",
+    "commit_to_visible_ms.p50",
+    "commit_to_visible_ms.p99",
+    "commit_to_visible_ms.max",
     "commit_to_visible_ms.achieved_msgs_per_s",
-    "check_lateness_ms.p50", "check_lateness_ms.p99", "threads.1.confirmed_per_s",
-    "threads.1.consumed_per_s", "threads.1.p50_ms", "threads.2.p99_ms", "copier_msgs_per_s",
-    "copier_latency_ms.p50", "copier_latency_ms.p99", "txn_vs_copier",
-    "latency_vs_copier_p99", "coordinators.1.msgs_per_s",
-    "coordinators.1.coordinator_cpu_s_per_1000", "coordinators.2.msgs_per_s",
-    "coordinators.2.producer_cpu_s_per_1000", "coordinator_cores_per_10k_msgs_per_s",
-    "plain_consumer_msgs_per_s", "orderly_msgs_per_s", "orderly_ratio", "takeover_s",
-    "spark_ratio")
+    "check_lateness_ms.p50",
+    "check_lateness_ms.p99",
+    "threads.1.confirmed_per_s",
+    "threads.1.consumed_per_s",
+    "threads.1.p50_ms",
+    "threads.2.p99_ms",
+    "copier_msgs_per_s",
+    "copier_latency_ms.p50",
+    "copier_latency_ms.p99",
+    "txn_vs_copier",
+    "latency_vs_copier_p99",
+    "coordinators.1.msgs_per_s",
+    "coordinators.1.coordinator_cpu_s_per_1000",
+    "coordinators.2.msgs_per_s",
+    "coordinators.2.producer_cpu_s_per_1000",
+    "coordinator_cores_per_10k_msgs_per_s",
+    "plain_consumer_msgs_per_s",
+    "orderly_msgs_per_s",
+    "orderly_ratio",
+    "takeover_s",
+    "spark_ratio",
+)
 
 
 def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, tmp_path):
     out = tmp_path / "results.json"
     # The session's broker, not one more embedded broker (that would add its start-up).
     proc = subprocess.run(
-        [sys.executable, "-m", "rmq_semantics", "bench", "--quick", "--repeat", "1",
-         "--count", "2000", "--latency-seconds", "1", "--check-messages", "20",
-         "--threads", "1,2", "--calls-per-thread", "10", "--load-sample", "0.1",
-         "--out", str(out), "--bootstrap", broker.bootstrap],
-        capture_output=True, text=True, timeout=600, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "bench",
+            "--quick",
+            "--repeat",
+            "1",
+            "--count",
+            "2000",
+            "--latency-seconds",
+            "1",
+            "--check-messages",
+            "20",
+            "--threads",
+            "1,2",
+            "--calls-per-thread",
+            "10",
+            "--load-sample",
+            "0.1",
+            "--out",
+            str(out),
+            "--bootstrap",
+            broker.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
 
@@ -68,8 +113,22 @@ def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, 
     readme = tmp_path / "README.md"
     readme.write_text(f"# bench\n{BEGIN}\n{END}\nprose\n")
     render = subprocess.run(
-        [sys.executable, "-m", "rmq_semantics", "bench", "--render-readme", "--out", str(out),
-         "--readme", str(readme)], capture_output=True, text=True, timeout=120, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "bench",
+            "--render-readme",
+            "--out",
+            str(out),
+            "--readme",
+            str(readme),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert render.returncode == 0, render.stderr[-3000:]
     assert readme.read_text() == f"# bench\n{render_block(results)}\nprose\n"
 
@@ -77,10 +136,30 @@ def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, 
 def test_the_multi_case_alone_reports_msgs_and_transactions_per_s(broker, tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rmq_semantics", "bench", "--quick", "--repeat", "1",
-         "--cases", "multi", "--count", "300", "--load-sample", "0.1", "--out", str(out),
-         "--bootstrap", broker.bootstrap],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "bench",
+            "--quick",
+            "--repeat",
+            "1",
+            "--cases",
+            "multi",
+            "--count",
+            "300",
+            "--load-sample",
+            "0.1",
+            "--out",
+            str(out),
+            "--bootstrap",
+            broker.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results["cases"]) == {"multi"}

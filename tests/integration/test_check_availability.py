@@ -57,9 +57,16 @@ class RecordingListener(TransactionListener):
 
 
 def _producer(conf, prefix, group, listener, instance_id, **kw) -> TransactionProducer:
-    return TransactionProducer(conf, producer_group=group, listener=listener,
-                               topic_prefix=prefix, half_partitions=HALF,
-                               check_partitions=CHECK, instance_id=instance_id, **kw)
+    return TransactionProducer(
+        conf,
+        producer_group=group,
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=HALF,
+        check_partitions=CHECK,
+        instance_id=instance_id,
+        **kw,
+    )
 
 
 def _send(producer: TransactionProducer, topic: str, batch: str, n: int) -> set[bytes]:
@@ -82,37 +89,49 @@ def _check_members(conf: dict, prefix: str, group: str) -> list[int]:
 
 
 def test_a_hung_check_times_out_unknow_while_both_producers_go_on_answering(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("ha").replace("-", "")
     topic = make_topic("hung")
     conf = broker.conf()
     group = unique("pg")
     hung, fine = RecordingListener(), RecordingListener()
-    with ThreadCoordinator(conf, topic_prefix=prefix), \
-            _producer(conf, prefix, group, hung, "hung", check_threads=2,
-                      check_timeout_ms=1000) as p1, \
-            _producer(conf, prefix, group, fine, "fine") as p2:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix),
+        _producer(conf, prefix, group, hung, "hung", check_threads=2, check_timeout_ms=1000) as p1,
+        _producer(conf, prefix, group, fine, "fine") as p2,
+    ):
         try:
-            wait_for(lambda: _check_members(conf, prefix, group) == [1, 1] and all(
-                len(p._checks.held_partitions) == 1 for p in (p1, p2)),
-                     60, "both producers each holding a check partition")
+            wait_for(
+                lambda: (
+                    _check_members(conf, prefix, group) == [1, 1]
+                    and all(len(p._checks.held_partitions) == 1 for p in (p1, p2))
+                ),
+                60,
+                "both producers each holding a check partition",
+            )
             [hang_value] = _send(p1, topic, "hang", 1)
             expected = _send(p1, topic, "p1", 10) | _send(p2, topic, "p2", 10)
-            wait_for(lambda: set(_promoted(conf, topic)) >= expected, 90,
-                     "every other transaction promoted",
-                     details=lambda: f"promoted {sorted(_promoted(conf, topic))}")
+            wait_for(
+                lambda: set(_promoted(conf, topic)) >= expected,
+                90,
+                "every other transaction promoted",
+                details=lambda: f"promoted {sorted(_promoted(conf, topic))}",
+            )
             wait_for(lambda: p1.checks_timed_out >= 1, 30, "the hung check to time out")
             # The hung instance answered its own other checks: its pool kept working.
             assert hung.values(b"p1-") == {v for v in expected if v.startswith(b"p1-")}, (
-                f"hung checked {sorted(hung.checked)}, fine checked {sorted(fine.checked)}")
+                f"hung checked {sorted(hung.checked)}, fine checked {sorted(fine.checked)}"
+            )
             assert fine.values(b"p2-") == {v for v in expected if v.startswith(b"p2-")}
             assert hang_value not in fine.checked  # affinity: A's check never went to B
         finally:
             hung.release.set()
     promoted = _promoted(conf, topic)
     assert sorted(promoted) == sorted(expected), "each promoted exactly once, the hung one never"
-    unknown = [r for r in _op_requests(conf, prefix)
-               if r.from_check and r.state is EndState.UNKNOWN]
+    unknown = [
+        r for r in _op_requests(conf, prefix) if r.from_check and r.state is EndState.UNKNOWN
+    ]
     assert unknown, "the timed-out check was answered UNKNOW"
 
 
@@ -127,21 +146,38 @@ def _op_requests(conf: dict, prefix: str) -> list[EndRequest]:
 
 
 def test_checks_go_to_the_instance_that_sent_the_half_and_to_the_group_after_it_dies(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("af").replace("-", "")
     topic = make_topic("affinity")
     conf = broker.conf()
     group = unique("pg")
     b_listener = RecordingListener()
     lines: queue.Queue[str] = queue.Queue()
-    with ThreadCoordinator(conf, topic_prefix=prefix), \
-            _producer(conf, prefix, group, b_listener, "B") as b:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix),
+        _producer(conf, prefix, group, b_listener, "B") as b,
+    ):
         a = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.check_affinity_worker", broker.bootstrap,
-             prefix, group, topic, str(HALF), str(CHECK)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-        threading.Thread(target=lambda: [lines.put(x.strip()) for x in a.stdout],
-                         daemon=True).start()
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.check_affinity_worker",
+                broker.bootstrap,
+                prefix,
+                group,
+                topic,
+                str(HALF),
+                str(CHECK),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        threading.Thread(
+            target=lambda: [lines.put(x.strip()) for x in a.stdout], daemon=True
+        ).start()
         checked_by_a: set[bytes] = set()
 
         def a_says(expected: str | None) -> str | None:
@@ -164,20 +200,33 @@ def test_checks_go_to_the_instance_that_sent_the_half_and_to_the_group_after_it_
 
         try:
             a_says("STARTED")
-            wait_for(lambda: _check_members(conf, prefix, group) == [1, 1] and a_holds() == 1
-                     and len(b._checks.held_partitions) == 1, 60,
-                     "A and B each holding a check partition")
+            wait_for(
+                lambda: (
+                    _check_members(conf, prefix, group) == [1, 1]
+                    and a_holds() == 1
+                    and len(b._checks.held_partitions) == 1
+                ),
+                60,
+                "A and B each holding a check partition",
+            )
             a.stdin.write("first 10\n")
             a.stdin.flush()
             a_says("SENT first")
             first = {f"first-{i}".encode() for i in range(10)}
             from_b = _send(b, topic, "b", 10)
-            wait_for(lambda: set(_promoted(conf, topic)) >= first | from_b, 90,
-                     "the first batches promoted")
-            wait_for(lambda: a_says(None) or first <= checked_by_a, 30,
-                     "A's lines about its checks", details=lambda: (
-                         f"A checked {sorted(checked_by_a)}, B checked "
-                         f"{sorted(b_listener.checked)}"))
+            wait_for(
+                lambda: set(_promoted(conf, topic)) >= first | from_b,
+                90,
+                "the first batches promoted",
+            )
+            wait_for(
+                lambda: a_says(None) or first <= checked_by_a,
+                30,
+                "A's lines about its checks",
+                details=lambda: (
+                    f"A checked {sorted(checked_by_a)}, B checked {sorted(b_listener.checked)}"
+                ),
+            )
             assert not (from_b & checked_by_a), "B's checks went to A"
             assert not b_listener.values(b"first-"), "A's checks went to B while A lived"
             assert b_listener.values(b"b-") == from_b
@@ -189,8 +238,11 @@ def test_checks_go_to_the_instance_that_sent_the_half_and_to_the_group_after_it_
             a.send_signal(signal.SIGKILL)
             a.wait(30)
         doomed = {f"doomed-{i}".encode() for i in range(5)}
-        wait_for(lambda: set(_promoted(conf, topic)) >= doomed, 120,
-                 "A's last transactions checked by B and promoted")
+        wait_for(
+            lambda: set(_promoted(conf, topic)) >= doomed,
+            120,
+            "A's last transactions checked by B and promoted",
+        )
         assert b_listener.values(b"doomed-") == doomed
     promoted = _promoted(conf, topic)
     assert sorted(promoted) == sorted(first | from_b | doomed), "each exactly once"

@@ -39,8 +39,10 @@ def _records_in(conf: dict, topic: str, partitions: int) -> int:
 
     def high_watermarks() -> list[int] | None:
         try:
-            return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                    for p in range(partitions)]
+            return [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)
+            ]
         except KafkaException:  # a topic just created: its leaders may not be known yet
             return None
 
@@ -51,12 +53,18 @@ def _records_in(conf: dict, topic: str, partitions: int) -> int:
 
 
 def _txn_producer(conf: dict, prefix: str, group: str, listener) -> TransactionProducer:
-    return TransactionProducer(conf, producer_group=group, listener=listener,
-                               topic_prefix=prefix, half_partitions=FAST["half_partitions"])
+    return TransactionProducer(
+        conf,
+        producer_group=group,
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=FAST["half_partitions"],
+    )
 
 
 def test_a_system_topic_is_refused_as_a_destination_by_every_producing_path(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("e").replace("-", "")
     conf = broker.conf()
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
@@ -65,8 +73,9 @@ def test_a_system_topic_is_refused_as_a_destination_by_every_producing_path(
             with pytest.raises(SystemTopicError, match=topic):
                 producer.send_message_in_transaction(Message(topic, b"forged"))
         with pytest.raises(SystemTopicError, match=f"{prefix}_op"):
-            producer.send_messages_in_transaction([Message(make_topic("ok"), b"fine"),
-                                                   Message(f"{prefix}_op", b"forged")])
+            producer.send_messages_in_transaction(
+                [Message(make_topic("ok"), b"fine"), Message(f"{prefix}_op", b"forged")]
+            )
     with Producer(conf, topic_prefix=prefix) as plain:
         with pytest.raises(SystemTopicError, match=f"{prefix}_op"):
             plain.send(Message(f"{prefix}_op", b"forged"))
@@ -80,7 +89,8 @@ def test_a_system_topic_is_refused_as_a_destination_by_every_producing_path(
 
 
 def test_a_partition_the_real_topic_lacks_fails_the_send_before_the_half_write(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("p").replace("-", "")
     topic = make_topic("narrow", partitions=2)
     conf = broker.conf()
@@ -90,8 +100,9 @@ def test_a_partition_the_real_topic_lacks_fails_the_send_before_the_half_write(
             producer.send_message_in_transaction(Message(topic, b"far", partition=5))
         assert refused.value.code == "unknown_partition"
         with pytest.raises(RmqError, match="partition 2"):
-            producer.send_messages_in_transaction([Message(topic, b"ok", partition=1),
-                                                   Message(topic, b"far", partition=2)])
+            producer.send_messages_in_transaction(
+                [Message(topic, b"ok", partition=1), Message(topic, b"far", partition=2)]
+            )
         assert listener.executed == []
         assert _records_in(conf, f"{prefix}_half", FAST["half_partitions"]) == 0
         # A partition the topic has still goes through.
@@ -105,8 +116,9 @@ def _reply_to(reader: TopicReader, request_id: str) -> LockReply:
         return any(decode_as(LockReply, m.value()).request_id == request_id for m in records)
 
     records = reader.read_until(answered, 60, f"the reply to lock request {request_id}")
-    return next(r for r in (decode_as(LockReply, m.value()) for m in records)
-                if r.request_id == request_id)
+    return next(
+        r for r in (decode_as(LockReply, m.value()) for m in records) if r.request_id == request_id
+    )
 
 
 def test_a_lock_request_older_than_its_clients_wait_is_refused(broker, unique):
@@ -119,17 +131,32 @@ def test_a_lock_request_older_than_its_clients_wait_is_refused(broker, unique):
     group, topic = unique("g"), unique("orders")
     key = LockKey(group, topic, 0)
     ensure_topics(conf, lock_topic_specs(CoordinatorSettings(**FAST, topic_prefix=prefix)))
-    ghost = LockRequest.from_body({
-        "kind": "lock", "request_id": unique("r"), "client_id": "ghost-client", "group": group,
-        "reply_partition": 0, "queues": [{"topic": topic, "partition": 0, "epoch": None}],
-        "lease_ms": 60000, "sent_at_ms": int(time.time() * 1000), "wait_ms": 1})
+    ghost = LockRequest.from_body(
+        {
+            "kind": "lock",
+            "request_id": unique("r"),
+            "client_id": "ghost-client",
+            "group": group,
+            "reply_partition": 0,
+            "queues": [{"topic": topic, "partition": 0, "epoch": None}],
+            "lease_ms": 60000,
+            "sent_at_ms": int(time.time() * 1000),
+            "wait_ms": 1,
+        }
+    )
     raw = RawProducer(conf)
-    raw.produce(f"{prefix}_lock_request", encode(ghost), key=key.record_key(),
-                partition=key.request_partition(partitions))
+    raw.produce(
+        f"{prefix}_lock_request",
+        encode(ghost),
+        key=key.record_key(),
+        partition=key.request_partition(partitions),
+    )
     assert raw.flush(10) == 0
     reader = TopicReader(conf, f"{prefix}_lock_reply", partitions)
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, \
-            LockClient(conf, topic_prefix=prefix, client_id="live-client") as client:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        LockClient(conf, topic_prefix=prefix, client_id="live-client") as client,
+    ):
         [refused] = _reply_to(reader, ghost.request_id).results
         assert (refused.granted, refused.reason) == (False, "stale")
         grants = client.lock(group, [(topic, 0)], 60000, timeout=30)
@@ -139,7 +166,8 @@ def test_a_lock_request_older_than_its_clients_wait_is_refused(broker, unique):
 
 
 def test_a_coordinator_refuses_to_start_on_half_and_op_topics_of_unequal_size(
-        broker, unique, caplog):
+    broker, unique, caplog
+):
     prefix = unique("c").replace("-", "")
     conf = broker.conf()
     ensure_topics(conf, {f"{prefix}_half": (2, {}), f"{prefix}_op": (3, {})})
@@ -148,10 +176,15 @@ def test_a_coordinator_refuses_to_start_on_half_and_op_topics_of_unequal_size(
     thread = threading.Thread(target=lambda: outcome.append(server.run()), daemon=True)
     with caplog.at_level(logging.ERROR, logger="coordinator.server"):
         thread.start()
-        wait_for(lambda: outcome, 60, "the coordinator to stop",
-                 details=lambda: f"transactions ready: {server.transactions.ready.is_set()}")
+        wait_for(
+            lambda: outcome,
+            60,
+            "the coordinator to stop",
+            details=lambda: f"transactions ready: {server.transactions.ready.is_set()}",
+        )
     assert outcome == [1]
-    assert any(f"{prefix}_half has 2 partitions and {prefix}_op has 3" in m
-               for m in caplog.messages)
+    assert any(
+        f"{prefix}_half has 2 partitions and {prefix}_op has 3" in m for m in caplog.messages
+    )
     server.stop()
     thread.join(10)

@@ -36,8 +36,9 @@ def test_produce_consume_round_trip_keeps_key_value_headers(broker, make_topic, 
     with Producer(broker.conf()) as producer:
         result = producer.send(Message(topic, b"hello", key="k1", headers={"h": "v"}))
     assert result.topic == topic and result.offset == 0
-    with Consumer(group_conf(broker.conf(**{"group.id": unique("g"),
-                                            "auto.offset.reset": "earliest"}))) as consumer:
+    with Consumer(
+        group_conf(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest"}))
+    ) as consumer:
         consumer.subscribe([topic])
         [msg] = drain(consumer, 1)
     assert (msg.key(), msg.value(), msg.headers()) == (b"k1", b"hello", [("h", b"v")])
@@ -53,9 +54,10 @@ def test_pattern_subscription_never_yields_system_topic_records(broker, make_top
             producer.produce(system, f"sys-{i}".encode())
         producer.produce(business, b"biz")
         producer.flush(10)
-    with Consumer(group_conf(broker.conf(**{"group.id": unique("g"),
-                                            "auto.offset.reset": "earliest"})),
-                  topic_prefix=prefix) as consumer:
+    with Consumer(
+        group_conf(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest"})),
+        topic_prefix=prefix,
+    ) as consumer:
         consumer.subscribe([f"^{prefix}.*"])
         got = drain(consumer, 1)
         # The system partition is left out at assignment: never fetched.
@@ -92,8 +94,9 @@ def test_broker_stop_start_keeps_committed_data(tmp_path, unique):
         assert broker.running_pid() is None
         assert broker.start() == bootstrap
         group = unique("g")
-        with Consumer(group_conf({**conf, "group.id": group,
-                                  "auto.offset.reset": "earliest"})) as c:
+        with Consumer(
+            group_conf({**conf, "group.id": group, "auto.offset.reset": "earliest"})
+        ) as c:
             c.subscribe([topic])
             got = drain(c, 10)
         assert [m.value() for m in got] == [f"v{i}".encode() for i in range(10)]
@@ -105,14 +108,28 @@ def test_broker_stop_start_keeps_committed_data(tmp_path, unique):
 def test_kafka_start_on_used_port_prints_one_error_line(broker, tmp_path):
     used_port = int(broker.bootstrap.rsplit(":", 1)[1])
     proc = subprocess.run(
-        [sys.executable, "-m", "rmq_semantics", "kafka", "start",
-         "--data-dir", str(tmp_path / f"k-{uuid.uuid4().hex[:6]}"), "--port", str(used_port)],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "kafka",
+            "start",
+            "--data-dir",
+            str(tmp_path / f"k-{uuid.uuid4().hex[:6]}"),
+            "--port",
+            str(used_port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert errors == [f"rmq-semantics: error: port {used_port} on 127.0.0.1 is already in use; "
-                      "stop whatever listens there or pass --port"]
+    assert errors == [
+        f"rmq-semantics: error: port {used_port} on 127.0.0.1 is already in use; "
+        "stop whatever listens there or pass --port"
+    ]
 
 
 def test_kafka_start_on_corrupt_data_dir_is_one_clear_error(tmp_path):
@@ -120,9 +137,21 @@ def test_kafka_start_on_corrupt_data_dir_is_one_clear_error(tmp_path):
     (data_dir / "logs").mkdir(parents=True)
     (data_dir / "logs" / "garbage").write_text("not kafka")
     proc = subprocess.run(
-        [sys.executable, "-m", "rmq_semantics", "kafka", "start",
-         "--data-dir", str(data_dir), "--port", str(free_port())],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "kafka",
+            "start",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "is not a usable Kafka data dir" in proc.stderr

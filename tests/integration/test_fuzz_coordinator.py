@@ -18,10 +18,15 @@ RECORDS = 300
 SEED = 12  # fixed: CI sees the same records every run
 
 
-def test_a_coordinator_survives_every_kind_of_bad_record_and_loses_no_good_one(
-        broker, tmp_path):
-    report = run(broker.bootstrap, records=RECORDS, categories=select(), seed=SEED,
-                 conf=broker.conf(), log_dir=tmp_path)
+def test_a_coordinator_survives_every_kind_of_bad_record_and_loses_no_good_one(broker, tmp_path):
+    report = run(
+        broker.bootstrap,
+        records=RECORDS,
+        categories=select(),
+        seed=SEED,
+        conf=broker.conf(),
+        log_dir=tmp_path,
+    )
     print(report.text())
     assert not report.violations(), report.text()
     assert sum(report.sent.values()) >= RECORDS and report.good

@@ -37,8 +37,9 @@ def _committed_half_offset(conf: dict, prefix: str) -> int:
     """The coordinator group's committed offset on half partition 0 (README: the lowest
     half offset a new owner must read again)."""
     topics = SystemTopics(prefix)
-    consumer = RawConsumer({**conf, "group.id": topics.coordinator_group,
-                            "enable.auto.commit": False})
+    consumer = RawConsumer(
+        {**conf, "group.id": topics.coordinator_group, "enable.auto.commit": False}
+    )
     try:
         [tp] = consumer.committed([TopicPartition(topics.half, 0)], timeout=30)
         return tp.offset
@@ -47,30 +48,51 @@ def _committed_half_offset(conf: dict, prefix: str) -> int:
 
 
 def test_an_abandoned_transaction_pins_neither_committed_offsets_nor_memory(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     prefix = unique("hz").replace("-", "")
     topic = make_topic("horizon")
     conf = broker.conf()
     port = free_port()
-    coordinator = CoordinatorProcess(broker.bootstrap, tmp_path / "coordinator.log",
-                                     "--metrics-port", str(port), topic_prefix=prefix,
-                                     half_partitions=1, env=HORIZON_ENV)
+    coordinator = CoordinatorProcess(
+        broker.bootstrap,
+        tmp_path / "coordinator.log",
+        "--metrics-port",
+        str(port),
+        topic_prefix=prefix,
+        half_partitions=1,
+        env=HORIZON_ENV,
+    )
     try:
-        wait_for(lambda: (health(coordinator, port) or {}).get("owned_partitions") == [0],
-                 START_TIMEOUT_S, "the coordinator to own half partition 0")
+        wait_for(
+            lambda: (health(coordinator, port) or {}).get("owned_partitions") == [0],
+            START_TIMEOUT_S,
+            "the coordinator to own half partition 0",
+        )
         gone = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.UNKNOW)
-        with TransactionProducer(conf, producer_group=unique("gone"), listener=gone,
-                                 topic_prefix=prefix, half_partitions=1) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("gone"),
+            listener=gone,
+            topic_prefix=prefix,
+            half_partitions=1,
+        ) as producer:
             abandoned = producer.send_message_in_transaction(Message(topic, b"abandoned"))
         # Its producer group has no member left: checks go unanswered, nothing resolves it.
 
         committing = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
         most_tracked = 0
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=committing,
-                                 topic_prefix=prefix, half_partitions=1) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=committing,
+            topic_prefix=prefix,
+            half_partitions=1,
+        ) as producer:
             for batch in range(BATCHES):
                 results = producer.send_messages_in_transaction(
-                    [Message(topic, f"m-{batch}-{i}".encode()) for i in range(BATCH)])
+                    [Message(topic, f"m-{batch}-{i}".encode()) for i in range(BATCH)]
+                )
                 last = max(r.half_offset for r in results)
 
                 def moved_past(last: int = last) -> bool:
@@ -79,16 +101,21 @@ def test_an_abandoned_transaction_pins_neither_committed_offsets_nor_memory(
                     most_tracked = max(most_tracked, tracked)
                     return _committed_half_offset(conf, prefix) > last
 
-                wait_for(moved_past, 60,
-                         f"the committed half offset to move past batch {batch} (the "
-                         f"abandoned transaction is at {abandoned.half_offset})",
-                         details=lambda: f"committed {_committed_half_offset(conf, prefix)}")
+                wait_for(
+                    moved_past,
+                    60,
+                    f"the committed half offset to move past batch {batch} (the "
+                    f"abandoned transaction is at {abandoned.half_offset})",
+                    details=lambda: f"committed {_committed_half_offset(conf, prefix)}",
+                )
                 # One horizon's traffic at most: this batch, the abandoned transaction and
                 # its re-append in flight; never the batches before.
-                wait_for(lambda: value(samples(port), "rmq_tracked_transactions",
-                                       partition="0") <= 3, 30,
-                         "the coordinator to forget the decided transactions below its "
-                         "committed half offset")
+                wait_for(
+                    lambda: value(samples(port), "rmq_tracked_transactions", partition="0") <= 3,
+                    30,
+                    "the coordinator to forget the decided transactions below its "
+                    "committed half offset",
+                )
         assert most_tracked <= BATCH + 3, most_tracked
 
         # What a new owner would rebuild from the committed offsets: only the abandoned
@@ -109,7 +136,8 @@ def test_an_abandoned_transaction_pins_neither_committed_offsets_nor_memory(
 
 
 def test_a_late_commit_to_the_old_offset_after_a_reappend_is_promoted_once(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     """UNKNOWN -> re-append -> COMMIT to the offset the producer knows: with the coordinator
     that re-appended it, and with a new owner that rebuilt its state from the topics."""
     prefix = unique("hl").replace("-", "")
@@ -122,25 +150,36 @@ def test_a_late_commit_to_the_old_offset_after_a_reappend_is_promoted_once(
     coordinator = CoordinatorProcess(broker.bootstrap, log_path, env=HORIZON_ENV, **settings)
     try:
         coordinator.wait_ready()
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix, half_partitions=1) as producer:
-            live, restarted = (producer.send_message_in_transaction(Message(topic, v))
-                               for v in (b"live", b"restarted"))
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=1,
+        ) as producer:
+            live, restarted = (
+                producer.send_message_in_transaction(Message(topic, v))
+                for v in (b"live", b"restarted")
+            )
 
             def reappended(*results) -> bool:
                 now = {p.txn_id: p.half_offset for p in list_pending(conf, prefix)}
                 return all(now.get(r.transaction_id, -1) > r.half_offset for r in results)
 
-            wait_for(lambda: reappended(live, restarted), 90,
-                     "both transactions to be re-appended past the horizon")
+            wait_for(
+                lambda: reappended(live, restarted),
+                90,
+                "both transactions to be re-appended past the horizon",
+            )
             # The producer decides late, addressing the offset it was given, twice.
             for _ in range(2):
                 producer.end_transaction(live, S.COMMIT_MESSAGE)
             reader.read_until(lambda r: len(r) >= 1, 60, "the live late commit")
 
             coordinator.stop()
-            coordinator = CoordinatorProcess(broker.bootstrap, log_path, env=HORIZON_ENV,
-                                             **settings)
+            coordinator = CoordinatorProcess(
+                broker.bootstrap, log_path, env=HORIZON_ENV, **settings
+            )
             coordinator.wait_ready()
             for _ in range(2):
                 producer.end_transaction(restarted, S.COMMIT_MESSAGE)

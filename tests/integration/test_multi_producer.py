@@ -22,16 +22,30 @@ HALF_PARTITIONS = 4
 
 
 def test_a_transaction_of_ten_over_two_topics_is_ten_members_in_one_partition_and_one_end(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("mp").replace("-", "")
     orders, lines = make_topic("orders", partitions=2), make_topic("lines", partitions=3)
-    msgs = [Message(orders if i < 3 else lines, f"m-{i}".encode(), key=f"k{i}",
-                    headers={"app": str(i)}, tags="T", partition=i % 2 if i < 3 else None)
-            for i in range(10)]
+    msgs = [
+        Message(
+            orders if i < 3 else lines,
+            f"m-{i}".encode(),
+            key=f"k{i}",
+            headers={"app": str(i)},
+            tags="T",
+            partition=i % 2 if i < 3 else None,
+        )
+        for i in range(10)
+    ]
     listener = ViewListener(LocalTransactionState.COMMIT_MESSAGE)
     conf = broker.conf()
-    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                             topic_prefix=prefix, half_partitions=HALF_PARTITIONS) as producer:
+    with TransactionProducer(
+        conf,
+        producer_group=unique("pg"),
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=HALF_PARTITIONS,
+    ) as producer:
         result = producer.send_transaction(msgs)
         assert producer.flush(30) == 0
         half = read_to_end(conf, producer.topics.half, HALF_PARTITIONS)
@@ -43,21 +57,29 @@ def test_a_transaction_of_ten_over_two_topics_is_ten_members_in_one_partition_an
     partition = zlib.crc32(result.transaction_id.encode()) % HALF_PARTITIONS
     assert (result.half_partition, result.message_count) == (partition, 10)
 
-    members = sorted((r for r in half if dict(r.headers())[H.TXN_ID]
-                      == result.transaction_id.encode()), key=lambda r: r.offset())
+    members = sorted(
+        (r for r in half if dict(r.headers())[H.TXN_ID] == result.transaction_id.encode()),
+        key=lambda r: r.offset(),
+    )
     assert len(members) == 10 and {r.partition() for r in members} == {partition}
     assert members[0].offset() == result.half_offset
     for index, (record, msg) in enumerate(zip(members, msgs, strict=True)):
         headers = dict(record.headers())
-        assert (record.key(), record.value(), headers["app"]) == (msg.key, msg.value,
-                                                                  str(index).encode())
+        assert (record.key(), record.value(), headers["app"]) == (
+            msg.key,
+            msg.value,
+            str(index).encode(),
+        )
         assert headers[H.TXN_SIZE] == b"10" and headers[H.TXN_INDEX] == str(index).encode()
         assert headers[H.REAL_TOPIC] == msg.topic.encode() and headers[H.TAGS] == b"T"
         assert headers.get(H.REAL_PARTITION) == (
-            None if msg.partition is None else str(msg.partition).encode())
+            None if msg.partition is None else str(msg.partition).encode()
+        )
 
     ends = [(r.partition(), decode(r.value())) for r in op]
-    ends = [(p, e) for p, e in ends if isinstance(e, EndRequest)
-            and e.txn_id == result.transaction_id]
+    ends = [
+        (p, e) for p, e in ends if isinstance(e, EndRequest) and e.txn_id == result.transaction_id
+    ]
     assert [(p, e.half_partition, e.half_offset, e.state, e.from_check) for p, e in ends] == [
-        (partition, partition, result.half_offset, EndState.COMMIT, False)]
+        (partition, partition, result.half_offset, EndState.COMMIT, False)
+    ]

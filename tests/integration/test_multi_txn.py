@@ -46,14 +46,23 @@ def _sample(coordinator: ThreadCoordinator, name: str, **labels: str) -> float:
 
 
 def _members(topics: list[str], plan: str, n: int, size: int) -> list[Message]:
-    return [Message(topics[i % len(topics)], f"{plan}-{n}-{i}".encode(), key=f"k{i}",
-                    headers={"app": str(i)}, tags="TagA") for i in range(size)]
+    return [
+        Message(
+            topics[i % len(topics)],
+            f"{plan}-{n}-{i}".encode(),
+            key=f"k{i}",
+            headers={"app": str(i)},
+            tags="TagA",
+        )
+        for i in range(size)
+    ]
 
 
 def _executed(value: bytes) -> S:
     # The plan is in the first member's value; check_* plans leave it to the back-check.
     return {b"commit-": S.COMMIT_MESSAGE, b"rollback-": S.ROLLBACK_MESSAGE}.get(
-        value.split(b"-", 1)[0] + b"-", S.UNKNOW)
+        value.split(b"-", 1)[0] + b"-", S.UNKNOW
+    )
 
 
 def _checked(value: bytes) -> S:
@@ -61,7 +70,8 @@ def _checked(value: bytes) -> S:
 
 
 def test_transactions_of_1_to_50_messages_over_3_topics_are_seen_all_or_nothing(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("mt").replace("-", "")
     topics = [make_topic(f"multi{i}", partitions=2) for i in range(3)]
     conf = broker.conf()
@@ -71,16 +81,22 @@ def test_transactions_of_1_to_50_messages_over_3_topics_are_seen_all_or_nothing(
     plans = ["commit", "rollback", "check_commit", "check_rollback"]
     listener = ScriptedListener(_executed, _checked)
     sent: dict[str, tuple[str, set[bytes]]] = {}
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=PARTITIONS) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=PARTITIONS,
+        ) as producer,
+    ):
         for n, size in enumerate(sizes):
             plan = plans[n % len(plans)]
             msgs = _members(topics, plan, n, size)
             result = producer.send_transaction(msgs)
             sent[result.transaction_id] = (plan, {m.value for m in msgs})
-        wait_for(lambda: no_pending(coordinator, PARTITIONS), 90,
-                 "every transaction to be decided")
+        wait_for(lambda: no_pending(coordinator, PARTITIONS), 90, "every transaction to be decided")
     promoted = by_txn([m for t in topics for m in read_to_end(conf, t, 2)])
     for txn_id, (plan, values) in sent.items():
         seen = Counter(m.value() for m in promoted.get(txn_id, []))
@@ -98,7 +114,8 @@ def test_transactions_of_1_to_50_messages_over_3_topics_are_seen_all_or_nothing(
 
 
 def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_once_whole(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("mk").replace("-", "")
     topic = make_topic("multicrash", partitions=3)
     conf = broker.conf()
@@ -108,8 +125,13 @@ def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_on
     coordinator = CoordinatorProcess(broker.bootstrap, topic_prefix=prefix, instance_id=instance)
     coordinator.wait_ready()
     committing = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
-    producer = TransactionProducer(conf, producer_group=group, listener=committing,
-                                   topic_prefix=prefix, half_partitions=PARTITIONS).start()
+    producer = TransactionProducer(
+        conf,
+        producer_group=group,
+        listener=committing,
+        topic_prefix=prefix,
+        half_partitions=PARTITIONS,
+    ).start()
     sent: dict[str, int] = {}
 
     def send_all() -> None:
@@ -123,8 +145,9 @@ def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_on
         sender.start()
         reader.read_until(lambda r: len(r) >= 300, 120, "the first promotions")
         coordinator.kill()
-        coordinator = CoordinatorProcess(broker.bootstrap, coordinator.log_path,
-                                         topic_prefix=prefix, instance_id=instance)
+        coordinator = CoordinatorProcess(
+            broker.bootstrap, coordinator.log_path, topic_prefix=prefix, instance_id=instance
+        )
         coordinator.wait_ready()
         sender.join(300)
         assert not sender.is_alive(), "the writer did not finish"
@@ -136,27 +159,51 @@ def test_coordinator_sigkill_mid_500_multi_message_transactions_promotes_each_on
     assert exit_code == 0
     promoted = by_txn(read_to_end(conf, topic, 3))
     assert len(promoted) == 500 and set(promoted) == set(sent)
-    wrong = {t: (len(ms), sent[t]) for t, ms in promoted.items()
-             if sorted(m.value() for m in ms) != sorted({m.value() for m in ms})
-             or len(ms) != sent[t]}
+    wrong = {
+        t: (len(ms), sent[t])
+        for t, ms in promoted.items()
+        if sorted(m.value() for m in ms) != sorted({m.value() for m in ms}) or len(ms) != sent[t]
+    }
     assert not wrong, f"{len(wrong)} transactions not promoted exactly once, whole: {wrong}"
 
 
 def test_a_producer_killed_mid_send_is_never_promoted_in_part_and_listed_incomplete(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("mi").replace("-", "")
     topic = make_topic("multikill")
     conf = broker.conf()
     group = unique("pg")
     # The group's surviving producer answers every check COMMIT (its database committed).
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=PARTITIONS):
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=PARTITIONS,
+        ),
+    ):
         worker = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.multi_txn_worker", broker.bootstrap,
-             prefix, group, topic, str(PARTITIONS), "5", "3"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.multi_txn_worker",
+                broker.bootstrap,
+                prefix,
+                group,
+                topic,
+                str(PARTITIONS),
+                "5",
+                "3",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         try:
             line = worker.stdout.readline()
             assert line.startswith("MEMBERS_WRITTEN"), line
@@ -164,48 +211,84 @@ def test_a_producer_killed_mid_send_is_never_promoted_in_part_and_listed_incompl
             worker.send_signal(signal.SIGKILL)
             worker.wait(30)
         txn_id = line.split()[1]
-        [found] = wait_for(lambda: [t for t in list_discarded(conf, prefix)
-                                    if t.txn_id == txn_id], 60,
-                           "the transaction to be discarded")
+        [found] = wait_for(
+            lambda: [t for t in list_discarded(conf, prefix) if t.txn_id == txn_id],
+            60,
+            "the transaction to be discarded",
+        )
         assert listener.checked == [b"member-0"]  # one check, member 0, answered COMMIT
         assert _sample(coordinator, "rmq_discarded_total", reason="incomplete") == 1
         assert _sample(coordinator, "rmq_promotions_total") == 0
     assert (found.reason, found.count, len(found.members)) == ("incomplete", "3/5", 3)
     assert read_to_end(conf, topic, 1) == []
-    cli = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "discarded",
-                          "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "txn",
+            "discarded",
+            "--bootstrap-servers",
+            broker.bootstrap,
+            "--topic-prefix",
+            prefix,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert cli.returncode == 0, cli.stderr
     [row] = [r for r in cli.stdout.splitlines() if txn_id in r]
     assert "incomplete" in row and "3/5" in row
-    again = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "redrive", txn_id,
-                            "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix],
-                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "txn",
+            "redrive",
+            txn_id,
+            "--bootstrap-servers",
+            broker.bootstrap,
+            "--topic-prefix",
+            prefix,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert again.returncode != 0 and "3/5" in again.stderr
 
 
 def test_more_members_than_the_coordinator_reads_per_step_promote_in_one_kafka_transaction(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("mb").replace("-", "")
     topic = make_topic("multibatch", partitions=2)
     conf = broker.conf()
     group = unique("pg")
     with ThreadCoordinator(conf, topic_prefix=prefix, max_batch=50) as coordinator:
         writer = MemberWriter(conf, prefix, group, PARTITIONS)
-        txn_id, partition, offsets = writer.send(_members([topic], "b", 0, 120),
-                                                 EndState.COMMIT)
+        txn_id, partition, offsets = writer.send(_members([topic], "b", 0, 120), EndState.COMMIT)
         writer.close()
         wait_for(lambda: no_pending(coordinator, PARTITIONS), 60, "the transaction")
         assert _sample(coordinator, "rmq_promotions_total") == 120
     # All 120 done in one Op record: written, with the promotions, in one Kafka transaction.
-    markers = [decode(m.value()) for m in read_to_end(conf, f"{prefix}_op", PARTITIONS)
-               if m.partition() == partition]
-    done = [{e.half_offset for e in r.entries if e.outcome is Outcome.COMMITTED}
-            for r in markers if isinstance(r, DoneMarkers)]
+    markers = [
+        decode(m.value())
+        for m in read_to_end(conf, f"{prefix}_op", PARTITIONS)
+        if m.partition() == partition
+    ]
+    done = [
+        {e.half_offset for e in r.entries if e.outcome is Outcome.COMMITTED}
+        for r in markers
+        if isinstance(r, DoneMarkers)
+    ]
     assert [d for d in done if d & set(offsets)] == [set(offsets)]
     promoted = by_txn(read_to_end(conf, topic, 2))[txn_id]
-    assert sorted(m.value() for m in promoted) == sorted(f"b-0-{i}".encode()
-                                                          for i in range(120))
+    assert sorted(m.value() for m in promoted) == sorted(f"b-0-{i}".encode() for i in range(120))
 
 
 def test_a_discarded_multi_message_transaction_is_redriven_whole(broker, make_topic, unique):
@@ -215,13 +298,23 @@ def test_a_discarded_multi_message_transaction_is_redriven_whole(broker, make_to
     group = unique("pg")
     answer = {"check": S.UNKNOW}
     listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: answer["check"])
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=PARTITIONS):
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=PARTITIONS,
+        ),
+    ):
         writer = MemberWriter(conf, prefix, group, PARTITIONS)
         txn_id, _, _ = writer.send(_members([topic], "r", 0, 3), None)
-        [found] = wait_for(lambda: [t for t in list_discarded(conf, prefix)
-                                    if t.txn_id == txn_id], 60, "the check_max discard")
+        [found] = wait_for(
+            lambda: [t for t in list_discarded(conf, prefix) if t.txn_id == txn_id],
+            60,
+            "the check_max discard",
+        )
         assert (found.reason, found.count) == ("check_max", "3/3")
         answer["check"] = S.COMMIT_MESSAGE
         redrive(conf, txn_id, prefix)

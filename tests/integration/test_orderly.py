@@ -80,12 +80,16 @@ class LockServiceRunner:
     def start(self) -> LockService:
         self._stop = threading.Event()
         self.service = LockService(self.conf, self.settings)
-        self._thread = threading.Thread(target=self.service.run, args=(self._stop,),
-                                        name="test-lock-service", daemon=True)
+        self._thread = threading.Thread(
+            target=self.service.run, args=(self._stop,), name="test-lock-service", daemon=True
+        )
         self._thread.start()
         service = self.service
-        wait_for(lambda: len(service.owned_partitions()) == self.settings.half_partitions,
-                 60, "the lock service to own every request partition")
+        wait_for(
+            lambda: len(service.owned_partitions()) == self.settings.half_partitions,
+            60,
+            "the lock service to own every request partition",
+        )
         return service
 
     def stop(self) -> None:
@@ -106,9 +110,15 @@ def lock_service(broker, unique):
 
     def start(lease_ms: int = LEASE_MS, renew_ms: int = RENEW_MS) -> LockServiceRunner:
         prefix = unique("rmqo").replace("-", "")
-        runner = LockServiceRunner(broker.conf(), CoordinatorSettings(
-            topic_prefix=prefix, lock_lease_ms=lease_ms, lock_renew_ms=renew_ms,
-            half_partitions=2))
+        runner = LockServiceRunner(
+            broker.conf(),
+            CoordinatorSettings(
+                topic_prefix=prefix,
+                lock_lease_ms=lease_ms,
+                lock_renew_ms=renew_ms,
+                half_partitions=2,
+            ),
+        )
         runners.append(runner)
         runner.start()
         return runner
@@ -139,15 +149,31 @@ class Journal:
         self._lock = threading.Lock()
         self.rows: list[Row] = []
 
-    def listener(self, name: str, work_s: float = 0.0,
-                 decide: Callable[[Row], ConsumeOrderlyStatus] | None = None):
+    def listener(
+        self,
+        name: str,
+        work_s: float = 0.0,
+        decide: Callable[[Row], ConsumeOrderlyStatus] | None = None,
+    ):
         def listen(msgs, context):
             wall, start = time.time(), time.monotonic()
             if work_s:
                 time.sleep(work_s)  # simulated work, so calls have a duration
             end = time.monotonic()
-            rows = [Row(name, m.partition, m.offset, (m.value or b"").decode(),
-                        context.lock_epoch, m.reconsume_times, start, end, wall) for m in msgs]
+            rows = [
+                Row(
+                    name,
+                    m.partition,
+                    m.offset,
+                    (m.value or b"").decode(),
+                    context.lock_epoch,
+                    m.reconsume_times,
+                    start,
+                    end,
+                    wall,
+                )
+                for m in msgs
+            ]
             with self._lock:
                 self.rows.extend(rows)
             return decide(rows[0]) if decide else SUCCESS
@@ -166,18 +192,38 @@ class Journal:
 
 
 def orderly_conf(broker, group: str) -> dict:
-    return group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest",
-                                     "session.timeout.ms": SESSION_TIMEOUT_MS,
-                                     "heartbeat.interval.ms": 500}))
+    return group_conf(
+        broker.conf(
+            **{
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+    )
 
 
-def start_consumer(broker, group: str, topic: str, prefix: str, listener, name: str,
-                   lease_ms: int = LEASE_MS, renew_ms: int = RENEW_MS,
-                   **kwargs) -> OrderlyConsumer:
-    consumer = OrderlyConsumer(orderly_conf(broker, group), listener=listener,
-                               lock_lease_ms=lease_ms, lock_renew_ms=renew_ms,
-                               topic_prefix=prefix, client_id=f"{name}-{uuid.uuid4().hex[:6]}",
-                               **kwargs)
+def start_consumer(
+    broker,
+    group: str,
+    topic: str,
+    prefix: str,
+    listener,
+    name: str,
+    lease_ms: int = LEASE_MS,
+    renew_ms: int = RENEW_MS,
+    **kwargs,
+) -> OrderlyConsumer:
+    consumer = OrderlyConsumer(
+        orderly_conf(broker, group),
+        listener=listener,
+        lock_lease_ms=lease_ms,
+        lock_renew_ms=renew_ms,
+        topic_prefix=prefix,
+        client_id=f"{name}-{uuid.uuid4().hex[:6]}",
+        **kwargs,
+    )
     consumer.subscribe([topic])
     consumer.start()
     return consumer
@@ -200,12 +246,17 @@ def assert_in_order(seen: list[tuple[int, int]], count: int, what: str) -> None:
     assert seen and seen[0][0] == 0, (what, seen)
     for (before, epoch_before), (after, epoch) in itertools.pairwise(seen):
         assert after == before + 1 or (after <= before and epoch > epoch_before), (
-            what, before, after, seen)
+            what,
+            before,
+            after,
+            seen,
+        )
     assert max(n for n, _ in seen) == count - 1, (what, seen)
 
 
-def assert_keys_in_order_and_partitions_exclusive(journal: Journal, keys: list[str],
-                                                  count: int) -> dict[int, list[Row]]:
+def assert_keys_in_order_and_partitions_exclusive(
+    journal: Journal, keys: list[str], count: int
+) -> dict[int, list[Row]]:
     """Over every listener call of ``"key:seq"`` values: each key's ``count`` messages in
     order (:func:`assert_in_order`), no partition processed by two consumers at once, and
     each lock epoch held by one consumer. Returns the rows by partition."""
@@ -221,7 +272,8 @@ def assert_keys_in_order_and_partitions_exclusive(journal: Journal, keys: list[s
         for before, after in itertools.pairwise(partition_rows):
             assert before.end <= after.start, (
                 f"partition {partition} processed by {before.consumer} and {after.consumer} "
-                "at the same time")
+                "at the same time"
+            )
         owners = defaultdict(set)
         for row in partition_rows:
             owners[row.epoch].add(row.consumer)
@@ -233,8 +285,7 @@ def assert_keys_in_order_and_partitions_exclusive(journal: Journal, keys: list[s
 def committed(broker, group: str, topic: str, partitions: int) -> dict[int, int]:
     consumer = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
     try:
-        tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)],
-                                 timeout=10)
+        tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return {tp.partition: tp.offset for tp in tps}
     finally:
         consumer.close()
@@ -243,21 +294,31 @@ def committed(broker, group: str, topic: str, partitions: int) -> dict[int, int]
 def end_offsets(broker, topic: str, partitions: int) -> dict[int, int]:
     consumer = confluent_kafka.Consumer(broker.conf(**{"group.id": "end-offsets"}))
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
     finally:
         consumer.close()
 
 
 def read_all(broker, topic: str, partitions: int) -> list[confluent_kafka.Message]:
     """Every committed record of ``topic`` (read_committed, to the end)."""
-    consumer = confluent_kafka.Consumer(broker.conf(**{
-        "group.id": "reader", "enable.partition.eof": True, "isolation.level": "read_committed",
-        "enable.auto.commit": False}))
+    consumer = confluent_kafka.Consumer(
+        broker.conf(
+            **{
+                "group.id": "reader",
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
     out, eof = [], set()
     try:
-        consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                         for p in range(partitions)])
+        consumer.assign(
+            [TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)]
+        )
         deadline = time.monotonic() + 30
         while len(eof) < partitions and time.monotonic() < deadline:
             msg = consumer.poll(0.2)
@@ -287,21 +348,52 @@ def produce(broker, topic: str, records: list[tuple[bytes | None, bytes, int | N
 class Worker:
     """tests/integration/orderly_worker.py in a subprocess, and what it wrote."""
 
-    def __init__(self, broker, tmp_path: Path, name: str, *, prefix: str, group: str,
-                 topic: str, lease_ms: int = LEASE_MS, renew_ms: int = RENEW_MS,
-                 extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        broker,
+        tmp_path: Path,
+        name: str,
+        *,
+        prefix: str,
+        group: str,
+        topic: str,
+        lease_ms: int = LEASE_MS,
+        renew_ms: int = RENEW_MS,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.client_id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.path = tmp_path / f"{name}.jsonl"
         self.path.touch()
         self._stderr = open(tmp_path / f"{name}.stderr", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.orderly_worker",
-             "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix,
-             "--group", group, "--topic", topic, "--result", str(self.path),
-             "--client-id", self.client_id, "--lock-lease-ms", str(lease_ms),
-             "--lock-renew-ms", str(renew_ms), "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
-             *extra],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr)
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.orderly_worker",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+                "--group",
+                group,
+                "--topic",
+                topic,
+                "--result",
+                str(self.path),
+                "--client-id",
+                self.client_id,
+                "--lock-lease-ms",
+                str(lease_ms),
+                "--lock-renew-ms",
+                str(renew_ms),
+                "--session-timeout-ms",
+                str(SESSION_TIMEOUT_MS),
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
 
     def lines(self) -> list[dict]:
         out = []
@@ -313,8 +405,11 @@ class Worker:
         return out
 
     def events(self, name: str, lines: list[dict] | None = None) -> list[dict]:
-        return [x for x in (lines if lines is not None else self.lines())
-                if x["kind"] == "event" and x["event"] == name]
+        return [
+            x
+            for x in (lines if lines is not None else self.lines())
+            if x["kind"] == "event" and x["event"] == name
+        ]
 
     def is_stopped(self) -> bool:
         """The process is in state T (stopped by a signal)."""
@@ -343,15 +438,17 @@ def workers():
 
 # -- (a) order and exclusivity across rebalances --------------------------------------------
 def test_three_consumers_keep_key_order_and_never_process_a_partition_together(
-        broker, make_topic, unique, lock_service):
+    broker, make_topic, unique, lock_service
+):
     service = lock_service()
     topic, group = make_topic("orderly", partitions=6), unique("g")
     keys = [f"key-{i:02d}" for i in range(30)]
     journal = Journal()
 
     def send(seqs: range) -> None:
-        produce(broker, topic, [(k.encode(), f"{k}:{s}".encode(), None)
-                                for s in seqs for k in keys])
+        produce(
+            broker, topic, [(k.encode(), f"{k}:{s}".encode(), None) for s in seqs for k in keys]
+        )
 
     def processed() -> int:
         return len({r.value for r in journal.snapshot()})
@@ -359,8 +456,9 @@ def test_three_consumers_keep_key_order_and_never_process_a_partition_together(
     consumers: dict[str, OrderlyConsumer] = {}
 
     def join(name: str) -> None:
-        consumers[name] = start_consumer(broker, group, topic, service.prefix,
-                                         journal.listener(name, work_s=0.003), name)
+        consumers[name] = start_consumer(
+            broker, group, topic, service.prefix, journal.listener(name, work_s=0.003), name
+        )
 
     try:
         join("c1")
@@ -388,45 +486,79 @@ def test_three_consumers_keep_key_order_and_never_process_a_partition_together(
 
 # -- (b) SIGKILL: takeover only after the lease, from the committed offset ----------------
 def test_killed_consumers_partitions_are_taken_over_after_its_lease_at_the_committed_offset(
-        broker, make_topic, unique, lock_service, workers, tmp_path):
+    broker, make_topic, unique, lock_service, workers, tmp_path
+):
     # A lease well past the session timeout: the group hands the victim's partitions over
     # while its lease is still live, so the survivor is denied until the lease ends.
     lease_ms, renew_ms = 12000, 3000
     service = lock_service(lease_ms, renew_ms)
     topic, group = make_topic("kill", partitions=4), unique("g")
-    victim = Worker(broker, tmp_path, "victim", prefix=service.prefix, group=group,
-                    topic=topic, lease_ms=lease_ms, renew_ms=renew_ms)
+    victim = Worker(
+        broker,
+        tmp_path,
+        "victim",
+        prefix=service.prefix,
+        group=group,
+        topic=topic,
+        lease_ms=lease_ms,
+        renew_ms=renew_ms,
+    )
     workers.append(victim)
-    wait_for(lambda: {e["partition"] for e in victim.events("lock_granted")} == {0, 1, 2, 3},
-             60, "the victim to lock all partitions")
+    wait_for(
+        lambda: {e["partition"] for e in victim.events("lock_granted")} == {0, 1, 2, 3},
+        60,
+        "the victim to lock all partitions",
+    )
     journal = Journal()
-    survivor = start_consumer(broker, group, topic, service.prefix,
-                              journal.listener("survivor"), "survivor",
-                              lease_ms=lease_ms, renew_ms=renew_ms)
+    survivor = start_consumer(
+        broker,
+        group,
+        topic,
+        service.prefix,
+        journal.listener("survivor"),
+        "survivor",
+        lease_ms=lease_ms,
+        renew_ms=renew_ms,
+    )
     try:
-        mine = wait_for(lambda: set(locked(survivor)) if len(locked(survivor)) == 2 else None,
-                        60, "the survivor to hold two partitions")
+        mine = wait_for(
+            lambda: set(locked(survivor)) if len(locked(survivor)) == 2 else None,
+            60,
+            "the survivor to hold two partitions",
+        )
         victims = sorted({0, 1, 2, 3} - mine)
         records = [(None, f"n-{p}-{i}".encode(), p) for p in range(4) for i in range(5)]
         for p in victims:
             records += [(None, f"slow-{p}".encode(), p)]
             records += [(None, f"after-{p}-{i}".encode(), p) for i in range(5)]
         produce(broker, topic, records)
-        wait_for(lambda: any(x["kind"] == "start" and x["value"].startswith("slow")
-                             for x in victim.lines()), 60, "the victim to start a slow message")
+        wait_for(
+            lambda: any(
+                x["kind"] == "start" and x["value"].startswith("slow") for x in victim.lines()
+            ),
+            60,
+            "the victim to start a slow message",
+        )
         victim.proc.kill()  # SIGKILL, mid-listener
         victim.proc.wait(10)
         at_kill = committed(broker, group, topic, 4)
         ends = end_offsets(broker, topic, 4)
-        wait_for(lambda: all(any(r.offset == ends[p] - 1 for r in journal.by_partition()[p])
-                             for p in victims), 90, "the survivor to finish the victim's queues")
+        wait_for(
+            lambda: all(
+                any(r.offset == ends[p] - 1 for r in journal.by_partition()[p]) for p in victims
+            ),
+            90,
+            "the survivor to finish the victim's queues",
+        )
     finally:
         survivor.shutdown()
 
     assert service.service.counts["held_by_other"] > 0  # the survivor had to wait
     victim_lines = victim.lines()
-    states = [(m.partition(), decode_lock_state(m.key(), m.value()))
-              for m in read_all(broker, SystemTopics(service.prefix).lock, 2)]
+    states = [
+        (m.partition(), decode_lock_state(m.key(), m.value()))
+        for m in read_all(broker, SystemTopics(service.prefix).lock, 2)
+    ]
     for p in victims:
         rows = [r for r in journal.by_partition()[p] if r.consumer == "survivor"]
         start = max(at_kill[p], 0)
@@ -441,51 +573,73 @@ def test_killed_consumers_partitions_are_taken_over_after_its_lease_at_the_commi
         assert rows[0].wall * 1000 >= last_victim.expires_at_ms
         assert rows[0].epoch == first_survivor.epoch
         # The victim committed nothing the survivor had not started from.
-        victim_commits = [e["offset"] for e in victim.events("committed", victim_lines)
-                          if e["partition"] == p]
+        victim_commits = [
+            e["offset"] for e in victim.events("committed", victim_lines) if e["partition"] == p
+        ]
         assert max(victim_commits, default=-1) <= start
 
 
 # -- (c) SIGSTOP past the lease: no processing, no commit for what it lost ------------------
 def test_consumer_paused_past_its_lease_neither_processes_nor_commits_after_resuming(
-        broker, make_topic, unique, lock_service, workers, tmp_path):
+    broker, make_topic, unique, lock_service, workers, tmp_path
+):
     service = lock_service()
     topic, group = make_topic("pause", partitions=2), unique("g")
-    paused = Worker(broker, tmp_path, "paused", prefix=service.prefix, group=group,
-                    topic=topic)
+    paused = Worker(broker, tmp_path, "paused", prefix=service.prefix, group=group, topic=topic)
     workers.append(paused)
     produce(broker, topic, [(None, f"b1-{p}-{i}".encode(), p) for p in (0, 1) for i in range(5)])
-    wait_for(lambda: committed(broker, group, topic, 2) == {0: 5, 1: 5}, 60,
-             "the worker to process and commit batch 1")
+    wait_for(
+        lambda: committed(broker, group, topic, 2) == {0: 5, 1: 5},
+        60,
+        "the worker to process and commit batch 1",
+    )
     # A slow message on partition 0 with more behind it; partition 1 stays idle.
-    produce(broker, topic, [(None, b"slow-0", 0)]
-            + [(None, f"b2-0-{i}".encode(), 0) for i in range(5)])
-    marker = wait_for(lambda: next((x for x in paused.lines() if x["kind"] == "start"
-                                    and x["value"] == "slow-0"), None),
-                      60, "the worker to start the slow message")
+    produce(
+        broker, topic, [(None, b"slow-0", 0)] + [(None, f"b2-0-{i}".encode(), 0) for i in range(5)]
+    )
+    marker = wait_for(
+        lambda: next(
+            (x for x in paused.lines() if x["kind"] == "start" and x["value"] == "slow-0"), None
+        ),
+        60,
+        "the worker to start the slow message",
+    )
     paused.proc.send_signal(signal.SIGSTOP)
     wait_for(paused.is_stopped, 10, "the worker to be stopped")
     frozen = len(paused.lines())  # everything it wrote before the pause
-    old_epoch = {p: max(e["epoch"] for e in paused.events("lock_granted")
-                        if e["partition"] == p) for p in (0, 1)}
+    old_epoch = {
+        p: max(e["epoch"] for e in paused.events("lock_granted") if e["partition"] == p)
+        for p in (0, 1)
+    }
     journal = Journal()
-    other = start_consumer(broker, group, topic, service.prefix, journal.listener("other"),
-                           "other")
+    other = start_consumer(broker, group, topic, service.prefix, journal.listener("other"), "other")
     try:
         before_batch3 = ends = end_offsets(broker, topic, 2)
         # The group evicts the paused worker (session timeout); its leases lapse; the other
         # consumer takes both partitions over and finishes them.
-        wait_for(lambda: committed(broker, group, topic, 2) == ends, 90,
-                 "the other consumer to take over and commit everything")
+        wait_for(
+            lambda: committed(broker, group, topic, 2) == ends,
+            90,
+            "the other consumer to take over and commit everything",
+        )
         paused.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: any(e["partition"] == 0 and e["offset"] == marker["offset"] + 1
-                             for e in paused.events("commit_skipped")), 60,
-                 "the resumed worker to refuse committing its in-flight batch")
-        produce(broker, topic, [(None, f"b3-{p}-{i}".encode(), p)
-                                for p in (0, 1) for i in range(5)])
+        wait_for(
+            lambda: any(
+                e["partition"] == 0 and e["offset"] == marker["offset"] + 1
+                for e in paused.events("commit_skipped")
+            ),
+            60,
+            "the resumed worker to refuse committing its in-flight batch",
+        )
+        produce(
+            broker, topic, [(None, f"b3-{p}-{i}".encode(), p) for p in (0, 1) for i in range(5)]
+        )
         ends = end_offsets(broker, topic, 2)
-        wait_for(lambda: committed(broker, group, topic, 2) == ends, 60,
-                 "batch 3 to be processed and committed")
+        wait_for(
+            lambda: committed(broker, group, topic, 2) == ends,
+            60,
+            "batch 3 to be processed and committed",
+        )
         paused.stop()
     finally:
         other.shutdown()
@@ -510,7 +664,8 @@ def test_consumer_paused_past_its_lease_neither_processes_nor_commits_after_resu
 
 # -- (d) suspend retries in order; then the DLQ ---------------------------------------------
 def test_suspended_messages_retry_in_order_then_go_to_the_dlq_with_their_origin(
-        broker, make_topic, unique, lock_service):
+    broker, make_topic, unique, lock_service
+):
     service = lock_service()
     topic, group = make_topic("suspend"), unique("g")
     values = ["m0", "flaky", "m2", "poison", "m4", "m5"]
@@ -529,53 +684,88 @@ def test_suspended_messages_retry_in_order_then_go_to_the_dlq_with_their_origin(
                 return SUSPEND
             return SUSPEND if value == "poison" else SUCCESS
 
-    with OrderlyConsumer(orderly_conf(broker, group), listener=Listener(),
-                         max_reconsume_times=2, lock_lease_ms=LEASE_MS,
-                         lock_renew_ms=RENEW_MS, topic_prefix=service.prefix) as consumer:
+    with OrderlyConsumer(
+        orderly_conf(broker, group),
+        listener=Listener(),
+        max_reconsume_times=2,
+        lock_lease_ms=LEASE_MS,
+        lock_renew_ms=RENEW_MS,
+        topic_prefix=service.prefix,
+    ) as consumer:
         consumer.subscribe([topic])
         consumer.start()
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: 6}, 60,
-                 "every message to be consumed or dead-lettered")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: 6},
+            60,
+            "every message to be consumed or dead-lettered",
+        )
         status = consumer.status()[(topic, 0)]
         assert (status.committed_offset, status.lag, status.locked) == (6, 0, True)
 
-    assert calls == [("m0", 0), ("flaky", 0), ("flaky", 1), ("flaky", 2), ("m2", 0),
-                     ("poison", 0), ("poison", 1), ("poison", 2), ("m4", 0), ("m5", 0)]
+    assert calls == [
+        ("m0", 0),
+        ("flaky", 0),
+        ("flaky", 1),
+        ("flaky", 2),
+        ("m2", 0),
+        ("poison", 0),
+        ("poison", 1),
+        ("poison", 2),
+        ("m4", 0),
+        ("m5", 0),
+    ]
     [dead] = read_all(broker, SystemTopics(service.prefix).dlq(group), 1)
     headers = dict(dead.headers())
     assert (dead.key(), dead.value()) == (b"k3", b"poison")
-    assert (headers[DLQ_ORIGINAL_TOPIC], headers[DLQ_ORIGINAL_PARTITION],
-            headers[DLQ_ORIGINAL_OFFSET], headers[DLQ_RECONSUME_TIMES]) == (
-        topic.encode(), b"0", b"3", b"2")
+    assert (
+        headers[DLQ_ORIGINAL_TOPIC],
+        headers[DLQ_ORIGINAL_PARTITION],
+        headers[DLQ_ORIGINAL_OFFSET],
+        headers[DLQ_RECONSUME_TIMES],
+    ) == (topic.encode(), b"0", b"3", b"2")
 
 
 # -- (e) the lock service restarts: locks survive, epochs keep growing --------------------
 def test_lock_service_restart_keeps_locks_and_epochs_keep_growing(
-        broker, make_topic, unique, lock_service):
+    broker, make_topic, unique, lock_service
+):
     service = lock_service()
     topic, group = make_topic("restart", partitions=4), unique("g")
     journal = Journal()
     a = start_consumer(broker, group, topic, service.prefix, journal.listener("a"), "a")
     b = start_consumer(broker, group, topic, service.prefix, journal.listener("b"), "b")
     try:
-        before = wait_for(lambda: (lambda held: held if len(held) == 4
-                                   and len({c for c, _ in held.values()}) == 2 else None)(
-            locked(a, b)), 60, "a and b to hold two partitions each")
+        before = wait_for(
+            lambda: (
+                lambda held: (
+                    held if len(held) == 4 and len({c for c, _ in held.values()}) == 2 else None
+                )
+            )(locked(a, b)),
+            60,
+            "a and b to hold two partitions each",
+        )
         produce(broker, topic, [(None, f"x-{i}".encode(), i % 4) for i in range(40)])
         new = service.restart()
-        wait_for(lambda: new.counts["renewed"] >= 4, 30,
-                 "the consumers to renew at the new lock-service instance")
+        wait_for(
+            lambda: new.counts["renewed"] >= 4,
+            30,
+            "the consumers to renew at the new lock-service instance",
+        )
         wait_for(lambda: len(locked(a, b)) == 4, 30, "every partition locked again")
         # Same holders, same epochs: the locks survived the restart.
         assert locked(a, b) == before
         with LockClient(broker.conf(), service.prefix, "intruder") as intruder:
             grants = intruder.lock(group, [(topic, p) for p in range(4)], LEASE_MS)
         assert {p: (g.granted, g.epoch) for (_, p), g in grants.items()} == {
-            p: (False, epoch) for p, (_, epoch) in before.items()}
+            p: (False, epoch) for p, (_, epoch) in before.items()
+        }
         produce(broker, topic, [(None, f"y-{i}".encode(), i % 4) for i in range(40)])
         a.shutdown()  # a's partitions move to b with new grants
-        after = wait_for(lambda: (lambda held: held if len(held) == 4 else None)(locked(b)),
-                         60, "b to hold every partition")
+        after = wait_for(
+            lambda: (lambda held: held if len(held) == 4 else None)(locked(b)),
+            60,
+            "b to hold every partition",
+        )
         ends = end_offsets(broker, topic, 4)
         wait_for(lambda: committed(broker, group, topic, 4) == ends, 60, "all work committed")
     finally:
@@ -611,14 +801,17 @@ class OAuthTlsKafka(EmbeddedKafka):
     def _write_properties(self, controller_port: int) -> Path:
         path = super()._write_properties(controller_port)
         props = dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
-        plain, tls = (f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
-                      f"SASL_SSL://127.0.0.1:{self.tls_port}")
+        plain, tls = (
+            f"SASL_PLAINTEXT://127.0.0.1:{self.port}",
+            f"SASL_SSL://127.0.0.1:{self.tls_port}",
+        )
         props["listeners"] = f"{plain},{tls},CONTROLLER://127.0.0.1:{controller_port}"
         props["advertised.listeners"] = f"{plain},{tls}"
         props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
         props["listener.name.sasl_ssl.sasl.enabled.mechanisms"] = "OAUTHBEARER"
         props["listener.name.sasl_ssl.oauthbearer.sasl.jaas.config"] = (
-            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;")
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+        )
         props["listener.name.sasl_ssl.ssl.keystore.type"] = "PEM"
         props["listener.name.sasl_ssl.ssl.keystore.location"] = str(self.keystore)
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -632,12 +825,32 @@ def oauth_tls_broker() -> Iterator[OAuthTlsKafka]:
         pytest.skip("needs openssl for the broker's self-signed certificate")
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-oauth-kafka-"))
     key, cert = data_dir / "key.pem", data_dir / "cert.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    broker = OAuthTlsKafka(data_dir / "kafka", port=free_port(),
-                           sasl_users={"admin": "admin-secret"})
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    broker = OAuthTlsKafka(
+        data_dir / "kafka", port=free_port(), sasl_users={"admin": "admin-secret"}
+    )
     broker.tls_port = free_port()
     broker.keystore = data_dir / "keystore.pem"
     broker.keystore.write_text(key.read_text() + cert.read_text())
@@ -657,25 +870,38 @@ def unsecured_jwt_cb(principal: str) -> Callable[[str], tuple[str, float, str]]:
 
     def oauth_cb(_config: str) -> tuple[str, float, str]:
         now = time.time()
-        token = (part({"alg": "none"}) + "."
-                 + part({"sub": principal, "iat": int(now), "exp": int(now) + 3600}) + ".")
+        token = (
+            part({"alg": "none"})
+            + "."
+            + part({"sub": principal, "iat": int(now), "exp": int(now) + 3600})
+            + "."
+        )
         return token, now + 3600, principal
 
     return oauth_cb
 
 
 def test_lock_client_and_dlq_producer_connect_with_the_consumers_oauth_cb_and_tls_settings(
-        oauth_tls_broker, unique):
+    oauth_tls_broker, unique
+):
     broker = oauth_tls_broker
     prefix = unique("rmqs").replace("-", "")
-    service = LockServiceRunner(broker.conf(), CoordinatorSettings(
-        topic_prefix=prefix, lock_lease_ms=LEASE_MS, lock_renew_ms=RENEW_MS, half_partitions=2))
+    service = LockServiceRunner(
+        broker.conf(),
+        CoordinatorSettings(
+            topic_prefix=prefix, lock_lease_ms=LEASE_MS, lock_renew_ms=RENEW_MS, half_partitions=2
+        ),
+    )
     topic, group = unique("secure-orderly"), unique("g")
     ensure_topics(broker.conf(), {topic: (1, {})})
     produce(broker, topic, [(b"k0", b"fine", 0), (b"k1", b"poison", 0)])
-    security = {"bootstrap.servers": broker.tls_bootstrap, "security.protocol": "SASL_SSL",
-                "sasl.mechanisms": "OAUTHBEARER", "oauth_cb": unsecured_jwt_cb("alice"),
-                "enable.ssl.certificate.verification": "false"}
+    security = {
+        "bootstrap.servers": broker.tls_bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "OAUTHBEARER",
+        "oauth_cb": unsecured_jwt_cb("alice"),
+        "enable.ssl.certificate.verification": "false",
+    }
     # The listener refuses a client that misses either setting (as the lock client and the
     # DLQ producer did when their confs were filtered by a shorter key list).
     for missing in ("oauth_cb", "enable.ssl.certificate.verification"):
@@ -692,16 +918,29 @@ def test_lock_client_and_dlq_producer_connect_with_the_consumers_oauth_cb_and_tl
     try:
         # Processing needs the queue lock (the lock client's producer and consumer); the
         # poison message needs the DLQ producer; the commits need the consumer.
-        with OrderlyConsumer(group_conf({**security, "group.id": group,
-                                         "auto.offset.reset": "earliest",
-                                         "session.timeout.ms": SESSION_TIMEOUT_MS,
-                                         "heartbeat.interval.ms": 500}),
-                             listener=listener, max_reconsume_times=0, lock_lease_ms=LEASE_MS,
-                             lock_renew_ms=RENEW_MS, topic_prefix=prefix) as consumer:
+        with OrderlyConsumer(
+            group_conf(
+                {
+                    **security,
+                    "group.id": group,
+                    "auto.offset.reset": "earliest",
+                    "session.timeout.ms": SESSION_TIMEOUT_MS,
+                    "heartbeat.interval.ms": 500,
+                }
+            ),
+            listener=listener,
+            max_reconsume_times=0,
+            lock_lease_ms=LEASE_MS,
+            lock_renew_ms=RENEW_MS,
+            topic_prefix=prefix,
+        ) as consumer:
             consumer.subscribe([topic])
             consumer.start()
-            wait_for(lambda: committed(broker, group, topic, 1) == {0: 2}, 90,
-                     "both messages to be consumed or dead-lettered over SASL_SSL")
+            wait_for(
+                lambda: committed(broker, group, topic, 1) == {0: 2},
+                90,
+                "both messages to be consumed or dead-lettered over SASL_SSL",
+            )
             assert consumer.status()[(topic, 0)].locked
     finally:
         service.stop()

@@ -51,9 +51,15 @@ BLOCK_TIMEOUT_S = 30.0
 @contextlib.contextmanager
 def lock_service_of(broker, unique) -> Iterator[LockServiceRunner]:
     """A lock service of its own prefix, in a background thread."""
-    runner = LockServiceRunner(broker.conf(), CoordinatorSettings(
-        topic_prefix=unique("rmqk").replace("-", ""), lock_lease_ms=LEASE_MS,
-        lock_renew_ms=RENEW_MS, half_partitions=2))
+    runner = LockServiceRunner(
+        broker.conf(),
+        CoordinatorSettings(
+            topic_prefix=unique("rmqk").replace("-", ""),
+            lock_lease_ms=LEASE_MS,
+            lock_renew_ms=RENEW_MS,
+            half_partitions=2,
+        ),
+    )
     runner.start()
     try:
         yield runner
@@ -104,9 +110,16 @@ class KeyJournal:
     def enter(self, name: str, msgs, context) -> tuple:
         keys = {ordering_key_of(m) for m in msgs}
         key = ordering_key_of(msgs[0])
-        call = Call(name, key, msgs[0].partition, tuple(m.offset for m in msgs),
-                    tuple((m.value or b"").decode() for m in msgs), context.lock_epoch,
-                    msgs[0].reconsume_times, threading.get_ident())
+        call = Call(
+            name,
+            key,
+            msgs[0].partition,
+            tuple(m.offset for m in msgs),
+            tuple((m.value or b"").decode() for m in msgs),
+            context.lock_epoch,
+            msgs[0].reconsume_times,
+            threading.get_ident(),
+        )
         with self._lock:
             if len(keys) > 1:
                 self.mixed.append(list(call.offsets))
@@ -152,8 +165,13 @@ def produce_records(broker, topic: str, records: list[tuple]) -> None:
     with Producer(broker.conf()) as producer:
         for partition, key, value, group in records:
             headers = [(H.MESSAGE_GROUP, group.encode())] if group else None
-            producer.produce(topic, value.encode(), key=key.encode() if key else None,
-                             partition=partition, headers=headers)
+            producer.produce(
+                topic,
+                value.encode(),
+                key=key.encode() if key else None,
+                partition=partition,
+                headers=headers,
+            )
         assert producer.flush(30) == 0
 
 
@@ -162,8 +180,9 @@ def expected_offsets(broker, topic: str, partitions: int) -> dict[tuple, list[in
     out: dict[tuple, list[int]] = defaultdict(list)
     for m in read_all(broker, topic, partitions):
         headers = dict(m.headers() or [])
-        view = type("M", (), {"headers": headers.items(), "key": m.key(),
-                              "partition": m.partition()})
+        view = type(
+            "M", (), {"headers": headers.items(), "key": m.key(), "partition": m.partition()}
+        )
         out[ordering_key_of(view)].append(m.offset())
     return out
 
@@ -182,13 +201,15 @@ def offsets_in_call_order(calls: list[Call]) -> list[int]:
 
 
 def key_consumer(broker, group, topic, service, listener, name, **kwargs) -> OrderlyConsumer:
-    return start_consumer(broker, group, topic, service.prefix, listener, name,
-                          ordering="key", **kwargs)
+    return start_consumer(
+        broker, group, topic, service.prefix, listener, name, ordering="key", **kwargs
+    )
 
 
 # -- order per key, exclusivity per key, batches of one key --------------------------------
 def test_each_key_is_processed_in_offset_order_one_call_at_a_time_with_keys_in_parallel(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("keys", partitions=2), unique("g")
     records = []
@@ -207,8 +228,9 @@ def test_each_key_is_processed_in_offset_order_one_call_at_a_time_with_keys_in_p
         time.sleep(0.002 * (msgs[0].offset % 3))  # simulated work of varying length
         return SUCCESS
 
-    consumer = key_consumer(broker, group, topic, service, journal.listener("c", work), "c",
-                            max_workers=8, batch_size=3)
+    consumer = key_consumer(
+        broker, group, topic, service, journal.listener("c", work), "c", max_workers=8, batch_size=3
+    )
     try:
         wait_for(lambda: len(journal.done_values()) == 300, 90, "all 300 records")
         ends = end_offsets(broker, topic, 2)
@@ -224,17 +246,23 @@ def test_each_key_is_processed_in_offset_order_one_call_at_a_time_with_keys_in_p
     assert got == expected  # each key: every offset once, in offset order
     assert journal.most_active > 1  # keys did run side by side
     assert any(len(c.offsets) > 1 for c in journal.snapshot())  # batches of one key
-    assert {tp[1]: (s.offset_gap, s.in_flight, s.back_pressure) for tp, s in status.items()} \
-        == {0: (0, 0, False), 1: (0, 0, False)}
+    assert {tp[1]: (s.offset_gap, s.in_flight, s.back_pressure) for tp, s in status.items()} == {
+        0: (0, 0, False),
+        1: (0, 0, False),
+    }
 
 
 # -- a blocked key does not hold up another; the gap travels in the commit metadata --------
 def test_a_blocked_key_lets_later_keys_finish_and_commits_their_offsets_as_metadata(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("parallel"), unique("g")
-    produce_records(broker, topic, [(0, "A", "A0", None), (0, "A", "A1", None),
-                                    (0, "B", "B0", None), (0, "B", "B1", None)])
+    produce_records(
+        broker,
+        topic,
+        [(0, "A", "A0", None), (0, "A", "A1", None), (0, "B", "B0", None), (0, "B", "B1", None)],
+    )
     journal = KeyJournal()
     b_done, release = threading.Event(), threading.Event()
     waited: list[bool] = []
@@ -248,13 +276,18 @@ def test_a_blocked_key_lets_later_keys_finish_and_commits_their_offsets_as_metad
             b_done.set()
         return SUCCESS
 
-    consumer = key_consumer(broker, group, topic, service, journal.listener("c", decide), "c",
-                            max_workers=4)
+    consumer = key_consumer(
+        broker, group, topic, service, journal.listener("c", decide), "c", max_workers=4
+    )
     try:
         wait_for(b_done.is_set, 60, "key B to finish while key A is blocked")
-        tp = wait_for(lambda: (lambda t: t if t.metadata and t.offset == 0 else None)(
-            committed_metadata(broker, group, topic, 0)), 30,
-            "a commit at A0's offset with B's offsets done in its metadata")
+        tp = wait_for(
+            lambda: (lambda t: t if t.metadata and t.offset == 0 else None)(
+                committed_metadata(broker, group, topic, 0)
+            ),
+            30,
+            "a commit at A0's offset with B's offsets done in its metadata",
+        )
         status = consumer.status()[(topic, 0)]
         release.set()
         wait_for(lambda: committed(broker, group, topic, 1) == {0: 4}, 60, "everything done")
@@ -264,14 +297,16 @@ def test_a_blocked_key_lets_later_keys_finish_and_commits_their_offsets_as_metad
 
     assert waited == [True]
     assert tp.metadata.startswith("rmqdone1.0.") and tp.metadata.endswith(
-        f"|{consumer.client_id}:{status.epoch}")
+        f"|{consumer.client_id}:{status.epoch}"
+    )
     assert (status.in_flight_keys, status.in_flight, status.offset_gap) == (1, 1, 4)
     assert [c.values for c in journal.snapshot()] == [("A0",), ("B0",), ("B1",), ("A1",)]
 
 
 # -- SUSPEND delays one key only; a restart skips done records, redoes the rest ------------
 def test_a_suspending_key_never_stops_the_others_and_a_restart_redoes_only_what_was_not_done(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("suspend-keys"), unique("g")
     records = [(0, "stuck", "stuck-0", None)]
@@ -287,13 +322,27 @@ def test_a_suspending_key_never_stops_the_others_and_a_restart_redoes_only_what_
         context.suspend_ms = 20
         return SUSPEND if msgs[0].key == b"stuck" else SUCCESS
 
-    first = key_consumer(broker, group, topic, service, journal.listener("first", stuck),
-                         "first", max_workers=4, max_reconsume_times=-1)
+    first = key_consumer(
+        broker,
+        group,
+        topic,
+        service,
+        journal.listener("first", stuck),
+        "first",
+        max_workers=4,
+        max_reconsume_times=-1,
+    )
     try:
-        wait_for(lambda: others <= journal.done_values(), 60,
-                 "every other key to finish while 'stuck' keeps suspending")
-        wait_for(lambda: sum(c.values == ("stuck-0",) for c in journal.snapshot()) >= 5, 30,
-                 "'stuck' to be retried")
+        wait_for(
+            lambda: others <= journal.done_values(),
+            60,
+            "every other key to finish while 'stuck' keeps suspending",
+        )
+        wait_for(
+            lambda: sum(c.values == ("stuck-0",) for c in journal.snapshot()) >= 5,
+            30,
+            "'stuck' to be retried",
+        )
         status = consumer_status = first.status()[(topic, 0)]
     finally:
         first.shutdown()
@@ -308,54 +357,82 @@ def test_a_suspending_key_never_stops_the_others_and_a_restart_redoes_only_what_
 
     # A new consumer of the group: only the stuck key's records, in order, nothing else.
     second_journal = KeyJournal()
-    second = key_consumer(broker, group, topic, service, second_journal.listener("second"),
-                          "second")
+    second = key_consumer(
+        broker, group, topic, service, second_journal.listener("second"), "second"
+    )
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: len(records)}, 60,
-                 "the second consumer to finish the stuck key")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: len(records)},
+            60,
+            "the second consumer to finish the stuck key",
+        )
     finally:
         second.shutdown()
-    assert [c.values for c in second_journal.snapshot()] == [
-        (f"stuck-{i}",) for i in range(4)]
+    assert [c.values for c in second_journal.snapshot()] == [(f"stuck-{i}",) for i in range(4)]
     assert journal.overlaps == second_journal.overlaps == []
 
 
 # -- the DLQ after max_reconsume_times; the key's later records keep their order -----------
 def test_a_poison_record_goes_to_the_dlq_and_its_key_goes_on_in_order(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("dlq-keys"), unique("g")
-    produce_records(broker, topic, [(0, "P", "P0", None), (0, "Q", "Q0", None),
-                                    (0, "P", "poison", None), (0, "Q", "Q1", None),
-                                    (0, "P", "P2", None), (0, "P", "P3", None),
-                                    (0, "Q", "Q2", None)])
+    produce_records(
+        broker,
+        topic,
+        [
+            (0, "P", "P0", None),
+            (0, "Q", "Q0", None),
+            (0, "P", "poison", None),
+            (0, "Q", "Q1", None),
+            (0, "P", "P2", None),
+            (0, "P", "P3", None),
+            (0, "Q", "Q2", None),
+        ],
+    )
     journal = KeyJournal()
 
     def decide(msgs, context):
         context.suspend_ms = 20
         return SUSPEND if msgs[0].value == b"poison" else SUCCESS
 
-    consumer = key_consumer(broker, group, topic, service, journal.listener("c", decide), "c",
-                            max_reconsume_times=2)
+    consumer = key_consumer(
+        broker, group, topic, service, journal.listener("c", decide), "c", max_reconsume_times=2
+    )
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: 7}, 60,
-                 "every record consumed or dead-lettered")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: 7},
+            60,
+            "every record consumed or dead-lettered",
+        )
     finally:
         consumer.shutdown()
 
     per_key = journal.per_key()
     assert [(c.values[0], c.reconsume) for c in per_key[(0, "k", b"P")]] == [
-        ("P0", 0), ("poison", 0), ("poison", 1), ("poison", 2), ("P2", 0), ("P3", 0)]
+        ("P0", 0),
+        ("poison", 0),
+        ("poison", 1),
+        ("poison", 2),
+        ("P2", 0),
+        ("P3", 0),
+    ]
     assert [c.values[0] for c in per_key[(0, "k", b"Q")]] == ["Q0", "Q1", "Q2"]
     [dead] = read_all(broker, SystemTopics(service.prefix).dlq(group), 1)
     headers = dict(dead.headers())
-    assert (dead.key(), dead.value(), headers[DLQ_ORIGINAL_OFFSET],
-            headers[DLQ_RECONSUME_TIMES]) == (b"P", b"poison", b"2", b"2")
+    assert (
+        dead.key(),
+        dead.value(),
+        headers[DLQ_ORIGINAL_OFFSET],
+        headers[DLQ_RECONSUME_TIMES],
+    ) == (b"P", b"poison", b"2", b"2")
 
 
 # -- consumers join and leave: per-key order, never two consumers on one key ---------------
 def test_consumers_joining_and_leaving_keep_each_keys_order_and_never_share_a_key(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("keys-rebalance", partitions=4), unique("g")
     journal = KeyJournal()
@@ -363,8 +440,9 @@ def test_consumers_joining_and_leaving_keep_each_keys_order_and_never_share_a_ke
 
     def send(n: int) -> None:
         nonlocal sent
-        produce_records(broker, topic, [(i % 4, f"k{i % 17}", f"v{i}", None)
-                                        for i in range(sent, sent + n)])
+        produce_records(
+            broker, topic, [(i % 4, f"k{i % 17}", f"v{i}", None) for i in range(sent, sent + n)]
+        )
         sent += n
 
     def work(msgs, context):
@@ -374,8 +452,9 @@ def test_consumers_joining_and_leaving_keep_each_keys_order_and_never_share_a_ke
     consumers: dict[str, OrderlyConsumer] = {}
 
     def join(name: str) -> None:
-        consumers[name] = key_consumer(broker, group, topic, service,
-                                       journal.listener(name, work), name, max_workers=6)
+        consumers[name] = key_consumer(
+            broker, group, topic, service, journal.listener(name, work), name, max_workers=6
+        )
 
     try:
         join("c1")
@@ -406,7 +485,8 @@ def test_consumers_joining_and_leaving_keep_each_keys_order_and_never_share_a_ke
 
 # -- async def listeners: one event loop, keys in flight together ---------------------------
 def test_an_async_listener_runs_keys_concurrently_on_one_event_loop(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("async-keys"), unique("g")
     records = [(0, "A", "A0", None)] + [(0, f"k{i % 4}", f"v{i}", None) for i in range(40)]
@@ -435,8 +515,11 @@ def test_an_async_listener_runs_keys_concurrently_on_one_event_loop(
 
     consumer = key_consumer(broker, group, topic, service, listener, "async", max_workers=4)
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: len(records)}, 60,
-                 "every record through the async listener")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: len(records)},
+            60,
+            "every record through the async listener",
+        )
     finally:
         consumer.shutdown()
 
@@ -449,7 +532,8 @@ def test_an_async_listener_runs_keys_concurrently_on_one_event_loop(
 
 # -- consume_timeout_ms: a hanging key is cancelled, retried, parked; the others go on ------
 def test_a_hanging_async_key_times_out_into_the_dlq_while_the_other_keys_finish(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("hang-keys"), unique("g")
     records = [(0, "H", "hang", None)] + [(0, f"k{i % 4}", f"v{i}", None) for i in range(40)]
@@ -471,18 +555,33 @@ def test_a_hanging_async_key_times_out_into_the_dlq_while_the_other_keys_finish(
         finally:
             journal.leave(key)
 
-    consumer = key_consumer(broker, group, topic, service, listener, "async", max_workers=4,
-                            consume_timeout_ms=300, max_reconsume_times=1)
+    consumer = key_consumer(
+        broker,
+        group,
+        topic,
+        service,
+        listener,
+        "async",
+        max_workers=4,
+        consume_timeout_ms=300,
+        max_reconsume_times=1,
+    )
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: len(records)}, 60,
-                 "every record consumed or dead-lettered")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: len(records)},
+            60,
+            "every record consumed or dead-lettered",
+        )
     finally:
         consumer.shutdown()
 
     assert cancelled == ["hang", "hang"]
     per_key = journal.per_key()
     assert [(c.values[0], c.reconsume) for c in per_key[(0, "k", b"H")]] == [
-        ("hang", 0), ("hang", 1), ("H1", 0)]
+        ("hang", 0),
+        ("hang", 1),
+        ("H1", 0),
+    ]
     assert {v for c in journal.snapshot() for v in c.values} == {v for *_, v, _ in records}
     [dead] = read_all(broker, SystemTopics(service.prefix).dlq(group), 1)
     assert (dead.value(), dict(dead.headers())[DLQ_RECONSUME_TIMES]) == (b"hang", b"1")

@@ -95,9 +95,15 @@ def done_snapshot(broker, group: str, topic: str) -> tuple[float, dict[int, Offs
 
 
 def spawn(broker, tmp_path, name: str, service, group: str, topic: str) -> Worker:
-    return Worker(broker, tmp_path, name, prefix=service.prefix, group=group, topic=topic,
-                  extra=("--ordering", "key", "--max-workers", "4",
-                         "--work-ms", str(WORK_MS)))
+    return Worker(
+        broker,
+        tmp_path,
+        name,
+        prefix=service.prefix,
+        group=group,
+        topic=topic,
+        extra=("--ordering", "key", "--max-workers", "4", "--work-ms", str(WORK_MS)),
+    )
 
 
 @pytest.fixture
@@ -116,7 +122,8 @@ def started():
 
 
 def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
-        broker, make_topic, unique, locks, started, tmp_path):
+    broker, make_topic, unique, locks, started, tmp_path
+):
     topic, group = make_topic("keys-procs", partitions=PARTITIONS), unique("g")
     stream = Stream(broker, topic)
     names = itertools.count(1)
@@ -130,8 +137,11 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
         worker = spawn(broker, tmp_path, f"w{next(names)}", locks, group, topic)
         started.append(worker)
         everyone.append(worker)
-        wait_for(lambda: any(x["kind"] == "ready" for x in worker.lines()), 60,
-                 f"{worker.client_id} to start")
+        wait_for(
+            lambda: any(x["kind"] == "ready" for x in worker.lines()),
+            60,
+            f"{worker.client_id} to start",
+        )
         return worker
 
     def alive() -> list[Worker]:
@@ -165,8 +175,9 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
         snapshots.append(done_snapshot(broker, group, topic))
         stream.send(WAVE)
         # The others take its partitions over once its session and lease end.
-        progress(len(stream.values), f"round {round_no}: everything so far, without the "
-                                     "paused worker")
+        progress(
+            len(stream.values), f"round {round_no}: everything so far, without the paused worker"
+        )
         paused.proc.send_signal(signal.SIGCONT)
         pauses.append((paused.client_id, stopped_at, time.time()))
         leaving = alive()[-1]
@@ -175,8 +186,11 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
     start()
     progress(len(stream.values), "every record")
     ends = end_offsets(broker, topic, PARTITIONS)
-    wait_for(lambda: committed(broker, group, topic, PARTITIONS) == ends, 60,
-             "every partition committed to its end")
+    wait_for(
+        lambda: committed(broker, group, topic, PARTITIONS) == ends,
+        60,
+        "every partition committed to its end",
+    )
     snapshots.append(done_snapshot(broker, group, topic))
     for worker in everyone:
         worker.stop()
@@ -185,11 +199,14 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
     assert {x["value"] for x in lines if x["kind"] == "end"} == stream.values  # nothing lost
     # The scenario happened: a killed and a paused worker's partitions were taken over.
     grants = [x for x in lines if x["kind"] == "event" and x["event"] == "lock_granted"]
-    for victim, since in [*((c, kill_times[c]) for c in killed),
-                          *((c, stopped) for c, stopped, _ in pauses)]:
+    for victim, since in [
+        *((c, kill_times[c]) for c in killed),
+        *((c, stopped) for c, stopped, _ in pauses),
+    ]:
         held = {x["partition"] for x in grants if x["client"] == victim and x["t"] < since}
-        assert any(x["partition"] in held and x["client"] != victim and x["t"] > since
-                   for x in grants), (victim, held)
+        assert any(
+            x["partition"] in held and x["client"] != victim and x["t"] > since for x in grants
+        ), (victim, held)
 
     starts = sorted((x for x in lines if x["kind"] == "start"), key=lambda x: x["t"])
     # Per key: offset order, a step back only under a new lock epoch.
@@ -199,7 +216,10 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
     for key, runs in per_key.items():
         for before, after in itertools.pairwise(runs):
             assert after["offset"] > before["offset"] or after["epoch"] > before["epoch"], (
-                key, before, after)
+                key,
+                before,
+                after,
+            )
 
     # No key in two processes' calls at once.
     calls = call_intervals(lines, pauses)
@@ -210,8 +230,9 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
 
     # A record committed as done is never started again.
     for taken_at, trackers in snapshots:
-        again = [x for x in starts if x["t"] > taken_at
-                 and trackers[x["partition"]].is_done(x["offset"])]
+        again = [
+            x for x in starts if x["t"] > taken_at and trackers[x["partition"]].is_done(x["offset"])
+        ]
         assert again == []
     # Duplicates only where a killed or paused process had started the record.
     victims = killed | {client for client, _, _ in pauses}
@@ -223,8 +244,9 @@ def test_four_processes_joining_leaving_killed_and_paused_keep_per_key_order(
             assert any(r["client"] in victims for r in runs[:-1]), (value, runs)
 
 
-def call_intervals(lines: list[dict],
-                   pauses: list[tuple[str, float, float]]) -> dict[str, list[tuple]]:
+def call_intervals(
+    lines: list[dict], pauses: list[tuple[str, float, float]]
+) -> dict[str, list[tuple]]:
     """Per key, (start, end, client) of each completed call (a killed process's last
     calls never ended), except calls of a paused process that spanned its pause (it lost
     the lock meanwhile)."""
@@ -238,8 +260,10 @@ def call_intervals(lines: list[dict],
             open_calls[where].append(x["t"])
             continue
         started = open_calls[where].pop(0)
-        if any(client == x["client"] and started < resumed and x["t"] > stopped
-               for client, stopped, resumed in pauses):
+        if any(
+            client == x["client"] and started < resumed and x["t"] > stopped
+            for client, stopped, resumed in pauses
+        ):
             continue
         out[x["value"].split(":")[0]].append((started, x["t"], x["client"]))
     return out

@@ -42,8 +42,7 @@ def locks(broker, unique):
 def send_tagged(broker, topic: str) -> None:
     with Producer(broker.conf()) as producer:
         for i, tag in enumerate(TAGS):
-            producer.send(Message(topic, f"m{i}".encode(), key=f"k{i % 3}", tags=tag,
-                                  partition=0))
+            producer.send(Message(topic, f"m{i}".encode(), key=f"k{i % 3}", tags=tag, partition=0))
 
 
 def values(msgs: list[confluent_kafka.Message]) -> list[int]:
@@ -51,12 +50,20 @@ def values(msgs: list[confluent_kafka.Message]) -> list[int]:
 
 
 def test_consumer_with_tag_expression_sees_exactly_those_and_stores_skipped_offsets(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     topic, group = make_topic("tags"), unique("g")
     send_tagged(broker, topic)
-    conf = group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest",
-                                     "enable.auto.commit": False,
-                                     "enable.auto.offset.store": False}))
+    conf = group_conf(
+        broker.conf(
+            **{
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+            }
+        )
+    )
     got = []
     with Consumer(conf) as consumer:
         consumer.subscribe([topic], tags="TagA || TagB")
@@ -75,7 +82,8 @@ def test_consumer_with_tag_expression_sees_exactly_those_and_stores_skipped_offs
 
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_consumer_with_tags_sees_exactly_those_and_commits_past_the_rest(
-        broker, make_topic, unique, locks, ordering):
+    broker, make_topic, unique, locks, ordering
+):
     topic, group = make_topic("otags"), unique("g")
     send_tagged(broker, topic)
     seen, lock = [], threading.Lock()
@@ -85,30 +93,48 @@ def test_orderly_consumer_with_tags_sees_exactly_those_and_commits_past_the_rest
             seen.extend(int(m.value[1:]) for m in msgs)
         return ConsumeOrderlyStatus.SUCCESS
 
-    consumer = OrderlyConsumer(orderly_conf(broker, group), listener=listener,
-                               ordering=ordering, lock_lease_ms=LEASE_MS,
-                               lock_renew_ms=RENEW_MS, topic_prefix=locks.prefix)
+    consumer = OrderlyConsumer(
+        orderly_conf(broker, group),
+        listener=listener,
+        ordering=ordering,
+        lock_lease_ms=LEASE_MS,
+        lock_renew_ms=RENEW_MS,
+        topic_prefix=locks.prefix,
+    )
     consumer.subscribe([topic], tags="TagA || TagB")
     consumer.start()
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: len(TAGS)}, 60,
-                 "the commit past the last (skipped) record")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: len(TAGS)},
+            60,
+            "the commit past the last (skipped) record",
+        )
     finally:
         consumer.shutdown()
     assert sorted(seen) == WANTED and len(seen) == len(WANTED)
 
 
 def test_a_dlq_made_by_the_orderly_consumer_is_read_by_name_never_through_a_pattern(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     topic, group = make_topic("dlqsrc"), unique("g")
     with Producer(broker.conf()) as producer:
         producer.send(Message(topic, b"poison", key="k", headers={"user": "h"}, partition=0))
-    consumer = start_consumer(broker, group, topic, locks.prefix,
-                              lambda msgs, ctx: ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT,
-                              "dlq", max_reconsume_times=0)
+    consumer = start_consumer(
+        broker,
+        group,
+        topic,
+        locks.prefix,
+        lambda msgs, ctx: ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT,
+        "dlq",
+        max_reconsume_times=0,
+    )
     try:
-        wait_for(lambda: committed(broker, group, topic, 1) == {0: 1}, 60,
-                 "the poison message dead-lettered")
+        wait_for(
+            lambda: committed(broker, group, topic, 1) == {0: 1},
+            60,
+            "the poison message dead-lettered",
+        )
     finally:
         consumer.shutdown()
     dlq = SystemTopics(locks.prefix).dlq(group)
@@ -118,7 +144,10 @@ def test_a_dlq_made_by_the_orderly_consumer_is_read_by_name_never_through_a_patt
         msg = wait_for(lambda: _one(reader), 60, "the DLQ record")
     headers = dict(msg.headers())
     assert (msg.value(), headers["user"], headers[H.DLQ_ORIGINAL_TOPIC]) == (
-        b"poison", b"h", topic.encode())
+        b"poison",
+        b"h",
+        topic.encode(),
+    )
     with Consumer(conf | {"group.id": unique("p")}, topic_prefix=locks.prefix) as pattern:
         pattern.subscribe([f"^{locks.prefix}.*"])
         while pattern.skipped_system_partitions == 0:  # left out at assignment
@@ -133,7 +162,8 @@ def test_a_dlq_made_by_the_orderly_consumer_is_read_by_name_never_through_a_patt
     bad = dlq_cli(broker, "redrive", group, locks.prefix, "--offset", "7")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        f"rmq-semantics: error: no dead letter at 0:7 in {dlq}"]
+        f"rmq-semantics: error: no dead letter at 0:7 in {dlq}"
+    ]
     redriven = dlq_cli(broker, "redrive", group, locks.prefix, "--offset", "0")
     assert redriven.returncode == 0, redriven.stderr
     records = read_all(broker, topic, 1)
@@ -144,11 +174,28 @@ def test_a_dlq_made_by_the_orderly_consumer_is_read_by_name_never_through_a_patt
     assert not [k for k in again if k.startswith("rmq.dlq.")]
 
 
-def dlq_cli(broker, action: str, group: str, prefix: str,
-            *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rmq_semantics", "dlq", action, "--group",
-                           group, "--bootstrap-servers", broker.bootstrap, "--topic-prefix",
-                           prefix, *extra], capture_output=True, text=True, timeout=120)
+def dlq_cli(
+    broker, action: str, group: str, prefix: str, *extra: str
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "dlq",
+            action,
+            "--group",
+            group,
+            "--bootstrap-servers",
+            broker.bootstrap,
+            "--topic-prefix",
+            prefix,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _one(consumer: Consumer) -> confluent_kafka.Message | None:

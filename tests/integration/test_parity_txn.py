@@ -38,14 +38,22 @@ class CountingListener(TransactionListener):
 
 
 def test_checks_see_their_count_and_birth_and_the_promoted_record_keeps_the_birth_time(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("p").replace("-", "")
     topic = make_topic("born")
     listener = CountingListener()
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix), TransactionProducer(
-            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-            half_partitions=FAST["half_partitions"]) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix),
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
         producer.send_message_in_transaction(Message(topic, b"v", key="order-7"))
         [record] = wait_for(lambda: read_to_end(conf, topic, 1), 60, "the promotion")
     assert listener.executed == [(b"order-7", bytes)]  # one key type: bytes

@@ -23,8 +23,11 @@ from tests.integration.txn_helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-SCHEMA = {"type": "record", "name": "Payment", "fields": [
-    {"name": "id", "type": "int"}, {"name": "amount", "type": "double"}]}
+SCHEMA = {
+    "type": "record",
+    "name": "Payment",
+    "fields": [{"name": "id", "type": "int"}, {"name": "amount", "type": "double"}],
+}
 
 
 def _avro(record: dict) -> bytes:
@@ -34,7 +37,8 @@ def _avro(record: dict) -> bytes:
 
 
 def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_restart(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     from spark.job import JobSettings, build_session, run_job
 
     prefix = unique("p").replace("-", "")
@@ -42,16 +46,24 @@ def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_rest
     total = 600
     committed = {i for i in range(total) if i % 4 != 3}
     listener = ScriptedListener(
-        lambda v: S.ROLLBACK_MESSAGE if fastavro.schemaless_reader(
-            io.BytesIO(v), fastavro.parse_schema(SCHEMA))["id"] % 4 == 3 else S.COMMIT_MESSAGE,
-        lambda v: S.UNKNOW)
+        lambda v: (
+            S.ROLLBACK_MESSAGE
+            if fastavro.schemaless_reader(io.BytesIO(v), fastavro.parse_schema(SCHEMA))["id"] % 4
+            == 3
+            else S.COMMIT_MESSAGE
+        ),
+        lambda v: S.UNKNOW,
+    )
     conf = broker.conf()
-    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                             topic_prefix=prefix, half_partitions=4) as producer:
-        messages = [Message(topic, _avro({"id": i, "amount": i / 10}), key=str(i % 7))
-                    for i in range(total)]
-        send_through_coordinator_crash(broker, prefix, topic, 2, producer, messages,
-                                       kill_after=100, expect=len(committed))
+    with TransactionProducer(
+        conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix, half_partitions=4
+    ) as producer:
+        messages = [
+            Message(topic, _avro({"id": i, "amount": i / 10}), key=str(i % 7)) for i in range(total)
+        ]
+        send_through_coordinator_crash(
+            broker, prefix, topic, 2, producer, messages, kill_after=100, expect=len(committed)
+        )
 
     schema_file = tmp_path / "payment.avsc"
     schema_file.write_text(json.dumps(SCHEMA))
@@ -60,25 +72,53 @@ def test_spark_output_equals_committed_set_across_coordinator_crash_and_job_rest
     spark = build_session("local[2]")
     try:
         for _ in range(2):  # the second run of the same checkpoint must add nothing
-            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics=topic,
-                                output=output, checkpoint=checkpoint, avro_schema=schema_file,
-                                available_now=True, topic_prefix=prefix), spark=spark)
+            run_job(
+                JobSettings(
+                    bootstrap_servers=broker.bootstrap,
+                    topics=topic,
+                    output=output,
+                    checkpoint=checkpoint,
+                    avro_schema=schema_file,
+                    available_now=True,
+                    topic_prefix=prefix,
+                ),
+                spark=spark,
+            )
             ids = [r["id"] for r in spark.read.parquet(str(output)).select("id").collect()]
             assert len(ids) == len(committed) and set(ids) == committed
         with pytest.raises(SystemTopicError):
-            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics=f"^{prefix}_h.*",
-                                output=tmp_path / "never", available_now=True,
-                                topic_prefix=prefix), spark=spark)
+            run_job(
+                JobSettings(
+                    bootstrap_servers=broker.bootstrap,
+                    topics=f"^{prefix}_h.*",
+                    output=tmp_path / "never",
+                    available_now=True,
+                    topic_prefix=prefix,
+                ),
+                spark=spark,
+            )
         with pytest.raises(SystemTopicError):
-            run_job(JobSettings(bootstrap_servers=broker.bootstrap, topics="^__rmq_half$",
-                                output=tmp_path / "never", available_now=True), spark=spark)
+            run_job(
+                JobSettings(
+                    bootstrap_servers=broker.bootstrap,
+                    topics="^__rmq_half$",
+                    output=tmp_path / "never",
+                    available_now=True,
+                ),
+                spark=spark,
+            )
     finally:
         spark.stop()
 
 
 def test_demo_prints_pass_and_exits_zero():
-    proc = subprocess.run([sys.executable, "-m", "rmq_semantics", "demo", "--orders", "30"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rmq_semantics", "demo", "--orders", "30"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "PASS" in proc.stdout
     assert "orders committed (SQLite)" in proc.stdout
@@ -89,9 +129,13 @@ def test_demo_prints_pass_and_exits_zero():
 
 def test_demo_interrupted_with_ctrl_c_stops_everything_it_started(tmp_path):
     work = tmp_path / "demo"
-    proc = subprocess.Popen([sys.executable, "-m", "rmq_semantics", "demo", "--work-dir",
-                             str(work), "--keep"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rmq_semantics", "demo", "--work-dir", str(work), "--keep"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
     try:
         for line in proc.stdout:
             if "order service" in line:  # broker and coordinator are up
@@ -105,5 +149,7 @@ def test_demo_interrupted_with_ctrl_c_stops_everything_it_started(tmp_path):
     assert not Path(f"/proc/{broker['pid']}").exists(), "the demo left its broker running"
     leftovers = subprocess.run(
         ["pgrep", "-f", f"coordinator --bootstrap-servers 127.0.0.1:{broker['port']}"],
-        capture_output=True, text=True)
+        capture_output=True,
+        text=True,
+    )
     assert leftovers.stdout == "", "the demo left its coordinator running"

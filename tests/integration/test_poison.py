@@ -36,8 +36,12 @@ GOOD = 200
 
 def forged_half(txn_id: str, topic: str, group: str, **overrides: bytes | None) -> list:
     """The headers a TransactionProducer writes on a half record, with ``overrides``."""
-    headers = {H.TXN_ID: txn_id.encode(), H.REAL_TOPIC: topic.encode(),
-               H.PRODUCER_GROUP: group.encode(), H.BORN_TS: str(int(time.time() * 1000)).encode()}
+    headers = {
+        H.TXN_ID: txn_id.encode(),
+        H.REAL_TOPIC: topic.encode(),
+        H.PRODUCER_GROUP: group.encode(),
+        H.BORN_TS: str(int(time.time() * 1000)).encode(),
+    }
     headers.update(overrides)
     return list(headers.items())
 
@@ -48,7 +52,8 @@ def random_bytes(seed: int) -> bytes:
 
 
 def test_poison_records_on_every_half_partition_do_not_stop_200_transactions_behind_them(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("p").replace("-", "")
     topic = make_topic("poison", partitions=2)
     group = unique("pg")
@@ -56,24 +61,49 @@ def test_poison_records_on_every_half_partition_do_not_stop_200_transactions_beh
     # Every transaction is committed: the good ones inline, the forged ones when checked.
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=partitions) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=partitions,
+        ) as producer,
+    ):
         raw = RawProducer(conf)
         for p in range(partitions):
-            raw.produce(f"{prefix}_half", f"null-{p}".encode(), partition=p,
-                        headers=[("app", None), *forged_half(f"null-{p}", topic, group)])
-            raw.produce(f"{prefix}_half", f"part-{p}".encode(), partition=p,
-                        headers=forged_half(f"part-{p}", topic, group,
-                                            **{H.REAL_PARTITION: b"7"}))
-            raw.produce(f"{prefix}_half", f"sys-{p}".encode(), partition=p,
-                        headers=forged_half(f"sys-{p}", f"{prefix}_op", group))
-            raw.produce(f"{prefix}_half", f"rand-{p}".encode(), partition=p,
-                        headers=[("junk", random_bytes(p)), *forged_half(
-                            f"rand-{p}", topic, group, **{H.BORN_TS: random_bytes(p)})])
+            raw.produce(
+                f"{prefix}_half",
+                f"null-{p}".encode(),
+                partition=p,
+                headers=[("app", None), *forged_half(f"null-{p}", topic, group)],
+            )
+            raw.produce(
+                f"{prefix}_half",
+                f"part-{p}".encode(),
+                partition=p,
+                headers=forged_half(f"part-{p}", topic, group, **{H.REAL_PARTITION: b"7"}),
+            )
+            raw.produce(
+                f"{prefix}_half",
+                f"sys-{p}".encode(),
+                partition=p,
+                headers=forged_half(f"sys-{p}", f"{prefix}_op", group),
+            )
+            raw.produce(
+                f"{prefix}_half",
+                f"rand-{p}".encode(),
+                partition=p,
+                headers=[
+                    ("junk", random_bytes(p)),
+                    *forged_half(f"rand-{p}", topic, group, **{H.BORN_TS: random_bytes(p)}),
+                ],
+            )
         assert raw.flush(10) == 0
         results = producer.send_messages_in_transaction(
-            [Message(topic, f"good-{i}".encode(), key=f"k{i}") for i in range(GOOD)])
+            [Message(topic, f"good-{i}".encode(), key=f"k{i}") for i in range(GOOD)]
+        )
         assert {r.local_transaction_state for r in results} == {S.COMMIT_MESSAGE}
 
         def settled() -> bool:
@@ -87,18 +117,22 @@ def test_poison_records_on_every_half_partition_do_not_stop_200_transactions_beh
 
     values = Counter(m.value() for m in read_to_end(conf, topic, 2))
     expected = {f"good-{i}".encode() for i in range(GOOD)} | {
-        f"null-{p}".encode() for p in range(partitions)}
+        f"null-{p}".encode() for p in range(partitions)
+    }
     assert set(values) == expected
     assert max(values.values()) == 1
-    null_headers = [dict(m.headers()) for m in read_to_end(conf, topic, 2)
-                    if m.value().startswith(b"null-")]
+    null_headers = [
+        dict(m.headers()) for m in read_to_end(conf, topic, 2) if m.value().startswith(b"null-")
+    ]
     assert all(h["app"] is None for h in null_headers)
-    assert not [m for m in read_to_end(conf, f"{prefix}_op", partitions)
-                if m.value().startswith(b"sys-")]
+    assert not [
+        m for m in read_to_end(conf, f"{prefix}_op", partitions) if m.value().startswith(b"sys-")
+    ]
     assert discarded == {
         **{f"part-{p}": "unknown_partition" for p in range(partitions)},
         **{f"sys-{p}": "system_topic" for p in range(partitions)},
-        **{f"rand-{p}": "malformed" for p in range(partitions)}}
+        **{f"rand-{p}": "malformed" for p in range(partitions)},
+    }
 
 
 def _sample(coordinator, name: str, **labels: str) -> float:
@@ -106,24 +140,33 @@ def _sample(coordinator, name: str, **labels: str) -> float:
 
 
 def test_records_kafka_refuses_are_discarded_after_an_abort_and_the_batch_goes_on(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     """The broker refuses a promotion only when it is written: the delivery report names
     the record, the transaction is aborted, and the replay sets that record aside."""
     prefix = unique("r").replace("-", "")
     small, compacted = unique("small"), unique("compacted")
-    ensure_topics(broker.conf(), {small: (1, {"max.message.bytes": "2000"}),
-                                  compacted: (1, {"cleanup.policy": "compact"})})
+    ensure_topics(
+        broker.conf(),
+        {small: (1, {"max.message.bytes": "2000"}), compacted: (1, {"cleanup.policy": "compact"})},
+    )
     topic = make_topic("fine")
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator, \
-            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                topic_prefix=prefix, half_partitions=1) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=1,
+        ) as producer,
+    ):
         # send_message_in_transaction refuses it at send time now: what an older client,
         # or a max.message.bytes lowered after the send, leaves for the coordinator.
         writer = MemberWriter(conf, prefix, unique("old-client"), 1)
-        big_txn, _partition, _offsets = writer.send([Message(small, b"x" * 5000)],
-                                                    EndState.COMMIT)
+        big_txn, _partition, _offsets = writer.send([Message(small, b"x" * 5000)], EndState.COMMIT)
         writer.close()
         # A compacted topic refuses a record without a key: not a reason of its own, so
         # it is replayed replay_max times, then set aside.
@@ -150,25 +193,50 @@ def test_a_late_commit_is_listed_and_redrive_refuses_what_it_must(broker, make_t
     answer = {"check": S.UNKNOW}
     listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: answer["check"])
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
-                           check_max=1) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=1) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1, check_max=1) as coordinator,
+        TransactionProducer(
+            conf, producer_group=group, listener=listener, topic_prefix=prefix, half_partitions=1
+        ) as producer,
+    ):
         raw = RawProducer(conf)
-        raw.produce(f"{prefix}_half", b"malformed", partition=0,
-                    headers=forged_half("bad-1", topic, group, **{H.BORN_TS: b"soon"}))
+        raw.produce(
+            f"{prefix}_half",
+            b"malformed",
+            partition=0,
+            headers=forged_half("bad-1", topic, group, **{H.BORN_TS: b"soon"}),
+        )
         assert raw.flush(10) == 0
         result = producer.send_message_in_transaction(Message(topic, b"too-late"))
-        wait_for(lambda: {t.txn_id for t in list_discarded(conf, prefix)} >= {
-            "bad-1", result.transaction_id}, 60, "the discards")
+        wait_for(
+            lambda: (
+                {t.txn_id for t in list_discarded(conf, prefix)} >= {"bad-1", result.transaction_id}
+            ),
+            60,
+            "the discards",
+        )
 
-        late = EndRequest(result.transaction_id, group, result.half_partition,
-                          result.half_offset, EndState.COMMIT, False, 0, 0)
+        late = EndRequest(
+            result.transaction_id,
+            group,
+            result.half_partition,
+            result.half_offset,
+            EndState.COMMIT,
+            False,
+            0,
+            0,
+        )
         raw.produce(f"{prefix}_op", encode(late), partition=result.half_partition)
         assert raw.flush(10) == 0
-        listed = wait_for(lambda: [t for t in list_discarded(conf, prefix)
-                                   if t.txn_id == result.transaction_id and t.late_commit],
-                          60, "the late commit to be listed")
+        listed = wait_for(
+            lambda: [
+                t
+                for t in list_discarded(conf, prefix)
+                if t.txn_id == result.transaction_id and t.late_commit
+            ],
+            60,
+            "the late commit to be listed",
+        )
         assert listed[0].status == "check_max, late_commit"
         assert _sample(coordinator, "rmq_conflicting_decisions_total", kind="late_commit") == 1
 

@@ -55,8 +55,9 @@ class World:
         return f"^{self.prefix}.*"
 
     def group_conf(self) -> dict:
-        return group_conf({**self.conf, "group.id": f"g-{uuid.uuid4().hex[:8]}",
-                           "auto.offset.reset": "earliest"})
+        return group_conf(
+            {**self.conf, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
+        )
 
     def record(self, topic: str, value: bytes | None) -> None:
         with self.lock:
@@ -73,11 +74,16 @@ class World:
         """Wait for the committed message, then until the system partitions were either
         delivered or ``fetched`` (the defect) or left out at assignment; assert only the
         committed one was delivered."""
-        wait_for(lambda: (self.topic, b"commit-1") in self.snapshot(), WAIT_S,
-                 "the committed message")
-        wait_for(lambda: self.system_seen() or fetched() or getattr(
-            consumer, "skipped_system_partitions", 0), WAIT_S,
-                 "the system partitions to be delivered or left out")
+        wait_for(
+            lambda: (self.topic, b"commit-1") in self.snapshot(), WAIT_S, "the committed message"
+        )
+        wait_for(
+            lambda: (
+                self.system_seen() or fetched() or getattr(consumer, "skipped_system_partitions", 0)
+            ),
+            WAIT_S,
+            "the system partitions to be delivered or left out",
+        )
         assert self.system_seen() == [], self.system_seen()[:5]
         values = [v for _, v in self.snapshot()]
         assert not [v for v in values if v.startswith((b"pending", b"rollback"))], values
@@ -98,9 +104,16 @@ def txn_world(broker) -> Iterator[World]:
             return ANSWERS[msg.value.split(b"-")[0]]
 
     # A check interval longer than the module: the pending one stays pending throughout.
-    with ThreadCoordinator(conf, topic_prefix=prefix, check_interval_ms=600_000), \
-            TransactionProducer(conf, producer_group=f"pg-{prefix}", listener=Answers(),
-                                topic_prefix=prefix, half_partitions=4) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, check_interval_ms=600_000),
+        TransactionProducer(
+            conf,
+            producer_group=f"pg-{prefix}",
+            listener=Answers(),
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer,
+    ):
         for kind in (b"pending", b"rollback", b"commit"):
             result = producer.send_message_in_transaction(Message(topic, kind + b"-1"))
             assert result.local_transaction_state is ANSWERS[kind]
@@ -120,12 +133,17 @@ def world(txn_world: World) -> World:
 
 def _committed_system_offsets(world: World, conf: dict) -> list[TopicPartition]:
     """The group's committed offsets on system topics (none may exist)."""
-    raw = confluent_kafka.Consumer({"bootstrap.servers": world.conf["bootstrap.servers"],
-                                    "group.id": conf["group.id"]})
+    raw = confluent_kafka.Consumer(
+        {"bootstrap.servers": world.conf["bootstrap.servers"], "group.id": conf["group.id"]}
+    )
     try:
         topics = raw.list_topics(timeout=10).topics
-        parts = [TopicPartition(t, p) for t, meta in topics.items()
-                 if is_system_topic(t, world.prefix) for p in meta.partitions]
+        parts = [
+            TopicPartition(t, p)
+            for t, meta in topics.items()
+            if is_system_topic(t, world.prefix)
+            for p in meta.partitions
+        ]
         return [tp for tp in raw.committed(parts, timeout=10) if tp.offset >= 0]
     finally:
         raw.close()
@@ -148,8 +166,13 @@ def test_consumer_pattern_never_reads_or_commits_system_partitions(world):
         thread = threading.Thread(target=lambda: [poll() for _ in iter(stop.is_set, True)])
         thread.start()
         try:
-            world.check(consumer, lambda: consumer.skipped_system_records or any(
-                is_system_topic(tp.topic, world.prefix) for tp in assigned[0]))
+            world.check(
+                consumer,
+                lambda: (
+                    consumer.skipped_system_records
+                    or any(is_system_topic(tp.topic, world.prefix) for tp in assigned[0])
+                ),
+            )
         finally:
             stop.set()
             thread.join(30)
@@ -171,8 +194,9 @@ def test_async_consumer_pattern_never_reads_or_commits_system_partitions(world):
 
             reader = asyncio.ensure_future(read())
             try:
-                await asyncio.to_thread(world.check, consumer,
-                                        lambda: consumer.skipped_system_records)
+                await asyncio.to_thread(
+                    world.check, consumer, lambda: consumer.skipped_system_records
+                )
             finally:
                 reader.cancel()
             assignment = await consumer.assignment()
@@ -190,8 +214,9 @@ def test_push_consumer_pattern_never_delivers_system_records(world):
             world.record(m.topic, m.value)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(world.group_conf(), listener=listener, topic_prefix=world.prefix,
-                            max_workers=2)
+    consumer = PushConsumer(
+        world.group_conf(), listener=listener, topic_prefix=world.prefix, max_workers=2
+    )
     consumer.subscribe([world.pattern])
     consumer.start()
     try:
@@ -207,8 +232,14 @@ def test_orderly_consumer_pattern_never_delivers_or_locks_system_partitions(worl
             world.record(m.topic, m.value)
         return ConsumeOrderlyStatus.SUCCESS
 
-    consumer = OrderlyConsumer(world.group_conf(), listener=listener, topic_prefix=world.prefix,
-                               ordering=ordering, lock_lease_ms=6000, lock_renew_ms=2000)
+    consumer = OrderlyConsumer(
+        world.group_conf(),
+        listener=listener,
+        topic_prefix=world.prefix,
+        ordering=ordering,
+        lock_lease_ms=6000,
+        lock_renew_ms=2000,
+    )
     consumer.subscribe([world.pattern])
     consumer.start()
     try:
@@ -227,8 +258,7 @@ def _produce(conf: dict, topic: str, values: list[bytes]) -> None:
     assert producer.flush(30) == 0
 
 
-def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, make_topic,
-                                                                       unique):
+def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, make_topic, unique):
     topic = make_topic("pollerr")
     raised = threading.Event()
 
@@ -243,10 +273,23 @@ def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, m
         got.extend(m.value for m in msgs)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    conf = group_conf(broker.conf(**{"group.id": unique("g"), "auto.offset.reset": "earliest",
-                                     "statistics.interval.ms": 100, "stats_cb": stats}))
-    consumer = PushConsumer(conf, listener=listener, max_workers=2, delay_levels=(1.0,),
-                            topic_prefix=unique("pe").replace("-", ""))
+    conf = group_conf(
+        broker.conf(
+            **{
+                "group.id": unique("g"),
+                "auto.offset.reset": "earliest",
+                "statistics.interval.ms": 100,
+                "stats_cb": stats,
+            }
+        )
+    )
+    consumer = PushConsumer(
+        conf,
+        listener=listener,
+        max_workers=2,
+        delay_levels=(1.0,),
+        topic_prefix=unique("pe").replace("-", ""),
+    )
     values = [f"v{i}".encode() for i in range(6)]
     _produce(broker.conf(), topic, values[:3])  # maybe fetched by the round that fails
     consumer.subscribe([topic])
@@ -254,8 +297,12 @@ def test_push_consumer_poll_thread_survives_an_exception_and_counts_it(broker, m
     try:
         wait_for(raised.is_set, WAIT_S, "the stats callback to raise")
         _produce(broker.conf(), topic, values[3:])
-        wait_for(lambda: sorted(set(got)) == values, WAIT_S,
-                 "the records before and after the exception", details=lambda: f"got {got}")
+        wait_for(
+            lambda: sorted(set(got)) == values,
+            WAIT_S,
+            "the records before and after the exception",
+            details=lambda: f"got {got}",
+        )
         assert consumer.counts["poll_errors"] >= 1
         assert consumer.poll_error is None
     finally:
@@ -279,8 +326,9 @@ def test_async_for_commits_only_the_records_it_handed_out(broker, make_topic, un
         return got
 
     assert asyncio.run(asyncio.wait_for(first_three(), 60)) == values[:3]
-    raw = confluent_kafka.Consumer({"bootstrap.servers": conf["bootstrap.servers"],
-                                    "group.id": conf["group.id"]})
+    raw = confluent_kafka.Consumer(
+        {"bootstrap.servers": conf["bootstrap.servers"], "group.id": conf["group.id"]}
+    )
     try:
         [tp] = raw.committed([TopicPartition(topic, 0)], timeout=10)
     finally:
@@ -302,16 +350,26 @@ def test_consumer_rebalance_callbacks_get_the_consumer_and_no_system_partition(w
     conf = {**world.group_conf(), "enable.auto.commit": False}
     calls: list[tuple[str, object, list[str]]] = []
     with Consumer(conf, topic_prefix=world.prefix) as consumer:
+
         def on_assign(who, partitions):
             calls.append(("assign", who, [tp.topic for tp in partitions]))
             # The user's own assignment (made once, not twice), as their protocol wants it.
             (who.assign if GROUP_PROTOCOL == "classic" else who.incremental_assign)(partitions)
 
-        consumer.subscribe([world.pattern], on_assign=on_assign,
-                           on_revoke=lambda who, parts: calls.append(
-                               ("revoke", who, [tp.topic for tp in parts])))
-        wait_for(lambda: (msg := consumer.poll(0.2)) is not None and msg.error() is None
-                 and msg.value() == b"commit-1", WAIT_S, "the committed message")
+        consumer.subscribe(
+            [world.pattern],
+            on_assign=on_assign,
+            on_revoke=lambda who, parts: calls.append(("revoke", who, [tp.topic for tp in parts])),
+        )
+        wait_for(
+            lambda: (
+                (msg := consumer.poll(0.2)) is not None
+                and msg.error() is None
+                and msg.value() == b"commit-1"
+            ),
+            WAIT_S,
+            "the committed message",
+        )
         assert consumer.skipped_system_partitions > 0
     assert calls[0] == ("assign", consumer, [world.topic])
     assert all(who is consumer and topics in ([], [world.topic]) for _, who, topics in calls)

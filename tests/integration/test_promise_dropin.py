@@ -35,9 +35,13 @@ def locks(broker, unique):
 
 
 # -- forged coordinator headers ----------------------------------------------------------------
-FORGED = [[(H.PROMOTED_FROM, b"0:1")], {H.PROMOTED_FROM: "0:1"},
-          [("app", b"x"), (H.PROMOTED_AT, b"1")], [(H.TXN_ID, b"t-1")],
-          [(H.DLQ_ORIGINAL_TOPIC, b"orders")]]
+FORGED = [
+    [(H.PROMOTED_FROM, b"0:1")],
+    {H.PROMOTED_FROM: "0:1"},
+    [("app", b"x"), (H.PROMOTED_AT, b"1")],
+    [(H.TXN_ID, b"t-1")],
+    [(H.DLQ_ORIGINAL_TOPIC, b"orders")],
+]
 
 
 def test_a_forged_promoted_from_header_is_refused_and_never_written(broker, make_topic):
@@ -50,8 +54,9 @@ def test_a_forged_promoted_from_header_is_refused_and_never_written(broker, make
             with pytest.raises(ConfigError, match="rmq"):
                 producer.produce(topic, b"forged", None, -1, None, None, 0, headers)
             with pytest.raises(ConfigError, match="rmq"):
-                producer.produce_batch(topic, [{"value": b"ok"},
-                                               {"value": b"forged", "headers": headers}])
+                producer.produce_batch(
+                    topic, [{"value": b"ok"}, {"value": b"forged", "headers": headers}]
+                )
         # What the drop-in's own send writes for a Message's fields stays allowed.
         producer.produce(topic, b"tagged", headers=[(H.TAGS, b"TagA"), (H.KEYS, b"k1")])
         assert producer.flush(30) == 0
@@ -65,17 +70,20 @@ def test_produce_batch_keeps_each_messages_headers_and_callbacks(broker, make_to
     topic = make_topic("batch", partitions=2)
     reports: list[tuple[str, bytes]] = []
     with Producer(broker.conf()) as producer:
-        messages = [{"value": b"a", "key": b"k", "headers": [("h", b"1")]},
-                    {"value": "b", "partition": 1, "headers": {"h": "2", "g": b"x"}},
-                    {"value": b"c", "callback": lambda e, m: reports.append(("own", m.value()))}]
-        queued = producer.produce_batch(topic, messages,
-                                        on_delivery=lambda e, m: reports.append(("batch",
-                                                                                  m.value())))
+        messages = [
+            {"value": b"a", "key": b"k", "headers": [("h", b"1")]},
+            {"value": "b", "partition": 1, "headers": {"h": "2", "g": b"x"}},
+            {"value": b"c", "callback": lambda e, m: reports.append(("own", m.value()))},
+        ]
+        queued = producer.produce_batch(
+            topic, messages, on_delivery=lambda e, m: reports.append(("batch", m.value()))
+        )
         assert queued == 3 and not any("_error" in m for m in messages)
         assert producer.flush(30) == 0
     assert sorted(reports) == [("batch", b"a"), ("batch", b"b"), ("own", b"c")]
-    got = {r.value(): (r.key(), r.partition(), headers_of(r))
-           for r in read_all(broker.conf(), topic)}
+    got = {
+        r.value(): (r.key(), r.partition(), headers_of(r)) for r in read_all(broker.conf(), topic)
+    }
     assert got[b"a"] == (b"k", got[b"a"][1], {"h": b"1"})
     assert got[b"b"] == (None, 1, {"h": b"2", "g": b"x"})
     assert got[b"c"][2] == {}
@@ -105,8 +113,9 @@ def test_close_delivers_what_is_queued_then_shuts_the_producer_down(broker, make
 
 
 # -- rebalance callbacks -------------------------------------------------------------------------
-def test_rebalance_callback_gets_the_drop_in_which_refuses_system_topics(broker, make_topic,
-                                                                         unique):
+def test_rebalance_callback_gets_the_drop_in_which_refuses_system_topics(
+    broker, make_topic, unique
+):
     topic = make_topic("cb")
     seen: list[object] = []
     refused: list[BaseException] = []
@@ -153,27 +162,34 @@ class JavaConcurrently:
 
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_listener_with_rocketmqs_consume_message_name_is_called(
-        broker, make_topic, unique, locks, ordering):
+    broker, make_topic, unique, locks, ordering
+):
     topic, group = make_topic("java-orderly"), unique("g")
     produce(broker, topic, [(b"k", f"m{i}".encode(), 0) for i in range(3)])
     listener = JavaOrderly()
-    with OrderlyConsumer(orderly_conf(broker, group), listener=listener, ordering=ordering,
-                         lock_lease_ms=LEASE_MS, lock_renew_ms=RENEW_MS,
-                         topic_prefix=locks.prefix) as consumer:
+    with OrderlyConsumer(
+        orderly_conf(broker, group),
+        listener=listener,
+        ordering=ordering,
+        lock_lease_ms=LEASE_MS,
+        lock_renew_ms=RENEW_MS,
+        topic_prefix=locks.prefix,
+    ) as consumer:
         consumer.subscribe([topic])
         consumer.start()
         wait_for(lambda: len(listener.values) >= 3, 60, "the listener's calls")
     assert listener.values == [b"m0", b"m1", b"m2"]
 
 
-def test_push_listener_with_rocketmqs_consume_message_name_is_called(broker, make_topic,
-                                                                      unique):
+def test_push_listener_with_rocketmqs_consume_message_name_is_called(broker, make_topic, unique):
     topic, group = make_topic("java-push"), unique("g")
     produce(broker, topic, [(b"k", f"m{i}".encode(), 0) for i in range(3)])
     listener = JavaConcurrently()
-    consumer = PushConsumer(group_conf(broker.conf(**{"group.id": group,
-                                                      "auto.offset.reset": "earliest"})),
-                            listener=listener, topic_prefix=unique("rmqp").replace("-", ""))
+    consumer = PushConsumer(
+        group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest"})),
+        listener=listener,
+        topic_prefix=unique("rmqp").replace("-", ""),
+    )
     with consumer:
         consumer.subscribe([topic])
         consumer.start()
@@ -191,7 +207,8 @@ def _topic_config_source(broker, topic: str, name: str) -> int:
 
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_orderly_dead_letters_carry_reason_and_exception_on_a_replicated_dlq(
-        broker, make_topic, unique, locks, ordering):
+    broker, make_topic, unique, locks, ordering
+):
     topic, group = make_topic("dlq-reason"), unique("g")
     produce(broker, topic, [(b"k", b"poison", 0)])
 
@@ -199,20 +216,34 @@ def test_orderly_dead_letters_carry_reason_and_exception_on_a_replicated_dlq(
         context.suspend_ms = 50
         raise ValueError(f"bad row {msgs[0].offset}")
 
-    with OrderlyConsumer(orderly_conf(broker, group), listener=listener, ordering=ordering,
-                         max_reconsume_times=1, lock_lease_ms=LEASE_MS,
-                         lock_renew_ms=RENEW_MS, topic_prefix=locks.prefix) as consumer:
+    with OrderlyConsumer(
+        orderly_conf(broker, group),
+        listener=listener,
+        ordering=ordering,
+        max_reconsume_times=1,
+        lock_lease_ms=LEASE_MS,
+        lock_renew_ms=RENEW_MS,
+        topic_prefix=locks.prefix,
+    ) as consumer:
         consumer.subscribe([topic])
         consumer.start()
         dlq = SystemTopics(locks.prefix).dlq(group)
-        wait_for(lambda: getattr(consumer.status().get((topic, 0)), "committed_offset", -1)
-                 == 1, 60, "the poison message to be dead-lettered")
+        wait_for(
+            lambda: getattr(consumer.status().get((topic, 0)), "committed_offset", -1) == 1,
+            60,
+            "the poison message to be dead-lettered",
+        )
     [dead] = read_all(broker.conf(), dlq)
     headers = headers_of(dead)
-    assert (headers.get(H.DLQ_REASON), headers.get(H.DLQ_EXCEPTION),
-            headers.get(H.DLQ_EXCEPTION_MESSAGE)) == (b"raised", b"ValueError", b"bad row 0")
+    assert (
+        headers.get(H.DLQ_REASON),
+        headers.get(H.DLQ_EXCEPTION),
+        headers.get(H.DLQ_EXCEPTION_MESSAGE),
+    ) == (b"raised", b"ValueError", b"bad row 0")
     assert int(headers[H.DLQ_LAST_FAILURE_TS]) >= int(headers[H.DLQ_FIRST_FAILURE_TS]) > 0
     # Created like every system topic (replication_for): min.insync.replicas set on the
     # topic, not left to the broker's default.
-    assert _topic_config_source(broker, dlq, "min.insync.replicas") == \
-        ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert (
+        _topic_config_source(broker, dlq, "min.insync.replicas")
+        == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    )

@@ -28,7 +28,8 @@ def _promotions(coordinator: ThreadCoordinator) -> float:
 
 
 def test_a_check_before_the_caller_saw_the_half_land_is_answered_unknow_not_asked(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     """An asyncio application's loop stalls right after the half write (a blocking call in
     a coroutine): the half lands, the coordinator checks it while the delivery report waits
     for the loop. The producer answers that check UNKNOW without asking the listener; once
@@ -38,18 +39,24 @@ def test_a_check_before_the_caller_saw_the_half_land_is_answered_unknow_not_aske
     conf = broker.conf()
     listener = ScriptedListener(
         lambda v: S.COMMIT_MESSAGE if v == b"warm-up" else S.ROLLBACK_MESSAGE,
-        lambda v: S.COMMIT_MESSAGE)
+        lambda v: S.COMMIT_MESSAGE,
+    )
 
     async def main(coordinator: ThreadCoordinator) -> S:
         async with AsyncTransactionProducer(
-                conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-                half_partitions=FAST["half_partitions"],
-                check_partitions=FAST["check_partitions"]) as producer:
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+            check_partitions=FAST["check_partitions"],
+        ) as producer:
             # Caches the topic's metadata: the next send reaches its half write on the loop.
             await producer.send_message_in_transaction(Message(topic, b"warm-up"))
             wait_for(lambda: _promotions(coordinator) == 1, 60, "the warm-up's promotion")
             send = asyncio.ensure_future(
-                producer.send_message_in_transaction(Message(topic, b"stalled")))
+                producer.send_message_in_transaction(Message(topic, b"stalled"))
+            )
             await asyncio.sleep(0)  # the send runs up to awaiting its delivery report
             # The loop stalls (this call blocks it) until the producer answered a check.
             wait_for(lambda: producer.checks_answered >= 1, 60, "a check of the stalled half")
@@ -57,8 +64,11 @@ def test_a_check_before_the_caller_saw_the_half_land_is_answered_unknow_not_aske
 
     with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator:
         state = asyncio.run(main(coordinator))
-        wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 60,
-                 "the stalled transaction's end")
+        wait_for(
+            lambda: no_pending(coordinator, FAST["half_partitions"]),
+            60,
+            "the stalled transaction's end",
+        )
     assert state is S.ROLLBACK_MESSAGE and listener.executed == [b"warm-up", b"stalled"]
     assert listener.checked == []
     assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"warm-up"]

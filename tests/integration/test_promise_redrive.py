@@ -26,16 +26,17 @@ pytestmark = pytest.mark.integration
 
 
 def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
-        broker, make_topic, unique, monkeypatch, capsys):
+    broker, make_topic, unique, monkeypatch, capsys
+):
     prefix = unique("rd").replace("-", "")
     topic = make_topic("redrive")
     group = unique("pg")
     answer = {"check": S.UNKNOW}
-    listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE if v == b"behind" else S.UNKNOW,
-                                lambda v: answer["check"])
+    listener = ScriptedListener(
+        lambda v: S.COMMIT_MESSAGE if v == b"behind" else S.UNKNOW, lambda v: answer["check"]
+    )
     conf = broker.conf()
-    argv = ["txn", "redrive", "", "--bootstrap-servers", broker.bootstrap,
-            "--topic-prefix", prefix]
+    argv = ["txn", "redrive", "", "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix]
 
     # The interleaving no public call can force: the first run stops after its last check
     # (the done-marker scan) until the second run has finished; the same private function is
@@ -52,17 +53,23 @@ def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
 
     monkeypatch.setattr(admin, "_promoted_since", pausing_check)
     exits: dict[str, int] = {}
-    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
-                           check_max=1) as coordinator, TransactionProducer(
-            conf, producer_group=group, listener=listener, topic_prefix=prefix,
-            half_partitions=1) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1, check_max=1) as coordinator,
+        TransactionProducer(
+            conf, producer_group=group, listener=listener, topic_prefix=prefix, half_partitions=1
+        ) as producer,
+    ):
         result = producer.send_message_in_transaction(Message(topic, b"once"))
-        wait_for(lambda: any(t.txn_id == result.transaction_id
-                             for t in list_discarded(conf, prefix)), 60, "the discard")
+        wait_for(
+            lambda: any(t.txn_id == result.transaction_id for t in list_discarded(conf, prefix)),
+            60,
+            "the discard",
+        )
         answer["check"] = S.COMMIT_MESSAGE
         argv[2] = result.transaction_id
-        first = threading.Thread(target=lambda: exits.update(first=main(argv)),
-                                 name="first-redrive")
+        first = threading.Thread(
+            target=lambda: exits.update(first=main(argv)), name="first-redrive"
+        )
         first.start()
         assert first_checked.wait(120), "the first redrive never reached its write"
         try:
@@ -75,8 +82,11 @@ def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
         # A transaction behind the re-driven half, committed at once: when it is promoted
         # and nothing is pending, every re-driven copy before it has been decided.
         producer.send_message_in_transaction(Message(topic, b"behind"))
-        wait_for(lambda: b"behind" in [m.value() for m in read_to_end(conf, topic, 1)], 60,
-                 "the transaction behind to be promoted")
+        wait_for(
+            lambda: b"behind" in [m.value() for m in read_to_end(conf, topic, 1)],
+            60,
+            "the transaction behind to be promoted",
+        )
         wait_for(lambda: no_pending(coordinator, 1), 60, "the re-driven copies to be decided")
         half = read_to_end(conf, f"{prefix}_half", 1)
         exits["third"] = main(argv)  # started after the commit: its checks see the copy
@@ -84,7 +94,10 @@ def test_two_concurrent_redrives_of_one_transaction_promote_it_once(
     assert sorted(promoted) == [b"behind", b"once"], "the discarded message was promoted twice"
     assert len([m for m in half if H.REDRIVE_OF in dict(m.headers() or [])]) == 1
     assert (exits["first"], exits["second"], exits["third"]) == (2, 0, 2)
-    fenced, refused = [line for line in capsys.readouterr().err.splitlines()
-                       if line.startswith("rmq-semantics: error:")]
+    fenced, refused = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith("rmq-semantics: error:")
+    ]
     assert "fenced" in fenced and result.transaction_id in fenced
     assert "already promoted" in refused

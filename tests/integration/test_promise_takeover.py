@@ -43,26 +43,35 @@ def test_a_takeover_waits_for_the_previous_owners_open_transaction(broker, make_
     topic = make_topic("takeover")
     conf = broker.conf()
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
-    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                             topic_prefix=prefix, half_partitions=1) as producer:
+    with TransactionProducer(
+        conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix, half_partitions=1
+    ) as producer:
         sent = producer.send_message_in_transaction(Message(topic, b"once"))
-        previous_owner = RawProducer({**conf, "transactional.id": unique("previous-owner"),
-                                      "transaction.timeout.ms": 120000})
+        previous_owner = RawProducer(
+            {**conf, "transactional.id": unique("previous-owner"), "transaction.timeout.ms": 120000}
+        )
         previous_owner.init_transactions(30)
         previous_owner.begin_transaction()
         previous_owner.produce(topic, b"once")
         op = f"{prefix}_op"
-        done = DoneMarkers((DoneEntry(sent.half_offset, sent.transaction_id, Outcome.COMMITTED,
-                                      0),), int(time.time() * 1000))
-        previous_owner.produce(op, encode(MarkerKey(KEY.encode()).sign(op, 0, done)),
-                               partition=0)
+        done = DoneMarkers(
+            (DoneEntry(sent.half_offset, sent.transaction_id, Outcome.COMMITTED, 0),),
+            int(time.time() * 1000),
+        )
+        previous_owner.produce(op, encode(MarkerKey(KEY.encode()).sign(op, 0, done)), partition=0)
         assert previous_owner.flush(30) == 0
-        with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
-                               marker_key=KEY) as coordinator:
+        with ThreadCoordinator(
+            conf, topic_prefix=prefix, half_partitions=1, marker_key=KEY
+        ) as coordinator:
             # The defect promotes at once; the fix waits and says so.
-            wait_for(lambda: metric(coordinator, "rmq_promotions_total") == 1
-                     or metric(coordinator, "rmq_takeover_waiting_partitions") == 1, 60,
-                     "a promotion, or the takeover waiting for the open transaction")
+            wait_for(
+                lambda: (
+                    metric(coordinator, "rmq_promotions_total") == 1
+                    or metric(coordinator, "rmq_takeover_waiting_partitions") == 1
+                ),
+                60,
+                "a promotion, or the takeover waiting for the open transaction",
+            )
             previous_owner.commit_transaction(30)
             wait_for(lambda: no_pending(coordinator, 1), 60, "the half decided")
             assert metric(coordinator, "rmq_takeover_waiting_partitions") == 0

@@ -53,12 +53,18 @@ def push_conf(broker, group: str) -> dict:
     return group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest"}))
 
 
-def start(broker, group: str, topic: str, prefix: str, listener, *, tags=None,
-          **kwargs) -> PushConsumer:
-    kwargs = {"max_workers": 16, "max_reconsume_times": MAX_RECONSUME,
-              "delay_levels": LEVELS, **kwargs}
-    consumer = PushConsumer(push_conf(broker, group), listener=listener, topic_prefix=prefix,
-                            **kwargs)
+def start(
+    broker, group: str, topic: str, prefix: str, listener, *, tags=None, **kwargs
+) -> PushConsumer:
+    kwargs = {
+        "max_workers": 16,
+        "max_reconsume_times": MAX_RECONSUME,
+        "delay_levels": LEVELS,
+        **kwargs,
+    }
+    consumer = PushConsumer(
+        push_conf(broker, group), listener=listener, topic_prefix=prefix, **kwargs
+    )
     consumer.subscribe([topic], tags=tags)
     consumer.start()
     return consumer
@@ -109,8 +115,7 @@ def check_retry_waits(recorder: Recorder) -> None:
     assert checked
 
 
-def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, make_topic,
-                                                                       unique):
+def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, make_topic, unique):
     topic, group, prefix = make_topic("push", PARTITIONS), unique("push-g"), unique("__rmqp")
     numbers = range(N)
     produce_numbers(broker.conf(), topic, numbers)
@@ -118,8 +123,11 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
     consumed, dead = expected_done(numbers)
     consumer = start(broker, group, topic, prefix, recorder)
     try:
-        wait_for(lambda: set(recorder.successes()) >= consumed
-                 and consumer.counts["dead"] >= len(dead), 120, "every message consumed")
+        wait_for(
+            lambda: set(recorder.successes()) >= consumed and consumer.counts["dead"] >= len(dead),
+            120,
+            "every message consumed",
+        )
     finally:
         consumer.shutdown()
     successes = Counter(recorder.successes())
@@ -130,8 +138,9 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
         tries = sum(1 for k in range(MAX_RECONSUME + 2) if (n, k) in deliveries)
         assert tries == (MAX_RECONSUME + 1 if fails_always(n) else 2 if fails_once(n) else 1)
     # A retry shows its ORIGINAL coordinates and birth time, as RocketMQ does.
-    firsts = {d.n: (d.topic, d.offset, d.born) for d in recorder.snapshot()
-              if d.reconsume_times == 0}
+    firsts = {
+        d.n: (d.topic, d.offset, d.born) for d in recorder.snapshot() if d.reconsume_times == 0
+    }
     assert all((d.topic, d.offset, d.born) == firsts[d.n] for d in recorder.snapshot())
     check_retry_waits(recorder)
     check_dlq(broker, prefix, group, topic, dead)
@@ -140,7 +149,8 @@ def test_reconsume_later_retries_by_level_then_dlq_every_message_once(broker, ma
 
 
 def test_tags_filter_sees_exactly_the_matching_messages_and_commits_past_the_rest(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     topic, group, prefix = make_topic("push-tags", 2), unique("push-tg"), unique("__rmqp")
     tag_of = {0: "TagA", 1: "TagB", 2: "TagC", 3: None}
     numbers = range(400)
@@ -171,8 +181,11 @@ def test_async_listener_retries_and_dead_letters(broker, make_topic, unique):
     consumed, dead = expected_done(numbers)
     consumer = start(broker, group, topic, prefix, recorder.async_listener)
     try:
-        wait_for(lambda: set(recorder.successes()) >= consumed
-                 and consumer.counts["dead"] >= len(dead), 60, "every message consumed")
+        wait_for(
+            lambda: set(recorder.successes()) >= consumed and consumer.counts["dead"] >= len(dead),
+            60,
+            "every message consumed",
+        )
     finally:
         consumer.shutdown()
     successes = Counter(recorder.successes())
@@ -206,16 +219,32 @@ def test_a_call_past_consume_timeout_is_reconsumed_later(broker, make_topic, uni
 class PushWorker:
     """tests/integration/push_worker.py in a subprocess, and what it wrote."""
 
-    def __init__(self, broker, tmp_path: Path, name: str, *, prefix: str, group: str,
-                 topic: str) -> None:
+    def __init__(
+        self, broker, tmp_path: Path, name: str, *, prefix: str, group: str, topic: str
+    ) -> None:
         self.path = tmp_path / f"{name}.jsonl"
         self.path.touch()
         self._stderr = open(tmp_path / f"{name}.stderr", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.push_worker",
-             "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix,
-             "--group", group, "--topic", topic, "--result", str(self.path)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr)
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.push_worker",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+                "--group",
+                group,
+                "--topic",
+                topic,
+                "--result",
+                str(self.path),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
 
     def lines(self) -> list[dict]:
         return jsonl(self.path)
@@ -231,13 +260,14 @@ class PushWorker:
         self._stderr.close()
 
 
-def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_topic, unique,
-                                                                  tmp_path):
+def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(
+    broker, make_topic, unique, tmp_path
+):
     if broker.embedded is not None and broker.embedded.client_conf() != {
-            "bootstrap.servers": broker.bootstrap}:
+        "bootstrap.servers": broker.bootstrap
+    }:
         pytest.skip("the worker connects with a bare bootstrap list")
-    topic, group, prefix = make_topic("push-kill", PARTITIONS), unique("push-kg"), unique(
-        "__rmqp")
+    topic, group, prefix = make_topic("push-kill", PARTITIONS), unique("push-kg"), unique("__rmqp")
     numbers = range(N)
     produce_numbers(broker.conf(), topic, numbers)
     consumed, dead = expected_done(numbers)
@@ -245,18 +275,27 @@ def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_t
     second = None
     try:
         # Kill once a third is through and some retries came back (the retry path is live).
-        wait_for(lambda: (lambda lines: len(lines) > N // 3 and any(
-            x.get("reconsume", 0) > 0 for x in lines))(first.lines()), 120,
-            "the first worker a third through")
+        wait_for(
+            lambda: (
+                lambda lines: len(lines) > N // 3 and any(x.get("reconsume", 0) > 0 for x in lines)
+            )(first.lines()),
+            120,
+            "the first worker a third through",
+        )
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
-        second = PushWorker(broker, tmp_path, "second", prefix=prefix, group=group,
-                            topic=topic)
+        second = PushWorker(broker, tmp_path, "second", prefix=prefix, group=group, topic=topic)
         lines = lambda: first.lines() + second.lines()  # noqa: E731
-        wait_for(lambda: {x["n"] for x in lines() if x["outcome"] == "CONSUME_SUCCESS"}
-                 >= consumed, 180, "every message consumed after the kill")
-        wait_for(lambda: len(read_all(broker.conf(), f"{prefix}_dlq_{group}")) >= len(dead),
-                 60, "the DLQ filled")
+        wait_for(
+            lambda: {x["n"] for x in lines() if x["outcome"] == "CONSUME_SUCCESS"} >= consumed,
+            180,
+            "every message consumed after the kill",
+        )
+        wait_for(
+            lambda: len(read_all(broker.conf(), f"{prefix}_dlq_{group}")) >= len(dead),
+            60,
+            "the DLQ filled",
+        )
     finally:
         first.stop()
         if second is not None:
@@ -269,19 +308,20 @@ def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(broker, make_t
             copies[(int(r.value()), int(headers_of(r)[H.RECONSUME_TIMES]))] += 1
     assert copies and set(copies.values()) == {1}, [k for k, v in copies.items() if v > 1]
     wanted = {(n, k) for n in numbers if fails_once(n) for k in (1,)} | {
-        (n, k) for n in dead for k in range(1, MAX_RECONSUME + 1)}
+        (n, k) for n in dead for k in range(1, MAX_RECONSUME + 1)
+    }
     assert set(copies) == wanted
     # Each worker got each retry copy once; a copy the killed one was running (not committed)
     # comes again to the second, as any uncommitted delivery does (at least once).
     for worker in (first, second):
-        retried = Counter((x["n"], x["reconsume"]) for x in worker.lines()
-                          if x["reconsume"] > 0)
+        retried = Counter((x["n"], x["reconsume"]) for x in worker.lines() if x["reconsume"] > 0)
         assert set(retried.values()) == {1}, [k for k, v in retried.items() if v > 1]
 
 
 # -- untrusted retry records -------------------------------------------------------------------
 def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_consumer(
-        broker, make_topic, unique, caplog):
+    broker, make_topic, unique, caplog
+):
     topic, group, prefix = make_topic("push-fuzz"), unique("push-fz"), unique("__rmqp")
     seen: list[tuple[bytes | None, str | None]] = []
 
@@ -298,8 +338,9 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
         producer = confluent_kafka.Producer(broker.conf())
         for case in made:
             for raw in case.records:
-                producer.produce(retry_topic, raw.value, key=raw.key, headers=raw.headers,
-                                 partition=0)
+                producer.produce(
+                    retry_topic, raw.value, key=raw.key, headers=raw.headers, partition=0
+                )
         assert producer.flush(30) == 0
         produce_numbers(broker.conf(), topic, range(20))  # good records after the bad ones
         wait_for(lambda: len(seen) == 80, 60, "every record delivered")
@@ -314,8 +355,9 @@ def test_forged_retry_records_are_counted_logged_delivered_and_never_stop_the_co
     assert all(line.startswith(f"{retry_topic}[0]@") for line in logged)
 
 
-def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broker, make_topic,
-                                                                          unique):
+def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(
+    broker, make_topic, unique
+):
     """Campaign seed 30: a broker fault fenced the push consumer's own transactional producer
     (a newer epoch of its transactional.id); the consumer must start a new producer and go
     on, not stop consuming for good."""
@@ -332,23 +374,28 @@ def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(broke
     try:
         wait_for(lambda: set(seen) >= set(range(20)), 60, "the first messages")
         # A newer instance of the same transactional.id fences the consumer's producer.
-        fencer = confluent_kafka.Producer(broker.conf(
-            **{"transactional.id": f"{prefix}_push_{client_id}"}))
+        fencer = confluent_kafka.Producer(
+            broker.conf(**{"transactional.id": f"{prefix}_push_{client_id}"})
+        )
         fencer.init_transactions(30)
         produce_numbers(broker.conf(), topic, range(20, 40))
         wait_for(lambda: set(seen) >= set(range(40)), 60, "the messages after the fence")
         # The new producer replays from the committed offsets (what the fenced transaction
         # held is processed again): consuming goes on until all is committed.
-        wait_for(lambda: operator.eq(*committed_ends(broker.conf(), group, topic)), 60,
-                 "the commits after the fence")
+        wait_for(
+            lambda: operator.eq(*committed_ends(broker.conf(), group, topic)),
+            60,
+            "the commits after the fence",
+        )
     finally:
         consumer.shutdown()
     committed, ends = committed_ends(broker.conf(), group, topic)
     assert committed == ends
 
 
-def test_a_held_retry_partition_moved_away_and_back_is_delivered_when_due(broker, make_topic,
-                                                                           unique):
+def test_a_held_retry_partition_moved_away_and_back_is_delivered_when_due(
+    broker, make_topic, unique
+):
     """Campaign issue 30 (long run, seed 2): librdkafka keeps an application's pause across
     unassign and assign, so a partition the consumer had paused, then lost, came back paused
     for good (3,527 records never processed). Here a retry partition is held (its head not
@@ -360,20 +407,36 @@ def test_a_held_retry_partition_moved_away_and_back_is_delivered_when_due(broker
 
     def listener(msgs, context):
         seen.extend(m.reconsume_times for m in msgs)
-        return (ConsumeConcurrentlyStatus.RECONSUME_LATER if msgs[0].reconsume_times == 0
-                else ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+        return (
+            ConsumeConcurrentlyStatus.RECONSUME_LATER
+            if msgs[0].reconsume_times == 0
+            else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        )
 
-    consumer = start(broker, group, topic, prefix, listener, delay_levels=(HELD_S,),
-                     max_reconsume_times=1)
+    consumer = start(
+        broker, group, topic, prefix, listener, delay_levels=(HELD_S,), max_reconsume_times=1
+    )
     other = None
     try:
         retry = consumer.retry_topics[0]
         # Precondition, not the claim: its copy read and held (paused) until due.
-        wait_for(lambda: consumer._loop is not None and (retry, 0) in consumer._loop._held,
-                 60, "the retry copy held")
-        other = confluent_kafka.Consumer(group_conf(broker.conf(**{
-            "group.id": group, "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False, "isolation.level": "read_committed"})))
+        wait_for(
+            lambda: consumer._loop is not None and (retry, 0) in consumer._loop._held,
+            60,
+            "the retry copy held",
+        )
+        other = confluent_kafka.Consumer(
+            group_conf(
+                broker.conf(
+                    **{
+                        "group.id": group,
+                        "partition.assignment.strategy": "cooperative-sticky",
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                    }
+                )
+            )
+        )
         other.subscribe([retry])  # the group balances the retry partition over to it
 
         def moved() -> bool:
@@ -384,8 +447,12 @@ def test_a_held_retry_partition_moved_away_and_back_is_delivered_when_due(broker
         assert seen == [0]  # not due yet: neither delivered early nor by the other
         other.close()
         other = None
-        wait_for(lambda: seen == [0, 1], HELD_S + 60, "the retry copy delivered once due",
-                 details=lambda: f"deliveries {seen}, counts {consumer.counts}")
+        wait_for(
+            lambda: seen == [0, 1],
+            HELD_S + 60,
+            "the retry copy delivered once due",
+            details=lambda: f"deliveries {seen}, counts {consumer.counts}",
+        )
     finally:
         if other is not None:
             other.close()

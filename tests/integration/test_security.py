@@ -53,8 +53,9 @@ def sasl_broker() -> Iterator[EmbeddedKafka]:
     """A second embedded broker whose only client listener is SASL_PLAINTEXT/PLAIN, with
     ACLs enforced (admin is a super user; a resource without ACLs is open to everyone)."""
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-sasl-kafka-"))
-    broker = EmbeddedKafka(data_dir, port=free_port(),
-                           sasl_users={"admin": "admin-secret", USER: PASSWORD}, acls=True)
+    broker = EmbeddedKafka(
+        data_dir, port=free_port(), sasl_users={"admin": "admin-secret", USER: PASSWORD}, acls=True
+    )
     try:
         broker.start()
         yield broker
@@ -64,21 +65,34 @@ def sasl_broker() -> Iterator[EmbeddedKafka]:
 
 
 def sasl_conf(broker: EmbeddedKafka, password: str = PASSWORD) -> dict:
-    return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanisms": "PLAIN", "sasl.username": USER, "sasl.password": password}
+    return {
+        "bootstrap.servers": broker.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "PLAIN",
+        "sasl.username": USER,
+        "sasl.password": password,
+    }
 
 
 # The CLI way: settings as --kafka-option, the secret in the environment.
-CLI_OPTIONS = ["--kafka-option", "security.protocol=SASL_PLAINTEXT",
-               "--kafka-option", "sasl.mechanisms=PLAIN",
-               "--kafka-option", f"sasl.username={USER}"]
+CLI_OPTIONS = [
+    "--kafka-option",
+    "security.protocol=SASL_PLAINTEXT",
+    "--kafka-option",
+    "sasl.mechanisms=PLAIN",
+    "--kafka-option",
+    f"sasl.username={USER}",
+]
 
 
 def run_cli(*args: str, password: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rmq_semantics", *args], capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               "RMQ_KAFKA_SASL_PASSWORD": password})
+    return subprocess.run(
+        [sys.executable, "-m", "rmq_semantics", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(REPO), "RMQ_KAFKA_SASL_PASSWORD": password},
+    )
 
 
 def read_promoted(conf: dict, topic: str, count: int, timeout_s: float = 60.0) -> list:
@@ -103,19 +117,30 @@ def test_transactional_flow_with_sasl_credentials(sasl_broker, unique, tmp_path)
     ensure_topics(conf, {topic: (1, {})})
     port = free_port()
     coordinator = CoordinatorProcess(
-        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
-        "--metrics-port", str(port),
+        sasl_broker.bootstrap,
+        tmp_path / "coordinator.log",
+        *CLI_OPTIONS,
+        "--metrics-port",
+        str(port),
         env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD, "RMQ_MARKER_KEY": MARKER_KEY},
-        topic_prefix=prefix)
-    inline = {b"committed": S.COMMIT_MESSAGE, b"rolled-back": S.ROLLBACK_MESSAGE,
-              b"checked": S.UNKNOW}
+        topic_prefix=prefix,
+    )
+    inline = {
+        b"committed": S.COMMIT_MESSAGE,
+        b"rolled-back": S.ROLLBACK_MESSAGE,
+        b"checked": S.UNKNOW,
+    }
     # The back-check travels coordinator -> __check topic -> the producer's check consumer.
     listener = ScriptedListener(lambda v: inline[v], lambda v: S.COMMIT_MESSAGE)
     try:
         wait_for(lambda: health(coordinator, port), START_TIMEOUT_S, "the coordinator")
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix,
-                                 half_partitions=FAST["half_partitions"]) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer:
             for value in inline:
                 producer.send_message_in_transaction(Message(topic, value, key=value))
             records = read_promoted(conf, topic, 2)
@@ -123,8 +148,16 @@ def test_transactional_flow_with_sasl_credentials(sasl_broker, unique, tmp_path)
         assert all(dict(m.headers())["rmq.promoted_from"] for m in records)
         assert listener.checked == [b"checked"]
 
-        cli = run_cli("txn", "pending", "--bootstrap-servers", sasl_broker.bootstrap,
-                      *CLI_OPTIONS, "--topic-prefix", prefix, password=PASSWORD)
+        cli = run_cli(
+            "txn",
+            "pending",
+            "--bootstrap-servers",
+            sasl_broker.bootstrap,
+            *CLI_OPTIONS,
+            "--topic-prefix",
+            prefix,
+            password=PASSWORD,
+        )
         assert cli.returncode == 0, cli.stderr
         assert "txn id" in cli.stdout
     finally:
@@ -137,15 +170,19 @@ def deny_write(broker: EmbeddedKafka, topic: str, user: str) -> None:
     """``user`` may do anything with ``topic`` but write to it."""
     admin = AdminClient(broker.client_conf())
     pattern = (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL)
-    futures = admin.create_acls([
-        AclBinding(*pattern, "User:*", "*", AclOperation.ALL, AclPermissionType.ALLOW),
-        AclBinding(*pattern, f"User:{user}", "*", AclOperation.WRITE, AclPermissionType.DENY)])
+    futures = admin.create_acls(
+        [
+            AclBinding(*pattern, "User:*", "*", AclOperation.ALL, AclPermissionType.ALLOW),
+            AclBinding(*pattern, f"User:{user}", "*", AclOperation.WRITE, AclPermissionType.DENY),
+        ]
+    )
     for future in futures.values():
         future.result(CLI_TIMEOUT_S)
 
 
 def test_a_real_topic_the_coordinator_may_not_write_is_discarded_and_the_partition_moves_on(
-        sasl_broker, unique):
+    sasl_broker, unique
+):
     conf = sasl_conf(sasl_broker)
     prefix = unique("acl").replace("-", "")
     allowed, forbidden = unique("allowed"), unique("forbidden")
@@ -153,10 +190,18 @@ def test_a_real_topic_the_coordinator_may_not_write_is_discarded_and_the_partiti
     deny_write(sasl_broker, forbidden, USER)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     # One half partition: the forbidden transaction sits in front of the allowed ones.
-    with ThreadCoordinator(conf, topic_prefix=prefix, half_partitions=1,
-                           marker_key=MARKER_KEY) as coordinator, \
-            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                topic_prefix=prefix, half_partitions=1) as producer:
+    with (
+        ThreadCoordinator(
+            conf, topic_prefix=prefix, half_partitions=1, marker_key=MARKER_KEY
+        ) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=1,
+        ) as producer,
+    ):
         denied = producer.send_message_in_transaction(Message(forbidden, b"denied"))
         for i in range(3):
             producer.send_message_in_transaction(Message(allowed, f"ok-{i}".encode()))
@@ -169,17 +214,18 @@ def test_a_real_topic_the_coordinator_may_not_write_is_discarded_and_the_partiti
         wait_for(settled, 60, "every transaction to be promoted or discarded")
         discarded = {t.txn_id: t.reason for t in list_discarded(conf, prefix)}
         registry = coordinator.server.metrics.registry
-        assert registry.get_sample_value("rmq_discarded_total",
-                                         {"reason": "unauthorized"}) == 1
+        assert registry.get_sample_value("rmq_discarded_total", {"reason": "unauthorized"}) == 1
     assert sorted(m.value() for m in records) == [b"ok-0", b"ok-1", b"ok-2"]
     assert discarded == {denied.transaction_id: "unauthorized"}
 
 
 def test_wrong_password_fails_start_at_once_with_an_authentication_error(sasl_broker, unique):
-    producer = TransactionProducer(sasl_conf(sasl_broker, password="wrong"),
-                                   producer_group=unique("pg"),
-                                   listener=ScriptedListener(lambda v: None, lambda v: None),
-                                   topic_prefix=unique("bad").replace("-", ""))
+    producer = TransactionProducer(
+        sasl_conf(sasl_broker, password="wrong"),
+        producer_group=unique("pg"),
+        listener=ScriptedListener(lambda v: None, lambda v: None),
+        topic_prefix=unique("bad").replace("-", ""),
+    )
     started = time.monotonic()
     with pytest.raises(AuthenticationError) as raised:
         producer.start()
@@ -192,8 +238,14 @@ def test_wrong_password_fails_start_at_once_with_an_authentication_error(sasl_br
 
 def test_admin_cli_with_wrong_password_prints_one_error_line(sasl_broker):
     started = time.monotonic()
-    cli = run_cli("txn", "pending", "--bootstrap-servers", sasl_broker.bootstrap, *CLI_OPTIONS,
-                  password="wrong")
+    cli = run_cli(
+        "txn",
+        "pending",
+        "--bootstrap-servers",
+        sasl_broker.bootstrap,
+        *CLI_OPTIONS,
+        password="wrong",
+    )
     assert time.monotonic() - started < CLI_TIMEOUT_S
     assert cli.returncode != 0
     lines = cli.stderr.strip().splitlines()
@@ -204,11 +256,15 @@ def test_admin_cli_with_wrong_password_prints_one_error_line(sasl_broker):
 
 
 def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
-        sasl_broker, unique, tmp_path):
+    sasl_broker, unique, tmp_path
+):
     coordinator = CoordinatorProcess(
-        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
+        sasl_broker.bootstrap,
+        tmp_path / "coordinator.log",
+        *CLI_OPTIONS,
         env={"RMQ_KAFKA_SASL_PASSWORD": "wrong", "RMQ_MARKER_KEY": MARKER_KEY},
-        topic_prefix=unique("bad").replace("-", ""))
+        topic_prefix=unique("bad").replace("-", ""),
+    )
     try:
         code = coordinator.wait(START_TIMEOUT_S)
     finally:
@@ -220,11 +276,15 @@ def test_coordinator_with_wrong_password_exits_non_zero_naming_authentication(
 
 
 def test_coordinator_with_security_on_and_no_marker_key_refuses_to_start(
-        sasl_broker, unique, tmp_path):
+    sasl_broker, unique, tmp_path
+):
     coordinator = CoordinatorProcess(
-        sasl_broker.bootstrap, tmp_path / "coordinator.log", *CLI_OPTIONS,
+        sasl_broker.bootstrap,
+        tmp_path / "coordinator.log",
+        *CLI_OPTIONS,
         env={"RMQ_KAFKA_SASL_PASSWORD": PASSWORD},
-        topic_prefix=unique("nokey").replace("-", ""))
+        topic_prefix=unique("nokey").replace("-", ""),
+    )
     try:
         code = coordinator.wait(START_TIMEOUT_S)
     finally:
@@ -237,7 +297,8 @@ def test_coordinator_with_security_on_and_no_marker_key_refuses_to_start(
 
 @pytest.mark.spark
 def test_spark_source_reads_promoted_records_with_the_translated_credentials(
-        sasl_broker, unique, tmp_path):
+    sasl_broker, unique, tmp_path
+):
     pytest.importorskip("pyspark")
     from confluent_kafka import Producer as RawProducer
 
@@ -250,8 +311,15 @@ def test_spark_source_reads_promoted_records_with_the_translated_credentials(
     for i in range(3):
         producer.produce(topic, f"v{i}".encode(), headers=[("rmq.promoted_from", b"0:0")])
     assert producer.flush(30) == 0
-    result = run_job(JobSettings(bootstrap_servers=sasl_broker.bootstrap, topics=topic,
-                                 output=tmp_path / "out", available_now=True,
-                                 kafka_options=spark_kafka_options(conf),
-                                 spark_master="local[1]"), timeout_s=240)
+    result = run_job(
+        JobSettings(
+            bootstrap_servers=sasl_broker.bootstrap,
+            topics=topic,
+            output=tmp_path / "out",
+            available_now=True,
+            kafka_options=spark_kafka_options(conf),
+            spark_master="local[1]",
+        ),
+        timeout_s=240,
+    )
     assert result.rows_written == 3

@@ -47,13 +47,13 @@ class ProcessQueueModel:
         return self.tree[:1]
 
     def settle(self, batch: list[int], status: ConsumeOrderlyStatus) -> None:
-        del self.tree[:len(batch)]
+        del self.tree[: len(batch)]
         if status is S.SUSPEND_CURRENT_QUEUE_A_MOMENT:  # makeMessageToConsumeAgain
             self.tree[:0] = batch
             return
         if status is S.ROLLBACK:  # rollback(): everything since the last commit again
             self.tree[:0] = self.consuming + batch
-            del self.consumed[len(self.consumed) - len(self.consuming):]
+            del self.consumed[len(self.consumed) - len(self.consuming) :]
             self.consuming = []
             return
         self.consuming += batch
@@ -99,8 +99,10 @@ def send_orders(broker, topic: str) -> int:
             return mqs[index]
 
     with Producer(broker.conf()) as producer:
-        offsets = [producer.send(Message(topic, f"order-{i}".encode()), ByOrderId(), i * 1)
-                   .offset for i in range(MESSAGES)]
+        offsets = [
+            producer.send(Message(topic, f"order-{i}".encode()), ByOrderId(), i * 1).offset
+            for i in range(MESSAGES)
+        ]
     return offsets[0]
 
 
@@ -155,16 +157,19 @@ LITERAL_CALLS = 27
 
 
 def test_seed_001_as_written_rolls_back_for_ever_and_commits_nothing(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("seed001"), unique("g")
     first = send_orders(broker, topic)
     journal = Journal()
-    consumer = start_consumer(broker, group, topic, service.prefix, SeedListener(journal),
-                              "seed001")
+    consumer = start_consumer(
+        broker, group, topic, service.prefix, SeedListener(journal), "seed001"
+    )
     try:
-        wait_for(lambda: len(journal.snapshot()) >= LITERAL_CALLS, 120,
-                 f"{LITERAL_CALLS} listener calls")
+        wait_for(
+            lambda: len(journal.snapshot()) >= LITERAL_CALLS, 120, f"{LITERAL_CALLS} listener calls"
+        )
     finally:
         consumer.shutdown()
     calls = journal.snapshot()[:LITERAL_CALLS]
@@ -179,7 +184,8 @@ def test_seed_001_as_written_rolls_back_for_ever_and_commits_nothing(
 
 
 def test_seed_001_with_commit_reachable_consumes_every_message_once_in_order(
-        broker, make_topic, unique, locks):
+    broker, make_topic, unique, locks
+):
     service = locks
     topic, group = make_topic("seed001c"), unique("g")
     first = send_orders(broker, topic)
@@ -189,14 +195,18 @@ def test_seed_001_with_commit_reachable_consumes_every_message_once_in_order(
         model = replay(journal.snapshot(), first, MESSAGES)
         return model if not model.tree else None
 
-    consumer = start_consumer(broker, group, topic, service.prefix,
-                              CommittingListener(journal), "seed001c")
+    consumer = start_consumer(
+        broker, group, topic, service.prefix, CommittingListener(journal), "seed001c"
+    )
     try:
         model = wait_for(model_done, 120, "every message delivered and not rolled back")
         expected = model.committed
         assert expected is not None and expected > first
-        wait_for(lambda: committed(broker, group, topic, 1)[0] == expected, 60,
-                 f"the group's commit at {expected}, after the last COMMIT")
+        wait_for(
+            lambda: committed(broker, group, topic, 1)[0] == expected,
+            60,
+            f"the group's commit at {expected}, after the last COMMIT",
+        )
     finally:
         consumer.shutdown()
     calls = journal.snapshot()

@@ -88,8 +88,9 @@ class ConcurrentlyListener(MessageListenerConcurrently):
 
 
 # -- the model of RocketMQ's process -----------------------------------------------------------
-def rocketmq_model(bodies: list[bytes], check_answer: dict[int, str],
-                   max_reconsume: int) -> tuple[Counter, set[bytes]]:
+def rocketmq_model(
+    bodies: list[bytes], check_answer: dict[int, str], max_reconsume: int
+) -> tuple[Counter, set[bytes]]:
     """(deliveries as (body, reconsume_times) counts, DLQ bodies): a transaction whose check
     said COMMIT is delivered; CONSUME_SUCCESS ends it, RECONSUME_LATER redelivers it with
     reconsume_times + 1 until max_reconsume, then it goes to %DLQ%."""
@@ -117,14 +118,23 @@ def test_seed_002_transactional_producer_and_concurrent_consumer(broker, make_to
     listener = ConcurrentlyListener()
     tags = ["TagA", "TagB", "TagC", "TagD", "TagE"]
     bodies = [f"Hello RocketMQ {i}".encode() for i in range(10)] + [POISON]
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=unique("please_rename_unique_group_name"),
-            listener=transaction_listener, topic_prefix=prefix,
-            half_partitions=FAST["half_partitions"]) as producer:
-        consumer = PushConsumer(group_conf({**conf, "group.id": group,
-                                            "auto.offset.reset": "earliest"}),
-                                listener=listener, topic_prefix=prefix,
-                                max_reconsume_times=MAX_RECONSUME, delay_levels=LEVELS)
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("please_rename_unique_group_name"),
+            listener=transaction_listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
+        consumer = PushConsumer(
+            group_conf({**conf, "group.id": group, "auto.offset.reset": "earliest"}),
+            listener=listener,
+            topic_prefix=prefix,
+            max_reconsume_times=MAX_RECONSUME,
+            delay_levels=LEVELS,
+        )
         consumer.subscribe([topic], "*")
         consumer.start()
         try:
@@ -133,18 +143,31 @@ def test_seed_002_transactional_producer_and_concurrent_consumer(broker, make_to
                 result = producer.send_message_in_transaction(msg, None)
                 assert result.local_transaction_state is LocalTransactionState.UNKNOW
                 time.sleep(0.01)  # Thread.sleep(10)
-            wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 90,
-                     "every transaction checked to its end")
-            expected, dead = rocketmq_model(bodies, {0: "UNKNOW", 1: "COMMIT", 2: "ROLLBACK"},
-                                            MAX_RECONSUME)
-            wait_for(lambda: Counter(listener.printed) == expected
-                     and consumer.counts["dead"] == len(dead), 60,
-                     "the model's deliveries", details=lambda: str(listener.printed))
+            wait_for(
+                lambda: no_pending(coordinator, FAST["half_partitions"]),
+                90,
+                "every transaction checked to its end",
+            )
+            expected, dead = rocketmq_model(
+                bodies, {0: "UNKNOW", 1: "COMMIT", 2: "ROLLBACK"}, MAX_RECONSUME
+            )
+            wait_for(
+                lambda: (
+                    Counter(listener.printed) == expected and consumer.counts["dead"] == len(dead)
+                ),
+                60,
+                "the model's deliveries",
+                details=lambda: str(listener.printed),
+            )
         finally:
             consumer.shutdown()
     assert Counter(listener.printed) == expected
-    assert {b for b, _ in expected} == {"Hello RocketMQ 1", "Hello RocketMQ 4",
-                                        "Hello RocketMQ 7", "<undecodable>"}
+    assert {b for b, _ in expected} == {
+        "Hello RocketMQ 1",
+        "Hello RocketMQ 4",
+        "Hello RocketMQ 7",
+        "<undecodable>",
+    }
     dlq = read_all(conf, f"{prefix}_dlq_{group}")
     assert [r.value() for r in dlq] == [POISON]
     headers = dict(dlq[0].headers())

@@ -61,22 +61,40 @@ ACL_TIMEOUT_S = 30.0
 READ_WINDOW_S = 2.0
 SIZES = {"half_partitions": FAST["half_partitions"], "check_partitions": FAST["check_partitions"]}
 
-_RESOURCE = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
-             "transactional-id": ResourceType.TRANSACTIONAL_ID}
+_RESOURCE = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "transactional-id": ResourceType.TRANSACTIONAL_ID,
+}
 _PATTERN = {"literal": ResourcePatternType.LITERAL, "prefixed": ResourcePatternType.PREFIXED}
 
 
 def user_conf(broker: EmbeddedKafka, user: str) -> dict:
-    return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanisms": "PLAIN", "sasl.username": user, "sasl.password": USERS[user]}
+    return {
+        "bootstrap.servers": broker.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "PLAIN",
+        "sasl.username": user,
+        "sasl.password": USERS[user],
+    }
 
 
 def apply_acls(broker: EmbeddedKafka, acls: list[Acl]) -> None:
     """The generated ACLs, as ``kafka-acls.sh`` would add them."""
     admin = AdminClient(user_conf(broker, "admin"))
-    bindings = [AclBinding(_RESOURCE[a.resource], a.name, _PATTERN[a.pattern], a.principal, "*",
-                           getattr(AclOperation, op), AclPermissionType.ALLOW)
-                for a in acls for op in a.operations]
+    bindings = [
+        AclBinding(
+            _RESOURCE[a.resource],
+            a.name,
+            _PATTERN[a.pattern],
+            a.principal,
+            "*",
+            getattr(AclOperation, op),
+            AclPermissionType.ALLOW,
+        )
+        for a in acls
+        for op in a.operations
+    ]
     for future in admin.create_acls(bindings).values():
         future.result(ACL_TIMEOUT_S)
 
@@ -118,23 +136,42 @@ def iso() -> Iterator[Deployment]:
     broker = EmbeddedKafka(data_dir, port=free_port(), sasl_users=USERS, acls=True)
     prefix = f"iso{uuid.uuid4().hex[:6]}"
     ta, tb = f"ta-{prefix}", f"tb-{prefix}"
-    spec = {"version": 1, "groups": {"ga": {"principal": "User:a", "topics": [ta]},
-                                     "gb": {"principal": "User:b", "topics": [tb]}}}
+    spec = {
+        "version": 1,
+        "groups": {
+            "ga": {"principal": "User:a", "topics": [ta]},
+            "gb": {"principal": "User:b", "topics": [tb]},
+        },
+    }
     tenants_file = data_dir / "tenants.json"
     tenants_file.write_text(json.dumps(spec))
     try:
         broker.start()
         ensure_topics(user_conf(broker, "admin"), {ta: (1, {}), tb: (1, {})})
-        apply_acls(broker, acl_bindings(parse_tenants(spec, prefix), Principals("User:coord"),
-                                        prefix=prefix))
-        listener = ScriptedListener(lambda v: A_INLINE.get(v, S.UNKNOW),
-                                    lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE))
-        with ThreadCoordinator(user_conf(broker, "coord"), topic_prefix=prefix,
-                               marker_key=MARKER_KEY, tenants_file=str(tenants_file),
-                               tenant_key=TENANT_KEY) as coordinator, \
-                TransactionProducer(user_conf(broker, "a"), producer_group="ga",
-                                    listener=listener, topic_prefix=prefix,
-                                    group_key=group_key("ga"), **SIZES) as a:
+        apply_acls(
+            broker,
+            acl_bindings(parse_tenants(spec, prefix), Principals("User:coord"), prefix=prefix),
+        )
+        listener = ScriptedListener(
+            lambda v: A_INLINE.get(v, S.UNKNOW), lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE)
+        )
+        with (
+            ThreadCoordinator(
+                user_conf(broker, "coord"),
+                topic_prefix=prefix,
+                marker_key=MARKER_KEY,
+                tenants_file=str(tenants_file),
+                tenant_key=TENANT_KEY,
+            ) as coordinator,
+            TransactionProducer(
+                user_conf(broker, "a"),
+                producer_group="ga",
+                listener=listener,
+                topic_prefix=prefix,
+                group_key=group_key("ga"),
+                **SIZES,
+            ) as a,
+        ):
             yield Deployment(broker, prefix, ta, tb, tenants_file, coordinator, a, listener)
     finally:
         broker.stop()
@@ -163,12 +200,14 @@ def discard_reasons(iso: Deployment) -> dict[str, str]:
     return {t.txn_id: t.reason for t in list_discarded(iso.conf("admin"), iso.prefix)}
 
 
-def forged_half(iso: Deployment, producer: confluent_kafka.Producer, group: str, topic: str,
-                value: bytes) -> tuple[str, int, int]:
+def forged_half(
+    iso: Deployment, producer: confluent_kafka.Producer, group: str, topic: str, value: bytes
+) -> tuple[str, int, int]:
     """A half record naming ``group`` and ``topic``, as ``producer`` writes it: (txn, p, o)."""
     txn = uuid.uuid4().hex
-    headers = half_headers(Message(topic, value), txn, group.encode(),
-                           str(int(time.time() * 1000)).encode())
+    headers = half_headers(
+        Message(topic, value), txn, group.encode(), str(int(time.time() * 1000)).encode()
+    )
     err, msg = delivered(producer, iso.topics.half, value, headers=headers)
     assert err is None, err
     return txn, msg.partition(), msg.offset()
@@ -176,14 +215,18 @@ def forged_half(iso: Deployment, producer: confluent_kafka.Producer, group: str,
 
 # What B is told for a topic it may not read: not authorized, or (no DESCRIBE either) that
 # no such topic exists for it.
-REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
-           KafkaError._UNKNOWN_TOPIC}
+REFUSED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+}
 
 
 def b_reads(iso: Deployment, topics: list[str], partitions: int) -> tuple[list, dict]:
     """What B reads from offset 0 of each of ``topics``: (values, topic -> error codes)."""
-    reader = confluent_kafka.Consumer({**iso.conf("b"), "group.id": iso.topics.group_check("gb"),
-                                       "enable.auto.commit": False})
+    reader = confluent_kafka.Consumer(
+        {**iso.conf("b"), "group.id": iso.topics.group_check("gb"), "enable.auto.commit": False}
+    )
     seen: list[bytes] = []
     errors: dict[str, set[int]] = {}
     try:
@@ -223,20 +266,24 @@ def refused_to_b(iso: Deployment, topic: str, errors: dict[str, set[int]]) -> bo
 
 
 def end_request(txn: str, group: str, partition: int, offset: int, state: EndState) -> bytes:
-    return encode(EndRequest(txn, group, partition, offset, state, False, 0,
-                             int(time.time() * 1000)))
+    return encode(
+        EndRequest(txn, group, partition, offset, state, False, 0, int(time.time() * 1000))
+    )
 
 
 # -- Must show ---------------------------------------------------------------------------
 def test_b_cannot_read_a_check_requests(iso):
     result = iso.a.send_message_in_transaction(Message(iso.ta, b"a-checked-secretly"))
-    wait_for(lambda: b"a-checked-secretly" in iso.a_listener.checked, DECIDED_WITHIN_S,
-             "A's check request to reach A")
+    wait_for(
+        lambda: b"a-checked-secretly" in iso.a_listener.checked,
+        DECIDED_WITHIN_S,
+        "A's check request to reach A",
+    )
     # B reads, from offset 0, every check topic it could name: the shared one and A's own.
-    seen, errors = b_reads(iso, [iso.topics.check, iso.topics.group_check("ga")],
-                           FAST["check_partitions"])
-    assert not [v for v in seen if result.transaction_id.encode() in v], \
-        "B read A's check request"
+    seen, errors = b_reads(
+        iso, [iso.topics.check, iso.topics.group_check("ga")], FAST["check_partitions"]
+    )
+    assert not [v for v in seen if result.transaction_id.encode() in v], "B read A's check request"
     assert exists(iso, iso.topics.group_check("ga"))
     assert refused_to_b(iso, iso.topics.group_check("ga"), errors), errors
 
@@ -245,21 +292,42 @@ def test_b_cannot_commit_or_roll_back_a_transaction(iso):
     plain_b = confluent_kafka.Producer(iso.conf("b"))
     # A would roll this one back when checked; B commits it directly on the Op topic.
     doomed = iso.a.send_message_in_transaction(Message(iso.ta, b"a-rolls-back"))
-    err, _ = delivered(plain_b, iso.topics.op, end_request(
-        doomed.transaction_id, "ga", doomed.half_partition, doomed.half_offset,
-        EndState.COMMIT), partition=doomed.half_partition)
+    err, _ = delivered(
+        plain_b,
+        iso.topics.op,
+        end_request(
+            doomed.transaction_id, "ga", doomed.half_partition, doomed.half_offset, EndState.COMMIT
+        ),
+        partition=doomed.half_partition,
+    )
     assert err is None, err
     # A would commit this one when checked; B rolls it back as its API writes it, claiming
     # ga (signed with B's own key), then through the API itself.
     wanted = iso.a.send_message_in_transaction(Message(iso.ta, b"a-commits-later"))
-    signed_b = SignedProducer(iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"),
-                              topics=iso.topics)
-    err, _ = delivered(signed_b, iso.topics.op, end_request(
-        wanted.transaction_id, "ga", wanted.half_partition, wanted.half_offset,
-        EndState.ROLLBACK), partition=wanted.half_partition)
+    signed_b = SignedProducer(
+        iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"), topics=iso.topics
+    )
+    err, _ = delivered(
+        signed_b,
+        iso.topics.op,
+        end_request(
+            wanted.transaction_id,
+            "ga",
+            wanted.half_partition,
+            wanted.half_offset,
+            EndState.ROLLBACK,
+        ),
+        partition=wanted.half_partition,
+    )
     assert err is None, err
-    b_as_a = TransactionProducer(iso.conf("b"), producer_group="ga", listener=iso.a_listener,
-                                 topic_prefix=iso.prefix, group_key=group_key("gb"), **SIZES)
+    b_as_a = TransactionProducer(
+        iso.conf("b"),
+        producer_group="ga",
+        listener=iso.a_listener,
+        topic_prefix=iso.prefix,
+        group_key=group_key("gb"),
+        **SIZES,
+    )
     try:
         b_as_a.start()
         b_as_a.end_transaction(wanted, S.ROLLBACK_MESSAGE)
@@ -267,23 +335,29 @@ def test_b_cannot_commit_or_roll_back_a_transaction(iso):
         assert "authoriz" in str(exc).lower(), exc
     finally:
         b_as_a.shutdown()
-    wait_for(lambda: iso.decided(doomed.transaction_id, wanted.transaction_id),
-             DECIDED_WITHIN_S, "both transactions to be decided")
+    wait_for(
+        lambda: iso.decided(doomed.transaction_id, wanted.transaction_id),
+        DECIDED_WITHIN_S,
+        "both transactions to be decided",
+    )
     values = promoted_values(iso, iso.ta)
     assert b"a-rolls-back" not in values
     assert values.count(b"a-commits-later") == 1
-    assert metric(iso.coordinator, "rmq_rejected_requests_total",
-                  reason="unauthenticated") >= 2
+    assert metric(iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated") >= 2
 
 
 def test_b_half_claiming_ga_is_never_promoted_even_when_a_commits_unknown_ids(iso):
     plain_b = confluent_kafka.Producer(iso.conf("b"))
-    signed_b = SignedProducer(iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"),
-                              topics=iso.topics)
+    signed_b = SignedProducer(
+        iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"), topics=iso.topics
+    )
     unsigned, _, _ = forged_half(iso, plain_b, "ga", iso.ta, b"b-as-ga-unsigned")
     signed, _, _ = forged_half(iso, signed_b, "ga", iso.ta, b"b-as-ga-signed-by-b")
-    wait_for(lambda: iso.decided(unsigned, signed), DECIDED_WITHIN_S,
-             "the forged transactions to be decided")
+    wait_for(
+        lambda: iso.decided(unsigned, signed),
+        DECIDED_WITHIN_S,
+        "the forged transactions to be decided",
+    )
     values = promoted_values(iso, iso.ta)
     assert b"b-as-ga-unsigned" not in values and b"b-as-ga-signed-by-b" not in values
     assert not {b"b-as-ga-unsigned", b"b-as-ga-signed-by-b"} & set(iso.a_listener.checked)
@@ -292,14 +366,16 @@ def test_b_half_claiming_ga_is_never_promoted_even_when_a_commits_unknown_ids(is
 
 
 def test_b_cannot_get_a_record_into_a_topic_it_may_not_write_through_the_coordinator(iso):
-    signed_b = SignedProducer(iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"),
-                              topics=iso.topics)
+    signed_b = SignedProducer(
+        iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"), topics=iso.topics
+    )
     err, _ = delivered(signed_b, iso.ta, b"b-direct")
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     # As gb, signed with its own key, COMMIT and all: only the real topic is not gb's.
     txn, p, o = forged_half(iso, signed_b, "gb", iso.ta, b"b-through-the-coordinator")
-    err, _ = delivered(signed_b, iso.topics.op, end_request(txn, "gb", p, o, EndState.COMMIT),
-                       partition=p)
+    err, _ = delivered(
+        signed_b, iso.topics.op, end_request(txn, "gb", p, o, EndState.COMMIT), partition=p
+    )
     assert err is None, err
     wait_for(lambda: iso.decided(txn), DECIDED_WITHIN_S, "B's transaction to be decided")
     assert b"b-through-the-coordinator" not in promoted_values(iso, iso.ta)
@@ -331,21 +407,43 @@ def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(is
     values = [b"before-1", b"before-2"]
     old = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.UNKNOW)
     with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY) as coordinator:
-        with TransactionProducer(admin, producer_group="gu", listener=old, topic_prefix=prefix,
-                                 **SIZES) as producer:
-            txns = [producer.send_message_in_transaction(Message(topic, v)).transaction_id
-                    for v in values]
-        wait_for(lambda: {t.txn_id for t in list_pending(admin, prefix)} >= set(txns),
-                 DECIDED_WITHIN_S, "the coordinator to hold both pending")
-        assert metric(coordinator, "rmq_rejected_requests_total",
-                      reason="unauthenticated") == 0
+        with TransactionProducer(
+            admin, producer_group="gu", listener=old, topic_prefix=prefix, **SIZES
+        ) as producer:
+            txns = [
+                producer.send_message_in_transaction(Message(topic, v)).transaction_id
+                for v in values
+            ]
+        wait_for(
+            lambda: {t.txn_id for t in list_pending(admin, prefix)} >= set(txns),
+            DECIDED_WITHIN_S,
+            "the coordinator to hold both pending",
+        )
+        assert metric(coordinator, "rmq_rejected_requests_total", reason="unauthenticated") == 0
     new = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.COMMIT_MESSAGE)
-    with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY,
-                           tenants_file=str(tenants), tenant_key=TENANT_KEY) as coordinator, \
-            TransactionProducer(admin, producer_group="gu", listener=new, topic_prefix=prefix,
-                                group_key=group_key("gu"), **SIZES):
-        wait_for(lambda: no_pending(coordinator, FAST["half_partitions"])
-                 and resolved(admin, prefix, *txns),
-                 DECIDED_WITHIN_S, "the transactions of before to be decided")
+    with (
+        ThreadCoordinator(
+            admin,
+            topic_prefix=prefix,
+            marker_key=MARKER_KEY,
+            tenants_file=str(tenants),
+            tenant_key=TENANT_KEY,
+        ) as coordinator,
+        TransactionProducer(
+            admin,
+            producer_group="gu",
+            listener=new,
+            topic_prefix=prefix,
+            group_key=group_key("gu"),
+            **SIZES,
+        ),
+    ):
+        wait_for(
+            lambda: (
+                no_pending(coordinator, FAST["half_partitions"]) and resolved(admin, prefix, *txns)
+            ),
+            DECIDED_WITHIN_S,
+            "the transactions of before to be decided",
+        )
     assert sorted(m.value() for m in read_to_end(admin, topic, 1)) == values
     assert not {t.txn_id for t in list_discarded(admin, prefix)} & set(txns)

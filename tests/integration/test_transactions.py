@@ -42,22 +42,51 @@ def test_rocketmq_matrix_promotes_only_committed_exactly_once(broker, make_topic
     prefix = unique("m").replace("-", "")
     topic = make_topic("matrix", partitions=3)
     inline = {0: S.COMMIT_MESSAGE, 1: S.ROLLBACK_MESSAGE, 2: S.UNKNOW, 3: None, 4: S.UNKNOW}
-    checked = {0: S.ROLLBACK_MESSAGE, 1: S.COMMIT_MESSAGE, 2: S.COMMIT_MESSAGE,
-               3: S.ROLLBACK_MESSAGE, 4: S.UNKNOW}
+    checked = {
+        0: S.ROLLBACK_MESSAGE,
+        1: S.COMMIT_MESSAGE,
+        2: S.COMMIT_MESSAGE,
+        3: S.ROLLBACK_MESSAGE,
+        4: S.UNKNOW,
+    }
     listener = ScriptedListener(lambda v: inline[_case(v)], lambda v: checked[_case(v)])
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-            half_partitions=FAST["half_partitions"]) as producer:
-        results = [producer.send_message_in_transaction(
-            Message(topic, f"msg-{i}".encode(), key=f"k{i}", headers={"app": f"h{i}"},
-                    tags="TagA", keys=f"order-{i}"))
-            for i in range(120)]
-        wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 90,
-                 "every transaction to be resolved or discarded")
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
+        results = [
+            producer.send_message_in_transaction(
+                Message(
+                    topic,
+                    f"msg-{i}".encode(),
+                    key=f"k{i}",
+                    headers={"app": f"h{i}"},
+                    tags="TagA",
+                    keys=f"order-{i}",
+                )
+            )
+            for i in range(120)
+        ]
+        wait_for(
+            lambda: no_pending(coordinator, FAST["half_partitions"]),
+            90,
+            "every transaction to be resolved or discarded",
+        )
 
     assert [r.local_transaction_state for r in results[:5]] == [
-        S.COMMIT_MESSAGE, S.ROLLBACK_MESSAGE, S.UNKNOW, S.UNKNOW, S.UNKNOW]
+        S.COMMIT_MESSAGE,
+        S.ROLLBACK_MESSAGE,
+        S.UNKNOW,
+        S.UNKNOW,
+        S.UNKNOW,
+    ]
     records = read_to_end(conf, topic, 3)
     values = Counter(m.value() for m in records)
     expected = {f"msg-{i}".encode() for i in range(120) if i % 5 in (0, 2)}
@@ -71,9 +100,12 @@ def test_rocketmq_matrix_promotes_only_committed_exactly_once(broker, make_topic
     assert headers["rmq.tags"] == b"TagA" and headers["rmq.keys"] == b"order-10"
     assert headers["rmq.txn_id"] == results[10].transaction_id.encode()
     assert headers["rmq.promoted_from"] == (
-        f"{results[10].half_partition}:{results[10].half_offset}".encode())
-    assert not any(h.startswith(("rmq.real_", "rmq.producer_group", "rmq.born_ts"))
-                   for h, _ in sample.headers())
+        f"{results[10].half_partition}:{results[10].half_offset}".encode()
+    )
+    assert not any(
+        h.startswith(("rmq.real_", "rmq.producer_group", "rmq.born_ts"))
+        for h, _ in sample.headers()
+    )
     checks = Counter(listener.checked)
     # Decided inline: never checked. Always UNKNOWN: checked exactly check_max times.
     assert not [v for v in checks if _case(v) in (0, 1)]
@@ -84,11 +116,23 @@ def _diagnose(coordinator) -> str:
     from prometheus_client import generate_latest
 
     service = coordinator.server.transactions
-    states = {p: (s.recovering, sorted(s.pending), s.deferred, s.half_position, s.op_position,
-                  service.committed_offsets(p), (s.half_commit, s.op_commit))
-              for p, s in dict(service.states).items()}
-    metrics = [line for line in generate_latest(coordinator.server.metrics.registry).decode()
-               .splitlines() if line.startswith("rmq_") and not line.endswith(" 0.0")]
+    states = {
+        p: (
+            s.recovering,
+            sorted(s.pending),
+            s.deferred,
+            s.half_position,
+            s.op_position,
+            service.committed_offsets(p),
+            (s.half_commit, s.op_commit),
+        )
+        for p, s in dict(service.states).items()
+    }
+    metrics = [
+        line
+        for line in generate_latest(coordinator.server.metrics.registry).decode().splitlines()
+        if line.startswith("rmq_") and not line.endswith(" 0.0")
+    ]
     return f"states={states} metrics={metrics}"
 
 
@@ -103,39 +147,79 @@ def test_checks_that_never_resolve_are_discarded_listed_and_redriven(broker, mak
     answer = {"check": S.UNKNOW}
     listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: answer["check"])
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator, TransactionProducer(
-            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-            half_partitions=FAST["half_partitions"]) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
         result = producer.send_message_in_transaction(Message(topic, b"never-decided"))
-        discarded = wait_for(lambda: [t for t in list_discarded(conf, prefix)
-                                      if t.txn_id == result.transaction_id], 60,
-                             "the transaction to be discarded")
+        discarded = wait_for(
+            lambda: [t for t in list_discarded(conf, prefix) if t.txn_id == result.transaction_id],
+            60,
+            "the transaction to be discarded",
+        )
         assert discarded[0].check_count == FAST["check_max"]
         assert listener.checked == [b"never-decided"] * FAST["check_max"]
         assert _sample(coordinator, "rmq_discarded_total", reason="check_max") == 1
 
-        cli = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "discarded",
-                              "--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix],
-                             capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rmq_semantics",
+                "txn",
+                "discarded",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
         assert result.transaction_id in cli.stdout and topic in cli.stdout
 
         answer["check"] = S.COMMIT_MESSAGE
-        cli = subprocess.run([sys.executable, "-m", "rmq_semantics", "txn", "redrive",
-                              result.transaction_id, "--bootstrap-servers", broker.bootstrap,
-                              "--topic-prefix", prefix],
-                             capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rmq_semantics",
+                "txn",
+                "redrive",
+                result.transaction_id,
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cli.returncode == 0, cli.stderr
-        wait_for(lambda: len(listener.checked) == FAST["check_max"] + 1, 30,
-                 "the re-driven transaction to be checked")
+        wait_for(
+            lambda: len(listener.checked) == FAST["check_max"] + 1,
+            30,
+            "the re-driven transaction to be checked",
+        )
         wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 30, "promotion")
     records = read_to_end(conf, topic, 1)
     assert [(m.value(), dict(m.headers())["rmq.txn_id"]) for m in records] == [
-        (b"never-decided", result.transaction_id.encode())]
+        (b"never-decided", result.transaction_id.encode())
+    ]
 
 
 def test_producer_killed_before_end_request_is_resolved_by_another_producer(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     prefix = unique("k").replace("-", "")
     topic = make_topic("killed")
     group = unique("pg")
@@ -155,29 +239,60 @@ def test_producer_killed_before_end_request_is_resolved_by_another_producer(
     with ThreadCoordinator(conf, topic_prefix=prefix) as coordinator:
         for value, local in ((b"committed-locally", "commit"), (b"not-committed", "rollback")):
             worker = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.txn_producer_worker", broker.bootstrap,
-                 prefix, group, topic, str(db), local, value.decode()],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.integration.txn_producer_worker",
+                    broker.bootstrap,
+                    prefix,
+                    group,
+                    topic,
+                    str(db),
+                    local,
+                    value.decode(),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
             line = worker.stdout.readline()
             assert line.startswith("HALF_WRITTEN"), line
             worker.send_signal(signal.SIGKILL)
             worker.wait(30)
         listener = DbListener(lambda v: S.UNKNOW, check)
-        with TransactionProducer(conf, producer_group=group, listener=listener,
-                                 topic_prefix=prefix, half_partitions=FAST["half_partitions"]):
-            wait_for(lambda: no_pending(coordinator, FAST["half_partitions"]), 90,
-                     "the surviving producer to answer both checks")
+        with TransactionProducer(
+            conf,
+            producer_group=group,
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ):
+            wait_for(
+                lambda: no_pending(coordinator, FAST["half_partitions"]),
+                90,
+                "the surviving producer to answer both checks",
+            )
         assert sorted(set(listener.checked)) == [b"committed-locally", b"not-committed"]
     assert [m.value() for m in read_to_end(conf, topic, 1)] == [b"committed-locally"]
 
 
 def _forge_end(conf: dict, prefix: str, result, **overrides) -> None:
-    body = {"txn_id": result.transaction_id, "producer_group": result.producer_group,
-            "half_partition": result.half_partition, "half_offset": result.half_offset,
-            "state": "COMMIT", "from_check": False, "check_seq": 0, "ts": 0, **overrides}
+    body = {
+        "txn_id": result.transaction_id,
+        "producer_group": result.producer_group,
+        "half_partition": result.half_partition,
+        "half_offset": result.half_offset,
+        "state": "COMMIT",
+        "from_check": False,
+        "check_seq": 0,
+        "ts": 0,
+        **overrides,
+    }
     producer = RawProducer(conf)
-    producer.produce(f"{prefix}_op", encode(EndRequest.from_body(body)),
-                     partition=body["half_partition"])
+    producer.produce(
+        f"{prefix}_op", encode(EndRequest.from_body(body)), partition=body["half_partition"]
+    )
     assert producer.flush(10) == 0
 
 
@@ -187,9 +302,16 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
     listener = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.UNKNOW)
     conf = broker.conf()
     # No back-check during this test: every decision comes from an explicit request.
-    with ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=600000) as c, \
-            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                topic_prefix=prefix, half_partitions=4) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=600000) as c,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer,
+    ):
         first = producer.send_message_in_transaction(Message(topic, b"first"))
         _forge_end(conf, prefix, first, producer_group="intruders")
         _forge_end(conf, prefix, first, txn_id="not-the-txn-id")
@@ -198,9 +320,15 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
         second = producer.send_message_in_transaction(Message(topic, b"second"))
         producer.end_transaction(second, S.ROLLBACK_MESSAGE)
         producer.end_transaction(second, S.COMMIT_MESSAGE)
-        wait_for(lambda: no_pending(c, 4) and _sample(
-            c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1, 60,
-            "all requests to be processed", details=lambda: _diagnose(c))
+        wait_for(
+            lambda: (
+                no_pending(c, 4)
+                and _sample(c, "rmq_conflicting_decisions_total", kind="conflicting_decisions") == 1
+            ),
+            60,
+            "all requests to be processed",
+            details=lambda: _diagnose(c),
+        )
         assert _sample(c, "rmq_rejected_requests_total", reason="mismatch") == 2
         assert _sample(c, "rmq_conflicting_decisions_total", kind="duplicate_decisions") == 1
         assert _sample(c, "rmq_promotions_total") == 1
@@ -208,7 +336,8 @@ def test_forged_duplicate_and_conflicting_end_requests(broker, make_topic, uniqu
 
 
 def test_batched_sends_decide_each_message_and_forged_batch_entries_are_rejected(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     """send_messages_in_transaction: one end-requests record per half partition, and each
     of its entries is validated against its own half record."""
     prefix = unique("b").replace("-", "")
@@ -217,25 +346,54 @@ def test_batched_sends_decide_each_message_and_forged_batch_entries_are_rejected
     listener = ScriptedListener(lambda v: inline[int(v) % 3], lambda v: S.ROLLBACK_MESSAGE)
     conf = broker.conf()
     # Checks start late enough for the forged records to meet pending transactions.
-    with ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=5000) as c, \
-            TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                topic_prefix=prefix,
-                                half_partitions=FAST["half_partitions"]) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, transaction_timeout_ms=5000) as c,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
         results = producer.send_messages_in_transaction(
-            [Message(topic, str(i).encode(), key=str(i)) for i in range(90)])
+            [Message(topic, str(i).encode(), key=str(i)) for i in range(90)]
+        )
         unknown = [r for r in results if r.local_transaction_state is S.UNKNOW]
         raw = RawProducer(conf)
         for partition in {r.half_partition for r in unknown}:
-            raw.produce(f"{prefix}_op", encode(EndRequests.from_body({
-                "producer_group": "intruders", "half_partition": partition, "ts": 0,
-                "entries": [{"txn_id": r.transaction_id, "half_offset": r.half_offset,
-                             "state": "COMMIT"}
-                            for r in unknown if r.half_partition == partition]})),
-                partition=partition)
+            raw.produce(
+                f"{prefix}_op",
+                encode(
+                    EndRequests.from_body(
+                        {
+                            "producer_group": "intruders",
+                            "half_partition": partition,
+                            "ts": 0,
+                            "entries": [
+                                {
+                                    "txn_id": r.transaction_id,
+                                    "half_offset": r.half_offset,
+                                    "state": "COMMIT",
+                                }
+                                for r in unknown
+                                if r.half_partition == partition
+                            ],
+                        }
+                    )
+                ),
+                partition=partition,
+            )
         assert raw.flush(10) == 0
-        wait_for(lambda: no_pending(c, FAST["half_partitions"]) and _sample(
-            c, "rmq_rejected_requests_total", reason="mismatch") == len(unknown), 90,
-            "every transaction to be resolved", details=lambda: _diagnose(c))
+        wait_for(
+            lambda: (
+                no_pending(c, FAST["half_partitions"])
+                and _sample(c, "rmq_rejected_requests_total", reason="mismatch") == len(unknown)
+            ),
+            90,
+            "every transaction to be resolved",
+            details=lambda: _diagnose(c),
+        )
         assert _sample(c, "rmq_promotions_total") == 30
     assert len(unknown) == 30
     assert sorted(int(m.value()) for m in read_to_end(conf, topic, 2)) == list(range(0, 90, 3))
@@ -248,9 +406,16 @@ def test_malformed_input_is_counted_and_processing_goes_on(broker, make_topic, u
     topic = make_topic("malformed")
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.UNKNOW)
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix) as c, TransactionProducer(
-            conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix,
-            half_partitions=4) as producer:
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as c,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer,
+    ):
         raw = RawProducer(conf)
         raw.produce(f"{prefix}_half", b"no rmq headers", partition=0)
         for p in range(4):
@@ -261,8 +426,14 @@ def test_malformed_input_is_counted_and_processing_goes_on(broker, make_topic, u
         # yet decides that transaction's first record (a copy of it can only land there).
         _forge_end(conf, prefix, before, half_offset=10**9, txn_id="no-such-transaction")
         producer.send_message_in_transaction(Message(topic, b"after"))
-        wait_for(lambda: _sample(c, "rmq_rejected_requests_total", reason="no_such_offset") == 1
-                 and _sample(c, "rmq_promotions_total") == 2, 60, "the bad records to pass")
+        wait_for(
+            lambda: (
+                _sample(c, "rmq_rejected_requests_total", reason="no_such_offset") == 1
+                and _sample(c, "rmq_promotions_total") == 2
+            ),
+            60,
+            "the bad records to pass",
+        )
         assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_half") == 1
         assert _sample(c, "rmq_malformed_records_total", topic=f"{prefix}_op") == 4
         assert c.thread.is_alive()
@@ -276,17 +447,20 @@ def _send_all(producer, topic: str, count: int, sent: list) -> None:
 
 
 def test_coordinator_sigkill_mid_5000_commits_then_restart_promotes_each_once(
-        broker, make_topic, unique):
+    broker, make_topic, unique
+):
     prefix = unique("c").replace("-", "")
     topic = make_topic("crash", partitions=3)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
     total = 5000
-    with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                             topic_prefix=prefix, half_partitions=4) as producer:
+    with TransactionProducer(
+        conf, producer_group=unique("pg"), listener=listener, topic_prefix=prefix, half_partitions=4
+    ) as producer:
         messages = [Message(topic, f"m{i}".encode(), key=f"k{i % 50}") for i in range(total)]
-        exit_code = send_through_coordinator_crash(broker, prefix, topic, 3, producer, messages,
-                                                   kill_after=1000, expect=total)
+        exit_code = send_through_coordinator_crash(
+            broker, prefix, topic, 3, producer, messages, kill_after=1000, expect=total
+        )
     assert exit_code == 0
     counts = Counter(m.value() for m in read_to_end(conf, topic, 3))
     assert len(counts) == total and set(counts.values()) == {1}
@@ -297,13 +471,26 @@ def test_two_coordinators_split_partitions_and_promote_each_once(broker, make_to
     topic = make_topic("split", partitions=2)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
-    with ThreadCoordinator(conf, topic_prefix=prefix) as one, \
-            ThreadCoordinator(conf, topic_prefix=prefix) as two:
-        wait_for(lambda: len(one.server.transactions.states) == 2
-                 and len(two.server.transactions.states) == 2, 60, "a split of 4 partitions")
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as one,
+        ThreadCoordinator(conf, topic_prefix=prefix) as two,
+    ):
+        wait_for(
+            lambda: (
+                len(one.server.transactions.states) == 2
+                and len(two.server.transactions.states) == 2
+            ),
+            60,
+            "a split of 4 partitions",
+        )
         assert not set(one.server.transactions.states) & set(two.server.transactions.states)
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix, half_partitions=4) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer:
             _send_all(producer, topic, 500, [])
         reader = TopicReader(conf, topic, 2)
         reader.read_until(lambda r: len(r) >= 500, 60, "every promotion")
@@ -314,34 +501,44 @@ def test_two_coordinators_split_partitions_and_promote_each_once(broker, make_to
 
 
 def test_a_second_coordinator_with_the_same_instance_id_fences_the_first_which_exits_1(
-        broker, make_topic, unique, tmp_path):
+    broker, make_topic, unique, tmp_path
+):
     # Two live processes with one instance id share transactional ids: the newer one's
     # init_transactions fences the older, which must stop with one line, not flap.
     prefix = unique("f").replace("-", "")
     topic = make_topic("fence", partitions=2)
     listener = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
     conf = broker.conf()
-    first = CoordinatorProcess(broker.bootstrap, tmp_path / "first.log", topic_prefix=prefix,
-                               instance_id="twin")
+    first = CoordinatorProcess(
+        broker.bootstrap, tmp_path / "first.log", topic_prefix=prefix, instance_id="twin"
+    )
     second = None
     sent: list[int] = []
     try:
         first.wait_ready()
-        with TransactionProducer(conf, producer_group=unique("pg"), listener=listener,
-                                 topic_prefix=prefix, half_partitions=4) as producer:
+        with TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=4,
+        ) as producer:
             _send_all(producer, topic, 100, sent)
-            second = CoordinatorProcess(broker.bootstrap, tmp_path / "second.log",
-                                        topic_prefix=prefix, instance_id="twin")
+            second = CoordinatorProcess(
+                broker.bootstrap, tmp_path / "second.log", topic_prefix=prefix, instance_id="twin"
+            )
             second.wait_ready()
             # The first learns it was fenced at its next Kafka transaction.
             while first.poll() is None and len(sent) < 5000:
                 producer.send_message_in_transaction(
-                    Message(topic, f"m{len(sent)}".encode(), key=f"k{len(sent) % 50}"))
+                    Message(topic, f"m{len(sent)}".encode(), key=f"k{len(sent) % 50}")
+                )
                 sent.append(len(sent))
         assert first.wait(60) == 1
         stopped = [line for line in first.log.splitlines() if "coordinator stopped:" in line]
-        assert len(stopped) == 1 and "fenced" in stopped[0] and "-twin" in stopped[0], \
-            first.log[-2000:]
+        assert len(stopped) == 1 and "fenced" in stopped[0] and "-twin" in stopped[0], first.log[
+            -2000:
+        ]
         reader = TopicReader(conf, topic, 2)
         reader.read_until(lambda r: len(r) >= len(sent), 90, "every promotion by the second")
         reader.close()

@@ -28,12 +28,22 @@ REPO = Path(__file__).resolve().parents[2]
 # SIGTERM lets the Kafka transaction in progress finish, then leaves the group.
 STOP_TIMEOUT_S = 60.0
 # Short horizons so back-checks happen within a test.
-FAST = {"transaction_timeout_ms": 1500, "check_interval_ms": 2500, "check_max": 3,
-        "half_partitions": 4, "check_partitions": 2}
+FAST = {
+    "transaction_timeout_ms": 1500,
+    "check_interval_ms": 2500,
+    "check_max": 3,
+    "half_partitions": 4,
+    "check_partitions": 2,
+}
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
-             interval_s: float = 0.1, details: Callable[[], str] | None = None) -> object:
+def wait_for(
+    condition: Callable[[], object],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.1,
+    details: Callable[[], str] | None = None,
+) -> object:
     """Poll ``condition`` until truthy; fail with ``what`` (and ``details()``) on timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -71,25 +81,38 @@ class CoordinatorProcess(coordinator_process.CoordinatorProcess):
     """``python -m coordinator`` of this checkout with the tests' short horizons (FAST),
     started at once; ``stop()`` fails the test if SIGTERM was not enough."""
 
-    def __init__(self, bootstrap: str, log_path: Path | None = None, *args: str,
-                 env: dict[str, str] | None = None, **settings: object) -> None:
-        super().__init__(bootstrap, log_path, *args, settings={**FAST, **settings},
-                         env={"PYTHONPATH": str(REPO), **(env or {})})
+    def __init__(
+        self,
+        bootstrap: str,
+        log_path: Path | None = None,
+        *args: str,
+        env: dict[str, str] | None = None,
+        **settings: object,
+    ) -> None:
+        super().__init__(
+            bootstrap,
+            log_path,
+            *args,
+            settings={**FAST, **settings},
+            env={"PYTHONPATH": str(REPO), **(env or {})},
+        )
         self.start()
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
         code = super().stop(timeout_s)
         if self.killed:
-            raise AssertionError(f"coordinator ignored SIGTERM for {timeout_s:.0f} s:\n"
-                                 f"{self.log}")
+            raise AssertionError(f"coordinator ignored SIGTERM for {timeout_s:.0f} s:\n{self.log}")
         return code
 
 
 class ScriptedListener(TransactionListener):
     """Answers from dicts keyed by the message value; records every call."""
 
-    def __init__(self, execute: Callable[[bytes], LocalTransactionState | None],
-                 check: Callable[[bytes], LocalTransactionState | None]) -> None:
+    def __init__(
+        self,
+        execute: Callable[[bytes], LocalTransactionState | None],
+        check: Callable[[bytes], LocalTransactionState | None],
+    ) -> None:
         self.execute = execute
         self.check = check
         self.executed: list[bytes] = []
@@ -111,9 +134,14 @@ class TopicReader:
     """A read_committed assign()-based reader of every partition of a topic."""
 
     def __init__(self, conf: dict, topic: str, partitions: int) -> None:
-        self.consumer = RawConsumer({**conf, "group.id": "unused-reader",
-                                     "isolation.level": "read_committed",
-                                     "enable.auto.commit": False})
+        self.consumer = RawConsumer(
+            {
+                **conf,
+                "group.id": "unused-reader",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.records: list = []
 
@@ -121,8 +149,9 @@ class TopicReader:
         deadline = time.monotonic() + timeout_s
         while not condition(self.records):
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; have "
-                                     f"{len(self.records)} records")
+                raise AssertionError(
+                    f"timed out waiting for {what}; have {len(self.records)} records"
+                )
             for msg in self.consumer.consume(1000, 0.2):
                 if msg.error() is None:
                     self.records.append(msg)
@@ -153,9 +182,11 @@ def read_to_end(conf: dict, topic: str, partitions: int, timeout_s: float = 60.0
 
         def done(_records: list) -> bool:
             positions = reader.consumer.position(
-                [TopicPartition(topic, p) for p in range(partitions)])
-            return all(ends[tp.partition] == 0 or tp.offset >= ends[tp.partition]
-                       for tp in positions)
+                [TopicPartition(topic, p) for p in range(partitions)]
+            )
+            return all(
+                ends[tp.partition] == 0 or tp.offset >= ends[tp.partition] for tp in positions
+            )
 
         return list(reader.read_until(done, timeout_s, f"the end of {topic}"))
     finally:
@@ -172,14 +203,24 @@ def no_pending(coordinator: ThreadCoordinator, partitions: int) -> bool:
     service = coordinator.server.transactions
     states = dict(service.states)
     return len(states) == partitions and all(
-        not s.recovering and not s.pending and not s.deferred
+        not s.recovering
+        and not s.pending
+        and not s.deferred
         and service.committed_offsets(p) == (s.half_commit, s.op_commit)
-        for p, s in states.items())
+        for p, s in states.items()
+    )
 
 
-def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: int,
-                                   producer, messages: list, kill_after: int,
-                                   expect: int) -> int:
+def send_through_coordinator_crash(
+    broker,
+    prefix: str,
+    topic: str,
+    partitions: int,
+    producer,
+    messages: list,
+    kill_after: int,
+    expect: int,
+) -> int:
     """Send ``messages`` transactionally while a coordinator subprocess promotes them;
     SIGKILL it once ``kill_after`` records are visible on ``topic``, restart it with the same
     instance id, and wait until ``expect`` records are visible. Returns the restarted
@@ -189,13 +230,15 @@ def send_through_coordinator_crash(broker, prefix: str, topic: str, partitions: 
     reader = TopicReader(broker.conf(), topic, partitions)
     try:
         sender = threading.Thread(
-            target=lambda: [producer.send_message_in_transaction(m) for m in messages])
+            target=lambda: [producer.send_message_in_transaction(m) for m in messages]
+        )
         sender.start()
         reader.read_until(lambda r: len(r) >= kill_after, 120, "the first promotions")
         coordinator.kill()
         # The same log file: the restarted process appends to it.
-        coordinator = CoordinatorProcess(broker.bootstrap, coordinator.log_path,
-                                         topic_prefix=prefix, instance_id=instance)
+        coordinator = CoordinatorProcess(
+            broker.bootstrap, coordinator.log_path, topic_prefix=prefix, instance_id=instance
+        )
         # The sends may all be done by now (the per-call path got fast): a SIGTERM while
         # the restarted process still imports would kill it before it handles signals.
         coordinator.wait_ready()
@@ -220,8 +263,9 @@ class MemberWriter:
         self.producer = RawProducer({**conf, "enable.idempotence": True, "linger.ms": 5})
         self.prefix, self.group, self.partitions = prefix, group, half_partitions
 
-    def write(self, msgs: list[Message], txn_id: str | None = None,
-              size: int | None = None) -> tuple[str, int, list[int]]:
+    def write(
+        self, msgs: list[Message], txn_id: str | None = None, size: int | None = None
+    ) -> tuple[str, int, list[int]]:
         """Members 0..len(msgs)-1 of a transaction of ``size`` (default len(msgs)); returns
         (txn id, half partition, member offsets) once every one is acknowledged."""
         txn_id = txn_id or uuid.uuid4().hex
@@ -234,19 +278,27 @@ class MemberWriter:
             if size > 1:
                 headers += [(H.TXN_SIZE, str(size).encode()), (H.TXN_INDEX, str(index).encode())]
             waiters.append(DeliveryWaiter())
-            self.producer.produce(f"{self.prefix}_half", msg.value, key=msg.key, headers=headers,
-                                  partition=partition, on_delivery=waiters[-1])
+            self.producer.produce(
+                f"{self.prefix}_half",
+                msg.value,
+                key=msg.key,
+                headers=headers,
+                partition=partition,
+                on_delivery=waiters[-1],
+            )
         for waiter in waiters:
             waiter.wait(self.producer, f"writing txn {txn_id}", 30)
         return txn_id, partition, [w.offset for w in waiters]
 
     def end(self, txn_id: str, partition: int, offset: int, state: EndState) -> None:
         """The producer's end request for the transaction whose member 0 is at ``offset``."""
-        request = EndRequest(txn_id, self.group, partition, offset, state, False, 0,
-                             int(time.time() * 1000))
+        request = EndRequest(
+            txn_id, self.group, partition, offset, state, False, 0, int(time.time() * 1000)
+        )
         waiter = DeliveryWaiter()
-        self.producer.produce(f"{self.prefix}_op", encode(request), partition=partition,
-                              on_delivery=waiter)
+        self.producer.produce(
+            f"{self.prefix}_op", encode(request), partition=partition, on_delivery=waiter
+        )
         waiter.wait(self.producer, f"ending txn {txn_id}", 30)
 
     def send(self, msgs: list[Message], state: EndState | None) -> tuple[str, int, list[int]]:

@@ -29,8 +29,13 @@ class BlockingListener(TransactionListener):
 def main() -> None:
     bootstrap, prefix, group, topic, db, commit, value = sys.argv[1:8]
     listener = BlockingListener(Path(db), commit == "commit")
-    producer = TransactionProducer({"bootstrap.servers": bootstrap}, producer_group=group,
-                                   listener=listener, topic_prefix=prefix, half_partitions=4)
+    producer = TransactionProducer(
+        {"bootstrap.servers": bootstrap},
+        producer_group=group,
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=4,
+    )
     producer.start()
     producer.send_message_in_transaction(Message(topic, value.encode()))
 

@@ -29,16 +29,26 @@ class Found:
         return [s for s in steps if s.removeprefix("state.").split("(")[0] in self.rules]
 
 
-def find_failure(machine: type[RuleBasedStateMachine],
-                 examples: int = SEARCH_EXAMPLES) -> Found:
+def find_failure(machine: type[RuleBasedStateMachine], examples: int = SEARCH_EXAMPLES) -> Found:
     """Run ``machine`` until it fails (it must): the error and the falsifying history."""
     lines: list[str] = []
     with with_reporter(lines.append), pytest.raises(Exception) as failure:
-        run_state_machine_as_test(machine, settings=settings(
-            settings.default, max_examples=examples, derandomize=True, database=None,
-            print_blob=False, report_multiple_bugs=False,
-            phases=[p for p in Phase if p is not Phase.explain]))
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                settings.default,
+                max_examples=examples,
+                derandomize=True,
+                database=None,
+                print_blob=False,
+                report_multiple_bugs=False,
+                phases=[p for p in Phase if p is not Phase.explain],
+            ),
+        )
     notes = getattr(failure.value, "__notes__", [])  # where Hypothesis puts the steps
-    rules = frozenset(name for name in dir(machine)
-                      if getattr(getattr(machine, name, None), "hypothesis_stateful_rule", None))
+    rules = frozenset(
+        name
+        for name in dir(machine)
+        if getattr(getattr(machine, name, None), "hypothesis_stateful_rule", None)
+    )
     return Found(failure.value, "\n".join(map(str, [*lines, *notes])), rules)

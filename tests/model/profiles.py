@@ -15,13 +15,25 @@ from hypothesis import HealthCheck, settings
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
 settings.register_profile(
-    "ci", derandomize=True, database=None, deadline=None, max_examples=200,
-    stateful_step_count=50, print_blob=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=200,
+    stateful_step_count=50,
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile(
-    "campaign", derandomize=False, database=None, deadline=None, max_examples=1000,
-    stateful_step_count=100, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    "campaign",
+    derandomize=False,
+    database=None,
+    deadline=None,
+    max_examples=1000,
+    stateful_step_count=100,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def load() -> str:

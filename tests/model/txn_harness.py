@@ -65,13 +65,21 @@ GROUP = "pg"  # the producers' group
 OTHER_GROUP = "intruder"  # another tenant: its own key, its own topic
 OWN = "<own>"
 TENANT_KEY = b"the model coordinators' tenant key"
-TENANTS = {GROUP: Tenant(GROUP, "User:pg", frozenset({REAL_TOPIC})),
-           OTHER_GROUP: Tenant(OTHER_GROUP, "User:intruder", frozenset({"intruder-topic"}))}
+TENANTS = {
+    GROUP: Tenant(GROUP, "User:pg", frozenset({REAL_TOPIC})),
+    OTHER_GROUP: Tenant(OTHER_GROUP, "User:intruder", frozenset({"intruder-topic"})),
+}
 KEY = MarkerKey(b"the model coordinators' marker key")
 T0 = 1_700_000_000_000
 # Short timings (tests/integration/txn_helpers.FAST's shape): re-appends after 3 intervals.
-SETTINGS = CoordinatorSettings(topic_prefix=PREFIX, half_partitions=1, check_partitions=1,
-                               transaction_timeout_ms=1000, check_interval_ms=1000, check_max=2)
+SETTINGS = CoordinatorSettings(
+    topic_prefix=PREFIX,
+    half_partitions=1,
+    check_partitions=1,
+    transaction_timeout_ms=1000,
+    check_interval_ms=1000,
+    check_max=2,
+)
 FINAL = frozenset({Outcome.COMMITTED, Outcome.ROLLED_BACK, Outcome.DISCARDED})
 
 
@@ -147,8 +155,9 @@ class Partition:
             topic = TOPICS.half if which == "half" else TOPICS.op
             self.position[i] += 1
             self.eof_due.add(which)
-            self.batch += self.service._dispatch_guarded(Message(topic, 0, offset, raw, ts),
-                                                         self.now)
+            self.batch += self.service._dispatch_guarded(
+                Message(topic, 0, offset, raw, ts), self.now
+            )
 
     def at_end(self, which: str) -> bool:
         i, log = (0, self.half) if which == "half" else (1, self.op)
@@ -161,8 +170,9 @@ class Partition:
             topic = TOPICS.half if which == "half" else TOPICS.op
             err = KafkaError(KafkaError._PARTITION_EOF)
             self.batch += self.service._dispatch_guarded(
-                Message(topic, 0, self.position[0 if which == "half" else 1], None, self.now,
-                        err), self.now)
+                Message(topic, 0, self.position[0 if which == "half" else 1], None, self.now, err),
+                self.now,
+            )
 
     def step(self) -> list[Action]:
         """What is due, then the batch and the offsets to commit in one transaction."""
@@ -183,23 +193,41 @@ class Partition:
                 for half in action.records:
                     if outcome is TxnState.COMMITTED:
                         self.written.promoted.append((half.txn_id, half.txn_index))
-                    done.append(DoneEntry(half.offset, half.txn_id, _OUTCOME[outcome],
-                                          action.checks_answered))
+                    done.append(
+                        DoneEntry(
+                            half.offset, half.txn_id, _OUTCOME[outcome], action.checks_answered
+                        )
+                    )
             elif isinstance(action, IssueCheck | SaveCheckCounts):
                 if isinstance(action, IssueCheck):
                     self.written.checks.append(
-                        CheckRequest.of_half(action.half, action.check_seq, self.now))
-                self._op(CheckMarker(action.half.offset, action.half.txn_id,
-                                     action.checks_issued, action.checks_answered,
-                                     action.answered_seq, action.next_check_ts, self.now))
+                        CheckRequest.of_half(action.half, action.check_seq, self.now)
+                    )
+                self._op(
+                    CheckMarker(
+                        action.half.offset,
+                        action.half.txn_id,
+                        action.checks_issued,
+                        action.checks_answered,
+                        action.answered_seq,
+                        action.next_check_ts,
+                        self.now,
+                    )
+                )
             elif isinstance(action, Reappend):
                 for half in action.records:
                     carried = dataclasses.replace(action.carried, previous_offset=half.offset)
                     self.member[len(self.half)] = (half.txn_id, half.txn_index)
                     headers = resign(self.service.guard, half, reappended_headers(half, carried))
                     self.half.append((Raw(half.value, half.key, headers, 0), self.now))
-                    done.append(DoneEntry(half.offset, half.txn_id, Outcome.REAPPENDED,
-                                          action.carried.checks_answered))
+                    done.append(
+                        DoneEntry(
+                            half.offset,
+                            half.txn_id,
+                            Outcome.REAPPENDED,
+                            action.carried.checks_answered,
+                        )
+                    )
         if done:
             at = len(self.op)
             self._op(DoneMarkers(tuple(done), self.now))
@@ -215,8 +243,10 @@ class Partition:
         if member is not None:
             self.member[len(self.half)] = member
             if self.tenancy:
-                raw = dataclasses.replace(raw, headers=sign_half_headers(
-                    group_key(GROUP), raw.headers, raw.key, raw.value))
+                raw = dataclasses.replace(
+                    raw,
+                    headers=sign_half_headers(group_key(GROUP), raw.headers, raw.key, raw.value),
+                )
         self.half.append((raw, self.now))
         return len(self.half) - 1
 
@@ -248,6 +278,16 @@ class Partition:
                 yield offset, record
             elif isinstance(record, EndRequests):
                 for e in record.entries:
-                    yield offset, EndRequest(e.txn_id, record.producer_group,
-                                             record.half_partition, e.half_offset, e.state,
-                                             False, 0, record.ts)
+                    yield (
+                        offset,
+                        EndRequest(
+                            e.txn_id,
+                            record.producer_group,
+                            record.half_partition,
+                            e.half_offset,
+                            e.state,
+                            False,
+                            0,
+                            record.ts,
+                        ),
+                    )

@@ -72,49 +72,67 @@ class Run:
         """The coordinator's /metrics as {sample with labels: value}."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
             text = response.read().decode()
-        return {m.group(1): float(m.group(2))
-                for m in re.finditer(r"^(rmq_\S+) (\S+)$", text, re.M)}
+        return {
+            m.group(1): float(m.group(2)) for m in re.finditer(r"^(rmq_\S+) (\S+)$", text, re.M)
+        }
 
 
 def _sample(samples: dict[str, float], name: str, **labels: str) -> float:
-    key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels
-                  else "")
+    key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
     return samples.get(key, 0.0)
 
 
 # Every event of the dashboard, as the coordinator's own /metrics counts it.
-EVENTS = [("rmq_promotions_total", {}), ("rmq_rollbacks_total", {}),
-          ("rmq_checks_issued_total", {}), ("rmq_checks_answered_total", {"state": "commit"}),
-          ("rmq_checks_answered_total", {"state": "unknown"}),
-          ("rmq_discarded_total", {"reason": "check_max"}),
-          ("rmq_discarded_total", {"reason": "too_large"}),
-          ("rmq_rejected_requests_total", {"reason": "mismatch"}),
-          ("rmq_transactions_aborted_total", {}),
-          ("rmq_lock_events_total", {"event": "granted"}),
-          ("rmq_lock_events_total", {"event": "taken_over"})]
+EVENTS = [
+    ("rmq_promotions_total", {}),
+    ("rmq_rollbacks_total", {}),
+    ("rmq_checks_issued_total", {}),
+    ("rmq_checks_answered_total", {"state": "commit"}),
+    ("rmq_checks_answered_total", {"state": "unknown"}),
+    ("rmq_discarded_total", {"reason": "check_max"}),
+    ("rmq_discarded_total", {"reason": "too_large"}),
+    ("rmq_rejected_requests_total", {"reason": "mismatch"}),
+    ("rmq_transactions_aborted_total", {}),
+    ("rmq_lock_events_total", {"event": "granted"}),
+    ("rmq_lock_events_total", {"event": "taken_over"}),
+]
 
 
 def _listener() -> ScriptedListener:
-    inline = {b"commit": S.COMMIT_MESSAGE, b"rollback": S.ROLLBACK_MESSAGE,
-              b"check": S.UNKNOW, b"unknown": S.UNKNOW, b"big": S.COMMIT_MESSAGE}
+    inline = {
+        b"commit": S.COMMIT_MESSAGE,
+        b"rollback": S.ROLLBACK_MESSAGE,
+        b"check": S.UNKNOW,
+        b"unknown": S.UNKNOW,
+        b"big": S.COMMIT_MESSAGE,
+    }
     checked = {b"check": S.COMMIT_MESSAGE, b"unknown": S.UNKNOW}
-    return ScriptedListener(lambda v: inline[v.split(b"-")[0]],
-                            lambda v: checked.get(v.split(b"-")[0], S.COMMIT_MESSAGE))
+    return ScriptedListener(
+        lambda v: inline[v.split(b"-")[0]],
+        lambda v: checked.get(v.split(b"-")[0], S.COMMIT_MESSAGE),
+    )
 
 
 def _forge_mismatch(conf: dict, prefix: str, result) -> None:
     """An end request naming a pending half message with another transaction id."""
-    body = {"txn_id": f"forged-{uuid.uuid4().hex[:6]}", "producer_group": result.producer_group,
-            "half_partition": result.half_partition, "half_offset": result.half_offset,
-            "state": "COMMIT", "from_check": False, "check_seq": 0, "ts": 0}
+    body = {
+        "txn_id": f"forged-{uuid.uuid4().hex[:6]}",
+        "producer_group": result.producer_group,
+        "half_partition": result.half_partition,
+        "half_offset": result.half_offset,
+        "state": "COMMIT",
+        "from_check": False,
+        "check_seq": 0,
+        "ts": 0,
+    }
     producer = RawProducer(conf)
-    producer.produce(f"{prefix}_op", encode(EndRequest.from_body(body)),
-                     partition=body["half_partition"])
+    producer.produce(
+        f"{prefix}_op", encode(EndRequest.from_body(body)), partition=body["half_partition"]
+    )
     assert producer.flush(10) == 0
 
 
-def _traffic(conf: dict, prefix: str, topic: str, small: str,
-             settle: Callable[[], None]) -> None:
+def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[], None]) -> None:
     """TRAFFIC_S seconds, one round a second: 20 commits and a rollback; every 4th round a
     message committed on its back-check and one answered UNKNOWN until check_max discards
     it; every 10th a message too large for its topic (the Kafka transaction aborts, the
@@ -122,18 +140,26 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str,
     queue lock whose 1 s lease lapses and is taken over by another client. Then ``settle``,
     with the producer still there to answer the last back-checks."""
     group = f"locks-{uuid.uuid4().hex[:6]}"
-    with TransactionProducer(conf, producer_group=f"pg-{uuid.uuid4().hex[:6]}",
-                             listener=_listener(), topic_prefix=prefix,
-                             half_partitions=FAST["half_partitions"]) as producer, \
-            LockClient(conf, topic_prefix=prefix, client_id="lapsing") as lapsing, \
-            LockClient(conf, topic_prefix=prefix, client_id="successor") as successor:
-        too_large = MemberWriter(conf, prefix, f"old-client-{uuid.uuid4().hex[:6]}",
-                                 FAST["half_partitions"])
+    with (
+        TransactionProducer(
+            conf,
+            producer_group=f"pg-{uuid.uuid4().hex[:6]}",
+            listener=_listener(),
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+        LockClient(conf, topic_prefix=prefix, client_id="lapsing") as lapsing,
+        LockClient(conf, topic_prefix=prefix, client_id="successor") as successor,
+    ):
+        too_large = MemberWriter(
+            conf, prefix, f"old-client-{uuid.uuid4().hex[:6]}", FAST["half_partitions"]
+        )
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < TRAFFIC_S:
             producer.send_messages_in_transaction(
-                [Message(topic, f"commit-{n}-{i}".encode(), key=str(i)) for i in range(20)])
+                [Message(topic, f"commit-{n}-{i}".encode(), key=str(i)) for i in range(20)]
+            )
             producer.send_message_in_transaction(Message(topic, f"rollback-{n}".encode()))
             if n % 4 == 0:
                 producer.send_message_in_transaction(Message(topic, f"check-{n}".encode()))
@@ -143,7 +169,8 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str,
                 # after the send) leaves it, for the coordinator to discard as too_large.
                 too_large.send([Message(small, b"big-" + b"x" * 5000)], EndState.COMMIT)
                 pending = producer.send_message_in_transaction(
-                    Message(topic, f"check-forged-{n}".encode()))
+                    Message(topic, f"check-forged-{n}".encode())
+                )
                 _forge_mismatch(conf, prefix, pending)
                 queue = [(f"queue-{n}", 0)]
                 assert lapsing.lock(group, queue, LEASE_MS, timeout=30)[queue[0]].granted
@@ -164,38 +191,56 @@ def monitored_run(prometheus_binaries, broker) -> Iterator[Run]:
     conf = broker.conf()
     ensure_topics(conf, {topic: (3, {}), small: (1, {"max.message.bytes": "2000"})})
     port = free_port()
-    coordinator = CoordinatorProcess(broker.bootstrap, None, topic_prefix=prefix,
-                                     metrics_port=port)
+    coordinator = CoordinatorProcess(broker.bootstrap, None, topic_prefix=prefix, metrics_port=port)
     prometheus: PrometheusServer | None = None
     try:
         coordinator.wait_ready()
-        run = Run(PrometheusServer([f"127.0.0.1:{port}"], [ALERTS]), 0.0, 0.0, coordinator,
-                  f"http://127.0.0.1:{port}/metrics")
+        run = Run(
+            PrometheusServer([f"127.0.0.1:{port}"], [ALERTS]),
+            0.0,
+            0.0,
+            coordinator,
+            f"http://127.0.0.1:{port}/metrics",
+        )
         prometheus = run.prometheus
 
         def owned_all() -> bool:
             samples = run.scrape()
-            return all(0 < _sample(samples, "rmq_partitions", service=s)
-                       == _sample(samples, "rmq_owned_partitions", service=s)
-                       for s in ("transactions", "locks"))
+            return all(
+                0
+                < _sample(samples, "rmq_partitions", service=s)
+                == _sample(samples, "rmq_owned_partitions", service=s)
+                for s in ("transactions", "locks")
+            )
 
         wait_for(owned_all, 60, "the coordinator to own every partition")
         prometheus.start()
-        wait_for(lambda: dashboard_plots.query(prometheus.url, f'up{{job="{JOB}"}} == 1'), 30,
-                 "Prometheus' first scrape of the coordinator", details=lambda: prometheus.log)
+        wait_for(
+            lambda: dashboard_plots.query(prometheus.url, f'up{{job="{JOB}"}} == 1'),
+            30,
+            "Prometheus' first scrape of the coordinator",
+            details=lambda: prometheus.log,
+        )
         # Before its first scrape, RmqCoordinatorDown's absent(up == 1) held for a moment:
         # the window starts once no alert is left from Prometheus' own start.
-        wait_for(lambda: not dashboard_plots.query(prometheus.url, "ALERTS"), 30,
-                 "no alert pending from Prometheus' start")
+        wait_for(
+            lambda: not dashboard_plots.query(prometheus.url, "ALERTS"),
+            30,
+            "no alert pending from Prometheus' start",
+        )
         run.start = time.time()
         _traffic_until_every_event(run, conf, prefix, topic, small)
         run.end = time.time()
         png = os.environ.get("RMQ_TEST_DASHBOARD_PNG")
         if png:
-            dashboard_plots.render(prometheus.url, json.loads(DASHBOARD.read_text()),
-                                   run.start, run.end, Path(png),
-                                   title=f"rmq-semantics coordinator: {TRAFFIC_S:.0f} s of "
-                                         f"tests/monitoring traffic")
+            dashboard_plots.render(
+                prometheus.url,
+                json.loads(DASHBOARD.read_text()),
+                run.start,
+                run.end,
+                Path(png),
+                title=f"rmq-semantics coordinator: {TRAFFIC_S:.0f} s of tests/monitoring traffic",
+            )
         yield run
     finally:
         if prometheus is not None:
@@ -203,8 +248,7 @@ def monitored_run(prometheus_binaries, broker) -> Iterator[Run]:
         coordinator.stop()
 
 
-def _traffic_until_every_event(run: Run, conf: dict, prefix: str, topic: str,
-                               small: str) -> None:
+def _traffic_until_every_event(run: Run, conf: dict, prefix: str, topic: str, small: str) -> None:
     def counted() -> list[str]:
         samples = run.scrape()
         return [f"{n}{labels or ''}" for n, labels in EVENTS if _sample(samples, n, **labels) < 1]
@@ -212,8 +256,12 @@ def _traffic_until_every_event(run: Run, conf: dict, prefix: str, topic: str,
     # The last UNKNOWN transactions are discarded check_max x check_interval after their
     # first check; then three more scrapes and rule evaluations.
     def settle() -> None:
-        wait_for(lambda: not counted(), 60, "every event to be counted",
-                 details=lambda: f"not yet: {counted()}")
+        wait_for(
+            lambda: not counted(),
+            60,
+            "every event to be counted",
+            details=lambda: f"not yet: {counted()}",
+        )
         time.sleep(4)
 
     _traffic(conf, prefix, topic, small, settle)

@@ -33,7 +33,8 @@ def binaries() -> tuple[str, str]:
     if None in found:
         raise PrometheusUnavailable(
             "prometheus/promtool not installed (make setup runs "
-            "tests/monitoring/prometheus.sh ensure: Debian's prometheus, as root with apt-get)")
+            "tests/monitoring/prometheus.sh ensure: Debian's prometheus, as root with apt-get)"
+        )
     return found  # type: ignore[return-value]
 
 
@@ -51,18 +52,26 @@ class PrometheusServer:
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
             f"rule_files:\n{rules}"
             f"scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
-            f"      - targets: [{', '.join(targets)}]\n")
+            f"      - targets: [{', '.join(targets)}]\n"
+        )
         self.log_path = self.dir / "prometheus.log"
         self._proc: subprocess.Popen | None = None
 
     def start(self) -> PrometheusServer:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [self.binary, f"--config.file={self.dir / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={self.dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    self.binary,
+                    f"--config.file={self.dir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1d",
+                    "--web.enable-lifecycle",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

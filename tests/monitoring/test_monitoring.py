@@ -20,8 +20,11 @@ from tests.monitoring.conftest import ALERTS, DASHBOARD
 pytestmark = pytest.mark.integration
 
 PANELS = panels(json.loads(DASHBOARD.read_text()))
-RULES = {rule["alert"]: rule for group in yaml.safe_load(ALERTS.read_text())["groups"]
-         for rule in group["rules"]}
+RULES = {
+    rule["alert"]: rule
+    for group in yaml.safe_load(ALERTS.read_text())["groups"]
+    for rule in group["rules"]
+}
 # What the run provokes on purpose: a discard (check_max, too_large) and a forged request.
 MUST_FIRE = {"RmqHalfMessagesDiscarded", "RmqEndRequestsRejected"}
 QUIET = sorted(set(RULES) - MUST_FIRE)
@@ -29,8 +32,9 @@ QUIET = sorted(set(RULES) - MUST_FIRE)
 
 def test_promtool_accepts_the_alert_rules(prometheus_binaries):
     promtool = prometheus_binaries[1]
-    proc = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(RULES)} rules found" in proc.stdout
 
@@ -57,8 +61,11 @@ def test_every_rule_evaluates_without_error(monitored_run):
 def test_the_alerts_for_what_the_run_provoked_fire(monitored_run, alert):
     url = monitored_run.prometheus.url
     assert query(url, RULES[alert]["expr"]), f"{alert}: its expression is empty"
-    wait_for(lambda: query(url, f'ALERTS{{alertname="{alert}", alertstate="firing"}}'), 15,
-             f"{alert} to fire")
+    wait_for(
+        lambda: query(url, f'ALERTS{{alertname="{alert}", alertstate="firing"}}'),
+        15,
+        f"{alert} to fire",
+    )
 
 
 @pytest.mark.parametrize("alert", QUIET)
@@ -66,8 +73,9 @@ def test_the_other_alerts_stay_quiet(monitored_run, alert):
     """Not firing, not even pending, at any point of the run; and the condition itself is
     false at its end (so a ``for:`` clause is not what kept it quiet)."""
     url = monitored_run.prometheus.url
-    seen = query_range(url, f'ALERTS{{alertname="{alert}"}}', monitored_run.start,
-                       monitored_run.end, 1)
+    seen = query_range(
+        url, f'ALERTS{{alertname="{alert}"}}', monitored_run.start, monitored_run.end, 1
+    )
     assert [s.labels for s in seen] == []
     assert query(url, RULES[alert]["expr"], at=monitored_run.end) == []
 
@@ -76,10 +84,16 @@ def test_a_stopped_coordinator_trips_the_down_alert(monitored_run):
     """Last in this module: it ends the coordinator."""
     url = monitored_run.prometheus.url
     assert monitored_run.coordinator.stop() == 0
-    wait_for(lambda: query(url, RULES["RmqCoordinatorDown"]["expr"]), 15,
-             "the RmqCoordinatorDown condition after the coordinator stopped")
-    wait_for(lambda: query(url, 'ALERTS{alertname="RmqCoordinatorDown"}'), 15,
-             "RmqCoordinatorDown to be pending")
+    wait_for(
+        lambda: query(url, RULES["RmqCoordinatorDown"]["expr"]),
+        15,
+        "the RmqCoordinatorDown condition after the coordinator stopped",
+    )
+    wait_for(
+        lambda: query(url, 'ALERTS{alertname="RmqCoordinatorDown"}'),
+        15,
+        "RmqCoordinatorDown to be pending",
+    )
 
 
 def _get(url: str) -> str:

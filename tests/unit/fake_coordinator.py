@@ -23,8 +23,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    print("INFO coordinator.txn_service: transaction service fake-1 running (prefix x)",
-          flush=True)
+    print("INFO coordinator.txn_service: transaction service fake-1 running (prefix x)", flush=True)
     if mode == "stubborn":
         threading.Event().wait(LIFETIME_S)
         return 0

@@ -53,8 +53,9 @@ def test_a_failed_or_missing_report_raises_the_sync_errors():
     async def main():
         loop = asyncio.get_running_loop()
         failed = LoopDeliveryWaiter(loop)
-        threading.Thread(target=failed, args=(KafkaError(KafkaError._MSG_TIMED_OUT),
-                                              _Record())).start()
+        threading.Thread(
+            target=failed, args=(KafkaError(KafkaError._MSG_TIMED_OUT), _Record())
+        ).start()
         with pytest.raises(KafkaOperationError, match="writing: "):
             await failed.delivered_within("writing", 5)
         silent = LoopDeliveryWaiter(loop)
@@ -85,10 +86,14 @@ def test_async_listeners_run_on_the_loop_and_plain_ones_on_the_executor():
         executor = new_executor("test", 2)
         listener = Listener()
         try:
-            assert await call_listener(listener.execute_local_transaction, executor, 1, 2) \
-                == (COMMIT, None)
-            assert await call_listener(listener.check_local_transaction, executor, 1) \
-                == (COMMIT, None)
+            assert await call_listener(listener.execute_local_transaction, executor, 1, 2) == (
+                COMMIT,
+                None,
+            )
+            assert await call_listener(listener.check_local_transaction, executor, 1) == (
+                COMMIT,
+                None,
+            )
             answer, error = await call_listener(listener.raising, executor, 1)
             assert answer is None and isinstance(error, RuntimeError)
         finally:
@@ -167,10 +172,12 @@ def test_the_transaction_producer_refuses_misuse_with_the_error_family():
     with pytest.raises(ConfigError, match="listener must implement"):
         AsyncTransactionProducer(NO_BROKER, producer_group="g", listener=object())
     with pytest.raises(ConfigError, match="check_threads must be a positive int"):
-        AsyncTransactionProducer(NO_BROKER, producer_group="g", listener=TransactionListener(),
-                                 check_threads=0)
-    producer = AsyncTransactionProducer(NO_BROKER, producer_group="g",
-                                        listener=TransactionListener(), check_timeout_ms=1234)
+        AsyncTransactionProducer(
+            NO_BROKER, producer_group="g", listener=TransactionListener(), check_threads=0
+        )
+    producer = AsyncTransactionProducer(
+        NO_BROKER, producer_group="g", listener=TransactionListener(), check_timeout_ms=1234
+    )
     assert producer.settings.check_timeout_ms == 1234
 
     async def main():
@@ -238,4 +245,3 @@ def test_the_loop_guard_records_a_blocking_call_on_the_loop_and_only_there(monke
         asyncio.run(main())
     assert len(guard.offences) == 1 and guard.offences[0].startswith("Producer.flush on the")
     assert guard.calls_elsewhere["Producer.flush"] == 1
-

@@ -35,29 +35,59 @@ def test_an_unknown_case_is_refused_before_any_broker_starts(tmp_path):
 
 def test_a_partial_run_keeps_the_other_cases_and_thread_counts(tmp_path):
     out = tmp_path / "results.json"
-    out.write_text(json.dumps({"txn_msgs_per_s": 100.0, "threads": {"1": "old"},
-                               "cases": {"txn": "old"}, "txn_runs": [1.0]}))
-    merged = _merge_into(out, {"threads": {"32": "new"}, "cases": {"threads": "new"},
-                               "elapsed_s": 3})
-    assert merged == {"txn_msgs_per_s": 100.0, "threads": {"1": "old", "32": "new"},
-                      "cases": {"txn": "old", "threads": "new"}, "elapsed_s": 3}
+    out.write_text(
+        json.dumps(
+            {
+                "txn_msgs_per_s": 100.0,
+                "threads": {"1": "old"},
+                "cases": {"txn": "old"},
+                "txn_runs": [1.0],
+            }
+        )
+    )
+    merged = _merge_into(
+        out, {"threads": {"32": "new"}, "cases": {"threads": "new"}, "elapsed_s": 3}
+    )
+    assert merged == {
+        "txn_msgs_per_s": 100.0,
+        "threads": {"1": "old", "32": "new"},
+        "cases": {"txn": "old", "threads": "new"},
+        "elapsed_s": 3,
+    }
     assert _merge_into(tmp_path / "absent.json", {"a": 1}) == {"a": 1}
 
 
 def test_runs_become_figures_by_the_type_of_each_value():
-    runs = [{"rate": 10.0, "batch": 32, "lat": {"samples": [1.0, 2.0, 9.0], "offered": 1000},
-             "threads": {"8": {"p50_ms": 3.0}}},
-            {"rate": 30.0, "batch": 32, "lat": {"samples": [2.0, 3.0, 4.0], "offered": 1000},
-             "threads": {"8": {"p50_ms": 5.0}}},
-            {"rate": 20.0, "batch": 32, "lat": {"samples": [], "offered": 1000},
-             "threads": {"8": {"p50_ms": 4.0}}}]
+    runs = [
+        {
+            "rate": 10.0,
+            "batch": 32,
+            "lat": {"samples": [1.0, 2.0, 9.0], "offered": 1000},
+            "threads": {"8": {"p50_ms": 3.0}},
+        },
+        {
+            "rate": 30.0,
+            "batch": 32,
+            "lat": {"samples": [2.0, 3.0, 4.0], "offered": 1000},
+            "threads": {"8": {"p50_ms": 5.0}},
+        },
+        {
+            "rate": 20.0,
+            "batch": 32,
+            "lat": {"samples": [], "offered": 1000},
+            "threads": {"8": {"p50_ms": 4.0}},
+        },
+    ]
     figures = aggregate(runs)
-    assert figures["rate"] == {"median": 20.0, "min": 10.0, "max": 30.0,
-                               "runs": [10.0, 30.0, 20.0]}
+    assert figures["rate"] == {"median": 20.0, "min": 10.0, "max": 30.0, "runs": [10.0, 30.0, 20.0]}
     assert figures["batch"] == 32  # a constant, not a figure
     # Each run's percentiles, then their median and spread; a run without samples is None.
-    assert figures["lat"]["p50"] == {"median": 2.5, "min": 2.0, "max": 3.0,
-                                     "runs": [2.0, 3.0, None]}
+    assert figures["lat"]["p50"] == {
+        "median": 2.5,
+        "min": 2.0,
+        "max": 3.0,
+        "runs": [2.0, 3.0, None],
+    }
     assert figures["lat"]["max"]["runs"] == [9.0, 4.0, None]
     assert figures["lat"]["offered"] == 1000 and figures["lat"]["n"] == 6
     assert figures["threads"]["8"]["p50_ms"]["median"] == 4.0
@@ -65,11 +95,13 @@ def test_runs_become_figures_by_the_type_of_each_value():
 
 
 def test_ratios_are_taken_run_by_run_and_the_sizing_figure_is_derived():
-    results = {"txn_msgs_per_s": figure([10.0, 20.0, 30.0]),
-               "copier_msgs_per_s": figure([10.0, 40.0, 30.0]),
-               "commit_to_visible_ms": {"p99": figure([30.0, 20.0])},
-               "copier_latency_ms": {"p99": figure([20.0, 20.0])},
-               "coordinators": {"1": {"coordinator_cpu_s_per_1000": figure([0.05, 0.04])}}}
+    results = {
+        "txn_msgs_per_s": figure([10.0, 20.0, 30.0]),
+        "copier_msgs_per_s": figure([10.0, 40.0, 30.0]),
+        "commit_to_visible_ms": {"p99": figure([30.0, 20.0])},
+        "copier_latency_ms": {"p99": figure([20.0, 20.0])},
+        "coordinators": {"1": {"coordinator_cpu_s_per_1000": figure([0.05, 0.04])}},
+    }
     derived = derive(results)
     assert derived["txn_vs_copier"]["runs"] == [1.0, 0.5, 1.0]
     assert derived["txn_vs_copier"]["median"] == 1.0
@@ -79,9 +111,11 @@ def test_ratios_are_taken_run_by_run_and_the_sizing_figure_is_derived():
 
 
 def test_the_coordinators_case_reads_who_holds_which_partitions_from_the_log():
-    log = ("assigned half/op partitions [0, 1, 2, 3]; recovering their pending state\n"
-           "revoked half/op partitions [0, 1, 2, 3]\n"
-           "assigned half/op partitions [2, 3]; recovering their pending state\n")
+    log = (
+        "assigned half/op partitions [0, 1, 2, 3]; recovering their pending state\n"
+        "revoked half/op partitions [0, 1, 2, 3]\n"
+        "assigned half/op partitions [2, 3]; recovering their pending state\n"
+    )
     assert _held(log) == {2, 3}
     assert _held("transaction service x running") == set()
 
@@ -92,24 +126,53 @@ def test_a_load_sample_has_the_busy_share_and_the_load_averages():
 
 
 FIXTURE = {
-    "machine": {"cores": 2, "python": "3.11.7", "platform": "Linux-x", "kafka": "4.1.1",
-                "confluent_kafka": "2.16.1", "librdkafka": "2.16.0"},
-    "settings": {"size": 1024, "count": 100000, "partitions": 4, "rate": 1000,
-                 "latency_seconds": 10.0, "repeat": 3},
+    "machine": {
+        "cores": 2,
+        "python": "3.11.7",
+        "platform": "Linux-x",
+        "kafka": "4.1.1",
+        "confluent_kafka": "2.16.1",
+        "librdkafka": "2.16.0",
+    },
+    "settings": {
+        "size": 1024,
+        "count": 100000,
+        "partitions": 4,
+        "rate": 1000,
+        "latency_seconds": 10.0,
+        "repeat": 3,
+    },
     "txn_msgs_per_s": figure([24000.0, 25000.0, 26000.0]),
     "copier_msgs_per_s": figure([30000.0, 30000.0, 31000.0]),
     "txn_vs_copier": figure([0.8, 0.83, 0.84]),
-    "threads": {"32": {"confirmed_per_s": figure([11000.0, 12000.0, 13000.0]),
-                       "consumed_per_s": figure([11000.0, 11900.0, 13000.0]),
-                       "p50_ms": figure([2.5, 2.8, 3.1]), "p99_ms": figure([14.0, 15.0])}},
-    "commit_to_visible_ms": {"p50": figure([10.0]), "p99": figure([25.0, 30.0]),
-                             "max": figure([35.0]), "offered_msgs_per_s": 1000, "threads": 16},
-    "check_lateness_ms": {"p50": figure([150.0]), "p99": figure([250.0]),
-                          "transaction_timeout_ms": 1000},
+    "threads": {
+        "32": {
+            "confirmed_per_s": figure([11000.0, 12000.0, 13000.0]),
+            "consumed_per_s": figure([11000.0, 11900.0, 13000.0]),
+            "p50_ms": figure([2.5, 2.8, 3.1]),
+            "p99_ms": figure([14.0, 15.0]),
+        }
+    },
+    "commit_to_visible_ms": {
+        "p50": figure([10.0]),
+        "p99": figure([25.0, 30.0]),
+        "max": figure([35.0]),
+        "offered_msgs_per_s": 1000,
+        "threads": 16,
+    },
+    "check_lateness_ms": {
+        "p50": figure([150.0]),
+        "p99": figure([250.0]),
+        "transaction_timeout_ms": 1000,
+    },
     "spark_ratio": figure([0.95, 0.89]),
-    "coordinators": {"1": {"msgs_per_s": figure([25000.0]),
-                           "coordinator_cpu_s_per_1000": figure([0.05]),
-                           "producer_cpu_s_per_1000": figure([0.03])}},
+    "coordinators": {
+        "1": {
+            "msgs_per_s": figure([25000.0]),
+            "coordinator_cpu_s_per_1000": figure([0.05]),
+            "producer_cpu_s_per_1000": figure([0.03]),
+        }
+    },
     "coordinator_cores_per_10k_msgs_per_s": figure([0.5]),
     "cases": {"threads": {"busy": True}, "txn": {"busy": False}},
 }
@@ -123,18 +186,21 @@ def test_the_bench_block_is_rendered_from_the_results():
     # Busy mark, median (min-max), and the goal: 12,000/s >= 11,295 and p50 2.8 <= 3 ms.
     assert "† |" in row and "12,000/s (11,000\u201313,000) confirmed" in row
     assert row.endswith("≥ 11,295/s and p50 ≤ 3 ms — **met** |")
-    assert ("| batch API against the copier | 0.83\u00d7 (0.80\u20130.84) "
-            "| ≥ 0.8\u00d7 — **met** |") in lines
+    assert (
+        "| batch API against the copier | 0.83\u00d7 (0.80\u20130.84) | ≥ 0.8\u00d7 — **met** |"
+    ) in lines
     spark = next(line for line in lines if line.startswith("| Spark job"))
     assert spark.endswith("every run — **missed** |")  # 0.89 in one run
     assert any("p99 27.5 (25.0\u201330.0)" in line for line in lines)
-    assert any(line.startswith("| commit → visible p99 against") and "not measured" in line
-               for line in lines)
-    assert any("**0.50 coordinator cores per 10,000 transactional msgs/s**" in line
-               for line in lines)
+    assert any(
+        line.startswith("| commit → visible p99 against") and "not measured" in line
+        for line in lines
+    )
+    assert any(
+        "**0.50 coordinator cores per 10,000 transactional msgs/s**" in line for line in lines
+    )
     assert any("6.15 / 6.25 s (the default 6 s timeout" in line for line in lines)
-    assert any(line.startswith("Machine: 2 cores") and "3 runs per case" in line
-               for line in lines)
+    assert any(line.startswith("Machine: 2 cores") and "3 runs per case" in line for line in lines)
     assert "† taken on a busy machine" in block and "threads." in block
     readme = f"intro\n{BEGIN}\nstale\n{END}\nprose\n"
     assert render_readme(readme, FIXTURE) == f"intro\n{block}\nprose\n"
@@ -167,15 +233,23 @@ def test_the_multi_case_is_a_default_case_reporting_msgs_and_transactions_per_s(
         return {"multi_msgs_per_s": 1000.0, "multi_txns_per_s": 100.0}
 
     monkeypatch.setattr(multi, "bench_multi", fake)
-    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(count=500),
-                       Path("."))
+    ctx = BenchContext(
+        {"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(count=500), Path(".")
+    )
     assert "multi" in CASES and multi.MULTI_SIZE == 10
     assert CASE_RUNS["multi"](ctx) == {"multi_msgs_per_s": 1000.0, "multi_txns_per_s": 100.0}
     assert calls == [({"bootstrap.servers": "b"}, "__rmqx", 500)]
-    block = render_block({**FIXTURE, "multi_msgs_per_s": figure([900.0, 1000.0, 1100.0]),
-                          "multi_txns_per_s": figure([90.0, 100.0, 110.0])})
-    assert ("| `send_transaction`, transactions of 10 messages from 8 threads | 1,000 msgs/s "
-            "(900\u20131,100), 100 transactions/s (90\u2013110) |  |") in block.splitlines()
+    block = render_block(
+        {
+            **FIXTURE,
+            "multi_msgs_per_s": figure([900.0, 1000.0, 1100.0]),
+            "multi_txns_per_s": figure([90.0, 100.0, 110.0]),
+        }
+    )
+    assert (
+        "| `send_transaction`, transactions of 10 messages from 8 threads | 1,000 msgs/s "
+        "(900\u20131,100), 100 transactions/s (90\u2013110) |  |"
+    ) in block.splitlines()
     assert "send_transaction" not in render_block(FIXTURE)  # results from before the case
 
 
@@ -187,9 +261,13 @@ def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(mo
 
     def fake(conf, prefix, s):
         calls.append((conf, prefix))
-        return {"aio_sync_calls_per_s": 900.0, "aio_async_calls_per_s": 1800.0,
-                "aio_ratio": 2.0, "aio_loop_lag_ms": {"samples": [0.1, 0.2], "tick_ms": 5.0},
-                "aio_concurrency": aio.AIO_CONCURRENCY}
+        return {
+            "aio_sync_calls_per_s": 900.0,
+            "aio_async_calls_per_s": 1800.0,
+            "aio_ratio": 2.0,
+            "aio_loop_lag_ms": {"samples": [0.1, 0.2], "tick_ms": 5.0},
+            "aio_concurrency": aio.AIO_CONCURRENCY,
+        }
 
     monkeypatch.setattr(aio, "bench_aio", fake)
     ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(), Path("."))
@@ -199,8 +277,10 @@ def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(mo
     runs = aggregate([CASE_RUNS["aio"](ctx), CASE_RUNS["aio"](ctx)])
     block = render_block({**FIXTURE, **runs})
     row = next(line for line in block.splitlines() if line.startswith("| `AsyncTransaction"))
-    assert row.startswith("| `AsyncTransactionProducer`, 32 tasks on one loop, against "
-                          "`TransactionProducer` with 32 threads | 1,800/s against 900/s (2.00")
+    assert row.startswith(
+        "| `AsyncTransactionProducer`, 32 tasks on one loop, against "
+        "`TransactionProducer` with 32 threads | 1,800/s against 900/s (2.00"
+    )
     assert "loop lag p50 " in row
     assert "AsyncTransactionProducer" not in render_block(FIXTURE)  # results from before
 
@@ -214,9 +294,13 @@ def test_the_tracing_case_times_the_hooks_without_an_sdk_against_a_call():
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     assert "tracing" in CASES
     tracing_cost._one_call_of_hooks(Message("orders", b"v"), "half", "op")  # runs with no SDK
-    runs = aggregate([{"tracing_hooks_us": 2.0, "tracing_call_us": 800.0,
-                       "tracing_share_pct": 0.25}])
-    row = next(line for line in render_block({**FIXTURE, **runs}).splitlines()
-               if line.startswith("| the producer's tracing hooks"))
+    runs = aggregate(
+        [{"tracing_hooks_us": 2.0, "tracing_call_us": 800.0, "tracing_share_pct": 0.25}]
+    )
+    row = next(
+        line
+        for line in render_block({**FIXTURE, **runs}).splitlines()
+        if line.startswith("| the producer's tracing hooks")
+    )
     assert "| 2.00 µs of 800 µs (0.25 %) |" in row
     assert "tracing hooks" not in render_block(FIXTURE)  # results from before the case

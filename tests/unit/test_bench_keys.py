@@ -38,12 +38,19 @@ def test_every_mode_waits_the_same_seeded_0_to_5_ms_per_record():
 
 def test_the_keys_of_each_mode():
     assert len(set(mode_keys("key_20", 10000))) == 20
-    assert mode_keys("key_5", 7) == ["key_5-0", "key_5-1", "key_5-2", "key_5-3", "key_5-4",
-                                     "key_5-0", "key_5-1"]
-    assert mode_keys("partition", 100) == mode_keys("failing_key", 100) == \
-        mode_keys("key_20", 100)
-    assert len(set(mode_keys("unordered", 10000))) == len(set(mode_keys("key_10000", 10000))) \
-        == 10000
+    assert mode_keys("key_5", 7) == [
+        "key_5-0",
+        "key_5-1",
+        "key_5-2",
+        "key_5-3",
+        "key_5-4",
+        "key_5-0",
+        "key_5-1",
+    ]
+    assert mode_keys("partition", 100) == mode_keys("failing_key", 100) == mode_keys("key_20", 100)
+    assert (
+        len(set(mode_keys("unordered", 10000))) == len(set(mode_keys("key_10000", 10000))) == 10000
+    )
     zipf = mode_keys("zipf", 10000)
     assert zipf == mode_keys("zipf", 10000)  # seeded
     counts = Counter(zipf)
@@ -79,10 +86,22 @@ def test_the_listener_times_the_run_and_parks_the_failing_key():
 
 
 def _run(scale: float, dlq: float) -> dict:
-    seconds = {"partition": 25.0, "key_1": 26.0, "key_5": 5.2, "key_20": 2.0,
-               "key_10000": 1.8, "zipf": 5.0, "unordered": 1.8, "failing_key": 1.9}
-    return key_figures({m: t * scale for m, t in seconds.items()},
-                       {"records": 500, "dlq": dlq, "parked_s": 12.0}, 10000, 4.5)
+    seconds = {
+        "partition": 25.0,
+        "key_1": 26.0,
+        "key_5": 5.2,
+        "key_20": 2.0,
+        "key_10000": 1.8,
+        "zipf": 5.0,
+        "unordered": 1.8,
+        "failing_key": 1.9,
+    }
+    return key_figures(
+        {m: t * scale for m, t in seconds.items()},
+        {"records": 500, "dlq": dlq, "parked_s": 12.0},
+        10000,
+        4.5,
+    )
 
 
 def test_one_runs_figures():
@@ -96,31 +115,43 @@ def test_one_runs_figures():
 
 
 def test_the_readme_shows_every_mode_beside_parallel_consumer_and_the_goals():
-    results = {"machine": {}, "settings": {}, "cases": {"keys": {"busy": False}},
-               **aggregate([_run(1.0, 500.0), _run(1.1, 499.0)])}
+    results = {
+        "machine": {},
+        "settings": {},
+        "cases": {"keys": {"busy": False}},
+        **aggregate([_run(1.0, 500.0), _run(1.1, 499.0)]),
+    }
     lines = render_block(results).splitlines()
     head = lines.index("### Key-ordered consumption and Parallel Consumer")
     assert lines[head + 2].startswith("| mode | seconds: median (min\u2013max) |")
     row = next(line for line in lines if line.startswith("| key order, 20 keys |"))
-    assert row == ("| key order, 20 keys | 2.10 s (2.00\u20132.20) | 12.50\u00d7 | "
-                   "2.24 s (9.91\u00d7) |")
-    assert any(line.startswith("| key order, 5 keys |") and line.endswith("| — |")
-               for line in lines)
-    assert "| partition order | 26.25 s (25.00\u201327.50) | 1.00\u00d7 | 22.2 s (1.00\u00d7) |" \
+    assert row == (
+        "| key order, 20 keys | 2.10 s (2.00\u20132.20) | 12.50\u00d7 | 2.24 s (9.91\u00d7) |"
+    )
+    assert any(
+        line.startswith("| key order, 5 keys |") and line.endswith("| — |") for line in lines
+    )
+    assert (
+        "| partition order | 26.25 s (25.00\u201327.50) | 1.00\u00d7 | 22.2 s (1.00\u00d7) |"
         in lines
+    )
     goals = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
     assert goals["| key order, 20 keys, against partition order (speed-up)"].endswith(
-        "≥ 10\u00d7 and ≥ Parallel Consumer's 9.9\u00d7 — **met** |")
+        "≥ 10\u00d7 and ≥ Parallel Consumer's 9.9\u00d7 — **met** |"
+    )
     assert goals["| key order, 1 key, against partition order (seconds)"].endswith(
-        "(within 20 %) — **met** |")
+        "(within 20 %) — **met** |"
+    )
     zipf = goals["| Zipf(1.1) keys over 1,000: critical-path bound / measured"]
     assert "0.86\u00d7 (0.82\u20130.90) (bound 4.50 s" in zipf and zipf.endswith("**met** |")
     # One run left a failing record out of the DLQ: the goal is missed whatever the rate.
     failing = goals["| one key always failing: the other keys' rate against 20 healthy keys"]
     assert "in the DLQ 499.5 (499\u2013500) of its 500 records" in failing
     assert failing.endswith("— **missed** |")
-    assert any(line.startswith("Each mode consumes 10,000 records of one partition with 16 "
-                           "workers") for line in lines)
+    assert any(
+        line.startswith("Each mode consumes 10,000 records of one partition with 16 workers")
+        for line in lines
+    )
 
 
 def test_a_results_file_without_the_keys_case_renders_no_keys_table():

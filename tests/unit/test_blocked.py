@@ -26,18 +26,25 @@ class FakeAdmin:
         self.min_isr = min_isr
 
     def list_topics(self, timeout: float):
-        return SimpleNamespace(topics={
-            t: SimpleNamespace(partitions={
-                n: SimpleNamespace(leader=leader, isrs=list(range(isr)))
-                for n, (leader, isr) in enumerate(parts)})
-            for t, parts in self.partitions.items()})
+        return SimpleNamespace(
+            topics={
+                t: SimpleNamespace(
+                    partitions={
+                        n: SimpleNamespace(leader=leader, isrs=list(range(isr)))
+                        for n, (leader, isr) in enumerate(parts)
+                    }
+                )
+                for t, parts in self.partitions.items()
+            }
+        )
 
     def describe_configs(self, resources, request_timeout: float):
         out = {}
         for res in resources:
             future: Future = Future()
-            future.set_result({"min.insync.replicas": SimpleNamespace(
-                value=str(self.min_isr[res.name]))})
+            future.set_result(
+                {"min.insync.replicas": SimpleNamespace(value=str(self.min_isr[res.name]))}
+            )
             out[res] = future
         return out
 
@@ -49,8 +56,9 @@ def test_the_most_specific_reason_of_a_partition_wins():
 
 
 def test_a_partition_placed_by_key_is_looked_for_in_every_partition_of_its_topic():
-    admin = FakeAdmin({"orders": [(1, 3), (2, 2), (3, 3)], "fine": [(1, 3)]},
-                      {"orders": 3, "fine": 2})
+    admin = FakeAdmin(
+        {"orders": [(1, 3), (2, 2), (3, 3)], "fine": [(1, 3)]}, {"orders": 3, "fine": 2}
+    )
     probe = BlockProbe(lambda: admin)
     assert probe.reason({("orders", None)}) == NOT_ENOUGH_REPLICAS
     assert probe.reason({("orders", 0), ("fine", None)}) == TIMED_OUT_REASON

@@ -56,27 +56,44 @@ def _final(msg_id: str):
 
 
 def test_a_clean_history_passes_every_checker(capsys):
-    results = run_all(history_of(clean_events()), horizon_s=HORIZON_S, minimums=MINIMUMS,
-                      pending=TXN_PENDING_EMPTY, discarded=[],
-                      find_hanging={1: "Topic\tPartition\tProducerId\tProducerEpoch\t"
-                                       "CoordinatorEpoch\tStartOffset\tLastTimestamp\t"
-                                       "Duration(min)\t\n"},
-                      txn_list="TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n")
+    results = run_all(
+        history_of(clean_events()),
+        horizon_s=HORIZON_S,
+        minimums=MINIMUMS,
+        pending=TXN_PENDING_EMPTY,
+        discarded=[],
+        find_hanging={
+            1: "Topic\tPartition\tProducerId\tProducerEpoch\t"
+            "CoordinatorEpoch\tStartOffset\tLastTimestamp\t"
+            "Duration(min)\t\n"
+        },
+        txn_list="TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n",
+    )
     assert [r.line() for r in results if not r.passed] == []
     names = {r.name for r in results}
-    assert names == {"history", "exactly_once", "liveness", "settled", "kafka_transactions",
-                     "coordinator_exits", "orderly", "locks", "push", "spark",
-                     "faults_took_effect"}
+    assert names == {
+        "history",
+        "exactly_once",
+        "liveness",
+        "settled",
+        "kafka_transactions",
+        "coordinator_exits",
+        "orderly",
+        "locks",
+        "push",
+        "spark",
+        "faults_took_effect",
+    }
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(results) and all(": PASS - " in ln for ln in printed)
 
 
 # exactly once iff committed
 
+
 def test_a_duplicate_promotion_is_reported():
     dup = at(ev.final_read("orders", 1, 7, msg_id="m1", txn_id="t1"), 31.0)
-    _fails_with(check_exactly_once(_plant(dup)), "duplicate", "m1", "orders[0]@0",
-                "orders[1]@7")
+    _fails_with(check_exactly_once(_plant(dup)), "duplicate", "m1", "orders[0]@0", "orders[1]@7")
 
 
 def test_a_lost_commit_is_reported():
@@ -123,11 +140,11 @@ def test_only_the_named_promoted_topics_are_checked():
 
 # liveness
 
+
 def test_an_unknow_transaction_decided_past_its_horizon_is_reported():
     late = at(ev.check_answered("t3", "grp", "COMMIT"), 1.5 + HORIZON_S + 2)
     history = _plant(late, drop=lambda e: e.kind is Kind.CHECK_ANSWERED and e["txn_id"] == "t3")
-    _fails_with(check_liveness(history, horizon_s=HORIZON_S), "late_decision", "t3",
-                "2.0 s past")
+    _fails_with(check_liveness(history, horizon_s=HORIZON_S), "late_decision", "t3", "2.0 s past")
 
 
 def test_an_unknow_transaction_never_decided_is_reported():
@@ -138,8 +155,9 @@ def test_an_unknow_transaction_never_decided_is_reported():
 def test_the_horizon_pauses_while_the_producer_group_is_down():
     late = at(ev.check_answered("t3", "grp", "COMMIT"), 1.5 + HORIZON_S + 2)
     down = [at(ev.group_state("grp", False), 2.0), at(ev.group_state("grp", True), 5.0)]
-    history = _plant(late, *down,
-                     drop=lambda e: e.kind is Kind.CHECK_ANSWERED and e["txn_id"] == "t3")
+    history = _plant(
+        late, *down, drop=lambda e: e.kind is Kind.CHECK_ANSWERED and e["txn_id"] == "t3"
+    )
     assert check_liveness(history, horizon_s=HORIZON_S).passed
 
 
@@ -150,8 +168,11 @@ def test_the_horizon_pauses_while_a_cluster_fault_is_on_and_only_then():
     partition = at(ev.fault("partition", "node-2", 2000, end_ms=5000), 5.0)
     assert check_liveness(_plant(late, partition, drop=drop), horizon_s=HORIZON_S).passed
     consumer = at(ev.fault("consumer_pause", "orderly-0", 2000, end_ms=5000), 5.0)
-    _fails_with(check_liveness(_plant(late, consumer, drop=drop), horizon_s=HORIZON_S),
-                "late_decision", "t3")
+    _fails_with(
+        check_liveness(_plant(late, consumer, drop=drop), horizon_s=HORIZON_S),
+        "late_decision",
+        "t3",
+    )
 
 
 def test_the_liveness_checker_knows_every_cluster_fault_of_the_nemesis():
@@ -159,46 +180,60 @@ def test_the_liveness_checker_knows_every_cluster_fault_of_the_nemesis():
 
 
 def test_the_horizon_starts_when_a_slow_local_transaction_ended():
-    slow = [at(ev.send("t8", "grp", ["orders"], ["m8"], "UNKNOW_then_COMMIT"), 1.0),
-            at(ev.local_committed("t8", "grp"), 20.0),
-            at(ev.check_answered("t8", "grp", "COMMIT"), 25.0)]
+    slow = [
+        at(ev.send("t8", "grp", ["orders"], ["m8"], "UNKNOW_then_COMMIT"), 1.0),
+        at(ev.local_committed("t8", "grp"), 20.0),
+        at(ev.check_answered("t8", "grp", "COMMIT"), 25.0),
+    ]
     assert check_liveness(_plant(*slow), horizon_s=HORIZON_S).passed
 
 
 # coordinators
 
+
 def test_a_coordinator_that_exited_on_its_own_is_reported():
     crashed = at(ev.exit_("coordinator", "coordinator-3", 1, killed_by_nemesis=False), 9.0)
-    _fails_with(check_coordinator_exits(_plant(crashed)), "unexpected_exit", "coordinator-3",
-                "on its own", "code 1")
+    _fails_with(
+        check_coordinator_exits(_plant(crashed)),
+        "unexpected_exit",
+        "coordinator-3",
+        "on its own",
+        "code 1",
+    )
 
 
 def test_a_coordinator_stopped_by_the_harness_must_exit_cleanly():
-    unclean = at(ev.exit_("coordinator", "coordinator-3", 3, killed_by_nemesis=False,
-                          stopped=True), 29.0)
+    unclean = at(
+        ev.exit_("coordinator", "coordinator-3", 3, killed_by_nemesis=False, stopped=True), 29.0
+    )
     _fails_with(check_coordinator_exits(_plant(unclean)), "unexpected_exit", "stopped")
 
 
 # orderly and locks
 
+
 def test_an_out_of_order_key_is_reported():
-    early = at(ev.consumed("orderly", "og", "c2", "orders", 0, 2, "m3", key="k1"), 4.0,
-               proc="c2")
-    _fails_with(check_orderly(_plant(early)), "out_of_order", "key 'k1'", "orders[0]@2",
-                "orders[0]@0")
+    early = at(ev.consumed("orderly", "og", "c2", "orders", 0, 2, "m3", key="k1"), 4.0, proc="c2")
+    _fails_with(
+        check_orderly(_plant(early)), "out_of_order", "key 'k1'", "orders[0]@2", "orders[0]@0"
+    )
 
 
 def test_key_mode_allows_other_keys_to_pass_but_partition_mode_does_not():
-    other_key = at(ev.consumed("orderly", "og", "c1", "orders", 0, 1, "m5a", key="k2"), 4.0,
-                   proc="c1")
+    other_key = at(
+        ev.consumed("orderly", "og", "c1", "orders", 0, 1, "m5a", key="k2"), 4.0, proc="c1"
+    )
     assert check_orderly(_plant(other_key)).passed
     partition = at(ev.subscribe("orderly", "og", "c1", ["orders"], mode="partition"), 0.7)
     _fails_with(check_orderly(_plant(other_key, partition)), "out_of_order", "orders[0]@1")
 
 
 def test_a_record_the_orderly_group_never_processed_is_reported():
-    history = _plant(drop=lambda e: e.kind is Kind.CONSUMED and e["consumer"] == "orderly"
-                     and e["msg_id"] == "m5b")
+    history = _plant(
+        drop=lambda e: (
+            e.kind is Kind.CONSUMED and e["consumer"] == "orderly" and e["msg_id"] == "m5b"
+        )
+    )
     _fails_with(check_orderly(history), "unprocessed", "audit[0]@0")
 
 
@@ -209,18 +244,42 @@ def test_an_orderly_consumer_processing_an_invisible_record_is_reported():
 
 def test_an_overlapping_lock_is_reported():
     grant = at(ev.lock_grant("og/orders/0", "c2", 2, 5100, 20000), 5.1, proc="coordinator-2")
-    batch = at(ev.batch("og/orders/0", "c2", 2, lease_granted_ms=5100,
-                        lease_valid_until_ms=20000, start_ms=5150, end_ms=5190, offsets=[],
-                        committed=False), 5.19, proc="c2")
+    batch = at(
+        ev.batch(
+            "og/orders/0",
+            "c2",
+            2,
+            lease_granted_ms=5100,
+            lease_valid_until_ms=20000,
+            start_ms=5150,
+            end_ms=5190,
+            offsets=[],
+            committed=False,
+        ),
+        5.19,
+        proc="c2",
+    )
     result = check_locks(_plant(grant, batch))
     _fails_with(result, "overlapping_lock", "c2", "c1")
     _fails_with(result, "overlapping_grant", "c2")
 
 
 def test_a_batch_outliving_its_lease_does_not_overlap_the_next_holder():
-    batch = at(ev.batch("og/orders/0", "c2", 2, lease_granted_ms=9500,
-                        lease_valid_until_ms=20000, start_ms=9600, end_ms=9700, offsets=[],
-                        committed=False), 9.7, proc="c2")
+    batch = at(
+        ev.batch(
+            "og/orders/0",
+            "c2",
+            2,
+            lease_granted_ms=9500,
+            lease_valid_until_ms=20000,
+            start_ms=9600,
+            end_ms=9700,
+            offsets=[],
+            committed=False,
+        ),
+        9.7,
+        proc="c2",
+    )
     assert check_locks(_plant(batch)).passed
 
 
@@ -230,18 +289,43 @@ def test_a_later_holder_with_a_lower_epoch_is_reported():
 
 
 def test_a_commit_after_the_lease_was_lost_is_reported():
-    late = at(ev.batch("og/orders/0", "c1", 1, lease_granted_ms=1000,
-                       lease_valid_until_ms=9000, start_ms=8800, end_ms=8900, offsets=[3],
-                       committed=True, commit_ms=9600), 9.6, proc="c1")
-    _fails_with(check_locks(_plant(late)), "commit_after_lease_lost", "c1", "[3]",
-                "c2 got epoch 2")
+    late = at(
+        ev.batch(
+            "og/orders/0",
+            "c1",
+            1,
+            lease_granted_ms=1000,
+            lease_valid_until_ms=9000,
+            start_ms=8800,
+            end_ms=8900,
+            offsets=[3],
+            committed=True,
+            commit_ms=9600,
+        ),
+        9.6,
+        proc="c1",
+    )
+    _fails_with(check_locks(_plant(late)), "commit_after_lease_lost", "c1", "[3]", "c2 got epoch 2")
 
 
 def test_a_commit_sent_after_the_lease_lapsed_is_reported_though_no_one_took_the_queue():
-    late = at(ev.batch("og/audit/0", "c1", 1, lease_granted_ms=1000,
-                       lease_valid_until_ms=60000, start_ms=8800, end_ms=8900, offsets=[3],
-                       committed=True, commit_sent_ms=70000, commit_ms=70100), 70.1,
-              proc="c1")
+    late = at(
+        ev.batch(
+            "og/audit/0",
+            "c1",
+            1,
+            lease_granted_ms=1000,
+            lease_valid_until_ms=60000,
+            start_ms=8800,
+            end_ms=8900,
+            offsets=[3],
+            committed=True,
+            commit_sent_ms=70000,
+            commit_ms=70100,
+        ),
+        70.1,
+        proc="c1",
+    )
     _fails_with(check_locks(_plant(late)), "commit_after_lease_lost", "c1", "lapsed")
 
 
@@ -249,9 +333,23 @@ def test_a_commit_sent_under_the_lease_that_lands_after_a_takeover_is_counted_no
     """librdkafka defers a commit while the group coordinator is away and sends it later
     under the generation current then: no fence the holder can bind to its lease. It states
     a prefix the holder processed; the summary counts it."""
-    landed = at(ev.batch("og/orders/0", "c1", 1, lease_granted_ms=1000,
-                         lease_valid_until_ms=9000, start_ms=8800, end_ms=8900, offsets=[3],
-                         committed=True, commit_sent_ms=8950, commit_ms=9600), 9.6, proc="c1")
+    landed = at(
+        ev.batch(
+            "og/orders/0",
+            "c1",
+            1,
+            lease_granted_ms=1000,
+            lease_valid_until_ms=9000,
+            start_ms=8800,
+            end_ms=8900,
+            offsets=[3],
+            committed=True,
+            commit_sent_ms=8950,
+            commit_ms=9600,
+        ),
+        9.6,
+        proc="c1",
+    )
     result = check_locks(_plant(landed))
     assert result.passed, result.violations
     assert "1 commits landed after a takeover" in result.summary
@@ -260,25 +358,52 @@ def test_a_commit_sent_under_the_lease_that_lands_after_a_takeover_is_counted_no
 def test_a_commit_sent_under_the_lease_may_land_late_if_no_one_else_took_the_queue():
     """A broker down delays the commit's answer, not its sending: the consumer checked its
     lease when it sent it, and no other holder's offsets can be moved back."""
-    slow = at(ev.batch("og/audit/0", "c1", 1, lease_granted_ms=1000,
-                       lease_valid_until_ms=60000, start_ms=8800, end_ms=8900, offsets=[3],
-                       committed=True, commit_sent_ms=59000, commit_ms=72000), 72.0,
-              proc="c1")
+    slow = at(
+        ev.batch(
+            "og/audit/0",
+            "c1",
+            1,
+            lease_granted_ms=1000,
+            lease_valid_until_ms=60000,
+            start_ms=8800,
+            end_ms=8900,
+            offsets=[3],
+            committed=True,
+            commit_sent_ms=59000,
+            commit_ms=72000,
+        ),
+        72.0,
+        proc="c1",
+    )
     assert check_locks(_plant(slow)).passed
 
 
 def test_a_batch_without_a_valid_lease_is_reported():
-    stale = at(ev.batch("og/orders/0", "c1", 1, lease_granted_ms=1000,
-                        lease_valid_until_ms=9000, start_ms=9100, end_ms=9200, offsets=[],
-                        committed=False), 9.2, proc="c1")
+    stale = at(
+        ev.batch(
+            "og/orders/0",
+            "c1",
+            1,
+            lease_granted_ms=1000,
+            lease_valid_until_ms=9000,
+            start_ms=9100,
+            end_ms=9200,
+            offsets=[],
+            committed=False,
+        ),
+        9.2,
+        proc="c1",
+    )
     _fails_with(check_locks(_plant(stale)), "batch_without_lease", "c1", "9100")
 
 
 # push
 
+
 def test_a_lost_push_record_is_reported():
-    history = _plant(drop=lambda e: e.kind is Kind.CONSUMED and e["consumer"] == "push"
-                     and e["msg_id"] == "m5b")
+    history = _plant(
+        drop=lambda e: e.kind is Kind.CONSUMED and e["consumer"] == "push" and e["msg_id"] == "m5b"
+    )
     _fails_with(check_push(history), "lost", "m5b", "audit[0]@0")
 
 
@@ -296,11 +421,15 @@ def test_a_push_consumer_processing_an_invisible_record_is_reported():
 
 # spark
 
-@pytest.mark.parametrize(("rows", "kind", "msg"), [
-    (["m1", "m1", "m3", "m5a", "m5b"], "duplicate", "m1"),
-    (["m1", "m5a", "m5b"], "missing", "m3"),
-    (["m1", "m2", "m3", "m5a", "m5b"], "extra", "m2"),
-])
+
+@pytest.mark.parametrize(
+    ("rows", "kind", "msg"),
+    [
+        (["m1", "m1", "m3", "m5a", "m5b"], "duplicate", "m1"),
+        (["m1", "m5a", "m5b"], "missing", "m3"),
+        (["m1", "m2", "m3", "m5a", "m5b"], "extra", "m2"),
+    ],
+)
 def test_the_spark_output_must_be_the_committed_set_once(rows, kind, msg):
     result = check_spark(history_of(clean_events()), [{"msg_id": m} for m in rows])
     _fails_with(result, kind, msg)
@@ -312,50 +441,71 @@ def test_a_spark_duplicate_in_the_recorded_rows_is_reported():
 
 # the faults took effect
 
+
 def test_faults_that_missed_the_load_are_reported():
     history = _plant(drop=lambda e: e.kind in (Kind.LOCK_TAKEOVER, Kind.FAULT))
     result = check_faults_took_effect(history, {**MINIMUMS, "rebalance": 4})
-    _fails_with(result, "too_few", "lock_takeover: 0 < minimum 1", "rebalance: 3 < minimum 4",
-                "fault:broker_sigkill: 0")
+    _fails_with(
+        result,
+        "too_few",
+        "lock_takeover: 0 < minimum 1",
+        "rebalance: 3 < minimum 4",
+        "fault:broker_sigkill: 0",
+    )
 
 
 # Kafka's TransactionsCommand and `rmq-semantics txn pending|discarded`
 
+
 def _kafka_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     """What ToolsUtils.prettyPrintTable prints: cells padded to the column, each + TAB."""
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    return "".join("".join(c.ljust(w) + "\t" for c, w in zip(r, widths, strict=True)) + "\n"
-                   for r in [headers, *rows])
+    return "".join(
+        "".join(c.ljust(w) + "\t" for c, w in zip(r, widths, strict=True)) + "\n"
+        for r in [headers, *rows]
+    )
 
 
-HANGING = _kafka_table(FIND_HANGING_HEADERS,
-                       [("orders", "3", "1002", "5", "7", "41", "1712000000000", "22")])
-LISTED = _kafka_table(LIST_HEADERS, [("rmq-coord-0", "1", "1000", "CompleteCommit"),
-                                     ("rmq-coord-1", "2", "1001", "Ongoing"),
-                                     ("other-app", "2", "1005", "Ongoing")])
+HANGING = _kafka_table(
+    FIND_HANGING_HEADERS, [("orders", "3", "1002", "5", "7", "41", "1712000000000", "22")]
+)
+LISTED = _kafka_table(
+    LIST_HEADERS,
+    [
+        ("rmq-coord-0", "1", "1000", "CompleteCommit"),
+        ("rmq-coord-1", "2", "1001", "Ongoing"),
+        ("other-app", "2", "1005", "Ongoing"),
+    ],
+)
 NOTHING_HANGS = _kafka_table(FIND_HANGING_HEADERS, [])
 # Captured: kafka-tools 4.3.1 `list` against the embedded 4.4.0 broker, one transaction left
 # open and one committed.
-CAPTURED_LIST = ("TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n"
-                 "rmq-coord-1    \t1          \t1         \tCompleteCommit  \t\n"
-                 "rmq-coord-0    \t1          \t0         \tOngoing         \t\n")
-CAPTURED_NOTHING_HANGS = ("Topic\tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\t"
-                          "StartOffset\tLastTimestamp\tDuration(min)\t\n")
+CAPTURED_LIST = (
+    "TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n"
+    "rmq-coord-1    \t1          \t1         \tCompleteCommit  \t\n"
+    "rmq-coord-0    \t1          \t0         \tOngoing         \t\n"
+)
+CAPTURED_NOTHING_HANGS = (
+    "Topic\tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\t"
+    "StartOffset\tLastTimestamp\tDuration(min)\t\n"
+)
 
 
 def test_kafka_tool_tables_are_parsed_as_kafka_prints_them():
     assert parse_find_hanging(NOTHING_HANGS) == []
     (hanging,) = parse_find_hanging("SLF4J: a log line first\n" + HANGING)
-    assert (hanging.where, hanging.producer_id, hanging.duration_min) == ("orders[3]@41", 1002,
-                                                                          22)
+    assert (hanging.where, hanging.producer_id, hanging.duration_min) == ("orders[3]@41", 1002, 22)
     assert [(t.transactional_id, t.state) for t in parse_txn_list(LISTED)] == [
-        ("rmq-coord-0", "CompleteCommit"), ("rmq-coord-1", "Ongoing"), ("other-app", "Ongoing")]
+        ("rmq-coord-0", "CompleteCommit"),
+        ("rmq-coord-1", "Ongoing"),
+        ("other-app", "Ongoing"),
+    ]
     with pytest.raises(ToolOutputError, match="no Topic Partition"):
         parse_find_hanging("Failed to list topics: timed out\n")
 
 
 def test_a_hanging_transaction_is_reported():
-    result = check_kafka_transactions({1: NOTHING_HANGS, 2: HANGING}, LISTED[:LISTED.index("\n")])
+    result = check_kafka_transactions({1: NOTHING_HANGS, 2: HANGING}, LISTED[: LISTED.index("\n")])
     _fails_with(result, "hanging", "broker 2", "orders[3]@41", "producer 1002")
 
 
@@ -392,8 +542,10 @@ DISCARDED_ASCII = """\
 
 def test_txn_pending_and_discarded_tables_are_parsed():
     assert parse_pending(TXN_PENDING_EMPTY) == []
-    assert [(r["txn id"], r["half"]) for r in parse_pending(PENDING)] == [("tx-1", "0:15"),
-                                                                         ("tx-2", "1:7")]
+    assert [(r["txn id"], r["half"]) for r in parse_pending(PENDING)] == [
+        ("tx-1", "0:15"),
+        ("tx-2", "1:7"),
+    ]
     (row,) = parse_discarded(DISCARDED_ASCII)
     assert (row["txn id"], row["reason"]) == ("tx-9", "check_max,late_commit")
     with pytest.raises(ToolOutputError, match="no 'txn id' table"):
@@ -411,14 +563,27 @@ def test_a_transaction_left_pending_or_discarded_is_reported():
 
 # the history format
 
+
 def test_the_history_round_trips_from_two_threads(tmp_path):
     path = tmp_path / "producer-1.jsonl"
     written: list[Event] = []
     with Recorder(path, "producer-1") as recorder:
+
         def work(name: str) -> None:
             for i in range(200):
-                written.append(recorder.emit(ev.send(f"{name}-{i}", "grp", ["orders"],
-                                                     [f"{name}-m{i}"], "COMMIT", keys=[None])))
+                written.append(
+                    recorder.emit(
+                        ev.send(
+                            f"{name}-{i}",
+                            "grp",
+                            ["orders"],
+                            [f"{name}-m{i}"],
+                            "COMMIT",
+                            keys=[None],
+                        )
+                    )
+                )
+
         threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
         for t in threads:
             t.start()
@@ -447,51 +612,71 @@ def test_a_torn_last_line_is_counted_and_a_bad_line_fails_the_history_check(tmp_
 
 
 def test_an_event_without_its_required_fields_is_refused(tmp_path):
-    with Recorder(tmp_path / "c1.jsonl", "c1") as recorder, \
-            pytest.raises(ValueError, match="a consumed event needs msg_id"):
-        recorder.record("consumed", consumer="push", group="g", instance="i", topic="t",
-                        partition=0, offset=1)
+    with (
+        Recorder(tmp_path / "c1.jsonl", "c1") as recorder,
+        pytest.raises(ValueError, match="a consumed event needs msg_id"),
+    ):
+        recorder.record(
+            "consumed", consumer="push", group="g", instance="i", topic="t", partition=0, offset=1
+        )
     assert (tmp_path / "c1.jsonl").read_text() == ""
 
 
 # the summary
 
+
 def test_the_summary_counts_and_names_the_seed_and_history_on_failure(tmp_path):
     history = _plant(at(ev.final_read("orders", 1, 7, msg_id="m1"), 31.0))
     results = run_all(history, horizon_s=HORIZON_S, minimums=MINIMUMS, echo=False)
     console = Console(file=io.StringIO(), width=160)
-    text = render_summary(history, results, history_paths=[str(tmp_path / "h.jsonl")],
-                          console=console)
+    text = render_summary(
+        history, results, history_paths=[str(tmp_path / "h.jsonl")], console=console
+    )
     assert "broker_sigkill" in text and "txn UNKNOW_then_COMMIT" in text
     assert "exactly_once" in text and "FAIL" in text
     assert f"replay with seed 42 (make campaign SEEDS=42); history: {tmp_path}/h.jsonl" in text
     assert text == console.file.getvalue()
-    clean = run_all(history_of(clean_events()), horizon_s=HORIZON_S, minimums=MINIMUMS,
-                    echo=False)
+    clean = run_all(history_of(clean_events()), horizon_s=HORIZON_S, minimums=MINIMUMS, echo=False)
     assert failure_line(clean, 42, ["h"]) is None
 
 
 def test_key_mode_orders_by_the_message_group_header_before_the_record_key():
     # m5a (key k2) shares message group k1 with m1 and m3: processed before m1, out of order.
-    regrouped = [e if not (e.kind is Kind.FINAL_READ and e["msg_id"] in ("m1", "m5a")) else
-                 at(ev.final_read(e["topic"], e["partition"], e["offset"], msg_id=e["msg_id"],
-                                  key=e["key"], headers={"rmq.message_group": "g1"}), 31.0)
-                 for e in clean_events()]
+    regrouped = [
+        e
+        if not (e.kind is Kind.FINAL_READ and e["msg_id"] in ("m1", "m5a"))
+        else at(
+            ev.final_read(
+                e["topic"],
+                e["partition"],
+                e["offset"],
+                msg_id=e["msg_id"],
+                key=e["key"],
+                headers={"rmq.message_group": "g1"},
+            ),
+            31.0,
+        )
+        for e in clean_events()
+    ]
     early = at(ev.consumed("orderly", "og", "c1", "orders", 0, 1, "m5a", key="k2"), 4.0)
     assert check_orderly(history_of([*clean_events(), early])).passed
-    _fails_with(check_orderly(history_of([*regrouped, early])), "out_of_order", "key 'g1'",
-                "orders[0]@1")
+    _fails_with(
+        check_orderly(history_of([*regrouped, early])), "out_of_order", "key 'g1'", "orders[0]@1"
+    )
 
 
 def test_a_pattern_subscription_expects_every_matching_topic_read():
     # The push group subscribed by pattern only: a record of a matching topic it never
     # processed is lost; a topic the pattern does not match is not its business.
     def drop_m5b(e):
-        return ((e.kind is Kind.SUBSCRIBE and e["consumer"] == "push")
-                or (e.kind is Kind.CONSUMED and e["group"] == "pg" and e["msg_id"] == "m5b"))
+        return (e.kind is Kind.SUBSCRIBE and e["consumer"] == "push") or (
+            e.kind is Kind.CONSUMED and e["group"] == "pg" and e["msg_id"] == "m5b"
+        )
 
-    extra = [at(ev.subscribe("push", "pg", "push-1", [], pattern="^(orders|audit)$"), 0.6),
-             at(ev.final_read("other", 0, 0, msg_id="x1"), 31.0)]
+    extra = [
+        at(ev.subscribe("push", "pg", "push-1", [], pattern="^(orders|audit)$"), 0.6),
+        at(ev.final_read("other", 0, 0, msg_id="x1"), 31.0),
+    ]
     result = check_push(_plant(*extra, drop=drop_m5b), echo=False)
     _fails_with(result, "lost", "m5b")
     assert {v.where.get("msg_id") for v in result.violations} == {"m5b"}
@@ -499,13 +684,19 @@ def test_a_pattern_subscription_expects_every_matching_topic_read():
 
 def test_dead_letters_must_be_exactly_the_planned_ones():
     planned = {"m5a"}.__contains__
-    assert check_push(history_of(clean_events()), dead_letter_expected=planned,
-                      echo=False).passed
-    _fails_with(check_push(history_of(clean_events()), dead_letter_expected=lambda m: False,
-                           echo=False), "unexpected_dead_letter", "m5a")
-    _fails_with(check_push(history_of(clean_events()),
-                           dead_letter_expected={"m5a", "m1"}.__contains__, echo=False),
-                "missing_dead_letter", "m1")
+    assert check_push(history_of(clean_events()), dead_letter_expected=planned, echo=False).passed
+    _fails_with(
+        check_push(history_of(clean_events()), dead_letter_expected=lambda m: False, echo=False),
+        "unexpected_dead_letter",
+        "m5a",
+    )
+    _fails_with(
+        check_push(
+            history_of(clean_events()), dead_letter_expected={"m5a", "m1"}.__contains__, echo=False
+        ),
+        "missing_dead_letter",
+        "m1",
+    )
 
 
 def test_find_hanging_is_limited_to_the_runs_topics():
@@ -513,7 +704,11 @@ def test_find_hanging_is_limited_to_the_runs_topics():
     other = header + "\n" + "\t".join(["other-topic", "0", "7", "0", "3", "12", "1", "9"])
     ours = header + "\n" + "\t".join(["cw30-t0", "0", "7", "0", "3", "12", "1", "9"])
     listing = "\t".join(LIST_HEADERS) + "\n"
-    assert check_kafka_transactions({1: other}, listing, topic_prefixes=["cw30-"],
-                                    echo=False).passed
-    _fails_with(check_kafka_transactions({1: ours}, listing, topic_prefixes=["cw30-"],
-                                         echo=False), "hanging", "cw30-t0[0]@12")
+    assert check_kafka_transactions(
+        {1: other}, listing, topic_prefixes=["cw30-"], echo=False
+    ).passed
+    _fails_with(
+        check_kafka_transactions({1: ours}, listing, topic_prefixes=["cw30-"], echo=False),
+        "hanging",
+        "cw30-t0[0]@12",
+    )

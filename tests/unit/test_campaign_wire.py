@@ -48,12 +48,19 @@ def _states(nem: wire.RealNemesis, tmp_path: Path) -> list[tuple[str, bool]]:
 
 
 def test_a_clock_ahead_takes_its_group_down_until_offset_and_a_session_past_its_end(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     clock = [100.0]
     nem, plan = _wired(tmp_path, clock, monkeypatch)
     group = f"{nem.cfg.run_id}-pg2"
-    skew = {"kind": "clock_skew", "target": "producer-2", "start_ms": 1, "end_ms": None,
-            "seed": 30, "detail": {"offset": "+20"}}
+    skew = {
+        "kind": "clock_skew",
+        "target": "producer-2",
+        "start_ms": 1,
+        "end_ms": None,
+        "seed": 30,
+        "detail": {"offset": "+20"},
+    }
     plan.list.append(skew)
     nem.record_ended()
     assert _states(nem, tmp_path) == [(group, False)]
@@ -72,7 +79,15 @@ def test_a_clock_ahead_takes_its_group_down_until_offset_and_a_session_past_its_
 
 def test_a_clock_behind_leaves_its_group_up(tmp_path, monkeypatch):
     nem, plan = _wired(tmp_path, [100.0], monkeypatch)
-    plan.list.append({"kind": "clock_skew", "target": "producer-2", "start_ms": 1,
-                      "end_ms": 2, "seed": 30, "detail": {"offset": "-20"}})
+    plan.list.append(
+        {
+            "kind": "clock_skew",
+            "target": "producer-2",
+            "start_ms": 1,
+            "end_ms": 2,
+            "seed": 30,
+            "detail": {"offset": "-20"},
+        }
+    )
     nem.record_ended()
     assert _states(nem, tmp_path) == []

@@ -31,9 +31,14 @@ class FailingConsumer:
 
 def producer_with(consumer: FailingConsumer) -> CheckResponder:
     """The check side of a TransactionProducer, with a scripted consumer."""
-    responder = CheckResponder({"bootstrap.servers": "127.0.0.1:1"}, SystemTopics("__rmq"), "pg",
-                               instance_id="i1", ask=lambda check: S.UNKNOW,
-                               reply=lambda check, state: None)
+    responder = CheckResponder(
+        {"bootstrap.servers": "127.0.0.1:1"},
+        SystemTopics("__rmq"),
+        "pg",
+        instance_id="i1",
+        ask=lambda check: S.UNKNOW,
+        reply=lambda check, state: None,
+    )
     responder._consumer = consumer
     responder._stop = RecordingStop()
     return responder

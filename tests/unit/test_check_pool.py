@@ -56,8 +56,15 @@ def test_a_hung_check_is_answered_unknow_and_the_others_go_on():
             return S.COMMIT_MESSAGE
         return S.COMMIT_MESSAGE
 
-    pool = CheckPool(threads=1, timeout_s=0.3, queue_size=10, ask=ask, reply=rec.reply,
-                     done=rec.finished, name="pg")
+    pool = CheckPool(
+        threads=1,
+        timeout_s=0.3,
+        queue_size=10,
+        ask=ask,
+        reply=rec.reply,
+        done=rec.finished,
+        name="pg",
+    )
     pool.start()
     try:
         assert pool.submit(job("hung", 0))
@@ -65,7 +72,8 @@ def test_a_hung_check_is_answered_unknow_and_the_others_go_on():
             assert pool.submit(job(f"t{n}", n))
         rec.wait_for(4)  # one thread only: the others ran on the hung one's replacement
         assert sorted(rec.replies) == [("hung", S.UNKNOW)] + [
-            (f"t{n}", S.COMMIT_MESSAGE) for n in (1, 2, 3)]
+            (f"t{n}", S.COMMIT_MESSAGE) for n in (1, 2, 3)
+        ]
         assert pool.timed_out == 1 and pool.answered == 4
         release.set()  # the late answer is dropped: UNKNOW was sent for that check
     finally:
@@ -81,8 +89,15 @@ def test_a_request_that_cannot_be_asked_is_skipped_and_the_worker_lives():
             raise ValueError("partition must be >= 0")
         return S.ROLLBACK_MESSAGE
 
-    pool = CheckPool(threads=1, timeout_s=30, queue_size=10, ask=ask, reply=rec.reply,
-                     done=rec.finished, name="pg")
+    pool = CheckPool(
+        threads=1,
+        timeout_s=30,
+        queue_size=10,
+        ask=ask,
+        reply=rec.reply,
+        done=rec.finished,
+        name="pg",
+    )
     pool.start()
     try:
         pool.submit(job("bad", 0))
@@ -104,8 +119,14 @@ class CommitRecorder:
 
 @pytest.fixture
 def responder() -> CheckResponder:
-    r = CheckResponder({"bootstrap.servers": "127.0.0.1:1"}, SystemTopics("__rmq"), "pg",
-                       instance_id="i1", ask=lambda c: S.UNKNOW, reply=lambda c, s: None)
+    r = CheckResponder(
+        {"bootstrap.servers": "127.0.0.1:1"},
+        SystemTopics("__rmq"),
+        "pg",
+        instance_id="i1",
+        ask=lambda c: S.UNKNOW,
+        reply=lambda c, s: None,
+    )
     r._on_assign(None, [TopicPartition("__rmq_check", 0), TopicPartition("__rmq_check", 1)])
     return r
 
@@ -155,8 +176,15 @@ def test_hung_checks_leave_a_bounded_number_of_threads_and_are_answered_unknow()
     def threads() -> int:
         return sum(t.name.startswith("rmq-check-worker-hang-") for t in threading.enumerate())
 
-    pool = CheckPool(threads=1, timeout_s=0.2, queue_size=20, ask=ask, reply=rec.reply,
-                     done=rec.finished, name="hang")
+    pool = CheckPool(
+        threads=1,
+        timeout_s=0.2,
+        queue_size=20,
+        ask=ask,
+        reply=rec.reply,
+        done=rec.finished,
+        name="hang",
+    )
     pool.start()
     try:
         for n in range(8):

@@ -19,13 +19,29 @@ def oauth_cb(_config: str) -> tuple[str, float]:
     return "token", 0.0
 
 
-USER = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
-        "sasl.mechanisms": "OAUTHBEARER", "oauth_cb": oauth_cb,
-        "enable.ssl.certificate.verification": False, "ssl.ca.location": "/ca.pem",
-        "linger.ms": 50, "group.id": "billing", "client.id": "svc"}
-SECURITY = {k: USER[k] for k in ("bootstrap.servers", "security.protocol", "sasl.mechanisms",
-                                 "oauth_cb", "enable.ssl.certificate.verification",
-                                 "ssl.ca.location", "client.id")}
+USER = {
+    "bootstrap.servers": "b:9092",
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanisms": "OAUTHBEARER",
+    "oauth_cb": oauth_cb,
+    "enable.ssl.certificate.verification": False,
+    "ssl.ca.location": "/ca.pem",
+    "linger.ms": 50,
+    "group.id": "billing",
+    "client.id": "svc",
+}
+SECURITY = {
+    k: USER[k]
+    for k in (
+        "bootstrap.servers",
+        "security.protocol",
+        "sasl.mechanisms",
+        "oauth_cb",
+        "enable.ssl.certificate.verification",
+        "ssl.ca.location",
+        "client.id",
+    )
+}
 
 
 def without_logger(conf: dict) -> dict:
@@ -39,8 +55,9 @@ def test_internal_clients_get_every_security_key_and_none_of_the_tuning():
 
 def test_every_internal_client_the_product_builds_gets_the_security_keys():
     lock = LockClient(USER)._conf
-    checks = CheckResponder(USER, SystemTopics("__rmq"), "pg", instance_id="i1", ask=print,
-                            reply=print)._conf
+    checks = CheckResponder(
+        USER, SystemTopics("__rmq"), "pg", instance_id="i1", ask=print, reply=print
+    )._conf
     dlq = producer_defaults(USER, internal=True)
     for conf in (lock, checks, dlq):
         assert {k: conf[k] for k in SECURITY} == SECURITY
@@ -57,8 +74,7 @@ def test_user_facing_clients_keep_the_whole_conf_plus_defaults_the_caller_can_ov
 
 def test_forced_settings_win_and_the_callers_dict_is_never_mutated():
     original = dict(USER)
-    out = client_conf(USER, defaults={"linger.ms": 5, "acks": "all"},
-                      forced={"group.id": "ours"})
+    out = client_conf(USER, defaults={"linger.ms": 5, "acks": "all"}, forced={"group.id": "ours"})
     assert out["linger.ms"] == 50 and out["acks"] == "all" and out["group.id"] == "ours"
     assert original == USER
 
@@ -70,5 +86,6 @@ def test_a_conf_without_bootstrap_names_the_client():
 
 def test_a_setting_librdkafka_refuses_is_one_config_error():
     with pytest.raises(ConfigError, match=r"invalid producer conf: .*no\.such\.setting"):
-        new_client(confluent_kafka.Producer, {"bootstrap.servers": "b:1", "no.such.setting": 1},
-                   "producer")
+        new_client(
+            confluent_kafka.Producer, {"bootstrap.servers": "b:1", "no.such.setting": 1}, "producer"
+        )

@@ -47,25 +47,57 @@ class Admin:
         if self.error is not None:
             raise KafkaException(self.error)
         names = set(self.topics) | set(self.topic_errors)
-        return type("Meta", (), {"topics": {
-            name: type("T", (), {"error": self.topic_errors.get(name),
-                                 "partitions": dict.fromkeys(range(self.topics.get(name, 0)))})()
-            for name in names}})()
+        return type(
+            "Meta",
+            (),
+            {
+                "topics": {
+                    name: type(
+                        "T",
+                        (),
+                        {
+                            "error": self.topic_errors.get(name),
+                            "partitions": dict.fromkeys(range(self.topics.get(name, 0))),
+                        },
+                    )()
+                    for name in names
+                }
+            },
+        )()
 
 
-def half(offset: int, topic: str, partition: int | None = None,
-         timestamp_ms: int = T0) -> HalfMessage:
-    return HalfMessage(0, offset, timestamp_ms, f"t{offset}", "pg", topic, partition,
-                       timestamp_ms, None, b"k", b"v", [])
+def half(
+    offset: int, topic: str, partition: int | None = None, timestamp_ms: int = T0
+) -> HalfMessage:
+    return HalfMessage(
+        0,
+        offset,
+        timestamp_ms,
+        f"t{offset}",
+        "pg",
+        topic,
+        partition,
+        timestamp_ms,
+        None,
+        b"k",
+        b"v",
+        [],
+    )
 
 
-def commit(st: PartitionState, offset: int, topic: str, partition: int | None = None,
-           timestamp_ms: int = T0) -> list[Action]:
+def commit(
+    st: PartitionState,
+    offset: int,
+    topic: str,
+    partition: int | None = None,
+    timestamp_ms: int = T0,
+) -> list[Action]:
     from coordinator.state import EndRequest
 
     st.on_half(offset, half(offset, topic, partition, timestamp_ms), T0)
-    return st.on_end_request(EndRequest(100 + offset, f"t{offset}", "pg", offset, "COMMIT",
-                                        False, 0, T0), T0)
+    return st.on_end_request(
+        EndRequest(100 + offset, f"t{offset}", "pg", offset, "COMMIT", False, 0, T0), T0
+    )
 
 
 def live() -> PartitionState:
@@ -108,8 +140,9 @@ def test_a_topic_created_just_after_an_unrelated_refresh_is_promoted(monkeypatch
     admin = Admin({"orders": 1})
     destinations = Destinations(lambda: admin, PoisonLedger(3))
     st = live()
-    assert reasons(past_grace(clock, lambda: destinations.vet(commit(live(), 0, "gone"), {
-        0: st}))) == [DiscardReason.UNKNOWN_TOPIC]  # reads lacking it for the grace: a discard
+    assert reasons(
+        past_grace(clock, lambda: destinations.vet(commit(live(), 0, "gone"), {0: st}))
+    ) == [DiscardReason.UNKNOWN_TOPIC]  # reads lacking it for the grace: a discard
     admin.topics["new"] = 1
     clock.advance(0.05)
     assert reasons(destinations.vet(commit(st, 1, "new"), {0: st})) == [None]
@@ -149,13 +182,23 @@ def test_a_fresh_read_lacking_the_topic_or_partition_still_discards(monkeypatch)
 
     def batch() -> list:
         st = live()
-        return destinations.vet([*commit(st, 0, "orders", 1), *commit(st, 1, "orders", 2),
-                                 *commit(st, 2, "gone"), *commit(st, 3, "never")], {0: st})
+        return destinations.vet(
+            [
+                *commit(st, 0, "orders", 1),
+                *commit(st, 1, "orders", 2),
+                *commit(st, 2, "gone"),
+                *commit(st, 3, "never"),
+            ],
+            {0: st},
+        )
 
     # Every missing one starts its grace in the first try: the replay after it decides all.
     assert reasons(past_grace(clock, batch)) == [
-        None, DiscardReason.UNKNOWN_PARTITION, DiscardReason.UNKNOWN_TOPIC,
-        DiscardReason.UNKNOWN_TOPIC]
+        None,
+        DiscardReason.UNKNOWN_PARTITION,
+        DiscardReason.UNKNOWN_TOPIC,
+        DiscardReason.UNKNOWN_TOPIC,
+    ]
     assert admin.listed == 2  # one read serves a whole batch
     clock.advance(5)
     assert reasons(destinations.vet(commit(st, 4, "orders", 0), {0: st})) == [None]

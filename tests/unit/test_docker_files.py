@@ -23,9 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 # What an image's ENTRYPOINT means in terms of `rmq-semantics` arguments.
-ENTRYPOINT_ARGV = {("python", "-m", "coordinator"): ["coordinator"],
-                   ("rmq-semantics",): [],
-                   ("python", "-m", "rmq_semantics"): []}
+ENTRYPOINT_ARGV = {
+    ("python", "-m", "coordinator"): ["coordinator"],
+    ("rmq-semantics",): [],
+    ("python", "-m", "rmq_semantics"): [],
+}
 _VAR = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
 
 
@@ -76,8 +78,7 @@ def _parse(argv: list[str], capsys: pytest.CaptureFixture) -> argparse.Namespace
         pytest.fail(f"the CLI refuses {argv}: {capsys.readouterr().err.strip()}")
 
 
-@pytest.mark.parametrize("service, command", [("coordinator", "coordinator"),
-                                              ("spark", "spark")])
+@pytest.mark.parametrize("service, command", [("coordinator", "coordinator"), ("spark", "spark")])
 def test_every_compose_flag_is_a_real_cli_flag(compose, service, command, capsys):
     argv = _cli_argv(compose["services"][service])
     args = _parse(argv, capsys)
@@ -105,10 +106,12 @@ def test_compose_runs_kafka_kraft_single_node_and_two_coordinators(compose):
     assert kafka["image"] == "apache/kafka:4.4.0"  # the default stays the official image
     env = {k: str(v) for k, v in kafka["environment"].items()}
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller" and env["CLUSTER_ID"]
-    for name in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
-                 "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
-                 "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
-                 "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR"):
+    for name in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+    ):
         assert env[name] == "1", name
     assert services["coordinator"]["deploy"]["replicas"] == 2
     assert "container_name" not in services["coordinator"]  # would clash with 2 replicas
@@ -134,17 +137,25 @@ def test_the_kafka_tools_compose_runs_exist_in_our_kafka_image_too(compose):
     """apache/kafka has every /opt/kafka/bin tool; our image only those images.sh installs
     (kafka-tool.sh under each name), so each one the compose file runs must be among them."""
     services = compose["services"]
-    used = set(re.findall(r"/opt/kafka/bin/([\w.-]+)",
-                          json.dumps([services["kafka"]["healthcheck"]["test"],
-                                      services["topics"]["entrypoint"]])))
+    used = set(
+        re.findall(
+            r"/opt/kafka/bin/([\w.-]+)",
+            json.dumps(
+                [services["kafka"]["healthcheck"]["test"], services["topics"]["entrypoint"]]
+            ),
+        )
+    )
     assert used == {"kafka-broker-api-versions.sh", "kafka-topics.sh"}
     installed = re.search(r"for tool in ([^;]+);", (DOCKER / "images.sh").read_text())
     assert installed and used <= set(installed.group(1).split())
     launcher = (DOCKER / "kafka" / "kafka-tool.sh").read_text()
-    assert all(re.search(rf"^\s+{re.escape(tool)}\) class=org\.apache\.kafka\.tools\.", launcher,
-                         re.M) for tool in used)
-    assert services["spark"]["depends_on"]["topics"]["condition"] == \
-        "service_completed_successfully"
+    assert all(
+        re.search(rf"^\s+{re.escape(tool)}\) class=org\.apache\.kafka\.tools\.", launcher, re.M)
+        for tool in used
+    )
+    assert (
+        services["spark"]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    )
 
 
 def test_coordinator_image_is_small_non_root_and_signal_friendly():
@@ -180,13 +191,16 @@ def _compose_cli() -> str | None:
     if docker is None:
         return "no docker client on PATH"
     try:
-        proc = subprocess.run([docker, "compose", "version"], capture_output=True, text=True,
-                              timeout=30)
+        proc = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, text=True, timeout=30
+        )
     except subprocess.TimeoutExpired:
         return "`docker compose version` did not answer within 30 s"
     if proc.returncode != 0:
-        return ("the docker client has no compose plugin (`docker compose version`: "
-                f"{(proc.stderr or proc.stdout).strip().splitlines()[0]})")
+        return (
+            "the docker client has no compose plugin (`docker compose version`: "
+            f"{(proc.stderr or proc.stdout).strip().splitlines()[0]})"
+        )
     return None
 
 
@@ -194,8 +208,12 @@ def test_docker_compose_config_accepts_the_file():
     reason = _compose_cli()
     if reason is not None:
         pytest.skip(reason)
-    proc = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -208,8 +226,10 @@ def test_the_default_profile_is_unchanged_and_monitoring_needs_its_profile(compo
     services = compose["services"]
     default = {name for name, s in services.items() if not s.get("profiles")}
     assert default == DEFAULT_SERVICES  # what `up -d --wait` starts and waits for
-    assert {name: s.get("profiles") for name, s in services.items() if name not in default} \
-        == {"prometheus": ["monitoring"], "grafana": ["monitoring"]}
+    assert {name: s.get("profiles") for name, s in services.items() if name not in default} == {
+        "prometheus": ["monitoring"],
+        "grafana": ["monitoring"],
+    }
     # Nothing of the default run waits on a monitoring service.
     for name in default:
         assert not set(services[name].get("depends_on", {})) & {"prometheus", "grafana"}
@@ -237,8 +257,9 @@ def test_monitoring_services_mount_files_that_exist_and_publish_on_loopback_only
     dashboard_mount = next(v for v in services["grafana"]["volumes"] if "rmq-semantics.json" in v)
     assert dashboard_mount.split(":")[1].startswith(provider["options"]["path"] + "/")
     dashboard = json.loads((DOCKER / "grafana" / "rmq-semantics.json").read_text())
-    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} \
-        == {source["uid"]}
+    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {
+        source["uid"]
+    }
 
 
 def _metric_names(text: str) -> set[str]:
@@ -254,15 +275,33 @@ def test_the_dashboard_and_the_alerts_use_only_metrics_the_coordinator_exports()
     dashboard = json.loads((DOCKER / "grafana" / "rmq-semantics.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for wanted in ("promotions", "pending", "oldest pending", "checks", "discards", "rejected",
-                   "aborted", "latency", "lock"):
+    for wanted in (
+        "promotions",
+        "pending",
+        "oldest pending",
+        "checks",
+        "discards",
+        "rejected",
+        "aborted",
+        "latency",
+        "lock",
+    ):
         assert wanted in titles, wanted
-    rules = [r for g in yaml.safe_load((DOCKER / "prometheus" / "alerts.yml").read_text())[
-        "groups"] for r in g["rules"]]
+    rules = [
+        r
+        for g in yaml.safe_load((DOCKER / "prometheus" / "alerts.yml").read_text())["groups"]
+        for r in g["rules"]
+    ]
     used = _metric_names(" ".join(exprs + [r["expr"] for r in rules]))
     assert used and used <= exported, used - exported
-    assert {r["alert"] for r in rules} >= {"RmqPendingPastCheckHorizon",
-                                           "RmqHalfMessagesDiscarded", "RmqEndRequestsRejected",
-                                           "RmqCoordinatorDown", "RmqPartitionWithoutOwner"}
-    assert all(r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
-               for r in rules)
+    assert {r["alert"] for r in rules} >= {
+        "RmqPendingPastCheckHorizon",
+        "RmqHalfMessagesDiscarded",
+        "RmqEndRequestsRejected",
+        "RmqCoordinatorDown",
+        "RmqPartitionWithoutOwner",
+    }
+    assert all(
+        r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
+        for r in rules
+    )

@@ -51,7 +51,11 @@ def test_a_listener_without_any_consume_method_is_refused_at_construction():
         pass
 
     conf = {**CONF, "group.id": "g"}
-    for make, listener in ((OrderlyConsumer, NoOrderly()), (PushConsumer, NoConcurrently()),
-                           (OrderlyConsumer, object()), (PushConsumer, object())):
+    for make, listener in (
+        (OrderlyConsumer, NoOrderly()),
+        (PushConsumer, NoConcurrently()),
+        (OrderlyConsumer, object()),
+        (PushConsumer, object()),
+    ):
         with pytest.raises(ConfigError, match=r"consume_message.*consumeMessage"):
             make(conf, listener=listener)

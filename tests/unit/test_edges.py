@@ -60,8 +60,11 @@ class FakeMetadataClient:
     def list_topics(self, topic: str, timeout: float):
         self.calls.append((topic, timeout))
         n = self.counts.get(topic)
-        meta = None if n is None else SimpleNamespace(
-            error=None, partitions={p: None for p in range(n)})
+        meta = (
+            None
+            if n is None
+            else SimpleNamespace(error=None, partitions={p: None for p in range(n)})
+        )
         return SimpleNamespace(topics={topic: meta} if meta else {})
 
 
@@ -93,8 +96,9 @@ class CountingListener(TransactionListener):
 def started_txn_producer(counts: dict[str, int], prefix: str = "__rmq"):
     """A TransactionProducer wired to fakes, as start() would leave it."""
     listener = CountingListener()
-    producer = TransactionProducer(NOWHERE, producer_group="pg", listener=listener,
-                                   topic_prefix=prefix, send_timeout_s=0.5)
+    producer = TransactionProducer(
+        NOWHERE, producer_group="pg", listener=listener, topic_prefix=prefix, send_timeout_s=0.5
+    )
     fake = RecordingProducer()
     producer._producer = fake
     producer._partitions = PartitionCache(FakeMetadataClient(counts))
@@ -103,8 +107,9 @@ def started_txn_producer(counts: dict[str, int], prefix: str = "__rmq"):
 
 
 # -- system topics are never a destination ---------------------------------------------------
-@pytest.mark.parametrize("topic", ["app_half", "app_op", "app_lock_request", "__rmq_op",
-                                   "__rmq_dlq_billing"])
+@pytest.mark.parametrize(
+    "topic", ["app_half", "app_op", "app_lock_request", "__rmq_op", "__rmq_dlq_billing"]
+)
 def test_a_system_topic_of_the_prefix_or_the_default_one_is_refused(topic):
     assert is_system_topic(topic, "app")
     with pytest.raises(SystemTopicError, match=repr(topic).replace("[", r"\[")):
@@ -136,8 +141,9 @@ def test_the_transaction_producer_refuses_a_system_topic_before_any_half_write()
     with pytest.raises(SystemTopicError, match="__rmq_op"):
         producer.send_message_in_transaction(Message("__rmq_op", b"forged"))
     with pytest.raises(SystemTopicError, match="__rmq_check"):
-        producer.send_messages_in_transaction([Message("orders", b"ok"),
-                                               Message("__rmq_check", b"forged")])
+        producer.send_messages_in_transaction(
+            [Message("orders", b"ok"), Message("__rmq_check", b"forged")]
+        )
     assert fake.produced == [] and listener.executed == []
 
 
@@ -147,8 +153,9 @@ def test_a_partition_the_topic_lacks_fails_the_send_before_the_half_write():
     with pytest.raises(UnknownPartitionError, match=r"'orders' has no partition 2: it has 2"):
         producer.send_message_in_transaction(Message("orders", b"v", partition=2))
     with pytest.raises(UnknownPartitionError) as refused:
-        producer.send_messages_in_transaction([Message("orders", b"a", partition=1),
-                                               Message("orders", b"b", partition=7)])
+        producer.send_messages_in_transaction(
+            [Message("orders", b"a", partition=1), Message("orders", b"b", partition=7)]
+        )
     assert refused.value.code == "unknown_partition" and isinstance(refused.value, ConfigError)
     assert fake.produced == [] and listener.executed == []
 
@@ -178,23 +185,35 @@ def test_partition_counts_are_cached_bounded_and_reread_before_refusing():
 
 
 # -- stale lock requests ----------------------------------------------------------------------
-def lock_request(sent_at_ms: int, wait_ms: int = 0, kind: RequestKind = RequestKind.LOCK,
-                 lease_ms: int = 60000) -> LockRequest:
-    return LockRequest(kind, "r", "c", "g", 0, (QueueRef("t", 0),), lease_ms, sent_at_ms,
-                       wait_ms)
+def lock_request(
+    sent_at_ms: int, wait_ms: int = 0, kind: RequestKind = RequestKind.LOCK, lease_ms: int = 60000
+) -> LockRequest:
+    return LockRequest(kind, "r", "c", "g", 0, (QueueRef("t", 0),), lease_ms, sent_at_ms, wait_ms)
 
 
-@pytest.mark.parametrize("request_, now, appended, stale", [
-    (lock_request(T0, wait_ms=5000), T0 + 5000, None, None),  # at the end of the wait
-    (lock_request(T0, wait_ms=5000), T0 + 5001, None, 5001),  # its client stopped waiting
-    (lock_request(T0, wait_ms=5000), T0 + 10**6, T0 + 10**6 - 10, None),  # client clock behind
-    (lock_request(T0 + 10**6, wait_ms=5000), T0 + 10**6, T0, 10**6),  # client clock ahead
-    (lock_request(T0), T0 + 59000, None, None),  # v1: no wait said, the lease bounds it
-    (lock_request(T0), T0 + 60001, None, 60001),
-    (lock_request(T0, kind=RequestKind.UNLOCK, wait_ms=1), T0 + 10**6, None, None),
-    (lock_request(0, wait_ms=5000), T0, None, None),  # no send time: nothing to measure
-], ids=["fresh", "stale", "append-time-wins", "append-time-wins-2", "v1-fresh", "v1-stale",
-        "unlock-never", "no-time"])
+@pytest.mark.parametrize(
+    "request_, now, appended, stale",
+    [
+        (lock_request(T0, wait_ms=5000), T0 + 5000, None, None),  # at the end of the wait
+        (lock_request(T0, wait_ms=5000), T0 + 5001, None, 5001),  # its client stopped waiting
+        (lock_request(T0, wait_ms=5000), T0 + 10**6, T0 + 10**6 - 10, None),  # client clock behind
+        (lock_request(T0 + 10**6, wait_ms=5000), T0 + 10**6, T0, 10**6),  # client clock ahead
+        (lock_request(T0), T0 + 59000, None, None),  # v1: no wait said, the lease bounds it
+        (lock_request(T0), T0 + 60001, None, 60001),
+        (lock_request(T0, kind=RequestKind.UNLOCK, wait_ms=1), T0 + 10**6, None, None),
+        (lock_request(0, wait_ms=5000), T0, None, None),  # no send time: nothing to measure
+    ],
+    ids=[
+        "fresh",
+        "stale",
+        "append-time-wins",
+        "append-time-wins-2",
+        "v1-fresh",
+        "v1-stale",
+        "unlock-never",
+        "no-time",
+    ],
+)
 def test_a_lock_request_older_than_its_clients_wait_is_stale(request_, now, appended, stale):
     assert stale_lock_request(request_, 60000, now, appended) == stale
 
@@ -215,7 +234,8 @@ def test_the_lock_client_names_its_wait_in_the_request():
     sent: list[LockRequest] = []
     client._producer = SimpleNamespace(
         produce=lambda topic, value, **kw: sent.append(decode_as(LockRequest, value)),
-        flush=lambda timeout: 0)
+        flush=lambda timeout: 0,
+    )
     client._consumer = SimpleNamespace(consume=lambda n, timeout: [])
     client._request_partitions, client.reply_partition = 4, 1
     grants = client.lock("g", [("t", 0)], 30000, timeout=0.05)
@@ -270,8 +290,14 @@ def test_transaction_producer_start_creates_its_topics_with_the_shared_specs(mon
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(transaction_module, "ensure_topics", capture)
-    producer = TransactionProducer(NOWHERE, producer_group="pg", listener=CountingListener(),
-                                   topic_prefix="app", half_partitions=3, check_partitions=2)
+    producer = TransactionProducer(
+        NOWHERE,
+        producer_group="pg",
+        listener=CountingListener(),
+        topic_prefix="app",
+        half_partitions=3,
+        check_partitions=2,
+    )
     with pytest.raises(RuntimeError, match="stop here"):
         producer.start()
     specs = txn_topic_specs(SystemTopics("app"), 3, 2)
@@ -279,23 +305,29 @@ def test_transaction_producer_start_creates_its_topics_with_the_shared_specs(mon
 
 
 def test_unequal_half_and_op_partition_counts_are_one_clear_error(monkeypatch):
-    meta = {"app_half": SimpleNamespace(partitions=dict.fromkeys(range(8))),
-            "app_op": SimpleNamespace(partitions=dict.fromkeys(range(4)))}
-    monkeypatch.setattr(topics_module, "list_topics",
-                        lambda conf, timeout_s=30.0: SimpleNamespace(topics=meta))
+    meta = {
+        "app_half": SimpleNamespace(partitions=dict.fromkeys(range(8))),
+        "app_op": SimpleNamespace(partitions=dict.fromkeys(range(4))),
+    }
+    monkeypatch.setattr(
+        topics_module, "list_topics", lambda conf, timeout_s=30.0: SimpleNamespace(topics=meta)
+    )
     with pytest.raises(ConfigError, match="app_half has 8 partitions and app_op has 4"):
         require_copartitioned(NOWHERE, "app_half", "app_op")
     meta["app_op"] = meta["app_half"]
     assert require_copartitioned(NOWHERE, "app_half", "app_op") == 8
 
 
-@pytest.mark.parametrize("answer, level", [("COMMIT", logging.WARNING), (True, logging.WARNING),
-                                           (None, logging.DEBUG)])
+@pytest.mark.parametrize(
+    "answer, level", [("COMMIT", logging.WARNING), (True, logging.WARNING), (None, logging.DEBUG)]
+)
 def test_a_listener_answer_that_is_not_a_state_counts_as_unknow_and_is_logged(
-        caplog, answer, level):
+    caplog, answer, level
+):
     with caplog.at_level(logging.DEBUG, logger="rmq_semantics.transaction"):
-        state = transaction_api.as_state(answer, "check_local_transaction", "__rmq_half",
-                                             2, 17, "abc")
+        state = transaction_api.as_state(
+            answer, "check_local_transaction", "__rmq_half", 2, 17, "abc"
+        )
     assert state is LocalTransactionState.UNKNOW
     [record] = caplog.records
     assert record.levelno == level
@@ -304,8 +336,10 @@ def test_a_listener_answer_that_is_not_a_state_counts_as_unknow_and_is_logged(
 
 def test_a_listener_answer_that_is_a_state_is_not_logged(caplog):
     with caplog.at_level(logging.DEBUG, logger="rmq_semantics.transaction"):
-        assert transaction_api.as_state(LocalTransactionState.ROLLBACK_MESSAGE, "m", "h", 0,
-                                            0, "t") is LocalTransactionState.ROLLBACK_MESSAGE
+        assert (
+            transaction_api.as_state(LocalTransactionState.ROLLBACK_MESSAGE, "m", "h", 0, 0, "t")
+            is LocalTransactionState.ROLLBACK_MESSAGE
+        )
     assert caplog.records == []
 
 

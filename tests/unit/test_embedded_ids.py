@@ -11,4 +11,3 @@ def test_cluster_id_never_starts_with_a_dash(monkeypatch):
     monkeypatch.setattr(embedded.uuid, "uuid4", lambda: next(ids))
     cluster_id = embedded._cluster_id()
     assert cluster_id == "AQAAAAAAAAAAAAAAAAAAAA"
-

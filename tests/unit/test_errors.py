@@ -33,8 +33,9 @@ def test_no_broker_at_bootstrap_raises_broker_unavailable_naming_the_servers():
 
 
 def test_sending_before_start_is_an_illegal_state():
-    producer = TransactionProducer({"bootstrap.servers": "127.0.0.1:1"}, producer_group="g",
-                                   listener=TransactionListener())
+    producer = TransactionProducer(
+        {"bootstrap.servers": "127.0.0.1:1"}, producer_group="g", listener=TransactionListener()
+    )
     with pytest.raises(IllegalStateError, match="not started"):
         producer.send_message_in_transaction(None)  # type: ignore[arg-type]
 
@@ -56,8 +57,16 @@ def test_exported_error_derives_the_base_and_is_raised_somewhere(name):
     assert issubclass(cls, errors.RmqError)
     if name == "RmqError":
         return
-    raised = {sub.id for path in PRODUCT for node in ast.walk(ast.parse(path.read_text()))
-              if isinstance(node, ast.Raise) and node.exc is not None
-              for sub in ast.walk(node.exc) if isinstance(sub, ast.Name)}
-    assert name in raised or any(issubclass(getattr(errors, other), cls) and other in raised
-                                 for other in errors.__all__ if other != name)
+    raised = {
+        sub.id
+        for path in PRODUCT
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Raise) and node.exc is not None
+        for sub in ast.walk(node.exc)
+        if isinstance(sub, ast.Name)
+    }
+    assert name in raised or any(
+        issubclass(getattr(errors, other), cls) and other in raised
+        for other in errors.__all__
+        if other != name
+    )

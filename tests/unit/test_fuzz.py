@@ -60,14 +60,20 @@ def _seed(name: str) -> int:
 def rng(request: pytest.FixtureRequest) -> random.Random:
     seed = _seed(request.node.name)
     # Captured output is shown for a failing test: the seed that reproduces it.
-    print(f"fuzz seed {seed} (test {request.node.name}; base RMQ_FUZZ_SEED="
-          f"{os.environ.get('RMQ_FUZZ_SEED', '12')})")
+    print(
+        f"fuzz seed {seed} (test {request.node.name}; base RMQ_FUZZ_SEED="
+        f"{os.environ.get('RMQ_FUZZ_SEED', '12')})"
+    )
     return random.Random(seed)
 
 
 def _known_bad(categories: list) -> list:
-    return [pytest.param(c, id=c.name, marks=pytest.mark.xfail(strict=True, reason=c.known_bad))
-            if c.known_bad else pytest.param(c, id=c.name) for c in categories]
+    return [
+        pytest.param(c, id=c.name, marks=pytest.mark.xfail(strict=True, reason=c.known_bad))
+        if c.known_bad
+        else pytest.param(c, id=c.name)
+        for c in categories
+    ]
 
 
 # -- the house rule: every record type and header has a generator ---------------------------
@@ -102,9 +108,16 @@ def _payloads(rng: random.Random, n: int) -> list[bytes | None]:
     while len(out) < n:
         record_type = gen.pick(rng, list(RecordType))
         data = gen.valid_bytes(rng, ctx, record_type)
-        mutate = gen.pick(rng, [*gen.BREAKING, gen.huge_length, gen.flipped,
-                                lambda r, d: gen.relabelled(r, d, gen.pick(r, list(RecordType))),
-                                lambda r, d, t=record_type: gen.corrupted(r, gen.VALID[t](r, ctx))])
+        mutate = gen.pick(
+            rng,
+            [
+                *gen.BREAKING,
+                gen.huge_length,
+                gen.flipped,
+                lambda r, d: gen.relabelled(r, d, gen.pick(r, list(RecordType))),
+                lambda r, d, t=record_type: gen.corrupted(r, gen.VALID[t](r, ctx)),
+            ],
+        )
         out.append(mutate(rng, data))
     return out
 
@@ -113,8 +126,11 @@ def test_decoders_raise_nothing_but_malformed_record_error(rng):
     escaped = []
     for data in _payloads(rng, RECORDS):
         key = gen.pick(rng, [None, b"g/t/0", gen.some_bytes(rng)])
-        calls = [lambda d=data: decode(d), lambda d=data, k=key: decode_lock_state(k, d),
-                 *(lambda d=data, c=cls: decode_as(c, d) for cls in set(RECORD_CLASSES.values()))]
+        calls = [
+            lambda d=data: decode(d),
+            lambda d=data, k=key: decode_lock_state(k, d),
+            *(lambda d=data, c=cls: decode_as(c, d) for cls in set(RECORD_CLASSES.values())),
+        ]
         for call in calls:
             try:
                 call()
@@ -159,8 +175,7 @@ def test_parse_half_raises_nothing_but_malformed_record_error(rng):
 
 
 # -- the transaction service: never raises; good transactions decided exactly once ----------
-@pytest.mark.parametrize("category", _known_bad(
-    [c for c in CATEGORIES if c.topic in (HALF, OP)]))
+@pytest.mark.parametrize("category", _known_bad([c for c in CATEGORIES if c.topic in (HALF, OP)]))
 def test_the_transaction_service_survives_each_category(rng, category):
     """60 records of one category among 40 good transactions: once quiet (every counted
     record must move a counter), once with restarts and aborted commits."""
@@ -190,14 +205,16 @@ class _Listener(TransactionListener):
         return LocalTransactionState.UNKNOW
 
 
-@pytest.mark.parametrize("category", _known_bad(select(only=[
-    c.name for c in CATEGORIES if c.topic == CHECK])))
+@pytest.mark.parametrize(
+    "category", _known_bad(select(only=[c.name for c in CATEGORIES if c.topic == CHECK]))
+)
 def test_the_check_worker_survives_any_check_request(rng, category):
     """Check requests of each kind, then one the listener recognises: it must be answered."""
     ctx = gen.Ctx()
     listener = _Listener()
-    producer = TransactionProducer({"bootstrap.servers": "unused:9092"}, producer_group=ctx.group,
-                                   listener=listener)
+    producer = TransactionProducer(
+        {"bootstrap.servers": "unused:9092"}, producer_group=ctx.group, listener=listener
+    )
     answers: queue.Queue = queue.Queue()
     producer._send_end = lambda result, state, **kw: answers.put(state)  # no Kafka here
     checks = []
@@ -213,7 +230,8 @@ def test_the_check_worker_survives_any_check_request(rng, category):
             assert pool.submit(CheckJob(check, "__rmq_check", 0, offset))
         assert listener.sentinel.wait(10), (
             f"the check worker stopped answering after {answers.qsize()} of {len(checks)} "
-            f"{category.name} checks")
+            f"{category.name} checks"
+        )
     finally:
         pool.stop(5)
 
@@ -249,8 +267,11 @@ def test_the_lock_table_decides_any_request_and_keeps_its_rules(rng):
                 key = ref.key(request.group)
                 if key.request_partition(n) != p:
                     continue  # the service answers "misrouted"
-                lease = (min(request.lease_ms, LEASE_CEILING_MS) if request.lease_ms > 0
-                         else LEASE_CEILING_MS)
+                lease = (
+                    min(request.lease_ms, LEASE_CEILING_MS)
+                    if request.lease_ms > 0
+                    else LEASE_CEILING_MS
+                )
                 try:
                     if request.kind is RequestKind.LOCK:
                         decision = table.lock(key, request.client_id, lease, now)
@@ -267,16 +288,23 @@ def test_the_lock_table_decides_any_request_and_keeps_its_rules(rng):
                 if entry.epoch < epochs.get(key, 0):
                     broken.append(f"{key}: epoch went down to {entry.epoch}")
                 epochs[key] = entry.epoch
-                if (decision.granted and request.kind is RequestKind.LOCK
-                        and not entry.held_by(request.client_id, now)):
+                if (
+                    decision.granted
+                    and request.kind is RequestKind.LOCK
+                    and not entry.held_by(request.client_id, now)
+                ):
                     broken.append(f"{key}: granted to {request.client_id}, not held")
-                if not decision.granted and decision.reason == "held_by_other" and (
-                        entry.client_id == request.client_id or not entry.live(now)):
+                if (
+                    not decision.granted
+                    and decision.reason == "held_by_other"
+                    and (entry.client_id == request.client_id or not entry.live(now))
+                ):
                     broken.append(f"{key}: denied with no other live holder")
         if rng.random() < 0.1:  # a lock-state record, maybe corrupted, read on a takeover
             state = gen.VALID[RecordType.LOCK_STATE](rng, ctx)
-            data = gen.pick(rng, [encode(state), gen.corrupted(rng, state),
-                                  gen.truncated(rng, encode(state))])
+            data = gen.pick(
+                rng, [encode(state), gen.corrupted(rng, state), gen.truncated(rng, encode(state))]
+            )
             try:
                 entry = decode_lock_state(None, data)
             except MalformedRecordError:
@@ -300,13 +328,17 @@ def test_a_lock_state_at_the_largest_epoch_is_refused_as_malformed_or_still_enco
     there) must neither make the next grant's epoch unencodable nor stop the service."""
     key = LockKey("g", "t", 0)
     now = 1_700_000_000_000
-    state = LockEntry(key, LockState.HELD, "old", gen.INT64_MAX, 30_000, now - 1000,
-                      now + 1000, now - 1000)
+    state = LockEntry(
+        key, LockState.HELD, "old", gen.INT64_MAX, 30_000, now - 1000, now + 1000, now - 1000
+    )
     with pytest.raises(MalformedRecordError, match=r"epoch .* is out of range"):
         decode_lock_state(key.record_key(), encode(state))
     table = LockTable()
-    table.restore(decode_lock_state(key.record_key(), encode(replace(state, epoch=2**62))),
-                  now, state.lease_ms or LEASE_CEILING_MS)
+    table.restore(
+        decode_lock_state(key.record_key(), encode(replace(state, epoch=2**62))),
+        now,
+        state.lease_ms or LEASE_CEILING_MS,
+    )
     decisions = [table.lock(key, "new", 30_000, now + 10**12), table.expire(key, now + 10**12)]
     for decision in decisions:
         if decision.entry is not None:
@@ -323,8 +355,23 @@ def test_the_orderly_queue_takes_any_lock_answer_and_committed_offset(rng):
             now += gen.pick(rng, [0.0, 0.01, 5.0, 100.0])
             epoch = gen.pick(rng, [q.epoch, q.epoch + 1, -1, 0, gen.INT64_MAX, gen.INT64_MIN])
             offset = gen.pick(rng, [-1001, -1, 0, 5, 10**12, gen.INT64_MAX])
-            action = gen.pick(rng, ["grant", "grant", "deny", "align", "align", "align_failed",
-                                    "add", "batch", "processed", "revoke", "lose", "drop"])
+            action = gen.pick(
+                rng,
+                [
+                    "grant",
+                    "grant",
+                    "deny",
+                    "align",
+                    "align",
+                    "align_failed",
+                    "add",
+                    "batch",
+                    "processed",
+                    "revoke",
+                    "lose",
+                    "drop",
+                ],
+            )
             if action == "grant":
                 q.grant(epoch, now + gen.pick(rng, [-1.0, 0.0, 30.0, 1e12]))
             elif action == "deny":
@@ -334,8 +381,12 @@ def test_the_orderly_queue_takes_any_lock_answer_and_committed_offset(rng):
             elif action == "align_failed":
                 q.align_failed()
             elif action == "add":
-                q.add([OrderlyMessage("t", 0, o, None, b"v", (), 0)
-                       for o in sorted(rng.sample(range(0, 50), 5))])
+                q.add(
+                    [
+                        OrderlyMessage("t", 0, o, None, b"v", (), 0)
+                        for o in sorted(rng.sample(range(0, 50), 5))
+                    ]
+                )
             elif action == "batch":
                 q.next_batch(gen.pick(rng, [0, 1, 10]))
             elif action == "processed" and q.inflight:
@@ -347,8 +398,8 @@ def test_the_orderly_queue_takes_any_lock_answer_and_committed_offset(rng):
             elif action == "drop" and q.phase is QueuePhase.REVOKING:
                 q.drop()
             if q.may_commit(epoch, now) is None and not (
-                    epoch == q.epoch and q.held and now < q.deadline
-                    and q.phase is not QueuePhase.LOST):
+                epoch == q.epoch and q.held and now < q.deadline and q.phase is not QueuePhase.LOST
+            ):
                 broken.append(f"commit allowed for epoch {epoch} in {q.phase} after {action}")
             if q.runnable(now) and q.phase is not QueuePhase.ALIGNED:
                 broken.append(f"runnable in {q.phase}")

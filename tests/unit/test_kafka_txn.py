@@ -33,14 +33,17 @@ def kafka_exc(code: int = KafkaError._TIMED_OUT, **flags: bool) -> KafkaExceptio
     return KafkaException(KafkaError(code, **flags))
 
 
-@pytest.mark.parametrize("flags, kind", [
-    ({"fatal": True}, K.FATAL),
-    ({"fatal": True, "retriable": True, "txn_requires_abort": True}, K.FATAL),
-    ({"txn_requires_abort": True}, K.ABORT),
-    ({"txn_requires_abort": True, "retriable": True}, K.ABORT),
-    ({"retriable": True}, K.RETRY),
-    ({}, K.ABORT),  # any other error of a transaction: abort and replay
-])
+@pytest.mark.parametrize(
+    "flags, kind",
+    [
+        ({"fatal": True}, K.FATAL),
+        ({"fatal": True, "retriable": True, "txn_requires_abort": True}, K.FATAL),
+        ({"txn_requires_abort": True}, K.ABORT),
+        ({"txn_requires_abort": True, "retriable": True}, K.ABORT),
+        ({"retriable": True}, K.RETRY),
+        ({}, K.ABORT),  # any other error of a transaction: abort and replay
+    ],
+)
 def test_triage_sorts_fatal_then_abortable_then_retriable(flags, kind):
     assert triage(KafkaError(KafkaError._TIMED_OUT, **flags)) is kind
 
@@ -70,8 +73,7 @@ class ScriptedProducer:
     def produce(self, topic: str, value: bytes, **kwargs: object) -> None:
         self._do("produce")
 
-    def send_offsets_to_transaction(self, offsets: list, metadata: object,
-                                    timeout: float) -> None:
+    def send_offsets_to_transaction(self, offsets: list, metadata: object, timeout: float) -> None:
         self._do("offsets")
 
     def commit_transaction(self, timeout: float) -> None:
@@ -91,8 +93,11 @@ class ScriptedProducer:
 def make_txn(monkeypatch):
     real_retrying = kafka_txn.retrying
     # The shared policy, without its pauses: these tests count calls, not seconds.
-    monkeypatch.setattr(kafka_txn, "retrying", lambda deadline_s, stop=None: real_retrying(
-        deadline_s, stop).copy(sleep=lambda _s: None))
+    monkeypatch.setattr(
+        kafka_txn,
+        "retrying",
+        lambda deadline_s, stop=None: real_retrying(deadline_s, stop).copy(sleep=lambda _s: None),
+    )
 
     def make(**script: list[BaseException]) -> KafkaTransactions:
         monkeypatch.setattr(ScriptedProducer, "script", script)
@@ -166,20 +171,25 @@ def test_a_fatal_error_raises_fatal_without_aborting(make_txn):
 
 
 def test_a_failed_abort_is_fatal_and_a_retriable_one_is_retried(make_txn):
-    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
-                   abort=[kafka_exc(NOT_COORDINATOR, retriable=True)])
+    txn = make_txn(
+        offsets=[kafka_exc(txn_requires_abort=True)],
+        abort=[kafka_exc(NOT_COORDINATOR, retriable=True)],
+    )
     with pytest.raises(TransactionAborted):
         run_one(txn)
     assert txn.producer.calls[-2:] == ["abort", "abort"]
 
     # A failed abort leaves the transaction's state unknown: only a new epoch is safe, and a
     # new producer gives one (a twin fencing us would have failed it with _FENCED).
-    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
-                   abort=[kafka_exc(KafkaError._STATE)])
+    txn = make_txn(
+        offsets=[kafka_exc(txn_requires_abort=True)], abort=[kafka_exc(KafkaError._STATE)]
+    )
     with pytest.raises(TransactionAborted, match="re-created"):
         run_one(txn)
-    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
-                   abort=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    txn = make_txn(
+        offsets=[kafka_exc(txn_requires_abort=True)],
+        abort=[kafka_exc(KafkaError._FENCED, fatal=True)],
+    )
     with pytest.raises(FatalKafkaError, match="aborting"):
         run_one(txn)
 
@@ -208,8 +218,7 @@ def test_an_abortable_timeout_of_a_record_aborts_on_the_same_producer(make_txn):
 
 
 def test_a_timed_out_abort_re_creates_the_producer_instead_of_stopping(make_txn):
-    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)],
-                   abort=[kafka_exc(retriable=True)])
+    txn = make_txn(offsets=[kafka_exc(txn_requires_abort=True)], abort=[kafka_exc(retriable=True)])
     old = txn.producer
     with pytest.raises(TransactionAborted):
         run_one(txn)
@@ -217,8 +226,7 @@ def test_a_timed_out_abort_re_creates_the_producer_instead_of_stopping(make_txn)
 
 
 def test_a_re_created_producer_whose_init_failed_is_initialised_by_the_next_body(make_txn):
-    txn = make_txn(commit=[kafka_exc(retriable=True)],
-                   init=[kafka_exc(KafkaError.INVALID_CONFIG)])
+    txn = make_txn(commit=[kafka_exc(retriable=True)], init=[kafka_exc(KafkaError.INVALID_CONFIG)])
     txn.producer.errors["init"] = []  # the first producer initialises; its successor fails
     with pytest.raises(TransactionAborted):
         run_one(txn)
@@ -300,12 +308,14 @@ def test_close_after_a_fatal_error_drops_the_queue_and_never_raises(make_txn):
 
 
 def test_a_fence_of_a_transaction_that_outlived_its_timeout_re_creates_the_producer(
-        make_txn, monkeypatch, caplog):
+    make_txn, monkeypatch, caplog
+):
     # The broker aborted the transaction itself and bumped the epoch: a slow cluster, not a
     # twin with our transactional id; the process must not exit over it.
     monkeypatch.setattr(kafka_txn, "TRANSACTION_TIMEOUT_MS", -1)
-    txn = make_txn(offsets=[kafka_exc(KafkaError._STATE)],
-                   abort=[kafka_exc(KafkaError._FENCED, fatal=True)])
+    txn = make_txn(
+        offsets=[kafka_exc(KafkaError._STATE)], abort=[kafka_exc(KafkaError._FENCED, fatal=True)]
+    )
     old = txn.producer
     with pytest.raises(TransactionAborted, match="re-created"):
         run_one(txn)
@@ -315,21 +325,23 @@ def test_a_fence_of_a_transaction_that_outlived_its_timeout_re_creates_the_produ
     assert run_one(txn)[:2] == ["init", "begin"]
 
     # Whatever the fatal error: an invalid state after the broker's abort is no twin either.
-    txn = make_txn(offsets=[kafka_exc(KafkaError._STATE)],
-                   abort=[kafka_exc(KafkaError.INVALID_TXN_STATE, fatal=True)])
+    txn = make_txn(
+        offsets=[kafka_exc(KafkaError._STATE)],
+        abort=[kafka_exc(KafkaError.INVALID_TXN_STATE, fatal=True)],
+    )
     with pytest.raises(TransactionAborted, match="re-created"):
         run_one(txn)
 
 
 def test_a_fence_of_a_fresh_transaction_still_stops_the_process(make_txn):
-    txn = make_txn(abort=[kafka_exc(KafkaError._FENCED, fatal=True)],
-                   offsets=[kafka_exc(KafkaError._STATE)])
+    txn = make_txn(
+        abort=[kafka_exc(KafkaError._FENCED, fatal=True)], offsets=[kafka_exc(KafkaError._STATE)]
+    )
     with pytest.raises(FatalKafkaError, match="aborting"):
         run_one(txn)
 
 
-def test_a_commit_stuck_past_its_timeout_is_abandoned_for_a_new_producer(make_txn,
-                                                                          monkeypatch):
+def test_a_commit_stuck_past_its_timeout_is_abandoned_for_a_new_producer(make_txn, monkeypatch):
     # librdkafka #5456/#5511: send_offsets_to_transaction can wait forever for a group
     # coordinator that left the cluster.
     monkeypatch.setattr(kafka_txn, "WEDGED_AFTER_S", 0.0)
@@ -352,7 +364,8 @@ def test_a_commit_stuck_past_its_timeout_is_abandoned_for_a_new_producer(make_tx
 
 
 def test_a_call_stuck_in_a_transaction_past_its_timeout_is_wedged_before_the_call_timeout(
-        make_txn, monkeypatch):
+    make_txn, monkeypatch
+):
     # The broker aborts a transaction older than transaction.timeout.ms whatever a stuck
     # call returns: waiting for WEDGED_AFTER_S would only lengthen a failover.
     monkeypatch.setattr(kafka_txn, "DOOMED_CALL_MIN_S", 0.0)
@@ -396,10 +409,17 @@ def test_a_renewed_idle_producer_is_initialised_by_its_next_transaction(make_txn
     assert "its sibling's call wedged; re-creating transactional producer tid-1" in caplog.text
 
 
-@pytest.mark.parametrize("code", [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                                  KafkaError._GAPLESS_GUARANTEE, KafkaError.UNKNOWN_PRODUCER_ID])
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError._GAPLESS_GUARANTEE,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+    ],
+)
 def test_a_producer_that_broke_but_was_not_fenced_is_re_created_and_the_batch_replayed(
-        make_txn, code):
+    make_txn, code
+):
     """The fault campaign (seed 2, long run): a produce to the Op topic failed with a
     sequence desynchronization after a broker was cut off; librdkafka made it fatal and the
     coordinator exited. Only a twin with the same transactional id (fenced) must stop it:

@@ -21,13 +21,23 @@ LIBRARY = ROOT / "rmq_semantics"
 UPPER = ("coordinator", "spark")
 # May import the sidecar and the Spark job, lazily.
 LAZY_ALLOWED = ("rmq_semantics/cli.py", "rmq_semantics/tools/")
-PURE_CORES = ["rmq_semantics.records", "rmq_semantics.records.codec",
-              "rmq_semantics.records.headers", "rmq_semantics.records.half",
-              "rmq_semantics.records.txn", "rmq_semantics.records.locks", "coordinator.state",
-              "coordinator.lock", "rmq_semantics.orderly.queue", "coordinator.horizon",
-              "rmq_semantics.records.reappend", "rmq_semantics.orderly.offsets",
-              "rmq_semantics.orderly.keys", "rmq_semantics.multi",
-              "rmq_semantics.transaction_api"]
+PURE_CORES = [
+    "rmq_semantics.records",
+    "rmq_semantics.records.codec",
+    "rmq_semantics.records.headers",
+    "rmq_semantics.records.half",
+    "rmq_semantics.records.txn",
+    "rmq_semantics.records.locks",
+    "coordinator.state",
+    "coordinator.lock",
+    "rmq_semantics.orderly.queue",
+    "coordinator.horizon",
+    "rmq_semantics.records.reappend",
+    "rmq_semantics.orderly.offsets",
+    "rmq_semantics.orderly.keys",
+    "rmq_semantics.multi",
+    "rmq_semantics.transaction_api",
+]
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
@@ -54,17 +64,21 @@ def test_the_client_library_never_imports_the_sidecar_or_the_spark_job():
         lazy_ok = rel.startswith(LAZY_ALLOWED)
         for module, top_level in _imports(path):
             if module.split(".")[0] in UPPER and (top_level or not lazy_ok):
-                offenders.append(f"{rel} imports {module}"
-                                 + (" at module level" if lazy_ok else ""))
+                offenders.append(
+                    f"{rel} imports {module}" + (" at module level" if lazy_ok else "")
+                )
     assert offenders == []
 
 
 @pytest.mark.parametrize("module", ["rmq_semantics", "rmq_semantics.cli"])
 def test_importing_the_library_loads_neither_sidecar_nor_spark(module):
-    code = (f"import sys, {module}; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'coordinator', 'spark'}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    code = (
+        f"import sys, {module}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'coordinator', 'spark'}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
 
@@ -112,8 +126,9 @@ SIZE_REASON = "lines because"
 
 
 def _product_files() -> list[Path]:
-    return sorted(p for d in ("rmq_semantics", "coordinator", "spark")
-                  for p in (ROOT / d).rglob("*.py"))
+    return sorted(
+        p for d in ("rmq_semantics", "coordinator", "spark") for p in (ROOT / d).rglob("*.py")
+    )
 
 
 def test_no_product_file_or_class_is_too_large_without_saying_why():

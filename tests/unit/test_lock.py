@@ -35,7 +35,12 @@ def test_other_client_is_denied_while_the_lease_is_live():
     table.lock(KEY, "a", LEASE, now_ms=1000)
     d = table.lock(KEY, "b", LEASE, now_ms=3999)
     assert (d.granted, d.reason, d.client_id, d.epoch, d.entry) == (
-        False, "held_by_other", "a", 1, None)
+        False,
+        "held_by_other",
+        "a",
+        1,
+        None,
+    )
     assert table.get(KEY).client_id == "a"
 
 
@@ -82,14 +87,17 @@ def test_epochs_are_per_queue():
     assert table.lock(other, "a", LEASE, now_ms=2).epoch == 1
 
 
-@pytest.mark.parametrize("current, target", [
-    (LockState.FREE, LockState.RELEASED),
-    (LockState.FREE, LockState.EXPIRED),
-    (LockState.RELEASED, LockState.EXPIRED),
-    (LockState.EXPIRED, LockState.RELEASED),
-    (LockState.RELEASED, LockState.RELEASED),
-    (LockState.HELD, LockState.FREE),
-])
+@pytest.mark.parametrize(
+    "current, target",
+    [
+        (LockState.FREE, LockState.RELEASED),
+        (LockState.FREE, LockState.EXPIRED),
+        (LockState.RELEASED, LockState.EXPIRED),
+        (LockState.EXPIRED, LockState.RELEASED),
+        (LockState.RELEASED, LockState.RELEASED),
+        (LockState.HELD, LockState.FREE),
+    ],
+)
 def test_illegal_transitions_raise(current, target):
     with pytest.raises(IllegalTransitionError, match=f"{current.value} to {target.value}"):
         transition(current, target)
@@ -157,11 +165,13 @@ def test_lock_keys_round_trip_even_with_slashes_in_the_group():
 
 
 def test_records_round_trip_and_garbage_is_malformed():
-    request = LockRequest(RequestKind.UNLOCK, "r1", "c1", "g", 2,
-                          (QueueRef("t", 0, 3), QueueRef("t", 1)), 0, 123)
+    request = LockRequest(
+        RequestKind.UNLOCK, "r1", "c1", "g", 2, (QueueRef("t", 0, 3), QueueRef("t", 1)), 0, 123
+    )
     assert decode_as(LockRequest, encode(request)) == request
-    reply = LockReply("r1", "c1", RequestKind.LOCK,
-                      (QueueResult("t", 0, True, "granted", 1, 3000, 99, "c1"),))
+    reply = LockReply(
+        "r1", "c1", RequestKind.LOCK, (QueueResult("t", 0, True, "granted", 1, 3000, 99, "c1"),)
+    )
     assert decode_as(LockReply, encode(reply)) == reply
     entry = LockEntry(KEY, LockState.HELD, "a", 2, LEASE, 10, 20, 30)
     key, value = entry.key.record_key(), encode(entry)
@@ -169,15 +179,30 @@ def test_records_round_trip_and_garbage_is_malformed():
     assert decode_lock_state(key, value) == entry
     with pytest.raises(MalformedRecordError, match="does not match"):
         decode_lock_state(b"other/t/1", value)
-    for garbage in (None, b"", b"not json", b"[]", b'{"v": 99}', b'{"v": 1, "kind": "x"}',
-                    b'{"v": 1, "kind": "lock", "queues": [{"topic": 1}]}', encode(reply)):
+    for garbage in (
+        None,
+        b"",
+        b"not json",
+        b"[]",
+        b'{"v": 99}',
+        b'{"v": 1, "kind": "x"}',
+        b'{"v": 1, "kind": "lock", "queues": [{"topic": 1}]}',
+        encode(reply),
+    ):
         with pytest.raises(MalformedRecordError):
             decode_as(LockRequest, garbage)
 
 
 def _request(client_id: str = "c1", topic: str = "orders", queues: int = 1) -> LockRequest:
-    return LockRequest(RequestKind.LOCK, "r1", client_id, "g", 0,
-                       tuple(QueueRef(topic, q) for q in range(queues)), 60000)
+    return LockRequest(
+        RequestKind.LOCK,
+        "r1",
+        client_id,
+        "g",
+        0,
+        tuple(QueueRef(topic, q) for q in range(queues)),
+        60000,
+    )
 
 
 def test_a_lock_request_whose_reply_could_not_be_written_is_refused_with_a_reason():

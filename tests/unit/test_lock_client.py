@@ -33,14 +33,28 @@ class FakeLockService:
         if (problem := lock_request_problem(request)) is not None:
             self.refused.append(problem)
             return
-        reply = LockReply(request.request_id, request.client_id, request.kind, tuple(
-            QueueResult(q.topic, q.partition, True, "granted", 1, request.lease_ms, 0,
-                        request.client_id) for q in request.queues))
+        reply = LockReply(
+            request.request_id,
+            request.client_id,
+            request.kind,
+            tuple(
+                QueueResult(
+                    q.topic, q.partition, True, "granted", 1, request.lease_ms, 0, request.client_id
+                )
+                for q in request.queues
+            ),
+        )
         value = encode(reply)
-        self._replies.append(SimpleNamespace(
-            error=lambda: None, key=lambda: request.client_id.encode(),
-            value=lambda: value, topic=lambda: topic, partition=lambda: 0,
-            offset=lambda: len(self._replies)))
+        self._replies.append(
+            SimpleNamespace(
+                error=lambda: None,
+                key=lambda: request.client_id.encode(),
+                value=lambda: value,
+                topic=lambda: topic,
+                partition=lambda: 0,
+                offset=lambda: len(self._replies),
+            )
+        )
 
     def flush(self, timeout: float) -> int:
         return 0
@@ -67,8 +81,9 @@ def test_a_call_for_more_queues_than_one_reply_may_hold_is_split_and_all_granted
     # Split (two or three requests a partition here), each one kept to its own partition.
     assert PARTITIONS < len(service.requests) <= 3 * PARTITIONS
     for partition, request in service.requests:
-        assert {q.key(request.group).request_partition(PARTITIONS) for q in request.queues} \
-            == {partition}
+        assert {q.key(request.group).request_partition(PARTITIONS) for q in request.queues} == {
+            partition
+        }
     sent = [(q.topic, q.partition) for _, r in service.requests for q in r.queues]
     assert sorted(sent) == sorted(queues)
     assert len({r.request_id for _, r in service.requests}) == len(service.requests)

@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OP = "__rmq_op"
 KEY = MarkerKey(b"k" * 32)
 T = 1_700_000_000_000
-DONE = DoneMarkers((DoneEntry(5, "t5", Outcome.COMMITTED, 0),
-                    DoneEntry(7, "t7", Outcome.ROLLED_BACK, 1)), T)
+DONE = DoneMarkers(
+    (DoneEntry(5, "t5", Outcome.COMMITTED, 0), DoneEntry(7, "t7", Outcome.ROLLED_BACK, 1)), T
+)
 CHECK = CheckMarker(6, "t6", 2, 1, 1, T + 60000, T)
 PLAINTEXT = {"bootstrap.servers": "127.0.0.1:1"}
 SASL = {**PLAINTEXT, "security.protocol": "SASL_SSL"}
@@ -52,14 +53,20 @@ def test_a_signed_marker_verifies_after_the_wire_round_trip(record):
     assert Verdict.SIGNED.accepted
 
 
-@pytest.mark.parametrize("tamper", [
-    lambda r: dataclasses.replace(r, entries=(DoneEntry(5, "t5", Outcome.COMMITTED, 0),)),
-    lambda r: dataclasses.replace(r, entries=(DoneEntry(9, "t5", Outcome.COMMITTED, 0),
-                                              r.entries[1])),
-    lambda r: dataclasses.replace(r, entries=(DoneEntry(5, "t5", Outcome.DISCARDED, 0),
-                                              r.entries[1])),
-    lambda r: dataclasses.replace(r, ts=r.ts + 1),
-], ids=["entry dropped", "offset changed", "outcome changed", "ts changed"])
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda r: dataclasses.replace(r, entries=(DoneEntry(5, "t5", Outcome.COMMITTED, 0),)),
+        lambda r: dataclasses.replace(
+            r, entries=(DoneEntry(9, "t5", Outcome.COMMITTED, 0), r.entries[1])
+        ),
+        lambda r: dataclasses.replace(
+            r, entries=(DoneEntry(5, "t5", Outcome.DISCARDED, 0), r.entries[1])
+        ),
+        lambda r: dataclasses.replace(r, ts=r.ts + 1),
+    ],
+    ids=["entry dropped", "offset changed", "outcome changed", "ts changed"],
+)
 def test_a_tampered_body_does_not_verify(tamper):
     signed = KEY.sign(OP, 3, DONE)
     assert verifier().verdict(3, 100, tamper(signed)) is Verdict.BAD_MAC
@@ -94,8 +101,11 @@ def test_below_the_watermark_history_is_read_as_written_whatever_its_mac():
     assert judge.verdict(3, 1000, garbage) is Verdict.BAD_MAC
 
 
-@pytest.mark.parametrize("record", [DONE, CHECK, DoneMarker(5, "t5", Outcome.COMMITTED, 0, T)],
-                         ids=lambda r: type(r).__name__)
+@pytest.mark.parametrize(
+    "record",
+    [DONE, CHECK, DoneMarker(5, "t5", Outcome.COMMITTED, 0, T)],
+    ids=lambda r: type(r).__name__,
+)
 def test_an_unsigned_marker_counts_only_below_its_partitions_watermark(record):
     judge = verifier({3: 100})
     assert judge.verdict(3, 99, record) is Verdict.LEGACY and Verdict.LEGACY.accepted
@@ -125,8 +135,9 @@ def test_the_key_is_never_shown_and_must_be_long_enough():
     key = MarkerKey(secret)
     assert secret.decode() not in repr(key) and secret.decode() not in str(key)
     assert key == MarkerKey(secret) and key != MarkerKey(b"y" * 32)
-    assert key.fingerprint() == MarkerKey(secret).fingerprint() != MarkerKey(b"y" * 32) \
-        .fingerprint()
+    assert (
+        key.fingerprint() == MarkerKey(secret).fingerprint() != MarkerKey(b"y" * 32).fingerprint()
+    )
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         MarkerKey(b"short")
 
@@ -140,18 +151,24 @@ def test_the_key_comes_from_the_setting_env_or_a_file(tmp_path):
     path.write_bytes(b"k" * 32 + b"\n")
     from_file = load(CoordinatorSettings, {}, env={"RMQ_MARKER_KEY_FILE": str(path)})
     assert configured_key(from_file, SASL) == KEY
-    args = build_parser().parse_args(["coordinator", "--bootstrap-servers", "b:1",
-                                      "--marker-key-file", str(path)])
+    args = build_parser().parse_args(
+        ["coordinator", "--bootstrap-servers", "b:1", "--marker-key-file", str(path)]
+    )
     assert configured_key(load(CoordinatorSettings, args, env={}), SASL) == KEY
 
 
 def test_no_key_is_fine_with_security_off_and_refused_with_it_on():
     assert configured_key(CoordinatorSettings(), PLAINTEXT) is None
-    assert configured_key(CoordinatorSettings(), {**PLAINTEXT,
-                                                  "security.protocol": "plaintext"}) is None
+    assert (
+        configured_key(CoordinatorSettings(), {**PLAINTEXT, "security.protocol": "plaintext"})
+        is None
+    )
     assert not security_on(PLAINTEXT) and security_on(SASL)
-    with pytest.raises(ConfigError, match=r"security is on \(security.protocol=SASL_SSL\).*"
-                                          r"RMQ_MARKER_KEY.*--marker-key-file"):
+    with pytest.raises(
+        ConfigError,
+        match=r"security is on \(security.protocol=SASL_SSL\).*"
+        r"RMQ_MARKER_KEY.*--marker-key-file",
+    ):
         configured_key(CoordinatorSettings(), SASL)
     with pytest.raises(ConfigError, match="no marker key"):
         Server(SASL)  # before any I/O
@@ -182,23 +199,40 @@ def test_the_raw_key_is_no_cli_flag_and_never_in_the_settings_repr(capsys):
 
 
 def test_the_coordinator_with_security_on_and_no_key_refuses_to_start_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "coordinator", "--bootstrap-servers",
-                           "127.0.0.1:1", "--kafka-option", "security.protocol=SASL_PLAINTEXT"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={"PATH": "", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coordinator",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--kafka-option",
+            "security.protocol=SASL_PLAINTEXT",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": "", "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no marker key" in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("value, ok", [
-    (b'{"v":1,"kind":"key","key":"abc"}', True),
-    (b'{"v":1,"kind":"fingerprint","fingerprint":"ab"}', True),
-    (b'{"v":1,"kind":"watermark","partition":0,"offset":5}', True),
-    (b'{"v":1,"kind":"watermark","partition":"0","offset":5}', False),
-    (b'{"v":2,"kind":"key","key":"abc"}', False),
-    (b'{"v":1,"kind":"other"}', False),
-    (b"[1]", False), (b"\xff", False), (None, False),
-])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        (b'{"v":1,"kind":"key","key":"abc"}', True),
+        (b'{"v":1,"kind":"fingerprint","fingerprint":"ab"}', True),
+        (b'{"v":1,"kind":"watermark","partition":0,"offset":5}', True),
+        (b'{"v":1,"kind":"watermark","partition":"0","offset":5}', False),
+        (b'{"v":2,"kind":"key","key":"abc"}', False),
+        (b'{"v":1,"kind":"other"}', False),
+        (b"[1]", False),
+        (b"\xff", False),
+        (None, False),
+    ],
+)
 def test_only_well_formed_keys_records_are_read(value, ok):
     assert (_parse(value) is not None) is ok

@@ -33,8 +33,9 @@ class FakeKeysTopic:
         return list(FakeKeysTopic.records)
 
     def write(self, records: list[tuple[str, dict]]) -> None:
-        FakeKeysTopic.records += [{"v": 1, "kind": name.split("/")[0], **fields}
-                                  for name, fields in records]
+        FakeKeysTopic.records += [
+            {"v": 1, "kind": name.split("/")[0], **fields} for name, fields in records
+        ]
 
     def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
         return {p: FakeKeysTopic.ends[p] for p in partitions}
@@ -89,8 +90,10 @@ def test_a_partition_added_after_the_first_start_gets_no_history(keys, monkeypat
 def test_watermarks_of_the_release_before_history_mean_an_earlier_coordinator(keys):
     """Keys written by coordinators before the history record existed: their watermarks
     stand, and a partition they lack is taken as history too (as they would have)."""
-    keys.records = [{"v": 1, "kind": "fingerprint", "fingerprint": KEY.fingerprint()},
-                    {"v": 1, "kind": "watermark", "partition": 0, "offset": 5}]
+    keys.records = [
+        {"v": 1, "kind": "fingerprint", "fingerprint": KEY.fingerprint()},
+        {"v": 1, "kind": "watermark", "partition": 0, "offset": 5},
+    ]
     assert load_verifier({}, SETTINGS, KEY, "c1").watermarks == {0: 5, 1: 3}
     assert _history(keys.records) == [True]
 
@@ -106,9 +109,13 @@ def test_every_keys_record_kind_has_a_generator_and_is_read():
 
 def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
     rng = random.Random(2929)
-    types = {"key": {"key": str}, "fingerprint": {"fingerprint": str},
-             "watermark": {"partition": int, "offset": int}, "history": {"earlier": bool},
-             "tenancy": {"half": dict, "op": dict}}
+    types = {
+        "key": {"key": str},
+        "fingerprint": {"fingerprint": str},
+        "watermark": {"partition": int, "offset": int},
+        "history": {"earlier": bool},
+        "tenancy": {"half": dict, "op": dict},
+    }
     for _ in range(3000):
         kind = gen.pick(rng, KINDS)
         data = gen.keys_mutation(rng, gen.KEYS_RECORDS[kind](rng))
@@ -118,11 +125,14 @@ def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
                 assert type(record[name]) is typ, (json.loads(data or b"null"), name)
 
 
-@pytest.mark.parametrize("value, ok", [
-    (b'{"v":1,"kind":"history","earlier":true}', True),
-    (b'{"v":1,"kind":"history","earlier":false}', True),
-    (b'{"v":1,"kind":"history","earlier":1}', False),
-    (b'{"v":1,"kind":"history"}', False),
-])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        (b'{"v":1,"kind":"history","earlier":true}', True),
+        (b'{"v":1,"kind":"history","earlier":false}', True),
+        (b'{"v":1,"kind":"history","earlier":1}', False),
+        (b'{"v":1,"kind":"history"}', False),
+    ],
+)
 def test_only_well_formed_history_records_are_read(value, ok):
     assert (_parse(value) is not None) is ok

@@ -41,15 +41,28 @@ def test_send_writes_the_message_group_header_beside_tags_and_keys():
     real, fake = producer._producer, DeliveringProducer()
     producer._producer = fake
     try:
-        result = producer.send(Message("orders", b"v", key=b"k", headers={"app": "1"},
-                                       tags="A", keys="K1", message_group="customer-7"))
+        result = producer.send(
+            Message(
+                "orders",
+                b"v",
+                key=b"k",
+                headers={"app": "1"},
+                tags="A",
+                keys="K1",
+                message_group="customer-7",
+            )
+        )
         producer.send(Message("orders", b"w"))
     finally:
         producer._producer = real
         producer.close(timeout=0)
     assert (result.partition, result.offset) == (1, 42)
-    assert fake.produced[0]["headers"] == [("app", b"1"), (H.TAGS, b"A"), (H.KEYS, b"K1"),
-                                           (H.MESSAGE_GROUP, b"customer-7")]
+    assert fake.produced[0]["headers"] == [
+        ("app", b"1"),
+        (H.TAGS, b"A"),
+        (H.KEYS, b"K1"),
+        (H.MESSAGE_GROUP, b"customer-7"),
+    ]
     assert fake.produced[1]["headers"] == []
 
 

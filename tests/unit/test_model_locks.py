@@ -85,8 +85,11 @@ class LockMachine(RuleBasedStateMachine):
             assert (d.granted, d.reason) == (True, "taken_over" if held else "granted"), d
             assert d.epoch > self.max_epoch[queue], f"epoch {d.epoch} after {self.max_epoch}"
             assert d.epoch == self.max_epoch[queue] + 1
-            others = [(c, e) for (c, q), (e, end) in self.told.items()
-                      if q == queue and c != client and end > self.now]
+            others = [
+                (c, e)
+                for (c, q), (e, end) in self.told.items()
+                if q == queue and c != client and end > self.now
+            ]
             assert not others, f"{client} granted {queue} while {others} hold it"
         assert d.expires_at_ms == self.now + lease
         if commit:
@@ -153,8 +156,9 @@ def test_a_takeover_that_keeps_the_epoch_is_caught(monkeypatch: pytest.MonkeyPat
     late writes would pass the fence. Hypothesis finds it and shrinks it to two locks."""
     lock = LockTable.lock
 
-    def same_epoch(self: LockTable, key: LockKey, client_id: str, lease_ms: int,
-                   now_ms: int) -> LockDecision:
+    def same_epoch(
+        self: LockTable, key: LockKey, client_id: str, lease_ms: int, now_ms: int
+    ) -> LockDecision:
         d = lock(self, key, client_id, lease_ms, now_ms)
         if d.reason == "taken_over":
             entry = replace(d.entry, epoch=d.entry.epoch - 1)

@@ -44,8 +44,9 @@ class OffsetMachine(RuleBasedStateMachine):
             self.position = 0
         else:
             self.tracker = OffsetTracker.restore(*commit, **bound)
-            self.position = next((i for i, o in enumerate(self.log) if o >= commit[0]),
-                                 len(self.log))
+            self.position = next(
+                (i for i, o in enumerate(self.log) if o >= commit[0]), len(self.log)
+            )
         self.taken: list[int] = []
         self.finished: set[int] = set()  # by this consumer
         self.skipped: set[int] = set()
@@ -62,7 +63,7 @@ class OffsetMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.position < len(self.log))
     @rule(most=st.integers(1, 4))
     def take(self, most: int) -> None:
-        for offset in self.log[self.position:self.position + most]:
+        for offset in self.log[self.position : self.position + most]:
             self._take(offset)
 
     def _take(self, offset: int) -> None:
@@ -81,8 +82,9 @@ class OffsetMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         unfinished = [o for o in self.taken if o not in self.finished]
-        for offset in data.draw(st.lists(st.sampled_from(unfinished), min_size=1, max_size=3,
-                                         unique=True)):
+        for offset in data.draw(
+            st.lists(st.sampled_from(unfinished), min_size=1, max_size=3, unique=True)
+        ):
             assert self.tracker.done(offset)
             self.finished.add(offset)
             self.processed.add(offset)
@@ -133,9 +135,11 @@ TestOffsetMachine = OffsetMachine.TestCase
 
 
 def test_a_tracker_that_commits_past_an_unfinished_record_is_caught(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Planted defect: the commit is where reading got to (auto-commit's mistake), not the
     lowest unfinished record. Hypothesis finds it and shrinks it to a handful of steps."""
+
     def read_position(self: OffsetTracker, owner: str = "") -> tuple[int, str] | None:
         return None if self.next_offset is None else (self.next_offset, owner)
 
@@ -144,4 +148,5 @@ def test_a_tracker_that_commits_past_an_unfinished_record_is_caught(
     assert isinstance(found.error, AssertionError)
     assert "passes" in str(found.error)
     assert found.steps == ["state.append(gaps=[1])", "state.take(most=1)", "state.commit()"], (
-        found.report)
+        found.report
+    )

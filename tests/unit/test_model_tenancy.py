@@ -32,11 +32,14 @@ class TenantTxnMachine(TxnMachine):
     def forge_end(self, txn: str, state: EndState, signer: str | None) -> None:
         """An end request in GROUP's name that GROUP did not sign."""
         t = self.txns_by_id[txn]
-        self.p.append_op(EndRequests(GROUP, 0, (EndEntry(txn, t.origin, state),), self._now()),
-                         signer=signer)
+        self.p.append_op(
+            EndRequests(GROUP, 0, (EndEntry(txn, t.origin, state),), self._now()), signer=signer
+        )
 
-    @rule(how=st.sampled_from(["claims_unsigned", "claims_signed_by_other", "as_itself"]),
-          commit=st.booleans())
+    @rule(
+        how=st.sampled_from(["claims_unsigned", "claims_signed_by_other", "as_itself"]),
+        commit=st.booleans(),
+    )
     def forge_half(self, how: str, commit: bool) -> None:
         """A half record for GROUP's topic by the intruder, and maybe its COMMIT."""
         txn = f"forged{self.forged}"
@@ -48,16 +51,20 @@ class TenantTxnMachine(TxnMachine):
             headers = sign_half_headers(group_key(OTHER_GROUP), headers, msg.key, msg.value)
         at = self.p.append_half(Raw(msg.value, msg.key, headers, 0))
         if commit:
-            self.p.append_op(EndRequests(group, 0, (EndEntry(txn, at, EndState.COMMIT),),
-                                         self._now()), signer=OTHER_GROUP)
+            self.p.append_op(
+                EndRequests(group, 0, (EndEntry(txn, at, EndState.COMMIT),), self._now()),
+                signer=OTHER_GROUP,
+            )
 
     def check_written(self) -> None:
         super().check_written()
         written = self.p.written
-        assert {txn for txn, _ in written.promoted} <= set(self.txns_by_id), \
+        assert {txn for txn, _ in written.promoted} <= set(self.txns_by_id), (
             f"a forged half record was promoted: {written.promoted}"
-        assert {c.txn_id for c in written.checks} <= set(self.txns_by_id), \
+        )
+        assert {c.txn_id for c in written.checks} <= set(self.txns_by_id), (
             "a forged half record was checked"
+        )
 
 
 TestTenantTxnMachine = TenantTxnMachine.TestCase

@@ -53,8 +53,11 @@ SETTLE_ROUNDS = 40  # of one check interval each; settling takes about ten
 states = st.sampled_from(list(EndState))
 decisive = (EndState.COMMIT, EndState.ROLLBACK)
 # What a producer answers for a transaction decided so (a discard: the UNKNOW it answered).
-_ANSWER = {Outcome.COMMITTED: EndState.COMMIT, Outcome.ROLLED_BACK: EndState.ROLLBACK,
-           Outcome.DISCARDED: EndState.UNKNOWN}
+_ANSWER = {
+    Outcome.COMMITTED: EndState.COMMIT,
+    Outcome.ROLLED_BACK: EndState.ROLLBACK,
+    Outcome.DISCARDED: EndState.UNKNOWN,
+}
 
 
 @dataclass
@@ -88,8 +91,10 @@ class TxnMachine(RuleBasedStateMachine):
     @rule(target=txns, size=st.sampled_from([1, 1, 2, 3]), final=states)
     def begin(self, size: int, final: EndState) -> str:
         txn = f"t{len(self.txns_by_id)}"
-        offsets = [self.p.append_half(half_record(txn, size, i, self._now()), (txn, i))
-                   for i in range(size)]
+        offsets = [
+            self.p.append_half(half_record(txn, size, i, self._now()), (txn, i))
+            for i in range(size)
+        ]
         self.txns_by_id[txn] = Txn(txn, size, offsets[0], final)
         self.firsts[txn] = offsets[0]
         return txn
@@ -97,8 +102,11 @@ class TxnMachine(RuleBasedStateMachine):
     @rule(txn=txns, state=states, own=st.booleans())
     def end(self, txn: str, state: EndState, own: bool) -> None:
         t = self.txns_by_id[txn]
-        self.p.append_op(EndRequests(GROUP if own else OTHER_GROUP, 0,
-                                     (EndEntry(txn, t.origin, state),), self._now()))
+        self.p.append_op(
+            EndRequests(
+                GROUP if own else OTHER_GROUP, 0, (EndEntry(txn, t.origin, state),), self._now()
+            )
+        )
 
     @precondition(lambda self: bool(self.p.written.checks))
     @rule(data=st.data(), state=states, own=st.booleans())
@@ -107,9 +115,18 @@ class TxnMachine(RuleBasedStateMachine):
         check = self.p.written.checks[index]
         if own:
             state = self.decided_checks.get(index, state)
-        self.p.append_op(EndRequest(check.txn_id, GROUP if own else OTHER_GROUP, 0,
-                                    check.half_offset, state, True, check.check_seq,
-                                    self._now()))
+        self.p.append_op(
+            EndRequest(
+                check.txn_id,
+                GROUP if own else OTHER_GROUP,
+                0,
+                check.half_offset,
+                state,
+                True,
+                check.check_seq,
+                self._now(),
+            )
+        )
 
     @rule(txn=txns, addressed=st.booleans())
     def copy_half(self, txn: str, addressed: bool) -> None:
@@ -127,8 +144,11 @@ class TxnMachine(RuleBasedStateMachine):
             t.origin = at
 
     # -- adversaries ---------------------------------------------------------------------------
-    @rule(txn=txns, kind=st.sampled_from(["unsigned", "v1", "bad_mac", "check"]),
-          outcome=st.sampled_from([Outcome.COMMITTED, Outcome.ROLLED_BACK, Outcome.DISCARDED]))
+    @rule(
+        txn=txns,
+        kind=st.sampled_from(["unsigned", "v1", "bad_mac", "check"]),
+        outcome=st.sampled_from([Outcome.COMMITTED, Outcome.ROLLED_BACK, Outcome.DISCARDED]),
+    )
     def forge_marker(self, txn: str, kind: str, outcome: Outcome) -> None:
         at, now = self.txns_by_id[txn].origin, self._now()
         if kind == "v1":
@@ -136,18 +156,31 @@ class TxnMachine(RuleBasedStateMachine):
         elif kind == "check":  # many answered checks, the next one far away
             record = CheckMarker(at, txn, 9, 9, 9, now + 10**9, now)
         else:
-            record = DoneMarkers((DoneEntry(at, txn, outcome, 0),), now,
-                                 mac=None if kind == "unsigned" else bytes(32))
+            record = DoneMarkers(
+                (DoneEntry(at, txn, outcome, 0),),
+                now,
+                mac=None if kind == "unsigned" else bytes(32),
+            )
         self.p.append_op(record)
 
-    @rule(kind=st.sampled_from(["end_ahead", "end_ahead_other", "op_garbage", "op_null",
-                                "half_headers", "half_size"]), state=states)
+    @rule(
+        kind=st.sampled_from(
+            ["end_ahead", "end_ahead_other", "op_garbage", "op_null", "half_headers", "half_size"]
+        ),
+        state=states,
+    )
     def junk(self, kind: str, state: EndState) -> None:
         """An end request for a half offset not written yet (by no producer of it), or a
         malformed record on either partition."""
         if kind.startswith("end_ahead"):
-            self.p.append_op(EndRequests(OTHER_GROUP if kind.endswith("other") else GROUP, 0, (
-                EndEntry("nobody", len(self.p.half) + len(self.p.op) % 3, state),), self._now()))
+            self.p.append_op(
+                EndRequests(
+                    OTHER_GROUP if kind.endswith("other") else GROUP,
+                    0,
+                    (EndEntry("nobody", len(self.p.half) + len(self.p.op) % 3, state),),
+                    self._now(),
+                )
+            )
         elif kind == "op_garbage":
             self.p.append_op(b"\x00not a system record")
         elif kind == "op_null":
@@ -156,8 +189,11 @@ class TxnMachine(RuleBasedStateMachine):
             self.p.append_half(Raw(b"v", b"k", [(H.TXN_ID, b"no-topic")], 0))
         else:
             raw = half_record("bad-size", 1, 0, self._now())
-            self.p.append_half(dataclasses.replace(raw, headers=[
-                *raw.headers, (H.TXN_SIZE, b"2"), (H.TXN_INDEX, b"7")]))
+            self.p.append_half(
+                dataclasses.replace(
+                    raw, headers=[*raw.headers, (H.TXN_SIZE, b"2"), (H.TXN_INDEX, b"7")]
+                )
+            )
 
     # -- the coordinator -------------------------------------------------------------------------
     @rule(which=st.sampled_from(["half", "op"]), most=st.sampled_from(["1", "2", "all", "end"]))
@@ -196,8 +232,9 @@ class TxnMachine(RuleBasedStateMachine):
         # The documented limit of coordinator/copies.py: a copy read after a takeover whose
         # first record lies below the committed half offset is a transaction of its own.
         committed = self.started_at = self.p.committed[0]
-        self.exempt |= {txn for at, txn in self.copies.items()
-                        if at >= committed > self.firsts[txn]}
+        self.exempt |= {
+            txn for at, txn in self.copies.items() if at >= committed > self.firsts[txn]
+        }
         self.p.restart()
 
     @rule()
@@ -210,19 +247,30 @@ class TxnMachine(RuleBasedStateMachine):
             for which in ("half", "op"):
                 p.read(which, 1 << 30)
                 p.eof(which)
-            for index, check in enumerate(p.written.checks[self.settled_checks:],
-                                          self.settled_checks):
+            for index, check in enumerate(
+                p.written.checks[self.settled_checks :], self.settled_checks
+            ):
                 t = self.txns_by_id[check.txn_id]
-                p.append_op(EndRequest(t.id, GROUP, 0, check.half_offset,
-                                       self.decided_checks.get(index, t.final), True,
-                                       check.check_seq, self._now()))
+                p.append_op(
+                    EndRequest(
+                        t.id,
+                        GROUP,
+                        0,
+                        check.half_offset,
+                        self.decided_checks.get(index, t.final),
+                        True,
+                        check.check_seq,
+                        self._now(),
+                    )
+                )
             self.settled_checks = len(p.written.checks)
             self._step()
             if (len(p.half), len(p.op)) == before == p.committed:
                 break
             p.now += SETTINGS.check_interval_ms
         assert p.committed == (len(p.half), len(p.op)), (
-            f"committed {p.committed} of {(len(p.half), len(p.op))} after settling")
+            f"committed {p.committed} of {(len(p.half), len(p.op))} after settling"
+        )
         finals = self._finals()
         for t in self.txns_by_id.values():
             if t.id in self.exempt:
@@ -239,11 +287,16 @@ class TxnMachine(RuleBasedStateMachine):
         """The first COMMIT or ROLLBACK of ``t``'s own group, and the distinct check seqs
         answered UNKNOW before it."""
         offsets = {o for o, (txn, _) in self.p.member.items() if txn == t.id} | {
-            o for o, txn in self.copies.items() if txn == t.id}
+            o for o, txn in self.copies.items() if txn == t.id
+        }
         unknown: set[int] = set()
         for at, r in self.p.requests():
-            if r.txn_id != t.id or r.producer_group != GROUP or r.half_offset not in offsets \
-                    or at not in self.p.authentic:  # forged in the group's name (tenancy)
+            if (
+                r.txn_id != t.id
+                or r.producer_group != GROUP
+                or r.half_offset not in offsets
+                or at not in self.p.authentic
+            ):  # forged in the group's name (tenancy)
                 continue
             if r.state in decisive:
                 return r.state, len(unknown)
@@ -265,9 +318,11 @@ class TxnMachine(RuleBasedStateMachine):
         # coordinator: nothing is asserted of it.
         promoted = Counter(m for m in written.promoted if m[0] not in self.exempt)
         assert all(n == 1 for n in promoted.values()), f"promoted twice: {promoted}"
-        decided = Counter((member[e.half_offset], e.outcome) for _, e in written.done
-                          if e.outcome in FINAL and e.half_offset in member
-                          and e.txn_id not in self.exempt)
+        decided = Counter(
+            (member[e.half_offset], e.outcome)
+            for _, e in written.done
+            if e.outcome in FINAL and e.half_offset in member and e.txn_id not in self.exempt
+        )
         assert all(n == 1 for n in decided.values()), f"a member decided twice: {decided}"
         for txn, outcomes in self._finals().items():
             if txn in self.exempt:
@@ -308,8 +363,11 @@ def test_trusting_an_unsigned_marker_is_caught(monkeypatch: pytest.MonkeyPatch) 
     # Shrunk to: a transaction, a marker without a MAC for it, the coordinator reading both.
     assert len(found.steps) <= 4, found.report
     assert found.steps[0].startswith("state.begin("), found.report
-    assert any(s.startswith("state.forge_marker(kind='unsigned'") or
-               s.startswith("state.forge_marker(kind='v1'") for s in found.steps), found.report
+    assert any(
+        s.startswith("state.forge_marker(kind='unsigned'")
+        or s.startswith("state.forge_marker(kind='v1'")
+        for s in found.steps
+    ), found.report
 
 
 def test_dropping_the_producer_group_check_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,8 +388,9 @@ def test_dropping_the_producer_group_check_is_caught(monkeypatch: pytest.MonkeyP
     # Shrunk to: a transaction, another group's COMMIT for it, the coordinator reading both.
     assert len(found.steps) <= 4, found.report
     assert found.steps[0].startswith("state.begin("), found.report
-    assert any(s.startswith("state.end(own=False, state=<EndState.COMMIT") for s in
-               found.steps), found.report
+    assert any(s.startswith("state.end(own=False, state=<EndState.COMMIT") for s in found.steps), (
+        found.report
+    )
 
 
 def test_forgetting_copies_of_a_half_record_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,11 +13,13 @@ from tests.unit.test_txn_state import T0, end, half, live
 
 def test_event_counters_exist_at_zero_so_the_first_event_is_an_increase():
     registry = CoordinatorMetrics().registry
-    for name, labels in [("rmq_discarded_total", {"reason": "check_max"}),
-                         ("rmq_discarded_total", {"reason": "too_large"}),
-                         ("rmq_rejected_requests_total", {"reason": "mismatch"}),
-                         ("rmq_checks_answered_total", {"state": "unknown"}),
-                         ("rmq_lock_events_total", {"event": "taken_over"})]:
+    for name, labels in [
+        ("rmq_discarded_total", {"reason": "check_max"}),
+        ("rmq_discarded_total", {"reason": "too_large"}),
+        ("rmq_rejected_requests_total", {"reason": "mismatch"}),
+        ("rmq_checks_answered_total", {"state": "unknown"}),
+        ("rmq_lock_events_total", {"event": "taken_over"}),
+    ]:
         assert registry.get_sample_value(name, labels) == 0.0, (name, labels)
 
 
@@ -32,9 +34,10 @@ def test_check_answers_are_counted_by_state_and_inline_decisions_are_not():
     st.on_end_request(end(2, 2, "ROLLBACK"), T0)  # inline: not an answer
     publish_partition_counters(metrics, SystemTopics("rmq"), {0: st}, age_due=True)
     sample = metrics.registry.get_sample_value
-    assert {s: sample("rmq_checks_answered_total", {"state": s})
-            for s in ("commit", "rollback", "unknown")} == {"commit": 1, "rollback": 0,
-                                                            "unknown": 1}
+    assert {
+        s: sample("rmq_checks_answered_total", {"state": s})
+        for s in ("commit", "rollback", "unknown")
+    } == {"commit": 1, "rollback": 0, "unknown": 1}
 
 
 def test_partition_gauges_are_read_at_each_scrape():
@@ -49,6 +52,5 @@ def test_partition_gauges_are_read_at_each_scrape():
 
 
 def test_the_check_horizon_is_the_timeout_plus_check_max_intervals():
-    settings = CoordinatorSettings(transaction_timeout_ms=1500, check_interval_ms=2500,
-                                   check_max=3)
+    settings = CoordinatorSettings(transaction_timeout_ms=1500, check_interval_ms=2500, check_max=3)
     assert check_horizon_ms(settings) == 9000

@@ -39,8 +39,11 @@ def _headers(headers) -> dict[str, bytes]:
 
 # -- the members' headers ------------------------------------------------------------------
 def test_every_member_carries_the_size_and_its_index_after_the_half_headers():
-    msgs = [Message("orders", b"a", key="k", headers={"app": "1"}, tags="T"),
-            Message("lines", b"b", partition=2), Message("lines", b"c", keys="K1 K2")]
+    msgs = [
+        Message("orders", b"a", key="k", headers={"app": "1"}, tags="T"),
+        Message("lines", b"b", partition=2),
+        Message("lines", b"c", keys="K1 K2"),
+    ]
     members = member_headers(msgs, "tx", GROUP, BORN, max_messages=10, max_bytes=10_000)
     for index, (msg, headers) in enumerate(zip(msgs, members, strict=True)):
         assert headers[:-2] == half_headers(msg, "tx", GROUP, BORN)
@@ -52,7 +55,8 @@ def test_every_member_carries_the_size_and_its_index_after_the_half_headers():
 def test_a_transaction_of_one_is_todays_half_record():
     msg = Message("orders", b"a", key="k")
     assert member_headers([msg], "tx", GROUP, BORN, max_messages=10, max_bytes=10_000) == [
-        half_headers(msg, "tx", GROUP, BORN)]
+        half_headers(msg, "tx", GROUP, BORN)
+    ]
 
 
 def test_the_half_partition_comes_from_the_transaction_id():
@@ -61,12 +65,18 @@ def test_the_half_partition_comes_from_the_transaction_id():
 
 
 # -- bounds ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("msgs, bounds, message", [
-    ([], {}, "no messages"),
-    ([Message("t", b"v")] * 4, {"max_messages": 3}, "4 messages, more than "
-                                                    "max_transaction_messages=3"),
-    ([Message("t", b"x" * 600)] * 2, {"max_bytes": 1000}, "more than max_transaction_bytes"),
-])
+@pytest.mark.parametrize(
+    "msgs, bounds, message",
+    [
+        ([], {}, "no messages"),
+        (
+            [Message("t", b"v")] * 4,
+            {"max_messages": 3},
+            "4 messages, more than max_transaction_messages=3",
+        ),
+        ([Message("t", b"x" * 600)] * 2, {"max_bytes": 1000}, "more than max_transaction_bytes"),
+    ],
+)
 def test_an_empty_or_oversized_transaction_is_refused(msgs, bounds, message):
     limits = {"max_messages": 1000, "max_bytes": 1 << 24, **bounds}
     with pytest.raises(TransactionSizeError, match=message):
@@ -84,14 +94,18 @@ def test_the_byte_bound_counts_keys_values_and_every_header_written():
 
 def test_an_item_that_is_not_a_message_is_a_config_error():
     with pytest.raises(ConfigError, match=r"messages\[1\] is a str, not a Message"):
-        member_headers([Message("t", b"v"), "oops"], "tx", GROUP, BORN, max_messages=10,
-                       max_bytes=10_000)
+        member_headers(
+            [Message("t", b"v"), "oops"], "tx", GROUP, BORN, max_messages=10, max_bytes=10_000
+        )
 
 
 def test_the_bounds_are_settings_from_kwargs_then_env_then_defaults():
     assert load(ProducerSettings, env={}) == ProducerSettings(1000, 16 * 1024 * 1024)
-    s = load(ProducerSettings, {"max_transaction_bytes": 5000},
-             env={"RMQ_MAX_TRANSACTION_MESSAGES": "20", "RMQ_MAX_TRANSACTION_BYTES": "9"})
+    s = load(
+        ProducerSettings,
+        {"max_transaction_bytes": 5000},
+        env={"RMQ_MAX_TRANSACTION_MESSAGES": "20", "RMQ_MAX_TRANSACTION_BYTES": "9"},
+    )
     assert (s.max_transaction_messages, s.max_transaction_bytes) == (20, 5000)
     with pytest.raises(ConfigError, match="at most 1000"):
         ProducerSettings(max_transaction_messages=1001)
@@ -123,15 +137,22 @@ class OffsetProducer:
         self.fail = fail
         self.records: list[SimpleNamespace] = []
 
-    def produce(self, topic, value=None, *, key=None, headers=None, partition=-1,
-                on_delivery=None) -> None:
+    def produce(
+        self, topic, value=None, *, key=None, headers=None, partition=-1, on_delivery=None
+    ) -> None:
         offset = 100 + sum(1 for r in self.records if r.topic == topic)
-        self.records.append(SimpleNamespace(topic=topic, value=value, key=key,
-                                            headers=headers, partition=partition))
-        error = KafkaError(KafkaError._MSG_TIMED_OUT) if len(self.records) - 1 == self.fail \
-            else None
-        on_delivery(error, SimpleNamespace(partition=lambda: partition, offset=lambda: offset,
-                                           topic=lambda: topic))
+        self.records.append(
+            SimpleNamespace(topic=topic, value=value, key=key, headers=headers, partition=partition)
+        )
+        error = (
+            KafkaError(KafkaError._MSG_TIMED_OUT) if len(self.records) - 1 == self.fail else None
+        )
+        on_delivery(
+            error,
+            SimpleNamespace(
+                partition=lambda: partition, offset=lambda: offset, topic=lambda: topic
+            ),
+        )
 
     def poll(self, timeout=0) -> int:
         return 0
@@ -141,8 +162,9 @@ class OffsetProducer:
 
 
 def _producer(fail: int | None = None, **settings):
-    producer, main, _ = started_txn_producer({"orders": 2, "lines": 3,
-                                              "__rmq_half": HALF_PARTITIONS})
+    producer, main, _ = started_txn_producer(
+        {"orders": 2, "lines": 3, "__rmq_half": HALF_PARTITIONS}
+    )
     listener = ViewListener()
     producer.listener = listener
     producer.settings = ProducerSettings(**settings)
@@ -152,8 +174,15 @@ def _producer(fail: int | None = None, **settings):
 
 
 def _messages(n: int) -> list[Message]:
-    return [Message("orders" if i % 2 == 0 else "lines", f"m-{i}".encode(), key=f"k{i}",
-                    headers={"app": str(i)}) for i in range(n)]
+    return [
+        Message(
+            "orders" if i % 2 == 0 else "lines",
+            f"m-{i}".encode(),
+            key=f"k{i}",
+            headers={"app": str(i)},
+        )
+        for i in range(n)
+    ]
 
 
 def test_one_transaction_is_its_members_in_one_partition_one_local_call_and_one_end():
@@ -164,14 +193,19 @@ def test_one_transaction_is_its_members_in_one_partition_one_local_call_and_one_
     partition = zlib.crc32(result.transaction_id.encode()) % HALF_PARTITIONS
     assert {r.partition for r in halves} == {partition} and len(halves) == 10
     assert [_headers(r.headers)[H.TXN_INDEX] for r in halves] == [
-        str(i).encode() for i in range(10)]
+        str(i).encode() for i in range(10)
+    ]
     assert {_headers(r.headers)[H.TXN_ID] for r in halves} == {result.transaction_id.encode()}
-    assert (result.half_partition, result.half_offset, result.message_count) == (
-        partition, 100, 10)
+    assert (result.half_partition, result.half_offset, result.message_count) == (partition, 100, 10)
     end = decode(end_record.value)
     assert isinstance(end, EndRequest) and end_record.partition == partition
     assert (end.txn_id, end.half_partition, end.half_offset, end.state, end.from_check) == (
-        result.transaction_id, partition, 100, EndState.COMMIT, False)
+        result.transaction_id,
+        partition,
+        100,
+        EndState.COMMIT,
+        False,
+    )
     [(view, arg)] = listener.executed
     assert arg == "the-arg" and isinstance(view, Transaction)
     assert view.transaction_id == result.transaction_id and view.message_count == 10
@@ -179,17 +213,24 @@ def test_one_transaction_is_its_members_in_one_partition_one_local_call_and_one_
     assert {m.transaction_id for m in view.messages} == {result.transaction_id}
     # The first message's fields, for a listener written for one message.
     assert (view.topic, view.value, view.key, view.user_headers()) == (
-        "orders", b"m-0", b"k0", [("app", b"0")])
+        "orders",
+        b"m-0",
+        b"k0",
+        [("app", b"0")],
+    )
     assert main.produced == []
 
 
-@pytest.mark.parametrize("msgs, settings, error", [
-    ([], {}, TransactionSizeError),
-    (_messages(3), {"max_transaction_messages": 2}, TransactionSizeError),
-    (_messages(3), {"max_transaction_bytes": 50}, TransactionSizeError),
-    ([*_messages(2), Message("__rmq_op", b"v")], {}, SystemTopicError),
-    ([*_messages(2), Message("orders", b"v", partition=5)], {}, ConfigError),
-])
+@pytest.mark.parametrize(
+    "msgs, settings, error",
+    [
+        ([], {}, TransactionSizeError),
+        (_messages(3), {"max_transaction_messages": 2}, TransactionSizeError),
+        (_messages(3), {"max_transaction_bytes": 50}, TransactionSizeError),
+        ([*_messages(2), Message("__rmq_op", b"v")], {}, SystemTopicError),
+        ([*_messages(2), Message("orders", b"v", partition=5)], {}, ConfigError),
+    ],
+)
 def test_a_bad_transaction_raises_before_anything_is_written(msgs, settings, error):
     producer, main, call, listener = _producer(**settings)
     with pytest.raises(error):
@@ -219,19 +260,48 @@ def test_the_one_message_path_is_unchanged_on_the_wire():
 
 # -- back-checks -----------------------------------------------------------------------------
 def _check(headers) -> CheckRequest:
-    return CheckRequest("tx", "pg", 1, 100, 2, 1_700_000_000_000, "orders", None, b"k", b"m-0",
-                        headers, 1_700_000_001_000)
+    return CheckRequest(
+        "tx",
+        "pg",
+        1,
+        100,
+        2,
+        1_700_000_000_000,
+        "orders",
+        None,
+        b"k",
+        b"m-0",
+        headers,
+        1_700_000_001_000,
+    )
 
 
 def test_a_check_of_a_transaction_of_several_hands_over_the_first_message_and_the_count():
-    view = check_view(_check([("app", b"0"), (H.TXN_ID, b"tx"), (H.TAGS, b"T"),
-                              (H.TXN_SIZE, b"10"), (H.TXN_INDEX, b"0")]))
+    view = check_view(
+        _check(
+            [
+                ("app", b"0"),
+                (H.TXN_ID, b"tx"),
+                (H.TAGS, b"T"),
+                (H.TXN_SIZE, b"10"),
+                (H.TXN_INDEX, b"0"),
+            ]
+        )
+    )
     assert isinstance(view, Transaction)
     assert (view.transaction_id, view.message_count, view.check_times, view.born_timestamp) == (
-        "tx", 10, 2, 1_700_000_000_000)
+        "tx",
+        10,
+        2,
+        1_700_000_000_000,
+    )
     [first] = view.messages
     assert (first.value, first.tags, first.user_headers(), first.transaction_id) == (
-        b"m-0", "T", [("app", b"0")], "tx")
+        b"m-0",
+        "T",
+        [("app", b"0")],
+        "tx",
+    )
     assert view.value == b"m-0"
 
 
@@ -255,7 +325,11 @@ def test_the_check_answer_names_member_0_and_the_listener_sees_the_count():
     end = decode(value)
     assert topic == producer.topics.op and kw["partition"] == 1
     assert (end.half_offset, end.state, end.from_check, end.check_seq) == (
-        100, EndState.COMMIT, True, 2)
+        100,
+        EndState.COMMIT,
+        True,
+        2,
+    )
 
 
 def test_a_transaction_view_needs_a_message():

@@ -10,15 +10,25 @@ import pytest
 from tests.campaign.faultkit import Fault, ProcTarget
 from tests.campaign.nemesis import ALL_KINDS, BROKER_KINDS, SHORT, Timing, make_plan
 
-PROCS = [ProcTarget("coordinator-1", "coordinator", lambda: None),
-         ProcTarget("coordinator-2", "coordinator", lambda: None),
-         ProcTarget("consumer-1", "consumer", lambda: None),
-         ProcTarget("producer-skewed", "producer", lambda: None, clock_file=Path("/x"))]
+PROCS = [
+    ProcTarget("coordinator-1", "coordinator", lambda: None),
+    ProcTarget("coordinator-2", "coordinator", lambda: None),
+    ProcTarget("consumer-1", "consumer", lambda: None),
+    ProcTarget("producer-skewed", "producer", lambda: None, clock_file=Path("/x")),
+]
 
 
 def _plan(seed: int, short: bool = False, duration_s: float = 600.0):
-    return make_plan(seed, ALL_KINDS, duration_s, [1, 2, 3], PROCS,
-                     SHORT if short else Timing(), short=short, disk_node=3)
+    return make_plan(
+        seed,
+        ALL_KINDS,
+        duration_s,
+        [1, 2, 3],
+        PROCS,
+        SHORT if short else Timing(),
+        short=short,
+        disk_node=3,
+    )
 
 
 def test_a_seed_replays_the_same_plan_and_another_seed_differs():
@@ -91,9 +101,11 @@ def test_a_fault_that_fails_to_apply_is_recorded_with_its_error_and_healed():
 
 
 def test_a_consumer_pause_hits_a_lock_holder_with_a_peer_so_its_queues_change_hands():
-    procs = [*PROCS, ProcTarget("push-0", "consumer", lambda: None),
-             ProcTarget("orderly-0", "consumer", lambda: None, handover=True)]
+    procs = [
+        *PROCS,
+        ProcTarget("push-0", "consumer", lambda: None),
+        ProcTarget("orderly-0", "consumer", lambda: None, handover=True),
+    ]
     for seed in range(20):
-        plan = make_plan(seed, ALL_KINDS, 600, [1, 2, 3], procs, SHORT, short=True,
-                         disk_node=3)
+        plan = make_plan(seed, ALL_KINDS, 600, [1, 2, 3], procs, SHORT, short=True, disk_node=3)
         assert [s.target for s in plan if s.kind == "consumer_pause"] == ["orderly-0"]

@@ -27,7 +27,11 @@ def offsets(batch: list[OrderlyMessage]) -> list[int]:
 
 def test_the_statuses_have_rocketmqs_names():
     assert {s.name for s in ConsumeOrderlyStatus} == {
-        "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "COMMIT", "ROLLBACK"}
+        "SUCCESS",
+        "SUSPEND_CURRENT_QUEUE_A_MOMENT",
+        "COMMIT",
+        "ROLLBACK",
+    }
 
 
 def test_success_held_then_rollback_redelivers_everything_since_the_last_commit():

@@ -48,27 +48,36 @@ def test_fetching_pauses_at_the_byte_bound_below_the_count_bound_and_resumes_at_
 
     bound = 100 * MIB
     # Ten records of 10 MiB: far below the 10,000-record bound, at the byte bound.
-    assert flow_control(10, bound, paused=False, held=True, max_queued_bytes=bound) == (
-        True, False)
+    assert flow_control(10, bound, paused=False, held=True, max_queued_bytes=bound) == (True, False)
     assert flow_control(9, bound - 1, paused=False, held=True, max_queued_bytes=bound) == (
-        False, False)
-    assert flow_control(6, bound // 2 + 1, paused=True, held=True,
-                        max_queued_bytes=bound) == (False, False)
+        False,
+        False,
+    )
+    assert flow_control(6, bound // 2 + 1, paused=True, held=True, max_queued_bytes=bound) == (
+        False,
+        False,
+    )
     assert flow_control(5, bound // 2, paused=True, held=True, max_queued_bytes=bound) == (
-        False, True)
+        False,
+        True,
+    )
     # The count bound and the lock still apply.
-    assert flow_control(10_000, 0, paused=False, held=True, max_queued_bytes=bound) == (
-        True, False)
-    assert flow_control(0, 0, paused=False, held=False, max_queued_bytes=bound) == (
-        True, False)
+    assert flow_control(10_000, 0, paused=False, held=True, max_queued_bytes=bound) == (True, False)
+    assert flow_control(0, 0, paused=False, held=False, max_queued_bytes=bound) == (True, False)
 
 
 def test_key_mode_takes_no_more_records_while_the_taken_bytes_reach_the_bound():
     q = aligned_queue()
     session = Session(q, 3, OffsetTracker())
     q.state.add([FakeRecord(i, b"k%d" % i) for i in range(10)])  # values of 2 bytes
-    pool = KeyPool(lambda m, c: None, max_workers=2, max_reconsume_times=-1,
-                   commits=FakeCommits(), dead_letters=None, name="t")
+    pool = KeyPool(
+        lambda m, c: None,
+        max_workers=2,
+        max_reconsume_times=-1,
+        commits=FakeCommits(),
+        dead_letters=None,
+        name="t",
+    )
     feeder = KeyFeeder(pool, batch_size=1, max_taken_bytes=5)
     units = feeder._take(q.state, session)
     assert [u.offset for u in units] == [0, 1, 2]  # the bound is reached at the third

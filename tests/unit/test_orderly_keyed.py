@@ -91,11 +91,18 @@ def test_units_hold_consecutive_records_of_one_key_up_to_the_batch_size():
     session = Session(q, 3, OffsetTracker())
     keys = [b"a", b"a", b"a", b"a", b"b", b"a", None, None]
     q.state.add([FakeRecord(i, k) for i, k in enumerate(keys)])
-    units = KeyFeeder(KeyPool(lambda m, c: None, max_workers=2, max_reconsume_times=-1,
-                              commits=FakeCommits(), dead_letters=None, name="t"),
-                      batch_size=3)._take(q.state, session)
-    assert [[r.offset() for r in u.records] for u in units] == [[0, 1, 2], [3], [4], [5],
-                                                                 [6, 7]]
+    units = KeyFeeder(
+        KeyPool(
+            lambda m, c: None,
+            max_workers=2,
+            max_reconsume_times=-1,
+            commits=FakeCommits(),
+            dead_letters=None,
+            name="t",
+        ),
+        batch_size=3,
+    )._take(q.state, session)
+    assert [[r.offset() for r in u.records] for u in units] == [[0, 1, 2], [3], [4], [5], [6, 7]]
 
 
 def test_records_a_restored_commit_marks_done_are_skipped():
@@ -108,9 +115,17 @@ def test_records_a_restored_commit_marks_done_are_skipped():
     q = aligned_queue(10, metadata)
     session = Session(q, 3, OffsetTracker.restore(10, metadata))
     q.state.add([FakeRecord(i, b"k%d" % i) for i in range(10, 15)])
-    feeder = KeyFeeder(KeyPool(lambda m, c: None, max_workers=2, max_reconsume_times=-1,
-                               commits=FakeCommits(), dead_letters=None, name="t"),
-                       batch_size=1)
+    feeder = KeyFeeder(
+        KeyPool(
+            lambda m, c: None,
+            max_workers=2,
+            max_reconsume_times=-1,
+            commits=FakeCommits(),
+            dead_letters=None,
+            name="t",
+        ),
+        batch_size=1,
+    )
     assert [u.offset for u in feeder._take(q.state, session)] == [10, 12, 14]
 
 
@@ -118,9 +133,17 @@ def test_no_records_are_taken_while_the_tracker_is_full():
     q = aligned_queue()
     session = Session(q, 3, OffsetTracker(0, max_span=4))
     q.state.add([FakeRecord(i, b"k%d" % i) for i in range(10)])
-    feeder = KeyFeeder(KeyPool(lambda m, c: None, max_workers=2, max_reconsume_times=-1,
-                               commits=FakeCommits(), dead_letters=None, name="t"),
-                       batch_size=1)
+    feeder = KeyFeeder(
+        KeyPool(
+            lambda m, c: None,
+            max_workers=2,
+            max_reconsume_times=-1,
+            commits=FakeCommits(),
+            dead_letters=None,
+            name="t",
+        ),
+        batch_size=1,
+    )
     feeder._take(q.state, session)  # all ten taken: the bound is checked between rounds
     session.tracker.done(9)
     q.state.add([FakeRecord(10, b"k")])
@@ -141,8 +164,14 @@ def test_a_pool_run_commits_forward_only_and_ends_past_the_last_record():
             seen.extend((m.key, m.offset) for m in msgs)
         return ConsumeOrderlyStatus.SUCCESS
 
-    pool = KeyPool(listener, max_workers=4, max_reconsume_times=-1, commits=commits,
-                   dead_letters=None, name="t")
+    pool = KeyPool(
+        listener,
+        max_workers=4,
+        max_reconsume_times=-1,
+        commits=commits,
+        dead_letters=None,
+        name="t",
+    )
     feeder = KeyFeeder(pool, batch_size=2)
     q.state.add([FakeRecord(i, b"k%d" % (i % 5)) for i in range(200)])
     pool.start()
@@ -158,8 +187,9 @@ def test_a_pool_run_commits_forward_only_and_ends_past_the_last_record():
     assert offsets == sorted(offsets) and offsets[-1] == 200
     assert commits.processed_offsets[-1][1] == ""  # nothing done above the end
     for key in {k for k, _ in seen}:
-        assert [o for k, o in seen if k == key] == [o for o in range(200)
-                                                    if b"k%d" % (o % 5) == key]
+        assert [o for k, o in seen if k == key] == [
+            o for o in range(200) if b"k%d" % (o % 5) == key
+        ]
 
 
 def test_a_sync_call_past_consume_timeout_counts_as_failed_and_is_retried():
@@ -175,8 +205,15 @@ def test_a_sync_call_past_consume_timeout_counts_as_failed_and_is_retried():
             time.sleep(0.2)  # past the 50 ms timeout: its SUCCESS does not count
         return ConsumeOrderlyStatus.SUCCESS
 
-    pool = KeyPool(listener, max_workers=2, max_reconsume_times=-1, commits=commits,
-                   dead_letters=None, name="t", consume_timeout_ms=50)
+    pool = KeyPool(
+        listener,
+        max_workers=2,
+        max_reconsume_times=-1,
+        commits=commits,
+        dead_letters=None,
+        name="t",
+        consume_timeout_ms=50,
+    )
     q.state.add([FakeRecord(0, b"k")])
     with q.cv:
         units = KeyFeeder(pool, batch_size=1)._take(q.state, session)

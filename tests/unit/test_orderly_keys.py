@@ -17,8 +17,9 @@ from rmq_semantics.records.headers import H
 TP = ("orders", 0)
 
 
-def rec(offset: int, key: bytes | None = None, group: str | None = None,
-        tp: tuple[str, int] = TP) -> OrderlyMessage:
+def rec(
+    offset: int, key: bytes | None = None, group: str | None = None, tp: tuple[str, int] = TP
+) -> OrderlyMessage:
     headers = ((H.MESSAGE_GROUP, group.encode()),) if group is not None else ()
     return OrderlyMessage(tp[0], tp[1], offset, key, b"v", headers, 0)
 
@@ -40,8 +41,9 @@ def test_the_ordering_key_is_the_group_else_the_key_else_the_partition():
 
 
 def test_the_last_message_group_header_wins():
-    record = OrderlyMessage("t", 0, 1, None, b"v", ((H.MESSAGE_GROUP, b"a"),
-                                                    (H.MESSAGE_GROUP, b"b")), 0)
+    record = OrderlyMessage(
+        "t", 0, 1, None, b"v", ((H.MESSAGE_GROUP, b"a"), (H.MESSAGE_GROUP, b"b")), 0
+    )
     assert ordering_key(record)[3] == b"b"
 
 

@@ -18,15 +18,30 @@ TP = ("orders", 3)
 
 
 def consumed(offset: int, *, headers: list | None = None) -> Message:
-    return Message(topic=TP[0], partition=TP[1], offset=offset, key=b"k",
-                   value=f"v{offset}".encode(), headers=headers, timestamp=(1, 1700))
+    return Message(
+        topic=TP[0],
+        partition=TP[1],
+        offset=offset,
+        key=b"k",
+        value=f"v{offset}".encode(),
+        headers=headers,
+        timestamp=(1, 1700),
+    )
 
 
 def test_the_view_reads_every_field_of_the_consumed_message():
     view = OrderlyMessage.from_kafka(consumed(7, headers=[("a", b"1"), ("b", None)]))
-    assert (view.topic, view.partition, view.offset, view.key, view.value, view.headers,
-            view.timestamp, view.reconsume_times, view.where) == (
-        "orders", 3, 7, b"k", b"v7", (("a", b"1"), ("b", b"")), 1700, 0, "orders[3]@7")
+    assert (
+        view.topic,
+        view.partition,
+        view.offset,
+        view.key,
+        view.value,
+        view.headers,
+        view.timestamp,
+        view.reconsume_times,
+        view.where,
+    ) == ("orders", 3, 7, b"k", b"v7", (("a", b"1"), ("b", b"")), 1700, 0, "orders[3]@7")
     assert OrderlyMessage.from_kafka(consumed(8)).headers == ()
 
 
@@ -63,7 +78,10 @@ def test_a_live_queue_buffers_consumed_messages_and_hands_over_views_in_order():
     assert q.add([consumed(o) for o in (12, 13)])
     batch = q.next_batch(3)
     assert [(type(m).__name__, m.offset) for m in batch] == [
-        ("_KafkaMessageView", 10), ("_KafkaMessageView", 11), ("_KafkaMessageView", 12)]
+        ("_KafkaMessageView", 10),
+        ("_KafkaMessageView", 11),
+        ("_KafkaMessageView", 12),
+    ]
     q.suspend(0.0, retried=True)
     again = q.next_batch(3)  # the same batch again, counting the redelivery
     assert [(m.offset, m.reconsume_times) for m in again] == [(10, 1), (11, 1), (12, 1)]

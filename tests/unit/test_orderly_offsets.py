@@ -86,8 +86,9 @@ def test_random_completion_orders_match_the_model_and_every_restore(seed):
         assert tracker.in_flight == len(pending)
         if rng.random() < 0.2:  # a takeover now: exactly the unfinished ones are redone
             again = OffsetTracker.restore(committed, metadata)
-            assert replay(again, [o for o in offsets if o >= committed]) == model.unfinished() \
-                | {o for o in offsets if o > model.given[-1]}
+            assert replay(again, [o for o in offsets if o >= committed]) == model.unfinished() | {
+                o for o in offsets if o > model.given[-1]
+            }
     for offset in rng.sample(pending, len(pending)):
         tracker.done(offset)
     assert tracker.committable(OWNER) == (offsets[-1] + 1, OWNER)
@@ -119,8 +120,7 @@ def test_a_long_stream_with_a_sliding_window_matches_the_model():
             committed, metadata = tracker.committable(OWNER)
             assert committed == model.committed()
             rest = [o for o in model.given if o >= committed]
-            assert replay(OffsetTracker.restore(committed, metadata), rest) \
-                == model.unfinished()
+            assert replay(OffsetTracker.restore(committed, metadata), rest) == model.unfinished()
     assert tracker.in_flight == len(model.unfinished())
 
 
@@ -135,7 +135,7 @@ def test_a_restored_tracker_goes_on_and_commits_like_the_model(seed):
         tracker = OffsetTracker.restore(committed, metadata)
         todo = [o for o in offsets if o >= committed and tracker.add(o)]
         rng.shuffle(todo)
-        for offset in todo[:rng.randint(0, len(todo))]:  # dies after some of them
+        for offset in todo[: rng.randint(0, len(todo))]:  # dies after some of them
             tracker.done(offset)
             processed.append(offset)
         committed, metadata = tracker.committable(OWNER)
@@ -158,8 +158,14 @@ def test_restored_done_offsets_are_skipped_and_carried_to_the_next_commit():
     again.done(100)
     committed, metadata = again.committable(OWNER)  # 105, 106 not seen yet, still done
     assert committed == 101
-    assert replay(OffsetTracker.restore(committed, metadata), list(range(101, 110))) \
-        == {101, 103, 104, 107, 108, 109}
+    assert replay(OffsetTracker.restore(committed, metadata), list(range(101, 110))) == {
+        101,
+        103,
+        104,
+        107,
+        108,
+        109,
+    }
 
 
 def test_offsets_never_given_are_no_work_and_do_not_hold_the_commit():
@@ -239,13 +245,18 @@ def _mutations() -> list[tuple[str, int, str]]:
     flipped = head[:-1] + ("A" if head[-1] != "A" else "B")
     return [
         ("foreign", committed, "some other client's note"),
-        ("truncated", committed, good[:len(field) // 2]),
+        ("truncated", committed, good[: len(field) // 2]),
         ("truncated crc", committed, field[:-2]),
         ("altered payload", committed, f"{flipped}.{crc}|{OWNER}"),
         ("stale offset", committed + 1, good),
         ("older offset", committed - 5, good),
-        ("unknown codec", committed, field.replace(f"{committed}.b", f"{committed}.q")
-         .replace(f"{committed}.z", f"{committed}.q")),
+        (
+            "unknown codec",
+            committed,
+            field.replace(f"{committed}.b", f"{committed}.q").replace(
+                f"{committed}.z", f"{committed}.q"
+            ),
+        ),
         ("bad base64", committed, f"{DONE_FIELD_PREFIX}{committed}.b!!!.{crc}"),
         ("bad deflate", committed, f"{DONE_FIELD_PREFIX}{committed}.zAAAA.{crc}"),
         ("garbage", committed, DONE_FIELD_PREFIX + "\x00\xff..|x"),
@@ -253,8 +264,9 @@ def _mutations() -> list[tuple[str, int, str]]:
     ]
 
 
-@pytest.mark.parametrize(("committed", "metadata"),
-                         [pytest.param(c, m, id=name) for name, c, m in _mutations()])
+@pytest.mark.parametrize(
+    ("committed", "metadata"), [pytest.param(c, m, id=name) for name, c, m in _mutations()]
+)
 def test_malformed_metadata_redoes_everything_with_one_warning(committed, metadata, caplog):
     with caplog.at_level(logging.WARNING, logger="rmq_semantics.orderly.offsets"):
         tracker = OffsetTracker.restore(committed, metadata, where="orders[3]")

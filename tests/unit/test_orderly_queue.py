@@ -318,7 +318,11 @@ def test_status_shows_held_then_lapsed_then_unlocked():
     q.high = 15
     held = q.status(LEASE_END - 2.5)
     assert (held.lock_state, held.locked, held.epoch, held.lease_remaining_ms) == (
-        "held", True, 7, 2500)
+        "held",
+        True,
+        7,
+        2500,
+    )
     assert (held.committed_offset, held.lag) == (10, 5)
     assert q.status(LEASE_END).lock_state == "lapsed"
     q.deny()

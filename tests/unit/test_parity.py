@@ -15,16 +15,17 @@ from spark.settings import JobSettings
 from spark.subscription import guard_subscription
 
 
-@pytest.mark.parametrize("topic", ["__rmq_dlq_billing", "app_dlq_billing",
-                                   "__rmq_retry_billing_3", "app_retry_billing_1"])
+@pytest.mark.parametrize(
+    "topic",
+    ["__rmq_dlq_billing", "app_dlq_billing", "__rmq_retry_billing_3", "app_retry_billing_1"],
+)
 def test_a_dlq_or_retry_topic_named_explicitly_is_allowed(topic):
     assert is_readable_system_topic(topic, "app")
     refuse_system_topics([topic], "app")
     guard_subscription(topic, "app")
 
 
-@pytest.mark.parametrize("topic", ["__rmq_half", "app_op", "app_lock", "app_check",
-                                   "app_discard"])
+@pytest.mark.parametrize("topic", ["__rmq_half", "app_op", "app_lock", "app_check", "app_discard"])
 def test_other_system_topics_stay_refused(topic):
     assert not is_readable_system_topic(topic, "app")
     with pytest.raises(SystemTopicError, match="DLQ or retry topics named explicitly"):
@@ -37,14 +38,15 @@ def test_a_pattern_matching_the_dlq_is_refused_by_the_spark_job():
 
 
 def test_spark_tags_are_parsed_once_and_a_bad_expression_is_one_error():
-    settings = JobSettings(bootstrap_servers="b:9092", topics="orders", output="/tmp/o",
-                           tags="TagB || TagA")
+    settings = JobSettings(
+        bootstrap_servers="b:9092", topics="orders", output="/tmp/o", tags="TagB || TagA"
+    )
     assert settings.tag_values == ("TagA", "TagB")
-    assert JobSettings(bootstrap_servers="b:9092", topics="orders",
-                       output="/tmp/o").tag_values is None
+    assert (
+        JobSettings(bootstrap_servers="b:9092", topics="orders", output="/tmp/o").tag_values is None
+    )
     with pytest.raises(ConfigError, match="separated by"):
-        JobSettings(bootstrap_servers="b:9092", topics="orders", output="/tmp/o",
-                    tags="TagA ||")
+        JobSettings(bootstrap_servers="b:9092", topics="orders", output="/tmp/o", tags="TagA ||")
 
 
 def test_dlq_positions_and_the_headers_a_redrive_strips():
@@ -62,8 +64,9 @@ def test_a_malformed_tag_expression_is_refused_by_both_consumers_before_subscrib
             consumer.subscribe(["orders"], tags="||")
     finally:
         consumer.close()
-    orderly = OrderlyConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g"},
-                              listener=lambda msgs, ctx: None)
+    orderly = OrderlyConsumer(
+        {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}, listener=lambda msgs, ctx: None
+    )
     with pytest.raises(ConfigError, match="tags"):
         orderly.subscribe(["orders"], tags="TagA || *")
     orderly.subscribe(["orders", "__rmq_dlq_g"], tags="TagA")

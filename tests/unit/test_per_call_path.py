@@ -24,8 +24,11 @@ class ReportingProducer:
 
     def produce(self, topic, value=None, *, on_delivery=None, **kwargs) -> None:
         self.produced.append(topic)
-        record = type("Rec", (), {"partition": lambda _s: 0, "offset": lambda _s: 7,
-                                  "topic": lambda _s: topic})()
+        record = type(
+            "Rec",
+            (),
+            {"partition": lambda _s: 0, "offset": lambda _s: 7, "topic": lambda _s: topic},
+        )()
         on_delivery(self.error, record)
 
     def poll(self, timeout=0) -> int:
@@ -48,8 +51,7 @@ def test_a_failed_half_write_raises_and_never_runs_the_local_transaction():
     with pytest.raises(KafkaOperationError, match=r"half message.*a ROLLBACK of txn"):
         producer.send_message_in_transaction(Message("orders", b"v"))
     # The ROLLBACK by txn id (issue 29): should the half message land anyway, it is dropped.
-    assert listener.executed == [] and call.produced == [producer.topics.half,
-                                                         producer.topics.op]
+    assert listener.executed == [] and call.produced == [producer.topics.half, producer.topics.op]
     assert main.produced == []
 
 

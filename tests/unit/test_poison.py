@@ -41,36 +41,44 @@ T0 = 1_000_000
 
 
 # -- classification ------------------------------------------------------------------------
-@pytest.mark.parametrize("failure, kind, reason", [
-    # Raised by produce() at once.
-    (KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)), K.DISCARD,
-     R.UNKNOWN_PARTITION),
-    (KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)), K.DISCARD, R.TOO_LARGE),
-    (KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC)), K.DISCARD, R.UNKNOWN_TOPIC),
-    (KafkaException(KafkaError(KafkaError._QUEUE_FULL)), K.RETRY, None),
-    (BufferError("queue full"), K.RETRY, None),
-    # Delivery reports: a bare error code, no flags.
-    (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), K.DISCARD, R.UNAUTHORIZED),
-    (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), K.DISCARD, R.UNKNOWN_TOPIC),
-    (KafkaError(KafkaError.RECORD_LIST_TOO_LARGE), K.DISCARD, R.TOO_LARGE),
-    (KafkaError(KafkaError._MSG_TIMED_OUT), K.RETRY, None),
-    (KafkaError(KafkaError.NOT_ENOUGH_REPLICAS), K.RETRY, None),
-    (KafkaError(KafkaError._PURGE_QUEUE), K.IGNORE, None),
-    (KafkaError(KafkaError._PURGE_INFLIGHT), K.IGNORE, None),
-    (KafkaError(KafkaError.INVALID_RECORD), K.REPLAY, None),
-    # A commit's abortable error naming the refusal (AddPartitionsToTxn and an ACL).
-    (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                               txn_requires_abort=True)), K.DISCARD, R.UNAUTHORIZED),
-    (KafkaError(KafkaError._INCONSISTENT, txn_requires_abort=True), K.REPLAY, None),
-    # Flags decide for codes no table knows.
-    (KafkaError(KafkaError._FENCED, fatal=True), K.FATAL, None),
-    (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, fatal=True), K.FATAL, None),
-    (KafkaError(KafkaError._FAIL, retriable=True), K.RETRY, None),
-    (KafkaError(KafkaError._FAIL), K.REPLAY, None),
-    # Not Kafka's: the record's content broke our own code.
-    (TypeError("can't concat NoneType to bytearray"), K.REPLAY, None),
-    (ValueError("bad"), K.REPLAY, None),
-], ids=repr)
+@pytest.mark.parametrize(
+    "failure, kind, reason",
+    [
+        # Raised by produce() at once.
+        (KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)), K.DISCARD, R.UNKNOWN_PARTITION),
+        (KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)), K.DISCARD, R.TOO_LARGE),
+        (KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC)), K.DISCARD, R.UNKNOWN_TOPIC),
+        (KafkaException(KafkaError(KafkaError._QUEUE_FULL)), K.RETRY, None),
+        (BufferError("queue full"), K.RETRY, None),
+        # Delivery reports: a bare error code, no flags.
+        (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), K.DISCARD, R.UNAUTHORIZED),
+        (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), K.DISCARD, R.UNKNOWN_TOPIC),
+        (KafkaError(KafkaError.RECORD_LIST_TOO_LARGE), K.DISCARD, R.TOO_LARGE),
+        (KafkaError(KafkaError._MSG_TIMED_OUT), K.RETRY, None),
+        (KafkaError(KafkaError.NOT_ENOUGH_REPLICAS), K.RETRY, None),
+        (KafkaError(KafkaError._PURGE_QUEUE), K.IGNORE, None),
+        (KafkaError(KafkaError._PURGE_INFLIGHT), K.IGNORE, None),
+        (KafkaError(KafkaError.INVALID_RECORD), K.REPLAY, None),
+        # A commit's abortable error naming the refusal (AddPartitionsToTxn and an ACL).
+        (
+            KafkaException(
+                KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, txn_requires_abort=True)
+            ),
+            K.DISCARD,
+            R.UNAUTHORIZED,
+        ),
+        (KafkaError(KafkaError._INCONSISTENT, txn_requires_abort=True), K.REPLAY, None),
+        # Flags decide for codes no table knows.
+        (KafkaError(KafkaError._FENCED, fatal=True), K.FATAL, None),
+        (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, fatal=True), K.FATAL, None),
+        (KafkaError(KafkaError._FAIL, retriable=True), K.RETRY, None),
+        (KafkaError(KafkaError._FAIL), K.REPLAY, None),
+        # Not Kafka's: the record's content broke our own code.
+        (TypeError("can't concat NoneType to bytearray"), K.REPLAY, None),
+        (ValueError("bad"), K.REPLAY, None),
+    ],
+    ids=repr,
+)
 def test_every_failure_of_one_action_is_sorted_once(failure, kind, reason):
     verdict = classify(failure)
     assert (verdict.kind, verdict.reason) == (kind, reason)
@@ -88,9 +96,17 @@ def test_a_replayed_failure_is_permanent_from_replay_max_on():
 
 
 def test_reasons_are_the_designs_words_and_two_of_them_cannot_be_redriven():
-    assert {r.value for r in R} >= {"malformed", "unknown_partition", "unauthorized",
-                                    "too_large", "unknown_topic", "system_topic", "check_max",
-                                    "retention", "late_commit"}
+    assert {r.value for r in R} >= {
+        "malformed",
+        "unknown_partition",
+        "unauthorized",
+        "too_large",
+        "unknown_topic",
+        "system_topic",
+        "check_max",
+        "retention",
+        "late_commit",
+    }
     assert {R.MALFORMED, R.SYSTEM_TOPIC} == NOT_REDRIVABLE
 
 
@@ -127,8 +143,20 @@ def test_a_failed_discard_copy_asks_for_a_stub_and_settled_records_are_forgotten
 
 # -- the state machine ---------------------------------------------------------------------
 def half(offset: int, topic: str = "orders", partition: int | None = None) -> HalfMessage:
-    return HalfMessage(0, offset, T0, f"t{offset}", "pg", topic, partition, T0, None, b"k",
-                       b"v", [("app", None), (H.TXN_ID, f"t{offset}".encode())])
+    return HalfMessage(
+        0,
+        offset,
+        T0,
+        f"t{offset}",
+        "pg",
+        topic,
+        partition,
+        T0,
+        None,
+        b"k",
+        b"v",
+        [("app", None), (H.TXN_ID, f"t{offset}".encode())],
+    )
 
 
 def end(op: int, offset: int, state: str) -> EndRequest:
@@ -172,8 +200,11 @@ def test_a_promotion_set_aside_is_discarded_and_a_later_commit_is_a_late_commit(
     st.on_half(3, half(3, partition=9), T0)
     [finish] = st.on_end_request(end(0, 3, "COMMIT"), T0)
     discard = st.set_aside(finish, R.UNKNOWN_PARTITION, "partition 9")
-    assert (discard.half, discard.reason, discard.detail) == (finish.half, R.UNKNOWN_PARTITION,
-                                                              "partition 9")
+    assert (discard.half, discard.reason, discard.detail) == (
+        finish.half,
+        R.UNKNOWN_PARTITION,
+        "partition 9",
+    )
     assert st.decided[3][1] is TxnState.DISCARDED
     [late] = st.on_end_request(end(7, 3, "COMMIT"), T0)
     assert late == LateCommit(0, 3, "t3", "pg", 7)
@@ -207,28 +238,43 @@ class FakeAdmin:
     def list_topics(self, timeout: float):
         self.listed += 1
         meta = type("Topic", (), {"error": None})
-        return type("Meta", (), {"topics": {
-            name: type("T", (meta,), {"partitions": dict.fromkeys(range(n))})()
-            for name, n in self.topics.items()}})()
+        return type(
+            "Meta",
+            (),
+            {
+                "topics": {
+                    name: type("T", (meta,), {"partitions": dict.fromkeys(range(n))})()
+                    for name, n in self.topics.items()
+                }
+            },
+        )()
 
 
 def test_vetting_discards_promotions_to_missing_topics_or_partitions_and_blamed_records(
-        monkeypatch):
+    monkeypatch,
+):
     # Missing from the first read on (the grace a lagging broker gets: test_destinations).
     monkeypatch.setattr("coordinator.destinations.MISSING_GRACE_S", 0.0)
     admin = FakeAdmin({"orders": 2})
     ledger = PoisonLedger(3)
     destinations = Destinations(lambda: admin, ledger)
     st = live()
-    for offset, topic, partition in [(0, "orders", 1), (1, "orders", 2), (2, "gone", None),
-                                     (3, "orders", None)]:
+    for offset, topic, partition in [
+        (0, "orders", 1),
+        (1, "orders", 2),
+        (2, "gone", None),
+        (3, "orders", None),
+    ]:
         st.on_half(offset, half(offset, topic, partition), T0)
     actions = [a for o in range(4) for a in st.on_end_request(end(o, o, "COMMIT"), T0)]
     ledger.blame((0, 3), Verdict(K.DISCARD, R.UNAUTHORIZED, "ACL"))
     vetted = destinations.vet(actions, {0: st})
     assert vetted[0] is actions[0]
     assert [(a.reason, a.half.offset) for a in vetted[1:]] == [
-        (R.UNKNOWN_PARTITION, 1), (R.UNKNOWN_TOPIC, 2), (R.UNAUTHORIZED, 3)]
+        (R.UNKNOWN_PARTITION, 1),
+        (R.UNKNOWN_TOPIC, 2),
+        (R.UNAUTHORIZED, 3),
+    ]
     assert admin.listed == 1  # metadata is read again at most once a second
 
 
@@ -262,8 +308,7 @@ class FakeProducer:
         if topic in self.fails:
             self.failing.append((kwargs.get("on_delivery"), self.fails[topic]))
 
-    def send_offsets_to_transaction(self, offsets: list, metadata: object,
-                                    timeout: float) -> None:
+    def send_offsets_to_transaction(self, offsets: list, metadata: object, timeout: float) -> None:
         pass
 
     def commit_transaction(self, timeout: float) -> None:
@@ -299,9 +344,15 @@ def make_writer(monkeypatch):
         for name, value in script.items():
             monkeypatch.setattr(FakeProducer, name, value)
         monkeypatch.setattr(kafka_txn.confluent_kafka, "Producer", FakeProducer)
-        return TransactionWriter({"bootstrap.servers": "b:9092"}, TOPICS, "tid",
-                                 CoordinatorMetrics(), PoisonLedger(2),
-                                 marker_key=MarkerKey(b"k" * 32), unwritable=probe)
+        return TransactionWriter(
+            {"bootstrap.servers": "b:9092"},
+            TOPICS,
+            "tid",
+            CoordinatorMetrics(),
+            PoisonLedger(2),
+            marker_key=MarkerKey(b"k" * 32),
+            unwritable=probe,
+        )
 
     return make
 
@@ -328,8 +379,9 @@ def test_a_refused_delivery_names_its_record_and_aborts(make_writer):
 
 
 def test_an_error_raised_by_produce_is_blamed_before_the_abort(make_writer):
-    writer = make_writer(raises={"orders": [
-        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]})
+    writer = make_writer(
+        raises={"orders": [KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]}
+    )
     with pytest.raises(TransactionAborted, match=r"tp_half\[0\]@4 txn=t4"):
         write(writer, promote())
     assert writer.ledger.discarding((0, 4)).reason is R.TOO_LARGE
@@ -351,8 +403,9 @@ def test_a_full_queue_is_retried_in_place(make_writer):
 
 
 def test_a_fatal_produce_error_stops_the_writer(make_writer):
-    writer = make_writer(raises={"orders": [KafkaException(KafkaError(KafkaError._FENCED,
-                                                                      fatal=True))]})
+    writer = make_writer(
+        raises={"orders": [KafkaException(KafkaError(KafkaError._FENCED, fatal=True))]}
+    )
     with pytest.raises(FatalKafkaError):
         write(writer, promote())
 
@@ -364,8 +417,10 @@ def test_a_refusal_naming_no_record_is_traced_to_its_real_topic(make_writer):
         asked.append(topics)
         return {"secret": R.UNAUTHORIZED}
 
-    writer = make_writer(probe, commit_error=KafkaError(
-        KafkaError.TOPIC_AUTHORIZATION_FAILED, txn_requires_abort=True))
+    writer = make_writer(
+        probe,
+        commit_error=KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, txn_requires_abort=True),
+    )
     with pytest.raises(TransactionAborted):
         write(writer, promote(4, "orders"), promote(5, "secret"))
     assert asked == [{"orders", "secret"}]
@@ -384,8 +439,13 @@ def test_a_discard_copy_that_fails_is_written_as_a_stub_next_time(make_writer):
     [(topic, value, kwargs), (op, marker, _)] = writer.producer.committed
     assert (topic, value, kwargs["key"], op) == (TOPICS.discard, None, None, TOPICS.op)
     names = [k for k, _ in kwargs["headers"]]
-    assert set(names) <= set(STUB_HEADERS) | {H.HALF_PARTITION, H.HALF_OFFSET, H.CHECK_COUNT,
-                                              H.DISCARD_REASON, H.DISCARDED_TS}
+    assert set(names) <= set(STUB_HEADERS) | {
+        H.HALF_PARTITION,
+        H.HALF_OFFSET,
+        H.CHECK_COUNT,
+        H.DISCARD_REASON,
+        H.DISCARDED_TS,
+    }
     assert (H.DISCARD_REASON, b"too_large") in kwargs["headers"]
     assert decode(marker).entries[0].outcome == "DISCARDED"
     assert isinstance(decode(marker), DoneMarkers) and len(writer.ledger) == 0
@@ -404,8 +464,12 @@ def test_transactions_take_turns_on_two_producers_one_open_at_a_time(make_writer
 def test_a_null_header_is_promoted_checked_and_discarded_as_null(make_writer):
     writer = make_writer()
     record = half(4)
-    write(writer, Finish(record, TxnState.COMMITTED),
-          IssueCheck(half(5), 1, 1, 0, 0, T0), Discard(half(6), R.CHECK_MAX, 3))
+    write(
+        writer,
+        Finish(record, TxnState.COMMITTED),
+        IssueCheck(half(5), 1, 1, 0, 0, T0),
+        Discard(half(6), R.CHECK_MAX, 3),
+    )
     by_topic = {t: (v, kw) for t, v, kw in writer.producer.committed}
     assert ("app", None) in by_topic["orders"][1]["headers"]
     assert decode(by_topic[TOPICS.check][0]).headers[0] == ("app", None)
@@ -443,8 +507,7 @@ def test_only_size_or_our_own_exceptions_blame_a_record_for_a_system_topic_write
         assert on_system_topic(verdict) == verdict
 
 
-def test_a_check_request_the_check_topic_refuses_blames_no_record_unless_too_large(
-        make_writer):
+def test_a_check_request_the_check_topic_refuses_blames_no_record_unless_too_large(make_writer):
     writer = make_writer(fails={TOPICS.check: KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)})
     check = IssueCheck(half(5), 1, 1, 0, 0, T0)
     with pytest.raises(TransactionAborted):
@@ -490,8 +553,9 @@ def test_any_exception_from_one_records_handling_makes_it_a_poison_record(monkey
     from coordinator.settings import CoordinatorSettings
     from coordinator.txn_service import TransactionService
 
-    service = TransactionService({"bootstrap.servers": "b:9092"},
-                                 CoordinatorSettings(topic_prefix="tp"))
+    service = TransactionService(
+        {"bootstrap.servers": "b:9092"}, CoordinatorSettings(topic_prefix="tp")
+    )
     service.states[0] = live()
 
     def broken(msg, now):
@@ -512,19 +576,25 @@ def test_a_half_record_for_a_system_topic_is_set_aside_at_intake():
     from coordinator.settings import CoordinatorSettings
     from coordinator.txn_service import TransactionService
 
-    service = TransactionService({"bootstrap.servers": "b:9092"},
-                                 CoordinatorSettings(topic_prefix="tp"))
+    service = TransactionService(
+        {"bootstrap.servers": "b:9092"}, CoordinatorSettings(topic_prefix="tp")
+    )
     service.states[0] = live()
-    headers = [(H.TXN_ID, b"t1"), (H.REAL_TOPIC, TOPICS.op.encode()),
-               (H.PRODUCER_GROUP, b"pg"), (H.BORN_TS, b"1")]
+    headers = [
+        (H.TXN_ID, b"t1"),
+        (H.REAL_TOPIC, TOPICS.op.encode()),
+        (H.PRODUCER_GROUP, b"pg"),
+        (H.BORN_TS, b"1"),
+    ]
     service._dispatch_guarded(FakeMessage(TOPICS.half, 1, headers), T0)
     [discard] = service.states[0].due(T0)
     assert (discard.reason, discard.half.real_topic) == (R.SYSTEM_TOPIC, TOPICS.op)
 
 
 def test_a_partition_the_producer_does_not_know_yet_is_read_again_not_blamed(make_writer):
-    writer = make_writer(raises={"orders": [
-        KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))]})
+    writer = make_writer(
+        raises={"orders": [KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))]}
+    )
     write(writer, promote())
     assert writer.producer.listed == ["orders"]  # its metadata read again, then produced
     assert [c[0] for c in writer.producer.committed if c[0] == "orders"] == ["orders"]

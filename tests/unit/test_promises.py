@@ -24,9 +24,12 @@ def _rows() -> list[tuple[str, list[tuple[str, str]]]]:
 
 def _test_functions(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    return {node.name for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.name.startswith("test_")}
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+    }
 
 
 def test_every_promise_names_tests_and_every_named_test_exists():
@@ -49,5 +52,6 @@ def test_the_named_tests_are_integration_or_cluster_tests():
     """Unit tests reach no promise on their own: each named test runs against a broker."""
     for _promise, tests in _rows():
         for file, _name in tests:
-            assert file.startswith(("tests/integration/", "tests/cluster/", "tests/barrier/",
-                                    "tests/campaign/")), file
+            assert file.startswith(
+                ("tests/integration/", "tests/cluster/", "tests/barrier/", "tests/campaign/")
+            ), file

@@ -12,8 +12,12 @@ from rmq_semantics.push.ledger import Batch, Ledger, Part
 
 
 def _ledger_with_calls(n: int) -> tuple[Ledger, Part, list[Batch]]:
-    ledger = Ledger(retry_topic=lambda level: f"retry_{level}", dlq_topic="dlq",
-                    delay_levels=(1.0,), max_reconsume_times=3)
+    ledger = Ledger(
+        retry_topic=lambda level: f"retry_{level}",
+        dlq_topic="dlq",
+        delay_levels=(1.0,),
+        max_reconsume_times=3,
+    )
     part = Part(("t", 0), OffsetTracker())
     ledger.assign(part)
     batches = []
@@ -29,8 +33,9 @@ def test_a_full_backlog_gets_room_when_a_call_settles():
     ledger, _, batches = _ledger_with_calls(4)
     assert ledger.wait_for_room(4, 0.0) is False  # full, and nothing settles
     context = ConsumeConcurrentlyContext("t", 0, 1)
-    settler = threading.Timer(0.05, ledger.settle, (
-        batches[0], ConsumeConcurrentlyStatus.CONSUME_SUCCESS, context, None))
+    settler = threading.Timer(
+        0.05, ledger.settle, (batches[0], ConsumeConcurrentlyStatus.CONSUME_SUCCESS, context, None)
+    )
     settler.start()
     assert ledger.wait_for_room(4, 10.0) is True
     settler.join()

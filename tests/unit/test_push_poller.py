@@ -33,8 +33,7 @@ class FakeConsumer:
         if self.failures:
             self.failures -= 1
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "committed timed out"))
-        return [TopicPartition(tp.topic, tp.partition, self.committed_offset)
-                for tp in partitions]
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in partitions]
 
     def incremental_assign(self, partitions: list) -> None:
         self.assigned.extend(partitions)
@@ -69,14 +68,32 @@ class FakeConsumer:
 
 
 def _loop() -> PollLoop:
-    settings = PollSettings(consumer_conf={}, producer_conf={}, topics=["orders"],
-                            retry_levels={}, delay_levels=(1.0,), tags=TagFilter(),
-                            batch_size=1, backlog=16, max_reconsume_times=3,
-                            consume_timeout_ms=1000, drain_timeout_s=1.0)
-    ledger = Ledger(retry_topic=lambda level: f"retry_{level}", dlq_topic="dlq",
-                    delay_levels=(1.0,), max_reconsume_times=3)
-    return PollLoop(settings, ledger, pool=None, stopping=threading.Event(),  # type: ignore[arg-type]
-                    name="test")
+    settings = PollSettings(
+        consumer_conf={},
+        producer_conf={},
+        topics=["orders"],
+        retry_levels={},
+        delay_levels=(1.0,),
+        tags=TagFilter(),
+        batch_size=1,
+        backlog=16,
+        max_reconsume_times=3,
+        consume_timeout_ms=1000,
+        drain_timeout_s=1.0,
+    )
+    ledger = Ledger(
+        retry_topic=lambda level: f"retry_{level}",
+        dlq_topic="dlq",
+        delay_levels=(1.0,),
+        max_reconsume_times=3,
+    )
+    return PollLoop(
+        settings,
+        ledger,
+        pool=None,
+        stopping=threading.Event(),  # type: ignore[arg-type]
+        name="test",
+    )
 
 
 def test_a_failed_committed_read_in_on_assign_is_retried_and_never_raises():
@@ -117,7 +134,8 @@ def test_a_retry_partition_without_a_commit_is_read_from_its_start_once_its_offs
     loop._on_assign(consumer, [TopicPartition("retry_1", 0)])  # type: ignore[arg-type]
     loop._read_unassigned(consumer, force=True)  # type: ignore[arg-type]
     assert [(s.topic, s.offset) for s in consumer.sought] == [
-        ("retry_1", confluent_kafka.OFFSET_BEGINNING)]
+        ("retry_1", confluent_kafka.OFFSET_BEGINNING)
+    ]
 
 
 def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record_not_taken():
@@ -134,7 +152,9 @@ def test_after_a_failed_round_each_partition_is_read_again_from_its_first_record
     loop.ledger.assign(Part(("orders", 2), OffsetTracker()))  # no commit, nothing read
     rewind(consumer, loop.ledger, loop.s.consumer_conf, "test")  # type: ignore[arg-type]
     assert sorted((s.topic, s.partition, s.offset) for s in consumer.sought) == [
-        ("orders", 0, 7), ("orders", 1, 9)]
+        ("orders", 0, 7),
+        ("orders", 1, 9),
+    ]
 
 
 class FakeProducer:
@@ -143,11 +163,20 @@ class FakeProducer:
     #5511). After a fatal error any call but flush fails the test: on the real client the
     next begin_transaction waited forever, holding the GIL (campaign seed 1)."""
 
-    def __init__(self, name: str, *, commit_error: KafkaError | None = None,
-                 abort_error: KafkaError | None = None,
-                 stuck: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        commit_error: KafkaError | None = None,
+        abort_error: KafkaError | None = None,
+        stuck: threading.Event | None = None,
+    ) -> None:
         self.name, self.commit_error, self.abort_error, self.stuck = (
-            name, commit_error, abort_error, stuck)
+            name,
+            commit_error,
+            abort_error,
+            stuck,
+        )
         self.calls: list[str] = []
         self.fatal: KafkaError | None = None
         self.sent: list[TopicPartition] = []
@@ -155,7 +184,8 @@ class FakeProducer:
 
     def _call(self, what: str) -> None:
         assert self.fatal is None, (
-            f"{what} called on producer {self.name} after its fatal error {self.fatal}")
+            f"{what} called on producer {self.name} after its fatal error {self.fatal}"
+        )
         self.calls.append(what)
 
     def init_transactions(self, timeout: float) -> None:
@@ -167,8 +197,7 @@ class FakeProducer:
     def produce(self, *args: object, **kwargs: object) -> None:
         self._call("produce")
 
-    def send_offsets_to_transaction(self, offsets: list, metadata: object,
-                                    timeout: float) -> None:
+    def send_offsets_to_transaction(self, offsets: list, metadata: object, timeout: float) -> None:
         self._call("send_offsets")
         if self.stuck is not None:
             self.stuck.wait()  # ignores its timeout
@@ -194,8 +223,9 @@ class FakeProducer:
         pass
 
 
-def _open_with(monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
-               ) -> tuple[PollLoop, FakeConsumer]:
+def _open_with(
+    monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer]
+) -> tuple[PollLoop, FakeConsumer]:
     """A loop opened on fakes (``producers`` in the order it creates them), one partition
     assigned at committed offset 7 with 7 and 8 done since."""
     consumer = FakeConsumer(failures=0)
@@ -220,10 +250,15 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
     """Campaign seeds 1 and 2: a commit failed (abortable), its abort failed fatally
     (INVALID_TXN_STATE); the next round called begin_transaction on the dead producer, which
     never returned, holding the GIL: the whole push consumer froze until SIGKILL."""
-    dead = FakeProducer("first", commit_error=KafkaError(
-        KafkaError._TIMED_OUT, "add offsets timed out", txn_requires_abort=True),
-        abort_error=KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction",
-                               fatal=True))
+    dead = FakeProducer(
+        "first",
+        commit_error=KafkaError(
+            KafkaError._TIMED_OUT, "add offsets timed out", txn_requires_abort=True
+        ),
+        abort_error=KafkaError(
+            KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True
+        ),
+    )
     fresh = FakeProducer("second")
     loop, consumer = _open_with(monkeypatch, [dead, fresh])
     loop._commit()
@@ -238,8 +273,7 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
     assert loop.ledger.counts["producer_renewals"] == 1
 
 
-def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(
-        monkeypatch):
+def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_replayed(monkeypatch):
     """Campaign seed 2: a transactional call of the poll thread never returned (past its
     30 s timeout, librdkafka #5456, #5511); the poll thread stayed busy until shutdown and
     1,762 records were never processed."""
@@ -264,8 +298,7 @@ def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_repl
     assert loop.ledger.counts["producer_renewals"] == 1
 
 
-def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reassigned(
-        monkeypatch):
+def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reassigned(monkeypatch):
     """Campaign seed 2, long run (issue 30): the producer was re-created, so every partition
     was paused to read its committed offsets again; that read timed out, and in the same
     round the group session timed out (the partitions were lost, forgotten with their unread
@@ -274,8 +307,9 @@ def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reass
     assign (librdkafka #1849; the fake consumer keeps it too), and 3,527 records were never
     processed."""
     fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
-    loop, consumer = _open_with(monkeypatch, [FakeProducer("first", commit_error=fatal),
-                                              FakeProducer("second")])
+    loop, consumer = _open_with(
+        monkeypatch, [FakeProducer("first", commit_error=fatal), FakeProducer("second")]
+    )
     tp = TopicPartition("orders", 0)
     loop._commit()  # fails fatally: the producer is re-created, the partition replayed
     assert ("orders", 0) in consumer.paused

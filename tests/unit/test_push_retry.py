@@ -20,8 +20,26 @@ WHERE = ("__rmq_retry_g_1", 0, 42)
 
 
 def test_default_levels_are_rocketmqs():
-    assert DEFAULT_DELAY_LEVELS == (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540,
-                                    600, 1200, 1800, 3600, 7200)
+    assert DEFAULT_DELAY_LEVELS == (
+        1,
+        5,
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+    )
 
 
 @pytest.mark.parametrize("levels", [(), (1, -1), ("x",), (float("inf"),), None])
@@ -45,36 +63,87 @@ def test_context_level_is_settable_and_checked():
 
 def test_dlq_headers_replace_old_bookkeeping_and_name_the_exception():
     old = [("app", b"1"), (H.RECONSUME_TIMES, b"2"), (H.DLQ_EXCEPTION, b"Forged")]
-    out = dict(dlq_headers(old, topic="t", partition=1, offset=7, reconsume_times=16,
-                           error=ValueError("boom"), first_failure_ms=10, last_failure_ms=20))
-    assert out == {"app": b"1", H.DLQ_ORIGINAL_TOPIC: b"t", H.DLQ_ORIGINAL_PARTITION: b"1",
-                   H.DLQ_ORIGINAL_OFFSET: b"7", H.DLQ_RECONSUME_TIMES: b"16",
-                   H.DLQ_EXCEPTION: b"ValueError", H.DLQ_EXCEPTION_MESSAGE: b"boom",
-                   H.DLQ_FIRST_FAILURE_TS: b"10", H.DLQ_LAST_FAILURE_TS: b"20"}
+    out = dict(
+        dlq_headers(
+            old,
+            topic="t",
+            partition=1,
+            offset=7,
+            reconsume_times=16,
+            error=ValueError("boom"),
+            first_failure_ms=10,
+            last_failure_ms=20,
+        )
+    )
+    assert out == {
+        "app": b"1",
+        H.DLQ_ORIGINAL_TOPIC: b"t",
+        H.DLQ_ORIGINAL_PARTITION: b"1",
+        H.DLQ_ORIGINAL_OFFSET: b"7",
+        H.DLQ_RECONSUME_TIMES: b"16",
+        H.DLQ_EXCEPTION: b"ValueError",
+        H.DLQ_EXCEPTION_MESSAGE: b"boom",
+        H.DLQ_FIRST_FAILURE_TS: b"10",
+        H.DLQ_LAST_FAILURE_TS: b"20",
+    }
 
 
 def test_a_good_retry_record_reads_back_without_problems():
-    headers = retry_headers([("app", b"1")], topic="orders", partition=2, offset=9,
-                            reconsume_times=3, first_failure_ms=100, due_ms=1500)
-    info = read_retry(headers, where=WHERE, level_delay_ms=1000, now_ms=1000,
-                      max_reconsume_times=16)
-    assert (info.reconsume_times, info.topic, info.partition, info.offset,
-            info.first_failure_ms, info.due_ms, info.problems) == (3, "orders", 2, 9, 100,
-                                                                    1500, ())
+    headers = retry_headers(
+        [("app", b"1")],
+        topic="orders",
+        partition=2,
+        offset=9,
+        reconsume_times=3,
+        first_failure_ms=100,
+        due_ms=1500,
+    )
+    info = read_retry(
+        headers, where=WHERE, level_delay_ms=1000, now_ms=1000, max_reconsume_times=16
+    )
+    assert (
+        info.reconsume_times,
+        info.topic,
+        info.partition,
+        info.offset,
+        info.first_failure_ms,
+        info.due_ms,
+        info.problems,
+    ) == (3, "orders", 2, 9, 100, 1500, ())
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    (H.RECONSUME_TIMES, b"x"), (H.RECONSUME_TIMES, b"0"), (H.RECONSUME_TIMES, None),
-    (H.RETRY_DUE_TS, b"-1"), (H.RETRY_DUE_TS, str(10**15).encode()),
-    (H.ORIGINAL_TOPIC, b"\xff"), (H.ORIGINAL_PARTITION, b"p"), (H.FIRST_FAILURE_TS, b"1.5")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (H.RECONSUME_TIMES, b"x"),
+        (H.RECONSUME_TIMES, b"0"),
+        (H.RECONSUME_TIMES, None),
+        (H.RETRY_DUE_TS, b"-1"),
+        (H.RETRY_DUE_TS, str(10**15).encode()),
+        (H.ORIGINAL_TOPIC, b"\xff"),
+        (H.ORIGINAL_PARTITION, b"p"),
+        (H.FIRST_FAILURE_TS, b"1.5"),
+    ],
+)
 def test_forged_retry_headers_are_repaired_and_reported(name, value):
-    headers = [(k, v) for k, v in retry_headers(
-        [], topic="orders", partition=2, offset=9, reconsume_times=3, first_failure_ms=100,
-        due_ms=1500) if k != name]
+    headers = [
+        (k, v)
+        for k, v in retry_headers(
+            [],
+            topic="orders",
+            partition=2,
+            offset=9,
+            reconsume_times=3,
+            first_failure_ms=100,
+            due_ms=1500,
+        )
+        if k != name
+    ]
     if value is not None:
         headers.append((name, value))
-    info = read_retry(headers, where=WHERE, level_delay_ms=1000, now_ms=1000,
-                      max_reconsume_times=16)
+    info = read_retry(
+        headers, where=WHERE, level_delay_ms=1000, now_ms=1000, max_reconsume_times=16
+    )
     assert info.problems and name in info.problems[0]
     if name == H.RECONSUME_TIMES:
         assert info.reconsume_times == 16  # a failure sends it to the DLQ: no endless loop
@@ -106,7 +175,15 @@ def test_a_copy_is_written_now_and_carries_its_birth_time():
     from rmq_semantics.push.retry import born_of, out_record
 
     msg = PushMessage("t", 0, 5, b"k", b"v", (("app", b"1"),), 1000, 1000)
-    copy = out_record(msg, now_ms=9000, topic="r", retry=True, due_ms=9500, error=None,
-                      first_failure_ms=None, source="t[0]@5")
+    copy = out_record(
+        msg,
+        now_ms=9000,
+        topic="r",
+        retry=True,
+        due_ms=9500,
+        error=None,
+        first_failure_ms=None,
+        source="t[0]@5",
+    )
     assert copy.timestamp == 9000 and born_of(copy.headers, 9000) == 1000
     assert born_of([(H.BORN_TS, b"x")], 9000) == 9000

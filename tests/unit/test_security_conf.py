@@ -12,9 +12,15 @@ from rmq_semantics.errors import ConfigError
 from rmq_semantics.settings import kafka_conf_from_args
 from spark.kafka_options import cli_source_options, spark_kafka_options
 
-SASL = {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL",
-        "sasl.mechanisms": "PLAIN", "sasl.username": "alice", "sasl.password": "s3cret",
-        "ssl.ca.location": "/etc/ca.pem", "enable.ssl.certificate.verification": "true"}
+SASL = {
+    "bootstrap.servers": "b:9092",
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanisms": "PLAIN",
+    "sasl.username": "alice",
+    "sasl.password": "s3cret",
+    "ssl.ca.location": "/etc/ca.pem",
+    "enable.ssl.certificate.verification": "true",
+}
 
 
 def test_internal_clients_keep_every_security_setting_and_drop_tuning():
@@ -26,8 +32,14 @@ def test_cli_conf_takes_env_then_flags_then_bootstrap(monkeypatch):
     monkeypatch.setenv("RMQ_KAFKA_SASL_PASSWORD", "from-env")
     monkeypatch.setenv("RMQ_KAFKA_SASL_USERNAME", "env-user")
     monkeypatch.setenv("RMQ_KAFKA_BOOTSTRAP_SERVERS", "ignored:1")
-    args = argparse.Namespace(bootstrap_servers="b:9092", kafka_option=[
-        "security.protocol=SASL_PLAINTEXT", "sasl.username=flag-user", "sasl.password=a=b"])
+    args = argparse.Namespace(
+        bootstrap_servers="b:9092",
+        kafka_option=[
+            "security.protocol=SASL_PLAINTEXT",
+            "sasl.username=flag-user",
+            "sasl.password=a=b",
+        ],
+    )
     conf = kafka_conf_from_args(args)
     assert conf["bootstrap.servers"] == "b:9092"
     assert conf["sasl.username"] == "flag-user"  # a flag wins over the environment
@@ -46,27 +58,36 @@ def test_spark_options_from_librdkafka_sasl_plain():
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "PLAIN",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
-                                  'required username="alice" password="s3cret";',
+        'required username="alice" password="s3cret";',
         "kafka.ssl.truststore.type": "PEM",
         "kafka.ssl.truststore.location": "/etc/ca.pem",
     }  # bootstrap.servers is the job's own argument; Java always verifies certificates
 
 
 def test_spark_options_quote_jaas_values_and_pick_scram():
-    options = spark_kafka_options({"security.protocol": "sasl_ssl",
-                                   "sasl.mechanisms": "SCRAM-SHA-512",
-                                   "sasl.username": 'a"b', "sasl.password": "c\\d"})
+    options = spark_kafka_options(
+        {
+            "security.protocol": "sasl_ssl",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": 'a"b',
+            "sasl.password": "c\\d",
+        }
+    )
     assert options["kafka.security.protocol"] == "SASL_SSL"
     assert options["kafka.sasl.jaas.config"] == (
         "org.apache.kafka.common.security.scram.ScramLoginModule required "
-        'username="a\\"b" password="c\\\\d";')
+        'username="a\\"b" password="c\\\\d";'
+    )
 
 
-@pytest.mark.parametrize("conf, message", [
-    ({"sasl.mechanisms": "GSSAPI", "sasl.username": "u", "sasl.password": "p"}, "GSSAPI"),
-    ({"sasl.username": "u"}, "go together"),
-    ({"ssl.certificate.location": "/c.pem"}, "ssl.certificate.location"),
-])
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        ({"sasl.mechanisms": "GSSAPI", "sasl.username": "u", "sasl.password": "p"}, "GSSAPI"),
+        ({"sasl.username": "u"}, "go together"),
+        ({"ssl.certificate.location": "/c.pem"}, "ssl.certificate.location"),
+    ],
+)
 def test_spark_options_refuse_what_they_cannot_translate(conf, message):
     with pytest.raises(ConfigError, match=message):
         spark_kafka_options(conf)
@@ -75,14 +96,21 @@ def test_spark_options_refuse_what_they_cannot_translate(conf, message):
 def test_spark_cli_translates_security_options_and_env(monkeypatch):
     monkeypatch.setenv("RMQ_KAFKA_SASL_PASSWORD", "pw")
     monkeypatch.setenv("RMQ_KAFKA_CLIENT_ID", "not-a-source-option")
-    options = cli_source_options([("security.protocol", "SASL_PLAINTEXT"),
-                                   ("sasl.mechanisms", "PLAIN"), ("sasl.username", "u"),
-                                   ("maxOffsetsPerTrigger", "10")])
+    options = cli_source_options(
+        [
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanisms", "PLAIN"),
+            ("sasl.username", "u"),
+            ("maxOffsetsPerTrigger", "10"),
+        ]
+    )
     assert options == {
-        "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
+        "kafka.security.protocol": "SASL_PLAINTEXT",
+        "kafka.sasl.mechanism": "PLAIN",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
-                                  'required username="u" password="pw";',
-        "maxOffsetsPerTrigger": "10"}
+        'required username="u" password="pw";',
+        "maxOffsetsPerTrigger": "10",
+    }
 
 
 def test_authentication_error_is_in_the_family_and_not_retriable():

@@ -59,13 +59,22 @@ def test_select_by_hash_is_stable_and_in_range():
     by_hash = SelectMessageQueueByHash()
     chosen = {by_hash(partitions, None, order_id) for order_id in range(100)}
     assert chosen <= set(partitions) and len(chosen) > 1
-    assert by_hash(partitions, None, 42) == by_hash.select(
-        partitions, None, 42) == java_partition(b"42", 6)
+    assert (
+        by_hash(partitions, None, 42)
+        == by_hash.select(partitions, None, 42)
+        == java_partition(b"42", 6)
+    )
 
 
-@pytest.mark.parametrize("selector", [
-    SelectMessageQueueByHash(), SelectMessageQueueByHash().select, SelectMessageQueueByHash,
-    lambda mqs, msg, arg: SelectMessageQueueByHash()(mqs, msg, arg)])
+@pytest.mark.parametrize(
+    "selector",
+    [
+        SelectMessageQueueByHash(),
+        SelectMessageQueueByHash().select,
+        SelectMessageQueueByHash,
+        lambda mqs, msg, arg: SelectMessageQueueByHash()(mqs, msg, arg),
+    ],
+)
 def test_a_selector_instance_its_select_the_bare_class_and_a_function_agree(selector):
     assert apply_selector(selector, [0, 1, 2, 3], None, 42) == java_partition(b"42", 4)
 
@@ -117,7 +126,13 @@ def test_rocketmq_style_modulo_selector():
         return mqs[arg % len(mqs)]
 
     assert [apply_selector(by_order_id, [0, 1, 2, 3], None, i) for i in range(6)] == [
-        0, 1, 2, 3, 0, 1]
+        0,
+        1,
+        2,
+        3,
+        0,
+        1,
+    ]
 
 
 def test_send_with_an_out_of_range_selector_raises_selector_error(monkeypatch):

@@ -78,8 +78,7 @@ def test_a_metrics_port_in_use_fails_startup_and_restores_the_handlers(own_handl
         with pytest.raises(ConfigError, match="--metrics-port"):
             server.run()
     assert all(signal.getsignal(sig) is previous for sig in HANDLED_SIGNALS)
-    assert server.health()["services"] == {"transactions": "not started",
-                                           "locks": "not started"}
+    assert server.health()["services"] == {"transactions": "not started", "locks": "not started"}
 
 
 def test_health_covers_both_services():
@@ -102,20 +101,33 @@ def test_metrics_settings_default_to_off_on_loopback():
 def test_metrics_settings_from_kwargs_env_and_flags():
     s = load(CoordinatorSettings, {"metrics_port": 9400, "metrics_host": "0.0.0.0"}, env={})
     assert (s.metrics_port, s.metrics_host) == (9400, "0.0.0.0")
-    s = load(CoordinatorSettings, {}, env={"RMQ_METRICS_PORT": "9401",
-                                           "RMQ_METRICS_HOST": "10.0.0.1"})
+    s = load(
+        CoordinatorSettings, {}, env={"RMQ_METRICS_PORT": "9401", "RMQ_METRICS_HOST": "10.0.0.1"}
+    )
     assert (s.metrics_port, s.metrics_host) == (9401, "10.0.0.1")
-    args = build_parser().parse_args(["coordinator", "--bootstrap-servers", "b:9092",
-                                      "--metrics-port", "9402", "--metrics-host", "::1"])
+    args = build_parser().parse_args(
+        [
+            "coordinator",
+            "--bootstrap-servers",
+            "b:9092",
+            "--metrics-port",
+            "9402",
+            "--metrics-host",
+            "::1",
+        ]
+    )
     s = load(CoordinatorSettings, args, env={"RMQ_METRICS_PORT": "1"})
     assert (s.metrics_port, s.metrics_host) == (9402, "::1")  # a flag wins over env
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"metrics_port": 70000}, "metrics_port must be a port number"),
-    ({"metrics_port": "x"}, "metrics_port='x'"),
-    ({"metrics_host": ""}, "metrics_host must be a non-empty address"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"metrics_port": 70000}, "metrics_port must be a port number"),
+        ({"metrics_port": "x"}, "metrics_port='x'"),
+        ({"metrics_host": ""}, "metrics_host must be a non-empty address"),
+    ],
+)
 def test_bad_metrics_settings_name_the_field(values, message):
     with pytest.raises(ConfigError, match=message):
         load(CoordinatorSettings, values, env={})

@@ -18,27 +18,32 @@ from spark.subscription import pattern_risk
 
 
 def test_settings_normalise_paths_and_fill_in_the_checkpoint(tmp_path):
-    settings = JobSettings(bootstrap_servers="b:9092", topics=["orders", "payments"],
-                           output=tmp_path / "out/")
+    settings = JobSettings(
+        bootstrap_servers="b:9092", topics=["orders", "payments"], output=tmp_path / "out/"
+    )
     assert settings.output == str(tmp_path / "out")
     assert settings.checkpoint == f"{tmp_path / 'out'}.checkpoint"
     assert settings.topics == ("orders", "payments")
     assert (settings.subscription.option, settings.subscription.value) == (
-        "subscribe", "orders,payments")
+        "subscribe",
+        "orders,payments",
+    )
     assert settings.schema is None and settings.source_options["includeHeaders"] == "true"
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"bootstrap_servers": " "}, "bootstrap_servers=' '"),
-    ({"available_now": "yes"}, "available_now='yes'"),
-    ({"sink": "delta"}, "sink='delta'"),
-    ({"output": None}, "output=None"),
-    ({"topic_prefix": "bad prefix!"}, "bad prefix"),
-    ({"kafka_options": {"includeHeaders": "false"}}, "kafka_options: includeHeaders='false'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bootstrap_servers": " "}, "bootstrap_servers=' '"),
+        ({"available_now": "yes"}, "available_now='yes'"),
+        ({"sink": "delta"}, "sink='delta'"),
+        ({"output": None}, "output=None"),
+        ({"topic_prefix": "bad prefix!"}, "bad prefix"),
+        ({"kafka_options": {"includeHeaders": "false"}}, "kafka_options: includeHeaders='false'"),
+    ],
+)
 def test_each_settings_error_names_the_field_and_its_value(tmp_path, kwargs, message):
-    values = {"bootstrap_servers": "b:9092", "topics": "orders", "output": tmp_path / "o",
-              **kwargs}
+    values = {"bootstrap_servers": "b:9092", "topics": "orders", "output": tmp_path / "o", **kwargs}
     with pytest.raises(ConfigError, match=message):
         JobSettings(**values)
 
@@ -52,33 +57,56 @@ def test_settings_read_the_avro_schema_file_once_and_keep_its_text(tmp_path):
     schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
     path = tmp_path / "r.avsc"
     path.write_text(json.dumps(schema))
-    settings = JobSettings(bootstrap_servers="b", topics="orders", output=tmp_path / "o",
-                           avro_schema=path)
+    settings = JobSettings(
+        bootstrap_servers="b", topics="orders", output=tmp_path / "o", avro_schema=path
+    )
     path.unlink()
     assert settings.avro_schema == str(path)
     assert settings.schema is not None and json.loads(settings.schema.json) == schema
 
 
 def cli_args(**values: object) -> argparse.Namespace:
-    base = {"bootstrap_servers": "b:9092", "topics": "orders", "output": "/tmp/o",
-            "checkpoint": None, "avro_schema": None, "available_now": None,
-            "spark_master": None, "sink": None, "topic_prefix": None,
-            "require_promoted": None, "kafka_option": [], "func": None, "verbose": False}
+    base = {
+        "bootstrap_servers": "b:9092",
+        "topics": "orders",
+        "output": "/tmp/o",
+        "checkpoint": None,
+        "avro_schema": None,
+        "available_now": None,
+        "spark_master": None,
+        "sink": None,
+        "topic_prefix": None,
+        "require_promoted": None,
+        "kafka_option": [],
+        "func": None,
+        "verbose": False,
+    }
     return argparse.Namespace(**{**base, **values})
 
 
 def test_cli_settings_take_flags_then_env_then_defaults():
-    env = {"RMQ_AVAILABLE_NOW": "true", "RMQ_TOPIC_PREFIX": "myapp",
-           "RMQ_SPARK_MASTER": "local[1]", "RMQ_SINK": "console",
-           "RMQ_KAFKA_SASL_USERNAME": "u", "RMQ_KAFKA_SASL_PASSWORD": "p"}
-    settings = JobSettings.from_cli(cli_args(sink="parquet", require_promoted=False,
-                                             kafka_option=[("maxOffsetsPerTrigger", "5")]),
-                                    env)
+    env = {
+        "RMQ_AVAILABLE_NOW": "true",
+        "RMQ_TOPIC_PREFIX": "myapp",
+        "RMQ_SPARK_MASTER": "local[1]",
+        "RMQ_SINK": "console",
+        "RMQ_KAFKA_SASL_USERNAME": "u",
+        "RMQ_KAFKA_SASL_PASSWORD": "p",
+    }
+    settings = JobSettings.from_cli(
+        cli_args(
+            sink="parquet", require_promoted=False, kafka_option=[("maxOffsetsPerTrigger", "5")]
+        ),
+        env,
+    )
     assert (settings.available_now, settings.topic_prefix, settings.spark_master) == (
-        True, "myapp", "local[1]")
+        True,
+        "myapp",
+        "local[1]",
+    )
     assert (settings.sink, settings.require_promoted) == ("parquet", False)  # flags win
     assert settings.kafka_options["maxOffsetsPerTrigger"] == "5"
-    assert "username=\"u\"" in settings.kafka_options["kafka.sasl.jaas.config"]
+    assert 'username="u"' in settings.kafka_options["kafka.sasl.jaas.config"]
     assert JobSettings.from_cli(cli_args(), {}).available_now is False
 
 
@@ -92,38 +120,65 @@ def test_the_spark_subcommand_keeps_its_flags_and_fills_settings_fields():
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
-    args = parser.parse_args(["spark", "--bootstrap-servers", "b", "--topics", "^orders$",
-                              "--output", "/tmp/o", "--checkpoint", "/tmp/c",
-                              "--avro-schema", "f.avsc", "--available-now", "--master",
-                              "local[1]", "--sink", "console", "--topic-prefix", "p",
-                              "--allow-unpromoted", "--kafka-option", "a=b=c"])
+    args = parser.parse_args(
+        [
+            "spark",
+            "--bootstrap-servers",
+            "b",
+            "--topics",
+            "^orders$",
+            "--output",
+            "/tmp/o",
+            "--checkpoint",
+            "/tmp/c",
+            "--avro-schema",
+            "f.avsc",
+            "--available-now",
+            "--master",
+            "local[1]",
+            "--sink",
+            "console",
+            "--topic-prefix",
+            "p",
+            "--allow-unpromoted",
+            "--kafka-option",
+            "a=b=c",
+        ]
+    )
     assert (args.available_now, args.spark_master, args.require_promoted) == (
-        True, "local[1]", False)
+        True,
+        "local[1]",
+        False,
+    )
     assert args.kafka_option == [("a", "b=c")]
-    bare = parser.parse_args(["spark", "--bootstrap-servers", "b", "--topics", "t",
-                              "--output", "o"])
+    bare = parser.parse_args(
+        ["spark", "--bootstrap-servers", "b", "--topics", "t", "--output", "o"]
+    )
     assert (bare.available_now, bare.require_promoted, bare.sink) == (None, None, None)
 
 
 # ----------------------------------------------------------------------------- topic regex
 
 
-@pytest.mark.parametrize(("pattern", "start", "expected"), [
-    ("^orders-.*", "__", False),
-    ("^x?__rmq_op$", "__", True),
-    ("^(?:a|_)_", "__", True),
-    ("^(?:a|b)_", "__", False),
-    ("^_{3}", "__", True),           # a longer name may follow what the start fixes
-    ("^_$", "__", False),            # the name would have to end after one '_'
-    ("^[^a-z0-9]{2}", "__", True),
-    ("^[a-z-]+", "__", False),
-    ("^(?i)x", "__", True),          # not in the subset: refused before this answer
-    ("(?i)^_[R]", "_r", True),
-    ("^(a*)*_", "_", True),          # an empty loop must not hang the walk
-    ("^\\d+_", "__", False),
-    ("^.{1000}", "__", True),
-    ("^\\b_", "_", True),
-])
+@pytest.mark.parametrize(
+    ("pattern", "start", "expected"),
+    [
+        ("^orders-.*", "__", False),
+        ("^x?__rmq_op$", "__", True),
+        ("^(?:a|_)_", "__", True),
+        ("^(?:a|b)_", "__", False),
+        ("^_{3}", "__", True),  # a longer name may follow what the start fixes
+        ("^_$", "__", False),  # the name would have to end after one '_'
+        ("^[^a-z0-9]{2}", "__", True),
+        ("^[a-z-]+", "__", False),
+        ("^(?i)x", "__", True),  # not in the subset: refused before this answer
+        ("(?i)^_[R]", "_r", True),
+        ("^(a*)*_", "_", True),  # an empty loop must not hang the walk
+        ("^\\d+_", "__", False),
+        ("^.{1000}", "__", True),
+        ("^\\b_", "_", True),
+    ],
+)
 def test_topic_regex_decides_whether_a_name_start_can_match(pattern, start, expected):
     try:
         parsed = topic_regex.parse(pattern)
@@ -133,10 +188,26 @@ def test_topic_regex_decides_whether_a_name_start_can_match(pattern, start, expe
     assert parsed.may_match_name_starting_with(start) is expected
 
 
-@pytest.mark.parametrize("pattern", [
-    r"^\p{Alpha}", r"^\Qab\E", "^[a-z&&[^x]]", "^[[a]]", "^(?x)a", r"^(a)\1", "^a{2",
-    "^a**", "^(a", "^a)", "^é", "^[]a]", "^[a-\\d]", "^[z-a]", "^*",
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"^\p{Alpha}",
+        r"^\Qab\E",
+        "^[a-z&&[^x]]",
+        "^[[a]]",
+        "^(?x)a",
+        r"^(a)\1",
+        "^a{2",
+        "^a**",
+        "^(a",
+        "^a)",
+        "^é",
+        "^[]a]",
+        "^[a-\\d]",
+        "^[z-a]",
+        "^*",
+    ],
+)
 def test_topic_regex_refuses_constructs_outside_the_subset_naming_them(pattern):
     with pytest.raises(ConfigError, match="position"):
         topic_regex.parse(pattern)
@@ -167,30 +238,51 @@ def test_a_refused_pattern_is_one_line_naming_it():
 
 
 def test_schema_vet_lists_fields_and_those_never_null():
-    schema = parse_record_schema(json.dumps({"type": "record", "name": "R", "fields": [
-        {"name": "id", "type": "long"}, {"name": "note", "type": ["string", "null"]},
-        {"name": "n", "type": ["null", {"type": "int"}]},
-        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}]}))
+    schema = parse_record_schema(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "R",
+                "fields": [
+                    {"name": "id", "type": "long"},
+                    {"name": "note", "type": ["string", "null"]},
+                    {"name": "n", "type": ["null", {"type": "int"}]},
+                    {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}},
+                ],
+            }
+        )
+    )
     assert schema.fields == ("id", "note", "n", "e")
     assert schema.required == ("id", "e")
 
 
-@pytest.mark.parametrize(("field_type", "message"), [
-    ({"type": "bytes", "logicalType": "decimal", "precision": 39, "scale": 2}, "precision 39"),
-    ({"type": "array", "items": ["int", "string", "null"]}, "x\\[\\]: union"),
-    ({"type": "map", "values": ["int", "string"]}, "x\\{\\}: union"),
-])
+@pytest.mark.parametrize(
+    ("field_type", "message"),
+    [
+        ({"type": "bytes", "logicalType": "decimal", "precision": 39, "scale": 2}, "precision 39"),
+        ({"type": "array", "items": ["int", "string", "null"]}, "x\\[\\]: union"),
+        ({"type": "map", "values": ["int", "string"]}, "x\\{\\}: union"),
+    ],
+)
 def test_schema_vet_refuses_what_spark_cannot_hold_naming_the_field(field_type, message):
-    text = json.dumps({"type": "record", "name": "R", "fields": [
-        {"name": "x", "type": field_type}]})
+    text = json.dumps(
+        {"type": "record", "name": "R", "fields": [{"name": "x", "type": field_type}]}
+    )
     with pytest.raises(ConfigError, match=message):
         parse_record_schema(text)
 
 
 def test_a_named_record_used_twice_is_not_recursive():
     addr = {"type": "record", "name": "Addr", "fields": [{"name": "city", "type": "string"}]}
-    schema = parse_record_schema(json.dumps({"type": "record", "name": "R", "fields": [
-        {"name": "ship", "type": addr}, {"name": "bill", "type": "Addr"}]}))
+    schema = parse_record_schema(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "R",
+                "fields": [{"name": "ship", "type": addr}, {"name": "bill", "type": "Addr"}],
+            }
+        )
+    )
     assert schema.required == ("ship", "bill")
 
 
@@ -199,12 +291,14 @@ def test_the_package_pom_lists_the_kafka_source_and_spark_avro():
 
     assert spark_packages().split(",") == [
         f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version()}",
-        f"org.apache.spark:spark-avro_2.13:{spark_version()}"]
+        f"org.apache.spark:spark-avro_2.13:{spark_version()}",
+    ]
     assert Path(__file__).parents[2].joinpath("spark", "pom.xml").is_file()
 
 
 def test_a_complete_jar_cache_is_used_and_one_from_an_older_pom_resolved_again(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     pytest.importorskip("pyspark")
     from spark import jars
 

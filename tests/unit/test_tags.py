@@ -23,7 +23,11 @@ def test_all_keeps_every_record_with_or_without_tags(expression):
 def test_an_or_expression_keeps_exactly_its_tags():
     f = TagFilter("TagA || TagB")
     assert [f.matches(tagged(t)) for t in ("TagA", "TagB", "TagC", None)] == [
-        True, True, False, False]
+        True,
+        True,
+        False,
+        False,
+    ]
     assert f.matches([(H.TAGS, b"TagB")])
     assert not f.matches([(H.TAGS, None)])
 

@@ -33,18 +33,25 @@ from rmq_semantics.topics import SystemTopics
 REPO = Path(__file__).resolve().parents[2]
 TENANT_KEY = b"the tenant key of the unit tests, 32+"
 TOPICS = SystemTopics("__rmq")
-TENANTS = parse_tenants({"version": 1, "groups": {
-    "ga": {"principal": "User:a", "topics": ["orders-a"]},
-    "gb": {"principal": "User:b", "topics": ["orders-b"], "topic_prefixes": ["b."]},
-}}, "__rmq")
+TENANTS = parse_tenants(
+    {
+        "version": 1,
+        "groups": {
+            "ga": {"principal": "User:a", "topics": ["orders-a"]},
+            "gb": {"principal": "User:b", "topics": ["orders-b"], "topic_prefixes": ["b."]},
+        },
+    },
+    "__rmq",
+)
 
 
 def guard(marks: dict | None = None) -> TenantGuard:
     return TenantGuard(TENANTS, TENANT_KEY, TOPICS, marks)
 
 
-def half(group: str, topic: str, *, signer: str | None = None, offset: int = 5,
-         value: bytes = b"v") -> object:
+def half(
+    group: str, topic: str, *, signer: str | None = None, offset: int = 5, value: bytes = b"v"
+) -> object:
     headers = half_headers(Message(topic, value, key=b"k"), "t1", group.encode(), b"1")
     if signer is not None:
         headers = sign_half_headers(derive_group_key(TENANT_KEY, signer), headers, b"k", value)
@@ -72,13 +79,16 @@ def test_a_half_signed_by_its_own_group_for_an_allowed_topic_passes():
     assert guard().judge_half(half("ga", "orders-a", signer="ga"), "__rmq_half") is None
 
 
-@pytest.mark.parametrize("record, reason", [
-    (lambda: half("ga", "orders-a"), DiscardReason.FORGED),  # unsigned
-    (lambda: half("ga", "orders-a", signer="gb"), DiscardReason.FORGED),  # B claims A
-    (lambda: half("gx", "orders-a", signer="gb"), DiscardReason.FORGED),  # unknown group
-    (lambda: half("gb", "orders-a", signer="gb"), DiscardReason.NOT_ALLOWED),  # A's topic
-    (lambda: half("gb", "secret", signer="gb"), DiscardReason.NOT_ALLOWED),
-])
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        (lambda: half("ga", "orders-a"), DiscardReason.FORGED),  # unsigned
+        (lambda: half("ga", "orders-a", signer="gb"), DiscardReason.FORGED),  # B claims A
+        (lambda: half("gx", "orders-a", signer="gb"), DiscardReason.FORGED),  # unknown group
+        (lambda: half("gb", "orders-a", signer="gb"), DiscardReason.NOT_ALLOWED),  # A's topic
+        (lambda: half("gb", "secret", signer="gb"), DiscardReason.NOT_ALLOWED),
+    ],
+)
 def test_forged_or_disallowed_halves_are_set_aside_with_their_reason(record, reason):
     refused = guard().judge_half(record(), "__rmq_half")
     assert refused is not None and refused[0] is reason
@@ -93,10 +103,13 @@ def test_a_signed_half_whose_value_or_topic_changed_does_not_verify():
 def test_unsigned_halves_below_the_upgrade_watermark_are_trusted_but_still_allow_listed():
     marks = {"half": {0: 10}, "op": {}}
     assert guard(marks).judge_half(half("ga", "orders-a", offset=9), "h") is None
-    assert guard(marks).judge_half(half("ga", "orders-a", offset=10), "h")[0] \
-        is DiscardReason.FORGED
-    assert guard(marks).judge_half(half("ga", "orders-b", offset=9), "h")[0] \
+    assert (
+        guard(marks).judge_half(half("ga", "orders-a", offset=10), "h")[0] is DiscardReason.FORGED
+    )
+    assert (
+        guard(marks).judge_half(half("ga", "orders-b", offset=9), "h")[0]
         is DiscardReason.NOT_ALLOWED
+    )
 
 
 def test_a_re_appended_half_is_signed_again_for_its_group():
@@ -139,15 +152,22 @@ def test_the_allow_list_takes_exact_names_and_prefixes_per_group():
     assert "not on producer group 'ga'" in allow.refusal("ga", "orders-b")
 
 
-@pytest.mark.parametrize("spec, error", [
-    ({"version": 1, "groups": {"g": {"principal": "alice"}}}, "User:NAME"),
-    ({"version": 1, "groups": {"g": {"principal": "User:a", "topics": ["__rmq_half"]}}},
-     "system topics"),
-    ({"version": 1, "groups": {"g": {"principal": "User:a", "topic_prefixes": ["__"]}}},
-     "system topics"),
-    ({"groups": {}}, "version"),
-    ({"version": 1, "groups": {"g": {"principal": "User:a", "topics": "t"}}}, "list"),
-])
+@pytest.mark.parametrize(
+    "spec, error",
+    [
+        ({"version": 1, "groups": {"g": {"principal": "alice"}}}, "User:NAME"),
+        (
+            {"version": 1, "groups": {"g": {"principal": "User:a", "topics": ["__rmq_half"]}}},
+            "system topics",
+        ),
+        (
+            {"version": 1, "groups": {"g": {"principal": "User:a", "topic_prefixes": ["__"]}}},
+            "system topics",
+        ),
+        ({"groups": {}}, "version"),
+        ({"version": 1, "groups": {"g": {"principal": "User:a", "topics": "t"}}}, "list"),
+    ],
+)
 def test_a_wrong_tenants_file_is_one_config_error(spec, error):
     with pytest.raises(ConfigError, match=error):
         parse_tenants(spec, "__rmq")
@@ -168,10 +188,14 @@ def test_the_acl_table_in_docs_security_is_the_generated_one(tmp_path):
     table = re.search(r"<!-- acls:begin -->\n(.*?)\n<!-- acls:end -->", doc, re.S).group(1)
     (tmp_path / "tenants.json").write_text(example)
     tenants, consumers = load_deployment(str(tmp_path / "tenants.json"), "__rmq")
-    acls = acl_bindings(tenants, Principals("User:rmq-coordinator", "User:rmq-ops",
-                                            "User:spark", ("orders",)), consumers)
-    assert table.strip() == markdown_table(acls), \
+    acls = acl_bindings(
+        tenants,
+        Principals("User:rmq-coordinator", "User:rmq-ops", "User:spark", ("orders",)),
+        consumers,
+    )
+    assert table.strip() == markdown_table(acls), (
         "regenerate: rmq-semantics tenant acls --markdown (see docs/security.md)"
+    )
 
 
 def test_producer_principals_get_only_literal_acls_and_never_the_keys_topic():
@@ -183,8 +207,14 @@ def test_producer_principals_get_only_literal_acls_and_never_the_keys_topic():
             assert acl.name != TOPICS.keys
     own = {(a.principal, a.name) for a in acls if a.name.startswith("__rmq_check")}
     assert own == {("User:a", "__rmq_check_ga"), ("User:b", "__rmq_check_gb")}
-    writes = {a.name for a in acls if a.principal == "User:c" and "WRITE" in a.operations
-              and a.resource == "topic" and not a.name.startswith("__rmq")}
+    writes = {
+        a.name
+        for a in acls
+        if a.principal == "User:c"
+        and "WRITE" in a.operations
+        and a.resource == "topic"
+        and not a.name.startswith("__rmq")
+    }
     assert writes == {"orders-a", "orders-b", "b."}  # the allow-list, nothing more
     assert json.dumps([a.name for a in acls])  # plain strings throughout
 
@@ -198,12 +228,19 @@ class NullListener(TransactionListener):
         return None
 
 
-@pytest.mark.parametrize("key, topic, group", [
-    (None, "__rmq_check", "__rmq_check_g.a"),  # isolation off: as before
-    ("k" * 32, "__rmq_check_g_2ea", "__rmq_check_g_2ea"),  # its own topic, same-named group
-])
+@pytest.mark.parametrize(
+    "key, topic, group",
+    [
+        (None, "__rmq_check", "__rmq_check_g.a"),  # isolation off: as before
+        ("k" * 32, "__rmq_check_g_2ea", "__rmq_check_g_2ea"),  # its own topic, same-named group
+    ],
+)
 def test_a_producer_reads_its_checks_from_its_groups_topic_only_with_a_key(key, topic, group):
-    producer = TransactionProducer({"bootstrap.servers": "127.0.0.1:1"}, producer_group="g.a",
-                                   listener=NullListener(), group_key=key)
+    producer = TransactionProducer(
+        {"bootstrap.servers": "127.0.0.1:1"},
+        producer_group="g.a",
+        listener=NullListener(),
+        group_key=key,
+    )
     checks = producer._checks
     assert (checks.check_topic, checks._conf["group.id"]) == (topic, group)

@@ -17,9 +17,15 @@ PACKAGE = REPO / "rmq_semantics"
 
 
 def fake(tmp_path: Path, mode: str, **settings: object) -> CoordinatorProcess:
-    return CoordinatorProcess("127.0.0.1:1", tmp_path / "coordinator.log", "--metrics-port",
-                              "0", settings=settings, module="tests.unit.fake_coordinator",
-                              env={"FAKE_COORDINATOR": mode, "PYTHONPATH": str(REPO)})
+    return CoordinatorProcess(
+        "127.0.0.1:1",
+        tmp_path / "coordinator.log",
+        "--metrics-port",
+        "0",
+        settings=settings,
+        module="tests.unit.fake_coordinator",
+        env={"FAKE_COORDINATOR": mode, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_context_manager_waits_until_up_and_stops_with_sigterm(tmp_path):
@@ -29,8 +35,9 @@ def test_context_manager_waits_until_up_and_stops_with_sigterm(tmp_path):
     assert coordinator.poll() == 0 and not coordinator.killed
     assert not Path(f"/proc/{pid}").exists()
     log = coordinator.log.splitlines()
-    assert log[0] == ("args: --bootstrap-servers 127.0.0.1:1 --metrics-port 0 --check-max 5 "
-                      "--topic-prefix __rmqx")
+    assert log[0] == (
+        "args: --bootstrap-servers 127.0.0.1:1 --metrics-port 0 --check-max 5 --topic-prefix __rmqx"
+    )
     assert log[-1] == "coordinator stopped"
 
 

@@ -28,8 +28,9 @@ def test_without_an_sdk_nothing_is_written_or_made():
     with tracing.span("send half") as current:
         assert current is None
         assert tracing.traced_headers([("app", b"1")]) == [("app", b"1")]
-    tracing.promote_span([("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")],
-                         "orders", "t", 1, 2)  # returns at once
+    tracing.promote_span(
+        [("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")], "orders", "t", 1, 2
+    )  # returns at once
 
 
 def test_the_half_carries_the_current_context_and_promote_spans_the_pending_time(exporter):
@@ -47,8 +48,7 @@ def test_the_half_carries_the_current_context_and_promote_spans_the_pending_time
     assert promote.attributes["messaging.destination.name"] == "orders"
 
 
-def test_an_existing_traceparent_is_kept_and_a_record_without_one_gets_no_promote_span(
-        exporter):
+def test_an_existing_traceparent_is_kept_and_a_record_without_one_gets_no_promote_span(exporter):
     theirs = [("traceparent", b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01")]
     with tracing.span("send half"):
         assert tracing.traced_headers(theirs) == theirs
@@ -73,25 +73,30 @@ def test_forged_trace_headers_make_a_span_of_their_own_and_never_raise(exporter)
     rng = random.Random(20)
     ctx = gen.Ctx()
     for _ in range(300):
-        headers = [(name, gen.HEADER_VALUES[name](rng, ctx))
-                   for name in ("traceparent", "tracestate") if rng.random() < 0.8]
+        headers = [
+            (name, gen.HEADER_VALUES[name](rng, ctx))
+            for name in ("traceparent", "tracestate")
+            if rng.random() < 0.8
+        ]
         tracing.promote_span(headers, "orders", "t", 1_000, 2_000)
-        with tracing.check_span(headers, "orders", "t", 1), tracing.process_span(headers,
-                                                                                  "orders"):
+        with tracing.check_span(headers, "orders", "t", 1), tracing.process_span(headers, "orders"):
             pass
     spans = exporter.get_finished_spans()
     assert [s.name for s in spans].count("process orders") == 300
     assert [s.name for s in spans].count("check local transaction") == 300
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
-    ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
-    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
-    ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
+    ],
+)
 def test_the_coordinator_exports_spans_only_when_otel_variables_say_so(env, expected):
     assert wanted(env) is expected
 

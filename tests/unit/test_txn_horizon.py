@@ -33,8 +33,13 @@ HORIZON_MS = 20_000
 
 def half(offset: int, ts: int = T0, txn: str | None = None) -> HalfMessage:
     txn = txn or f"t{offset}"
-    headers = [("app", b"1"), (H.TXN_ID, txn.encode()), (H.REAL_TOPIC, b"orders"),
-               (H.PRODUCER_GROUP, b"pg"), (H.BORN_TS, str(ts).encode())]
+    headers = [
+        ("app", b"1"),
+        (H.TXN_ID, txn.encode()),
+        (H.REAL_TOPIC, b"orders"),
+        (H.PRODUCER_GROUP, b"pg"),
+        (H.BORN_TS, str(ts).encode()),
+    ]
     return parse_half(0, offset, ts, b"k", f"v{offset}".encode(), headers)
 
 
@@ -74,13 +79,23 @@ class Log:
             elif isinstance(action, Discard):
                 self.ops.append(("done", h.offset, TxnState.DISCARDED))
             elif isinstance(action, IssueCheck | SaveCheckCounts):
-                self.ops.append(("marker", h.offset, action.checks_issued,
-                                 action.checks_answered, action.answered_seq,
-                                 action.next_check_ts))
+                self.ops.append(
+                    (
+                        "marker",
+                        h.offset,
+                        action.checks_issued,
+                        action.checks_answered,
+                        action.answered_seq,
+                        action.next_check_ts,
+                    )
+                )
             elif isinstance(action, Reappend):
                 offset = len(self.halves)
-                self.halves.append(parse_half(0, offset, now, h.key, h.value,
-                                              reappended_headers(h, action.carried)))
+                self.halves.append(
+                    parse_half(
+                        0, offset, now, h.key, h.value, reappended_headers(h, action.carried)
+                    )
+                )
                 self.ops.append(("done", h.offset, TxnState.REAPPENDED))
 
     def step(self, now: int, *, due: bool = True) -> None:
@@ -108,8 +123,13 @@ class Log:
     def restart(self, now: int) -> PartitionState:
         """A new owner: replays from the committed offsets, as txn_service._on_assign does."""
         old = self.state
-        new = PartitionState(0, old.transaction_timeout_ms, old.check_interval_ms,
-                             old.check_max, reappend_horizon_ms=old.reappend_horizon_ms)
+        new = PartitionState(
+            0,
+            old.transaction_timeout_ms,
+            old.check_interval_ms,
+            old.check_max,
+            reappend_horizon_ms=old.reappend_horizon_ms,
+        )
         new.start_at(old.half_commit, old.op_commit)
         self.state, self.read = new, (new.half_position, new.op_position)
         self.step(now)
@@ -125,10 +145,17 @@ def new_log(horizon_ms: int | None = HORIZON_MS, check_max: int = 1000) -> Log:
 
 
 def _sizes(st: PartitionState) -> dict[str, int]:
-    return {"tracked": st.tracked, "decided": len(st.decided), "outcomes": len(st.outcomes),
-            "pending_heap": len(st._pending_heap), "decided_heap": len(st._decided_heap),
-            "done_ops": len(st._done_ops), "marker_ops": len(st._marker_ops),
-            "schedule": len(st._schedule), "horizon": len(st.horizon._due)}
+    return {
+        "tracked": st.tracked,
+        "decided": len(st.decided),
+        "outcomes": len(st.outcomes),
+        "pending_heap": len(st._pending_heap),
+        "decided_heap": len(st._decided_heap),
+        "done_ops": len(st._done_ops),
+        "marker_ops": len(st._marker_ops),
+        "schedule": len(st._schedule),
+        "horizon": len(st.horizon._due),
+    }
 
 
 def test_one_abandoned_transaction_and_200000_commits_stay_within_one_horizon():
@@ -199,7 +226,8 @@ def test_a_late_commit_to_the_old_offset_promotes_once_after_the_record_is_read_
     log.step(now)
     finishes = [a for a in log.actions if isinstance(a, Finish)]
     assert [(f.half.offset, f.half.txn_id, f.outcome) for f in finishes] == [
-        (new, f"t{old}", TxnState.COMMITTED)]
+        (new, f"t{old}", TxnState.COMMITTED)
+    ]
     assert log.promoted == Counter({f"t{old}": 1})
     assert log.state.counters["duplicate_decisions"] == 1
     # The promoted record is the producer's: no re-append header left on it.
@@ -265,8 +293,9 @@ def test_a_rollback_or_a_forged_request_to_the_old_offset_is_checked_against_the
     old, _, now = _reappended_once(log)
     log.step(now)
     log.append_end(old, "COMMIT", "someone-else")  # not this transaction: not followed
-    log.ops.append(("end", EndRequest(len(log.ops), f"t{old}", "evil", old, "COMMIT", False,
-                                      0, T0)))
+    log.ops.append(
+        ("end", EndRequest(len(log.ops), f"t{old}", "evil", old, "COMMIT", False, 0, T0))
+    )
     log.step(now)
     assert not log.promoted and log.state.counters["rejected_mismatch"] == 1
     log.append_end(old, "ROLLBACK", f"t{old}")
@@ -327,17 +356,23 @@ def test_reappend_headers_round_trip_and_replace_an_earlier_reappends():
     assert split_reappended(original) == (original, None)
 
 
-@pytest.mark.parametrize("change", [
-    {H.CHECKS_ISSUED: None},  # incomplete
-    {H.CHECKS_ISSUED: b"x"},
-    {H.ORIGIN_OFFSET: b"12"},  # after its own offset
-    {H.REAPPEND_OF: b"9"},  # not before this record
-    {H.CHECKS_ANSWERED: b"-1"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {H.CHECKS_ISSUED: None},  # incomplete
+        {H.CHECKS_ISSUED: b"x"},
+        {H.ORIGIN_OFFSET: b"12"},  # after its own offset
+        {H.REAPPEND_OF: b"9"},  # not before this record
+        {H.CHECKS_ANSWERED: b"-1"},
+    ],
+)
 def test_reappend_headers_a_coordinator_did_not_write_are_malformed(change):
     carried = Carried(3, 1, T0, 4, 2, 3, T0)
-    headers = [(k, change.get(k, v)) for k, v in reappended_headers(half(3), carried)
-               if not (k in change and change[k] is None)]
+    headers = [
+        (k, change.get(k, v))
+        for k, v in reappended_headers(half(3), carried)
+        if not (k in change and change[k] is None)
+    ]
     forged = parse_half(0, 9, T0, b"k", b"v", headers)
     with pytest.raises(MalformedRecordError):
         split_reappended(forged)
@@ -361,12 +396,14 @@ def test_a_backlog_of_old_pending_records_is_reappended_a_thousand_per_step():
 # -- the setting (coordinator.settings) ---------------------------------------------------
 def test_the_horizon_defaults_to_three_check_intervals_and_comes_from_kwargs_env_or_flag():
     assert load(CoordinatorSettings, {}, env={}).reappend_after_ms == 180_000
-    assert load(CoordinatorSettings, {"check_interval_ms": 1000},
-                env={}).reappend_after_ms == 3000
-    assert load(CoordinatorSettings, {}, env={"RMQ_REAPPEND_HORIZON_MS": "5000"}
-                ).reappend_after_ms == 5000
-    args = build_parser().parse_args(["coordinator", "--bootstrap-servers", "b:9092",
-                                      "--reappend-horizon-ms", "7000"])
+    assert load(CoordinatorSettings, {"check_interval_ms": 1000}, env={}).reappend_after_ms == 3000
+    assert (
+        load(CoordinatorSettings, {}, env={"RMQ_REAPPEND_HORIZON_MS": "5000"}).reappend_after_ms
+        == 5000
+    )
+    args = build_parser().parse_args(
+        ["coordinator", "--bootstrap-servers", "b:9092", "--reappend-horizon-ms", "7000"]
+    )
     assert load(CoordinatorSettings, args, env={}).reappend_after_ms == 7000
 
 

@@ -20,22 +20,59 @@ T0 = 1_000_000
 GRACE = 2000  # coordinator.state.DEFER_GRACE_MS
 
 
-def member(offset: int, index: int, size: int = 3, txn: str = "tx", group: str = "pg",
-           topic: str = "orders") -> HalfMessage:
-    headers = [("rmq.txn_id", txn.encode()), ("rmq.real_topic", topic.encode()),
-               ("rmq.txn_size", str(size).encode()), ("rmq.txn_index", str(index).encode())]
-    return HalfMessage(0, offset, T0, txn, group, topic, None, T0, None, f"k{index}".encode(),
-                       f"v{index}".encode(), headers, txn_size=size, txn_index=index)
+def member(
+    offset: int,
+    index: int,
+    size: int = 3,
+    txn: str = "tx",
+    group: str = "pg",
+    topic: str = "orders",
+) -> HalfMessage:
+    headers = [
+        ("rmq.txn_id", txn.encode()),
+        ("rmq.real_topic", topic.encode()),
+        ("rmq.txn_size", str(size).encode()),
+        ("rmq.txn_index", str(index).encode()),
+    ]
+    return HalfMessage(
+        0,
+        offset,
+        T0,
+        txn,
+        group,
+        topic,
+        None,
+        T0,
+        None,
+        f"k{index}".encode(),
+        f"v{index}".encode(),
+        headers,
+        txn_size=size,
+        txn_index=index,
+    )
 
 
-def end(op: int, offset: int, state: str, txn: str = "tx", *, from_check: bool = False,
-        seq: int = 0, at: int = T0) -> EndRequest:
+def end(
+    op: int,
+    offset: int,
+    state: str,
+    txn: str = "tx",
+    *,
+    from_check: bool = False,
+    seq: int = 0,
+    at: int = T0,
+) -> EndRequest:
     return EndRequest(op, txn, "pg", offset, state, from_check, seq, at)
 
 
 def live(**kw: int) -> PartitionState:
-    st = PartitionState(0, kw.get("timeout", 6000), kw.get("interval", 60000),
-                        kw.get("check_max", 3), reappend_horizon_ms=kw.get("horizon"))
+    st = PartitionState(
+        0,
+        kw.get("timeout", 6000),
+        kw.get("interval", 60000),
+        kw.get("check_max", 3),
+        reappend_horizon_ms=kw.get("horizon"),
+    )
     st.on_eof("half", T0)
     st.on_eof("op", T0)
     return st
@@ -46,8 +83,12 @@ def feed(st: PartitionState, *members: HalfMessage) -> list:
 
 
 # -- parse -----------------------------------------------------------------------------------
-BASE = [("rmq.txn_id", b"t"), ("rmq.real_topic", b"orders"), ("rmq.producer_group", b"pg"),
-        ("rmq.born_ts", b"1")]
+BASE = [
+    ("rmq.txn_id", b"t"),
+    ("rmq.real_topic", b"orders"),
+    ("rmq.producer_group", b"pg"),
+    ("rmq.born_ts", b"1"),
+]
 
 
 def test_members_headers_parse_and_a_transaction_of_one_has_neither():
@@ -57,14 +98,32 @@ def test_members_headers_parse_and_a_transaction_of_one_has_neither():
     assert (m.txn_size, m.txn_index, m.is_member) == (3, 2, True)
 
 
-@pytest.mark.parametrize("size, index", [
-    (b"3", None), (None, b"0"), (b"x", b"0"), (b"3", b"-1"), (b"1", b"0"), (b"0", b"0"),
-    (b"3", b"3"), (b"3", b"7"), (str(MAX_TXN_SIZE + 1).encode(), b"0"), (b"9" * 40, b"0"),
-    (b"", b"0"), (b"3", b""), (b"\xff", b"0"), (b" 3", b"0"), (b"3.0", b"1"),
-])
+@pytest.mark.parametrize(
+    "size, index",
+    [
+        (b"3", None),
+        (None, b"0"),
+        (b"x", b"0"),
+        (b"3", b"-1"),
+        (b"1", b"0"),
+        (b"0", b"0"),
+        (b"3", b"3"),
+        (b"3", b"7"),
+        (str(MAX_TXN_SIZE + 1).encode(), b"0"),
+        (b"9" * 40, b"0"),
+        (b"", b"0"),
+        (b"3", b""),
+        (b"\xff", b"0"),
+        (b" 3", b"0"),
+        (b"3.0", b"1"),
+    ],
+)
 def test_bad_size_or_index_is_malformed(size, index):
-    headers = [*BASE, *([("rmq.txn_size", size)] if size is not None else []),
-               *([("rmq.txn_index", index)] if index is not None else [])]
+    headers = [
+        *BASE,
+        *([("rmq.txn_size", size)] if size is not None else []),
+        *([("rmq.txn_index", index)] if index is not None else []),
+    ]
     with pytest.raises(MalformedRecordError, match="txn_"):
         parse_half(0, 5, 1, None, b"v", headers)
 
@@ -175,8 +234,7 @@ def test_recovery_rebuilds_a_partial_assembly_and_skips_members_already_done():
     # Unit tx (10, 11, 13) committed with all members; unit ux (12, 14) still pending.
     st = PartitionState(0, 6000, 60000, 3)
     st.start_at(10, 0)
-    done = DoneMarkers(tuple(DoneEntry(o, "tx", Outcome.COMMITTED, 0) for o in (10, 11, 13)),
-                       T0)
+    done = DoneMarkers(tuple(DoneEntry(o, "tx", Outcome.COMMITTED, 0) for o in (10, 11, 13)), T0)
     feed(st, member(10, 0), member(11, 1))
     st.on_op_marker(7, done)  # read back between members
     feed(st, member(12, 0, size=2, txn="ux"), member(13, 2), member(14, 1, size=2, txn="ux"))

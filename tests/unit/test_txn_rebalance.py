@@ -28,8 +28,12 @@ class FlakyConsumer:
         self.calls += 1
         if self.calls <= self.failures:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "OffsetFetch timed out"))
-        return [TopicPartition(tp.topic, tp.partition, self.offsets.get(
-            (tp.topic, tp.partition), -1001)) for tp in partitions]
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.offsets.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in partitions
+        ]
 
 
 def _service() -> TransactionService:

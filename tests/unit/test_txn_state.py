@@ -24,19 +24,44 @@ GRACE = 2000  # coordinator.waits.DEFER_GRACE_MS
 
 
 def half(offset: int, txn: str = "t", immunity: int | None = None) -> HalfMessage:
-    return HalfMessage(0, offset, T0, f"{txn}{offset}", "pg", "orders", None, T0, immunity,
-                       b"k", b"v", [("app", b"1"), ("rmq.txn_id", f"{txn}{offset}".encode()),
-                                    ("rmq.real_topic", b"orders"), ("rmq.tags", b"A")])
+    return HalfMessage(
+        0,
+        offset,
+        T0,
+        f"{txn}{offset}",
+        "pg",
+        "orders",
+        None,
+        T0,
+        immunity,
+        b"k",
+        b"v",
+        [
+            ("app", b"1"),
+            ("rmq.txn_id", f"{txn}{offset}".encode()),
+            ("rmq.real_topic", b"orders"),
+            ("rmq.tags", b"A"),
+        ],
+    )
 
 
-def end(op: int, offset: int, state: str, *, txn: str | None = None, group: str = "pg",
-        from_check: bool = False, seq: int = 0) -> EndRequest:
+def end(
+    op: int,
+    offset: int,
+    state: str,
+    *,
+    txn: str | None = None,
+    group: str = "pg",
+    from_check: bool = False,
+    seq: int = 0,
+) -> EndRequest:
     return EndRequest(op, txn or f"t{offset}", group, offset, state, from_check, seq, T0)
 
 
 def live(**kw: int) -> PartitionState:
-    st = PartitionState(0, kw.get("timeout", 6000), kw.get("interval", 60000),
-                        kw.get("check_max", 3))
+    st = PartitionState(
+        0, kw.get("timeout", 6000), kw.get("interval", 60000), kw.get("check_max", 3)
+    )
     st.on_eof("half", T0)
     st.on_eof("op", T0)
     return st
@@ -124,14 +149,14 @@ def test_recovery_defers_end_requests_until_done_markers_are_known():
 
 def test_recovery_restores_check_counts_even_when_markers_come_first():
     st = PartitionState(0, 6000, 1000, 3)
-    st.on_check_marker(2, 0, checks_issued=2, checks_answered=2, answered_seq=2,
-                       next_check_ts=T0 + 9000)
+    st.on_check_marker(
+        2, 0, checks_issued=2, checks_answered=2, answered_seq=2, next_check_ts=T0 + 9000
+    )
     st.on_half(0, half(0), T0)
     st.on_eof("half", T0)
     st.on_eof("op", T0)
     [check] = st.due(T0 + 9000)
-    [discard] = st.on_end_request(end(3, 0, "UNKNOWN", from_check=True, seq=check.check_seq),
-                                  T0)
+    [discard] = st.on_end_request(end(3, 0, "UNKNOWN", from_check=True, seq=check.check_seq), T0)
     assert isinstance(discard, Discard) and discard.checks_answered == 3
 
 
@@ -143,10 +168,16 @@ def test_lifecycle_rejects_illegal_moves():
 
 def test_promoted_headers_keep_user_and_allowed_rmq_headers():
     h = half(7)
-    assert h.promoted_headers() == [("app", b"1"), ("rmq.txn_id", b"t7"), ("rmq.tags", b"A"),
-                                    ("rmq.promoted_from", b"0:7")]
-    assert h.promoted_headers(1234)[-2:] == [("rmq.promoted_from", b"0:7"),
-                                             ("rmq.promoted_at", b"1234")]
+    assert h.promoted_headers() == [
+        ("app", b"1"),
+        ("rmq.txn_id", b"t7"),
+        ("rmq.tags", b"A"),
+        ("rmq.promoted_from", b"0:7"),
+    ]
+    assert h.promoted_headers(1234)[-2:] == [
+        ("rmq.promoted_from", b"0:7"),
+        ("rmq.promoted_at", b"1234"),
+    ]
 
 
 def test_half_without_rmq_headers_is_malformed():
@@ -189,8 +220,9 @@ def test_offsets_to_commit_match_a_full_scan_under_random_traffic(seed):
             op += 1
         elif roll < 0.65 and open_offsets:
             offset = open_offsets.pop(rng.randrange(len(open_offsets)))
-            for action in st.on_end_request(end(op, offset, rng.choice(["COMMIT", "ROLLBACK"])),
-                                            T0):
+            for action in st.on_end_request(
+                end(op, offset, rng.choice(["COMMIT", "ROLLBACK"])), T0
+            ):
                 written_markers.append((action.half.offset, action.outcome))
             op += 1
         elif roll < 0.8 and written_markers:
@@ -212,10 +244,14 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
     st = PartitionState(0, 6000, 60000, 3)  # recovering: what a new owner reads back
     for o in range(3):
         st.on_half(o, half(o), T0)
-    body = {"entries": [{"half_offset": 0, "txn_id": "t0", "outcome": "COMMITTED",
-                         "checks_answered": 0},
-                        {"half_offset": 2, "txn_id": "t2", "outcome": "ROLLED_BACK",
-                         "checks_answered": 1}], "ts": T0, "mac": None}
+    body = {
+        "entries": [
+            {"half_offset": 0, "txn_id": "t0", "outcome": "COMMITTED", "checks_answered": 0},
+            {"half_offset": 2, "txn_id": "t2", "outcome": "ROLLED_BACK", "checks_answered": 1},
+        ],
+        "ts": T0,
+        "mac": None,
+    }
     record = decode(encode(wire.DoneMarkers.from_body(body)))
     assert record.to_body() == body
     assert st.on_op_marker(7, record)
@@ -228,8 +264,9 @@ def test_one_done_markers_record_settles_several_offsets_and_is_kept_until_all_a
     assert st.counters["duplicate_decisions"] == 1
     st.on_end_request(end(9, 1, "COMMIT"), T0)
     assert (st.half_commit, st.op_commit) == (3, 10)
-    assert not st.on_op_marker(10, wire.EndRequest("t1", "pg", 0, 1, wire.EndState.COMMIT,
-                                                    False, 0, T0))
+    assert not st.on_op_marker(
+        10, wire.EndRequest("t1", "pg", 0, 1, wire.EndState.COMMIT, False, 0, T0)
+    )
 
 
 def test_forged_end_requests_for_future_offsets_are_bounded_and_a_real_one_is_kept():
@@ -267,8 +304,11 @@ def test_requests_deferred_in_recovery_are_applied_in_op_order_across_offsets():
     st = PartitionState(0, 6000, 60000, 3)
     st.on_half(0, half(0), T0)
     st.on_half(1, dataclasses.replace(half(0), offset=1), T0)  # rolled back: a copy
-    for request in (end(0, 1, "COMMIT", txn="nobody"), end(1, 0, "ROLLBACK", txn="t0"),
-                    end(2, 1, "COMMIT", txn="t0")):
+    for request in (
+        end(0, 1, "COMMIT", txn="nobody"),
+        end(1, 0, "ROLLBACK", txn="t0"),
+        end(2, 1, "COMMIT", txn="t0"),
+    ):
         assert st.on_end_request(request, T0) == []  # recovering: deferred
     st.on_eof("half", T0)
     [rollback] = st.on_eof("op", T0)
@@ -284,8 +324,9 @@ def test_a_commit_naming_a_copy_not_read_yet_is_the_first_decision():
     st.on_half(0, half(0), T0)
     [check] = st.due(T0 + 1000)
     actions = st.on_end_request(end(0, 1, "COMMIT", txn="t0"), T0 + 1000)
-    actions += st.on_end_request(end(1, 0, "UNKNOWN", from_check=True, seq=check.check_seq),
-                                 T0 + 1000)
+    actions += st.on_end_request(
+        end(1, 0, "UNKNOWN", from_check=True, seq=check.check_seq), T0 + 1000
+    )
     actions += st.on_half(1, dataclasses.replace(half(0), offset=1), T0 + 1000)  # the copy
     decided = [(a.half.offset, a.outcome) for a in actions if isinstance(a, Finish)]
     assert decided == [(0, TxnState.COMMITTED), (1, TxnState.ROLLED_BACK)]

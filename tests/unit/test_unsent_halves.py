@@ -61,19 +61,35 @@ class WithheldReports:
         self.queued = threading.Event()
         self.polls = 0
 
-    def produce(self, topic, value=None, *, key=None, headers=None, partition=-1,
-                on_delivery=None) -> None:
-        self.records.append(SimpleNamespace(topic=topic, value=value, headers=headers,
-                                            partition=partition, on_delivery=on_delivery,
-                                            reported=False))
+    def produce(
+        self, topic, value=None, *, key=None, headers=None, partition=-1, on_delivery=None
+    ) -> None:
+        self.records.append(
+            SimpleNamespace(
+                topic=topic,
+                value=value,
+                headers=headers,
+                partition=partition,
+                on_delivery=on_delivery,
+                reported=False,
+            )
+        )
         self.queued.set()
 
-    def report(self, record: SimpleNamespace, error: KafkaError | None = None,
-               partition: int = 1, offset: int = 100) -> None:
+    def report(
+        self,
+        record: SimpleNamespace,
+        error: KafkaError | None = None,
+        partition: int = 1,
+        offset: int = 100,
+    ) -> None:
         record.reported = True
-        record.on_delivery(error, SimpleNamespace(partition=lambda: partition,
-                                                  offset=lambda: offset,
-                                                  topic=lambda: record.topic))
+        record.on_delivery(
+            error,
+            SimpleNamespace(
+                partition=lambda: partition, offset=lambda: offset, topic=lambda: record.topic
+            ),
+        )
 
     def halves(self) -> list[SimpleNamespace]:
         return [r for r in self.records if r.topic == "__rmq_half"]
@@ -91,13 +107,26 @@ def _txn_id(record: SimpleNamespace) -> str:
 
 
 def _check(txn_id: str, seq: int = 1) -> CheckRequest:
-    return CheckRequest(txn_id, "pg", 1, 100, seq, 1_700_000_000_000, "orders", None, b"k",
-                        b"v", [(H.TXN_ID, txn_id.encode())], 1_700_000_001_000)
+    return CheckRequest(
+        txn_id,
+        "pg",
+        1,
+        100,
+        seq,
+        1_700_000_000_000,
+        "orders",
+        None,
+        b"k",
+        b"v",
+        [(H.TXN_ID, txn_id.encode())],
+        1_700_000_001_000,
+    )
 
 
 def _started(listener: TransactionListener, call) -> TransactionProducer:
-    producer = TransactionProducer(NOWHERE, producer_group="pg", listener=listener,
-                                   send_timeout_s=5)
+    producer = TransactionProducer(
+        NOWHERE, producer_group="pg", listener=listener, send_timeout_s=5
+    )
     producer._producer = RecordingProducer()
     producer._partitions = PartitionCache(FakeMetadataClient(COUNTS))
     producer._started = True
@@ -160,7 +189,8 @@ def test_a_batchs_checks_are_unknow_in_flight_rollback_when_failed_and_asked_onc
 
     main.poll = first_poll
     landed, failed = producer.send_messages_in_transaction(
-        [Message("orders", b"a"), Message("orders", b"b")])
+        [Message("orders", b"a"), Message("orders", b"b")]
+    )
     assert during == [S.UNKNOW, S.UNKNOW]
     assert (failed.half_offset, failed.local_transaction_state) == (-1, S.ROLLBACK_MESSAGE)
     assert _ask(producer, failed.transaction_id, 2) is S.ROLLBACK_MESSAGE
@@ -179,7 +209,11 @@ def test_a_transaction_whose_first_member_was_not_written_is_rolled_back_by_its_
     [end_record] = [r for r in call.records if r.topic == producer.topics.op]
     end, txn_id = decode(end_record.value), dict(halves[0].headers)[H.TXN_ID].decode()
     assert (end.txn_id, end.state, end.half_offset, end.from_check) == (
-        txn_id, EndState.ROLLBACK, -1, False)
+        txn_id,
+        EndState.ROLLBACK,
+        -1,
+        False,
+    )
     assert end_record.partition == halves[0].partition  # where every member went
     assert _ask(producer, txn_id) is S.ROLLBACK_MESSAGE
     assert listener.executed == [] and listener.checked == []
@@ -238,10 +272,15 @@ def test_a_batch_that_fills_the_local_queue_rolls_back_what_it_queued():
     assert _ask(producer, landed) is S.ROLLBACK_MESSAGE
     assert _ask(producer, failed) is S.ROLLBACK_MESSAGE
     ends = [decode(r.value) for r in main.records if r.topic == producer.topics.op]
-    assert [(e.txn_id, e.half_offset, e.state) for r in ends if isinstance(r, EndRequests)
-            for e in r.entries] == [(landed, 100, EndState.ROLLBACK)]
+    assert [
+        (e.txn_id, e.half_offset, e.state)
+        for r in ends
+        if isinstance(r, EndRequests)
+        for e in r.entries
+    ] == [(landed, 100, EndState.ROLLBACK)]
     assert [(r.txn_id, r.half_offset, r.state) for r in ends if isinstance(r, EndRequest)] == [
-        (failed, -1, EndState.ROLLBACK)]
+        (failed, -1, EndState.ROLLBACK)
+    ]
     assert listener.executed == [] and listener.checked == []
 
 

@@ -46,8 +46,13 @@ class _AsyncCommit(TransactionListener):
 
 def _sync_rate(conf: dict, prefix: str, s: BenchSettings, topic: str) -> float:
     value, errors = os.urandom(s.size), []
-    with TransactionProducer(conf, producer_group="bench-aio-sync", listener=_SyncCommit(),
-                             topic_prefix=prefix, half_partitions=s.partitions) as producer:
+    with TransactionProducer(
+        conf,
+        producer_group="bench-aio-sync",
+        listener=_SyncCommit(),
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         for _ in range(WARM_UP // AIO_CONCURRENCY + 1):
             producer.send_message_in_transaction(Message(topic, value))
 
@@ -58,8 +63,10 @@ def _sync_rate(conf: dict, prefix: str, s: BenchSettings, topic: str) -> float:
             except Exception as exc:  # reported after the run, not lost in a thread
                 errors.append(exc)
 
-        callers = [threading.Thread(target=caller, daemon=True, name=f"bench-aio-{n}")
-                   for n in range(AIO_CONCURRENCY)]
+        callers = [
+            threading.Thread(target=caller, daemon=True, name=f"bench-aio-{n}")
+            for n in range(AIO_CONCURRENCY)
+        ]
         start = time.monotonic()
         for c in callers:
             c.start()
@@ -71,8 +78,9 @@ def _sync_rate(conf: dict, prefix: str, s: BenchSettings, topic: str) -> float:
     return AIO_CONCURRENCY * s.calls_per_thread / elapsed
 
 
-async def _async_run(conf: dict, prefix: str, s: BenchSettings,
-                     topic: str) -> tuple[float, list[float]]:
+async def _async_run(
+    conf: dict, prefix: str, s: BenchSettings, topic: str
+) -> tuple[float, list[float]]:
     value, lags = os.urandom(s.size), []
     stop = asyncio.Event()
 
@@ -83,9 +91,13 @@ async def _async_run(conf: dict, prefix: str, s: BenchSettings,
             await asyncio.sleep(TICK_S)
             lags.append((loop.time() - began - TICK_S) * 1000)
 
-    async with AsyncTransactionProducer(conf, producer_group="bench-aio-async",
-                                        listener=_AsyncCommit(), topic_prefix=prefix,
-                                        half_partitions=s.partitions) as producer:
+    async with AsyncTransactionProducer(
+        conf,
+        producer_group="bench-aio-async",
+        listener=_AsyncCommit(),
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         for _ in range(WARM_UP // AIO_CONCURRENCY + 1):
             await producer.send_message_in_transaction(Message(topic, value))
 
@@ -95,8 +107,9 @@ async def _async_run(conf: dict, prefix: str, s: BenchSettings,
 
         prober = asyncio.create_task(probe())
         start = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*(caller() for _ in range(AIO_CONCURRENCY))),
-                               CASE_TIMEOUT_S)
+        await asyncio.wait_for(
+            asyncio.gather(*(caller() for _ in range(AIO_CONCURRENCY))), CASE_TIMEOUT_S
+        )
         elapsed = time.monotonic() - start
         stop.set()
         await prober
@@ -110,7 +123,10 @@ def bench_aio(conf: dict, prefix: str, s: BenchSettings) -> dict:
     ensure_topics(conf, {topic: (s.partitions, {})})
     sync_rate = _sync_rate(conf, prefix, s, topic)
     async_rate, lags = asyncio.run(_async_run(conf, prefix, s, topic))
-    return {"aio_sync_calls_per_s": sync_rate, "aio_async_calls_per_s": async_rate,
-            "aio_ratio": async_rate / sync_rate if sync_rate else float("nan"),
-            "aio_loop_lag_ms": {"samples": lags, "tick_ms": TICK_S * 1000},
-            "aio_concurrency": AIO_CONCURRENCY}
+    return {
+        "aio_sync_calls_per_s": sync_rate,
+        "aio_async_calls_per_s": async_rate,
+        "aio_ratio": async_rate / sync_rate if sync_rate else float("nan"),
+        "aio_loop_lag_ms": {"samples": lags, "tick_ms": TICK_S * 1000},
+        "aio_concurrency": AIO_CONCURRENCY,
+    }

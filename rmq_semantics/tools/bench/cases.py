@@ -90,31 +90,45 @@ def _tracing(ctx: BenchContext) -> dict:
 
 def _latency(ctx: BenchContext) -> dict:
     latencies, achieved = bench_latency(ctx.conf, ctx.prefix, ctx.s)
-    return {"commit_to_visible_ms": {"samples": latencies, "offered_msgs_per_s": ctx.s.rate,
-                                     "achieved_msgs_per_s": achieved,
-                                     "threads": ctx.s.latency_threads}}
+    return {
+        "commit_to_visible_ms": {
+            "samples": latencies,
+            "offered_msgs_per_s": ctx.s.rate,
+            "achieved_msgs_per_s": achieved,
+            "threads": ctx.s.latency_threads,
+        }
+    }
 
 
 def _check(ctx: BenchContext) -> dict:
-    return {"check_lateness_ms": {"samples": bench_check_lateness(ctx.conf, ctx.bootstrap, ctx.s),
-                                  "transaction_timeout_ms": CHECK_TIMEOUT_MS}}
+    return {
+        "check_lateness_ms": {
+            "samples": bench_check_lateness(ctx.conf, ctx.bootstrap, ctx.s),
+            "transaction_timeout_ms": CHECK_TIMEOUT_MS,
+        }
+    }
 
 
 def _threads(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.threads import bench_threads
 
     one = dataclasses.replace(ctx.s, repeat=1)
-    counts = bench_threads(ctx.conf, ctx.prefix, one, ctx.log, ctx.coordinator_pid,
-                           ctx.broker_pid)["threads"]
+    counts = bench_threads(ctx.conf, ctx.prefix, one, ctx.log, ctx.coordinator_pid, ctx.broker_pid)[
+        "threads"
+    ]
     return {"threads": {n: case["runs"][0] for n, case in counts.items()}}
 
 
 def _copier(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.copier import copier_latency, copier_throughput
 
-    return {"copier_msgs_per_s": copier_throughput(ctx.conf, ctx.s),
-            "copier_latency_ms": {"samples": copier_latency(ctx.conf, ctx.s),
-                                  "offered_msgs_per_s": ctx.s.rate}}
+    return {
+        "copier_msgs_per_s": copier_throughput(ctx.conf, ctx.s),
+        "copier_latency_ms": {
+            "samples": copier_latency(ctx.conf, ctx.s),
+            "offered_msgs_per_s": ctx.s.rate,
+        },
+    }
 
 
 def _coordinators(ctx: BenchContext) -> dict:
@@ -126,8 +140,7 @@ def _coordinators(ctx: BenchContext) -> dict:
 def _orderly(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.orderly import bench_orderly
 
-    return bench_orderly(ctx.conf, ctx.bootstrap, ctx.prefix,
-                         dataclasses.replace(ctx.s, repeat=1))
+    return bench_orderly(ctx.conf, ctx.bootstrap, ctx.prefix, dataclasses.replace(ctx.s, repeat=1))
 
 
 def _keys(ctx: BenchContext) -> dict:
@@ -147,8 +160,10 @@ def _push(ctx: BenchContext) -> dict:
 def _stall(ctx: BenchContext) -> dict:
     from rmq_semantics.tools.bench.stall import bench_stall
 
-    return {"stall_no_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=False),
-            "stall_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=True)}
+    return {
+        "stall_no_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=False),
+        "stall_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=True),
+    }
 
 
 def _failover(ctx: BenchContext) -> dict:
@@ -157,10 +172,10 @@ def _failover(ctx: BenchContext) -> dict:
     if ctx.cluster is None:
         ctx.log("failover: nothing to fail over to on one broker (run it with --brokers 3)")
         return {}
-    return {"failover_kill_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster,
-                                               kill=True),
-            "failover_stop_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster,
-                                               kill=False)}
+    return {
+        "failover_kill_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster, kill=True),
+        "failover_stop_ms": bench_failover(ctx.conf, ctx.prefix, ctx.s, ctx.cluster, kill=False),
+    }
 
 
 def _spark(ctx: BenchContext) -> dict:
@@ -175,11 +190,23 @@ def _spark(ctx: BenchContext) -> dict:
 
 #: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
-    "baseline": _baseline, "txn": _txn, "multi": _multi, "aio": _aio, "tracing": _tracing,
+    "baseline": _baseline,
+    "txn": _txn,
+    "multi": _multi,
+    "aio": _aio,
+    "tracing": _tracing,
     "latency": _latency,
-    "check": _check, "threads": _threads, "copier": _copier, "coordinators": _coordinators,
-    "orderly": _orderly, "keys": _keys, "push": _push, "stall": _stall, "spark": _spark,
-    "failover": _failover}
+    "check": _check,
+    "threads": _threads,
+    "copier": _copier,
+    "coordinators": _coordinators,
+    "orderly": _orderly,
+    "keys": _keys,
+    "push": _push,
+    "stall": _stall,
+    "spark": _spark,
+    "failover": _failover,
+}
 KNOWN_CASES = tuple(CASE_RUNS)
 #: A full run's cases: failover needs a cluster (``--brokers 3 --cases failover``).
 CASES = tuple(c for c in KNOWN_CASES if c != "failover")
@@ -195,10 +222,11 @@ def _get(results: dict, *path: str) -> dict | None:
 def derive(results: dict) -> dict:
     """The figures of two cases together (ratios, the sizing figure), from ``results``
     merged with earlier runs; a figure whose sources are missing is left out."""
-    ratios = {"txn_ratio": (("txn_msgs_per_s",), ("baseline_msgs_per_s",)),
-              "txn_vs_copier": (("txn_msgs_per_s",), ("copier_msgs_per_s",)),
-              "latency_vs_copier_p99": (("commit_to_visible_ms", "p99"),
-                                        ("copier_latency_ms", "p99"))}
+    ratios = {
+        "txn_ratio": (("txn_msgs_per_s",), ("baseline_msgs_per_s",)),
+        "txn_vs_copier": (("txn_msgs_per_s",), ("copier_msgs_per_s",)),
+        "latency_vs_copier_p99": (("commit_to_visible_ms", "p99"), ("copier_latency_ms", "p99")),
+    }
     derived = {}
     for name, (top, bottom) in ratios.items():
         a, b = _get(results, *top), _get(results, *bottom)

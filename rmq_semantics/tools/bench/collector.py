@@ -17,17 +17,25 @@ __all__ = ["Collector"]
 
 
 def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consumer:
-    consumer = confluent_kafka.Consumer({
-        **conf, "group.id": f"bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
-        "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                     for p in range(partitions)])
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign(
+        [TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)]
+    )
     return consumer
 
 
-def _collect(conf: dict, topic: str, partitions: int, want: int, warm_up: int,
-             warmed: Any, results: Any) -> None:
+def _collect(
+    conf: dict, topic: str, partitions: int, want: int, warm_up: int, warmed: Any, results: Any
+) -> None:
     """The collector process: consume until ``want`` records came; send back the count, when
     it finished and when each txn id became visible (CLOCK_MONOTONIC is system-wide)."""
     consumer = _consumer(conf, topic, partitions)
@@ -60,8 +68,9 @@ class Collector:
     the GIL and measured itself). The clock starts once the ``warm_up`` records came: then
     every client on the path is connected and knows the topic."""
 
-    def __init__(self, conf: dict, topic: str, partitions: int, want: int,
-                 warm_up: int = 1) -> None:
+    def __init__(
+        self, conf: dict, topic: str, partitions: int, want: int, warm_up: int = 1
+    ) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
@@ -69,9 +78,18 @@ class Collector:
         self.warmed = ctx.Event()
         self._results, child_end = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=_collect, daemon=True,
-            args=(conf, topic, partitions, self.warm_up + want, self.warm_up, self.warmed,
-                  child_end))
+            target=_collect,
+            daemon=True,
+            args=(
+                conf,
+                topic,
+                partitions,
+                self.warm_up + want,
+                self.warm_up,
+                self.warmed,
+                child_end,
+            ),
+        )
         self.count = 0
         self.done_at: float | None = None
         self.visible: dict[bytes, float] = {}

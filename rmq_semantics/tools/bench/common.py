@@ -13,8 +13,20 @@ from typing import Any
 
 import confluent_kafka
 
-__all__ = ["CASE_TIMEOUT_S", "TXN_BATCH", "WARM_UP", "BenchSettings", "aggregate", "figure",
-           "fill", "percentile", "pooled_samples", "ratio_figure", "scaled_figure", "sketch"]
+__all__ = [
+    "CASE_TIMEOUT_S",
+    "TXN_BATCH",
+    "WARM_UP",
+    "BenchSettings",
+    "aggregate",
+    "figure",
+    "fill",
+    "percentile",
+    "pooled_samples",
+    "ratio_figure",
+    "scaled_figure",
+    "sketch",
+]
 
 # Any single case that has not finished by then is broken, not slow.
 CASE_TIMEOUT_S = 300.0
@@ -48,9 +60,17 @@ class BenchSettings:
 
     @classmethod
     def quick(cls) -> BenchSettings:
-        return cls(count=20000, latency_seconds=5.0, repeat=2, check_messages=100,
-                   thread_counts=(1, 8), calls_per_thread=20, load_sample_s=0.5,
-                   stall_attempts=1, keys_count=1000)
+        return cls(
+            count=20000,
+            latency_seconds=5.0,
+            repeat=2,
+            check_messages=100,
+            thread_counts=(1, 8),
+            calls_per_thread=20,
+            load_sample_s=0.5,
+            stall_attempts=1,
+            keys_count=1000,
+        )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -61,8 +81,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str],
-         headers: Callable[[int], list[tuple[str, bytes]]] | None = None) -> None:
+def fill(
+    conf: dict,
+    topic: str,
+    count: int,
+    size: int,
+    key: Callable[[int], str],
+    headers: Callable[[int], list[tuple[str, bytes]]] | None = None,
+) -> None:
     """Write ``count`` random values of ``size`` bytes, record ``i`` keyed ``key(i)`` (and
     with the headers ``headers(i)``)."""
     producer = confluent_kafka.Producer({**conf, "linger.ms": 5})
@@ -70,8 +96,9 @@ def fill(conf: dict, topic: str, count: int, size: int, key: Callable[[int], str
     for i in range(count):
         while True:
             try:
-                producer.produce(topic, value, key=key(i).encode(),
-                                 headers=headers(i) if headers else None)
+                producer.produce(
+                    topic, value, key=key(i).encode(), headers=headers(i) if headers else None
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -107,8 +134,12 @@ def figure(runs: list[float | None]) -> dict:
     measured = [r for r in kept if r is not None]
     if not measured:
         return {"median": None, "min": None, "max": None, "runs": kept}
-    return {"median": statistics.median(measured), "min": min(measured),
-            "max": max(measured), "runs": kept}
+    return {
+        "median": statistics.median(measured),
+        "min": min(measured),
+        "max": max(measured),
+        "runs": kept,
+    }
 
 
 def aggregate(runs: list[Any]) -> Any:
@@ -119,10 +150,12 @@ def aggregate(runs: list[Any]) -> Any:
     if all(isinstance(r, float) for r in runs):
         return figure(runs)
     if all(isinstance(r, list) for r in runs):
-        return {"p50": figure([percentile(r, 50) for r in runs]),
-                "p99": figure([percentile(r, 99) for r in runs]),
-                "max": figure([max(r, default=float("nan")) for r in runs]),
-                "n": sum(len(r) for r in runs)}
+        return {
+            "p50": figure([percentile(r, 50) for r in runs]),
+            "p99": figure([percentile(r, 99) for r in runs]),
+            "max": figure([max(r, default=float("nan")) for r in runs]),
+            "n": sum(len(r) for r in runs),
+        }
     if all(isinstance(r, dict) for r in runs):
         keys = dict.fromkeys(k for r in runs for k in r)
         out = {k: aggregate([r[k] for r in runs if k in r]) for k in keys}
@@ -142,8 +175,9 @@ def pooled_samples(runs: list[Any], path: str = "") -> dict[str, list[float]]:
     if any(isinstance(r.get("samples"), list) for r in dicts):
         found[path] = [v for r in dicts for v in r.get("samples", [])]
     for key in dict.fromkeys(k for r in dicts for k in r if k != "samples"):
-        found.update(pooled_samples([r[key] for r in dicts if key in r],
-                                    f"{path}.{key}" if path else key))
+        found.update(
+            pooled_samples([r[key] for r in dicts if key in r], f"{path}.{key}" if path else key)
+        )
     return found
 
 

@@ -48,8 +48,9 @@ def _run_line(run: dict) -> str:
             from rmq_semantics.tools.bench.common import percentile
 
             samples = value["samples"]
-            parts.append(f"{key} p50 {_short(percentile(samples, 50))} "
-                         f"p99 {_short(percentile(samples, 99))}")
+            parts.append(
+                f"{key} p50 {_short(percentile(samples, 50))} p99 {_short(percentile(samples, 99))}"
+            )
         elif isinstance(value, dict) and (inner := _run_line(value)):
             parts.append(f"{key}: {{{inner}}}")
     return ", ".join(parts)
@@ -68,8 +69,12 @@ class BenchConsole:
     def __enter__(self) -> BenchConsole:
         if self.live:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), console=self.console)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self._progress.start()
             self._task = self._progress.add_task("bench", total=self.total)
         return self
@@ -101,18 +106,29 @@ class BenchConsole:
         rows = list(flat_figures(results))
         if not self.live:
             for name, fig in rows:
-                print(f"{name}: {_short(fig['median'])} ({_short(fig['min'])}-"
-                      f"{_short(fig['max'])}, {len(fig['runs'])} runs)", flush=True)
+                print(
+                    f"{name}: {_short(fig['median'])} ({_short(fig['min'])}-"
+                    f"{_short(fig['max'])}, {len(fig['runs'])} runs)",
+                    flush=True,
+                )
             if busy:
                 print(f"taken on a busy machine: {', '.join(sorted(busy))}", flush=True)
             return
         table = Table(title="bench: median (min-max) over the runs")
-        for column, justify in (("figure", "left"), ("median", "right"),
-                                ("min-max", "right"), ("runs", "right")):
+        for column, justify in (
+            ("figure", "left"),
+            ("median", "right"),
+            ("min-max", "right"),
+            ("runs", "right"),
+        ):
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for name, fig in rows:
-            table.add_row(name, _short(fig["median"]),
-                          f"{_short(fig['min'])}-{_short(fig['max'])}", str(len(fig["runs"])))
+            table.add_row(
+                name,
+                _short(fig["median"]),
+                f"{_short(fig['min'])}-{_short(fig['max'])}",
+                str(len(fig["runs"])),
+            )
         self.console.print(table)
         if busy:
             self.console.print(f"[yellow]taken on a busy machine:[/] {', '.join(sorted(busy))}")

@@ -43,24 +43,28 @@ def _wait_assigned(coordinators: list[CoordinatorProcess], partitions: int) -> N
         if all(held) and sum(map(len, held)) == len(every) == partitions:
             return
         time.sleep(0.1)
-    raise RuntimeError(f"the {len(coordinators)} coordinators did not share the "
-                       f"{partitions} half partitions within {ASSIGNMENT_TIMEOUT_S:.0f} s; "
-                       f"see {[str(c.log_path) for c in coordinators]}")
+    raise RuntimeError(
+        f"the {len(coordinators)} coordinators did not share the "
+        f"{partitions} half partitions within {ASSIGNMENT_TIMEOUT_S:.0f} s; "
+        f"see {[str(c.log_path) for c in coordinators]}"
+    )
 
 
-def _measure(conf: dict, prefix: str, s: BenchSettings,
-             coordinators: list[CoordinatorProcess]) -> dict:
+def _measure(
+    conf: dict, prefix: str, s: BenchSettings, coordinators: list[CoordinatorProcess]
+) -> dict:
     cpu: dict[bool, tuple[float, float]] = {}
 
     def on_clock(starting: bool) -> None:
-        cpu[starting] = (process_cpu_s(None),
-                         sum(process_cpu_s(c.pid) for c in coordinators))
+        cpu[starting] = (process_cpu_s(None), sum(process_cpu_s(c.pid) for c in coordinators))
 
     rate, _, _ = bench_txn(conf, prefix, s, s.count, on_clock=on_clock)
     per_1000 = 1000 / s.count
-    return {"msgs_per_s": rate,
-            "producer_cpu_s_per_1000": (cpu[False][0] - cpu[True][0]) * per_1000,
-            "coordinator_cpu_s_per_1000": (cpu[False][1] - cpu[True][1]) * per_1000}
+    return {
+        "msgs_per_s": rate,
+        "producer_cpu_s_per_1000": (cpu[False][0] - cpu[True][0]) * per_1000,
+        "coordinator_cpu_s_per_1000": (cpu[False][1] - cpu[True][1]) * per_1000,
+    }
 
 
 def bench_coordinators(conf: dict, bootstrap: str, s: BenchSettings) -> dict:

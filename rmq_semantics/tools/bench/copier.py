@@ -61,37 +61,52 @@ class CopierTuning:
 
 
 def producer_conf(conf: dict, tuning: CopierTuning, transactional_id: str) -> dict:
-    return {**conf, "transactional.id": transactional_id, "enable.idempotence": True,
-            "acks": "all", "linger.ms": tuning.linger_ms,
-            "retry.backoff.ms": tuning.retry_backoff_ms,
-            "retry.backoff.max.ms": tuning.retry_backoff_max_ms,
-            "socket.nagle.disable": tuning.nagle_disable,
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-            "delivery.report.only.error": True}
+    return {
+        **conf,
+        "transactional.id": transactional_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": tuning.linger_ms,
+        "retry.backoff.ms": tuning.retry_backoff_ms,
+        "retry.backoff.max.ms": tuning.retry_backoff_max_ms,
+        "socket.nagle.disable": tuning.nagle_disable,
+        "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+        "delivery.report.only.error": True,
+    }
 
 
 def consumer_conf(conf: dict, tuning: CopierTuning, group: str) -> dict:
-    return {**conf, "group.id": group, "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest", "fetch.wait.max.ms": tuning.fetch_wait_max_ms,
-            "socket.nagle.disable": tuning.nagle_disable}
+    return {
+        **conf,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": tuning.fetch_wait_max_ms,
+        "socket.nagle.disable": tuning.nagle_disable,
+    }
 
 
 class _Copier:
     """The copy loop of the copier process; :meth:`step` is one Kafka transaction."""
 
-    def __init__(self, conf: dict, tuning: CopierTuning, source: str, target: str,
-                 partitions: int) -> None:
+    def __init__(
+        self, conf: dict, tuning: CopierTuning, source: str, target: str, partitions: int
+    ) -> None:
         name = f"bench-copier-{uuid.uuid4().hex[:8]}"
         self.source, self.target = source, target
         self.consumer = confluent_kafka.Consumer(consumer_conf(conf, tuning, name))
-        self.assignment = [TopicPartition(source, p, confluent_kafka.OFFSET_BEGINNING)
-                           for p in range(partitions)]
+        self.assignment = [
+            TopicPartition(source, p, confluent_kafka.OFFSET_BEGINNING) for p in range(partitions)
+        ]
         self.consumer.assign(self.assignment)
         # Where each partition's copy resumes after an aborted transaction.
         self.committed = {p: confluent_kafka.OFFSET_BEGINNING for p in range(partitions)}
-        self.producers = [confluent_kafka.Producer(producer_conf(conf, tuning, f"{name}-{n}"))
-                          for n in range(max(1, tuning.producers))]
+        self.producers = [
+            confluent_kafka.Producer(producer_conf(conf, tuning, f"{name}-{n}"))
+            for n in range(max(1, tuning.producers))
+        ]
         for producer in self.producers:
             producer.init_transactions(TXN_CALL_TIMEOUT_S)
         self.metadata = self.consumer.consumer_group_metadata()
@@ -103,8 +118,9 @@ class _Copier:
         if first is None:
             return
         # What arrived while the last transaction committed, without waiting for more.
-        records = [m for m in (first, *self.consumer.consume(MAX_BATCH - 1, 0))
-                   if m.error() is None]
+        records = [
+            m for m in (first, *self.consumer.consume(MAX_BATCH - 1, 0)) if m.error() is None
+        ]
         if not records:
             return
         producer = self.producers[self.turn]
@@ -114,12 +130,13 @@ class _Copier:
             producer.begin_transaction()
             for m in records:
                 partition = m.partition()
-                producer.produce(self.target, m.value(), m.key(), partition,
-                                 headers=m.headers())
+                producer.produce(self.target, m.value(), m.key(), partition, headers=m.headers())
                 resume_at[partition] = m.offset() + 1  # a partition's records come in order
             producer.send_offsets_to_transaction(
                 [TopicPartition(self.source, p, o) for p, o in resume_at.items()],
-                self.metadata, TXN_CALL_TIMEOUT_S)
+                self.metadata,
+                TXN_CALL_TIMEOUT_S,
+            )
             producer.commit_transaction(TXN_CALL_TIMEOUT_S)
         except KafkaException as exc:
             if exc.args[0].fatal():
@@ -138,8 +155,17 @@ class _Copier:
             producer.flush(TXN_CALL_TIMEOUT_S)
 
 
-def _copier_main(conf: dict, tuning: CopierTuning, source: str, target: str,
-                 partitions: int, pause_after: int, ready: Any, go: Any, stop: Any) -> None:
+def _copier_main(
+    conf: dict,
+    tuning: CopierTuning,
+    source: str,
+    target: str,
+    partitions: int,
+    pause_after: int,
+    ready: Any,
+    go: Any,
+    stop: Any,
+) -> None:
     """The copier process. With ``pause_after``, it pauses once that many records were
     copied (every client connected and warm), sets ``ready`` and resumes on ``go``."""
     copier = _Copier(conf, tuning, source, target, partitions)
@@ -158,16 +184,34 @@ def _copier_main(conf: dict, tuning: CopierTuning, source: str, target: str,
 
 
 class _CopierProcess:
-    def __init__(self, conf: dict, tuning: CopierTuning, source: str, target: str,
-                 partitions: int, pause_after: int = 0) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        tuning: CopierTuning,
+        source: str,
+        target: str,
+        partitions: int,
+        pause_after: int = 0,
+    ) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
         self.ready, self.go, self.stop = ctx.Event(), ctx.Event(), ctx.Event()
         self._process = ctx.Process(
-            target=_copier_main, daemon=True,
-            args=(conf, tuning, source, target, partitions, pause_after, self.ready, self.go,
-                  self.stop))
+            target=_copier_main,
+            daemon=True,
+            args=(
+                conf,
+                tuning,
+                source,
+                target,
+                partitions,
+                pause_after,
+                self.ready,
+                self.go,
+                self.stop,
+            ),
+        )
 
     def __enter__(self) -> _CopierProcess:
         self._process.start()
@@ -180,8 +224,10 @@ class _CopierProcess:
             self._process.kill()
             self._process.join(TXN_CALL_TIMEOUT_S)
         elif self._process.exitcode and exc[0] is None:
-            raise RuntimeError(f"the copier process failed (exit code "
-                               f"{self._process.exitcode}); see its traceback above")
+            raise RuntimeError(
+                f"the copier process failed (exit code "
+                f"{self._process.exitcode}); see its traceback above"
+            )
 
     def wait_ready(self) -> None:
         if not self.ready.wait(CASE_TIMEOUT_S):
@@ -206,8 +252,7 @@ def _throughput(conf: dict, s: BenchSettings, tuning: CopierTuning) -> float:
     fill(conf, source, WARM_UP, s.size, key=_key)
     collector = Collector(conf, target, s.partitions, s.count, warm_up=WARM_UP)
     collector.start()
-    with _CopierProcess(conf, tuning, source, target, s.partitions,
-                        pause_after=WARM_UP) as copier:
+    with _CopierProcess(conf, tuning, source, target, s.partitions, pause_after=WARM_UP) as copier:
         collector.wait_warm()
         copier.wait_ready()
         # The input is filled while the copier is paused: the clock covers fetching it too.
@@ -226,9 +271,15 @@ def _latency(conf: dict, s: BenchSettings, tuning: CopierTuning) -> list[float]:
     fill(conf, source, WARM_UP, s.size, key=_key)
     collector = Collector(conf, target, s.partitions, count, warm_up=WARM_UP)
     collector.start()
-    producer = confluent_kafka.Producer({
-        **conf, "enable.idempotence": True, "acks": "all", "linger.ms": tuning.linger_ms,
-        "socket.nagle.disable": tuning.nagle_disable})
+    producer = confluent_kafka.Producer(
+        {
+            **conf,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": tuning.linger_ms,
+            "socket.nagle.disable": tuning.nagle_disable,
+        }
+    )
     value = os.urandom(s.size)
     sent: dict[bytes, float] = {}
     with _CopierProcess(conf, tuning, source, target, s.partitions):
@@ -245,8 +296,7 @@ def _latency(conf: dict, s: BenchSettings, tuning: CopierTuning) -> list[float]:
             producer.poll(0)
         producer.flush(TXN_CALL_TIMEOUT_S)
         collector.join(CASE_TIMEOUT_S)
-    return [(collector.visible[r] - at) * 1000 for r, at in sent.items()
-            if r in collector.visible]
+    return [(collector.visible[r] - at) * 1000 for r, at in sent.items() if r in collector.visible]
 
 
 def copier_throughput(conf: dict, s: BenchSettings) -> float:

@@ -25,13 +25,15 @@ METADATA_TIMEOUT_S = 10.0
 def _busiest_half_op_leader(conf: dict, prefix: str) -> int:
     topics = SystemTopics(prefix)
     meta = AdminClient(conf).list_topics(timeout=METADATA_TIMEOUT_S).topics
-    leaders = Counter(p.leader for t in (topics.half, topics.op)
-                      for p in meta[t].partitions.values())
+    leaders = Counter(
+        p.leader for t in (topics.half, topics.op) for p in meta[t].partitions.values()
+    )
     return leaders.most_common(1)[0][0]
 
 
-def bench_failover(conf: dict, prefix: str, s: BenchSettings,
-                   cluster: EmbeddedCluster, kill: bool) -> dict:
+def bench_failover(
+    conf: dict, prefix: str, s: BenchSettings, cluster: EmbeddedCluster, kill: bool
+) -> dict:
     """One latency run with the busiest half/op leader failing halfway: the latency samples
     (ms), which node failed, how long the node took to stop, and the rate achieved."""
     failed: dict[str, float] = {}
@@ -47,5 +49,8 @@ def bench_failover(conf: dict, prefix: str, s: BenchSettings,
     finally:
         if "node" in failed:
             cluster.start_node(int(failed["node"]))
-    return {"samples": latencies, "achieved_msgs_per_s": achieved,
-            "node_stop_s": round(failed.get("stop_s", 0.0), 2)}
+    return {
+        "samples": latencies,
+        "achieved_msgs_per_s": achieved,
+        "node_stop_s": round(failed.get("stop_s", 0.0), 2),
+    }

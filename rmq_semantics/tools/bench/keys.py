@@ -33,12 +33,19 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import SystemTopics, ensure_topics
 
-__all__ = ["KEY_MODES", "bench_keys", "critical_path_bound", "key_figures", "mode_keys",
-           "waits"]
+__all__ = ["KEY_MODES", "bench_keys", "critical_path_bound", "key_figures", "mode_keys", "waits"]
 
 #: The modes of one run, in the order they are taken.
-KEY_MODES = ("partition", "key_1", "key_5", "key_20", "key_10000", "zipf", "unordered",
-             "failing_key")
+KEY_MODES = (
+    "partition",
+    "key_1",
+    "key_5",
+    "key_20",
+    "key_10000",
+    "zipf",
+    "unordered",
+    "failing_key",
+)
 KEY_WORKERS = 16
 MAX_WAIT_S = 0.005
 # Fixed seeds: every mode and every run sleeps the same per-record waits on the same keys.
@@ -63,9 +70,8 @@ def mode_keys(mode: str, count: int) -> list[str]:
     """The ordering key of each record of ``mode``'s topic (its key and message group)."""
     mode = SOURCE.get(mode, mode)
     if mode == "zipf":
-        weights = list(itertools.accumulate(1 / k ** ZIPF_S for k in range(1, ZIPF_KEYS + 1)))
-        ranks = random.Random(ZIPF_SEED).choices(range(ZIPF_KEYS), cum_weights=weights,
-                                                 k=count)
+        weights = list(itertools.accumulate(1 / k**ZIPF_S for k in range(1, ZIPF_KEYS + 1)))
+        ranks = random.Random(ZIPF_SEED).choices(range(ZIPF_KEYS), cum_weights=weights, k=count)
         return [f"zipf-{r}" for r in ranks]
     if mode == "unordered":
         return [f"own-{i}" for i in range(count)]
@@ -86,8 +92,9 @@ class _TimedListener:
     """Sleeps each record's wait; records the first call's start and the last success. A
     record of ``failing`` is suspended every time, until it is dead-lettered."""
 
-    def __init__(self, sleeps: list[float], succeed: int, failing: bytes | None = None,
-                 fail: int = 0) -> None:
+    def __init__(
+        self, sleeps: list[float], succeed: int, failing: bytes | None = None, fail: int = 0
+    ) -> None:
         self.sleeps = sleeps
         self.succeed, self.fail = succeed, fail
         self.failing = failing
@@ -129,24 +136,39 @@ class _TimedListener:
         return until - self.first if self.first is not None else math.nan
 
 
-def _consume(conf: dict, prefix: str, topic: str, mode: str, listener: _TimedListener,
-             log: Callable[[str], None]) -> str:
+def _consume(
+    conf: dict,
+    prefix: str,
+    topic: str,
+    mode: str,
+    listener: _TimedListener,
+    log: Callable[[str], None],
+) -> str:
     """Consume ``topic`` in ``mode`` until ``listener`` has seen every record; the group."""
     from rmq_semantics.orderly import OrderlyConsumer
 
     group = f"bench-keys-{mode}-{uuid.uuid4().hex[:8]}"
-    extra: dict[str, Any] = {"ordering": "partition"} if mode == "partition" else {
-        "ordering": "key", "max_workers": KEY_WORKERS}
+    extra: dict[str, Any] = (
+        {"ordering": "partition"}
+        if mode == "partition"
+        else {"ordering": "key", "max_workers": KEY_WORKERS}
+    )
     if mode == "failing_key":
         extra["max_reconsume_times"] = FAILING_RECONSUME_TIMES
-    consumer = OrderlyConsumer({**conf, "group.id": group, "auto.offset.reset": "earliest"},
-                               listener=listener, topic_prefix=prefix, **extra)
+    consumer = OrderlyConsumer(
+        {**conf, "group.id": group, "auto.offset.reset": "earliest"},
+        listener=listener,
+        topic_prefix=prefix,
+        **extra,
+    )
     consumer.subscribe([topic])
     consumer.start()
     try:
         if not listener.finished.wait(CASE_TIMEOUT_S):
-            log(f"keys {mode}: {listener.succeeded} records done and {listener.parked} parked "
-                f"after {CASE_TIMEOUT_S:g} s; not measured")
+            log(
+                f"keys {mode}: {listener.succeeded} records done and {listener.parked} parked "
+                f"after {CASE_TIMEOUT_S:g} s; not measured"
+            )
             listener.first = None
     finally:
         consumer.shutdown()
@@ -155,12 +177,14 @@ def _consume(conf: dict, prefix: str, topic: str, mode: str, listener: _TimedLis
 
 def _dead_lettered(conf: dict, dlq: str, topic: str, key: bytes) -> int:
     """How many records of ``key`` from ``topic`` the DLQ topic ``dlq`` holds."""
-    consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-dlq-{uuid.uuid4().hex}",
-                                         "enable.auto.commit": False})
+    consumer = confluent_kafka.Consumer(
+        {**conf, "group.id": f"bench-dlq-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     try:
         try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(dlq, 0),
-                                                       timeout=DLQ_READ_TIMEOUT_S)
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(dlq, 0), timeout=DLQ_READ_TIMEOUT_S
+            )
         except confluent_kafka.KafkaException:
             return 0  # never created: nothing was dead-lettered
         consumer.assign([TopicPartition(dlq, 0, low)])
@@ -185,15 +209,22 @@ def _topics(conf: dict, s: BenchSettings, log: Callable[[str], None]) -> dict[st
         topic = f"bench-keys-{mode.replace('_', '')}-{uuid.uuid4().hex[:8]}"
         ensure_topics(conf, {topic: (1, {})})
         keys = mode_keys(mode, s.keys_count)
-        fill(conf, topic, s.keys_count, s.size, key=keys.__getitem__,
-             headers=lambda i, keys=keys: [(H.MESSAGE_GROUP, keys[i].encode())])
+        fill(
+            conf,
+            topic,
+            s.keys_count,
+            s.size,
+            key=keys.__getitem__,
+            headers=lambda i, keys=keys: [(H.MESSAGE_GROUP, keys[i].encode())],
+        )
         topics[mode] = topic
     log(f"keys: {len(topics)} topics of {s.keys_count:,} records filled")
     return {m: topics[SOURCE.get(m, m)] for m in KEY_MODES}
 
 
-def _failing_run(conf: dict, prefix: str, topic: str, sleeps: list[float],
-                 log: Callable[[str], None]) -> dict:
+def _failing_run(
+    conf: dict, prefix: str, topic: str, sleeps: list[float], log: Callable[[str], None]
+) -> dict:
     """The ``failing_key`` mode: the other keys' time, when the failing key's last record
     had its last call (the DLQ's next), and how many of its records the DLQ holds."""
     keys = mode_keys("failing_key", len(sleeps))
@@ -208,45 +239,68 @@ def _failing_run(conf: dict, prefix: str, topic: str, sleeps: list[float],
         group = _consume(conf, prefix, topic, "failing_key", listener, log)
     finally:
         dlq_log.setLevel(level)
-    return {"seconds": listener.seconds(listener.last_success),
-            "parked_s": listener.seconds(listener.last_parked), "records": bad,
-            "dlq": float(_dead_lettered(conf, SystemTopics(prefix).dlq(group), topic,
-                                        failing_key))}
+    return {
+        "seconds": listener.seconds(listener.last_success),
+        "parked_s": listener.seconds(listener.last_parked),
+        "records": bad,
+        "dlq": float(_dead_lettered(conf, SystemTopics(prefix).dlq(group), topic, failing_key)),
+    }
 
 
 def key_figures(seconds: dict[str, float], failing: dict, count: int, bound: float) -> dict:
     """One run's figures from each mode's ``seconds`` (``failing_key``: the other keys'),
     the failing run's ``records`` / ``dlq`` / ``parked_s``, and the Zipf keys' bound."""
     partition_s = seconds["partition"]
-    modes = {mode: {"seconds": t, "speedup": partition_s / t,
-                    "msgs_per_s": (count - failing["records"] if mode == "failing_key"
-                                   else count) / t} for mode, t in seconds.items()}
-    return {"keys": {
-        "modes": modes,
-        "key20_speedup": partition_s / seconds["key_20"],
-        "key1_vs_partition": seconds["key_1"] / partition_s,
-        "zipf_bound_s": bound,
-        "zipf_vs_bound": bound / seconds["zipf"],
-        "failing_key_ratio": modes["failing_key"]["msgs_per_s"] / modes["key_20"]["msgs_per_s"],
-        "failing_key_parked_s": failing["parked_s"],
-        "failing_key_dlq_records": failing["dlq"],
-        "failing_key_records": failing["records"],
-        # Constants (ints and strings): a float would become a figure over the runs.
-        "settings": {"messages": count, "partitions": 1, "workers": KEY_WORKERS,
-                     "max_wait_ms": round(MAX_WAIT_S * 1000), "zipf_s": str(ZIPF_S),
-                     "zipf_keys": ZIPF_KEYS, "failing_keys": FAILING_KEYS,
-                     "failing_max_reconsume_times": FAILING_RECONSUME_TIMES,
-                     "failing_suspend_ms": FAILING_SUSPEND_MS}}}
+    modes = {
+        mode: {
+            "seconds": t,
+            "speedup": partition_s / t,
+            "msgs_per_s": (count - failing["records"] if mode == "failing_key" else count) / t,
+        }
+        for mode, t in seconds.items()
+    }
+    return {
+        "keys": {
+            "modes": modes,
+            "key20_speedup": partition_s / seconds["key_20"],
+            "key1_vs_partition": seconds["key_1"] / partition_s,
+            "zipf_bound_s": bound,
+            "zipf_vs_bound": bound / seconds["zipf"],
+            "failing_key_ratio": modes["failing_key"]["msgs_per_s"] / modes["key_20"]["msgs_per_s"],
+            "failing_key_parked_s": failing["parked_s"],
+            "failing_key_dlq_records": failing["dlq"],
+            "failing_key_records": failing["records"],
+            # Constants (ints and strings): a float would become a figure over the runs.
+            "settings": {
+                "messages": count,
+                "partitions": 1,
+                "workers": KEY_WORKERS,
+                "max_wait_ms": round(MAX_WAIT_S * 1000),
+                "zipf_s": str(ZIPF_S),
+                "zipf_keys": ZIPF_KEYS,
+                "failing_keys": FAILING_KEYS,
+                "failing_max_reconsume_times": FAILING_RECONSUME_TIMES,
+                "failing_suspend_ms": FAILING_SUSPEND_MS,
+            },
+        }
+    }
 
 
-def bench_keys(conf: dict, prefix: str, s: BenchSettings, state: dict,
-               log: Callable[[str], None] = print) -> dict:
+def bench_keys(
+    conf: dict, prefix: str, s: BenchSettings, state: dict, log: Callable[[str], None] = print
+) -> dict:
     """One run of every mode; ``state`` keeps the topics (filled on the first run)."""
     if "topics" not in state:
         state["topics"] = _topics(conf, s, log)
         # Unmeasured: the first consumer's connections and the lock service's first grants.
-        _consume(conf, prefix, state["topics"]["key_20"], "key_20",
-                 _TimedListener(waits(s.keys_count), s.keys_count), log)
+        _consume(
+            conf,
+            prefix,
+            state["topics"]["key_20"],
+            "key_20",
+            _TimedListener(waits(s.keys_count), s.keys_count),
+            log,
+        )
     topics, sleeps, count = state["topics"], waits(s.keys_count), s.keys_count
     seconds: dict[str, float] = {}
     for mode in KEY_MODES[:-1]:
@@ -255,5 +309,6 @@ def bench_keys(conf: dict, prefix: str, s: BenchSettings, state: dict,
         seconds[mode] = listener.seconds(listener.last_success)
     failing = _failing_run(conf, prefix, topics["failing_key"], sleeps, log)
     seconds["failing_key"] = failing["seconds"]
-    return key_figures(seconds, failing, count,
-                       critical_path_bound(sleeps, mode_keys("zipf", count), KEY_WORKERS))
+    return key_figures(
+        seconds, failing, count, critical_path_bound(sleeps, mode_keys("zipf", count), KEY_WORKERS)
+    )

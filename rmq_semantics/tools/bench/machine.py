@@ -35,8 +35,7 @@ def load_sample(seconds: float) -> dict:
             averages = [float(v) for v in loadavg.read().split()[:3]]
     except OSError:  # not Linux: the load is unknown, not zero
         return {"cpu_busy": None, "loadavg": None}
-    return {"cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3),
-            "loadavg": averages}
+    return {"cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3), "loadavg": averages}
 
 
 def process_cpu_s(pid: int | None) -> float:
@@ -55,7 +54,11 @@ def process_cpu_s(pid: int | None) -> float:
 def machine_info(kafka: str) -> dict:
     import confluent_kafka
 
-    return {"cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "kafka": kafka,
-            "confluent_kafka": importlib.metadata.version("confluent-kafka"),
-            "librdkafka": confluent_kafka.libversion()[0]}
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "kafka": kafka,
+        "confluent_kafka": importlib.metadata.version("confluent-kafka"),
+        "librdkafka": confluent_kafka.libversion()[0],
+    }

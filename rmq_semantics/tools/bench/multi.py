@@ -30,8 +30,9 @@ def bench_multi(conf: dict, prefix: str, s: BenchSettings, count: int) -> dict:
     ensure_topics(conf, {topic: (s.partitions, {})})
     transactions = max(1, count // MULTI_SIZE)
     warm = max(1, WARM_UP // MULTI_SIZE)
-    collector = Collector(conf, topic, s.partitions, transactions * MULTI_SIZE,
-                          warm_up=warm * MULTI_SIZE)
+    collector = Collector(
+        conf, topic, s.partitions, transactions * MULTI_SIZE, warm_up=warm * MULTI_SIZE
+    )
     collector.start()
     value = os.urandom(s.size)
     errors: list[BaseException] = []
@@ -39,8 +40,13 @@ def bench_multi(conf: dict, prefix: str, s: BenchSettings, count: int) -> dict:
     def members(n: int) -> list[Message]:
         return [Message(topic, value, key=f"{n}-{i}") for i in range(MULTI_SIZE)]
 
-    with TransactionProducer(conf, producer_group="bench-multi", listener=NoopListener(),
-                             topic_prefix=prefix, half_partitions=s.partitions) as producer:
+    with TransactionProducer(
+        conf,
+        producer_group="bench-multi",
+        listener=NoopListener(),
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         for n in range(warm):
             producer.send_transaction(members(n))
         collector.wait_warm()
@@ -53,8 +59,10 @@ def bench_multi(conf: dict, prefix: str, s: BenchSettings, count: int) -> dict:
             except Exception as exc:  # reported after the run, not lost in a thread
                 errors.append(exc)
 
-        callers = [threading.Thread(target=caller, args=(n,), daemon=True,
-                                    name=f"bench-multi-{n}") for n in range(MULTI_THREADS)]
+        callers = [
+            threading.Thread(target=caller, args=(n,), daemon=True, name=f"bench-multi-{n}")
+            for n in range(MULTI_THREADS)
+        ]
         for c in callers:
             c.start()
         for c in callers:

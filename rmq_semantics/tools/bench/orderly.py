@@ -73,8 +73,9 @@ def _next_offsets(msgs: list) -> list[TopicPartition]:
     return [TopicPartition(m.topic(), m.partition(), m.offset() + 1) for m in ends]
 
 
-def _plain_rate(conf: dict, topic: str, count: int, batch: int | None,
-                store_after: bool = True) -> float:
+def _plain_rate(
+    conf: dict, topic: str, count: int, batch: int | None, store_after: bool = True
+) -> float:
     """A plain consumer with auto commit. With ``batch``, it hands batches of that size to
     the same listener as the orderly consumer, as an application would; without, it only
     counts what librdkafka hands over (an upper bound). ``store_after`` gives it the
@@ -83,10 +84,15 @@ def _plain_rate(conf: dict, topic: str, count: int, batch: int | None,
     pattern; without it, librdkafka stores each offset as it hands the message over, before
     the listener ran (a crash then loses what was handed over but not processed)."""
     store_after = store_after and batch is not None
-    consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest",
-                                         "isolation.level": "read_committed",
-                                         "enable.auto.offset.store": not store_after})
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": f"bench-plain-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.offset.store": not store_after,
+        }
+    )
     consumer.subscribe([topic])
     listener = _CountingListener(count)
     deadline = time.monotonic() + CASE_TIMEOUT_S
@@ -110,9 +116,12 @@ def _orderly_rate(conf: dict, prefix: str, topic: str, count: int) -> float:
     from rmq_semantics.orderly import OrderlyConsumer
 
     listener = _CountingListener(count)
-    consumer = OrderlyConsumer({**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}",
-                                "auto.offset.reset": "earliest"}, listener=listener,
-                               topic_prefix=prefix, batch_size=ORDERLY_BATCH)
+    consumer = OrderlyConsumer(
+        {**conf, "group.id": f"bench-orderly-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"},
+        listener=listener,
+        topic_prefix=prefix,
+        batch_size=ORDERLY_BATCH,
+    )
     return started_rate(consumer, topic, listener, count)
 
 
@@ -124,10 +133,22 @@ def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> fl
     group = f"bench-takeover-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     victim = subprocess.Popen(
-        [sys.executable, "-m", "rmq_semantics.tools.bench.orderly_child", bootstrap, prefix,
-         group, topic,
-         str(TAKEOVER_LEASE_MS), str(TAKEOVER_RENEW_MS), str(TAKEOVER_SESSION_MS)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics.tools.bench.orderly_child",
+            bootstrap,
+            prefix,
+            group,
+            topic,
+            str(TAKEOVER_LEASE_MS),
+            str(TAKEOVER_RENEW_MS),
+            str(TAKEOVER_SESSION_MS),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     got = threading.Event()
     survivor = None
     try:
@@ -142,9 +163,17 @@ def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> fl
             return ConsumeOrderlyStatus.SUCCESS
 
         survivor = OrderlyConsumer(
-            {**conf, "group.id": group, "session.timeout.ms": TAKEOVER_SESSION_MS,
-             "auto.offset.reset": "earliest"}, listener=listener, topic_prefix=prefix,
-            lock_lease_ms=TAKEOVER_LEASE_MS, lock_renew_ms=TAKEOVER_RENEW_MS)
+            {
+                **conf,
+                "group.id": group,
+                "session.timeout.ms": TAKEOVER_SESSION_MS,
+                "auto.offset.reset": "earliest",
+            },
+            listener=listener,
+            topic_prefix=prefix,
+            lock_lease_ms=TAKEOVER_LEASE_MS,
+            lock_renew_ms=TAKEOVER_RENEW_MS,
+        )
         survivor.subscribe([topic])
         survivor.start()
         _fill(conf, topic, 50, 100)
@@ -170,19 +199,25 @@ def bench_orderly(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> 
     for _ in range(s.repeat):
         plain_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH))
         orderly_runs.append(_orderly_rate(conf, prefix, topic, s.count))
-        auto_store_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH,
-                                           store_after=False))
+        auto_store_runs.append(_plain_rate(conf, topic, s.count, ORDERLY_BATCH, store_after=False))
         count_only_runs.append(_plain_rate(conf, topic, s.count, None))
     plain, orderly = statistics.median(plain_runs), statistics.median(orderly_runs)
-    return {"plain_consumer_msgs_per_s": plain, "orderly_msgs_per_s": orderly,
-            "orderly_ratio": orderly / plain, "orderly_batch_size": ORDERLY_BATCH,
-            "orderly_runs": orderly_runs, "plain_consumer_runs": plain_runs,
-            "plain_consumer_mode": f"auto commit of offsets stored after the listener "
-                                   f"returned (at least once, like the orderly consumer), "
-                                   f"the same listener, batches of {ORDERLY_BATCH}",
-            "plain_consumer_auto_store_msgs_per_s": statistics.median(auto_store_runs),
-            "plain_consumer_count_only_msgs_per_s": statistics.median(count_only_runs),
-            "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
-            "takeover_settings": {"lock_lease_ms": TAKEOVER_LEASE_MS,
-                                  "lock_renew_ms": TAKEOVER_RENEW_MS,
-                                  "session_timeout_ms": TAKEOVER_SESSION_MS}}
+    return {
+        "plain_consumer_msgs_per_s": plain,
+        "orderly_msgs_per_s": orderly,
+        "orderly_ratio": orderly / plain,
+        "orderly_batch_size": ORDERLY_BATCH,
+        "orderly_runs": orderly_runs,
+        "plain_consumer_runs": plain_runs,
+        "plain_consumer_mode": f"auto commit of offsets stored after the listener "
+        f"returned (at least once, like the orderly consumer), "
+        f"the same listener, batches of {ORDERLY_BATCH}",
+        "plain_consumer_auto_store_msgs_per_s": statistics.median(auto_store_runs),
+        "plain_consumer_count_only_msgs_per_s": statistics.median(count_only_runs),
+        "takeover_s": _takeover_s(conf, bootstrap, prefix, s),
+        "takeover_settings": {
+            "lock_lease_ms": TAKEOVER_LEASE_MS,
+            "lock_renew_ms": TAKEOVER_RENEW_MS,
+            "session_timeout_ms": TAKEOVER_SESSION_MS,
+        },
+    }

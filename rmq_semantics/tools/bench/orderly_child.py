@@ -25,12 +25,19 @@ def _listener(msgs: list, context: object) -> ConsumeOrderlyStatus:
 
 def main(argv: list[str]) -> int:
     bootstrap, prefix, group, topic, lease_ms, renew_ms, session_ms = argv[:7]
-    consumer = OrderlyConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                                "session.timeout.ms": int(session_ms),
-                                "auto.offset.reset": "earliest"},
-                               listener=_listener, topic_prefix=prefix,
-                               lock_lease_ms=int(lease_ms), lock_renew_ms=int(renew_ms),
-                               batch_size=ORDERLY_BATCH)
+    consumer = OrderlyConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "session.timeout.ms": int(session_ms),
+            "auto.offset.reset": "earliest",
+        },
+        listener=_listener,
+        topic_prefix=prefix,
+        lock_lease_ms=int(lease_ms),
+        lock_renew_ms=int(renew_ms),
+        batch_size=ORDERLY_BATCH,
+    )
     consumer.subscribe([topic])
     consumer.start()
     try:
@@ -45,6 +52,7 @@ def main(argv: list[str]) -> int:
         return 0
     finally:
         consumer.shutdown()
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

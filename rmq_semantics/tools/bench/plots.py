@@ -13,50 +13,79 @@ __all__ = ["plot"]
 
 def _throughputs(results: dict) -> list[tuple[str, dict, str]]:
     """(label, figure, colour) of every throughput measured, the layer's in red."""
-    bars = [("raw Kafka", results.get("baseline_msgs_per_s"), "#888"),
-            ("copier (exactly-once)", results.get("copier_msgs_per_s"), "#888"),
-            ("batch API", results.get("txn_msgs_per_s"), "#c44")]
+    bars = [
+        ("raw Kafka", results.get("baseline_msgs_per_s"), "#888"),
+        ("copier (exactly-once)", results.get("copier_msgs_per_s"), "#888"),
+        ("batch API", results.get("txn_msgs_per_s"), "#c44"),
+    ]
     for n, c in sorted((results.get("coordinators") or {}).items()):
-        bars.append((f"batch API, {n} coordinator{'s' if n != '1' else ''}",
-                     c.get("msgs_per_s"), "#c44"))
+        bars.append(
+            (f"batch API, {n} coordinator{'s' if n != '1' else ''}", c.get("msgs_per_s"), "#c44")
+        )
     for n, t in sorted((results.get("threads") or {}).items(), key=lambda kv: int(kv[0])):
-        bars.append((f"{n} thread{'s' if n != '1' else ''}, one txn per call",
-                     t.get("confirmed_per_s"), "#c44"))
-    bars += [("plain consumer", results.get("plain_consumer_msgs_per_s"), "#888"),
-             ("OrderlyConsumer", results.get("orderly_msgs_per_s"), "#48c")]
-    return [(label, f, colour) for label, f, colour in bars
-            if isinstance(f, dict) and f.get("median")]
+        bars.append(
+            (
+                f"{n} thread{'s' if n != '1' else ''}, one txn per call",
+                t.get("confirmed_per_s"),
+                "#c44",
+            )
+        )
+    bars += [
+        ("plain consumer", results.get("plain_consumer_msgs_per_s"), "#888"),
+        ("OrderlyConsumer", results.get("orderly_msgs_per_s"), "#48c"),
+    ]
+    return [
+        (label, f, colour) for label, f, colour in bars if isinstance(f, dict) and f.get("median")
+    ]
 
 
 def _throughput_plot(plt, results: dict, path: Path) -> None:
     bars = _throughputs(results)
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.5))
     medians = [f["median"] for _, f, _ in bars]
-    spread = [[f["median"] - f["min"] for _, f, _ in bars],
-              [f["max"] - f["median"] for _, f, _ in bars]]
-    ax.barh([label for label, _, _ in bars], medians, xerr=spread, capsize=3,
-            color=[colour for _, _, colour in bars])
+    spread = [
+        [f["median"] - f["min"] for _, f, _ in bars],
+        [f["max"] - f["median"] for _, f, _ in bars],
+    ]
+    ax.barh(
+        [label for label, _, _ in bars],
+        medians,
+        xerr=spread,
+        capsize=3,
+        color=[colour for _, _, colour in bars],
+    )
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("messages / s (median, min-max over the runs; log scale)")
-    ax.set_title(f"Throughput, {results['settings']['size']} B values, "
-                 f"{results['machine']['cores']} cores")
+    ax.set_title(
+        f"Throughput, {results['settings']['size']} B values, {results['machine']['cores']} cores"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def _latency_plot(plt, samples: dict, path: Path) -> None:
-    at_rate = {name: samples[key] for name, key in (
-        ("commit → visible", "commit_to_visible_ms"),
-        ("copier input → visible", "copier_latency_ms")) if samples.get(key)}
+    at_rate = {
+        name: samples[key]
+        for name, key in (
+            ("commit → visible", "commit_to_visible_ms"),
+            ("copier input → visible", "copier_latency_ms"),
+        )
+        if samples.get(key)
+    }
     saturation = samples.get("commit_to_visible_saturation_ms") or []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     top = max((percentile(v, 99.5) for v in at_rate.values()), default=1.0)
     for (name, values), colour in zip(at_rate.items(), ("#c44", "#888"), strict=False):
-        axes[0].hist([min(v, top) for v in values], bins=60, range=(0, top), color=colour,
-                     alpha=0.6, density=True,
-                     label=f"{name}: p50 {percentile(values, 50):.1f}, "
-                           f"p99 {percentile(values, 99):.1f} ms")
+        axes[0].hist(
+            [min(v, top) for v in values],
+            bins=60,
+            range=(0, top),
+            color=colour,
+            alpha=0.6,
+            density=True,
+            label=f"{name}: p50 {percentile(values, 50):.1f}, p99 {percentile(values, 99):.1f} ms",
+        )
     axes[0].set_title("at the offered rate, the runs pooled (tail clipped at p99.5)")
     axes[1].hist(saturation or [0], bins=60, color="#c44", density=True)
     axes[1].set_title("batch API at saturation (queueing)")

@@ -39,10 +39,15 @@ class _IoListener(_CountingListener):
 def _plain_rate(conf: dict, topic: str, count: int) -> float:
     """The plain consumer: one message at a time through the listener, its offset stored
     for auto commit after the listener returned (at least once, like the PushConsumer)."""
-    consumer = confluent_kafka.Consumer({**conf, "group.id": f"bench-plain-{uuid.uuid4().hex}",
-                                         "auto.offset.reset": "earliest",
-                                         "isolation.level": "read_committed",
-                                         "enable.auto.offset.store": False})
+    consumer = confluent_kafka.Consumer(
+        {
+            **conf,
+            "group.id": f"bench-plain-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.offset.store": False,
+        }
+    )
     consumer.subscribe([topic])
     listener = _IoListener(count)
     deadline = time.monotonic() + CASE_TIMEOUT_S
@@ -62,10 +67,17 @@ def _push_rate(conf: dict, topic: str, count: int) -> float:
     from rmq_semantics.push import PushConsumer
 
     listener = _IoListener(count)
-    consumer = PushConsumer({**conf, "group.id": f"bench-push-{uuid.uuid4().hex[:12]}",
-                             "auto.offset.reset": "earliest"}, listener=listener,
-                            max_workers=PUSH_WORKERS, topic_prefix=BENCH_PREFIX,
-                            delay_levels=(1,))
+    consumer = PushConsumer(
+        {
+            **conf,
+            "group.id": f"bench-push-{uuid.uuid4().hex[:12]}",
+            "auto.offset.reset": "earliest",
+        },
+        listener=listener,
+        max_workers=PUSH_WORKERS,
+        topic_prefix=BENCH_PREFIX,
+        delay_levels=(1,),
+    )
     return started_rate(consumer, topic, listener, count)
 
 
@@ -81,9 +93,15 @@ def bench_push(conf: dict, s: BenchSettings) -> dict:
         push_runs.append(_push_rate(conf, topic, count))
     plain, push = statistics.median(plain_runs), statistics.median(push_runs)
     # Keys of their own: the orderly case reports its own plain consumer.
-    return {"push_plain_msgs_per_s": plain, "push_msgs_per_s": push,
-            "push_ratio": push / plain if plain else float("nan"),
-            "push_workers": PUSH_WORKERS, "listener_io_ms": PUSH_IO_S * 1000,
-            "messages": count, "push_runs": push_runs, "push_plain_runs": plain_runs,
-            "push_plain_mode": "one message at a time through the same listener, offset "
-                                   "stored after it returned (auto commit, at least once)"}
+    return {
+        "push_plain_msgs_per_s": plain,
+        "push_msgs_per_s": push,
+        "push_ratio": push / plain if plain else float("nan"),
+        "push_workers": PUSH_WORKERS,
+        "listener_io_ms": PUSH_IO_S * 1000,
+        "messages": count,
+        "push_runs": push_runs,
+        "push_plain_runs": plain_runs,
+        "push_plain_mode": "one message at a time through the same listener, offset "
+        "stored after it returned (auto commit, at least once)",
+    }

@@ -73,14 +73,24 @@ def _case_record(s: BenchSettings, loads: list[dict], seconds: float) -> dict:
     """How a case was taken: its runs, the load before and after each, whether the machine
     was already busy before one of them, its duration and settings."""
     busy = any((load["before"].get("cpu_busy") or 0) > BUSY_FRACTION for load in loads)
-    return {"runs": len(loads), "busy": busy, "load": loads, "elapsed_s": round(seconds, 1),
-            "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "settings": s.__dict__}
+    return {
+        "runs": len(loads),
+        "busy": busy,
+        "load": loads,
+        "elapsed_s": round(seconds, 1),
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": s.__dict__,
+    }
 
 
-def _run_cases(ctx: BenchContext, cases: tuple[str, ...], screen: BenchConsole,
-               runs: dict[str, list[dict]], loads: dict[str, list[dict]],
-               seconds: dict[str, float]) -> None:
+def _run_cases(
+    ctx: BenchContext,
+    cases: tuple[str, ...],
+    screen: BenchConsole,
+    runs: dict[str, list[dict]],
+    loads: dict[str, list[dict]],
+    seconds: dict[str, float],
+) -> None:
     s = ctx.s
     for n in range(s.repeat):
         for case in cases:
@@ -95,9 +105,15 @@ def _run_cases(ctx: BenchContext, cases: tuple[str, ...], screen: BenchConsole,
             screen.done(case, n, s.repeat, run, took)
 
 
-def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = None,
-              cases: tuple[str, ...] = CASES, bootstrap: str | None = None,
-              screen: BenchConsole | None = None, brokers: int = 1) -> dict:
+def run_bench(
+    out: Path,
+    s: BenchSettings,
+    log: Callable[[str], None] | None = None,
+    cases: tuple[str, ...] = CASES,
+    bootstrap: str | None = None,
+    screen: BenchConsole | None = None,
+    brokers: int = 1,
+) -> dict:
     """Run ``cases`` against ``bootstrap`` (if None an embedded broker, or a cluster of
     ``brokers`` embedded nodes); merge into ``out``."""
     unknown = sorted(set(cases) - set(KNOWN_CASES))
@@ -106,10 +122,16 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = N
     cases = tuple(c for c in KNOWN_CASES if c in cases)  # a full run's order, each case once
     screen = screen or BenchConsole(len(cases) * s.repeat)
     work = Path(tempfile.mkdtemp(prefix="rmq-bench-"))
-    cluster = EmbeddedCluster(work / "cluster", brokers=brokers) \
-        if brokers > 1 and not bootstrap else None
-    broker = EmbeddedKafka(work / "kafka", port=free_port()) \
-        if cluster is None and not bootstrap else None
+    cluster = (
+        EmbeddedCluster(work / "cluster", brokers=brokers)
+        if brokers > 1 and not bootstrap
+        else None
+    )
+    broker = (
+        EmbeddedKafka(work / "kafka", port=free_port())
+        if cluster is None and not bootstrap
+        else None
+    )
     if cluster is not None:
         bootstrap = cluster.start()
     elif broker is not None:
@@ -117,11 +139,22 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = N
     if bootstrap is None:
         raise ValueError("no broker to run against")
     prefix = f"__rmqbench{uuid.uuid4().hex[:6]}"
-    ctx = BenchContext({"bootstrap.servers": bootstrap}, bootstrap, prefix, s, work,
-                       log=log or screen.log, cluster=cluster)
-    machine = machine_info(f"{kafka_version()}, {brokers} embedded nodes" if cluster
-                           else kafka_version() if broker is not None
-                           else f"external {bootstrap}")
+    ctx = BenchContext(
+        {"bootstrap.servers": bootstrap},
+        bootstrap,
+        prefix,
+        s,
+        work,
+        log=log or screen.log,
+        cluster=cluster,
+    )
+    machine = machine_info(
+        f"{kafka_version()}, {brokers} embedded nodes"
+        if cluster
+        else kafka_version()
+        if broker is not None
+        else f"external {bootstrap}"
+    )
     coordinator = coordinator_process(bootstrap, prefix, half_partitions=s.partitions)
     runs: dict[str, list[dict]] = {c: [] for c in cases}
     loads: dict[str, list[dict]] = {c: [] for c in cases}
@@ -149,8 +182,10 @@ def run_bench(out: Path, s: BenchSettings, log: Callable[[str], None] | None = N
     results = _merge_into(out, results)
     results.update(derive(results))
     out.parent.mkdir(parents=True, exist_ok=True)
-    samples = {**_read_json(samples_path(out)),
-               **{k: sketch(v) for c in cases for k, v in pooled_samples(runs[c]).items()}}
+    samples = {
+        **_read_json(samples_path(out)),
+        **{k: sketch(v) for c in cases for k, v in pooled_samples(runs[c]).items()},
+    }
     samples_path(out).write_text(json.dumps(samples))
     results["plots"] = _plot(results, samples, out.parent, screen.log)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -169,13 +204,26 @@ def _plot(results: dict, samples: dict, out_dir: Path, log: Callable[[str], None
 
 def _settings(args: argparse.Namespace) -> BenchSettings:
     base = BenchSettings.quick() if args.quick else BenchSettings()
-    overrides = {k: v for k, v in (("size", args.size), ("count", args.count),
-                                   ("partitions", args.partitions), ("rate", args.rate),
-                                   ("repeat", args.repeat)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("size", args.size),
+            ("count", args.count),
+            ("partitions", args.partitions),
+            ("rate", args.rate),
+            ("repeat", args.repeat),
+        )
+        if v is not None
+    }
     if args.threads:
         overrides["thread_counts"] = tuple(int(n) for n in args.threads.split(","))
-    for name in ("calls_per_thread", "latency_seconds", "check_messages", "load_sample_s",
-                 "keys_count"):
+    for name in (
+        "calls_per_thread",
+        "latency_seconds",
+        "check_messages",
+        "load_sample_s",
+        "keys_count",
+    ):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     return BenchSettings(**{**base.__dict__, **overrides})
@@ -191,15 +239,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         logging.getLogger("rmq_semantics").setLevel(logging.WARNING)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases \
-            else CASES
-        run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap,
-                  brokers=args.brokers)
+        cases = (
+            tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else CASES
+        )
+        run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap, brokers=args.brokers)
     if args.render_readme or args.readme:
         readme = Path(args.readme or "README.md")
         changed = rewrite_readme(readme, out)
-        print(f"{readme}: bench block {'re-rendered' if changed else 'already current'} "
-              f"from {out}", flush=True)
+        print(
+            f"{readme}: bench block {'re-rendered' if changed else 'already current'} from {out}",
+            flush=True,
+        )
     return 0
 
 
@@ -211,26 +261,58 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--count", type=int, help="messages per throughput run")
     bench.add_argument("--partitions", type=int, help="partitions of every topic")
     bench.add_argument("--rate", type=int, help="offered load of the latency cases (msgs/s)")
-    bench.add_argument("--latency-seconds", dest="latency_seconds", type=float,
-                       help="how long the latency cases offer their load")
+    bench.add_argument(
+        "--latency-seconds",
+        dest="latency_seconds",
+        type=float,
+        help="how long the latency cases offer their load",
+    )
     bench.add_argument("--repeat", type=int, help="runs per case (default 5; median, min-max)")
-    bench.add_argument("--cases", help=f"comma-separated cases to run (default all: "
-                       f"{','.join(CASES)}; also: failover); merged into --out")
-    bench.add_argument("--bootstrap", help="an existing broker to use instead of an "
-                       "embedded one")
-    bench.add_argument("--brokers", type=int, default=1, help="without --bootstrap: run on "
-                       "a cluster of this many embedded nodes (the failover case needs 2+)")
+    bench.add_argument(
+        "--cases",
+        help=f"comma-separated cases to run (default all: "
+        f"{','.join(CASES)}; also: failover); merged into --out",
+    )
+    bench.add_argument("--bootstrap", help="an existing broker to use instead of an embedded one")
+    bench.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="without --bootstrap: run on "
+        "a cluster of this many embedded nodes (the failover case needs 2+)",
+    )
     bench.add_argument("--threads", help="thread counts of the threads case, e.g. 1,8,32")
-    bench.add_argument("--calls-per-thread", dest="calls_per_thread", type=int,
-                       help="calls each thread of the threads case makes per run")
-    bench.add_argument("--check-messages", dest="check_messages", type=int,
-                       help="UNKNOW transactions of the check case per run")
-    bench.add_argument("--keys-count", dest="keys_count", type=int,
-                       help="records per mode of the keys case (default 10,000)")
-    bench.add_argument("--load-sample", dest="load_sample_s", type=float,
-                       help="seconds of /proc/stat sampled before and after each case run")
-    bench.add_argument("--readme", help="after the run, re-render this README's bench block "
-                       "from --out")
-    bench.add_argument("--render-readme", action="store_true", help="run nothing: re-render "
-                       "the README's bench block (--readme, default README.md) from --out")
+    bench.add_argument(
+        "--calls-per-thread",
+        dest="calls_per_thread",
+        type=int,
+        help="calls each thread of the threads case makes per run",
+    )
+    bench.add_argument(
+        "--check-messages",
+        dest="check_messages",
+        type=int,
+        help="UNKNOW transactions of the check case per run",
+    )
+    bench.add_argument(
+        "--keys-count",
+        dest="keys_count",
+        type=int,
+        help="records per mode of the keys case (default 10,000)",
+    )
+    bench.add_argument(
+        "--load-sample",
+        dest="load_sample_s",
+        type=float,
+        help="seconds of /proc/stat sampled before and after each case run",
+    )
+    bench.add_argument(
+        "--readme", help="after the run, re-render this README's bench block from --out"
+    )
+    bench.add_argument(
+        "--render-readme",
+        action="store_true",
+        help="run nothing: re-render "
+        "the README's bench block (--readme, default README.md) from --out",
+    )
     bench.set_defaults(func=_cmd_bench)

@@ -41,10 +41,16 @@ class SparkBench:
         from spark.job import JobSettings, run_job
 
         started = time.monotonic()
-        result = run_job(JobSettings(bootstrap_servers=self.bootstrap, topics=topic,
-                                     output=self.work / f"spark-{name}-{self._runs}",
-                                     available_now=True, require_promoted=promoted),
-                         spark=self._spark)
+        result = run_job(
+            JobSettings(
+                bootstrap_servers=self.bootstrap,
+                topics=topic,
+                output=self.work / f"spark-{name}-{self._runs}",
+                available_now=True,
+                require_promoted=promoted,
+            ),
+            spark=self._spark,
+        )
         return result.rows_written / (time.monotonic() - started)
 
     def run(self, promoted_topic: str) -> dict[str, float]:
@@ -59,8 +65,11 @@ class SparkBench:
         else:
             plain = self._rate("plain", self._plain, False)
             promoted = self._rate("promoted", promoted_topic, True)
-        return {"spark_promoted_rows_per_s": promoted, "spark_plain_rows_per_s": plain,
-                "spark_ratio": promoted / plain}
+        return {
+            "spark_promoted_rows_per_s": promoted,
+            "spark_plain_rows_per_s": plain,
+            "spark_ratio": promoted / plain,
+        }
 
     def stop(self) -> None:
         if self._spark is not None:

@@ -49,14 +49,23 @@ class _Ticks:
         self.topic = topic
         self.delays: list[tuple[float, float]] = []  # (sent at, seconds until visible)
         self._stop = threading.Event()
-        self._producer = confluent_kafka.Producer({**conf, "linger.ms": 0,
-                                                   "enable.idempotence": True})
-        self._consumer = confluent_kafka.Consumer({
-            **conf, "group.id": f"bench-stall-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed", "auto.offset.reset": "latest",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 10})
-        self._threads = [threading.Thread(target=self._tick, daemon=True, name="stall-tick"),
-                         threading.Thread(target=self._read, daemon=True, name="stall-read")]
+        self._producer = confluent_kafka.Producer(
+            {**conf, "linger.ms": 0, "enable.idempotence": True}
+        )
+        self._consumer = confluent_kafka.Consumer(
+            {
+                **conf,
+                "group.id": f"bench-stall-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "latest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self._threads = [
+            threading.Thread(target=self._tick, daemon=True, name="stall-tick"),
+            threading.Thread(target=self._read, daemon=True, name="stall-read"),
+        ]
 
     def start(self) -> None:
         self._consumer.subscribe([self.topic])
@@ -65,8 +74,9 @@ class _Ticks:
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK_S):
-            self._producer.produce(self.topic, repr(time.monotonic()).encode(), b"tick",
-                                   partition=0)
+            self._producer.produce(
+                self.topic, repr(time.monotonic()).encode(), b"tick", partition=0
+            )
             self._producer.poll(0)
 
     def _read(self) -> None:
@@ -80,8 +90,11 @@ class _Ticks:
     def flowing_since(self, since: float) -> bool:
         """Ticks sent after ``since`` have been visible promptly for RECOVERED_S."""
         recent = [(at, d) for at, d in self.delays if at >= since]
-        return bool(recent) and recent[-1][0] - recent[0][0] >= RECOVERED_S and all(
-            d < FREE_S for at, d in recent if at >= recent[-1][0] - RECOVERED_S)
+        return (
+            bool(recent)
+            and recent[-1][0] - recent[0][0] >= RECOVERED_S
+            and all(d < FREE_S for at, d in recent if at >= recent[-1][0] - RECOVERED_S)
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -95,7 +108,8 @@ def _promote(producer: TransactionProducer, topic: str, stop: threading.Event) -
     value = os.urandom(256)
     while not stop.is_set():
         producer.send_messages_in_transaction(
-            [Message(topic, value, partition=0) for _ in range(PROMOTION_BATCH)])
+            [Message(topic, value, partition=0) for _ in range(PROMOTION_BATCH)]
+        )
 
 
 def bench_stall(conf: dict, bootstrap: str, s: BenchSettings, restart: bool) -> float:
@@ -115,18 +129,25 @@ def _one_kill(conf: dict, bootstrap: str, s: BenchSettings, restart: bool) -> fl
     topic = f"bench-stall-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (1, {})})
     instance = f"stall-{uuid.uuid4().hex[:6]}"
-    first = coordinator_process(bootstrap, prefix, instance_id=instance,
-                                half_partitions=s.partitions)
+    first = coordinator_process(
+        bootstrap, prefix, instance_id=instance, half_partitions=s.partitions
+    )
     later = None
     ticks = _Ticks(conf, topic)
     stop = threading.Event()
     try:
         first.start()
         first.wait_ready()
-        with TransactionProducer(conf, producer_group="bench-stall", listener=NoopListener(),
-                                 topic_prefix=prefix, half_partitions=s.partitions) as producer:
-            promoter = threading.Thread(target=_promote, args=(producer, topic, stop),
-                                        daemon=True, name="stall-promote")
+        with TransactionProducer(
+            conf,
+            producer_group="bench-stall",
+            listener=NoopListener(),
+            topic_prefix=prefix,
+            half_partitions=s.partitions,
+        ) as producer:
+            promoter = threading.Thread(
+                target=_promote, args=(producer, topic, stop), daemon=True, name="stall-promote"
+            )
             ticks.start()
             promoter.start()
             time.sleep(STEADY_S)  # promotions and ticks share the partition meanwhile
@@ -134,8 +155,9 @@ def _one_kill(conf: dict, bootstrap: str, s: BenchSettings, restart: bool) -> fl
             first.kill()
             stop.set()
             if restart:
-                later = coordinator_process(bootstrap, prefix, "-2", instance_id=instance,
-                                            half_partitions=s.partitions).start()
+                later = coordinator_process(
+                    bootstrap, prefix, "-2", instance_id=instance, half_partitions=s.partitions
+                ).start()
             deadline = killed_at + CASE_TIMEOUT_S
             while not ticks.flowing_since(killed_at) and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -45,16 +45,19 @@ def _one_call_of_hooks(msg: Message, half: str, op: str) -> None:
             tracing.name_transaction("txn")
         with tracing.span("local transaction", msg.topic, "process", "txn"):
             pass
-        with tracing.span("end transaction", op, "send", "txn", kind=SpanKind.PRODUCER,
-                          state="COMMIT_MESSAGE"):
+        with tracing.span(
+            "end transaction", op, "send", "txn", kind=SpanKind.PRODUCER, state="COMMIT_MESSAGE"
+        ):
             pass
 
 
 def bench_tracing(conf: dict, prefix: str, s: BenchSettings) -> dict:
     """One run: the hooks' µs per call without an SDK, one call's µs, and the share."""
     if tracing.enabled():
-        raise RuntimeError("tracing: an OpenTelemetry SDK is installed in the bench process; "
-                           "this case measures the hooks without one")
+        raise RuntimeError(
+            "tracing: an OpenTelemetry SDK is installed in the bench process; "
+            "this case measures the hooks without one"
+        )
     topic = f"bench-tracing-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     msg = Message(topic, os.urandom(s.size))
@@ -62,13 +65,21 @@ def bench_tracing(conf: dict, prefix: str, s: BenchSettings) -> dict:
     for _ in range(HOOK_ROUNDS):
         _one_call_of_hooks(msg, "half", "op")
     hooks_us = (time.perf_counter() - start) / HOOK_ROUNDS * 1e6
-    with TransactionProducer(conf, producer_group="bench-tracing", listener=_Commit(),
-                             topic_prefix=prefix, half_partitions=s.partitions) as producer:
+    with TransactionProducer(
+        conf,
+        producer_group="bench-tracing",
+        listener=_Commit(),
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         for _ in range(WARM_UP):
             producer.send_message_in_transaction(msg)
         start = time.perf_counter()
         for _ in range(SEQUENTIAL_CALLS):
             producer.send_message_in_transaction(msg)
         call_us = (time.perf_counter() - start) / SEQUENTIAL_CALLS * 1e6
-    return {"tracing_hooks_us": hooks_us, "tracing_call_us": call_us,
-            "tracing_share_pct": 100 * hooks_us / call_us}
+    return {
+        "tracing_hooks_us": hooks_us,
+        "tracing_call_us": call_us,
+        "tracing_share_pct": 100 * hooks_us / call_us,
+    }

@@ -27,8 +27,15 @@ from rmq_semantics.transaction import (
     TransactionProducer,
 )
 
-__all__ = ["CHECK_TIMEOUT_MS", "NoopListener", "bench_baseline", "bench_check_lateness",
-           "bench_latency", "bench_txn", "coordinator_process"]
+__all__ = [
+    "CHECK_TIMEOUT_MS",
+    "NoopListener",
+    "bench_baseline",
+    "bench_check_lateness",
+    "bench_latency",
+    "bench_txn",
+    "coordinator_process",
+]
 
 # The check case's transaction timeout: short, so a run takes seconds; what it measures is
 # the lateness past the deadline, which does not depend on the timeout's length.
@@ -54,8 +61,9 @@ class NoopListener(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-def coordinator_process(bootstrap: str, prefix: str, log_suffix: str = "",
-                        **settings: object) -> CoordinatorProcess:
+def coordinator_process(
+    bootstrap: str, prefix: str, log_suffix: str = "", **settings: object
+) -> CoordinatorProcess:
     """A coordinator for ``prefix``, its log in the temp directory (named by the prefix, and
     by ``log_suffix`` when several share one prefix)."""
     log_path = Path(tempfile.gettempdir()) / f"rmq-bench-{prefix}{log_suffix}.log"
@@ -68,8 +76,9 @@ def bench_baseline(conf: dict, s: BenchSettings) -> float:
     ensure_topics(conf, {topic: (s.partitions, {})})
     collector = Collector(conf, topic, s.partitions, s.count, warm_up=WARM_UP)
     collector.start()
-    producer = confluent_kafka.Producer({**conf, "enable.idempotence": True, "acks": "all",
-                                         "linger.ms": 5})
+    producer = confluent_kafka.Producer(
+        {**conf, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
     value = os.urandom(s.size)
     for _ in range(WARM_UP):
         producer.produce(topic, value)
@@ -92,12 +101,20 @@ def bench_baseline(conf: dict, s: BenchSettings) -> float:
 def _latencies(listener: NoopListener, collector: Collector) -> list[float]:
     """Commit-to-visible (ms) of every transaction seen: the local transaction's decision to
     the promoted record reaching the measuring consumer."""
-    return [(collector.visible[t.encode()] - at) * 1000
-            for t, at in listener.decided.items() if t.encode() in collector.visible]
+    return [
+        (collector.visible[t.encode()] - at) * 1000
+        for t, at in listener.decided.items()
+        if t.encode() in collector.visible
+    ]
 
 
-def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
-              on_clock: Callable[[bool], None] | None = None) -> tuple[float, list[float], str]:
+def bench_txn(
+    conf: dict,
+    prefix: str,
+    s: BenchSettings,
+    count: int,
+    on_clock: Callable[[bool], None] | None = None,
+) -> tuple[float, list[float], str]:
     """The batch API at saturation (batches of 500): msgs/s, commit-to-visible latencies
     (ms, queueing included) and the promoted topic (the Spark case reads it).
     ``on_clock(True)`` is called when the clock starts, ``on_clock(False)`` once every
@@ -108,9 +125,13 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     collector = Collector(conf, topic, s.partitions, count, warm_up=WARM_UP)
     collector.start()
     value = os.urandom(s.size)
-    with TransactionProducer({**conf, "linger.ms": 1}, producer_group="bench",
-                             listener=listener, topic_prefix=prefix,
-                             half_partitions=s.partitions) as producer:
+    with TransactionProducer(
+        {**conf, "linger.ms": 1},
+        producer_group="bench",
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         producer.send_messages_in_transaction([Message(topic, value) for _ in range(WARM_UP)])
         collector.wait_warm()
         listener.decided.clear()
@@ -119,8 +140,11 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
         start = time.monotonic()
         for i in range(0, count, TXN_BATCH):
             producer.send_messages_in_transaction(
-                [Message(topic, value, key=str(j % 1000))
-                 for j in range(i, min(count, i + TXN_BATCH))])
+                [
+                    Message(topic, value, key=str(j % 1000))
+                    for j in range(i, min(count, i + TXN_BATCH))
+                ]
+            )
         producer.flush(60)
         collector.join(CASE_TIMEOUT_S)
         if on_clock is not None:
@@ -129,8 +153,9 @@ def bench_txn(conf: dict, prefix: str, s: BenchSettings, count: int,
     return collector.measured / elapsed, _latencies(listener, collector), topic
 
 
-def bench_latency(conf: dict, prefix: str, s: BenchSettings,
-                  fault: Callable[[], object] | None = None) -> tuple[list[float], float]:
+def bench_latency(
+    conf: dict, prefix: str, s: BenchSettings, fault: Callable[[], object] | None = None
+) -> tuple[list[float], float]:
     """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads,
     each calling ``send_message_in_transaction`` on a schedule of absolute due times (a late
     call does not push the later ones back: the offered rate stays the rate), and the rate
@@ -148,11 +173,17 @@ def bench_latency(conf: dict, prefix: str, s: BenchSettings,
     value = os.urandom(s.size)
     errors: list[BaseException] = []
     # The user's conf as they would pass it: the one-message path picks its own linger.
-    with TransactionProducer(conf, producer_group="bench-lat", listener=listener,
-                             topic_prefix=prefix, half_partitions=s.partitions) as producer:
+    with TransactionProducer(
+        conf,
+        producer_group="bench-lat",
+        listener=listener,
+        topic_prefix=prefix,
+        half_partitions=s.partitions,
+    ) as producer:
         # Warm both paths: the batch producer and the one-message path's own producer.
         producer.send_messages_in_transaction(
-            [Message(topic, value) for _ in range(WARM_UP - threads)])
+            [Message(topic, value) for _ in range(WARM_UP - threads)]
+        )
         for _ in range(threads):
             producer.send_message_in_transaction(Message(topic, value))
         collector.wait_warm()
@@ -165,16 +196,20 @@ def bench_latency(conf: dict, prefix: str, s: BenchSettings,
                     delay = start + i / s.rate - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                    _send(producer, Message(topic, value, key=str(i % 1000)),
-                          retry=fault is not None)
+                    _send(
+                        producer, Message(topic, value, key=str(i % 1000)), retry=fault is not None
+                    )
             except Exception as exc:  # reported after the run, not lost in a thread
                 errors.append(exc)
 
-        callers = [threading.Thread(target=caller, args=(n,), daemon=True,
-                                    name=f"bench-lat-{n}") for n in range(threads)]
+        callers = [
+            threading.Thread(target=caller, args=(n,), daemon=True, name=f"bench-lat-{n}")
+            for n in range(threads)
+        ]
         if fault is not None:
-            callers.append(threading.Timer(max(0.0, start - time.monotonic())
-                                           + s.latency_seconds / 2, fault))
+            callers.append(
+                threading.Timer(max(0.0, start - time.monotonic()) + s.latency_seconds / 2, fault)
+            )
         for c in callers:
             c.start()
         for c in callers:
@@ -205,20 +240,35 @@ def bench_check_lateness(conf: dict, bootstrap: str, s: BenchSettings) -> list[f
     ensure_topics(conf, {topic: (s.partitions, {})})
     listener = NoopListener(LocalTransactionState.UNKNOW)
     born: dict[str, float] = {}
-    with coordinator_process(bootstrap, prefix, transaction_timeout_ms=CHECK_TIMEOUT_MS,
-                             check_interval_ms=60000,
-                             half_partitions=s.partitions) as coordinator, \
-            TransactionProducer(conf, producer_group="bench-check", listener=listener,
-                                topic_prefix=prefix, half_partitions=s.partitions) as producer:
+    with (
+        coordinator_process(
+            bootstrap,
+            prefix,
+            transaction_timeout_ms=CHECK_TIMEOUT_MS,
+            check_interval_ms=60000,
+            half_partitions=s.partitions,
+        ) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group="bench-check",
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=s.partitions,
+        ) as producer,
+    ):
         for _ in range(0, s.check_messages, 10):
             sent_at = time.time()
             for r in producer.send_messages_in_transaction(
-                    [Message(topic, b"x") for _ in range(10)]):
+                [Message(topic, b"x") for _ in range(10)]
+            ):
                 born[r.transaction_id] = sent_at
             time.sleep(0.05)  # spread deadlines over time, as real traffic would
         deadline = time.monotonic() + CASE_TIMEOUT_S
         while len(listener.checked) < len(born) and time.monotonic() < deadline:
             coordinator.require_running()
             time.sleep(0.1)
-    return [(listener.checked[t] - (b + CHECK_TIMEOUT_MS / 1000)) * 1000
-            for t, b in born.items() if t in listener.checked]
+    return [
+        (listener.checked[t] - (b + CHECK_TIMEOUT_MS / 1000)) * 1000
+        for t, b in born.items()
+        if t in listener.checked
+    ]
