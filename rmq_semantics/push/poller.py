@@ -22,7 +22,7 @@ from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
-from rmq_semantics.push.positions import UnreadOffsets, adopt, rewind
+from rmq_semantics.push.positions import UnreadOffsets, adopt, assign, rewind
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.push.txn import TXN_TIMEOUT_S, PushProducer, Renewed
 from rmq_semantics.tags import TagFilter
@@ -201,7 +201,7 @@ class PollLoop:
             consumer.pause(partitions)
             self._unread.add(partitions, exc, self.ledger.count("poll_errors"))
             return
-        consumer.incremental_assign(adopt(committed, self.ledger, self.s.retry_levels, self.name))
+        assign(consumer, adopt(committed, self.ledger, self.s.retry_levels, self.name))
 
     def _read_unassigned(self, consumer: confluent_kafka.Consumer, force: bool = False) -> None:
         """Adopt the partitions assigned while their committed offsets could not be read:

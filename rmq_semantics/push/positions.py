@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.push.ledger import Ledger, Part
 
-__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "rewind"]
+__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "assign", "rewind"]
 
 log = logging.getLogger("rmq_semantics.push.poller")
 
@@ -101,6 +101,16 @@ def adopt(
             [f"{tp.topic}[{tp.partition}]" for tp in committed],
         )
     return committed
+
+
+def assign(consumer: confluent_kafka.Consumer, partitions: list) -> None:
+    """Assign ``partitions`` (their start offsets read) and resume them. librdkafka keeps an
+    application's pause across unassign and assign (librdkafka #1849): a partition paused
+    for a replay, an unread offset, a held retry head or back-pressure, then lost or revoked,
+    came back paused with nothing left to resume it (campaign issue 30, long run seed 2)."""
+    consumer.incremental_assign(partitions)
+    if partitions:
+        consumer.resume(partitions)
 
 
 def rewind(

@@ -45,6 +45,8 @@ from tests.integration.txn_helpers import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("RMQ_TEST_PUSH_N", "2000"))
 PARTITIONS = 4
+# A retry copy's delay while its partition moves to another member and back.
+HELD_S = 8.0
 
 
 def push_conf(broker, group: str) -> dict:
@@ -386,6 +388,74 @@ def test_a_fenced_transactional_producer_is_replaced_and_consuming_goes_on(
             "the commits after the fence",
         )
     finally:
+        consumer.shutdown()
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends
+
+
+def test_a_held_retry_partition_moved_away_and_back_is_delivered_when_due(
+    broker, make_topic, unique
+):
+    """Campaign issue 30 (long run, seed 2): librdkafka keeps an application's pause across
+    unassign and assign, so a partition the consumer had paused, then lost, came back paused
+    for good (3,527 records never processed). Here a retry partition is held (its head not
+    due) when a plain consumer of the group takes it; once that one leaves, the retry copy
+    must still be delivered."""
+    topic, group, prefix = make_topic("push-held"), unique("push-held-g"), unique("__rmqh")
+    produce_numbers(broker.conf(), topic, range(1))
+    seen: list[int] = []
+
+    def listener(msgs, context):
+        seen.extend(m.reconsume_times for m in msgs)
+        return (
+            ConsumeConcurrentlyStatus.RECONSUME_LATER
+            if msgs[0].reconsume_times == 0
+            else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        )
+
+    consumer = start(
+        broker, group, topic, prefix, listener, delay_levels=(HELD_S,), max_reconsume_times=1
+    )
+    other = None
+    try:
+        retry = consumer.retry_topics[0]
+        # Precondition, not the claim: its copy read and held (paused) until due.
+        wait_for(
+            lambda: consumer._loop is not None and (retry, 0) in consumer._loop._held,
+            60,
+            "the retry copy held",
+        )
+        other = confluent_kafka.Consumer(
+            group_conf(
+                broker.conf(
+                    **{
+                        "group.id": group,
+                        "partition.assignment.strategy": "cooperative-sticky",
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                    }
+                )
+            )
+        )
+        other.subscribe([retry])  # the group balances the retry partition over to it
+
+        def moved() -> bool:
+            other.poll(0.1)
+            return bool(other.assignment())
+
+        wait_for(moved, 60, "the retry partition moved to the other member")
+        assert seen == [0]  # not due yet: neither delivered early nor by the other
+        other.close()
+        other = None
+        wait_for(
+            lambda: seen == [0, 1],
+            HELD_S + 60,
+            "the retry copy delivered once due",
+            details=lambda: f"deliveries {seen}, counts {consumer.counts}",
+        )
+    finally:
+        if other is not None:
+            other.close()
         consumer.shutdown()
     committed, ends = committed_ends(broker.conf(), group, topic)
     assert committed == ends

@@ -1,6 +1,7 @@
 """The push consumer's poll loop under faults only the broker can cause, injected through a
 fake Kafka consumer and producer: a committed-offset read that fails in the rebalance
-callback, the rewind after a failed round, and transactional producers that die or wedge."""
+callback, the rewind after a failed round, transactional producers that die or wedge, and
+librdkafka keeping a pause across a rebalance."""
 
 from __future__ import annotations
 
@@ -295,3 +296,45 @@ def test_a_transactional_call_that_never_returns_is_abandoned_and_the_batch_repl
     assert [(s.topic, s.partition, s.offset) for s in consumer.sought] == [("orders", 0, 7)]
     assert fresh.calls[0] == "init"
     assert loop.ledger.counts["producer_renewals"] == 1
+
+
+def test_a_partition_lost_while_paused_for_a_replay_is_consumed_again_once_reassigned(monkeypatch):
+    """Campaign seed 2, long run (issue 30): the producer was re-created, so every partition
+    was paused to read its committed offsets again; that read timed out, and in the same
+    round the group session timed out (the partitions were lost, forgotten with their unread
+    offsets). The group assigned all 35 back within a minute and held them stable for six,
+    but nothing resumed them: librdkafka keeps an application's pause across unassign and
+    assign (librdkafka #1849; the fake consumer keeps it too), and 3,527 records were never
+    processed."""
+    fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+    loop, consumer = _open_with(
+        monkeypatch, [FakeProducer("first", commit_error=fatal), FakeProducer("second")]
+    )
+    tp = TopicPartition("orders", 0)
+    loop._commit()  # fails fatally: the producer is re-created, the partition replayed
+    assert ("orders", 0) in consumer.paused
+    consumer.failures = 1
+    loop._round()  # reading its committed offsets again times out
+    assert loop.ledger.counts["poll_errors"] == 1
+    loop._on_lost(consumer, [tp])  # the session timed out in that round's consume()
+    loop._on_assign(consumer, [tp])  # and the group gave it back
+    for _ in range(3):
+        loop._round()
+    part = loop.ledger.part(("orders", 0))
+    assert part is not None and part.tracker.committable()[0] == 7
+    assert [(t.topic, t.partition) for t in consumer.assigned] == [("orders", 0)]
+    assert ("orders", 0) not in consumer.paused, "assigned again, but never resumed"
+
+
+def test_a_held_retry_partition_revoked_and_assigned_again_is_read_again(monkeypatch):
+    """The same stale pause without a fault: a retry partition held until its head is due,
+    revoked by a rebalance and assigned back, was never resumed (its hold was forgotten)."""
+    loop, consumer = _open_with(monkeypatch, [FakeProducer("first")])
+    loop.s = PollSettings(**{**loop.s.__dict__, "retry_levels": {"retry_1": 1}})
+    retry = TopicPartition("retry_1", 0)
+    loop._on_assign(consumer, [retry])  # type: ignore[arg-type]
+    loop._hold(consumer, ("retry_1", 0), 3, due_ms=2**62)  # type: ignore[arg-type]
+    loop._on_revoke(consumer, [retry])  # type: ignore[arg-type]
+    loop._on_assign(consumer, [retry])  # type: ignore[arg-type]
+    loop._round()
+    assert ("retry_1", 0) not in consumer.paused, "assigned again, but never resumed"
