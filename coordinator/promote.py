@@ -1,5 +1,9 @@
 """The one Kafka transaction: promoted records, Op markers, check requests, discards and the
-coordinator's consumer offsets, committed atomically (exactly-once promotion)."""
+coordinator's consumer offsets, committed atomically (exactly-once promotion).
+
+Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
+longer; under 500 as the layering test counts them): its split along its seams is
+issue 32's house step."""
 
 from __future__ import annotations
 
