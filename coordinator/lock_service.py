@@ -25,6 +25,7 @@ issue 32's house step."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -39,6 +40,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from coordinator.kafka_txn import (
     TRANSACTION_TIMEOUT_MS,
     TXN_CALL_TIMEOUT_S,
+    CommitThread,
     KafkaTransactions,
     transactional_loop,
 )
@@ -216,6 +218,7 @@ class LockService:
         self._state_lock = threading.Lock()
         self._runner: threading.Thread | None = None
         self._closed = False
+        self._committer = CommitThread(name="rmq-lock-commit")
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -262,6 +265,7 @@ class LockService:
                 return
             self._closed = True
             clients, self._c = self._c, None
+        self._committer.close(timeout=0)  # idle by now: run() waits for each commit
         if clients is None:
             return
         for client in (clients.consumer, clients.reader):
@@ -514,10 +518,9 @@ class LockService:
         """One transaction: state changes, replies, offsets (TransactionAborted: replay,
         and ``requests`` are suspects: see :meth:`_blame`)."""
         clients = self._clients()
+        txn = clients.txn
         try:
-            with clients.txn.transaction(
-                offsets, clients.consumer.consumer_group_metadata()
-            ) as producer:
+            with txn.body() as producer:
                 for p, table in staged.items():
                     for entry in table:
                         producer.produce(
@@ -530,7 +533,22 @@ class LockService:
                         key=reply.client_id.encode(),
                         partition=partition,
                     )
+            # On its own thread: librdkafka's send_offsets_to_transaction can wait for ever
+            # for a group coordinator that left (#5456, #5511), and a frozen lock service
+            # freezes every orderly consumer's renewals.
+            commit = self._committer.submit(
+                txn.finish, offsets, clients.consumer.consumer_group_metadata()
+            )
+            if not self._committer.wait(commit, txn):
+                self._abandon(txn)
+                raise TransactionAborted(
+                    f"a call stuck for {txn.stuck_for():.0f} s was abandoned; "
+                    "the transactional producer was re-created"
+                )
+            commit.result()
         except TransactionAborted as exc:
+            if txn.abandoned:  # the broker's fault, not the requests': no poison suspects
+                raise
             self._count("aborted")
             if (poison := self._poison.failed(requests)) is not None:
                 self._count("poison")
@@ -544,6 +562,17 @@ class LockService:
                 )
             raise
         self._poison.passed(requests)
+
+    def _abandon(self, txn: KafkaTransactions) -> None:
+        """Swap ``txn`` (stuck in a call) for its successor and the commit thread it holds
+        for a new one; the successor's init, before the replay reads, fences the stuck one."""
+        self._count("abandoned")
+        successor = txn.abandon()
+        with self._state_lock:
+            if self._c is not None:
+                self._c = dataclasses.replace(self._c, txn=successor)
+        self._committer.close(timeout=0)
+        self._committer = CommitThread(name="rmq-lock-commit")
 
     def _replay(self) -> None:
         """After an abort or a failed step: the partitions of the batch in flight go back to

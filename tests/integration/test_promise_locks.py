@@ -81,7 +81,6 @@ class _HangsOnce:
         self._producer.send_offsets_to_transaction(*args)
 
 
-@pytest.mark.xfail(strict=True, reason="the lock service waits on a stuck call for ever")
 def test_a_lock_service_call_that_never_returns_is_abandoned_and_its_requests_answered(
     broker, unique, monkeypatch
 ):
