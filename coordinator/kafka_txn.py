@@ -70,8 +70,8 @@ RETRY_DEADLINE_S = 30.0
 INIT_DEADLINE_S = 60.0
 # The next transaction's AddOffsetsToTxn gets CONCURRENT_TRANSACTIONS until the broker has
 # written the previous commit's markers (a few ms), and librdkafka retries it after
-# retry.backoff.ms: its default of 100 ms made every back-to-back transaction take 100 ms.
-# Measured on the embedded broker: 100 ms -> 5.5 ms per send_offsets_to_transaction.
+# retry.backoff.ms: its default of 100 ms made every back-to-back transaction wait that long
+# (docs/design/measurements.md).
 RETRY_BACKOFF_MS = 2
 RETRY_BACKOFF_MAX_MS = 20
 # After a failed step (not an abort): pause before replaying, so a broken broker is no spin.
@@ -81,7 +81,7 @@ RETRY_PAUSE_S = 0.5
 WEDGED_AFTER_S = TXN_CALL_TIMEOUT_S + 15.0
 # Inside a transaction a stuck call is given up sooner: once the transaction is this much
 # older than transaction.timeout.ms the broker aborts it whatever the call returns, so waiting
-# for WEDGED_AFTER_S only adds to a failover (a SIGKILLed coordinator broker cost 45 s).
+# for WEDGED_AFTER_S only adds to a failover (docs/design/measurements.md).
 DOOMED_MARGIN_S = 5.0
 # ... but only a call that has itself run this long (not one that just started late).
 DOOMED_CALL_MIN_S = 5.0

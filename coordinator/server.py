@@ -210,8 +210,8 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
     server = Server(kafka_conf_from_args(args), load(CoordinatorSettings, args))
     tracer_provider = configure_from_env()  # the [otel] extra and OTEL_* only
     # Everything imported so far lives as long as the process: frozen, it is no longer
-    # scanned by full collections, which halves their pauses (~25 -> ~10 ms measured) on
-    # the promotion path.
+    # scanned by full collections, whose pauses on the promotion path it shortens
+    # (docs/design/measurements.md).
     gc.freeze()
     code = server.run()
     if tracer_provider is not None:

@@ -66,10 +66,10 @@ log = logging.getLogger(__name__)
 # First poll waits this long for a record, so due checks fire at most this late.
 POLL_WAIT_S = 0.05
 # Records read per step (CoordinatorSettings.max_batch, default 4000), so per Kafka
-# transaction at most. A transaction costs ~12 ms of round trips whatever its size
-# (AddOffsetsToTxn, TxnOffsetCommit, EndTxn); under load bigger batches amortise them (1000 ->
-# 4000: +15% msgs/s). Idle, a batch is whatever has arrived. A multi-message transaction is
-# promoted once all its members are read, whatever batches they came in.
+# transaction at most. A transaction's round trips (AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
+# cost the same whatever its size: under load bigger batches amortise them
+# (docs/design/measurements.md). Idle, a batch is whatever has arrived. A multi-message
+# transaction is promoted once all its members are read, whatever batches they came in.
 MAX_BATCH: int = CoordinatorSettings.max_batch  # the default, which the bench copier mirrors
 # Fewer records than this read while a commit ran: read again once it has settled.
 REREAD_BELOW = 200

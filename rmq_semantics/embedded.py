@@ -307,8 +307,8 @@ class EmbeddedKafka:
 
         log_file = open(self.data_dir / "broker.out", "ab")  # noqa: SIM115 - handed to the child
         log4j = resources.files("rmq_semantics") / "kafka" / "log4j2.properties"
-        # G1 with Kafka's own start script's pause goal (kafka-run-class.sh): young pauses
-        # of 45-70 ms without it set the p99 of every latency measured here (14-18 with it).
+        # G1 with Kafka's own start script's pause goal (kafka-run-class.sh): without it,
+        # young pauses set the p99 of every latency (docs/design/measurements.md).
         cmd = [
             *self.command_prefix,
             java,

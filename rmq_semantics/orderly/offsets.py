@@ -30,17 +30,9 @@ new records from the partition (back-pressure). Completing the lowest unfinished
 always shrinks the span; if completions above it outgrow the bound anyway, the commit
 carries the longest bitmap prefix that fits (the rest is redone after a takeover: safe).
 
-Gap held (span from the lowest unfinished to the highest done offset) at the defaults,
-measured with deflate level 6 (tests/unit/test_orderly_offsets.py checks the first two):
-
-- worst case, an incompressible pattern (random, half done): 17,800 offsets, the raw
-  bitmap (2,230 bytes in 3,000 characters); no pattern holds less;
-- strictly alternating done/not done, or one stuck record (a few stuck keys) with all after
-  it done: deflates to under 1,000 characters even at 4 million offsets, so ``max_span``
-  (1,048,576 offsets) is the limit;
-- a stuck hot key whose records stay unfinished behind it: 22,600 offsets when it holds
-  20 % of the records (the hottest of 1,000 Zipf(1.1) keys holds 18 %), 30,500 at 10 %,
-  135,000 at 1 %.
+How large a gap (from the lowest unfinished to the highest done offset) the defaults hold
+for each pattern of done offsets is measured in docs/design/measurements.md (the orderly
+consumer's done-offset field); tests/unit/test_orderly_offsets.py checks the bounds.
 """
 
 from __future__ import annotations
@@ -68,13 +60,13 @@ log = logging.getLogger(__name__)
 
 #: Well below Kafka's default ``offset.metadata.max.bytes`` (4096): the owner goes beside it.
 DEFAULT_MAX_METADATA_BYTES = 3000
-#: Offsets between the lowest unfinished and the highest done one: a 128 KiB bitmap, which
-#: deflates in about a millisecond.
+#: Offsets between the lowest unfinished and the highest done one: a 128 KiB bitmap, cheap
+#: to deflate on every commit.
 DEFAULT_MAX_SPAN = 1 << 20
 #: What starts our field; the version digit lets a later encoding sit beside this one.
 DONE_FIELD_PREFIX = "rmqdone1."
 _SEPARATOR = "|"
-_DEFLATE_LEVEL = 6  # level 9 costs ten times longer on sparse bitmaps for ~10 % less
+_DEFLATE_LEVEL = 6  # level 9 costs far more time on sparse bitmaps for little less size
 _CRC_CHARS = 8
 _OWNER = re.compile(r".*:-?\d+")  # "client:epoch", what the partition-mode consumer writes
 _COMPACT_BYTES = 4096  # drop the bitmap's finished head once it is this long

@@ -254,9 +254,9 @@ class PollLoop:
     def _back_pressure(self, consumer: confluent_kafka.Consumer) -> None:
         busy = self.ledger.in_flight
         if busy >= self.s.backlog and not self._bp_paused:
-            # pause() drops librdkafka's prefetched records and resume() fetches them again:
-            # once per backlog that refetch held a fast listener to 650 msgs/s (8,500 without).
-            # So wait for room first, and pause only for a listener slower than that.
+            # pause() drops librdkafka's prefetched records and resume() fetches them again,
+            # once per backlog a fast listener's throughput lost (docs/design/measurements.md).
+            # So wait for room first, and pause only for a slow listener.
             if self.ledger.wait_for_room(self.s.backlog, BACKLOG_WAIT_S):
                 return
             self._bp_paused = {(tp.topic, tp.partition) for tp in consumer.assignment()}
