@@ -29,7 +29,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
-    from rmq_semantics.embedded import java_executable, kafka_classpath
+    from rmq_semantics.kafka_jars import java_executable, kafka_classpath
 
     java_executable()
     print(f"kafka jars: {kafka_classpath()}")
