@@ -195,8 +195,8 @@ def _bench_registrar() -> Callable[[argparse._SubParsersAction], None]:
         sys.path.append(str(checkout))
     try:
         from benchmarks.runner import register_cli
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks", "benchmarks.runner"):
+    except ImportError as exc:  # not there, or another project's "benchmarks" came first
+        if not (exc.name or "").startswith("benchmarks"):
             raise
         return _register_bench_elsewhere
     return register_cli
