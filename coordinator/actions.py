@@ -8,16 +8,19 @@ from enum import Enum
 
 from rmq_semantics.errors import IllegalTransitionError
 from rmq_semantics.records.half import HalfMessage
+from rmq_semantics.records.reappend import Carried
 from rmq_semantics.records.reasons import DiscardReason
 
 __all__ = [
     "TRANSITIONS",
+    "Action",
     "Discard",
     "EndRequest",
     "Finish",
     "IssueCheck",
     "LateCommit",
     "Pending",
+    "Reappend",
     "SaveCheckCounts",
     "TxnState",
     "transition",
@@ -119,6 +122,25 @@ class LateCommit:
     txn_id: str
     producer_group: str
     op_offset: int
+
+
+@dataclass(frozen=True)
+class Reappend:
+    """Write the half message again at the end of its half partition, carrying its origin
+    and check counts, and a REAPPENDED done marker for this offset (RocketMQ's
+    putBackHalfMsgQueue, in one Kafka transaction: both or neither)."""
+
+    half: HalfMessage
+    carried: Carried
+    members: tuple[HalfMessage, ...] = ()  # as Finish.members: all written again, in order
+
+    @property
+    def records(self) -> tuple[HalfMessage, ...]:
+        return self.members or (self.half,)
+
+
+# Everything the state machine asks the coordinator to write.
+Action = Finish | IssueCheck | SaveCheckCounts | Discard | LateCommit | Reappend
 
 
 @dataclass

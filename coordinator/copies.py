@@ -23,7 +23,7 @@ import dataclasses
 import heapq
 from typing import TYPE_CHECKING
 
-from coordinator.actions import EndRequest, Pending, TxnState
+from coordinator.actions import Action, EndRequest, Pending, TxnState
 from coordinator.horizon import Recent
 from rmq_semantics.records.headers import H
 
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the state this mixes into
     from collections import Counter
 
     from coordinator.actions import Finish
-    from coordinator.state import Action
     from rmq_semantics.records.half import HalfMessage
 
 __all__ = ["FIRST_OFFSETS_KEEP", "Copies", "CopySteps"]

@@ -22,13 +22,13 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from coordinator.actions import Action, EndRequest, Pending, Reappend
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.reappend import Carried, split_reappended
 
-if TYPE_CHECKING:  # the state machine imports this module
+if TYPE_CHECKING:
     from coordinator.members import Assemblies
-    from coordinator.state import Action, EndRequest, Pending
 
 __all__ = ["Horizon", "Reappend", "ReappendSteps", "Recent"]
 
@@ -53,21 +53,6 @@ class Recent(OrderedDict):
         super().__setitem__(key, value)
         if len(self) > self.limit:
             self.popitem(last=False)
-
-
-@dataclass(frozen=True)
-class Reappend:
-    """Write the half message again at the end of its half partition, carrying its origin
-    and check counts, and a REAPPENDED done marker for this offset (RocketMQ's
-    putBackHalfMsgQueue, in one Kafka transaction: both or neither)."""
-
-    half: HalfMessage
-    carried: Carried
-    members: tuple[HalfMessage, ...] = ()  # as Finish.members: all written again, in order
-
-    @property
-    def records(self) -> tuple[HalfMessage, ...]:
-        return self.members or (self.half,)
 
 
 @dataclass

@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from coordinator.actions import EndRequest, Finish, TxnState
+from coordinator.actions import Action, EndRequest, Finish, Pending, TxnState
 
 if TYPE_CHECKING:  # the state this mixes into
     from collections import Counter
 
     from coordinator.members import Assemblies
-    from coordinator.state import Action, Pending
     from rmq_semantics.records.half import HalfMessage
 
 __all__ = ["ROLLBACK_IDS_KEEP_MS", "ROLLBACK_IDS_MAX", "RollbackByIdSteps", "RollbackIds"]

@@ -19,18 +19,20 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from coordinator.actions import (
+    Action,
     Discard,
     EndRequest,
     Finish,
     IssueCheck,
     LateCommit,
     Pending,
+    Reappend,
     SaveCheckCounts,
     TxnState,
     transition,
 )
 from coordinator.copies import Copies, CopySteps
-from coordinator.horizon import Carried, Horizon, Reappend, ReappendSteps, Recent
+from coordinator.horizon import Carried, Horizon, ReappendSteps, Recent
 from coordinator.members import Assemblies
 from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
 from coordinator.waits import DEFER_GRACE_MS, MAX_DEFERRED_ENDS, WaitSteps
@@ -54,8 +56,6 @@ __all__ = [
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
 
-
-Action = Finish | IssueCheck | SaveCheckCounts | Discard | LateCommit | Reappend
 
 _OUTCOMES = {state.value: state for state in TxnState}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rmq_semantics import __version__
@@ -28,7 +29,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
-    from rmq_semantics.embedded import java_executable, kafka_classpath
+    from rmq_semantics.kafka_jars import java_executable, kafka_classpath
 
     java_executable()
     print(f"kafka jars: {kafka_classpath()}")
@@ -165,17 +166,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand_registrars() -> list:
-    """Subcommands defined next to what they run (the sidecar, the Spark job, and the tools
-    under rmq_semantics.tools); none imports Spark until it runs."""
+    """Subcommands defined next to what they run (the sidecar, the Spark job, the tools
+    under rmq_semantics.tools and the bench); none imports Spark until it runs."""
     from coordinator.acls import register_cli as tenant
     from coordinator.server import register_cli as coordinator
     from rmq_semantics.tools.admin import register_cli as txn
-    from rmq_semantics.tools.bench.runner import register_cli as bench
     from rmq_semantics.tools.demo import register_cli as demo
     from rmq_semantics.tools.dlq import register_cli as dlq
     from spark.job import register_cli as spark
 
-    return [coordinator, tenant, txn, dlq, spark, demo, bench]
+    return [coordinator, tenant, txn, dlq, spark, demo, _bench_registrar()]
+
+
+# Where the bench is when the package was installed from a wheel, which leaves it out.
+BENCH_ELSEWHERE = (
+    "the bench is not installed with the package: run it from a source checkout "
+    "with `make bench` (or `python -m benchmarks`)"
+)
+
+
+def _bench_registrar() -> Callable[[argparse._SubParsersAction], None]:
+    """The bench's own subcommand when this package runs from a source checkout: the bench
+    (``benchmarks/``) sits beside it there, and is looked for there when nothing on the path
+    provides it (an editable install maps only the shipped packages). Elsewhere, a
+    ``bench`` that says where to run it."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "benchmarks" / "runner.py").is_file() and str(checkout) not in sys.path:
+        sys.path.append(str(checkout))
+    try:
+        from benchmarks.runner import register_cli
+    except ImportError as exc:  # not there, or another project's "benchmarks" came first
+        if not (exc.name or "").startswith("benchmarks"):
+            raise
+        return _register_bench_elsewhere
+    return register_cli
+
+
+def _register_bench_elsewhere(sub: argparse._SubParsersAction) -> None:
+    # No flag of its own ("+" prefixes none of the bench's): every documented flag, --help
+    # included, lands in ``ignored`` and the command prints its one line.
+    bench = sub.add_parser(
+        "bench", help="the benchmarks (from a source checkout)", add_help=False, prefix_chars="+"
+    )
+    bench.add_argument("ignored", nargs="*")
+    bench.set_defaults(func=_cmd_bench_elsewhere)
+
+
+def _cmd_bench_elsewhere(args: argparse.Namespace) -> int:
+    print(f"rmq-semantics: error: {BENCH_ELSEWHERE}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,14 +1,8 @@
 """The embedded broker: a single-node Apache Kafka (KRaft) from the official jars.
 
-The jars are resolved from Maven Central with Maven, using the pom in
-``rmq_semantics/kafka/pom.xml`` (which pins the version), into a cache outside the
-repository. The broker runs detached; its pid, ports and log live in the data dir, so
-``kafka stop`` and a later ``kafka start`` find it again and keep its data.
-
-
-Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
-longer; under 500 as the layering test counts them): its split along its seams is
-issue 32's house step."""
+The jars and the JVM come from :mod:`rmq_semantics.kafka_jars` (Maven Central, into a cache
+outside the repository). The broker runs detached; its pid, ports and log live in the data
+dir, so ``kafka stop`` and a later ``kafka start`` find it again and keep its data."""
 
 from __future__ import annotations
 
@@ -17,8 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,7 +26,25 @@ from confluent_kafka.admin import AdminClient
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import EmbeddedKafkaError
 
-__all__ = ["EmbeddedKafka", "cache_dir", "kafka_classpath", "kafka_version"]
+# Importable from here as before the jars had a module of their own.
+from rmq_semantics.kafka_jars import (
+    cache_dir,
+    checked_version,
+    java_executable,
+    kafka_classpath,
+    kafka_version,
+    resolve_maven_jars,
+)
+
+__all__ = [
+    "EmbeddedKafka",
+    "cache_dir",
+    "checked_version",
+    "java_executable",
+    "kafka_classpath",
+    "kafka_version",
+    "resolve_maven_jars",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,111 +52,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 90.0
 # Controlled shutdown flushes logs and resigns leadership; a few seconds on one node.
 STOP_TIMEOUT_S = 30.0
-# Resolving ~40 jars from Maven Central on a cold cache.
-MAVEN_TIMEOUT_S = 600.0
 DEFAULT_PORT = 9092
 DEFAULT_HEAP = "768m"
-
-
-def _pom() -> Path:
-    return Path(str(resources.files("rmq_semantics") / "kafka" / "pom.xml"))
-
-
-def kafka_version() -> str:
-    """The Apache Kafka release the pom pins: the default of ``--version``."""
-    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom().read_text())
-    if not match:
-        raise EmbeddedKafkaError(f"{_pom()} does not pin <kafka.version>")
-    return match.group(1)
-
-
-def cache_dir() -> Path:
-    """Where downloaded jars live: $RMQ_CACHE_DIR, else $XDG_CACHE_HOME/rmq-semantics."""
-    base = os.environ.get("RMQ_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "rmq-semantics"
-
-
-def resolve_maven_jars(
-    pom: Path, target: Path, what: str, properties: list[str] | None = None
-) -> Path:
-    """Copy the runtime dependencies of ``pom`` into ``target`` once, atomically."""
-    if target.is_dir() and any(target.glob("*.jar")):
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise EmbeddedKafkaError(
-            f"Maven ('mvn') is not on PATH; it is needed once to resolve the {what} jars "
-            "from Maven Central (apt-get install maven)"
-        )
-    partial = target.with_name(target.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    log.info("resolving %s jars from Maven Central into %s", what, target)
-    settings = Path(str(resources.files("rmq_semantics") / "kafka" / "maven-settings.xml"))
-    cmd = [
-        mvn,
-        "-q",
-        "-B",
-        "-s",
-        str(settings),
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={partial}",
-        "-DincludeScope=runtime",
-        *(properties or []),
-    ]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise EmbeddedKafkaError(
-            f"Maven did not resolve the {what} jars within {MAVEN_TIMEOUT_S:.0f} s"
-        ) from exc
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR" in ln]
-        detail = lines[0] if lines else (proc.stdout + proc.stderr).strip()[-300:]
-        raise EmbeddedKafkaError(f"Maven could not resolve the {what} jars: {detail}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(target)
-    partial.rename(target)
-    return target
-
-
-def checked_version(version: str) -> str:
-    """``version`` if it names a release (it becomes a Maven property and a cache dir)."""
-    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise EmbeddedKafkaError(
-            f"--version {version!r}: want an Apache Kafka release such as 4.4.0"
-        )
-    return version
-
-
-def kafka_classpath(version: str | None = None) -> str:
-    """The jars of Apache Kafka ``version`` (default: the pom's), resolved once per version."""
-    version = checked_version(version or kafka_version())
-    libs = resolve_maven_jars(
-        _pom(),
-        cache_dir() / f"kafka-{version}" / "libs",
-        f"Apache Kafka {version}",
-        [f"-Dkafka.version={version}"],
-    )
-    return str(libs / "*")
-
-
-def java_executable() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise EmbeddedKafkaError(
-            "Java is not installed (no 'java' on PATH and no JAVA_HOME); "
-            "Kafka 4 needs Java 17 or newer"
-        )
-    return java
 
 
 def port_free(port: int) -> bool:

@@ -26,12 +26,11 @@ from rmq_semantics.embedded import (
     STOP_TIMEOUT_S,
     EmbeddedKafka,
     _cluster_id,
-    checked_version,
     free_port,
-    kafka_version,
     port_free,
 )
 from rmq_semantics.errors import EmbeddedKafkaError
+from rmq_semantics.kafka_jars import checked_version, kafka_version
 from rmq_semantics.topics import replication_for
 
 __all__ = ["CLUSTER_FILE", "ClusterNode", "EmbeddedCluster", "is_cluster_dir"]

@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 from importlib import resources
 from pathlib import Path
 
-from rmq_semantics.embedded import cache_dir, resolve_maven_jars
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.kafka_jars import cache_dir, resolve_maven_jars
 
 __all__ = ["spark_jars", "spark_packages", "spark_version"]
 

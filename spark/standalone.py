@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from rmq_semantics.embedded import free_port, java_executable
+from rmq_semantics.embedded import free_port
 from rmq_semantics.errors import RmqError, RmqTimeoutError
+from rmq_semantics.kafka_jars import java_executable
 
 __all__ = ["StandaloneCluster"]
 

@@ -23,7 +23,8 @@ from rmq_semantics.barrier.barrier import (
     purge_seconds,
     transaction_id,
 )
-from rmq_semantics.barrier.dialect import AsyncDialect, async_dialect_of
+from rmq_semantics.barrier.connections import async_dialect_of
+from rmq_semantics.barrier.dialect import AsyncDialect
 from rmq_semantics.barrier.listener import answered, failed, refused
 from rmq_semantics.errors import BarrierRollback, ConfigError, RmqTimeoutError
 from rmq_semantics.message import Message

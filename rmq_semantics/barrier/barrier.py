@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from rmq_semantics.barrier.dialect import dialect_of, validate_table
+from rmq_semantics.barrier.connections import dialect_of
+from rmq_semantics.barrier.dialect import validate_table
 from rmq_semantics.errors import BarrierRollback, ConfigError, IllegalStateError, RmqTimeoutError
 from rmq_semantics.message import Message
 from rmq_semantics.transaction import LocalTransactionState

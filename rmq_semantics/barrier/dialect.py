@@ -1,17 +1,16 @@
 """What differs between the barrier's databases: placeholders, DDL, how a transaction starts
 and how long a back-check waits for the barrier row. One module per database; this one holds
-the shared SQL and picks the dialect from the connection's type."""
+the shared SQL they build on (:mod:`.connections` picks one from a connection's type)."""
 
 from __future__ import annotations
 
 import re
-import sqlite3
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from rmq_semantics.errors import ConfigError
 
-__all__ = ["KEY", "AsyncDialect", "Dialect", "async_dialect_of", "dialect_of", "validate_table"]
+__all__ = ["KEY", "AsyncDialect", "Dialect", "validate_table"]
 
 # dtm's barrier key is (gid, branch_id, op, barrier_id); a message transaction has one
 # branch and one operation, so only gid (the transaction id) varies.
@@ -103,42 +102,3 @@ class AsyncDialect:
         await cursor.execute(self.sql.reason_sql(table), (gid, *KEY))
         row = await cursor.fetchone()
         return None if row is None else row[0]
-
-
-def _from(conn: object, package: str) -> bool:
-    return any(cls.__module__.split(".")[0] == package for cls in type(conn).__mro__)
-
-
-def async_dialect_of(conn: object) -> AsyncDialect:
-    """The dialect of an asyncio connection: aiosqlite's, or psycopg 3's AsyncConnection."""
-    if _from(conn, "aiosqlite"):
-        from rmq_semantics.barrier.sqlite import ASYNC_SQLITE
-
-        return ASYNC_SQLITE
-    if _from(conn, "psycopg") and any(c.__name__ == "AsyncConnection" for c in type(conn).__mro__):
-        from rmq_semantics.barrier.postgres import ASYNC_POSTGRES
-
-        return ASYNC_POSTGRES
-    raise ConfigError(
-        f"the async barrier needs an aiosqlite or psycopg (3) AsyncConnection, "
-        f"got {type(conn).__module__}.{type(conn).__name__}"
-    )
-
-
-def dialect_of(conn: object) -> Dialect:
-    """The dialect of a DB-API connection: sqlite3's, or psycopg 3's."""
-    if isinstance(conn, sqlite3.Connection):
-        from rmq_semantics.barrier.sqlite import SQLITE
-
-        return SQLITE
-    if _from(conn, "psycopg") and not any(
-        c.__name__ == "AsyncConnection" for c in type(conn).__mro__
-    ):
-        from rmq_semantics.barrier.postgres import POSTGRES
-
-        return POSTGRES
-    raise ConfigError(
-        f"the barrier needs a sqlite3 or psycopg (3) connection, got "
-        f"{type(conn).__module__}.{type(conn).__name__} (an asyncio "
-        f"connection goes to AsyncTransactionBarrier)"
-    )

@@ -2,10 +2,10 @@
 
 One :class:`~rmq_semantics.orderly.keys.KeyScheduler` holds the records the partition
 feeders (:mod:`~rmq_semantics.orderly.keyfeed`) took from the partitions this consumer
-holds, as :class:`Unit` s (consecutive records of one key, up to ``batch_size``). Up to
-``max_workers`` units are in listener calls at once, never two of one key: a sync listener
-runs on ``max_workers`` threads, an ``async def`` one on one event loop thread (a dispatcher
-thread submits the calls and settles their outcomes).
+holds, as :class:`~rmq_semantics.orderly.keyunits.Unit` s (consecutive records of one key,
+up to ``batch_size``). Up to ``max_workers`` units are in listener calls at once, never two
+of one key: a sync listener runs on ``max_workers`` threads, an ``async def`` one on one
+event loop thread (a dispatcher thread submits the calls and settles their outcomes).
 
 Outcomes: SUCCESS marks the unit's offsets done in its partition's tracker and leaves the
 committable offset (with the done offsets above it) for the poll thread to commit, checked
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import inspect
 import logging
@@ -36,24 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 from rmq_semantics.consumed import offset_of
 from rmq_semantics.errors import IllegalStateError
-from rmq_semantics.orderly.api import (
-    ConsumeOrderlyContext,
-    ConsumeOrderlyStatus,
-    OrderlyMessage,
-    kafka_views,
-)
+from rmq_semantics.orderly.api import ConsumeOrderlyContext, ConsumeOrderlyStatus
 from rmq_semantics.orderly.dlq import Failure
 from rmq_semantics.orderly.keys import KeyScheduler, KeysStatus, OrderingKey
+from rmq_semantics.orderly.keyunits import Session, Unit
 from rmq_semantics.orderly.offsets import split_metadata
 from rmq_semantics.orderly.queue import QueuePhase
 from rmq_semantics.orderly.runtime import WAIT_SLICE_S
 
 if TYPE_CHECKING:
-    import confluent_kafka
-
     from rmq_semantics.orderly.commits import Commits
     from rmq_semantics.orderly.dlq import DeadLetters
-    from rmq_semantics.orderly.keyfeed import Session
 
 __all__ = [
     "DEFAULT_CONSUME_TIMEOUT_MS",
@@ -72,44 +64,6 @@ DEFAULT_CONSUME_TIMEOUT_MS = 15 * 60 * 1000
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
 ACKS = frozenset({SUCCESS, ConsumeOrderlyStatus.COMMIT, ConsumeOrderlyStatus.ROLLBACK})
-
-
-class Unit:
-    """Consecutive records of one ordering key in one partition session: one listener call.
-    ``reconsume_times`` counts its suspensions (not the uncounted lease-lapse returns)."""
-
-    __slots__ = (
-        "error",
-        "failure",
-        "key",
-        "offset",
-        "reason",
-        "reconsume_times",
-        "records",
-        "session",
-    )
-
-    def __init__(self, key: OrderingKey, record: confluent_kafka.Message, session: Session) -> None:
-        self.key = key
-        self.offset = offset_of(record)
-        self.records = [record]
-        self.session = session
-        self.reconsume_times = 0
-        # Why the current call failed, if it did (set by the outcome handlers), and the
-        # unit's failures so far (what its dead letter says).
-        self.reason: str | None = None
-        self.error: BaseException | None = None
-        self.failure: Failure | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.session.q.where}@{self.offset}"
-
-    def messages(self) -> list[OrderlyMessage]:
-        msgs = kafka_views(self.records)
-        if not self.reconsume_times:
-            return msgs
-        return [dataclasses.replace(m, reconsume_times=self.reconsume_times) for m in msgs]
 
 
 def _unit_key(unit: Unit) -> OrderingKey:

@@ -4,8 +4,9 @@ While the partition is aligned under a live lease, its feeder moves the records 
 thread buffered into the shared :class:`~rmq_semantics.orderly.keyed.KeyPool`, as units of
 consecutive same-key records, and keeps the partition's
 :class:`~rmq_semantics.orderly.offsets.OffsetTracker` for the lock epoch it aligned to (a
-:class:`Session`). The tracker starts from the committed offset and its metadata, so
-records a previous holder finished are skipped and everything else is processed.
+:class:`~rmq_semantics.orderly.keyunits.Session`). The tracker starts from the committed
+offset and its metadata, so records a previous holder finished are skipped and everything
+else is processed.
 
 Back-pressure: while the tracker is not accepting (its done offsets would not fit the
 commit metadata), or ``KEY_BACKLOG`` records or ``max_taken_bytes`` of values are taken and
@@ -27,8 +28,9 @@ import time
 from typing import Any
 
 from rmq_semantics.orderly.api import PartitionStatus, kafka_view
-from rmq_semantics.orderly.keyed import KeyPool, Unit
+from rmq_semantics.orderly.keyed import KeyPool
 from rmq_semantics.orderly.keys import ordering_key
+from rmq_semantics.orderly.keyunits import Session, Unit
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.orderly.poller import DEFAULT_MAX_QUEUED_BYTES
 from rmq_semantics.orderly.queue import QueuePhase, QueueState
@@ -45,32 +47,6 @@ KEY_BACKLOG = 10_000
 FEED_CHUNK = 500
 # Revocation waits for the calls in flight at most this long (and never past the lease).
 REVOKE_WAIT_CAP_S = 30.0
-
-
-class Session:
-    """One partition under one aligned lock epoch: its tracker and its units in calls
-    (``in_flight``, guarded by the pool's lock; the rest by ``q.cv``)."""
-
-    __slots__ = (
-        "closed",
-        "epoch",
-        "first_offset",
-        "in_flight",
-        "last_offset",
-        "q",
-        "taken_bytes",
-        "tracker",
-    )
-
-    def __init__(self, q: LiveQueue, epoch: int, tracker: OffsetTracker) -> None:
-        self.q = q
-        self.epoch = epoch
-        self.tracker = tracker
-        self.in_flight = 0
-        self.closed = False
-        self.first_offset: int | None = None  # the first record taken out of the buffer
-        self.last_offset = -1
-        self.taken_bytes = 0  # values of the records taken and not finished (q.cv)
 
 
 def _startable(st: QueueState, now: float) -> bool:

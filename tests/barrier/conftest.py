@@ -21,7 +21,7 @@ import pytest
 from rmq_semantics import LocalTransactionState, Message
 from rmq_semantics.barrier import TransactionBarrier
 from rmq_semantics.barrier.barrier import REASON_COMMITTED, transaction_id
-from rmq_semantics.barrier.dialect import dialect_of
+from rmq_semantics.barrier.connections import dialect_of
 from tests.barrier.postgres import PostgresServer, PostgresUnavailable
 from tests.require import missing
 

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from rmq_semantics.tools.bench.cases import CASES
-from rmq_semantics.tools.bench.console import flat_figures
-from rmq_semantics.tools.bench.readme import BEGIN, END, render_block
+from benchmarks.cases import CASES
+from benchmarks.console import flat_figures
+from benchmarks.readme import BEGIN, END, render_block
 from tests.integration.txn_helpers import REPO
 
 pytestmark = pytest.mark.integration

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.cases import derive
-from rmq_semantics.tools.bench.common import BenchSettings, aggregate, figure, pooled_samples
-from rmq_semantics.tools.bench.coordinators import _held
-from rmq_semantics.tools.bench.machine import load_sample
-from rmq_semantics.tools.bench.readme import (
+from benchmarks.cases import derive
+from benchmarks.common import BenchSettings, aggregate, figure, pooled_samples
+from benchmarks.coordinators import _held
+from benchmarks.machine import load_sample
+from benchmarks.readme import (
     BEGIN,
     END,
     current_block,
     render_block,
     render_readme,
 )
-from rmq_semantics.tools.bench.runner import _merge_into, run_bench
+from benchmarks.runner import _merge_into, run_bench
+from rmq_semantics.message import Message
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -215,7 +215,7 @@ def test_the_readme_block_is_the_rendering_of_the_committed_results():
 
 
 def test_a_run_of_latency_cases_only_plots_without_rates(tmp_path):
-    from rmq_semantics.tools.bench.plots import plot
+    from benchmarks.plots import plot
 
     samples = {"commit_to_visible_ms": [5.0, 9.0, 30.0], "copier_latency_ms": [4.0, 8.0]}
     files = plot({"settings": {}}, samples, tmp_path)
@@ -223,8 +223,8 @@ def test_a_run_of_latency_cases_only_plots_without_rates(tmp_path):
 
 
 def test_the_multi_case_is_a_default_case_reporting_msgs_and_transactions_per_s(monkeypatch):
-    from rmq_semantics.tools.bench import multi
-    from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, BenchContext
+    from benchmarks import multi
+    from benchmarks.cases import CASE_RUNS, CASES, BenchContext
 
     calls = []
 
@@ -254,8 +254,8 @@ def test_the_multi_case_is_a_default_case_reporting_msgs_and_transactions_per_s(
 
 
 def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(monkeypatch):
-    from rmq_semantics.tools.bench import aio
-    from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, BenchContext
+    from benchmarks import aio
+    from benchmarks.cases import CASE_RUNS, CASES, BenchContext
 
     calls = []
 
@@ -288,8 +288,8 @@ def test_the_aio_case_is_a_default_case_reporting_both_rates_and_the_loop_lag(mo
 def test_the_tracing_case_times_the_hooks_without_an_sdk_against_a_call():
     from opentelemetry import trace
 
-    from rmq_semantics.tools.bench import tracing_cost
-    from rmq_semantics.tools.bench.cases import CASES
+    from benchmarks import tracing_cost
+    from benchmarks.cases import CASES
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     assert "tracing" in CASES

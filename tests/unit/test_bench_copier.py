@@ -3,13 +3,13 @@ the coordinator's."""
 
 from __future__ import annotations
 
-from coordinator.txn_service import MAX_BATCH as COORDINATOR_MAX_BATCH
-from rmq_semantics.tools.bench.copier import (
+from benchmarks.copier import (
     MAX_BATCH,
     CopierTuning,
     consumer_conf,
     producer_conf,
 )
+from coordinator.txn_service import MAX_BATCH as COORDINATOR_MAX_BATCH
 
 
 def test_the_copier_batches_no_more_than_the_coordinator_per_transaction():

@@ -8,10 +8,9 @@ from collections import Counter
 
 import pytest
 
-from rmq_semantics.orderly import ConsumeOrderlyContext, ConsumeOrderlyStatus, OrderlyMessage
-from rmq_semantics.tools.bench.cases import CASES
-from rmq_semantics.tools.bench.common import BenchSettings, aggregate
-from rmq_semantics.tools.bench.keys import (
+from benchmarks.cases import CASES
+from benchmarks.common import BenchSettings, aggregate
+from benchmarks.keys import (
     FAILING_RECONSUME_TIMES,
     FAILING_SUSPEND_MS,
     KEY_MODES,
@@ -21,7 +20,8 @@ from rmq_semantics.tools.bench.keys import (
     mode_keys,
     waits,
 )
-from rmq_semantics.tools.bench.readme import render_block
+from benchmarks.readme import render_block
+from rmq_semantics.orderly import ConsumeOrderlyContext, ConsumeOrderlyStatus, OrderlyMessage
 
 
 def test_the_keys_case_is_in_a_full_run_and_small_in_a_quick_one():

@@ -21,8 +21,8 @@ ENTRY_MODULES = [
     "spark.job",
     "rmq_semantics.tools.admin",
     "rmq_semantics.tools.demo",
-    "rmq_semantics.tools.bench.runner",
-    "rmq_semantics.tools.bench.orderly_child",
+    "benchmarks.runner",
+    "benchmarks.orderly_child",
     "rmq_semantics.barrier",
     "rmq_semantics.barrier.postgres",
 ]

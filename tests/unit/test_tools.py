@@ -1,14 +1,20 @@
 """rmq_semantics/tools: the coordinator process helper (run against a stand-in process, no
-broker) and what a wheel ships (test_layering checks the tools' lazy imports)."""
+broker) and what a wheel ships, the bench not among it (test_layering checks the tools' lazy
+imports)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
+from rmq_semantics.cli import BENCH_ELSEWHERE
 from rmq_semantics.errors import ConfigError, RmqError
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 
@@ -92,4 +98,39 @@ def test_every_data_file_of_the_package_ships_in_the_wheel():
     assert [f for f in data if not any(fnmatch(f, pattern) for pattern in patterns)] == []
     assert "rmq_semantics*" in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     assert (PACKAGE / "tools" / "__init__.py").exists()
-    assert (PACKAGE / "tools" / "bench" / "__init__.py").exists()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # setuptools: pyproject config is "beta"
+def test_the_wheel_leaves_the_bench_out(monkeypatch):
+    """setuptools' own package list, from pyproject.toml as a build reads it."""
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(REPO)
+    packages = apply_configuration(Distribution(), REPO / "pyproject.toml").packages or []
+    assert {"rmq_semantics", "rmq_semantics.tools", "coordinator", "spark"} <= set(packages)
+    assert [p for p in packages if p.split(".")[0] == "benchmarks"] == []
+    assert (REPO / "benchmarks" / "runner.py").exists()
+
+
+def test_an_installed_copy_says_in_one_line_to_run_the_bench_from_a_checkout(tmp_path):
+    """The shipped packages alone (as a wheel installs them): every documented bench command
+    fails with one line naming `make bench`; the other subcommands are still there."""
+    for package in ("rmq_semantics", "coordinator", "spark"):
+        shutil.copytree(REPO / package, tmp_path / package)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    cli = [sys.executable, "-m", "rmq_semantics"]
+    for args in (
+        ["bench", "--out", "bench/results.json"],
+        ["bench", "--render", "--out", "bench/results.json", "--page", "docs/benchmarks.md"],
+        ["bench", "--help"],
+    ):
+        proc = subprocess.run(
+            [*cli, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+        )
+        assert (proc.returncode, proc.stdout) == (2, ""), args
+        assert proc.stderr == f"rmq-semantics: error: {BENCH_ELSEWHERE}\n", args
+    proc = subprocess.run(
+        [*cli, "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0 and "bench" in proc.stdout and "demo" in proc.stdout

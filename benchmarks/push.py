@@ -11,8 +11,8 @@ from typing import Any
 
 import confluent_kafka
 
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
-from rmq_semantics.tools.bench.orderly import _CountingListener, _next_offsets
+from benchmarks.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
+from benchmarks.orderly import _CountingListener, _next_offsets
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["PUSH_IO_S", "PUSH_MAX_COUNT", "PUSH_WORKERS", "bench_push"]

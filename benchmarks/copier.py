@@ -30,9 +30,10 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
+from benchmarks.collector import Collector
+from benchmarks.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, fill
 from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.records.headers import H
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, fill
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["copier_latency", "copier_throughput"]
@@ -247,8 +248,6 @@ def _key(i: int) -> str:
 
 
 def _throughput(conf: dict, s: BenchSettings, tuning: CopierTuning) -> float:
-    from rmq_semantics.tools.bench.runner import Collector
-
     source, target = _topics(conf, s)
     fill(conf, source, WARM_UP, s.size, key=_key)
     collector = Collector(conf, target, s.partitions, s.count, warm_up=WARM_UP)
@@ -265,8 +264,6 @@ def _throughput(conf: dict, s: BenchSettings, tuning: CopierTuning) -> float:
 
 
 def _latency(conf: dict, s: BenchSettings, tuning: CopierTuning) -> list[float]:
-    from rmq_semantics.tools.bench.runner import Collector
-
     source, target = _topics(conf, s)
     count = int(s.rate * s.latency_seconds)
     fill(conf, source, WARM_UP, s.size, key=_key)

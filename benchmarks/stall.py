@@ -22,9 +22,9 @@ import uuid
 
 import confluent_kafka
 
+from benchmarks.common import CASE_TIMEOUT_S, BenchSettings
+from benchmarks.txn import NoopListener, coordinator_process
 from rmq_semantics import Message, TransactionProducer
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings
-from rmq_semantics.tools.bench.txn import NoopListener, coordinator_process
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["bench_stall"]

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rmq_semantics.tools.bench.common import WARM_UP, BenchSettings, fill
+from benchmarks.common import WARM_UP, BenchSettings, fill
 from rmq_semantics.topics import ensure_topics
 
 __all__ = ["SparkBench"]

@@ -24,17 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cases import CASE_RUNS, CASES, KNOWN_CASES, BenchContext, derive
+from benchmarks.common import BenchSettings, aggregate, pooled_samples, sketch
+from benchmarks.console import BenchConsole
+from benchmarks.machine import BUSY_FRACTION, load_sample, machine_info
+from benchmarks.txn import coordinator_process
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
 from rmq_semantics.kafka_cluster import EmbeddedCluster
-from rmq_semantics.tools.bench.cases import CASE_RUNS, CASES, KNOWN_CASES, BenchContext, derive
-from rmq_semantics.tools.bench.collector import Collector
-from rmq_semantics.tools.bench.common import BenchSettings, aggregate, pooled_samples, sketch
-from rmq_semantics.tools.bench.console import BenchConsole
-from rmq_semantics.tools.bench.machine import BUSY_FRACTION, load_sample, machine_info
-from rmq_semantics.tools.bench.txn import coordinator_process
 
-# Collector stays importable from here (threads.py and the copier case import it so).
-__all__ = ["CASES", "BenchSettings", "Collector", "register_cli", "run_bench"]
+__all__ = ["CASES", "BenchSettings", "register_cli", "run_bench"]
 
 # Figures under these keys are merged key by key (a run of some thread counts keeps the
 # others); every other key of a run replaces the earlier one.
@@ -195,7 +193,7 @@ def run_bench(
 
 def _plot(results: dict, samples: dict, out_dir: Path, log: Callable[[str], None]) -> list:
     try:
-        from rmq_semantics.tools.bench.plots import plot
+        from benchmarks.plots import plot
     except ImportError:  # matplotlib is a dev dependency
         log("no plots: matplotlib is not installed")
         return results.get("plots", [])
@@ -234,7 +232,7 @@ BENCH_PAGE = "docs/benchmarks.md"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from rmq_semantics.tools.bench.readme import rewrite_readme
+    from benchmarks.readme import rewrite_readme
 
     out = Path(args.out)
     if not args.render:

@@ -12,9 +12,9 @@ import threading
 import time
 import uuid
 
+from benchmarks.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings
 from rmq_semantics.aio import AsyncTransactionProducer
 from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,

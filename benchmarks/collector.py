@@ -10,9 +10,9 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
+from benchmarks.common import CASE_TIMEOUT_S
 from rmq_semantics.consumed import headers_of
 from rmq_semantics.records.headers import H
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S
 
 __all__ = ["Collector"]
 

@@ -1,5 +1,5 @@
 """The victim of the bench's takeover case, run as its own process:
-``python -m rmq_semantics.tools.bench.orderly_child BOOTSTRAP PREFIX GROUP TOPIC LEASE_MS
+``python -m benchmarks.orderly_child BOOTSTRAP PREFIX GROUP TOPIC LEASE_MS
 RENEW_MS SESSION_MS``.
 
 An orderly consumer that subscribes, prints ``LOCKED`` once it holds a queue lock, and then
@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
+from benchmarks.common import CASE_TIMEOUT_S
+from benchmarks.orderly import ORDERLY_BATCH
 from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S
-from rmq_semantics.tools.bench.orderly import ORDERLY_BATCH
 
 # How often the status is read while waiting for the first lock.
 LOCK_POLL_S = 0.05

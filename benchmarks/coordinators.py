@@ -8,9 +8,9 @@ import re
 import time
 import uuid
 
-from rmq_semantics.tools.bench.common import BenchSettings
-from rmq_semantics.tools.bench.machine import process_cpu_s
-from rmq_semantics.tools.bench.txn import bench_txn, coordinator_process
+from benchmarks.common import BenchSettings
+from benchmarks.machine import process_cpu_s
+from benchmarks.txn import bench_txn, coordinator_process
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 
 __all__ = ["bench_coordinators"]

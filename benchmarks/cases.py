@@ -1,7 +1,7 @@
 """Every bench case as one run (``CASE_RUNS[name](ctx) -> dict``), and the figures derived
 from several cases once their runs are merged. A run's dict holds floats (figures), lists of
 samples (latencies, given as ``{"samples": [...], ...constants}``) and constants; see
-:func:`rmq_semantics.tools.bench.common.aggregate` for how runs become figures."""
+:func:`benchmarks.common.aggregate` for how runs become figures."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmq_semantics.tools.bench.common import BenchSettings, ratio_figure, scaled_figure
-from rmq_semantics.tools.bench.txn import (
+from benchmarks.common import BenchSettings, ratio_figure, scaled_figure
+from benchmarks.txn import (
     CHECK_TIMEOUT_MS,
     bench_baseline,
     bench_check_lateness,
@@ -71,19 +71,19 @@ def _txn(ctx: BenchContext) -> dict:
 
 
 def _multi(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.multi import bench_multi
+    from benchmarks.multi import bench_multi
 
     return bench_multi(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)
 
 
 def _aio(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.aio import bench_aio
+    from benchmarks.aio import bench_aio
 
     return bench_aio(ctx.conf, ctx.prefix, ctx.s)
 
 
 def _tracing(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.tracing_cost import bench_tracing
+    from benchmarks.tracing_cost import bench_tracing
 
     return bench_tracing(ctx.conf, ctx.prefix, ctx.s)
 
@@ -110,7 +110,7 @@ def _check(ctx: BenchContext) -> dict:
 
 
 def _threads(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.threads import bench_threads
+    from benchmarks.threads import bench_threads
 
     one = dataclasses.replace(ctx.s, repeat=1)
     counts = bench_threads(ctx.conf, ctx.prefix, one, ctx.log, ctx.coordinator_pid, ctx.broker_pid)[
@@ -120,7 +120,7 @@ def _threads(ctx: BenchContext) -> dict:
 
 
 def _copier(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.copier import copier_latency, copier_throughput
+    from benchmarks.copier import copier_latency, copier_throughput
 
     return {
         "copier_msgs_per_s": copier_throughput(ctx.conf, ctx.s),
@@ -132,25 +132,25 @@ def _copier(ctx: BenchContext) -> dict:
 
 
 def _coordinators(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.coordinators import bench_coordinators
+    from benchmarks.coordinators import bench_coordinators
 
     return {"coordinators": bench_coordinators(ctx.conf, ctx.bootstrap, ctx.s)}
 
 
 def _orderly(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.orderly import bench_orderly
+    from benchmarks.orderly import bench_orderly
 
     return bench_orderly(ctx.conf, ctx.bootstrap, ctx.prefix, dataclasses.replace(ctx.s, repeat=1))
 
 
 def _keys(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.keys import bench_keys
+    from benchmarks.keys import bench_keys
 
     return bench_keys(ctx.conf, ctx.prefix, ctx.s, ctx.kept.setdefault("keys", {}), ctx.log)
 
 
 def _push(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.push import bench_push
+    from benchmarks.push import bench_push
 
     # One run per call: the runner takes the runs in turns and makes the figures.
     run = bench_push(ctx.conf, dataclasses.replace(ctx.s, repeat=1))
@@ -158,7 +158,7 @@ def _push(ctx: BenchContext) -> dict:
 
 
 def _stall(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.stall import bench_stall
+    from benchmarks.stall import bench_stall
 
     return {
         "stall_no_restart_s": bench_stall(ctx.conf, ctx.bootstrap, ctx.s, restart=False),
@@ -167,7 +167,7 @@ def _stall(ctx: BenchContext) -> dict:
 
 
 def _failover(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.failover import bench_failover
+    from benchmarks.failover import bench_failover
 
     if ctx.cluster is None:
         ctx.log("failover: nothing to fail over to on one broker (run it with --brokers 3)")
@@ -179,7 +179,7 @@ def _failover(ctx: BenchContext) -> dict:
 
 
 def _spark(ctx: BenchContext) -> dict:
-    from rmq_semantics.tools.bench.spark import SparkBench
+    from benchmarks.spark import SparkBench
 
     if not ctx.promoted_topic:  # the txn case did not run: make a promoted topic
         _, _, ctx.promoted_topic = bench_txn(ctx.conf, ctx.prefix, ctx.s, ctx.s.count)

@@ -11,9 +11,9 @@ from collections import Counter
 
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.common import BenchSettings
+from benchmarks.txn import bench_latency
 from rmq_semantics.kafka_cluster import EmbeddedCluster
-from rmq_semantics.tools.bench.common import BenchSettings
-from rmq_semantics.tools.bench.txn import bench_latency
 from rmq_semantics.topics import SystemTopics
 
 __all__ = ["bench_failover"]

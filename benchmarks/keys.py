@@ -30,9 +30,9 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
+from benchmarks.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.consumed import offset_of
 from rmq_semantics.records.headers import H
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill
 from rmq_semantics.topics import SystemTopics, ensure_topics
 
 __all__ = ["KEY_MODES", "bench_keys", "critical_path_bound", "key_figures", "mode_keys", "waits"]

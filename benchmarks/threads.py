@@ -11,9 +11,10 @@ import threading
 import time
 import uuid
 
+from benchmarks.collector import Collector
+from benchmarks.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, percentile
+from benchmarks.machine import process_cpu_s
 from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings, percentile
-from rmq_semantics.tools.bench.machine import process_cpu_s
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -43,8 +44,6 @@ def _one_run(
     coordinator_pid: int | None,
     broker_pid: int | None,
 ) -> dict:
-    from rmq_semantics.tools.bench.runner import Collector
-
     topic = f"bench-thr-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
     per_thread = s.calls_per_thread

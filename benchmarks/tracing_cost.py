@@ -13,9 +13,9 @@ import uuid
 
 from opentelemetry.trace import SpanKind
 
+from benchmarks.common import WARM_UP, BenchSettings
 from rmq_semantics import tracing
 from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.common import WARM_UP, BenchSettings
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (
     LocalTransactionState,

@@ -10,13 +10,17 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
+from benchmarks.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
 from rmq_semantics.topics import ensure_topics
+
+# The source checkout holding this package.
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 __all__ = ["ORDERLY_BATCH", "bench_orderly"]
 
@@ -136,7 +140,7 @@ def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> fl
         [
             sys.executable,
             "-m",
-            "rmq_semantics.tools.bench.orderly_child",
+            "benchmarks.orderly_child",
             bootstrap,
             prefix,
             group,
@@ -148,6 +152,7 @@ def _takeover_s(conf: dict, bootstrap: str, prefix: str, s: BenchSettings) -> fl
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        cwd=CHECKOUT,  # where ``-m benchmarks...`` finds the bench, which is not installed
     )
     got = threading.Event()
     survivor = None

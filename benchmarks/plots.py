@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_semantics.tools.bench.common import percentile
+from benchmarks.common import percentile
 
 __all__ = ["plot"]
 

@@ -9,10 +9,10 @@ import threading
 import time
 import uuid
 
+from benchmarks.collector import Collector
+from benchmarks.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings
+from benchmarks.txn import NoopListener
 from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.collector import Collector
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, WARM_UP, BenchSettings
-from rmq_semantics.tools.bench.txn import NoopListener
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import TransactionProducer
 

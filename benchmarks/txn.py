@@ -15,10 +15,10 @@ from typing import Any
 
 import confluent_kafka
 
+from benchmarks.collector import Collector
+from benchmarks.common import CASE_TIMEOUT_S, TXN_BATCH, WARM_UP, BenchSettings
 from rmq_semantics.errors import RmqError
 from rmq_semantics.message import Message
-from rmq_semantics.tools.bench.collector import Collector
-from rmq_semantics.tools.bench.common import CASE_TIMEOUT_S, TXN_BATCH, WARM_UP, BenchSettings
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
 from rmq_semantics.topics import ensure_topics
 from rmq_semantics.transaction import (

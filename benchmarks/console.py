@@ -45,7 +45,7 @@ def _run_line(run: dict) -> str:
         if isinstance(value, float):
             parts.append(f"{key} {_short(value)}")
         elif isinstance(value, dict) and isinstance(value.get("samples"), list):
-            from rmq_semantics.tools.bench.common import percentile
+            from benchmarks.common import percentile
 
             samples = value["samples"]
             parts.append(
