@@ -26,18 +26,20 @@ demo: setup
 	$(PY) -m rmq_semantics demo
 
 # The fast lane (seconds, no broker, no jars): lint, formatting, types, the unit tests. The
-# same checks as .pre-commit-config.yaml; CI runs it first.
+# same checks as .pre-commit-config.yaml; `make test` runs it first.
 check: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest tests/unit
 
-# Every suite but the container and cluster ones (their markers). CI, which ran `make check`
-# first, passes TEST_ARGS=--ignore=tests/unit so the unit tests don't run twice.
-test: setup
-	$(PY) -m ruff check .
-	$(PY) -m pytest $(TEST_ARGS)
+# Every suite but the container and cluster ones (their markers): the fast lane first (make
+# check, the unit tests included), then the set-up and every other suite (fuzz, integration,
+# the docs' examples, barrier, monitoring) without tests/unit, so no test runs twice.
+# TEST_ARGS adds pytest arguments to that second run (e.g. -k NAME or -x). CI runs it as the
+# README's quick start writes it (.ci/run).
+test: check setup
+	$(PY) -m pytest --ignore=tests/unit $(TEST_ARGS)
 
 # The bench's full run (BENCH_ARGS adds e.g. --cases threads,latency or --repeat 3), then the
 # docs' benchmarks page (its rendered block) from its results. The bench is the checkout's
