@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 
 .PHONY: setup demo check test lint types bench fuzz clean engine images engine-stop test-docker \
 	test-docker-full test-group-protocol test-cluster \
-	test-matrix test-oldest test-keys test-push test-barrier model campaign campaign-short docs
+	test-matrix test-oldest test-keys test-push test-barrier model campaign campaign-short docs \
+	docs-browser-setup test-docs-site
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -153,8 +154,27 @@ $(VENV)/.docs-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[docs]'
 	touch $@
 
+MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 docs: $(VENV)/.docs-installed
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	$(MKDOCS_BUILD)
+
+# The site again only when a tracked input (pages, root pages, the code its reference pages
+# and API entries come from, the bench's plots) is newer than the last build: after
+# `make docs`, as in CI, test-docs-site builds nothing.
+SITE_INPUTS = $(wildcard $(shell git ls-files mkdocs.yml docs rmq_semantics coordinator spark bench '*.md' 2>/dev/null))
+site/index.html: $(VENV)/.docs-installed $(SITE_INPUTS)
+	$(MKDOCS_BUILD)
+
+# Debian's chromium and chromium-driver (root + apt-get; quick when present) for the site's
+# browser test: tests/site/chromium.sh. Selenium, in the docs extra, uses this chromedriver.
+docs-browser-setup:
+	tests/site/chromium.sh ensure
+
+# The docs site as people read it (tests/site): served on 127.0.0.1 and opened in headless
+# Chromium; a reader's search for send_message_in_transaction lands on its API entry.
+# Screenshots into RMQ_SITE_SCREENSHOTS (a directory; default the test's tmp dir).
+test-docs-site: site/index.html docs-browser-setup
+	$(PY) -m pytest -m docs_site tests/site $(SITE_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rmq_semantics import __version__
 from rmq_semantics.errors import RmqError
+from rmq_semantics.helptext import docstring_summary
 
 __all__ = ["main"]
 
@@ -115,7 +116,7 @@ def _cmd_kafka_cluster(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmq-semantics", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rmq-semantics", description=docstring_summary(__doc__))
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

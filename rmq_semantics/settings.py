@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.helptext import plain_text
 from rmq_semantics.records.half import MAX_TXN_SIZE
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             )
             continue
         help_text = (
-            f"{field.metadata.get('help', '')} (env {env_name(field.name)}; "
+            f"{plain_text(field.metadata.get('help', ''))} (env {env_name(field.name)}; "
             f"default {field.default!r})"
         )
         parser.add_argument(

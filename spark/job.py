@@ -49,6 +49,12 @@ POLL_S = 1.0
 # Stopping a query interrupts its batch; the file sink then discards the uncommitted files.
 STOP_TIMEOUT_S = 60.0
 _SINK_METRICS = "rmq_sink"
+# spark-avro's serializer warns, per task and per field, that a nullable value "will throw"
+# under a non-nullable Avro schema: decode_avro re-encodes what from_avro decoded, which
+# Spark's PERMISSIVE mode makes nullable throughout, yet only rows with every required field
+# set reach to_avro (transforms._decode_error checks that first). The exception it warns of
+# would still raise; only this logger's warning goes.
+_QUIET_LOGGERS = {"org.apache.spark.sql.avro.AvroSerializer": "ERROR"}
 _KAFKA_MISSING = "Failed to find data source: kafka"
 
 
@@ -82,6 +88,8 @@ def build_session(
 
     The first session of a Python process fixes the driver classpath: a session created
     earlier without these jars is returned as is and cannot read Kafka or decode Avro.
+    spark-avro's warning about nullable values (see ``_QUIET_LOGGERS``) is turned off in
+    the driver's JVM, which holds the executors of a local master.
     """
     from pyspark.sql import SparkSession
 
@@ -100,7 +108,19 @@ def build_session(
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    _quiet_loggers(session)
+    return session
+
+
+def _quiet_loggers(spark: SparkSession) -> None:
+    """Set the log4j levels of ``_QUIET_LOGGERS`` in the driver's JVM."""
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 (PySpark's only way into the JVM's log4j)
+    if jvm is None:
+        return
+    log4j = jvm.org.apache.logging.log4j
+    for name, level in _QUIET_LOGGERS.items():
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
 
 
 def run_job(

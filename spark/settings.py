@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.helptext import plain_text
 from rmq_semantics.settings import env_name, load, setting
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
@@ -140,7 +141,7 @@ class JobSettings(_Derived):
     def help(cls, name: str) -> str:
         """A field's CLI help, naming its env var."""
         field = next(f for f in dataclasses.fields(cls) if f.name == name)
-        return f"{field.metadata['help']} (env {env_name(name)})"
+        return f"{plain_text(field.metadata['help'])} (env {env_name(name)})"
 
 
 def _sink_paths(

@@ -122,6 +122,9 @@ def test_demo_prints_pass_and_exits_zero():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "PASS" in proc.stdout
     assert "orders committed (SQLite)" in proc.stdout
+    # Spark's log4j lines name their logger's class: none of spark-avro's may warn.
+    avro_warnings = re.findall(r"^.* (?:WARN|WARNING) Avro\w*:.*$", proc.stderr, re.MULTILINE)
+    assert avro_warnings == [], avro_warnings[:5]
     # The slow order (one in 30) held its local transaction open until its check waited on it.
     waited = re.search(r"back-checks that found a local transaction running\D+(\d+)", proc.stdout)
     assert waited and int(waited.group(1)) >= 1, proc.stdout[-3000:]
