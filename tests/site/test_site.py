@@ -141,6 +141,9 @@ def test_a_reader_searches_and_lands_on_the_api_entry(
     signature = entry.find_element(By.XPATH, "following-sibling::*[1]")
     assert signature.text.startswith(f"{QUERY}(msg")
     assert _in_view(driver, entry) and _in_view(driver, signature)
+    # The docstring reads as prose: its Sphinx roles became inline code.
+    description = signature.find_element(By.XPATH, "following-sibling::*[1]")
+    assert "SystemTopicError" in description.text and ":class:" not in description.text
     _screenshot(driver, screenshots / "api-entry.png")
 
 
