@@ -104,6 +104,7 @@ def _screenshot(driver: Any, path: Path) -> None:
 def test_a_reader_searches_and_lands_on_the_api_entry(
     browser: Any, site_url: str, screenshots: Path
 ):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -125,13 +126,12 @@ def test_a_reader_searches_and_lands_on_the_api_entry(
     box = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "input.md-search__input")))
     box.click()
     box.send_keys(QUERY)
-    result = wait.until(
-        ec.element_to_be_clickable(
-            (By.CSS_SELECTOR, f'.md-search-result__list a[href$="#{ENTRY}"]')
-        )
-    )
-    assert QUERY in result.text
-    result.click()
+    # The list is re-rendered as the search worker answers each keystroke: a result found
+    # a moment ago can be gone (stale) by the click, so find and click it as one step.
+    chosen = WebDriverWait(
+        driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(functools.partial(_click_result, f'.md-search-result__list a[href$="#{ENTRY}"]'))
+    assert QUERY in chosen
 
     # Material adds ?h=<query> (the highlight) before the entry's anchor.
     wait.until(ec.url_contains(f"#{ENTRY}"))
@@ -145,6 +145,19 @@ def test_a_reader_searches_and_lands_on_the_api_entry(
     description = signature.find_element(By.XPATH, "following-sibling::*[1]")
     assert "SystemTopicError" in description.text and ":class:" not in description.text
     _screenshot(driver, screenshots / "api-entry.png")
+
+
+def _click_result(selector: str, driver: Any) -> str | None:
+    """Click the first search result matching ``selector``; its text, or None while there is
+    none yet."""
+    from selenium.webdriver.common.by import By
+
+    results = driver.find_elements(By.CSS_SELECTOR, selector)
+    if not results:
+        return None
+    text = str(results[0].text)
+    results[0].click()
+    return text
 
 
 def _in_view(driver: Any, element: Any) -> bool:
