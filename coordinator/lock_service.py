@@ -19,9 +19,8 @@ the lock topic partition to its end, then resume consuming requests. Held leases
 extended to a full lease from the takeover (see :meth:`LockTable.restore`).
 
 
-Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
-longer; under 500 as the layering test counts them): its split along its seams is
-issue 32's house step."""
+The batch's decisions are :mod:`coordinator.lock_requests`; the group, topics and clients
+:mod:`coordinator.lock_clients`."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka
@@ -48,22 +46,25 @@ from coordinator.lock import (
     LeaseCeiling,
     LockTable,
     RequestPoison,
-    lock_request_problem,
-    stale_lock_request,
+)
+from coordinator.lock_clients import (
+    LockClients,
+    lock_coordinator_group,
+    lock_topic_specs,
+    open_clients,
 )
 from coordinator.lock_rebuild import read_tables
+from coordinator.lock_requests import Partitions, answer
 from coordinator.settings import CoordinatorSettings
-from rmq_semantics.clientconf import client_conf
 from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.errors import (
     ConfigError,
     FatalKafkaError,
     KafkaOperationError,
-    MalformedRecordError,
     TransactionAborted,
 )
-from rmq_semantics.records.codec import decode_as, encode
-from rmq_semantics.records.locks import LockReply, LockRequest, QueueResult, RequestKind
+from rmq_semantics.records.codec import encode
+from rmq_semantics.records.locks import LockReply
 from rmq_semantics.retry import retrying
 from rmq_semantics.topics import SystemTopics, ensure_topics, topic_partition_count
 
@@ -78,104 +79,12 @@ MAX_BATCH = 500
 STARTUP_DEADLINE_S = 60.0
 # Stable committed offsets wait for a zombie's pending transaction (<= its timeout).
 COMMITTED_TIMEOUT_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
-# A dead service instance's partitions move to the others within this; well under a lease.
-SESSION_TIMEOUT_MS = 10000
-# Requests and replies are only useful for seconds; an hour leaves room for debugging.
-SHORT_RETENTION_MS = 3600 * 1000
 # How long close() from another thread waits for run() to finish its transaction.
 CLOSE_TIMEOUT_S = TXN_CALL_TIMEOUT_S + 5
 
 
-def lock_coordinator_group(prefix: str) -> str:
-    """The consumer group the lock-service instances form."""
-    return f"{prefix}_lock_coordinator"
-
-
-def lock_topic_specs(settings: CoordinatorSettings) -> dict[str, tuple[int, dict[str, str]]]:
-    """Request, state and reply topics: ``half_partitions`` partitions each."""
-    topics = SystemTopics(settings.topic_prefix)
-    n = settings.half_partitions
-    short = {"cleanup.policy": "delete", "retention.ms": str(SHORT_RETENTION_MS)}
-    return {
-        # The broker stamps each request as it arrives, so its age needs no client clock.
-        topics.lock_request: (n, {**short, "message.timestamp.type": "LogAppendTime"}),
-        # Never deleted by time: a released lock's epoch must survive (epochs only grow).
-        topics.lock: (n, {"cleanup.policy": "compact"}),
-        topics.lock_reply: (n, short),
-    }
-
-
-@dataclass(frozen=True)
-class _Clients:
-    consumer: confluent_kafka.Consumer
-    txn: KafkaTransactions
-    reader: confluent_kafka.Consumer
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _appended_ms(msg: confluent_kafka.Message) -> int | None:
-    """The broker's append time of ``msg`` if its topic records one (else None)."""
-    kind, ts = msg.timestamp()
-    return ts if kind == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME else None
-
-
-def _stale(msg: confluent_kafka.Message, request: LockRequest, lease_ms: int, now_ms: int) -> bool:
-    """Whether to refuse ``request`` as older than its client waits (logged if so)."""
-    age = stale_lock_request(request, lease_ms, now_ms, _appended_ms(msg))
-    if age is None:
-        return False
-    log.info(
-        "%s[%d]@%d: lock request %s of %s is %d ms old (its client waits %d ms); refused as stale",
-        msg.topic(),
-        msg.partition(),
-        msg.offset(),
-        request.request_id,
-        request.client_id,
-        age,
-        request.wait_ms,
-    )
-    return True
-
-
-def _open_clients(conf: dict, group: str, transactional_id: str, stop: threading.Event) -> _Clients:
-    """The service's transactional producer, its request consumer (in the group) and the
-    reader of the lock topic (assign only)."""
-    txn = KafkaTransactions(conf, transactional_id, who="lock service")
-    txn.init(stop)
-    consumer = confluent_kafka.Consumer(
-        client_conf(
-            conf,
-            who="lock service",
-            forced={
-                "group.id": group,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "group.protocol": "classic",  # whatever --kafka-option says: range needs it
-                "partition.assignment.strategy": "range",
-                "session.timeout.ms": SESSION_TIMEOUT_MS,
-                "fetch.wait.max.ms": 20,
-            },
-        )
-    )
-    reader = confluent_kafka.Consumer(
-        client_conf(
-            conf,
-            who="lock service",
-            forced={
-                "group.id": f"{group}-reader",  # never joined nor committed: assign() only
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10,  # the end of a partition is an empty fetch: answer fast
-            },
-        )
-    )
-    return _Clients(consumer, txn, reader)
 
 
 class LockService:
@@ -211,7 +120,7 @@ class LockService:
         self._lease = LeaseCeiling(settings.lock_lease_ms)
         self._request_partitions = 0
         self._reply_partitions = 0
-        self._c: _Clients | None = None
+        self._c: LockClients | None = None
         self._halt = threading.Event()
         self._finished = threading.Event()
         self._finished.set()
@@ -275,7 +184,7 @@ class LockService:
                 log.warning("closing lock-service consumer: %s", exc)
         clients.txn.close()
 
-    def _clients(self) -> _Clients:
+    def _clients(self) -> LockClients:
         if self._c is None:
             raise KafkaOperationError("the lock service is not running (call run())")
         return self._c
@@ -314,7 +223,7 @@ class LockService:
                 requests,
             )
         self._request_partitions, self._reply_partitions = requests, replies
-        clients = _open_clients(self.conf, self.group, self.transactional_id, stop)
+        clients = open_clients(self.conf, self.group, self.transactional_id, stop)
         with self._state_lock:
             self._c = clients
         clients.consumer.subscribe(
@@ -418,95 +327,24 @@ class LockService:
             self._in_flight = set()
 
     def _process(self, batch: list) -> None:
-        now = _now_ms()
-        staged: dict[int, LockTable] = {}
-        replies: list[tuple[int, LockReply]] = []
-        last: dict[int, int] = {}
-        for msg in batch:
-            p = partition_of(msg)
-            last[p] = offset_of(msg)
-            table = staged.get(p)
-            if table is None:
-                table = staged[p] = self._tables.setdefault(p, LockTable()).overlay()
-            if (p, msg.offset()) in self._poison:
-                continue  # set aside: counted and logged when it was
-            try:
-                request = decode_as(LockRequest, msg.value())
-            except MalformedRecordError as exc:
-                self._count("malformed")
-                log.warning("%s[%d]@%d skipped: %s", msg.topic(), p, msg.offset(), exc)
-                continue
-            if (problem := lock_request_problem(request)) is not None:
-                self._count("invalid_request")
-                log.warning(
-                    "%s[%d]@%d lock request %.64s set aside, not answered: %s",
-                    msg.topic(),
-                    p,
-                    msg.offset(),
-                    request.request_id,
-                    problem,
-                )
-                continue
-            self._count("requests")
-            if _stale(msg, request, self._lease(request), now):
-                self._count("stale")
-                results = tuple(QueueResult.refused(ref, "stale") for ref in request.queues)
-            else:
-                results = tuple(self._decide(table, p, request, now, ref) for ref in request.queues)
-            if 0 <= request.reply_partition < self._reply_partitions:
-                replies.append(
-                    (
-                        request.reply_partition,
-                        LockReply(request.request_id, request.client_id, request.kind, results),
-                    )
-                )
-            else:
-                log.warning(
-                    "%s[%d]@%d: reply partition %d does not exist; not answered",
-                    msg.topic(),
-                    p,
-                    msg.offset(),
-                    request.reply_partition,
-                )
+        answered = answer(
+            batch,
+            self._tables,
+            Partitions(self._request_partitions, self._reply_partitions),
+            self._lease,
+            self._poison,
+            _now_ms(),
+            self._count,
+        )
         offsets = [
-            TopicPartition(self.topics.lock_request, p, off + 1) for p, off in sorted(last.items())
+            TopicPartition(self.topics.lock_request, p, off + 1)
+            for p, off in sorted(answered.last_offsets.items())
         ]
-        self._write(staged, replies, offsets, [(m.partition(), m.offset()) for m in batch])
-        for p, table in staged.items():
+        requests = [(m.partition(), m.offset()) for m in batch]
+        self._write(answered.staged, answered.replies, offsets, requests)
+        for p, table in answered.staged.items():
             if p in self._tables:
                 self._tables[p].absorb(table)
-
-    def _decide(
-        self, table: LockTable, partition: int, request: LockRequest, now: int, ref: Any
-    ) -> QueueResult:
-        key = ref.key(request.group)
-        if key.request_partition(self._request_partitions) != partition:
-            self._count("misrouted")
-            return QueueResult.refused(ref, "misrouted")
-        try:
-            if request.kind is RequestKind.LOCK:
-                decision = table.lock(key, request.client_id, self._lease(request), now)
-            else:
-                decision = table.unlock(key, request.client_id, now, ref.epoch)
-        except ConfigError as exc:
-            self._count("invalid")
-            log.warning(
-                "lock request %s from %s for %s refused: %s",
-                request.request_id,
-                request.client_id,
-                key,
-                exc,
-            )
-            return QueueResult.refused(ref, "invalid")
-        self._count(decision.reason)
-        if decision.reason == "taken_over":
-            log.info(
-                "%s: lapsed lease taken over by %s with epoch %d",
-                key,
-                request.client_id,
-                decision.epoch,
-            )
-        return decision.result()
 
     def _write(
         self,
