@@ -18,9 +18,10 @@ once, by :func:`triage`:
 the same way.
 
 
-Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
-longer; under 500 as the layering test counts them): its split along its seams is
-issue 32's house step."""
+Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
+layering test counts them), and kept whole: the producer wrapper, its commit thread and the
+loop are one protocol (a call's triage decides the loop's replay, a wedged call the thread's
+successor), used as one by both services."""
 
 from __future__ import annotations
 

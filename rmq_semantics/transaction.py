@@ -7,9 +7,11 @@ back-checks for this producer group from a background check consumer and a bound
 :mod:`rmq_semantics.multi`; the listener's view: :mod:`rmq_semantics.transaction_api`).
 
 
-Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
-longer; under 500 as the layering test counts them): its split along its seams is
-issue 32's house step."""
+Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
+layering test counts them), and kept whole: its one class is the producer's lifecycle and
+send paths over shared clients and in-flight state; what separates cleanly already lives
+beside it (``transaction_api``, ``txn_writes``, ``multi`` and the
+``CheckCounters``/``BatchTransactions`` mixins)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ partition pair is read from the coordinator group's committed offsets to its end
 into the same :class:`coordinator.state.PartitionState`.
 
 
-Over 500 physical lines only since ``ruff format`` (one argument a line, about 15 %
-longer; under 500 as the layering test counts them): its split along its seams is
-issue 32's house step."""
+Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
+layering test counts them), and kept whole: the ``txn`` admin commands (``pending``,
+``discarded``, ``redrive``) share one reader of the system topics and one view of their
+records, and ``redrive`` is the listing plus its write-back."""
 
 from __future__ import annotations
 
