@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,26 @@ def test_the_package_pom_lists_the_kafka_source_and_spark_avro():
         f"org.apache.spark:spark-avro_2.13:{spark_version()}",
     ]
     assert Path(__file__).parents[2].joinpath("spark", "pom.xml").is_file()
+
+
+def test_the_pyspark_pins_are_the_release_the_pom_pins():
+    from spark.jars import spark_version
+
+    pyproject = tomllib.loads(Path(__file__).parents[2].joinpath("pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    pins = [req for extra in ("spark", "dev") for req in extras[extra] if "pyspark" in req]
+    assert pins == [f"pyspark=={spark_version()}"] * 2
+
+
+def test_jars_for_another_release_than_the_installed_pyspark_are_refused(monkeypatch):
+    pyspark = pytest.importorskip("pyspark")
+    from spark import jars
+
+    monkeypatch.setattr(pyspark, "__version__", "4.0.0")
+    monkeypatch.setattr(jars, "spark_version", lambda: "4.2.0")
+    refused = r"installed PySpark is 4\.0\.0 but spark/pom\.xml .* install pyspark==4\.2\.0"
+    with pytest.raises(ConfigError, match=refused):
+        jars.spark_jars()
 
 
 def test_a_complete_jar_cache_is_used_and_one_from_an_older_pom_resolved_again(
