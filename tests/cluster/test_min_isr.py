@@ -171,7 +171,7 @@ def _producer_with_bystander(
         )
         if found is not None:
             return producer, prefix, *found
-        producer.close()
+        producer.shutdown()
     raise AssertionError("20 prefixes in a row kept every node busy")
 
 
