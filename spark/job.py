@@ -437,12 +437,13 @@ def _cmd_spark(args: argparse.Namespace) -> int:
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
-    """SIGTERM/SIGINT stop the query after its batch; a second SIGINT interrupts."""
+    """SIGTERM/SIGINT stop the query (a micro-batch is finished or discarded, a Real-time
+    batch interrupted: the restart re-emits it); a second SIGINT interrupts."""
 
     def handle(signum: int, frame: object) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
+        log.info("received %s: stopping the streaming query", signal.Signals(signum).name)
         stop.set()
 
     previous: dict[int, Any] = {}
