@@ -114,14 +114,15 @@ def kafka_records(df: DataFrame) -> DataFrame:
     """The rows of :func:`decode_string` or :func:`decode_avro` (called with
     ``carry=KAFKA_CARRY``) as Kafka sink records.
 
-    ``value``: the row as JSON (every output column, the metadata ones ``_txn_id`` and
-    ``_promoted_from`` included); ``key`` and ``headers``: the source record's, unchanged,
-    so ``rmq.txn_id`` and ``rmq.promoted_from`` travel as headers too.
+    ``value``: the row as JSON (every output column, null ones as ``null``, the metadata
+    ones ``_txn_id`` and ``_promoted_from`` included); ``key`` and ``headers``: the source
+    record's, unchanged, so ``rmq.txn_id`` and ``rmq.promoted_from`` travel as headers too.
     """
     row = [c for c in df.columns if not c.startswith(_CARRIED)]
     return df.select(
         F.col(_CARRIED + "key").alias("key"),
-        F.to_json(F.struct(*row)).alias("value"),
+        # Every column, nulls too (to_json leaves them out by default): one shape per row.
+        F.to_json(F.struct(*row), {"ignoreNullFields": "false"}).alias("value"),
         F.col(_CARRIED + "headers").alias("headers"),
     )
 
