@@ -2,9 +2,11 @@
 
 Reads only promoted (business) topics, ``read_committed``, with headers; drops and counts
 records without ``rmq.promoted_from``; writes Parquet (or the console) with a checkpoint,
-so a restart neither loses nor repeats rows. What to read and where to write is a
-:class:`~spark.settings.JobSettings`, checked before any JVM starts. PySpark is imported
-inside functions only: ``rmq-semantics`` imports this module to register its subcommand.
+so a restart neither loses nor repeats rows, or a Kafka topic (:mod:`spark.sinks`: at least
+once, micro-batch or Spark's Real-time Mode; each record keeps its ``rmq.txn_id``).
+What to read and where to write is a :class:`~spark.settings.JobSettings`, checked before
+any JVM starts. PySpark is imported inside functions only: ``rmq-semantics`` imports this
+module to register its subcommand.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from rmq_semantics.errors import ConfigError, RmqError, RmqTimeoutError, SparkJobError
 from rmq_semantics.settings import env_name
+from spark import sinks
 from spark.kafka_options import spark_kafka_options
-from spark.settings import SINKS, JobSettings
+from spark.settings import SINKS, TRIGGERS, JobSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -155,7 +158,8 @@ def run_job(
         from spark.subscription import confirm_with_java
 
         confirm_with_java(spark, settings.subscription, settings.topic_prefix)
-        query = _start(_build_frame(spark, settings), settings)
+        sinks.check_realtime_cores(spark, settings)
+        query = sinks.start(_build_frame(spark, settings), settings)
         return _await(query, settings.require_promoted, timeout_s, stop_event)
     finally:
         if own_session:
@@ -164,28 +168,6 @@ def run_job(
 
 def _master(settings: JobSettings) -> str:
     return settings.spark_master or os.environ.get("RMQ_SPARK_MASTER") or DEFAULT_MASTER
-
-
-def _start(frame: DataFrame, settings: JobSettings) -> StreamingQuery:
-    writer = frame.writeStream.outputMode("append")
-    if settings.sink == "parquet":
-        writer = writer.format("parquet").option("path", settings.output)
-    else:
-        writer = writer.format("console").option("truncate", "false")
-    if settings.checkpoint is not None:
-        writer = writer.option("checkpointLocation", settings.checkpoint)
-    if settings.available_now:
-        writer = writer.trigger(availableNow=True)
-    sub = settings.subscription
-    log.info(
-        "spark job: %s=%s -> %s %s (checkpoint %s)",
-        sub.option,
-        sub.value,
-        settings.sink,
-        settings.output or "",
-        settings.checkpoint,
-    )
-    return writer.start()
 
 
 def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
@@ -201,15 +183,19 @@ def _build_frame(spark: SparkSession, settings: JobSettings) -> DataFrame:
     kept = transforms.drop_unpromoted(raw) if settings.require_promoted else raw
     if settings.tag_values is not None:
         kept = transforms.keep_tags(kept, settings.tag_values)
+    carry = transforms.KAFKA_CARRY if settings.sink == "kafka" else ()
     if settings.schema is None:
-        out = transforms.decode_string(kept)
+        out = transforms.decode_string(kept, carry)
         errors = F.count(F.when(F.lit(False), 1))  # observe() takes aggregates only
     else:
-        out = transforms.decode_avro(kept, settings.schema.json)
+        out = transforms.decode_avro(kept, settings.schema.json, carry)
         errors = F.count(F.col(transforms.DECODE_ERROR_COLUMN))
-    return out.observe(
+    # Real-time Mode allows observe() (CollectMetricsExec is on its allowlist): the metrics
+    # arrive once per batch, at its end.
+    observed = out.observe(
         _SINK_METRICS, F.count(F.lit(1)).alias("rows"), errors.alias("decode_errors")
     )
+    return transforms.kafka_records(observed) if carry else observed
 
 
 def _load_source(spark: SparkSession, settings: JobSettings) -> DataFrame:
@@ -369,10 +355,12 @@ def register_cli(sub: Any) -> None:
     """
     cmd = sub.add_parser(
         "spark",
-        help="stream promoted topics into Parquet with Spark",
+        help="stream promoted topics into Parquet (or a Kafka topic) with Spark",
         description="Read only promoted (business) topics, read_committed, "
         "drop and count records without rmq.promoted_from, "
-        "decode Avro, write a checkpointed sink.",
+        "decode Avro, write a checkpointed sink: Parquet (exactly once, micro-batch only) "
+        "or a Kafka topic (at least once; each record keeps its rmq.txn_id header to "
+        "drop duplicates by), micro-batch or --trigger realtime.",
     )
     h = JobSettings.help
     cmd.add_argument(
@@ -387,17 +375,15 @@ def register_cli(sub: Any) -> None:
         metavar="T",
         help="topic names (comma-separated) or one regex anchored with ^",
     )
-    cmd.add_argument(
-        "--output",
-        metavar="DIR",
-        required=True,
-        help="Parquet output directory (unused with --sink console)",
-    )
+    cmd.add_argument("--output", metavar="DIR", help=h("output"))
+    cmd.add_argument("--output-topic", metavar="T", help=h("output_topic"))
     cmd.add_argument("--checkpoint", metavar="DIR", help=h("checkpoint"))
     cmd.add_argument("--avro-schema", metavar="F", help=h("avro_schema"))
     cmd.add_argument("--available-now", action="store_true", default=None, help=h("available_now"))
     cmd.add_argument("--master", dest="spark_master", metavar="MASTER", help=h("spark_master"))
     cmd.add_argument("--sink", choices=SINKS, help=h("sink"))
+    cmd.add_argument("--trigger", choices=TRIGGERS, help=h("trigger"))
+    cmd.add_argument("--realtime-batch-s", metavar="S", type=int, help=h("realtime_batch_s"))
     cmd.add_argument("--topic-prefix", help=h("topic_prefix"))
     cmd.add_argument("--tags", metavar="EXPR", help=h("tags"))
     cmd.add_argument(
@@ -451,12 +437,13 @@ def _cmd_spark(args: argparse.Namespace) -> int:
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
-    """SIGTERM/SIGINT stop the query after its batch; a second SIGINT interrupts."""
+    """SIGTERM/SIGINT stop the query (a micro-batch is finished or discarded, a Real-time
+    batch interrupted: the restart re-emits it); a second SIGINT interrupts."""
 
     def handle(signum: int, frame: object) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        log.info("received %s: stopping after the current batch", signal.Signals(signum).name)
+        log.info("received %s: stopping the streaming query", signal.Signals(signum).name)
         stop.set()
 
     previous: dict[int, Any] = {}

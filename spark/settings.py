@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from rmq_semantics.errors import ConfigError
+from rmq_semantics.errors import ConfigError, SystemTopicError
 from rmq_semantics.helptext import plain_text
 from rmq_semantics.settings import env_name, load, setting
 from rmq_semantics.tags import TagFilter
-from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, is_system_topic
 from spark.kafka_options import cli_source_options, source_options
 from spark.schema import RecordSchema, load_schema, parse_record_schema
 from spark.subscription import Subscription, guard_subscription
 
-__all__ = ["SINKS", "JobSettings"]
+__all__ = ["MIN_REALTIME_BATCH_S", "SINKS", "TRIGGERS", "JobSettings"]
 
-SINKS = ("parquet", "console")
+SINKS = ("parquet", "console", "kafka")
+TRIGGERS = ("microbatch", "realtime")
+# Spark 4.2.0's spark.sql.streaming.realTimeMode.minBatchDuration default (5000 ms).
+MIN_REALTIME_BATCH_S = 5
 
 
 class _Derived:
@@ -56,8 +60,12 @@ class JobSettings(_Derived):
     topics: str | tuple[str, ...] = setting(
         "", "topic names (comma-separated) or one regex anchored with ^"
     )
-    output: str | None = setting(None, "Parquet output directory (unused with --sink console)")
-    checkpoint: str | None = setting(None, "checkpoint directory (default <output>.checkpoint)")
+    output: str | None = setting(
+        None, "Parquet output directory (--sink parquet; unused by the other sinks)"
+    )
+    checkpoint: str | None = setting(
+        None, "checkpoint directory (default <output>.checkpoint; required with --sink kafka)"
+    )
     avro_schema: str | None = setting(
         None, "Avro writer schema (.avsc file or its JSON) of the values; else values are text"
     )
@@ -72,6 +80,17 @@ class JobSettings(_Derived):
         default_factory=dict, metadata={"help": "options for Spark's Kafka source"}
     )
     spark_master: str | None = setting(None, "Spark master (default local[*])")
+    output_topic: str | None = setting(None, "Kafka topic --sink kafka writes to")
+    trigger: str = setting(
+        "microbatch",
+        f"{' or '.join(TRIGGERS)}: realtime is Spark's Real-time Mode, --sink kafka only "
+        "(Parquet stays micro-batch)",
+    )
+    realtime_batch_s: int = setting(
+        10,
+        "Real-time Mode batch duration in seconds, i.e. its checkpoint interval (minimum "
+        f"{MIN_REALTIME_BATCH_S}): a restart re-emits at most the interrupted batch",
+    )
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -86,6 +105,7 @@ class JobSettings(_Derived):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be True or False")
         if self.sink not in SINKS:
             raise ConfigError(f"sink={self.sink!r}: use one of {', '.join(SINKS)}")
+        _check_trigger(self)
         put("_tag_filter", TagFilter(self.tags))  # refuses a malformed expression
         put("tags", self._tag_filter.expression)
         topics = self.topics if isinstance(self.topics, str) else tuple(self.topics)
@@ -102,6 +122,12 @@ class JobSettings(_Derived):
         output, checkpoint = _sink_paths(self.output, self.checkpoint, self.sink)
         put("output", output)
         put("checkpoint", checkpoint)
+        if self.sink == "kafka":
+            _check_output_topic(self.output_topic, self._subscription, self.topic_prefix)
+        elif self.output_topic is not None:
+            raise ConfigError(
+                f"output_topic={self.output_topic!r}: only --sink kafka writes to a topic"
+            )
 
     @property
     def subscription(self) -> Subscription:
@@ -144,11 +170,62 @@ class JobSettings(_Derived):
         return f"{plain_text(field.metadata['help'])} (env {env_name(name)})"
 
 
+def _check_trigger(settings: JobSettings) -> None:
+    trigger, batch_s = settings.trigger, settings.realtime_batch_s
+    if trigger not in TRIGGERS:
+        raise ConfigError(f"trigger={trigger!r}: use one of {', '.join(TRIGGERS)}")
+    if isinstance(batch_s, bool) or not isinstance(batch_s, int) or batch_s < MIN_REALTIME_BATCH_S:
+        raise ConfigError(
+            f"realtime_batch_s={batch_s!r}: give whole seconds, at least {MIN_REALTIME_BATCH_S} "
+            "(Spark's minimum Real-time Mode batch duration)"
+        )
+    if trigger != "realtime":
+        return
+    if settings.sink != "kafka":
+        raise ConfigError(
+            f"trigger='realtime' with sink={settings.sink!r}: Real-time Mode writes to "
+            "--sink kafka only (it needs update output mode, which the Parquet file sink "
+            "refuses: Parquet stays micro-batch)"
+        )
+    if settings.available_now:
+        raise ConfigError(
+            "trigger='realtime' with available_now=True: a query takes one trigger, "
+            "drop one of them"
+        )
+
+
+def _check_output_topic(topic: str | None, subscription: Subscription, prefix: str) -> None:
+    if not isinstance(topic, str) or not topic.strip():
+        raise ConfigError(
+            f"output_topic={topic!r}: the kafka sink needs a topic to write to (--output-topic T)"
+        )
+    if is_system_topic(topic, prefix):
+        raise SystemTopicError(
+            f"output_topic={topic!r} is a system topic of rmq_semantics (prefix {prefix!r}); "
+            "the Spark job writes to business topics only"
+        )
+    read = (
+        re.search(subscription.value, topic) is not None
+        if subscription.is_pattern
+        else topic in subscription.value.split(",")
+    )
+    if read:
+        raise ConfigError(
+            f"output_topic={topic!r} is one of the topics the job reads "
+            f"({subscription.option}={subscription.value}): it would read its own output"
+        )
+
+
 def _sink_paths(
     output: str | Path | None, checkpoint: str | Path | None, sink: str
 ) -> tuple[str | None, str | None]:
-    if sink == "console":
-        return None, (str(checkpoint) if checkpoint is not None else None)
+    if sink == "kafka" and (checkpoint is None or not str(checkpoint).strip()):
+        raise ConfigError(
+            f"checkpoint={checkpoint!r}: the kafka sink needs a checkpoint directory "
+            "(--checkpoint DIR), where it keeps the offsets it has written up to"
+        )
+    if sink in ("console", "kafka"):
+        return None, (str(checkpoint).rstrip("/") if checkpoint is not None else None)
     if output is None or not str(output).strip():
         raise ConfigError(
             f"output={output!r}: the parquet sink needs an output directory (--output DIR)"

@@ -24,6 +24,7 @@ from spark.subscription import Subscription, guard_subscription
 
 __all__ = [
     "DECODE_ERROR_COLUMN",
+    "KAFKA_CARRY",
     "META_COLUMNS",
     "Subscription",
     "avro_spark_schema",
@@ -33,9 +34,14 @@ __all__ = [
     "guard_subscription",
     "header_value",
     "is_promoted",
+    "kafka_records",
 ]
 
 _DECODED = "__rmq_decoded"
+#: The source columns :func:`kafka_records` needs beside the output row.
+KAFKA_CARRY = ("key", "headers")
+# Carried columns are renamed, so they cannot clash with a decoded field named "key".
+_CARRIED = "__rmq_carried_"
 # Spark's PERMISSIVE mode turns an undecodable value into a row of nulls and hides why.
 _MALFORMED = "value does not decode with the writer schema"
 _NOT_CANONICAL = (
@@ -92,9 +98,33 @@ def _meta_columns(df: DataFrame) -> list[Column]:
     ]
 
 
-def decode_string(df: DataFrame) -> DataFrame:
-    """The output rows when no Avro schema is given: ``value`` as UTF-8 text plus metadata."""
-    return df.select(F.col("value").cast("string").alias("value"), *_meta_columns(df))
+def decode_string(df: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
+    """The output rows when no Avro schema is given: ``value`` as UTF-8 text plus metadata,
+    then the source columns named in ``carry`` (renamed for :func:`kafka_records`)."""
+    return df.select(
+        F.col("value").cast("string").alias("value"), *_meta_columns(df), *_carried(carry)
+    )
+
+
+def _carried(carry: tuple[str, ...]) -> list[Column]:
+    return [F.col(name).alias(_CARRIED + name) for name in carry]
+
+
+def kafka_records(df: DataFrame) -> DataFrame:
+    """The rows of :func:`decode_string` or :func:`decode_avro` (called with
+    ``carry=KAFKA_CARRY``) as Kafka sink records.
+
+    ``value``: the row as JSON (every output column, null ones as ``null``, the metadata
+    ones ``_txn_id`` and ``_promoted_from`` included); ``key`` and ``headers``: the source
+    record's, unchanged, so ``rmq.txn_id`` and ``rmq.promoted_from`` travel as headers too.
+    """
+    row = [c for c in df.columns if not c.startswith(_CARRIED)]
+    return df.select(
+        F.col(_CARRIED + "key").alias("key"),
+        # Every column, nulls too (to_json leaves them out by default): one shape per row.
+        F.to_json(F.struct(*row), {"ignoreNullFields": "false"}).alias("value"),
+        F.col(_CARRIED + "headers").alias("headers"),
+    )
 
 
 # --------------------------------------------------------------------------- Avro
@@ -155,7 +185,7 @@ def avro_spark_schema(schema_json: str, spark: SparkSession | None = None) -> T.
     return struct
 
 
-def decode_avro(df: DataFrame, schema_json: str) -> DataFrame:
+def decode_avro(df: DataFrame, schema_json: str, carry: tuple[str, ...] = ()) -> DataFrame:
     """Decode the binary ``value`` with the Avro writer schema ``schema_json`` (a record).
 
     Output: one column per top-level field of the record, typed as spark-avro maps it
@@ -175,7 +205,10 @@ def decode_avro(df: DataFrame, schema_json: str) -> DataFrame:
 
     try:
         checked = df.select(
-            decoded.alias(_DECODED), error.alias(DECODE_ERROR_COLUMN), *_meta_columns(df)
+            decoded.alias(_DECODED),
+            error.alias(DECODE_ERROR_COLUMN),
+            *_meta_columns(df),
+            *_carried(carry),
         )
     except AnalysisException as exc:  # a schema spark-avro cannot map
         raise ConfigError(
@@ -183,8 +216,10 @@ def decode_avro(df: DataFrame, schema_json: str) -> DataFrame:
         ) from exc
     # Every field is null on a row that did not decode, whatever the row decoded to.
     kept = F.when(F.col(DECODE_ERROR_COLUMN).isNull(), F.col(_DECODED)).alias(_DECODED)
-    return checked.select(kept, DECODE_ERROR_COLUMN, *META_COLUMNS).select(
+    carried = [_CARRIED + name for name in carry]
+    return checked.select(kept, DECODE_ERROR_COLUMN, *META_COLUMNS, *carried).select(
         *(F.col(_DECODED)[name].alias(name) for name in schema.fields),
         DECODE_ERROR_COLUMN,
         *META_COLUMNS,
+        *carried,
     )

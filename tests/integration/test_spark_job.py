@@ -1,4 +1,5 @@
-"""The Spark job on a real broker: promoted records only, exactly once across restarts."""
+"""The Spark job on a real broker: promoted records only, exactly once across restarts into
+Parquet, at least once into a Kafka topic (micro-batch and Real-time Mode)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from pyspark.sql import SparkSession
 
-from rmq_semantics.errors import SystemTopicError
+from rmq_semantics.errors import ConfigError, SystemTopicError
 from spark.job import JobSettings, build_session, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -360,3 +361,227 @@ def test_tags_keep_exactly_the_records_whose_rmq_tags_match(
 
     assert result.rows_written == 3
     assert [r["id"] for r in read_rows(spark, output)] == [1, 3, 5]
+
+
+# --------------------------------------------------------------------------- Kafka sink
+
+
+def read_topic(conf: dict, topic: str, done, timeout_s: float = JOB_TIMEOUT_S) -> list[dict]:
+    """Read ``topic`` from the start until ``done(records)``; each record as key, value
+    (JSON), headers (last value per name)."""
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"test-read-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    records: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not done(records):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{topic}: {len(records)} records after {timeout_s} s: {records}")
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            headers = {k: v.decode() for k, v in msg.headers() or []}
+            records.append({"key": msg.key(), "value": json.loads(msg.value()), "headers": headers})
+    finally:
+        consumer.close()
+    return records
+
+
+def read_all(conf: dict, topic: str) -> list[dict]:
+    """Every record on ``topic`` (one partition, written without transactions: its end
+    offset is its record count)."""
+    from confluent_kafka import TopicPartition
+
+    probe = Consumer({**conf, "group.id": f"test-probe-{uuid.uuid4().hex[:8]}"})
+    try:
+        _, end = probe.get_watermark_offsets(TopicPartition(topic, 0), KAFKA_TIMEOUT_S)
+    finally:
+        probe.close()
+    return read_topic(conf, topic, lambda rs: len(rs) >= end)
+
+
+def by_txn(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """The consumer-side dedupe the docs describe: group by (rmq.txn_id, rmq.promoted_from)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        key = (r["headers"]["rmq.txn_id"], r["headers"]["rmq.promoted_from"])
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def ids_of(records: list[dict]) -> set[int]:
+    return {r["value"]["id"] for r in records}
+
+
+def test_kafka_sink_micro_batch_writes_committed_promoted_records_with_their_txn_id(
+    broker, make_topic, spark, schema_file, tmp_path
+):
+    topic, out = make_topic("kafka-in", partitions=2), make_topic("kafka-out")
+    conf = broker.conf()
+    promote(conf, topic, [1, 2, 3], first_half_offset=10)
+    promote(conf, topic, [90], first_half_offset=20, commit=False)
+    write_plain(conf, topic, [encode(order(100))], headers=[("rmq.txn_id", b"txn-100")])
+    job = JobSettings(
+        bootstrap_servers=broker.bootstrap,
+        topics=topic,
+        sink="kafka",
+        output_topic=out,
+        checkpoint=tmp_path / "ck",
+        avro_schema=schema_file,
+        available_now=True,
+        kafka_options=source_options(conf),
+    )
+
+    result = run_job(job, spark=spark, timeout_s=JOB_TIMEOUT_S)
+
+    assert (result.rows_written, result.dropped_unpromoted, result.decode_errors) == (3, 1, 0)
+    records = read_all(conf, out)
+    assert sorted(r["value"]["id"] for r in records) == [1, 2, 3]
+    one = next(r for r in records if r["value"]["id"] == 1)
+    assert one["key"] == b"k1"
+    assert one["headers"] == {"rmq.txn_id": "txn-1", "app": "x", "rmq.promoted_from": "3:10"}
+    value = one["value"]
+    assert (value["sku"], value["_txn_id"], value["_promoted_from"]) == ("sku-1", "txn-1", "3:10")
+    assert (value["_topic"], value["_key"]) == (topic, "k1")
+    assert all(r["headers"]["rmq.txn_id"] == r["value"]["_txn_id"] for r in records)
+
+    again = run_job(job, spark=spark, timeout_s=JOB_TIMEOUT_S)  # the checkpoint: nothing new
+    assert again.rows_written == 0
+
+
+def test_kafka_sink_realtime_delivers_committed_records_at_least_once_identified_by_txn_id(
+    broker, make_topic, spark, schema_file, tmp_path
+):
+    topic, out = make_topic("rtm-in", partitions=2), make_topic("rtm-out")
+    conf = broker.conf()
+    promote(conf, topic, [1, 2, 3, 4], first_half_offset=10)
+    promote(conf, topic, [90, 91], first_half_offset=20, commit=False)  # rolled back
+    write_plain(conf, topic, [encode(order(100))])  # not promoted
+    pending = Producer({**conf, "transactional.id": f"test-pending-{uuid.uuid4().hex[:8]}"})
+    pending.init_transactions(KAFKA_TIMEOUT_S)
+    pending.begin_transaction()
+    for n, i in enumerate([50, 51]):
+        pending.produce(
+            topic,
+            key=f"k{i}",
+            value=encode(order(i)),
+            headers=[("rmq.txn_id", f"txn-{i}"), ("rmq.promoted_from", f"3:{30 + n}")],
+        )
+    assert pending.flush(KAFKA_TIMEOUT_S) == 0  # on the topic, its transaction still open
+    checkpoint = tmp_path / "rtm-ck"
+    job = dict(
+        bootstrap_servers=broker.bootstrap,
+        topics=topic,
+        sink="kafka",
+        output_topic=out,
+        checkpoint=checkpoint,
+        avro_schema=schema_file,
+        trigger="realtime",
+        kafka_options=source_options(conf),
+    )
+
+    def run(settings: JobSettings, stop: threading.Event) -> dict:
+        outcome: dict = {}
+
+        def target() -> None:
+            try:
+                outcome["result"] = run_job(
+                    settings, spark=spark, timeout_s=JOB_TIMEOUT_S, stop_event=stop
+                )
+            except BaseException as exc:  # re-raised in the test's thread by finish()
+                outcome["error"] = exc
+
+        outcome["thread"] = threading.Thread(target=target, name="rtm-job")
+        outcome["thread"].start()
+        return outcome
+
+    def finish(outcome: dict, stop: threading.Event) -> object:
+        stop.set()
+        outcome["thread"].join(JOB_TIMEOUT_S)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    # Run 1: a 30 s batch, stopped once the records are out, i.e. inside its first batch,
+    # which is never checkpointed: the restart re-emits it.
+    stop = threading.Event()
+    first = run(JobSettings(**job, realtime_batch_s=30), stop)
+    read_topic(conf, out, lambda rs: ids_of(rs) >= {1, 2, 3, 4})
+    finish(first, stop)
+    assert ids_of(read_all(conf, out)) == {1, 2, 3, 4}
+
+    # Run 2 on the same checkpoint: more records commit while it runs.
+    stop = threading.Event()
+    second = run(JobSettings(**job, realtime_batch_s=5), stop)
+    pending.abort_transaction(KAFKA_TIMEOUT_S)
+    promote(conf, topic, [5, 6], first_half_offset=40)
+    read_topic(conf, out, lambda rs: ids_of(rs) >= {1, 2, 3, 4, 5, 6})
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (checkpoint / "commits" / "0").exists():  # a batch ended: its metrics are in
+        assert time.monotonic() < deadline, "no Real-time batch was checkpointed"
+        time.sleep(0.2)
+    result = finish(second, stop)
+    records = read_all(conf, out)
+
+    assert ids_of(records) == {1, 2, 3, 4, 5, 6}  # none rolled back, pending or unpromoted
+    groups = by_txn(records)
+    assert sorted(groups) == sorted(
+        (f"txn-{i}", f"3:{o}") for i, o in [(1, 10), (2, 11), (3, 12), (4, 13), (5, 40), (6, 41)]
+    )
+    for copies in groups.values():  # a duplicate is the same record again: drop it by key
+        assert all(c["value"] == copies[0]["value"] for c in copies)
+        assert all(c["value"]["_txn_id"] == c["headers"]["rmq.txn_id"] for c in copies)
+    assert result.dropped_unpromoted == 1 and result.decode_errors == 0
+
+
+def test_realtime_refuses_a_master_with_fewer_cores_than_partitions(
+    broker, make_topic, spark, tmp_path
+):
+    topic = make_topic("rtm-wide", partitions=3)  # the module's session is local[2]
+    job = JobSettings(
+        bootstrap_servers=broker.bootstrap,
+        topics=topic,
+        sink="kafka",
+        output_topic=f"{topic}-out",
+        checkpoint=tmp_path / "ck",
+        trigger="realtime",
+        kafka_options=source_options(broker.conf()),
+    )
+    with pytest.raises(ConfigError, match=r"the subscription has 3 partitions, master local\[2\]"):
+        run_job(job, spark=spark, timeout_s=JOB_TIMEOUT_S)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_cli_refuses_parquet_with_the_realtime_trigger_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "spark",
+            "--bootstrap-servers",
+            "127.0.0.1:9",
+            "--topics",
+            "orders",
+            "--output",
+            str(tmp_path / "o"),
+            "--trigger",
+            "realtime",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "Parquet stays micro-batch" in lines[0]
+    assert list(tmp_path.iterdir()) == []

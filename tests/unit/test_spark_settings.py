@@ -54,6 +54,59 @@ def test_console_sink_needs_no_output():
     assert (settings.output, settings.checkpoint) == (None, None)
 
 
+def kafka_sink(**values: object) -> JobSettings:
+    base = {
+        "bootstrap_servers": "b",
+        "topics": "orders",
+        "sink": "kafka",
+        "output_topic": "orders-out",
+        "checkpoint": "/tmp/ck/",
+    }
+    return JobSettings(**{**base, **values})
+
+
+def test_kafka_sink_takes_a_topic_and_a_checkpoint_and_defaults_to_micro_batch():
+    settings = kafka_sink()
+    assert (settings.output, settings.checkpoint, settings.output_topic) == (
+        None,
+        "/tmp/ck",
+        "orders-out",
+    )
+    assert (settings.trigger, settings.realtime_batch_s) == ("microbatch", 10)
+    assert kafka_sink(trigger="realtime", realtime_batch_s=5).trigger == "realtime"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"output_topic": None}, r"output_topic=None: the kafka sink needs a topic"),
+        ({"checkpoint": None}, r"checkpoint=None: the kafka sink needs a checkpoint"),
+        ({"output_topic": "orders"}, r"output_topic='orders' is one of the topics the job"),
+        (
+            {"topics": "^ord.*", "output_topic": "orders-out"},
+            r"output_topic='orders-out' is one of the topics the job reads",
+        ),
+        ({"trigger": "continuous"}, r"trigger='continuous': use one of microbatch, realtime"),
+        ({"trigger": "realtime", "realtime_batch_s": 4}, r"realtime_batch_s=4: give whole"),
+        ({"trigger": "realtime", "available_now": True}, r"a query takes one trigger"),
+        (
+            {"sink": "parquet", "output": "/tmp/o", "trigger": "realtime", "output_topic": None},
+            r"trigger='realtime' with sink='parquet': Real-time Mode writes to --sink kafka "
+            r"only .*Parquet stays micro-batch",
+        ),
+        ({"sink": "parquet", "output": "/tmp/o"}, r"output_topic='orders-out': only --sink kafka"),
+    ],
+)
+def test_kafka_sink_and_trigger_errors_name_the_setting(values, message):
+    with pytest.raises(ConfigError, match=message):
+        kafka_sink(**values)
+
+
+def test_kafka_sink_refuses_a_system_output_topic():
+    with pytest.raises(SystemTopicError, match="output_topic='__rmq_half'"):
+        kafka_sink(output_topic="__rmq_half")
+
+
 def test_settings_read_the_avro_schema_file_once_and_keep_its_text(tmp_path):
     schema = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
     path = tmp_path / "r.avsc"
@@ -76,6 +129,9 @@ def cli_args(**values: object) -> argparse.Namespace:
         "available_now": None,
         "spark_master": None,
         "sink": None,
+        "output_topic": None,
+        "trigger": None,
+        "realtime_batch_s": None,
         "topic_prefix": None,
         "require_promoted": None,
         "kafka_option": [],
@@ -111,6 +167,23 @@ def test_cli_settings_take_flags_then_env_then_defaults():
     assert JobSettings.from_cli(cli_args(), {}).available_now is False
 
 
+def test_cli_settings_take_the_kafka_sink_and_trigger_from_env():
+    env = {
+        "RMQ_SINK": "kafka",
+        "RMQ_OUTPUT_TOPIC": "orders-out",
+        "RMQ_TRIGGER": "realtime",
+        "RMQ_REALTIME_BATCH_S": "7",
+        "RMQ_CHECKPOINT": "/tmp/ck",
+    }
+    settings = JobSettings.from_cli(cli_args(output=None), env)
+    assert (settings.sink, settings.output_topic, settings.trigger) == (
+        "kafka",
+        "orders-out",
+        "realtime",
+    )
+    assert settings.realtime_batch_s == 7
+
+
 def test_cli_settings_refuse_a_bad_env_value_naming_the_variable():
     with pytest.raises(ConfigError, match="RMQ_AVAILABLE_NOW"):
         JobSettings.from_cli(cli_args(), {"RMQ_AVAILABLE_NOW": "maybe"})
@@ -144,18 +217,24 @@ def test_the_spark_subcommand_keeps_its_flags_and_fills_settings_fields():
             "--allow-unpromoted",
             "--kafka-option",
             "a=b=c",
+            "--output-topic",
+            "out",
+            "--trigger",
+            "realtime",
+            "--realtime-batch-s",
+            "6",
         ]
     )
+    assert (args.output_topic, args.trigger, args.realtime_batch_s) == ("out", "realtime", 6)
     assert (args.available_now, args.spark_master, args.require_promoted) == (
         True,
         "local[1]",
         False,
     )
     assert args.kafka_option == [("a", "b=c")]
-    bare = parser.parse_args(
-        ["spark", "--bootstrap-servers", "b", "--topics", "t", "--output", "o"]
-    )
+    bare = parser.parse_args(["spark", "--bootstrap-servers", "b", "--topics", "t"])
     assert (bare.available_now, bare.require_promoted, bare.sink) == (None, None, None)
+    assert (bare.output, bare.trigger) == (None, None)
 
 
 # ----------------------------------------------------------------------------- topic regex

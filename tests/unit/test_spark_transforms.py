@@ -284,6 +284,37 @@ def test_decode_avro_decodes_fastavro_bytes_with_the_writer_schema(spark):
     assert (rows[1].id, rows[1].price, rows[1].note) == (2, None, "hi")
 
 
+def test_kafka_records_keep_the_source_key_and_headers_and_carry_the_row_as_json(spark):
+    from spark.transforms import KAFKA_CARRY, decode_string, kafka_records
+
+    schema = {
+        "type": "record",
+        "name": "Keyed",
+        "fields": [{"name": "key", "type": "string"}, {"name": "headers", "type": "int"}],
+    }
+    headers = {"rmq.txn_id": "txn-1", "rmq.promoted_from": "3:17", "traceparent": "00-ab"}
+    df = spark.createDataFrame(
+        [kafka_row(avro_bytes({"key": "field", "headers": 7}, schema), 0, headers, key="k1")],
+        KAFKA_SCHEMA,
+    )
+
+    [avro] = kafka_records(decode_avro(df, json.dumps(schema), KAFKA_CARRY)).collect()
+    [text] = kafka_records(decode_string(df, KAFKA_CARRY)).collect()
+
+    assert bytes(avro.key) == b"k1"  # the source key, not the decoded field named "key"
+    assert [(h.key, bytes(h.value).decode()) for h in avro.headers] == list(headers.items())
+    row = json.loads(avro.value)
+    assert (row["key"], row["headers"], row["_txn_id"], row["_promoted_from"]) == (
+        "field",
+        7,
+        "txn-1",
+        "3:17",
+    )
+    assert list(row) == ["key", "headers", "_decode_error", *META_COLUMNS]
+    assert row["_decode_error"] is None  # null columns are in the JSON too
+    assert json.loads(text.value)["_txn_id"] == "txn-1" and bytes(text.key) == b"k1"
+
+
 def test_malformed_values_become_rows_with_null_fields_and_a_decode_error(spark):
     good = avro_bytes(order(1))
     df = spark.createDataFrame(
