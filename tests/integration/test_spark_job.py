@@ -308,21 +308,11 @@ def test_cli_streaming_job_stops_cleanly_on_sigterm_after_writing(
     assert sorted(r.value for r in spark.read.parquet(str(output)).collect()) == ["one", "two"]
 
 
-def test_cli_refuses_a_system_topic_pattern_with_one_error_line(broker, tmp_path):
+def _one_error_line(bootstrap: str, *args: str) -> str:
+    """``rmq-semantics spark`` with ``args`` exits 2 with one error line and no traceback;
+    that line."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rmq_semantics",
-            "spark",
-            "--bootstrap-servers",
-            broker.bootstrap,
-            "--topics",
-            "^__rmq.*",
-            "--output",
-            str(tmp_path / "o"),
-            "--available-now",
-        ],
+        [sys.executable, "-m", "rmq_semantics", "spark", "--bootstrap-servers", bootstrap, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -331,7 +321,14 @@ def test_cli_refuses_a_system_topic_pattern_with_one_error_line(broker, tmp_path
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert lines[0].startswith("rmq-semantics: error: topic pattern '^__rmq.*' is refused")
+    return lines[0]
+
+
+def test_cli_refuses_a_system_topic_pattern_with_one_error_line(broker, tmp_path):
+    line = _one_error_line(
+        broker.bootstrap, "--topics", "^__rmq.*", "--output", str(tmp_path / "o"), "--available-now"
+    )
+    assert line.startswith("rmq-semantics: error: topic pattern '^__rmq.*' is refused")
 
 
 def test_tags_keep_exactly_the_records_whose_rmq_tags_match(
@@ -560,28 +557,14 @@ def test_realtime_refuses_a_master_with_fewer_cores_than_partitions(
 
 
 def test_cli_refuses_parquet_with_the_realtime_trigger_in_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rmq_semantics",
-            "spark",
-            "--bootstrap-servers",
-            "127.0.0.1:9",
-            "--topics",
-            "orders",
-            "--output",
-            str(tmp_path / "o"),
-            "--trigger",
-            "realtime",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=JOB_TIMEOUT_S,
+    line = _one_error_line(
+        "127.0.0.1:9",
+        "--topics",
+        "orders",
+        "--output",
+        str(tmp_path / "o"),
+        "--trigger",
+        "realtime",
     )
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert "Parquet stays micro-batch" in lines[0]
+    assert "Parquet stays micro-batch" in line
     assert list(tmp_path.iterdir()) == []
