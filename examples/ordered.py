@@ -16,13 +16,15 @@ with Producer(conf) as producer:  # idempotent: retries never reorder
 
 waiting = {b"packed", b"labelled"}
 handled = threading.Event()
+lock = threading.Lock()  # partitions are consumed on several threads at once
 
 
 def handle(m):
-    print(m.topic, m.partition, m.offset, m.value)
-    waiting.discard(m.value)
-    if not waiting:
-        handled.set()
+    with lock:  # two unlocked prints can interleave their lines
+        print(m.topic, m.partition, m.offset, m.value)
+        waiting.discard(m.value)
+        if not waiting:
+            handled.set()
 
 
 def listener(msgs, context):  # or a MessageListenerOrderly

@@ -12,13 +12,15 @@ with Producer(conf) as producer:
 
 invoices = {b"invoice-1", b"invoice-2"}
 handled = threading.Event()
+lock = threading.Lock()  # the listener runs on up to max_workers threads at once
 
 
 def handle(value):
-    print(value)
-    invoices.discard(value)
-    if not invoices:
-        handled.set()
+    with lock:  # two unlocked prints can interleave their lines
+        print(value)
+        invoices.discard(value)
+        if not invoices:
+            handled.set()
 
 
 def listener(msgs, context):  # or a MessageListenerConcurrently, or async def
