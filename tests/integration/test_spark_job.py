@@ -538,6 +538,58 @@ def test_kafka_sink_realtime_delivers_committed_records_at_least_once_identified
     assert result.dropped_unpromoted == 1 and result.decode_errors == 0
 
 
+def test_cli_realtime_kafka_sink_delivers_committed_records_and_stops_on_sigterm(
+    broker, make_topic, schema_file, tmp_path
+):
+    topic, out = make_topic("cli-rtm-in", partitions=2), make_topic("cli-rtm-out")
+    conf = broker.conf()
+    promote(conf, topic, [7, 8], first_half_offset=10)
+    promote(conf, topic, [99], first_half_offset=20, commit=False)  # rolled back
+    write_plain(conf, topic, [encode(order(100))])  # not promoted
+    cmd = [
+        sys.executable,
+        "-m",
+        "rmq_semantics",
+        "spark",
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--topics",
+        topic,
+        "--sink",
+        "kafka",
+        "--output-topic",
+        out,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--avro-schema",
+        str(schema_file),
+        "--trigger",
+        "realtime",
+        "--master",
+        "local[2]",
+    ]
+    for key, value in source_options(conf).items():
+        cmd += ["--kafka-option", f"{key}={value}"]
+    with open(tmp_path / "stderr.log", "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            read_topic(conf, out, lambda rs: ids_of(rs) >= {7, 8})
+            proc.send_signal(signal.SIGTERM)
+            out_text, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    log = (tmp_path / "stderr.log").read_text()
+
+    assert proc.returncode == 0, log[-3000:]
+    assert "Traceback" not in log
+    records = read_all(conf, out)
+    assert ids_of(records) == {7, 8}  # nothing rolled back or unpromoted
+    assert sorted(by_txn(records)) == [("txn-7", "3:10"), ("txn-8", "3:11")]
+    assert "rows_written" in json.loads(out_text.strip().splitlines()[-1])
+
+
 def test_realtime_refuses_a_master_with_fewer_cores_than_partitions(
     broker, make_topic, spark, tmp_path
 ):
