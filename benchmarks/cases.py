@@ -43,6 +43,7 @@ class BenchContext:
     promoted_topic: str = ""
     warmed: set[str] = field(default_factory=set)
     spark: Any = None
+    spark_latency: Any = None
     # What a case keeps from its first run for the next ones (the keys case's topics).
     kept: dict[str, dict] = field(default_factory=dict)
 
@@ -53,8 +54,9 @@ class BenchContext:
         return first
 
     def close(self) -> None:
-        if self.spark is not None:
-            self.spark.stop()
+        for bench in (self.spark, self.spark_latency):
+            if bench is not None:
+                bench.stop()
 
 
 def _baseline(ctx: BenchContext) -> dict:
@@ -188,6 +190,14 @@ def _spark(ctx: BenchContext) -> dict:
     return ctx.spark.run(ctx.promoted_topic)
 
 
+def _spark_latency(ctx: BenchContext) -> dict:
+    from benchmarks.spark_latency import SparkLatencyBench
+
+    if ctx.spark_latency is None:
+        ctx.spark_latency = SparkLatencyBench(ctx.conf, ctx.prefix, ctx.s, ctx.work, ctx.log)
+    return ctx.spark_latency.run()
+
+
 #: Every case and its one run, in the order a full run takes them; ``--cases`` picks some.
 CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "baseline": _baseline,
@@ -205,6 +215,7 @@ CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "push": _push,
     "stall": _stall,
     "spark": _spark,
+    "spark_latency": _spark_latency,
     "failover": _failover,
 }
 KNOWN_CASES = tuple(CASE_RUNS)

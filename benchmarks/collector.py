@@ -14,7 +14,7 @@ from benchmarks.common import CASE_TIMEOUT_S
 from rmq_semantics.consumed import headers_of
 from rmq_semantics.records.headers import H
 
-__all__ = ["Collector"]
+__all__ = ["Collector", "note_record"]
 
 
 def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consumer:
@@ -34,13 +34,49 @@ def _consumer(conf: dict, topic: str, partitions: int) -> confluent_kafka.Consum
     return consumer
 
 
+def note_record(
+    headers: list[tuple[str, bytes | None]],
+    now: float,
+    visible: dict[bytes | None, float],
+    seen: set[tuple[bytes | None, bytes | None]] | None,
+) -> bool:
+    """Note one consumed record's ``rmq.txn_id`` as visible at ``now``; False when it is a
+    copy of a record already noted, which then counts for nothing.
+
+    ``seen`` None: every record counts, and a transaction id is visible when its last
+    record came (the records of a batch transaction commit together). With a set (a sink
+    that delivers at least once): a record is the pair (``rmq.txn_id``,
+    ``rmq.promoted_from``), kept at its first copy as the docs tell consumers, and a
+    transaction id is visible when its first record came."""
+    txn_id = next((v for k, v in reversed(headers) if k == H.TXN_ID), None)
+    if seen is None:
+        if any(k == H.TXN_ID for k, _ in headers):
+            visible[txn_id] = now
+        return True
+    key = (txn_id, next((v for k, v in reversed(headers) if k == H.PROMOTED_FROM), None))
+    if key in seen:
+        return False
+    seen.add(key)
+    if txn_id is not None:
+        visible.setdefault(txn_id, now)
+    return True
+
+
 def _collect(
-    conf: dict, topic: str, partitions: int, want: int, warm_up: int, warmed: Any, results: Any
+    conf: dict,
+    topic: str,
+    partitions: int,
+    want: int,
+    warm_up: int,
+    distinct: bool,
+    warmed: Any,
+    results: Any,
 ) -> None:
     """The collector process: consume until ``want`` records came; send back the count, when
     it finished and when each txn id became visible (CLOCK_MONOTONIC is system-wide)."""
     consumer = _consumer(conf, topic, partitions)
     count, visible = 0, dict[bytes | None, float]()
+    seen: set[tuple[bytes | None, bytes | None]] | None = set() if distinct else None
     deadline = time.monotonic() + CASE_TIMEOUT_S
     try:
         while count < want and time.monotonic() < deadline:
@@ -51,13 +87,11 @@ def _collect(
             for msg in [first, *consumer.consume(999, 0)]:
                 if msg.error() is not None:
                     continue
-                now = time.monotonic()
+                if not note_record(headers_of(msg), time.monotonic(), visible, seen):
+                    continue
                 count += 1
                 if count == warm_up:
                     warmed.set()
-                for name, value in headers_of(msg):
-                    if name == H.TXN_ID:
-                        visible[value] = now
         results.send((count, time.monotonic(), visible))
     finally:
         consumer.close()
@@ -67,10 +101,18 @@ class Collector:
     """Consumes ``topic`` until ``warm_up + want`` records came, in a process of its own (as
     a real consumer would be: in the producer's process it competed with the producer for
     the GIL and measured itself). The clock starts once the ``warm_up`` records came: then
-    every client on the path is connected and knows the topic."""
+    every client on the path is connected and knows the topic. ``distinct``: the topic is
+    written at least once (the Spark job's Kafka sink); copies count for nothing and a
+    transaction id is visible at its first record (:func:`note_record`)."""
 
     def __init__(
-        self, conf: dict, topic: str, partitions: int, want: int, warm_up: int = 1
+        self,
+        conf: dict,
+        topic: str,
+        partitions: int,
+        want: int,
+        warm_up: int = 1,
+        distinct: bool = False,
     ) -> None:
         import multiprocessing
 
@@ -87,6 +129,7 @@ class Collector:
                 partitions,
                 self.warm_up + want,
                 self.warm_up,
+                distinct,
                 self.warmed,
                 child_end,
             ),

@@ -149,6 +149,61 @@ def _stall_rows(r: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
+SPARK_TRIGGERS = ("microbatch", "realtime")
+
+
+def _calls_made(f: Any) -> str:
+    """``; calls made at R/s`` of a latency figure that measured the achieved rate."""
+    if not isinstance(f, dict) or "achieved_msgs_per_s" not in f:
+        return ""
+    return f"; calls made at {fig(f['achieved_msgs_per_s'], rate, '/s')}"
+
+
+def _spark_latency_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    sides = {t: r.get(f"spark_{t}_commit_to_visible_ms") for t in SPARK_TRIGGERS}
+    if not any(sides.values()):
+        return []  # a results file from before the case
+    one = next(f for f in sides.values() if f)
+    load = (
+        f"at {num(one.get('offered_msgs_per_s', '?'))} msgs/s offered by "
+        f"{one.get('threads', '?')} threads"
+    )
+    names = {
+        "microbatch": "micro-batch",
+        "realtime": f"Real-time Mode ({(sides['realtime'] or {}).get('batch_s', '?')} s batches)",
+    }
+    return [
+        (
+            "spark_latency",
+            f"Spark job, {names[t]}: commit → row on its Kafka sink's topic {load}; and on "
+            "the promoted topic it reads (the coordinator's part), in the same run",
+            f"{pcts(sides[t])}{_calls_made(sides[t])}; promoted topic "
+            f"{pcts(r.get(f'spark_{t}_input_commit_to_visible_ms'))}",
+            "",
+        )
+        for t in SPARK_TRIGGERS
+    ]
+
+
+def _spark_latency_note(r: dict) -> list[str]:
+    micro, realtime = (r.get(f"spark_{t}_commit_to_visible_ms") for t in SPARK_TRIGGERS)
+    if not micro and not realtime:
+        return []
+    side = micro or realtime or {}
+    return [
+        f"The Spark job's rows: `rmq-semantics spark --sink kafka` on a `local[2]` session "
+        f"reads a promoted topic of {side.get('input_partitions', '?')} partitions and writes "
+        "each row to a topic of its own; a row is timed at its first copy there (the sink "
+        "delivers at least once; copies are dropped by (`rmq.txn_id`, `rmq.promoted_from`)). "
+        "Micro-batch, the job's default trigger, starts each batch as soon as the last one "
+        "ended; Real-time Mode (`--trigger realtime`) holds one long-running task per input "
+        "partition and writes each record as it is read. Its batch duration "
+        f"({(realtime or {}).get('batch_s', '?')} s, `--realtime-batch-s`) is the checkpoint "
+        "interval, not a latency bound: a restart re-emits at most the interrupted batch.",
+        "",
+    ]
+
+
 def _rows(r: dict) -> list[tuple[str, str, str, str]]:
     """(case, label, result, goal) for every figure in ``r``."""
     g = r.get
@@ -188,12 +243,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
             "latency",
             f"commit → visible at {num(visible.get('offered_msgs_per_s', '?'))} msgs/s "
             f"offered by {visible.get('threads', '?')} threads",
-            pcts(visible)
-            + (
-                f"; calls made at {fig(visible['achieved_msgs_per_s'], rate, '/s')}"
-                if "achieved_msgs_per_s" in visible
-                else ""
-            ),
+            pcts(visible) + _calls_made(visible),
             "",
         ),
         (
@@ -211,6 +261,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
                 at_most(g("latency_vs_copier_p99"), GOAL_LATENCY_VS_COPIER),
             ),
         ),
+        *_spark_latency_rows(r),
         (
             "txn",
             "commit → visible at saturation (queueing)",
@@ -427,6 +478,7 @@ def render_block(results: dict) -> str:
             f"before the case started): {', '.join(sorted(busy))}.",
             "",
         ]
+    lines += _spark_latency_note(results)
     lines += [_sizing_line(results), "", *_comparison(results), *keys_block(results), END]
     return "\n".join(lines)
 

@@ -35,7 +35,11 @@ __all__ = [
     "bench_check_lateness",
     "bench_latency",
     "bench_txn",
+    "commit_to_visible",
     "coordinator_process",
+    "latency_producer",
+    "offer_load",
+    "warm_paths",
 ]
 
 # The check case's transaction timeout: short, so a run takes seconds; what it measures is
@@ -101,14 +105,15 @@ def bench_baseline(conf: dict, s: BenchSettings) -> float:
     return collector.measured / ((collector.done_at or time.monotonic()) - start)
 
 
+def commit_to_visible(decided: dict[str, float], visible: dict[bytes, float]) -> list[float]:
+    """Commit-to-visible (ms) of every transaction seen: its local transaction's decision
+    (``decided``, by transaction id) to its record reaching the measuring consumer
+    (``visible``, by the ``rmq.txn_id`` header's bytes); a transaction not seen is left out."""
+    return [(visible[t.encode()] - at) * 1000 for t, at in decided.items() if t.encode() in visible]
+
+
 def _latencies(listener: NoopListener, collector: Collector) -> list[float]:
-    """Commit-to-visible (ms) of every transaction seen: the local transaction's decision to
-    the promoted record reaching the measuring consumer."""
-    return [
-        (collector.visible[t.encode()] - at) * 1000
-        for t, at in listener.decided.items()
-        if t.encode() in collector.visible
-    ]
+    return commit_to_visible(listener.decided, collector.visible)
 
 
 def bench_txn(
@@ -159,70 +164,97 @@ def bench_txn(
 def bench_latency(
     conf: dict, prefix: str, s: BenchSettings, fault: Callable[[], object] | None = None
 ) -> tuple[list[float], float]:
-    """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads,
-    each calling ``send_message_in_transaction`` on a schedule of absolute due times (a late
-    call does not push the later ones back: the offered rate stays the rate), and the rate
-    the calls achieved (below the offered one when the callers fell behind).
+    """Commit-to-visible (ms) at ``s.rate`` msgs/s offered by ``s.latency_threads`` threads
+    (:func:`offer_load`), and the rate the calls achieved (below the offered one when the
+    callers fell behind).
 
     ``fault()`` is called halfway through the offered load, on a thread of its own (a broker
     failover); a send that raises meanwhile is sent again, as a user's retry would."""
     topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
     ensure_topics(conf, {topic: (s.partitions, {})})
-    threads = max(1, s.latency_threads)
     count = int(s.rate * s.latency_seconds)
     listener = NoopListener()
     collector = Collector(conf, topic, s.partitions, count, warm_up=WARM_UP)
     collector.start()
     value = os.urandom(s.size)
-    errors: list[BaseException] = []
-    # The user's conf as they would pass it: the one-message path picks its own linger.
-    with TransactionProducer(
+    with latency_producer(conf, prefix, s, listener) as producer:
+        warm_paths(producer, topic, value, s)
+        collector.wait_warm()
+        listener.decided.clear()
+        achieved = offer_load(producer, topic, value, s, fault)
+        producer.flush(60)
+        collector.join(CASE_TIMEOUT_S)
+    return _latencies(listener, collector), achieved
+
+
+def latency_producer(
+    conf: dict, prefix: str, s: BenchSettings, listener: NoopListener
+) -> TransactionProducer:
+    """The latency cases' producer: the user's conf as they would pass it (the one-message
+    path picks its own linger), the bench's coordinator (``prefix``)."""
+    return TransactionProducer(
         conf,
         producer_group="bench-lat",
         listener=listener,
         topic_prefix=prefix,
         half_partitions=s.partitions,
-    ) as producer:
-        # Warm both paths: the batch producer and the one-message path's own producer.
-        producer.send_messages_in_transaction(
-            [Message(topic, value) for _ in range(WARM_UP - threads)]
+    )
+
+
+def warm_paths(producer: TransactionProducer, topic: str, value: bytes, s: BenchSettings) -> None:
+    """:data:`WARM_UP` records to ``topic`` through both of the producer's paths: the batch
+    producer and the one-message path's own producer (once per caller thread)."""
+    threads = max(1, s.latency_threads)
+    producer.send_messages_in_transaction([Message(topic, value) for _ in range(WARM_UP - threads)])
+    for _ in range(threads):
+        producer.send_message_in_transaction(Message(topic, value))
+
+
+def offer_load(
+    producer: TransactionProducer,
+    topic: str,
+    value: bytes,
+    s: BenchSettings,
+    fault: Callable[[], object] | None = None,
+) -> float:
+    """``s.rate * s.latency_seconds`` calls of ``send_message_in_transaction`` to ``topic``
+    from ``s.latency_threads`` threads, each on a schedule of absolute due times (a late
+    call does not push the later ones back: the offered rate stays the rate); the rate the
+    calls achieved. Raises once every caller is done if one of them failed.
+
+    ``fault()`` is called halfway through, on a thread of its own; a send that raises
+    meanwhile is sent again (at most :data:`SEND_ATTEMPTS` times), as a user's retry would."""
+    threads = max(1, s.latency_threads)
+    count = int(s.rate * s.latency_seconds)
+    errors: list[BaseException] = []
+    start = time.monotonic() + 0.05  # every thread is waiting before the first due time
+
+    def caller(first: int) -> None:
+        try:
+            for i in range(first, count, threads):
+                delay = start + i / s.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                _send(producer, Message(topic, value, key=str(i % 1000)), retry=fault is not None)
+        except Exception as exc:  # reported after the run, not lost in a thread
+            errors.append(exc)
+
+    callers = [
+        threading.Thread(target=caller, args=(n,), daemon=True, name=f"bench-lat-{n}")
+        for n in range(threads)
+    ]
+    if fault is not None:
+        callers.append(
+            threading.Timer(max(0.0, start - time.monotonic()) + s.latency_seconds / 2, fault)
         )
-        for _ in range(threads):
-            producer.send_message_in_transaction(Message(topic, value))
-        collector.wait_warm()
-        listener.decided.clear()
-        start = time.monotonic() + 0.05  # every thread is waiting before the first due time
-
-        def caller(first: int) -> None:
-            try:
-                for i in range(first, count, threads):
-                    delay = start + i / s.rate - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    _send(
-                        producer, Message(topic, value, key=str(i % 1000)), retry=fault is not None
-                    )
-            except Exception as exc:  # reported after the run, not lost in a thread
-                errors.append(exc)
-
-        callers = [
-            threading.Thread(target=caller, args=(n,), daemon=True, name=f"bench-lat-{n}")
-            for n in range(threads)
-        ]
-        if fault is not None:
-            callers.append(
-                threading.Timer(max(0.0, start - time.monotonic()) + s.latency_seconds / 2, fault)
-            )
-        for c in callers:
-            c.start()
-        for c in callers:
-            c.join(CASE_TIMEOUT_S)
-        achieved = count / (time.monotonic() - start)
-        producer.flush(60)
-        collector.join(CASE_TIMEOUT_S)
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(CASE_TIMEOUT_S)
+    achieved = count / (time.monotonic() - start)
     if errors:
         raise RuntimeError(f"latency: {len(errors)} callers failed: {errors[0]!r}")
-    return _latencies(listener, collector), achieved
+    return achieved
 
 
 def _send(producer: TransactionProducer, msg: Message, retry: bool) -> None:

@@ -51,6 +51,10 @@ FIGURES = (
     "orderly_ratio",
     "takeover_s",
     "spark_ratio",
+    "spark_microbatch_commit_to_visible_ms.p99",
+    "spark_realtime_commit_to_visible_ms.p99",
+    "spark_microbatch_input_commit_to_visible_ms.p99",
+    "spark_realtime_input_commit_to_visible_ms.p99",
 )
 
 
