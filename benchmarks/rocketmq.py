@@ -330,7 +330,7 @@ class RocketMQServers:
                 )
                 raise RocketMQBenchError(f"RocketMQ {name} {state}: {tail or 'no output'}")
             time.sleep(0.1)
-        log.info("RocketMQ %s up: pid %d on 127.0.0.1", name, proc.pid)
+        log.debug("RocketMQ %s up: pid %d on 127.0.0.1", name, proc.pid)
 
     def stop(self) -> None:
         """SIGTERM each process (broker first), SIGKILL one that outlives STOP_TIMEOUT_S."""
