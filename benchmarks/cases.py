@@ -120,11 +120,16 @@ def _threads(ctx: BenchContext) -> dict:
 
 
 def _rocketmq(ctx: BenchContext) -> dict:
-    from benchmarks.rocketmq import bench_rocketmq, prepare_rocketmq
+    from benchmarks.rocketmq import COMPARED_THREADS, bench_rocketmq, prepare_rocketmq
 
     kept = ctx.kept.setdefault("rocketmq", {})
     if "tools" not in kept:
         kept["tools"] = prepare_rocketmq()
+        if COMPARED_THREADS not in ctx.s.thread_counts:
+            ctx.log(
+                f"  rocketmq: the threads case has no {COMPARED_THREADS}-thread row "
+                f"(--threads): RocketMQ is measured, the ratio is not"
+            )
     return bench_rocketmq(ctx.s, ctx.work, kept["tools"], ctx.log)
 
 
