@@ -20,7 +20,7 @@ from benchmarks.txn import (
     bench_txn,
 )
 
-__all__ = ["CASES", "CASE_RUNS", "KNOWN_CASES", "BenchContext", "derive"]
+__all__ = ["CASES", "CASE_PREPARES", "CASE_RUNS", "KNOWN_CASES", "BenchContext", "derive"]
 
 # The txn case's first run is preceded by a smaller one (the coordinator's first batches).
 TXN_WARM_COUNT = 2000
@@ -121,6 +121,26 @@ def _threads(ctx: BenchContext) -> dict:
     return {"threads": {n: case["runs"][0] for n, case in counts.items()}}
 
 
+def _rocketmq(ctx: BenchContext) -> dict:
+    from benchmarks.rocketmq import COMPARED_THREADS, bench_rocketmq, prepare_rocketmq
+
+    kept = ctx.kept.setdefault("rocketmq", {})
+    if "tools" not in kept:
+        kept["tools"] = prepare_rocketmq()
+        if COMPARED_THREADS not in ctx.s.thread_counts:
+            ctx.log(
+                f"  rocketmq: the threads case has no {COMPARED_THREADS}-thread row "
+                f"(--threads): RocketMQ is measured, the ratio is not"
+            )
+    return bench_rocketmq(ctx.s, ctx.work, kept["tools"], ctx.log)
+
+
+def _prepare_rocketmq() -> None:
+    from benchmarks.rocketmq import prepare_rocketmq
+
+    prepare_rocketmq()
+
+
 def _copier(ctx: BenchContext) -> dict:
     from benchmarks.copier import copier_latency, copier_throughput
 
@@ -208,6 +228,7 @@ CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "latency": _latency,
     "check": _check,
     "threads": _threads,
+    "rocketmq": _rocketmq,
     "copier": _copier,
     "coordinators": _coordinators,
     "orderly": _orderly,
@@ -218,6 +239,9 @@ CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "spark_latency": _spark_latency,
     "failover": _failover,
 }
+#: What a case needs before any broker starts (tools, jars): run once by the runner, so a
+#: missing one fails the run at once, in one line, not after the cases before it.
+CASE_PREPARES: dict[str, Callable[[], None]] = {"rocketmq": _prepare_rocketmq}
 KNOWN_CASES = tuple(CASE_RUNS)
 #: A full run's cases: failover needs a cluster (``--brokers 3 --cases failover``).
 CASES = tuple(c for c in KNOWN_CASES if c != "failover")
@@ -237,6 +261,12 @@ def derive(results: dict) -> dict:
         "txn_ratio": (("txn_msgs_per_s",), ("baseline_msgs_per_s",)),
         "txn_vs_copier": (("txn_msgs_per_s",), ("copier_msgs_per_s",)),
         "latency_vs_copier_p99": (("commit_to_visible_ms", "p99"), ("copier_latency_ms", "p99")),
+        # Against RocketMQ taken in the same bench run (the rocketmq case), run by run.
+        "threads32_vs_rocketmq": (("threads", "32", "confirmed_per_s"), ("rocketmq_txn_per_s",)),
+        "latency_vs_rocketmq_p99": (
+            ("commit_to_visible_ms", "p99"),
+            ("rocketmq_commit_to_visible_ms", "p99"),
+        ),
     }
     derived = {}
     for name, (top, bottom) in ratios.items():

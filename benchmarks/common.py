@@ -59,6 +59,8 @@ class BenchSettings:
     stall_attempts: int = 5
     # The keys case: records per mode (Parallel Consumer's table has 10,000).
     keys_count: int = 10000
+    # The rocketmq case: seconds of its 32-thread window (after a 5 s warm-up).
+    rocketmq_seconds: int = 20
 
     @classmethod
     def quick(cls) -> BenchSettings:
@@ -72,6 +74,7 @@ class BenchSettings:
             load_sample_s=0.5,
             stall_attempts=1,
             keys_count=1000,
+            rocketmq_seconds=5,
         )
 
 

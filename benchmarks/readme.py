@@ -44,6 +44,8 @@ RMQ_RAW = 13274  # sync sends from 32 threads
 GOAL_THREADS, GOAL_THREADS_P50_MS = 11295, 3.0
 GOAL_TXN_VS_COPIER, GOAL_LATENCY_VS_COPIER = 0.8, 1.2
 GOAL_ORDERLY, GOAL_SPARK = 0.8, 0.9
+# Goal of issue 34: 32 threads at least RocketMQ's rate in the same run.
+GOAL_VS_ROCKETMQ = 1.0
 
 
 # -- the figures table --------------------------------------------------------------------
@@ -366,6 +368,60 @@ def _sizing_line(r: dict) -> str:
     )
 
 
+# -- RocketMQ in the same run (the rocketmq case) -------------------------------------------
+def _p50_p99(f: Any, keys: tuple[str, str] = ("p50", "p99")) -> str:
+    if not isinstance(f, dict) or all(median(f.get(k)) is None for k in keys):
+        return "not measured"
+    return " / ".join(fig(f.get(k), ms) for k in keys) + " ms"
+
+
+def _same_run(r: dict) -> list[str]:
+    """RocketMQ measured by the bench's own case beside this product, with the ratios."""
+    t32 = (r.get("threads") or {}).get("32", {})
+    ours, theirs = r.get("commit_to_visible_ms") or {}, r.get("rocketmq_commit_to_visible_ms") or {}
+    offered = num(theirs.get("offered_msgs_per_s", ours.get("offered_msgs_per_s", "?")))
+    rows = [
+        (
+            "32 threads, each calling `sendMessageInTransaction` / "
+            "`send_message_in_transaction` in a loop, confirmed/s",
+            fig(r.get("rocketmq_txn_per_s"), rate, "/s"),
+            fig(t32.get("confirmed_per_s"), rate, "/s"),
+            fig(r.get("threads32_vs_rocketmq"), ratio, TIMES),
+            judged(
+                f"≥ {GOAL_VS_ROCKETMQ:.1f}{TIMES}",
+                at_least(r.get("threads32_vs_rocketmq"), GOAL_VS_ROCKETMQ),
+            ),
+        ),
+        (
+            "one call at 32 threads, p50 / p99",
+            _p50_p99(r.get("rocketmq_call_ms")),
+            _p50_p99(t32, ("p50_ms", "p99_ms")),
+            "",
+            "",
+        ),
+        (
+            f"commit → visible at {offered} msgs/s offered, p50 / p99 (ratio of the p99s)",
+            _p50_p99(theirs),
+            _p50_p99(ours),
+            fig(r.get("latency_vs_rocketmq_p99"), ratio, TIMES),
+            "",
+        ),
+    ]
+    return [
+        "### RocketMQ in the same run",
+        "",
+        "| workload | RocketMQ 5.5.0 | this product | this product ÷ RocketMQ | goal |",
+        "| --- | --- | --- | --- | --- |",
+        *(f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows),
+        "",
+        "RocketMQ's side is the `rocketmq` case (`benchmarks/rocketmq.py`): a name server and "
+        "one broker of RocketMQ 5.5.0 started by the bench on 127.0.0.1, 8 queues, "
+        "`TxBench.java` on its remoting client; the ratios are taken run by run against the "
+        "`threads` and `latency` cases of the same bench run.",
+        "",
+    ]
+
+
 # -- this product and RocketMQ ------------------------------------------------------------
 def _default_timeout_s() -> float:
     from coordinator.settings import CoordinatorSettings
@@ -479,7 +535,14 @@ def render_block(results: dict) -> str:
             "",
         ]
     lines += _spark_latency_note(results)
-    lines += [_sizing_line(results), "", *_comparison(results), *keys_block(results), END]
+    lines += [
+        _sizing_line(results),
+        "",
+        *_same_run(results),
+        *_comparison(results),
+        *keys_block(results),
+        END,
+    ]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cases import CASE_RUNS, CASES, KNOWN_CASES, BenchContext, derive
+from benchmarks.cases import CASE_PREPARES, CASE_RUNS, CASES, KNOWN_CASES, BenchContext, derive
 from benchmarks.common import BenchSettings, aggregate, pooled_samples, sketch
 from benchmarks.console import BenchConsole
 from benchmarks.machine import BUSY_FRACTION, load_sample, machine_info
@@ -118,6 +118,9 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown bench cases {unknown}; known: {', '.join(KNOWN_CASES)}")
     cases = tuple(c for c in KNOWN_CASES if c in cases)  # a full run's order, each case once
+    for case in cases:
+        if case in CASE_PREPARES:
+            CASE_PREPARES[case]()
     screen = screen or BenchConsole(len(cases) * s.repeat)
     work = Path(tempfile.mkdtemp(prefix="rmq-bench-"))
     cluster = (
@@ -221,6 +224,7 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         "check_messages",
         "load_sample_s",
         "keys_count",
+        "rocketmq_seconds",
     ):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
@@ -301,6 +305,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         dest="keys_count",
         type=int,
         help="records per mode of the keys case (default 10,000)",
+    )
+    bench.add_argument(
+        "--rocketmq-seconds",
+        dest="rocketmq_seconds",
+        type=int,
+        help="seconds of the rocketmq case's 32-thread window (default 20)",
     )
     bench.add_argument(
         "--load-sample",
