@@ -3,7 +3,8 @@ product's figures are compared with RocketMQ's taken beside them (issue 34).
 
 Each run starts a name server and one broker of its own (the jars of
 ``benchmarks/rocketmq/pom.xml``, resolved once from Maven Central into the cache) on free
-ports of 127.0.0.1, with a fresh store in the run's work dir, and runs
+ports of 127.0.0.1 in a network namespace of its own with only loopback up (the broker's HA
+port binds every address), with a fresh store in the run's work dir, and runs
 ``benchmarks/rocketmq/TxBench.java`` (compiled on first use) twice against them: ``tput-tx``,
 32 threads each calling ``sendMessageInTransaction`` in a loop (1 KiB, 8 queues, the local
 transaction always COMMIT), the shape of the ``threads`` case's 32-thread row; and
@@ -35,6 +36,7 @@ from rmq_semantics.kafka_jars import cache_dir, java_executable, resolve_maven_j
 
 __all__ = [
     "COMPARED_THREADS",
+    "LoopbackNamespace",
     "RocketMQBenchError",
     "RocketMQServers",
     "Toolchain",
@@ -60,6 +62,8 @@ BOOT_TIMEOUT_S = 120.0
 # A JVM that ignores SIGTERM this long is killed.
 STOP_TIMEOUT_S = 30.0
 COMPILE_TIMEOUT_S = 300.0
+# Making the servers' network namespace and bringing its loopback up.
+NAMESPACE_TIMEOUT_S = 10.0
 # Beyond TxBench's own warm-up and window: the consumer's rebalance (at most 30 s) and the
 # drain of what was sent (at most 30 s), plus the JVM's start.
 TXBENCH_SLACK_S = 120.0
@@ -221,7 +225,9 @@ def prepare_rocketmq() -> Toolchain:
     libs = resolve_maven_jars(
         HERE / "pom.xml", cache_dir() / f"rocketmq-{version}" / "libs", f"Apache RocketMQ {version}"
     )
-    return Toolchain(java, libs, _compiled(_javac(java), libs))
+    tools = Toolchain(java, libs, _compiled(_javac(java), libs))
+    LoopbackNamespace().close()  # the servers' namespace can be made: fail before any run
+    return tools
 
 
 # -- the two servers ------------------------------------------------------------------------
@@ -249,15 +255,84 @@ def _jvm_home(work: Path) -> tuple[str, ...]:
     return (f"-Duser.home={home}", f"-Drocketmq.home.dir={home}", "-Djava.net.preferIPv4Stack=true")
 
 
+class LoopbackNamespace:
+    """A network namespace with only its loopback up, held open by a ``sleep`` process: the
+    broker's HA port binds every address (RocketMQ 5.5.0 has no bind option for it), so the
+    servers and TxBench run in here, where every address is loopback. Root only (``unshare``,
+    ``nsenter``, ``ip``); :meth:`close` (by pid) is idempotent."""
+
+    def __init__(self) -> None:
+        missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+        if os.geteuid() != 0 or missing:
+            why = f"{', '.join(missing)} not on PATH" if missing else "not running as root"
+            raise RocketMQBenchError(
+                "the rocketmq case runs RocketMQ in a network namespace of its own (its broker's "
+                f"HA port binds every address), which needs root, unshare, nsenter and ip: {why}"
+            )
+        self._holder: subprocess.Popen | None = subprocess.Popen(
+            ["unshare", "--net", "sleep", "infinity"], stdin=subprocess.DEVNULL
+        )
+        try:
+            self._up_loopback()
+        except BaseException:
+            self.close()
+            raise
+
+    def _up_loopback(self) -> None:
+        deadline = time.monotonic() + NAMESPACE_TIMEOUT_S
+        # Until unshare has made the namespace, /proc/PID/ns/net is still this one's: an
+        # `ip` entered there would set up this namespace's loopback, not the new one's.
+        while not self._isolated():
+            if time.monotonic() > deadline:
+                raise RocketMQBenchError("unshare made no network namespace in time")
+            time.sleep(0.02)
+        done = subprocess.run(
+            self.prefix(["ip", "link", "set", "lo", "up"]),
+            capture_output=True,
+            text=True,
+            timeout=NAMESPACE_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            raise RocketMQBenchError(
+                f"could not bring up the namespace's loopback: {done.stderr.strip()}"
+            )
+
+    def _isolated(self) -> bool:
+        assert self._holder is not None
+        try:
+            return os.readlink(f"/proc/{self._holder.pid}/ns/net") != os.readlink(
+                "/proc/self/ns/net"
+            )
+        except OSError:
+            return False
+
+    def prefix(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside the namespace (``nsenter`` execs it: its pid is ``cmd``'s)."""
+        assert self._holder is not None, "the namespace is closed"
+        return ["nsenter", f"--net=/proc/{self._holder.pid}/ns/net", "--", *cmd]
+
+    def close(self) -> None:
+        holder, self._holder = self._holder, None
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+            holder.wait(STOP_TIMEOUT_S)
+
+
 class RocketMQServers:
-    """A name server and one broker of RocketMQ on free ports of 127.0.0.1, each a process of
-    its own with its store and logs under ``work``; a context manager, :meth:`stop` (by pid)
-    is idempotent."""
+    """A name server and one broker of RocketMQ on ports of 127.0.0.1 in a
+    :class:`LoopbackNamespace` of their own, each a process with its store and logs under
+    ``work``; a context manager, :meth:`stop` (by pid) is idempotent."""
 
     def __init__(self, tools: Toolchain, work: Path) -> None:
         self.tools, self.work = tools, work
         self.namesrv_port, self.broker_port, self.ha_port = 0, 0, 0
         self._procs: list[tuple[str, subprocess.Popen, IO[bytes]]] = []
+        self._netns: LoopbackNamespace | None = None
+
+    def command(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run where the servers are (their network namespace): TxBench's too."""
+        assert self._netns is not None, "the servers are not started"
+        return self._netns.prefix(cmd)
 
     @property
     def namesrv(self) -> str:
@@ -289,6 +364,7 @@ class RocketMQServers:
                 "storePathCommitLog": store / "commitlog",
             },
         )
+        self._netns = LoopbackNamespace()
         try:
             self._spawn("namesrv", NAMESRV_OPTS, NAMESRV_MAIN, namesrv_conf)
             self._spawn("broker", BROKER_OPTS, BROKER_MAIN, broker_conf)
@@ -317,7 +393,9 @@ class RocketMQServers:
             "-c",
             str(conf),
         ]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            self.command(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
         self._procs.append((name, proc, out))
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         while BOOTED not in out_path.read_text(errors="replace"):
@@ -345,6 +423,9 @@ class RocketMQServers:
                     proc.kill()
                     proc.wait(STOP_TIMEOUT_S)
             out.close()
+        if self._netns is not None:
+            self._netns.close()
+            self._netns = None
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -366,7 +447,7 @@ def _txbench(
     ]
     timeout = seconds + TXBENCH_SLACK_S
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(servers.command(cmd), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise RocketMQBenchError(f"TxBench {mode} did not finish within {timeout:.0f} s") from exc
     (servers.work / f"txbench-{mode}.log").write_text(proc.stdout + proc.stderr)

@@ -5,6 +5,7 @@ goal, and a missing Java or Maven stops the run before any broker starts, in one
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from benchmarks.cases import CASE_RUNS, CASES, BenchContext, derive
 from benchmarks.common import BenchSettings, aggregate, figure
 from benchmarks.readme import render_block
 from benchmarks.rocketmq import (
+    LoopbackNamespace,
     RocketMQBenchError,
     parse_result,
     prepare_rocketmq,
@@ -152,3 +154,22 @@ def test_without_maven_the_first_use_names_maven_and_the_jars(monkeypatch, tmp_p
     message = str(info.value)
     assert "Maven ('mvn') is not on PATH" in message and "Apache RocketMQ 5.5.0 jars" in message
     assert os.linesep not in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs root (CI has it)")
+def test_the_servers_namespace_has_only_a_loopback_and_is_gone_after_close():
+    netns = LoopbackNamespace()
+    try:
+        links = subprocess.run(
+            netns.prefix(["ip", "-o", "link"]), capture_output=True, text=True, timeout=30
+        )
+        up = subprocess.run(
+            netns.prefix(["ip", "-o", "-4", "addr"]), capture_output=True, text=True, timeout=30
+        )
+    finally:
+        netns.close()
+    assert [line.split(":")[1].strip() for line in links.stdout.splitlines()] == ["lo"]
+    assert "127.0.0.1/8" in up.stdout  # up: a server can bind and a client connect
+    netns.close()  # idempotent
+    with pytest.raises(AssertionError, match="closed"):
+        netns.prefix(["true"])
