@@ -9,6 +9,10 @@ import platform
 import resource
 import time
 
+from coordinator.kafka_txn import LINGER_MS as COORDINATOR_LINGER_MS
+from rmq_semantics.lock_client import LINGER_MS as LOCK_CLIENT_LINGER_MS
+from rmq_semantics.producer import BATCH_LINGER_MS, CALL_LINGER_MS
+
 __all__ = ["BUSY_FRACTION", "load_sample", "machine_info", "process_cpu_s"]
 
 # A case is marked as taken on a busy machine when more than this share of the CPU was
@@ -61,4 +65,11 @@ def machine_info(kafka: str) -> dict:
         "kafka": kafka,
         "confluent_kafka": importlib.metadata.version("confluent-kafka"),
         "librdkafka": confluent_kafka.libversion()[0],
+        # Every producer's linger.ms is set, not left to the client's default (issue 34).
+        "linger_ms": {
+            "batching producers": BATCH_LINGER_MS,
+            "per-call path": CALL_LINGER_MS,
+            "coordinator": COORDINATOR_LINGER_MS,
+            "lock client": LOCK_CLIENT_LINGER_MS,
+        },
     }

@@ -351,8 +351,15 @@ def _machine_line(r: dict) -> str:
         f"throughput run, {num(s.get('rate', '?'))} msgs/s offered for "
         f"{num(s.get('latency_seconds', '?'))} s in the latency cases, "
         f"{s.get('repeat', '?')} runs per case taken in turns. Every figure is the median "
-        f"of the runs (min{DASH}max)."
+        f"of the runs (min{DASH}max).{_linger(m)}"
     )
+
+
+def _linger(m: dict) -> str:
+    linger = m.get("linger_ms")
+    if not linger:  # a results file from before the producers' linger was written out
+        return ""
+    return " Producers' `linger.ms`: " + ", ".join(f"{k} {v}" for k, v in linger.items()) + "."
 
 
 def _sizing_line(r: dict) -> str:

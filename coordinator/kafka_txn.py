@@ -49,6 +49,7 @@ from rmq_semantics.errors import (
 from rmq_semantics.retry import retrying
 
 __all__ = [
+    "LINGER_MS",
     "RETRY_BACKOFF_MS",
     "CommitThread",
     "KafkaTransactions",
@@ -74,6 +75,9 @@ INIT_DEADLINE_S = 60.0
 # retry.backoff.ms: its default of 100 ms made every back-to-back transaction wait that long
 # (docs/design/measurements.md).
 RETRY_BACKOFF_MS = 2
+# Written out, as client defaults move: 1 ms gathers a batch's promotions into requests
+# without holding a transaction open for long.
+LINGER_MS = 1
 RETRY_BACKOFF_MAX_MS = 20
 # After a failed step (not an abort): pause before replaying, so a broken broker is no spin.
 RETRY_PAUSE_S = 0.5
@@ -156,7 +160,7 @@ class KafkaTransactions:
                 "acks": "all",
                 "partitioner": "murmur2_random",  # Java's placement for keyed records
                 "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                "linger.ms": 1,
+                "linger.ms": LINGER_MS,
                 "retry.backoff.ms": RETRY_BACKOFF_MS,
                 # librdkafka's backoff grows exponentially up to this (default 1,000 ms).
                 "retry.backoff.max.ms": RETRY_BACKOFF_MAX_MS,

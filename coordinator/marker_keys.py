@@ -265,7 +265,7 @@ class _KeysTopic:
                 conf,
                 who="coordinator",
                 internal=True,
-                forced={"enable.idempotence": True, "acks": "all"},
+                forced={"enable.idempotence": True, "acks": "all", "linger.ms": 0},
             )
         )
 

@@ -47,9 +47,11 @@ from rmq_semantics.records.locks import (
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
-__all__ = ["CLIENT_LEASE_FRACTION", "LockClient", "LockGrant"]
+__all__ = ["CLIENT_LEASE_FRACTION", "LINGER_MS", "LockClient", "LockGrant"]
 
 log = logging.getLogger(__name__)
+# A lock request's caller waits for it: nothing to gather (written out, as defaults move).
+LINGER_MS = 0
 
 #: Share of a granted lease the client acts on; the rest absorbs clock-rate drift, a
 #: scheduling or GC stall, and the time to stop in-flight work.
@@ -155,7 +157,7 @@ class LockClient:
             if self._consumer is not None:
                 return
             producer = confluent_kafka.Producer(
-                {**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+                {**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": LINGER_MS}
             )
             counts = {}
             try:

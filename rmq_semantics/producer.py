@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import confluent_kafka
@@ -29,7 +29,16 @@ from rmq_semantics.topics import (
     validate_prefix,
 )
 
-__all__ = ["CallProducer", "DeliveryPoller", "PartitionCache", "Producer", "SignalledWaiter"]
+__all__ = [
+    "BATCH_LINGER_MS",
+    "CALL_LINGER_MS",
+    "CallProducer",
+    "DeliveryPoller",
+    "PartitionCache",
+    "Producer",
+    "SignalledWaiter",
+    "given_linger_ms",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +52,36 @@ METADATA_MAX_TOPICS = 1024
 POLL_SLICE_S = 0.05
 
 
+#: ``linger.ms`` of the producers that batch (the user's ``Producer``, the batch path, DLQ and
+#: redrive producers): librdkafka's default, written out because client defaults move (the
+#: Java client's went from 0 to 5 ms in Kafka 4.0). A conf's own value wins.
+BATCH_LINGER_MS = 5
+#: ``linger.ms`` of a per-call path, whose caller waits for each write (a conf's value wins).
+CALL_LINGER_MS = 0
 #: The product's producer defaults (the caller's values win): idempotence, so retries never
-#: reorder, and Java's partitioner, so Java and Python producers agree on where a key lives.
-PRODUCER_DEFAULTS = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"}
+#: reorder, and Java's partitioner, so Java and Python producers agree on where a key lives;
+#: and :data:`BATCH_LINGER_MS`.
+PRODUCER_DEFAULTS = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",
+    "linger.ms": BATCH_LINGER_MS,
+}
+
+
+def given_linger_ms(conf: Mapping[str, Any]) -> int | None:
+    """The ``linger.ms`` (or its alias ``queue.buffering.max.ms``) a user's conf sets."""
+    value = conf.get("linger.ms", conf.get("queue.buffering.max.ms"))
+    return None if value is None else int(value)
 
 
 def producer_defaults(conf: dict, *, internal: bool = False) -> dict:
-    """Copy ``conf`` with the product's producer defaults."""
-    return client_conf(conf, who="producer", internal=internal, defaults=PRODUCER_DEFAULTS)
+    """Copy ``conf`` with the product's producer defaults (an internal producer keeps none of
+    the user's tuning; a user's producer keeps a linger set under either name)."""
+    defaults = PRODUCER_DEFAULTS
+    if not internal and given_linger_ms(conf) is not None:
+        defaults = {k: v for k, v in PRODUCER_DEFAULTS.items() if k != "linger.ms"}
+    return client_conf(conf, who="producer", internal=internal, defaults=defaults)
 
 
 class DeliveryWaiter:
@@ -135,9 +166,9 @@ class DeliveryPoller:
 
 
 class CallProducer:
-    """The producer of a per-call path, made on first use: linger 0 unless the conf sets one,
-    as a caller waits for each write (librdkafka's default linger of 5 ms was most of a
-    call); concurrent callers still share batches while a request is in flight. A
+    """The producer of a per-call path, made on first use: ``linger_ms`` (the user's, or
+    :data:`CALL_LINGER_MS`), as a caller waits for each write (a linger of 5 ms was most of
+    a call); concurrent callers still share batches while a request is in flight. A
     :class:`DeliveryPoller` serves its reports. ``stop`` flushes and joins; idempotent."""
 
     def __init__(
@@ -145,8 +176,10 @@ class CallProducer:
         conf: dict,
         name: str,
         factory: Callable[[dict], confluent_kafka.Producer] = confluent_kafka.Producer,
+        linger_ms: int | None = None,
     ) -> None:
-        self._conf = conf
+        self._conf = {k: v for k, v in conf.items() if k != "queue.buffering.max.ms"}
+        self._conf["linger.ms"] = CALL_LINGER_MS if linger_ms is None else linger_ms
         self._name = name
         self._factory = factory  # a signing producer's, under tenant isolation
         self._lock = threading.Lock()
@@ -160,10 +193,7 @@ class CallProducer:
             if self._stopped:  # stop ran while this call waited for the lock
                 raise IllegalStateError("the producer is shut down")
             if self.producer is None:
-                conf = dict(self._conf)
-                if "linger.ms" not in conf and "queue.buffering.max.ms" not in conf:
-                    conf["linger.ms"] = 0
-                self.producer = self._factory(conf)
+                self.producer = self._factory(dict(self._conf))
                 self._poller = DeliveryPoller(self.producer, self._name).start()
             return self.producer
 

@@ -48,6 +48,7 @@ from rmq_semantics.producer import (
     DeliveryWaiter,
     PartitionCache,
     SignalledWaiter,
+    given_linger_ms,
     producer_defaults,
 )
 from rmq_semantics.records.codec import encode
@@ -183,7 +184,10 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         self._producer: confluent_kafka.Producer | None = None
         # The one-message path's own producer (the batch path keeps the conf's batching).
         self._call = CallProducer(
-            self._producer_conf, f"rmq-delivery-{producer_group}", self._new_producer
+            self._producer_conf,
+            f"rmq-delivery-{producer_group}",
+            self._new_producer,
+            linger_ms=given_linger_ms(conf),
         )
         self._partitions: PartitionCache | None = None
         self._send_checks: SendChecks | None = None

@@ -11,7 +11,13 @@ from rmq_semantics.clientconf import client_conf, new_client, shared_conf
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.orderly.consumer import consumer_conf
-from rmq_semantics.producer import producer_defaults
+from rmq_semantics.producer import (
+    BATCH_LINGER_MS,
+    CALL_LINGER_MS,
+    CallProducer,
+    given_linger_ms,
+    producer_defaults,
+)
 from rmq_semantics.topics import SystemTopics
 
 
@@ -61,7 +67,22 @@ def test_every_internal_client_the_product_builds_gets_the_security_keys():
     dlq = producer_defaults(USER, internal=True)
     for conf in (lock, checks, dlq):
         assert {k: conf[k] for k in SECURITY} == SECURITY
-        assert "linger.ms" not in conf and conf["logger"].name == "rmq_semantics.librdkafka"
+        assert conf.get("linger.ms") != USER["linger.ms"]  # the user's tuning stays out
+        assert conf["logger"].name == "rmq_semantics.librdkafka"
+    assert dlq["linger.ms"] == BATCH_LINGER_MS  # set, not left to the client's default
+
+
+def test_a_producers_linger_is_set_and_the_users_own_wins_under_either_name():
+    assert producer_defaults({"bootstrap.servers": "b"})["linger.ms"] == BATCH_LINGER_MS
+    assert producer_defaults(USER)["linger.ms"] == 50
+    aliased = producer_defaults({"bootstrap.servers": "b", "queue.buffering.max.ms": 7})
+    assert "linger.ms" not in aliased and aliased["queue.buffering.max.ms"] == 7
+    call = CallProducer({"bootstrap.servers": "b", "linger.ms": BATCH_LINGER_MS}, "t")
+    assert call._conf["linger.ms"] == CALL_LINGER_MS
+    own = CallProducer({"bootstrap.servers": "b", "queue.buffering.max.ms": 7}, "t", linger_ms=7)
+    assert own._conf["linger.ms"] == 7 and "queue.buffering.max.ms" not in own._conf
+    assert given_linger_ms({"queue.buffering.max.ms": "7"}) == 7
+    assert given_linger_ms({"bootstrap.servers": "b"}) is None
 
 
 def test_user_facing_clients_keep_the_whole_conf_plus_defaults_the_caller_can_override():
