@@ -261,6 +261,7 @@ class OrderlyConsumer:
             rebalance=self._rebalance,
             stopping=self._stopping,
             max_queued_bytes=self.max_queued_bytes,
+            inline=self._worker.run_inline if self._worker is not None else None,
         )
         for name, target in (("poll", poller.run), ("locks", self._leases.run)):
             thread = threading.Thread(
@@ -276,13 +277,28 @@ class OrderlyConsumer:
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Finish in-flight batches, commit, release the locks, leave the group. Idempotent;
-        returns within about ``timeout`` seconds even if a listener hangs."""
+        returns within about ``timeout`` seconds even if a listener hangs. Called from a
+        listener the poll thread runs (see :mod:`~rmq_semantics.orderly.poller`), it
+        returns at once and the shutdown completes in the background."""
         with self._shutdown_lock:
             if self._shut:
                 return
             self._shut = True
-        deadline = time.monotonic() + timeout
         self._stopping.set()
+        if self._threads and self._threads[0] is threading.current_thread():
+            # From a listener the poll thread runs (its fast path): it cannot wait for
+            # itself. It finishes the batch, drains and leaves; the rest runs beside it.
+            threading.Thread(
+                target=self._finish_shutdown,
+                args=(timeout,),
+                name=f"rmq-orderly-shutdown-{self.group}",
+                daemon=True,
+            ).start()
+            return
+        self._finish_shutdown(timeout)
+
+    def _finish_shutdown(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         if self._threads:
             poll_thread = self._threads[0]
             poll_thread.join(max(0.0, deadline - time.monotonic()))
