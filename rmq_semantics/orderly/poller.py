@@ -115,6 +115,9 @@ class PollThread:
         self._stopping = stopping
         self._next_watermarks = 0.0  # when _flow_control reads the partition ends again
         self._inline = inline
+        # Subscribed to one topic by name: a run of the fetch is told by its partition alone
+        # (topic() makes a new str each call). A "^" pattern may match several.
+        self._one_topic = len(topics) == 1 and not topics[0].startswith("^")
         self._inline_off_until = 0.0  # the fast path is off until then (a slow listener)
 
     def run(self) -> None:
@@ -158,12 +161,13 @@ class PollThread:
         bucket: list[confluent_kafka.Message] = []
         topic: str | None = None
         partition = -1
+        one_topic = self._one_topic
         for msg in msgs:
             if (err := msg.error()) is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("orderly consumer %s: %s", self.client_id, err.str())
                 continue
-            if msg.partition() != partition or msg.topic() != topic:
+            if msg.partition() != partition or (not one_topic and msg.topic() != topic):
                 topic, partition = topic_of(msg), partition_of(msg)
                 bucket = by_partition.setdefault((topic, partition), [])
             bucket.append(msg)
