@@ -39,7 +39,7 @@ from rmq_semantics.topics import (
     validate_prefix,
 )
 
-__all__ = ["OrderlyConsumer", "consumer_conf"]
+__all__ = ["FETCH_QUEUE_BACKOFF_MS", "OrderlyConsumer", "consumer_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,24 @@ ORDERINGS = ("partition", "key")
 KEY_MAX_RECONSUME_TIMES = 16
 
 
+#: librdkafka's ``fetch.queue.backoff.ms`` unless the conf sets it: once a partition's local
+#: queue passes ``queued.min.messages`` or ``queued.max.messages.kbytes``, librdkafka puts
+#: its next fetch off by this long (default 1,000 ms). The poll thread empties that queue
+#: into the queues' own buffers (bounded by flow control) within milliseconds, then waited
+#: out the rest of the second: see docs/design/measurements.md.
+FETCH_QUEUE_BACKOFF_MS = 10
+
+
 def consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
     return self_committing_conf(
         conf,
         who="OrderlyConsumer",
         why="the orderly consumer commits each batch itself, under its queue lock",
-        defaults={"isolation.level": "read_committed"},
+        defaults={
+            "isolation.level": "read_committed",
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+        },
     )
 
 
