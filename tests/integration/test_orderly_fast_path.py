@@ -1,7 +1,8 @@
 """The orderly consumer's fast path on a real broker: while one queue alone has work, the
 poll thread runs its batches itself; they stay in offset order, under the queue lock, one
 at a time, with SUSPEND handing the same messages over again. Once a second queue has
-work, fetched messages go to the workers; a listener may shut the consumer down."""
+work, or after a listener call held the poll thread too long, fetched messages go to the
+workers; a listener may shut the consumer down."""
 
 from __future__ import annotations
 
@@ -216,3 +217,33 @@ def test_a_listener_on_the_poll_thread_may_shut_the_consumer_down(
         consumer.shutdown()  # idempotent: already shut down from the listener
     [stop] = [c for c in recorder.of(0) if c.offsets == (1,)]
     assert stop.thread.startswith(POLL_THREAD), stop
+
+
+def test_a_slow_listener_call_on_the_poll_thread_sends_the_next_batches_to_the_worker(
+    broker, make_topic, unique, locks
+):
+    service = locks()
+    topic, group = make_topic("fast-slow"), unique("g")
+
+    def decide(call: Call, context) -> ConsumeOrderlyStatus:
+        if call.offsets == (1,):
+            time.sleep(0.3)  # simulated slow work, past the poll thread's turn
+        return SUCCESS
+
+    recorder = Recorder(decide)
+    consumer = start_consumer(broker, group, topic, service.prefix, recorder, "fast-slow")
+    recorder.consumer = consumer
+    try:
+        produce(broker, topic, [(b"k", b"first", 0)])
+        wait_for(lambda: committed(broker, group, topic, 1) == {0: 1}, 60, "the first message")
+        produce(broker, topic, [(b"k", b"slow", 0)])
+        wait_for(lambda: committed(broker, group, topic, 1) == {0: 2}, 60, "the slow message")
+        produce(broker, topic, [(b"k", b"after", 0)])
+        wait_for(lambda: committed(broker, group, topic, 1) == {0: 3}, 60, "the next message")
+    finally:
+        consumer.shutdown()
+    calls = recorder.of(0)
+    assert acked_offsets(calls) == [0, 1, 2]
+    slow, after = calls[1], calls[2]
+    assert slow.thread.startswith(POLL_THREAD), slow
+    assert after.thread == f"rmq-orderly-{topic}[0]", after  # its worker's, not the poll thread
