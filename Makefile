@@ -122,8 +122,9 @@ test-oldest: setup
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.
 test-group-protocol: setup
 	RMQ_TEST_GROUP_PROTOCOL=consumer $(PY) -m pytest tests/integration/test_orderly.py \
-		tests/integration/test_orderly_keys.py tests/integration/test_orderly_keys_procs.py \
-		tests/integration/test_foundation.py tests/integration/test_push.py $(GP_ARGS)
+		tests/integration/test_orderly_fast_path.py tests/integration/test_orderly_keys.py \
+		tests/integration/test_orderly_keys_procs.py tests/integration/test_foundation.py \
+		tests/integration/test_push.py $(GP_ARGS)
 
 # Key-ordered consumption across processes, the long run: four consumer processes joining,
 # leaving, SIGKILLed and SIGSTOPped over three rounds (the default run has a short one).

@@ -39,7 +39,7 @@ from rmq_semantics.topics import (
     validate_prefix,
 )
 
-__all__ = ["OrderlyConsumer", "consumer_conf"]
+__all__ = ["FETCH_QUEUE_BACKOFF_MS", "OrderlyConsumer", "consumer_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,24 @@ ORDERINGS = ("partition", "key")
 KEY_MAX_RECONSUME_TIMES = 16
 
 
+#: librdkafka's ``fetch.queue.backoff.ms`` unless the conf sets it: once a partition's local
+#: queue passes ``queued.min.messages`` or ``queued.max.messages.kbytes``, librdkafka puts
+#: its next fetch off by this long (default 1,000 ms). The poll thread empties that queue
+#: into the queues' own buffers (bounded by flow control) within milliseconds, then waited
+#: out the rest of the second: see docs/design/measurements.md.
+FETCH_QUEUE_BACKOFF_MS = 10
+
+
 def consumer_conf(conf: dict) -> dict:
     """Copy ``conf`` with what ordered consumption needs (the caller's dict is untouched)."""
     return self_committing_conf(
         conf,
         who="OrderlyConsumer",
         why="the orderly consumer commits each batch itself, under its queue lock",
-        defaults={"isolation.level": "read_committed"},
+        defaults={
+            "isolation.level": "read_committed",
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+        },
     )
 
 
@@ -261,6 +272,7 @@ class OrderlyConsumer:
             rebalance=self._rebalance,
             stopping=self._stopping,
             max_queued_bytes=self.max_queued_bytes,
+            inline=self._worker.run_inline if self._worker is not None else None,
         )
         for name, target in (("poll", poller.run), ("locks", self._leases.run)):
             thread = threading.Thread(
@@ -276,13 +288,28 @@ class OrderlyConsumer:
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Finish in-flight batches, commit, release the locks, leave the group. Idempotent;
-        returns within about ``timeout`` seconds even if a listener hangs."""
+        returns within about ``timeout`` seconds even if a listener hangs. Called from a
+        listener the poll thread runs (see :mod:`~rmq_semantics.orderly.poller`), it
+        returns at once and the shutdown completes in the background."""
         with self._shutdown_lock:
             if self._shut:
                 return
             self._shut = True
-        deadline = time.monotonic() + timeout
         self._stopping.set()
+        if self._threads and self._threads[0] is threading.current_thread():
+            # From a listener the poll thread runs (its fast path): it cannot wait for
+            # itself. It finishes the batch, drains and leaves; the rest runs beside it.
+            threading.Thread(
+                target=self._finish_shutdown,
+                args=(timeout,),
+                name=f"rmq-orderly-shutdown-{self.group}",
+                daemon=True,
+            ).start()
+            return
+        self._finish_shutdown(timeout)
+
+    def _finish_shutdown(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         if self._threads:
             poll_thread = self._threads[0]
             poll_thread.join(max(0.0, deadline - time.monotonic()))

@@ -4,6 +4,16 @@ Every consumer call of other threads reaches it through
 :class:`~rmq_semantics.orderly.calls.ConsumerCalls`. Between polls the thread hands each
 partition's messages to its queue, runs those calls, sends the commits and pauses the
 partitions whose queue is full or whose queue lock is not held; on shutdown it drains.
+
+The fast path (partition mode): when a fetch holds one partition's messages and no other
+queue has work (nothing buffered or in flight, no batch in its listener), the poll thread
+runs that queue's batches itself, for at most :data:`INLINE_BUDGET_S`, under the queue's
+consume lock and with the worker's own code, instead of waking the worker: under one GIL
+the hand-off (a wake-up and a thread switch per fetch) cost more than the batches. As soon
+as a second queue has work, fetched messages go to the workers again. A listener call that
+holds the poll thread past :data:`INLINE_SLOW_S` turns the fast path off for
+:data:`INLINE_BACKOFF_S` (the poll thread must keep fetching, committing and running the
+lock thread's consumer calls).
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import confluent_kafka
@@ -20,13 +31,21 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from rmq_semantics.consumed import partition_of, topic_of
 from rmq_semantics.orderly.calls import ConsumerCalls
 from rmq_semantics.orderly.queue import QueuePhase
-from rmq_semantics.orderly.runtime import POLL_WAIT_S, QueueRegistry
+from rmq_semantics.orderly.runtime import POLL_WAIT_S, LiveQueue, QueueRegistry
 
 if TYPE_CHECKING:
     from rmq_semantics.orderly.commits import Commits
     from rmq_semantics.orderly.rebalance import Rebalance
 
-__all__ = ["DEFAULT_MAX_QUEUED_BYTES", "MAX_QUEUED", "PollThread", "flow_control"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED_BYTES",
+    "INLINE_BACKOFF_S",
+    "INLINE_BUDGET_S",
+    "INLINE_SLOW_S",
+    "MAX_QUEUED",
+    "PollThread",
+    "flow_control",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +66,12 @@ POLL_BATCH = 500
 WATERMARK_INTERVAL_S = 0.1
 # Shutdown keeps polling at most this long for in-flight batches and refused commits.
 DRAIN_CAP_S = 10.0
+# The fast path (see above): the poll thread runs a lone queue's batches at most this long
+# per fetch (checked between batches); a turn overrunning it by INLINE_SLOW_S (a slow
+# listener call) hands every queue to its worker for INLINE_BACKOFF_S.
+INLINE_BUDGET_S = 0.005
+INLINE_SLOW_S = 0.05
+INLINE_BACKOFF_S = 10.0
 
 
 def flow_control(
@@ -75,7 +100,10 @@ class PollThread:
         rebalance: Rebalance,
         stopping: threading.Event,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        inline: Callable[[LiveQueue, float], bool] | None = None,
     ) -> None:
+        """``inline(q, until)``: run ``q``'s batches on this thread until ``until``, False
+        when its worker holds it (:meth:`Worker.run_inline`); None: always hand over."""
         self.client_id = client_id
         self.max_queued_bytes = max_queued_bytes
         self._consumer = consumer
@@ -86,6 +114,11 @@ class PollThread:
         self._rebalance = rebalance
         self._stopping = stopping
         self._next_watermarks = 0.0  # when _flow_control reads the partition ends again
+        self._inline = inline
+        # Subscribed to one topic by name: a run of the fetch is told by its partition alone
+        # (topic() makes a new str each call). A "^" pattern may match several.
+        self._one_topic = len(topics) == 1 and not topics[0].startswith("^")
+        self._inline_off_until = 0.0  # the fast path is off until then (a slow listener)
 
     def run(self) -> None:
         consumer = self._consumer
@@ -128,17 +161,22 @@ class PollThread:
         bucket: list[confluent_kafka.Message] = []
         topic: str | None = None
         partition = -1
+        one_topic = self._one_topic
         for msg in msgs:
             if (err := msg.error()) is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("orderly consumer %s: %s", self.client_id, err.str())
                 continue
-            if msg.partition() != partition or msg.topic() != topic:
+            if msg.partition() != partition or (not one_topic and msg.topic() != topic):
                 topic, partition = topic_of(msg), partition_of(msg)
                 bucket = by_partition.setdefault((topic, partition), [])
             bucket.append(msg)
-        for tp, batch in by_partition.items():
-            self._dispatch(tp, batch)
+        if len(by_partition) == 1 and self._inline is not None:
+            for tp, batch in by_partition.items():
+                self._dispatch_one(tp, batch)
+        else:
+            for tp, batch in by_partition.items():
+                self._dispatch(tp, batch)
         self._calls.run_pending(consumer)
         self._commits.flush(consumer)
         self._flow_control()
@@ -151,6 +189,45 @@ class PollThread:
         with q.cv:
             if q.state.add(msgs):
                 q.cv.notify_all()
+
+    def _dispatch_one(self, tp: tuple[str, int], msgs: list[confluent_kafka.Message]) -> None:
+        """The only partition of a fetch: its batches run here when no other queue has
+        work (the fast path), else its worker gets them."""
+        q = self._queues.get(tp)
+        if q is None or self._inline is None:
+            return
+        start = time.monotonic()
+        if start < self._inline_off_until or not self._alone(q):
+            self._dispatch(tp, msgs)
+            return
+        with q.cv:
+            if not q.state.add(msgs):
+                return
+        until = start + INLINE_BUDGET_S
+        ran = self._inline(q, until)
+        if ran and time.monotonic() - until > INLINE_SLOW_S:
+            self._inline_off_until = time.monotonic() + INLINE_BACKOFF_S
+            log.info(
+                "%s: a listener call held the poll thread; handing batches to the workers "
+                "for %.0f s",
+                q.where,
+                INLINE_BACKOFF_S,
+            )
+        with q.cv:  # what is left (budget spent, suspended, not aligned yet) is the worker's
+            if q.state.msgs or q.state.inflight:
+                q.cv.notify_all()
+
+    def _alone(self, q: LiveQueue) -> bool:
+        """No queue but ``q`` has work: nothing buffered or in flight, no batch in its
+        listener (read without the queues' locks: a stale answer only picks the slow path,
+        or runs ``q`` here for one budget while another queue's worker starts)."""
+        for other in self._queues.all():
+            if other is q:
+                continue
+            st = other.state
+            if st.msgs or st.inflight or other.consume_lock.locked():
+                return False
+        return True
 
     def _flow_control(self) -> None:
         consumer = self._consumer

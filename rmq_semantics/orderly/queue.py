@@ -289,11 +289,15 @@ class QueueState:
         messages; a redelivered batch carries its ``reconsume_times``."""
         inflight = self.inflight
         if not inflight:
-            msgs, size_of = self.msgs, self.size_of
-            for _ in range(min(size, len(msgs))):
-                record = msgs.popleft()
-                self.queued_bytes -= size_of(record)
-                inflight.append(record)
+            msgs = self.msgs
+            if size >= len(msgs):  # the whole buffer (a fetch's tail): no per-record step
+                inflight = list(msgs)
+                msgs.clear()
+            else:
+                popleft = msgs.popleft
+                inflight = [popleft() for _ in range(size)]
+            self.inflight = inflight
+            self.queued_bytes -= sum(map(self.size_of, inflight))
         batch = list(inflight) if self._views is None else self._views(inflight)
         if not self.reconsume_times:  # built with 0: copy only for a redelivery
             return batch

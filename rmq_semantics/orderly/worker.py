@@ -83,14 +83,33 @@ class Worker:
             finally:
                 q.consume_lock.release()
 
-    def _consume(self, q: LiveQueue) -> None:
+    def run_inline(self, q: LiveQueue, until: float) -> bool:
+        """The poll thread's fast path: batches of ``q`` on the calling thread, as its
+        worker would run them, under the same consume lock, until ``until`` (a
+        ``time.monotonic()`` instant, checked between batches). False, with nothing done,
+        when the queue's worker holds the lock; then the worker goes on with it."""
+        if not q.consume_lock.acquire(blocking=False):
+            return False
+        try:
+            self._consume(q, until)
+        except Exception:  # as in run(): suspend the queue, keep the poll thread alive
+            log.exception("%s: orderly worker error", q.where)
+            with q.cv:
+                q.state.suspend(time.monotonic() + DEFAULT_SUSPEND_MS / 1000, retried=False)
+        finally:
+            q.consume_lock.release()
+        return True
+
+    def _consume(self, q: LiveQueue, until: float | None = None) -> None:
         """Batch after batch while the queue stays runnable, under one hold of its consume
         lock: revocation and shutdown make it unrunnable (under ``q.cv``) and then wait for
-        that lock, so they wait for the batch in flight only, as with one batch per hold."""
+        that lock, so they wait for the batch in flight only, as with one batch per hold.
+        ``until``: stop there (the poll thread's turn, see :meth:`run_inline`)."""
         st = q.state
         while True:
             with q.cv:
-                if st.gone or not st.runnable(time.monotonic()):
+                now = time.monotonic()
+                if st.gone or not st.runnable(now) or (until is not None and now >= until):
                     return
                 epoch = st.epoch
                 batch = st.next_batch(self.batch_size)

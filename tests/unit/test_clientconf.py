@@ -89,6 +89,8 @@ def test_user_facing_clients_keep_the_whole_conf_plus_defaults_the_caller_can_ov
     conf = consumer_conf(USER)
     assert {k: conf[k] for k in USER} == USER
     assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] is False
+    assert conf["fetch.queue.backoff.ms"] == 10  # not librdkafka's 1 s stall per full queue
+    assert consumer_conf({**USER, "fetch.queue.backoff.ms": 500})["fetch.queue.backoff.ms"] == 500
     assert producer_defaults({**USER, "acks": "1"})["acks"] == "1"
     assert producer_defaults(USER)["enable.idempotence"] is True
 
