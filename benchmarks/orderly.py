@@ -17,6 +17,7 @@ import confluent_kafka
 from confluent_kafka import TopicPartition
 
 from benchmarks.common import CASE_TIMEOUT_S, BenchSettings, fill, started_rate
+from rmq_semantics.orderly.consumer import FETCH_QUEUE_BACKOFF_MS
 from rmq_semantics.topics import ensure_topics
 
 # The source checkout holding this package.
@@ -95,6 +96,9 @@ def _plain_rate(
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "enable.auto.offset.store": not store_after,
+            # The orderly consumer's own default (librdkafka's 1 s backoff on a full local
+            # queue stalls a backlog): a fair comparison gives the plain side the same.
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     consumer.subscribe([topic])
