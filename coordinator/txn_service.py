@@ -517,9 +517,10 @@ class TransactionService:
         )
         self.ready.set()
         log.info(
-            "transaction service %s running (prefix %s)",
+            "transaction service %s running (prefix %s, promotion sets %d)",
             self.instance_id,
             self.settings.topic_prefix,
+            len(sets),
         )
         try:
             transactional_loop(
