@@ -1,6 +1,6 @@
 """The transactional side of the coordinator: owns half/op partition pairs through a
 consumer group, feeds records into :class:`PartitionState`, and writes what it decides
-with :class:`TransactionWriter`.
+with one :class:`TransactionWriter` per promotion set (:mod:`coordinator.promotion_sets`).
 
 Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
 layering test counts them), and kept whole: ownership, recovery and the read loop share the
