@@ -181,6 +181,20 @@ class TransactionWriter:
         """Whether a transaction's commit is still running (see :meth:`submit`)."""
         return self._in_flight is not None
 
+    @property
+    def commit(self) -> concurrent.futures.Future | None:
+        """The commit in flight (done once it has ended), None when none is."""
+        return None if self._in_flight is None else self._in_flight[1]
+
+    @property
+    def commit_done(self) -> bool:
+        """Whether :meth:`settle` would return without waiting: no commit in flight, its
+        commit has ended, or one of its calls is wedged (``settle`` abandons it then)."""
+        if self._in_flight is None:
+            return True
+        _, commit, txn = self._in_flight
+        return commit.done() or txn.wedged()
+
     def submit(
         self, actions: Sequence[Action], offsets: list[TopicPartition], group_metadata: object
     ) -> None:

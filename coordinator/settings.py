@@ -37,6 +37,12 @@ class CoordinatorSettings:
         "records read per step, so decided per Kafka transaction "
         "(a multi-message transaction is never split by it)",
     )
+    promotion_sets: int = setting(
+        1,
+        "Kafka transactions open at once, each over its own set of this instance's half "
+        "partitions (set k: the partitions p with p mod promotion_sets = k), so a record waits "
+        "only for its own set's commit",
+    )
     max_deferred_ends: int = setting(
         100_000,
         "end requests waiting for their half record, per half partition; beyond "
@@ -102,6 +108,7 @@ class CoordinatorSettings:
             "check_max",
             "replay_max",
             "max_batch",
+            "promotion_sets",
             "max_deferred_ends",
             "lock_lease_ms",
             "lock_renew_ms",

@@ -1,6 +1,6 @@
 """The transactional side of the coordinator: owns half/op partition pairs through a
 consumer group, feeds records into :class:`PartitionState`, and writes what it decides
-with :class:`TransactionWriter`.
+with one :class:`TransactionWriter` per promotion set (:mod:`coordinator.promotion_sets`).
 
 Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
 layering test counts them), and kept whole: ownership, recovery and the read loop share the
@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from coordinator.blocked import Blockage, BlockProbe
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import transactional_loop
-from coordinator.marker_auth import MarkerVerifier, is_marker
+from coordinator.marker_auth import MarkerKey, MarkerVerifier, is_marker
 from coordinator.marker_keys import (
     configured_key,
     keys_topic_spec,
@@ -31,6 +31,7 @@ from coordinator.marker_keys import (
 from coordinator.metrics import CoordinatorMetrics, publish_partition_counters
 from coordinator.poison import PoisonLedger
 from coordinator.promote import TransactionWriter
+from coordinator.promotion_sets import PromotionSets, set_transactional_id
 from coordinator.settings import CoordinatorSettings
 from coordinator.state import EndRequest, PartitionState
 from coordinator.takeover import Takeover
@@ -74,6 +75,9 @@ POLL_WAIT_S = 0.05
 MAX_BATCH: int = CoordinatorSettings.max_batch  # the default, which the bench copier mirrors
 # Fewer records than this read while a commit ran: read again once it has settled.
 REREAD_BELOW = 200
+# Several promotion sets, none free with work: the consumer is polled this long at a time
+# until a commit ends (a record wakes the poll at once; a commit's end cannot).
+AWAIT_COMMIT_SLICE_S = 0.002
 STARTUP_DEADLINE_S = 120.0
 GAUGE_INTERVAL_S = 1.0
 
@@ -205,10 +209,10 @@ class TransactionService:
         self._gauges_at = 0.0
         self._admin: AdminClient | None = None
         self._consumer: confluent_kafka.Consumer | None = None
-        self._writer: TransactionWriter | None = None
-        # Offsets of the last transaction submitted (committed once it settles), and a
-        # commit failure met inside a rebalance callback, raised by the next step.
-        self._sent: dict[int, tuple[int, int]] = {}
+        # The promotion sets' writers, each set's pending actions and the offsets of its last
+        # transaction submitted (committed once it settles); and a commit failure met
+        # inside a rebalance callback, raised by the next step.
+        self._sets: PromotionSets | None = None
         self._settle_error: RmqError | None = None
         self._stop = threading.Event()  # run()'s, once it runs
         self.ready = threading.Event()
@@ -250,10 +254,11 @@ class TransactionService:
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._settle_quietly("a revoke")
         self.takeover.forget(partitions)
+        if self._sets is not None:  # decided for partitions lost: never written by us
+            self._sets.forget({tp.partition for tp in partitions})
         for p in {tp.partition for tp in partitions}:
             self.states.pop(p, None)
             self._committed.pop(p, None)
-            self._sent.pop(p, None)
             self.ledger.forget_partition(p)
             self.metrics.forget_partition(p)
         log.info("revoked half/op partitions %s", sorted({tp.partition for tp in partitions}))
@@ -422,24 +427,29 @@ class TransactionService:
         """(half, op) offsets last committed for ``partition`` by this instance."""
         return self._committed.get(partition)
 
-    def _offsets(self) -> tuple[list[TopicPartition], bool]:
-        """Offsets to commit for every owned partition, and whether any moved."""
+    def _offsets(self, sets: PromotionSets, k: int) -> tuple[list[TopicPartition], bool]:
+        """Offsets to commit for every owned partition of set ``k``, and whether any moved
+        (each set commits its own partitions' offsets only)."""
         changed, out = False, []
+        sent = sets.sent[k]
         for p, state in self.states.items():
+            if sets.set_of(p) != k:
+                continue
             pair = (state.half_commit, state.op_commit)
-            changed |= self._sent.get(p, self._committed.get(p)) != pair
+            changed |= sent.get(p, self._committed.get(p)) != pair
             out.append(TopicPartition(self.topics.half, p, pair[0]))
             out.append(TopicPartition(self.topics.op, p, pair[1]))
         return out, changed
 
-    def _replay(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:
-        """After an aborted transaction or a failed step: re-read state from the commits."""
+    def _replay(self, consumer: confluent_kafka.Consumer, sets: PromotionSets) -> None:
+        """After an aborted transaction (of any set) or a failed step: every set's commit in
+        flight settles, then all state is re-read from the committed offsets."""
         self._settle_quietly("a replay")
         self._settle_error = None  # this replay is what it asked for
-        writer.prepare()
+        sets.prepare()
         self.states.clear()
         self._committed.clear()
-        self._sent.clear()
+        sets.clear()
         try:
             assignment = consumer.assignment()
             if not assignment:
@@ -477,21 +487,9 @@ class TransactionService:
         )
         self._admin = AdminClient(shared_conf(self.conf))
         self._retention_ms = read_retention(self._admin, self.topics.half)
-        writer = TransactionWriter(
-            self.conf,
-            self.topics,
-            f"{self.topics.coordinator_group}-{self.instance_id}",
-            self.metrics,
-            self.ledger,
-            marker_key=markers.key,
-            unwritable=self.destinations.unwritable,
-            blockage=Blockage(BlockProbe(self._admin_client), self.metrics.promotion_blocked),
-            check_partitions=topic_partition_count(self.conf, self.topics.check) or 0,
-            stale=self.destinations.stale,
-            guard=self.guard,
-        )
-        writer.start(stop)
-        self._writer = writer
+        sets = PromotionSets(self._writers(markers.key))
+        self._sets = sets
+        sets.start(stop)
         consumer = confluent_kafka.Consumer(
             client_conf(
                 self.conf,
@@ -519,15 +517,16 @@ class TransactionService:
         )
         self.ready.set()
         log.info(
-            "transaction service %s running (prefix %s)",
+            "transaction service %s running (prefix %s, promotion sets %d)",
             self.instance_id,
             self.settings.topic_prefix,
+            len(sets),
         )
         try:
             transactional_loop(
                 "transaction service",
-                lambda: self._step(consumer, writer),
-                lambda: self._replay(consumer, writer),
+                lambda: self._step(consumer, sets),
+                lambda: self._replay(consumer, sets),
                 stop,
             )
         finally:
@@ -536,33 +535,95 @@ class TransactionService:
                 self._settle_quietly("shutdown")
             finally:
                 consumer.close()
-                writer.close()
+                sets.close()
             log.info("transaction service %s stopped", self.instance_id)
 
-    def _step(self, consumer: confluent_kafka.Consumer, writer: TransactionWriter) -> None:
-        """One batch: read and decide it while the previous transaction commits, then write
-        it as the next. If that commit fails, the replay forgets this batch's decisions."""
+    def _writers(self, marker_key: MarkerKey) -> list[TransactionWriter]:
+        """One writer per promotion set, each with its own transactional ids (rule 8 of
+        docs/design/contract.md); one Blockage, as one promotion_blocked gauge."""
+        base = f"{self.topics.coordinator_group}-{self.instance_id}"
+        blockage = Blockage(BlockProbe(self._admin_client), self.metrics.promotion_blocked)
+        check_partitions = topic_partition_count(self.conf, self.topics.check) or 0
+        count = self.settings.promotion_sets
+        return [
+            TransactionWriter(
+                self.conf,
+                self.topics,
+                set_transactional_id(base, k, count),
+                self.metrics,
+                self.ledger,
+                marker_key=marker_key,
+                unwritable=self.destinations.unwritable,
+                blockage=blockage,
+                check_partitions=check_partitions,
+                stale=self.destinations.stale,
+                guard=self.guard,
+            )
+            for k in range(count)
+        ]
+
+    def _step(self, consumer: confluent_kafka.Consumer, sets: PromotionSets) -> None:
+        """One batch: read and decide it while the sets' transactions commit, then write each
+        free set's decisions as its next transaction. A set whose commit is still running
+        keeps what it decided for a later step. If any commit fails, the replay forgets
+        every set's decisions."""
         self._raise_settle_error()
         # With a commit in flight, take what is there and go wait for the commit.
-        waited = writer.in_flight
-        actions, read = self._read(consumer, self.settings.max_batch, 0 if waited else POLL_WAIT_S)
-        self._settle(writer)
-        if waited and read < REREAD_BELOW:
-            # What arrived meanwhile joins this transaction, not one a whole commit later
-            # (a light load; under a heavy one, reading now would not overlap any commit).
-            actions += self._read(consumer, self.settings.max_batch - read, 0)[0]
+        waited = sets.in_flight
+        most = self.settings.max_batch
+        actions, read = self._read(consumer, most, 0 if waited else POLL_WAIT_S)
+        sets.route(actions)
+        if waited:
+            self._settle_done(sets)
+            if len(sets) > 1:
+                read += self._await_commit(consumer, sets, most - read)
+            else:  # one set: wait for its commit, as one writer always did
+                sets.wait_first()
+                self._settle_done(sets)
+            if read < REREAD_BELOW:
+                # What arrived meanwhile joins this transaction, not one a whole commit later
+                # (a light load; under a heavy one, reading now would not overlap any commit).
+                sets.route(self._read(consumer, most - read, 0)[0])
         now = _now_ms()
         for state in self.states.values():
-            actions.extend(state.due(now))
+            sets.route(state.due(now))
             if state.wants_half_end(now):
                 reread_half_end(consumer, self.topics.half, state.partition)
-        actions = self.destinations.vet(actions, self.states)
         self._publish_counters()
-        offsets, moved = self._offsets()
-        if not actions and not moved:
-            return
-        writer.submit(actions, offsets, consumer.consumer_group_metadata())
-        self._sent = {p: (state.half_commit, state.op_commit) for p, state in self.states.items()}
+        metadata = None
+        for k, writer in enumerate(sets.writers):
+            if writer.in_flight:
+                continue
+            # Vetted first: a promotion set aside may move its partition's offsets.
+            actions, sets.pending[k] = sets.pending[k], []
+            actions = self.destinations.vet(actions, self.states) if actions else actions
+            offsets, moved = self._offsets(sets, k)
+            if not actions and not moved:
+                continue
+            metadata = metadata or consumer.consumer_group_metadata()
+            writer.submit(actions, offsets, metadata)
+            sets.sent[k] = {
+                p: (state.half_commit, state.op_commit)
+                for p, state in self.states.items()
+                if sets.set_of(p) == k
+            }
+
+    def _await_commit(
+        self, consumer: confluent_kafka.Consumer, sets: PromotionSets, most: int
+    ) -> int:
+        """Several sets and none free with work: read in short slices until a set is (a
+        record for an idle set) or a commit ends. Returns the records read."""
+        read = 0
+        while read < most and not sets.free_with_work():
+            if not any(w.in_flight for w in sets.writers):
+                break
+            if any(w.in_flight and w.commit_done for w in sets.writers):
+                self._settle_done(sets)
+                break
+            actions, n = self._read(consumer, most - read, AWAIT_COMMIT_SLICE_S)
+            sets.route(actions)
+            read += n
+        return read
 
     def _read(
         self, consumer: confluent_kafka.Consumer, most: int, wait_s: float
@@ -574,19 +635,42 @@ class TransactionService:
         now = _now_ms()
         return [a for msg in msgs for a in self._dispatch_guarded(msg, now)], len(msgs)
 
-    def _settle(self, writer: TransactionWriter) -> None:
-        """Wait for the transaction in flight; its offsets are then the committed ones."""
-        writer.settle()
-        self._committed.update(self._sent)
+    def _settle(self, sets: PromotionSets, k: int) -> None:
+        """Wait for set ``k``'s transaction in flight; its offsets are then the committed ones."""
+        sets.writers[k].settle()
+        self._committed.update(sets.sent[k])
+
+    def _settle_done(self, sets: PromotionSets) -> None:
+        """Settle every set whose commit has ended (or wedged), waiting for none."""
+        for k, writer in enumerate(sets.writers):
+            if writer.in_flight and writer.commit_done:
+                self._settle(sets, k)
+
+    def _settle_all(self, sets: PromotionSets) -> None:
+        """Wait for every set's transaction in flight; the first failure is raised once all
+        have settled."""
+        failure: RmqError | None = None
+        for k, writer in enumerate(sets.writers):
+            if not writer.in_flight:
+                continue
+            try:
+                self._settle(sets, k)
+            except FatalKafkaError:
+                raise
+            except (TransactionAborted, KafkaOperationError) as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _settle_quietly(self, why: str) -> None:
-        """Wait for a commit in flight before the partitions or the offsets it covers change
-        hands (a revoke, a replay). A failure is kept for the loop, which replays."""
-        writer = self._writer
-        if writer is None or not writer.in_flight:
+        """Wait for every set's commit in flight before the partitions or the offsets they
+        cover change hands (a revoke, a replay). A failure is kept for the loop, which
+        replays."""
+        sets = self._sets
+        if sets is None or not sets.in_flight:
             return
         try:
-            self._settle(writer)
+            self._settle_all(sets)
         except FatalKafkaError:
             raise
         except (TransactionAborted, KafkaOperationError) as exc:

@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from coordinator import kafka_txn
 from coordinator.marker_auth import MarkerKey, MarkerVerifier
 from coordinator.promote import TransactionWriter
+from coordinator.promotion_sets import PromotionSets, set_transactional_id
 from coordinator.settings import CoordinatorSettings
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import MalformedRecordError
@@ -279,10 +280,16 @@ class Good:
 class Simulation:
     """A coordinator, its producers, good transactions and fuzz cases, on one clock."""
 
-    def __init__(self, rng: random.Random, partitions: int = 2, prefix: str = "sim") -> None:
+    def __init__(
+        self, rng: random.Random, partitions: int = 2, prefix: str = "sim", sets: int = 1
+    ) -> None:
         self.rng = rng
         self.settings = CoordinatorSettings(
-            topic_prefix=prefix, half_partitions=partitions, check_partitions=1, **SETTINGS
+            topic_prefix=prefix,
+            half_partitions=partitions,
+            check_partitions=1,
+            promotion_sets=sets,
+            **SETTINGS,
         )
         self.ctx = Ctx(prefix=prefix, partitions=partitions, real_topic=REAL_TOPIC)
         topics = {f"{prefix}_{t}": partitions for t in ("half", "op")}
@@ -308,15 +315,19 @@ class Simulation:
         topics = [service.topics.half, service.topics.op]
         self._consumer = FakeConsumer(self.cluster, topics, self.settings.half_partitions, self.rng)
         service._consumer = self._consumer  # type: ignore[assignment]
-        self._writer = TransactionWriter(
-            SIM_CONF,
-            service.topics,
-            "sim-writer",
-            service.metrics,
-            service.ledger,
-            marker_key=SIM_KEY,
-        )
-        self._writer.start()
+        writers = [
+            TransactionWriter(
+                SIM_CONF,
+                service.topics,
+                set_transactional_id("sim-writer", k, self.settings.promotion_sets),
+                service.metrics,
+                service.ledger,
+                marker_key=SIM_KEY,
+            )
+            for k in range(self.settings.promotion_sets)
+        ]
+        self._sets = service._sets = PromotionSets(writers)
+        self._sets.start()
         self._service._on_assign(self._consumer, self._consumer.assignment())
         self._steps_left = 0
         self._stop = threading.Event()
@@ -342,9 +353,9 @@ class Simulation:
         def step() -> None:
             self.cluster.clock_ms += self.rng.randrange(*tick_ms)
             self.steps += 1
-            service._step(self._consumer, self._writer)
+            service._step(self._consumer, self._sets)
             # Deterministic: each step's transaction commits before the clock moves on.
-            service._settle(self._writer)
+            service._settle_all(self._sets)
             self._answer_checks()
             self._steps_left -= 1
             if self._steps_left <= 0:
@@ -352,7 +363,7 @@ class Simulation:
 
         self._steps_left, self._stop = steps, threading.Event()
         kafka_txn.transactional_loop(
-            "sim", step, lambda: service._replay(self._consumer, self._writer), self._stop
+            "sim", step, lambda: service._replay(self._consumer, self._sets), self._stop
         )
 
     # -- producers ---------------------------------------------------------------------------
@@ -524,12 +535,19 @@ def _txn_of(raw: Raw) -> str:
 
 
 def fuzz(
-    rng: random.Random, categories: list[Category], cases: int, *, good: int, chaos: bool
+    rng: random.Random,
+    categories: list[Category],
+    cases: int,
+    *,
+    good: int,
+    chaos: bool,
+    sets: int = 1,
 ) -> tuple[Simulation, list[str]]:
     """``cases`` fuzz cases of ``categories`` among ``good`` good transactions, through one
     simulated coordinator (``chaos``: with restarts and aborted commits); returns the run and
-    the invariants it broke. An exception out of the coordinator's loop propagates."""
-    sim = Simulation(rng)
+    the invariants it broke (``sets``: promotion sets, each its own Kafka transaction). An
+    exception out of the coordinator's loop propagates."""
+    sim = Simulation(rng, sets=sets)
     with sim:
         total = cases + good
         for i in range(total):

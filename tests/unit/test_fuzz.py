@@ -191,6 +191,15 @@ def test_the_transaction_service_survives_every_safe_category_mixed(rng):
     assert sim.restarts and len(sim.good) == RECORDS // 20
 
 
+def test_two_promotion_sets_decide_every_good_transaction_once_through_aborts(rng):
+    """Each set its own Kafka transaction over its own half partition, commits failing and
+    the coordinator restarting: still every good transaction decided once, nothing else."""
+    safe = [c for c in select(safe=True) if c.topic in (HALF, OP)]
+    sim, violations = fuzz(rng, safe, RECORDS // 10, good=RECORDS // 10, chaos=True, sets=2)
+    assert not violations, violations[:10]
+    assert len(sim.good) == RECORDS // 10
+
+
 # -- the producer's back-check worker -------------------------------------------------------
 class _Listener(TransactionListener):
     def __init__(self) -> None:
