@@ -77,6 +77,14 @@ def source_options(conf: dict) -> dict[str, str]:
     }
 
 
+def spark_cli(broker, *args: str) -> list[str]:
+    """``rmq-semantics spark`` against ``broker`` with ``args``, and its security settings."""
+    cmd = [sys.executable, "-m", "rmq_semantics", "spark", "--bootstrap-servers", broker.bootstrap]
+    for key, value in source_options(broker.conf()).items():
+        cmd += ["--kafka-option", f"{key}={value}"]
+    return [*cmd, *args]
+
+
 def encode(record: dict) -> bytes:
     import fastavro
 
@@ -227,13 +235,8 @@ def test_cli_available_now_writes_promoted_records_and_exits_zero(
     promote(conf, topic, [1, 2], first_half_offset=17)
     write_plain(conf, topic, [encode(order(3))])
     output = tmp_path / "cli-out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rmq_semantics",
-        "spark",
-        "--bootstrap-servers",
-        broker.bootstrap,
+    cmd = spark_cli(
+        broker,
         "--topics",
         f"^{topic}$",
         "--output",
@@ -243,9 +246,7 @@ def test_cli_available_now_writes_promoted_records_and_exits_zero(
         "--available-now",
         "--master",
         "local[2]",
-    ]
-    for key, value in source_options(conf).items():
-        cmd += ["--kafka-option", f"{key}={value}"]
+    )
 
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
 
@@ -267,22 +268,15 @@ def test_cli_streaming_job_stops_cleanly_on_sigterm_after_writing(
     conf = broker.conf()
     write_plain(conf, topic, [b"one", b"two"], headers=[("rmq.promoted_from", b"1:1")])
     output = tmp_path / "stream-out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rmq_semantics",
-        "spark",
-        "--bootstrap-servers",
-        broker.bootstrap,
+    cmd = spark_cli(
+        broker,
         "--topics",
         topic,
         "--output",
         str(output),
         "--master",
         "local[2]",
-    ]
-    for key, value in source_options(conf).items():
-        cmd += ["--kafka-option", f"{key}={value}"]
+    )
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -546,13 +540,8 @@ def test_cli_realtime_kafka_sink_delivers_committed_records_and_stops_on_sigterm
     promote(conf, topic, [7, 8], first_half_offset=10)
     promote(conf, topic, [99], first_half_offset=20, commit=False)  # rolled back
     write_plain(conf, topic, [encode(order(100))])  # not promoted
-    cmd = [
-        sys.executable,
-        "-m",
-        "rmq_semantics",
-        "spark",
-        "--bootstrap-servers",
-        broker.bootstrap,
+    cmd = spark_cli(
+        broker,
         "--topics",
         topic,
         "--sink",
@@ -567,9 +556,7 @@ def test_cli_realtime_kafka_sink_delivers_committed_records_and_stops_on_sigterm
         "realtime",
         "--master",
         "local[2]",
-    ]
-    for key, value in source_options(conf).items():
-        cmd += ["--kafka-option", f"{key}={value}"]
+    )
     with open(tmp_path / "stderr.log", "w") as stderr:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
