@@ -30,6 +30,7 @@ from benchmarks.console import BenchConsole
 from benchmarks.machine import BUSY_FRACTION, load_sample, machine_info
 from benchmarks.txn import coordinator_process
 from rmq_semantics.embedded import EmbeddedKafka, free_port, kafka_version
+from rmq_semantics.errors import ConfigError
 from rmq_semantics.kafka_cluster import EmbeddedCluster
 
 __all__ = ["CASES", "BenchSettings", "register_cli", "run_bench"]
@@ -116,7 +117,7 @@ def run_bench(
     ``brokers`` embedded nodes); merge into ``out``."""
     unknown = sorted(set(cases) - set(KNOWN_CASES))
     if unknown:
-        raise ValueError(f"unknown bench cases {unknown}; known: {', '.join(KNOWN_CASES)}")
+        raise ConfigError(f"unknown bench cases {unknown}; known: {', '.join(KNOWN_CASES)}")
     cases = tuple(c for c in KNOWN_CASES if c in cases)  # a full run's order, each case once
     for case in cases:
         if case in CASE_PREPARES:
@@ -235,10 +236,27 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
 BENCH_PAGE = "docs/benchmarks.md"
 
 
+def _page_to_render(args: argparse.Namespace, out: Path) -> Path | None:
+    """The page whose block this run re-renders, checked before anything runs."""
+    from benchmarks.readme import BEGIN, END
+
+    if not (args.render or args.page):
+        return None
+    page = Path(args.page or BENCH_PAGE)
+    if not page.is_file():
+        raise ConfigError(f"--page {page}: no such file")
+    if BEGIN not in (text := page.read_text()) or END not in text:
+        raise ConfigError(f"--page {page}: no bench block ({BEGIN} ... {END}) to re-render")
+    if args.render and not out.is_file():
+        raise ConfigError(f"--render: no results at {out} (--out) to render from")
+    return page
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.readme import rewrite_readme
 
     out = Path(args.out)
+    page = _page_to_render(args, out)
     if not args.render:
         # The bench's own lines are its output; the library's INFO lines (topics created,
         # coordinators started) would scroll the progress away.
@@ -249,8 +267,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else CASES
         )
         run_bench(out, _settings(args), cases=cases, bootstrap=args.bootstrap, brokers=args.brokers)
-    if args.render or args.page:
-        page = Path(args.page or BENCH_PAGE)
+    if page is not None:
         changed = rewrite_readme(page, out)
         print(
             f"{page}: bench block {'re-rendered' if changed else 'already current'} from {out}",

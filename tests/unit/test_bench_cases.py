@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.__main__ import main as bench_main
 from benchmarks.cases import derive
 from benchmarks.common import BenchSettings, aggregate, figure, pooled_samples
 from benchmarks.coordinators import _held
@@ -22,15 +23,22 @@ from benchmarks.readme import (
     render_readme,
 )
 from benchmarks.runner import _merge_into, run_bench
+from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Message
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_an_unknown_case_is_refused_before_any_broker_starts(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown bench cases.*'nope'"):
+    with pytest.raises(ConfigError, match=r"unknown bench cases.*'nope'"):
         run_bench(tmp_path / "r.json", BenchSettings.quick(), cases=("threads", "nope"))
     assert not (tmp_path / "r.json").exists()
+
+
+def test_an_unknown_case_on_the_command_line_is_one_error_line(tmp_path, capsys):
+    assert bench_main(["--cases", "nope", "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m benchmarks: error: unknown bench cases")
 
 
 def test_a_partial_run_keeps_the_other_cases_and_thread_counts(tmp_path):
@@ -304,3 +312,18 @@ def test_the_tracing_case_times_the_hooks_without_an_sdk_against_a_call():
     )
     assert "| 2.00 µs of 800 µs (0.25 %) |" in row
     assert "tracing hooks" not in render_block(FIXTURE)  # results from before the case
+
+
+def test_a_page_to_render_that_cannot_be_is_one_error_line_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    plain = tmp_path / "plain.md"
+    plain.write_text("# no bench block here\n")
+    for args, why in (
+        (["--render", "--page", str(tmp_path / "missing.md")], "no such file"),
+        (["--cases", "threads", "--page", str(plain)], "no bench block"),
+        (["--render", "--out", str(out)], "no results at"),
+    ):
+        assert bench_main(["--out", str(out), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err
+    assert not out.exists()
