@@ -43,6 +43,7 @@ __all__ = [
     "java_executable",
     "kafka_classpath",
     "kafka_version",
+    "new_cluster_id",
     "resolve_maven_jars",
 ]
 
@@ -88,7 +89,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """16 random bytes in URL-safe base64, as StorageTool wants. Like Kafka's own
     Uuid.randomUuid, never one starting with '-': the tool would read it as an option."""
     while True:
@@ -259,7 +260,7 @@ class EmbeddedKafka:
         return []
 
     def _new_cluster_id(self) -> str:
-        return _cluster_id()
+        return new_cluster_id()
 
     def _write_properties(self, controller_port: int) -> Path:
         path = self.data_dir / "server.properties"

@@ -25,8 +25,8 @@ from rmq_semantics.embedded import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     EmbeddedKafka,
-    _cluster_id,
     free_port,
+    new_cluster_id,
     port_free,
 )
 from rmq_semantics.errors import EmbeddedKafkaError
@@ -163,7 +163,7 @@ class EmbeddedCluster:
         return {
             "brokers": brokers,
             "version": checked_version(version or kafka_version()),
-            "cluster_id": _cluster_id(),
+            "cluster_id": new_cluster_id(),
             "nodes": [
                 {"id": i + 1, "port": p, "controller_port": free_port()}
                 for i, p in enumerate(ports)
