@@ -43,11 +43,12 @@ test: check setup
 	$(PY) -m pytest --ignore=tests/unit $(TEST_ARGS)
 
 # The bench's full run (BENCH_ARGS adds e.g. --cases threads,latency or --repeat 3), then the
-# docs' benchmarks page (its rendered block) from its results. The bench is the checkout's
+# docs' benchmarks page (its rendered block) and the README's summary from its results. The bench is the checkout's
 # benchmarks/ package (not shipped in the wheel); its results and plots go to bench/.
 bench: setup
 	$(PY) -m benchmarks --out bench/results.json $(BENCH_ARGS)
 	$(PY) -m benchmarks --render --out bench/results.json --page docs/benchmarks.md
+	$(PY) -m benchmarks --render --out bench/results.json --page README.md
 
 # The fuzzer's long run: 10,000 bad records through a real coordinator (RMQ_BOOTSTRAP_SERVERS
 # or an embedded broker); FUZZ_ARGS adds e.g. --seed N, --only CATEGORY, --safe, --list.

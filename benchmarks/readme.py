@@ -27,8 +27,11 @@ from benchmarks.page_text import (
     whole,
 )
 from benchmarks.readme_keys import keys_block, keys_rows
+from benchmarks.summary import BEGIN as SUMMARY_BEGIN
+from benchmarks.summary import END as SUMMARY_END
+from benchmarks.summary import render_summary
 
-__all__ = ["BEGIN", "END", "render_block", "render_readme", "rewrite_readme"]
+__all__ = ["BEGIN", "END", "has_block", "render_block", "render_readme", "rewrite_readme"]
 
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
@@ -553,13 +556,25 @@ def render_block(results: dict) -> str:
     return "\n".join(lines)
 
 
+def has_block(page: str) -> bool:
+    """Whether ``page`` has a block the renderer rewrites: the bench block (the benchmarks
+    page) or the summary block (the README)."""
+    return any(b in page and e in page for b, e in ((BEGIN, END), (SUMMARY_BEGIN, SUMMARY_END)))
+
+
+def _replace(page: str, begin: str, end: str, block: str) -> str:
+    head, found, rest = page.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    return head + block + tail if found and found_end else page
+
+
 def render_readme(readme: str, results: dict) -> str:
-    """``readme`` with its bench block replaced by the rendering of ``results``."""
-    head, found, rest = readme.partition(BEGIN)
-    _, found_end, tail = rest.partition(END)
-    if not found or not found_end:
-        raise ValueError(f"the page has no {BEGIN} ... {END} block")
-    return head + render_block(results) + tail
+    """``readme`` with its bench block and its summary block (whichever it has) replaced by
+    the rendering of ``results``."""
+    if not has_block(readme):
+        raise ValueError(f"the page has no {BEGIN} ... {END} or {SUMMARY_BEGIN} block")
+    readme = _replace(readme, BEGIN, END, render_block(results))
+    return _replace(readme, SUMMARY_BEGIN, SUMMARY_END, render_summary(results))
 
 
 def current_block(readme: str) -> str:

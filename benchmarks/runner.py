@@ -238,15 +238,17 @@ BENCH_PAGE = "docs/benchmarks.md"
 
 def _page_to_render(args: argparse.Namespace, out: Path) -> Path | None:
     """The page whose block this run re-renders, checked before anything runs."""
-    from benchmarks.readme import BEGIN, END
+    from benchmarks.readme import BEGIN, END, has_block
 
     if not (args.render or args.page):
         return None
     page = Path(args.page or BENCH_PAGE)
     if not page.is_file():
         raise ConfigError(f"--page {page}: no such file")
-    if BEGIN not in (text := page.read_text()) or END not in text:
-        raise ConfigError(f"--page {page}: no bench block ({BEGIN} ... {END}) to re-render")
+    if not has_block(page.read_text()):
+        raise ConfigError(
+            f"--page {page}: no bench block ({BEGIN} ... {END}) or summary block to re-render"
+        )
     if args.render and not out.is_file():
         raise ConfigError(f"--render: no results at {out} (--out) to render from")
     return page

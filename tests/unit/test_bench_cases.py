@@ -23,6 +23,8 @@ from benchmarks.readme import (
     render_readme,
 )
 from benchmarks.runner import _merge_into, run_bench
+from benchmarks.summary import BEGIN as SUMMARY_BEGIN
+from benchmarks.summary import END as SUMMARY_END
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Message
 
@@ -220,6 +222,30 @@ def test_the_readme_block_is_the_rendering_of_the_committed_results():
     readme = (REPO / "docs" / "benchmarks.md").read_text()
     results = json.loads((REPO / "bench" / "results.json").read_text())
     assert current_block(readme) == render_block(results)
+
+
+def test_the_readme_summary_is_the_rendering_of_the_committed_results():
+    """The README quotes the same run as the benchmarks page: `make bench` renders its summary
+    block from bench/results.json too."""
+    readme = (REPO / "README.md").read_text()
+    results = json.loads((REPO / "bench" / "results.json").read_text())
+    assert render_readme(readme, results) == readme
+
+
+def test_the_summary_quotes_rocketmq_of_the_same_run_and_leaves_the_prose_alone():
+    results = {
+        "machine": {"cores": 2},
+        "cases": {"threads": {"taken_at": "2026-11-27T19:00:00Z"}},
+        "threads": {"32": {"confirmed_per_s": figure([4000.0, 5000.0, 4500.0])}},
+        "rocketmq_txn_per_s": figure([9000.0]),
+        "threads32_vs_rocketmq": figure([0.5]),
+    }
+    page = f"intro\n{SUMMARY_BEGIN}\nstale\n{SUMMARY_END}\nprose\n"
+    text = render_readme(page, results)
+    assert text.startswith("intro\n" + SUMMARY_BEGIN) and text.endswith(SUMMARY_END + "\nprose\n")
+    assert "4,500/s (4,000\u20135,000) confirmed, RocketMQ 5.5.0 in the same run 9,000/s" in text
+    assert "(taken 2026-11-27)" in text and "stale" not in text
+    assert "commit → visible at 1,000 msgs/s p50 / p99 not measured" in text
 
 
 def test_a_run_of_latency_cases_only_plots_without_rates(tmp_path):
