@@ -87,7 +87,7 @@ def test_deliver_at_resolves_each_form_against_the_send_time():
 
 
 def test_a_message_due_past_max_delay_is_refused_with_one_line():
-    writes = _writes(max_delay_ms=60_000)
+    writes = _writes(max_delay_ms=60_000, delay_levels="1s")
     with pytest.raises(ConfigError, match="over max_delay_ms=60000") as info:
         writes.timer_record(Message("orders", b"v", deliver_after_ms=60_001), None, T)
     assert "\n" not in str(info.value)
