@@ -188,12 +188,16 @@ class Server:
         self._threads[name] = thread
         thread.start()
 
-    def _service_status(self, name: str, ready: threading.Event) -> str:
+    def _service_status(
+        self, name: str, ready: threading.Event, idle: threading.Event | None = None
+    ) -> str:
         thread = self._threads.get(name)
         if thread is None:
             return "not started"
         if not thread.is_alive():
             return "stopped"
+        if idle is not None and idle.is_set():
+            return "idle"
         return "ok" if ready.is_set() else "starting"
 
     def health(self) -> dict:
@@ -203,8 +207,11 @@ class Server:
             "locks": self._service_status("rmq-locks", self.locks.ready),
         }
         if self.timers is not None:
-            services["timers"] = self._service_status("rmq-timers", self.timers.ready)
-        ok = all(s == "ok" for s in services.values()) and not self._errors
+            services["timers"] = self._service_status(
+                "rmq-timers", self.timers.ready, self.timers.idle
+            )
+        # An idle timer service (no timer topic yet) is healthy: nothing is scheduled.
+        ok = all(s in ("ok", "idle") for s in services.values()) and not self._errors
         return {
             "status": "ok" if ok else "unhealthy",
             "services": services,

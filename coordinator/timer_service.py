@@ -55,6 +55,7 @@ from rmq_semantics.errors import (
     FatalKafkaError,
     IllegalStateError,
     KafkaOperationError,
+    RmqError,
 )
 from rmq_semantics.records.codec import decode_timer_cancel
 from rmq_semantics.records.reasons import DiscardReason
@@ -78,6 +79,9 @@ log = logging.getLogger(__name__)
 POLL_WAIT_S = 0.05
 MAX_BATCH = 2000
 STARTUP_DEADLINE_S = 120.0
+# How often an idle service looks for the intake topic: the first timer message of a prefix
+# waits at most this long (plus the level topics' creation) before the wheel starts.
+INTAKE_POLL_S = 2.0
 # Stable committed offsets wait for a zombie's open transaction (at most its timeout).
 COMMITTED_TIMEOUT_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
 METADATA_TIMEOUT_S = 10.0
@@ -145,6 +149,8 @@ class TimerService:
         self._writer: TimerWriter | None = None
         self._stop = threading.Event()
         self.ready = threading.Event()
+        # Set while no timer topic exists yet and the service waits for one (healthy).
+        self.idle = threading.Event()
 
     def lane_topic(self, lane: int) -> str:
         return self.topics.timer if lane == INTAKE else self.topics.timer_level(lane)
@@ -156,8 +162,12 @@ class TimerService:
 
     # -- life ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Run until ``stop`` is set; the transaction in progress always completes."""
+        """Run until ``stop`` is set; the transaction in progress always completes. Until a
+        producer has created the intake topic (its first timer message) the service only
+        waits for it: a prefix that never schedules a message gets no timer topics."""
         self._stop = stop
+        if not self._wait_for_intake(stop):
+            return
         for attempt in retrying(STARTUP_DEADLINE_S, stop):
             with attempt:
                 ensure_topics(
@@ -225,6 +235,21 @@ class TimerService:
             else:
                 txn.close()
             log.info("timer service %s stopped", self.instance_id)
+
+    def _wait_for_intake(self, stop: threading.Event) -> bool:
+        """Wait, idle, until the intake topic exists; False if ``stop`` came first."""
+        self.idle.set()
+        try:
+            while not stop.is_set():
+                try:
+                    if self.topics.timer in list_topics(self.conf).topics:
+                        return True
+                except RmqError as exc:  # an unreachable broker: the other services say so
+                    log.debug("timer service: looking for %s: %s", self.topics.timer, exc)
+                stop.wait(INTAKE_POLL_S)
+            return False
+        finally:
+            self.idle.clear()
 
     def _copartitioned(self) -> int:
         """The partition count every timer topic shares; else one ConfigError naming them."""

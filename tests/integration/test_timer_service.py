@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer as RawProducer
 
+from rmq_semantics import Producer
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.message import Message
 from rmq_semantics.records.codec import encode
@@ -244,3 +245,32 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(own_broker, un
         reader.close()
     counts = Counter(m.value() for m in read_to_end(conf, topic, 2))
     assert len(counts) == total and set(counts.values()) == {1}, counts
+
+
+def test_messages_sent_through_the_producer_with_a_time_arrive_once_after_it(
+    broker, make_topic, unique
+):
+    """The client API end to end: deliver_after_ms, delay_time_level and recall_message."""
+    prefix, topic = _prefix(unique), make_topic("api", partitions=2)
+    conf = broker.conf()
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix, **TIMER),
+        Producer(conf, topic_prefix=prefix, timer_partitions=2) as producer,
+    ):
+        reader = VisibleAt(conf, topic, 2)
+        due: dict[bytes, int] = {}
+        for i in range(10):
+            value = f"a{i}".encode()
+            due[value] = _now_ms() + 1500
+            assert producer.send(Message(topic, value, deliver_after_ms=1500)).message_id
+        due[b"level1"] = _now_ms() + 1000
+        producer.send(Message(topic, b"level1", delay_time_level=1))
+        recalled = producer.send(Message(topic, b"recalled", deliver_after_ms=2500))
+        producer.recall_message(recalled.message_id)
+        reader.read_until(lambda r: len(r) >= 11, 60, "every delivery")
+        wait_for(lambda: _now_ms() > due[b"a0"] + 3000, 30, "the recalled one's time to pass")
+        reader.settle(1.0)
+        reader.close()
+    counts = Counter(m.value() for m in reader.records)
+    assert set(counts) == set(due) and set(counts.values()) == {1}, counts
+    assert all(reader.seen_at[v][0] >= due[v] for v in due)
