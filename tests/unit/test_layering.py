@@ -39,6 +39,7 @@ PURE_CORES = [
     "rmq_semantics.records.half",
     "rmq_semantics.records.txn",
     "rmq_semantics.records.locks",
+    "rmq_semantics.records.timer",
     "coordinator.state",
     "coordinator.lock",
     "rmq_semantics.orderly.queue",
