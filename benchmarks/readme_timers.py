@@ -24,9 +24,9 @@ def timers_rows(r: dict) -> list[tuple[str, str, str, str]]:
         (
             "timers",
             f"timer messages: due → visible to a read_committed consumer at "
-            f"{num(late.get('due_msgs_per_s', '?'))} due msgs/s, each scheduled "
-            f"{num(late.get('lead_ms', '?'))} ms ahead with `Producer.send` from "
-            f"{late.get('threads', '?')} threads",
+            f"{num(late.get('due_msgs_per_s', '?'))} due msgs/s, all scheduled with "
+            f"`Producer.send` from {late.get('threads', '?')} threads before the window, "
+            f"each at least {num(late.get('lead_ms', '?'))} ms ahead",
             f"{pcts(late)}; scheduled at {fig(late.get('scheduled_msgs_per_s'), rate, '/s')}",
             judged(f"p99 ≤ {GOAL_P99_MS:g} ms", at_most(late.get("p99"), GOAL_P99_MS)),
         )

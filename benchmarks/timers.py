@@ -1,8 +1,8 @@
 """The timers case: how late timer messages become visible at a steady due rate.
 
-Messages are scheduled :data:`LEAD_MS` ahead of their time with ``Producer.send``, on a
-schedule of absolute send times from several caller threads (as :func:`.txn.offer_load`
-does), so that ``s.rate`` of them fall due per second for ``s.latency_seconds``; the bench's
+The window's messages are scheduled with ``Producer.send`` from several caller threads before
+the window opens, each at least :data:`LEAD_MS` ahead of its time, so that ``s.rate`` of them
+fall due per second for ``s.latency_seconds`` whatever rate the sends reach; the bench's
 coordinator moves them through the level topics and delivers them. A read_committed
 consumer of the real topic, in a process of its own, notes each record's wall-clock arrival
 against the due time the sender wrote in a header of its own: lateness = due -> visible.
@@ -10,6 +10,7 @@ One run is this function; the runner repeats it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -34,9 +35,12 @@ __all__ = [
     "lateness_ms",
 ]
 
-#: How far ahead of its time each message is sent: a few seconds, so every message passes
-#: through level topics (2 s, then 1 s) and the coordinator's due-heap before it is due.
+#: How far ahead of its time each message is sent at least: a few seconds, so every message
+#: passes through level topics and the coordinator's due-heap before it is due.
 LEAD_MS = 3000
+# The window's first message is due LEAD_MS after the sends' expected end, their expected
+# length (at the warm-up's rate) taken this many times over.
+SEND_MARGIN = 1.5
 #: The sender's own header: the message's due time (epoch ms), read by the measuring consumer.
 DUE_HEADER = "bench.due"
 #: Issue 35's goal: lateness p99 <= 100 ms at 1,000 due messages/s.
@@ -101,34 +105,33 @@ def _collect(conf: dict, topic: str, partitions: int, want: int, warmed: Any, ou
         consumer.close()
 
 
-def _send_all(producer: Producer, topic: str, dues: list[int], s: BenchSettings) -> float:
-    """Send message ``i`` at ``dues[i] - LEAD_MS`` from ``s.latency_threads`` threads (a late
-    send does not push the later ones back); the rate the sends achieved."""
+def _send_all(
+    producer: Producer, topic: str, dues: list[int], s: BenchSettings, timed: bool = True
+) -> list[float]:
+    """Send a message due at each of ``dues`` from ``s.latency_threads`` threads, as fast as
+    they go, in due order (``timed``: with its due time in :data:`DUE_HEADER`); when each
+    send returned (epoch ms). Raises once every caller is done if one of them failed."""
     threads = max(1, s.latency_threads)
     value = os.urandom(s.size)
     errors: list[BaseException] = []
-    # Monotonic send times: a wall-clock step during the run does not bunch the sends.
-    offset = time.monotonic() - time.time()
+    sent = [0.0] * len(dues)
 
     def caller(first: int) -> None:
         try:
             for i in range(first, len(dues), threads):
-                delay = (dues[i] - LEAD_MS) / 1000 + offset - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
                 producer.send(
                     Message(
                         topic,
                         value,
                         key=str(i % 1000),
-                        headers={DUE_HEADER: str(dues[i]).encode()},
+                        headers={DUE_HEADER: str(dues[i]).encode()} if timed else None,
                         deliver_at_ms=dues[i],
                     )
                 )
+                sent[i] = time.time() * 1000
         except Exception as exc:  # reported after the run, not lost in a thread
             errors.append(exc)
 
-    started = time.monotonic()
     callers = [
         threading.Thread(target=caller, args=(n,), daemon=True, name=f"bench-timer-{n}")
         for n in range(threads)
@@ -139,7 +142,7 @@ def _send_all(producer: Producer, topic: str, dues: list[int], s: BenchSettings)
         c.join(CASE_TIMEOUT_S)
     if errors:
         raise RuntimeError(f"timers: {len(errors)} callers failed: {errors[0]!r}")
-    return len(dues) / max(1e-9, time.monotonic() - started)
+    return sent
 
 
 def bench_timers(conf: dict, prefix: str, s: BenchSettings) -> dict:
@@ -152,7 +155,6 @@ def bench_timers(conf: dict, prefix: str, s: BenchSettings) -> dict:
     ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
     warmed = ctx.Event()
     results, child_end = ctx.Pipe(duplex=False)
-    now_ms = int(time.time() * 1000)
     count = int(s.rate * s.latency_seconds)
     collector = ctx.Process(
         target=_collect,
@@ -163,14 +165,19 @@ def bench_timers(conf: dict, prefix: str, s: BenchSettings) -> dict:
     late: list[float] = []
     try:
         with Producer(conf, topic_prefix=prefix) as producer:
-            for i in range(WARM_UP):
-                producer.send(Message(topic, b"w", key=str(i), deliver_after_ms=WARM_UP_AFTER_MS))
+            warm = [int(time.time() * 1000) + WARM_UP_AFTER_MS] * WARM_UP
+            started = time.monotonic()
+            _send_all(producer, topic, warm, dataclasses.replace(s, size=1), timed=False)
+            send_rate = WARM_UP / max(1e-3, time.monotonic() - started)
             if not warmed.wait(CASE_TIMEOUT_S):
                 raise RuntimeError(f"timers: the {WARM_UP} warm-up messages never arrived")
-            now_ms = int(time.time() * 1000)
-            achieved = _send_all(
-                producer, topic, due_schedule(now_ms, s.rate, s.latency_seconds), s
-            )
+            # Every message is sent before the window opens, at least LEAD_MS before its
+            # time: the sends take count / send_rate, with a margin for a slower stretch.
+            ahead_ms = LEAD_MS + int(SEND_MARGIN * 1000 * count / send_rate)
+            dues = due_schedule(int(time.time() * 1000), s.rate, s.latency_seconds, ahead_ms)
+            started = time.monotonic()
+            sent = _send_all(producer, topic, dues, s)
+            achieved = count / max(1e-3, time.monotonic() - started)
         if results.poll(CASE_TIMEOUT_S):
             late = results.recv()
     finally:
@@ -182,6 +189,9 @@ def bench_timers(conf: dict, prefix: str, s: BenchSettings) -> dict:
             "samples": late,
             "due_msgs_per_s": s.rate,
             "lead_ms": LEAD_MS,
+            "first_due_after_ms": ahead_ms,
+            # Sends that returned less than LEAD_MS before their time (0 when the margin held).
+            "sent_late": sum(1 for at, due in zip(sent, dues, strict=True) if at > due - LEAD_MS),
             "scheduled_msgs_per_s": achieved,
             "threads": max(1, s.latency_threads),
             "expected": count,
