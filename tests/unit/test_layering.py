@@ -44,6 +44,7 @@ PURE_CORES = [
     "coordinator.lock",
     "rmq_semantics.orderly.queue",
     "coordinator.horizon",
+    "coordinator.timer_wheel",
     "rmq_semantics.records.reappend",
     "rmq_semantics.orderly.offsets",
     "rmq_semantics.orderly.keys",
