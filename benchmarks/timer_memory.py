@@ -213,10 +213,11 @@ def _fire(
     count = int(args.fire_rate * args.fire_seconds)
     ctx = multiprocessing.get_context("spawn")  # never fork a process with librdkafka
     results, child_end = ctx.Pipe(duplex=False)
+    warmed = ctx.Event()  # unused here (no warm-up), but kept alive until the child has it
     collector = ctx.Process(
         target=_collect,
         daemon=True,
-        args=(conf, topic, args.partitions, count, ctx.Event(), child_end),
+        args=(conf, topic, args.partitions, count, warmed, child_end),
     )
     collector.start()
     start = int(time.time() * 1000) + 2 * LEAD_MS

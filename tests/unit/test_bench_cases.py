@@ -355,6 +355,34 @@ def test_a_page_to_render_that_cannot_be_is_one_error_line_before_anything_runs(
     assert not out.exists()
 
 
+def test_the_timers_case_is_a_default_case_with_its_goal_on_the_page(monkeypatch):
+    from benchmarks import timers
+    from benchmarks.cases import CASE_RUNS, CASES, BenchContext
+
+    calls = []
+
+    def fake(conf, prefix, s):
+        calls.append((conf, prefix, s.rate))
+        late = {"samples": [20.0, 30.0, 90.0], "due_msgs_per_s": s.rate, "lead_ms": 3000}
+        return {"timer_lateness_ms": {**late, "scheduled_msgs_per_s": 1000.0, "threads": 16}}
+
+    monkeypatch.setattr(timers, "bench_timers", fake)
+    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(), Path("."))
+    assert "timers" in CASES
+    runs = aggregate([CASE_RUNS["timers"](ctx), CASE_RUNS["timers"](ctx)])
+    assert calls == [({"bootstrap.servers": "b"}, "__rmqx", 1000)] * 2
+    row = next(
+        line
+        for line in render_block({**FIXTURE, **runs}).splitlines()
+        if line.startswith("| timer messages: due → visible")
+    )
+    assert "at 1,000 due msgs/s, all scheduled with `Producer.send` from 16 threads" in row
+    assert "each at least 3,000 ms ahead |" in row
+    assert "| p50 30.0, p99 90.0, max 90.0 ms; scheduled at 1,000/s |" in row
+    assert row.endswith("| p99 ≤ 100 ms — **met** |")
+    assert "timer messages" not in render_block(FIXTURE)  # results from before the case
+
+
 def test_timer_messages_fall_due_at_the_rate_and_their_lateness_is_read_from_the_header():
     from benchmarks.timers import DUE_HEADER, due_schedule, lateness_ms
 
