@@ -56,7 +56,7 @@ def timer_memory_block(r: dict) -> list[str]:
         "",
         "### Timer messages: the coordinator's memory",
         "",
-        "| coordinator RSS (VmRSS) | MiB |",
+        "| timer messages | coordinator RSS (VmRSS) |",
         "| --- | --- |",
         f"| {num(m.get('base_count', '?'))} messages scheduled | {_mib(base)} |",
         f"| {num(m.get('count', '?'))} scheduled over the next "
