@@ -100,8 +100,10 @@ EVENTS = [
     ("rmq_timer_cancelled_total", {}),
     ("rmq_timer_discarded_total", {"reason": "malformed"}),
 ]
-# Timer messages per round, due 1.5 s later (each passes a level topic and the due-heap).
-TIMERS_PER_ROUND, TIMER_AFTER_MS = 10, 1500
+# Timer messages per round and when they are due: half 1.5 s later (through level 1, then
+# the due-heap), half 0.9 s later (held in memory from the intake on, so rmq_timer_held is
+# above 0 for most of each second, whenever Prometheus scrapes).
+TIMERS_PER_ROUND, TIMER_AFTER_MS = 10, (1500, 900)
 
 
 def _listener() -> ScriptedListener:
@@ -151,7 +153,7 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[
     it; every 10th a message too large for its topic (the Kafka transaction aborts, the
     replay discards it as too_large), a forged end request (rejected as mismatch), and a
     queue lock whose 1 s lease lapses and is taken over by another client. Timer messages:
-    TIMERS_PER_ROUND due 1.5 s later every round, one recalled every 4th round, and a timer
+    TIMERS_PER_ROUND every round (TIMER_AFTER_MS), one recalled every 4th round, and a timer
     record without its headers every 10th (discarded as malformed). Then ``settle``, with
     the producer still there to answer the last back-checks."""
     group = f"locks-{uuid.uuid4().hex[:6]}"
@@ -178,9 +180,8 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[
             )
             producer.send_message_in_transaction(Message(topic, f"rollback-{n}".encode()))
             for i in range(TIMERS_PER_ROUND):
-                scheduler.send(
-                    Message(topic, f"timer-{n}-{i}".encode(), deliver_after_ms=TIMER_AFTER_MS)
-                )
+                after = TIMER_AFTER_MS[i % len(TIMER_AFTER_MS)]
+                scheduler.send(Message(topic, f"timer-{n}-{i}".encode(), deliver_after_ms=after))
             if n % 4 == 0:
                 recalled = scheduler.send(Message(topic, b"recalled", deliver_after_ms=3000))
                 scheduler.recall_message(recalled.message_id or "")
