@@ -220,7 +220,10 @@ class TimerService:
                 self.ready.clear()
                 consumer.close()
         finally:
-            (self._txn or txn).close()
+            if self._writer is not None:
+                self._writer.close()
+            else:
+                txn.close()
             log.info("timer service %s stopped", self.instance_id)
 
     def _copartitioned(self) -> int:
@@ -310,8 +313,8 @@ class TimerService:
     def _replay(self, consumer: confluent_kafka.Consumer) -> None:
         """After an aborted transaction or a failed step: every wheel again from the
         committed offsets (cancels are kept: no transaction of ours writes them)."""
-        if self._txn is not None:
-            self._txn.ensure_initialised(self._stop)
+        if self._writer is not None:  # a re-created producer, before any read
+            self._writer.txn.ensure_initialised(self._stop)
         self._sent.clear()
         parts = sorted(self._assigned)
         if not parts:

@@ -20,7 +20,7 @@ from functools import partial
 import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
 
-from coordinator.kafka_txn import KafkaTransactions
+from coordinator.kafka_txn import CommitThread, KafkaTransactions
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.poison import FailureKind, PoisonLedger, classify, on_system_topic
 from coordinator.timer_wheel import INTAKE, Action, Step
@@ -81,6 +81,10 @@ class TimerWriter:
         self.metrics = metrics
         self.ledger = ledger
         self._failed: list[tuple[Action, KafkaError]] = []
+        # The commit runs on its own thread: librdkafka's send_offsets_to_transaction can
+        # wait for ever for a group coordinator that left (#5456, #5511; seen here after a
+        # broker restart), and a wedged call is abandoned for a new producer instead.
+        self._committer = CommitThread(name="rmq-timer-commit")
 
     def write(
         self, actions: Sequence[Action], offsets: list[TopicPartition], group_metadata: object
@@ -89,16 +93,38 @@ class TimerWriter:
         (replay from the committed offsets) or FatalKafkaError otherwise."""
         self._failed = []
         now = _now_ms()
+        txn = self.txn
         try:
-            with self.txn.transaction(offsets, group_metadata) as producer:
+            with txn.body() as producer:
                 for action in actions:
                     self._guarded(producer, action, now)
+            commit = self._committer.submit(txn.finish, offsets, group_metadata)
+            if not self._committer.wait(commit, txn):
+                self._abandon(txn)
+                raise TransactionAborted(
+                    f"a commit stuck for {txn.stuck_for():.0f} s was abandoned; "
+                    "the transactional producer was re-created"
+                )
+            commit.result()
         except TransactionAborted:
             self.metrics.aborted.inc()
             for action, err in self._failed:
                 self._blame(action, err)
             raise
         self._count(actions, _now_ms())  # lateness: due -> committed (visible)
+
+    def _abandon(self, txn: KafkaTransactions) -> None:
+        """Swap ``txn`` (stuck in a call) for its successor, whose init (before the replay
+        reads the committed offsets) fences it, and the commit thread for a new one."""
+        self.txn = txn.abandon()
+        self._committer.close(timeout=0)
+        self._committer = CommitThread(name="rmq-timer-commit")
+
+    def close(self) -> None:
+        """Idempotent: the commit thread (idle: every write waits for its commit) and the
+        producer."""
+        self._committer.close(timeout=0)
+        self.txn.close()
 
     # -- one action --------------------------------------------------------------------------
     def _guarded(self, producer: confluent_kafka.Producer, action: Action, now: int) -> None:

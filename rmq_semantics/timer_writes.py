@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.group_signing import group_key_of
-from rmq_semantics.message import Headers, Message
+from rmq_semantics.message import Headers, Message, encode_bytes
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.group_auth import GroupKey, cancel_canonical, sign_timer_headers
 from rmq_semantics.records.headers import H
@@ -120,13 +120,15 @@ class TimerWrites:
         headers = timer_headers(
             msg, message_id, due, now, self.producer_group, real_partition=real_partition
         )
+        # Bytes since Message.__post_init__ (str is only what a caller may pass).
+        record_key, value = encode_bytes(msg.key, "key"), encode_bytes(msg.value, "value")
         if key is not None:
-            headers = sign_timer_headers(key, headers, msg.key, msg.value)
+            headers = sign_timer_headers(key, headers, record_key, value)
         return TimerWrite(
             self.topics.timer,
             timer_partition(message_id, self.partitions()),
-            msg.key,
-            msg.value,
+            record_key,
+            value,
             headers,
             message_id,
         )

@@ -34,6 +34,9 @@ FAST = {
     "check_max": 3,
     "half_partitions": 4,
     "check_partitions": 2,
+    # The timer service's topics: 7 of 2 partitions rather than 20 of 8 per coordinator.
+    "timer_partitions": 2,
+    "max_delay_ms": 60_000,
 }
 
 

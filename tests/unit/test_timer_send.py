@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rmq_semantics import Message, Producer, ProducerSettings
-from rmq_semantics.errors import ConfigError
+from rmq_semantics.errors import ConfigError, SystemTopicError
 from rmq_semantics.records.codec import decode_timer_cancel
 from rmq_semantics.records.group_auth import cancel_canonical, derive_group_key
 from rmq_semantics.records.headers import H
@@ -87,7 +87,7 @@ def test_deliver_at_resolves_each_form_against_the_send_time():
 
 
 def test_a_message_due_past_max_delay_is_refused_with_one_line():
-    writes = _writes(max_delay_ms=60_000)
+    writes = _writes(max_delay_ms=60_000, delay_levels="1s")
     with pytest.raises(ConfigError, match="over max_delay_ms=60000") as info:
         writes.timer_record(Message("orders", b"v", deliver_after_ms=60_001), None, T)
     assert "\n" not in str(info.value)
@@ -212,3 +212,17 @@ def test_a_transactional_message_with_a_delivery_time_is_refused_naming_rocketmq
         checks.check([Message("orders", b"v"), Message("orders", b"v", **timing)], 1.0)
     text = str(info.value)
     assert "RocketMQ" in text and "\n" not in text and next(iter(timing)) in text
+
+
+# -- what a producer may not write ---------------------------------------------------------
+def test_a_timer_message_for_a_system_topic_is_refused_before_anything_is_made():
+    with Producer(CONF) as producer, pytest.raises(SystemTopicError):
+        producer.send(Message("__rmq_half", b"v", deliver_after_ms=1))
+
+
+@pytest.mark.parametrize("name", [H.TIMER_ID, H.DELIVER_AT, H.DELIVERED_AT, H.TIMER_ORIGIN])
+def test_the_drop_in_refuses_the_timer_headers(name):
+    """Only ``send`` writes a timer record: a record carrying one of these elsewhere would
+    pass for the coordinator's (rmq.delivered_at) or confuse a reader."""
+    with Producer(CONF) as producer, pytest.raises(ConfigError, match="reserved"):
+        producer.produce("orders", b"v", headers=[(name, b"1")])
