@@ -41,7 +41,8 @@ def test_scheduled_messages_are_listed_per_topic_and_window_and_one_by_id(
     conf = broker.conf()
     args = ("--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix)
     with (
-        ThreadCoordinator(conf, topic_prefix=prefix),
+        # The tests' coordinators take a one-minute maximum delay; these wait for days.
+        ThreadCoordinator(conf, topic_prefix=prefix, max_delay_ms=3 * DAY),
         Producer(conf, topic_prefix=prefix, producer_group=unique("pg")) as producer,
     ):
         soon = [producer.send(Message(orders, b"o", deliver_after_ms=30 * MIN)) for _ in range(3)]
