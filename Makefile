@@ -51,7 +51,7 @@ bench: setup
 	$(PY) -m benchmarks --render --out bench/results.json --page docs/benchmarks.md
 	$(PY) -m benchmarks --render --out bench/results.json --page README.md
 
-# The million-message run of issue 35 (not in CI; about 10 minutes on 2 cores): a coordinator's
+# The million-message run of issue 35 (not in CI; about 3 minutes on 2 cores): a coordinator's
 # RSS with 1,000 timer messages scheduled, with 1,000,000 over the next day, and while a stream
 # of them fires (benchmarks/timer_memory.py); merged into bench/results.json as timer_memory,
 # then the docs' benchmarks page. TIMERS_ARGS adds e.g. --count 100000 or --smoke.
