@@ -108,7 +108,14 @@ def txn_world(broker) -> Iterator[World]:
 
     # A check interval longer than the module: the pending one stays pending throughout.
     with (
-        ThreadCoordinator(conf, topic_prefix=prefix, check_interval_ms=600_000),
+        # Its timer settings are the ones the timer topics below are made with.
+        ThreadCoordinator(
+            conf,
+            topic_prefix=prefix,
+            check_interval_ms=600_000,
+            timer_partitions=2,
+            max_delay_ms=2 * 3_600_000,
+        ),
         TransactionProducer(
             conf,
             producer_group=f"pg-{prefix}",
