@@ -111,6 +111,12 @@ def _check(ctx: BenchContext) -> dict:
     }
 
 
+def _timers(ctx: BenchContext) -> dict:
+    from benchmarks.timers import bench_timers
+
+    return bench_timers(ctx.conf, ctx.prefix, ctx.s)
+
+
 def _threads(ctx: BenchContext) -> dict:
     from benchmarks.threads import bench_threads
 
@@ -227,6 +233,7 @@ CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "tracing": _tracing,
     "latency": _latency,
     "check": _check,
+    "timers": _timers,
     "threads": _threads,
     "rocketmq": _rocketmq,
     "copier": _copier,

@@ -27,6 +27,7 @@ from benchmarks.page_text import (
     whole,
 )
 from benchmarks.readme_keys import keys_block, keys_rows
+from benchmarks.readme_timers import timer_memory_block, timers_rows
 from benchmarks.summary import BEGIN as SUMMARY_BEGIN
 from benchmarks.summary import END as SUMMARY_END
 from benchmarks.summary import render_summary
@@ -279,6 +280,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
             pcts(g("check_lateness_ms"), ("p50", "p99")),
             "",
         ),
+        *timers_rows(r),
     ]
     for n, c in sorted((g("coordinators") or {}).items()):
         rows.append(
@@ -551,6 +553,7 @@ def render_block(results: dict) -> str:
         *_same_run(results),
         *_comparison(results),
         *keys_block(results),
+        *timer_memory_block(results),
         END,
     ]
     return "\n".join(lines)

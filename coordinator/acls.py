@@ -92,8 +92,11 @@ def acl_bindings(
         out += [
             Acl(role, who, TOPIC, t.half, LITERAL, rw),
             Acl(role, who, TOPIC, t.op, LITERAL, rw),
-            # CREATE: a producer may start before the coordinators create its topic.
+            # CREATE: a producer may start before the coordinators create its topic; so may
+            # a Producer that schedules (timer messages) or recalls one.
             Acl(role, who, TOPIC, own, LITERAL, ("READ", "DESCRIBE", "CREATE")),
+            Acl(role, who, TOPIC, t.timer, LITERAL, (*rw, "CREATE")),
+            Acl(role, who, TOPIC, t.timer_cancel, LITERAL, (*rw, "CREATE")),
             Acl(role, who, GROUP, own, LITERAL, ("READ",)),
         ]
         # DESCRIBE_CONFIGS: the send-time check of a message's size against the topic's.

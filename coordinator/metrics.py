@@ -36,7 +36,7 @@ REJECT_REASONS = (
 )
 CHECK_ANSWERS = ("commit", "rollback", "unknown")
 LOCK_EVENTS = ("granted", "renewed", "taken_over", "released", "held_by_other", "stale")
-SERVICES = ("transactions", "locks")
+SERVICES = ("transactions", "locks", "timers")
 
 
 class CoordinatorMetrics:
@@ -138,6 +138,43 @@ class CoordinatorMetrics:
             ["reason"],
             registry=r,
         )
+        # Timer messages (coordinator/timer_service.py).
+        self.timer_scheduled = Counter(
+            "rmq_timer_scheduled", "Timer messages taken from the intake topic", registry=r
+        )
+        self.timer_delivered = Counter(
+            "rmq_timer_delivered", "Timer messages delivered to their real topic", registry=r
+        )
+        self.timer_cancelled = Counter(
+            "rmq_timer_cancelled",
+            "Timer messages dropped, cancelled by their own group before their time",
+            registry=r,
+        )
+        self.timer_cancel_too_late = Counter(
+            "rmq_timer_cancel_too_late",
+            "Cancels read after their message was delivered (among the last deliveries)",
+            registry=r,
+        )
+        self.timer_reappended = Counter(
+            "rmq_timer_reappended", "Timer records written again to a lower level", registry=r
+        )
+        self.timer_held = Gauge(
+            "rmq_timer_held",
+            "Timer messages held in memory, due within a second (the due-heap)",
+            registry=r,
+        )
+        self.timer_lateness = Histogram(
+            "rmq_timer_lateness_seconds",
+            "Timer message due -> its delivery committed (visible to read_committed readers)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.timer_discarded = Counter(
+            "rmq_timer_discarded",
+            "Timer messages set aside in the discard topic",
+            ["reason"],
+            registry=r,
+        )
         self.lock_events = Counter(
             "rmq_lock_events", "Queue-lock grants/expiries/denials", ["event"], registry=r
         )
@@ -146,6 +183,7 @@ class CoordinatorMetrics:
             (self.rejected, REJECT_REASONS),
             (self.checks_answered, CHECK_ANSWERS),
             (self.lock_events, LOCK_EVENTS),
+            (self.timer_discarded, [str(d) for d in DiscardReason]),
         ):
             for value in values:
                 family.labels(value)

@@ -1,7 +1,8 @@
 """The sidecar process, shaped like uvicorn's server: settings -> ``Server.run()``
 (``startup()``, ``main_loop()``, ``shutdown()``) -> CLI.
 
-Two services run in threads: the transaction service and the queue-lock service. SIGTERM or
+Three services run in threads: the transaction service, the queue-lock service and (unless
+``timer_service`` is off) the timer service. SIGTERM or
 SIGINT sets the stop flag and the Kafka transaction in progress completes; a second SIGINT
 forces an exit. A fatal error is one log line and exit code 1.
 """
@@ -24,6 +25,7 @@ from coordinator.lock_service import LockService
 from coordinator.metrics import CoordinatorMetrics, MetricsServer
 from coordinator.otel import configure_from_env
 from coordinator.settings import CoordinatorSettings
+from coordinator.timer_service import TimerService
 from coordinator.txn_service import TransactionService
 from rmq_semantics.errors import ConfigError, RmqError
 from rmq_semantics.settings import add_arguments, add_kafka_arguments, kafka_conf_from_args, load
@@ -42,7 +44,8 @@ FORCED_EXIT_CODE = 130
 
 
 class Server:
-    """Runs the transaction service and the queue-lock service until stopped.
+    """Runs the transaction service, the queue-lock service and the timer service until
+    stopped.
 
     ``run()`` is the whole life; ``startup()``, ``main_loop()`` and ``shutdown()`` are its
     steps. Settings come as a :class:`CoordinatorSettings` or as its fields' kwargs (the
@@ -66,6 +69,13 @@ class Server:
         self.force_exit = False
         self.transactions = TransactionService(self.conf, self.settings, self.metrics)
         self.locks = LockService(self.conf, self.settings, metrics=self.metrics)
+        self.timers: TimerService | None = None
+        if self.settings.timer_service:
+            self.timers = TimerService(self.conf, self.settings, self.metrics)
+            timers = self.timers
+            self.metrics.watch_partitions(
+                "timers", lambda: timers.partition_count, lambda: len(timers.wheels)
+            )
         txns = self.transactions
         self.metrics.watch_partitions(
             "transactions", lambda: txns.half_partition_count, lambda: len(txns.states)
@@ -107,6 +117,8 @@ class Server:
             log.info("metrics on http://%s:%d/metrics, health on /healthz", host, self._http.port)
         self._start_service("rmq-transactions", self.transactions.run)
         self._start_service("rmq-locks", self.locks.run)
+        if self.timers is not None:
+            self._start_service("rmq-timers", self.timers.run)
 
     def main_loop(self) -> None:
         """Wait until a signal, :meth:`stop` or a failed service sets the stop flag."""
@@ -114,7 +126,7 @@ class Server:
             pass
 
     def shutdown(self) -> None:
-        """Stop both services after their current transaction, then the metrics server.
+        """Stop every service after its current transaction, then the metrics server.
         A second SIGINT stops the waiting. Idempotent; safe after a failed startup."""
         self.stop()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -176,21 +188,30 @@ class Server:
         self._threads[name] = thread
         thread.start()
 
-    def _service_status(self, name: str, ready: threading.Event) -> str:
+    def _service_status(
+        self, name: str, ready: threading.Event, idle: threading.Event | None = None
+    ) -> str:
         thread = self._threads.get(name)
         if thread is None:
             return "not started"
         if not thread.is_alive():
             return "stopped"
+        if idle is not None and idle.is_set():
+            return "idle"
         return "ok" if ready.is_set() else "starting"
 
     def health(self) -> dict:
-        """/healthz: ``ok`` only while both services run and are ready."""
+        """/healthz: ``ok`` only while every service runs and is ready."""
         services = {
             "transactions": self._service_status("rmq-transactions", self.transactions.ready),
             "locks": self._service_status("rmq-locks", self.locks.ready),
         }
-        ok = all(s == "ok" for s in services.values()) and not self._errors
+        if self.timers is not None:
+            services["timers"] = self._service_status(
+                "rmq-timers", self.timers.ready, self.timers.idle
+            )
+        # An idle timer service (no timer topic yet) is healthy: nothing is scheduled.
+        ok = all(s in ("ok", "idle") for s in services.values()) and not self._errors
         return {
             "status": "ok" if ok else "unhealthy",
             "services": services,
@@ -225,7 +246,8 @@ def _cmd_coordinator(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "coordinator", help="run the sidecar coordinator (transactions and queue locks)"
+        "coordinator",
+        help="run the sidecar coordinator (transactions, queue locks and timer messages)",
     )
     add_kafka_arguments(parser)
     add_arguments(parser, CoordinatorSettings)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from coordinator.marker_auth import MIN_KEY_BYTES
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.records.timer import DEFAULT_MAX_DELAY_MS, DEFAULT_TIMER_PARTITIONS
 from rmq_semantics.settings import setting
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
 
@@ -47,6 +48,20 @@ class CoordinatorSettings:
         100_000,
         "end requests waiting for their half record, per half partition; beyond "
         "it the one addressed farthest ahead is dropped, counted and logged",
+    )
+    # Timer messages (issue 35): the timing wheel over the timer topics (coordinator/timer_*).
+    timer_service: bool = setting(
+        True,
+        "run the timer service, which delivers scheduled messages (false: this instance does not)",
+    )
+    timer_partitions: int = setting(
+        DEFAULT_TIMER_PARTITIONS,
+        "partitions of the timer topics (intake, levels, cancel) when this creates them",
+    )
+    max_delay_ms: int = setting(
+        DEFAULT_MAX_DELAY_MS,
+        "longest delay of a timer message, as RocketMQ 5's timerMaxDelaySec (3 days): a "
+        "message scheduled further ahead is discarded as too_far; sets the number of levels",
     )
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
@@ -114,8 +129,16 @@ class CoordinatorSettings:
             "lock_renew_ms",
             "half_partitions",
             "check_partitions",
+            "timer_partitions",
+            "max_delay_ms",
         ):
             positive(name)
+        if not isinstance(self.timer_service, bool):
+            raise ConfigError(f"timer_service must be a bool, got {self.timer_service!r}")
+        if self.max_delay_ms < 1000:
+            raise ConfigError(
+                f"max_delay_ms must be at least 1000 (a second), got {self.max_delay_ms}"
+            )
         if not self.lock_renew_ms < self.lock_lease_ms:
             raise ConfigError(
                 "need 0 < lock_renew_ms < lock_lease_ms, got "

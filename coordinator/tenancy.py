@@ -8,7 +8,7 @@ half and Op topics, so that is proven by an HMAC under the group's key
 (rmq_semantics/records/group_auth.py), derived from the tenant key only coordinators hold.
 The allow-list keeps the coordinator, which writes real topics with its own principal, from
 writing one on behalf of a group whose principal may not (a confused deputy): the timer
-service (a later issue) asks the same :class:`AllowList` (``TenantGuard.allow``). Pure apart
+service asks the same :class:`AllowList` (``TenantGuard.judge_timer``). Pure apart
 from reading the tenants and key files.
 """
 
@@ -25,6 +25,7 @@ from coordinator.settings import CoordinatorSettings
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.records.codec import SystemRecord
 from rmq_semantics.records.group_auth import (
+    cancel_canonical,
     derive_group_key,
     half_canonical,
     header,
@@ -34,6 +35,7 @@ from rmq_semantics.records.group_auth import (
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
+from rmq_semantics.records.timer import TimerRecord
 from rmq_semantics.records.txn import EndRequest, EndRequests
 from rmq_semantics.topics import SystemTopics, is_system_topic
 
@@ -283,6 +285,37 @@ class TenantGuard:
             return f"producer group {group!r} is not in the tenants file"
         if not key.verifies(
             op_canonical(self.topics.op, partition, value), header(headers, H.GROUP_MAC)
+        ):
+            return f"no valid {H.GROUP_MAC} of producer group {group!r}"
+        return None
+
+    def judge_timer(self, record: TimerRecord) -> tuple[DiscardReason, str] | None:
+        """None if timer ``record`` was signed by the group it names and may be delivered
+        to its real topic, else why it is set aside (``forged`` / ``not_allowed``)."""
+        group = record.producer_group
+        key = self._keys.get(group) if group else None
+        if group is None or key is None:
+            return DiscardReason.FORGED, f"producer group {group!r} is not in the tenants file"
+        if not key.verifies(record.canonical(), record.group_mac):
+            return DiscardReason.FORGED, f"no valid {H.GROUP_MAC} of producer group {group!r}"
+        refusal = self.allow.refusal(group, record.real_topic)
+        return None if refusal is None else (DiscardReason.NOT_ALLOWED, refusal)
+
+    def cancel_refusal(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] | None,
+    ) -> str | None:
+        """None if a cancel record at ``topic[partition]`` naming ``group`` was written by
+        that group, else why it is not trusted."""
+        key = self._keys.get(group)
+        if key is None:
+            return f"producer group {group!r} is not in the tenants file"
+        if not key.verifies(
+            cancel_canonical(topic, partition, value), header(headers, H.GROUP_MAC)
         ):
             return f"no valid {H.GROUP_MAC} of producer group {group!r}"
         return None

@@ -174,9 +174,10 @@ def _subcommand_registrars() -> list:
     from rmq_semantics.tools.admin import register_cli as txn
     from rmq_semantics.tools.demo import register_cli as demo
     from rmq_semantics.tools.dlq import register_cli as dlq
+    from rmq_semantics.tools.timers import register_cli as timer
     from spark.job import register_cli as spark
 
-    return [coordinator, tenant, txn, dlq, spark, demo, _bench_registrar()]
+    return [coordinator, tenant, txn, dlq, timer, spark, demo, _bench_registrar()]
 
 
 # Where the bench is when the package was installed from a wheel, which leaves it out.

@@ -64,6 +64,11 @@ class Message:
     ``transaction_id``; ``check_local_transaction`` also ``check_times`` (this back-check's
     number, 1 first: RocketMQ's ``TRANSACTION_CHECK_TIMES``) and ``born_timestamp`` (ms).
 
+    A timer message (``Producer.send`` delivers it to its topic at a time, through the
+    coordinator): ``deliver_at_ms`` (epoch ms: RocketMQ 5's ``deliveryTimestamp``),
+    ``deliver_after_ms`` (from the send) or ``delay_time_level`` (1..18 in RocketMQ 4's
+    table: 1s 5s 10s 30s 1m ... 2h; the producer's ``delay_levels``); at most one of them.
+
     ``key`` is always ``bytes`` (or None) once built: a str key is UTF-8 encoded, and every
     listener (``execute_local_transaction``, ``check_local_transaction``, orderly and
     concurrent consumers) sees bytes, as Kafka and ``confluent_kafka`` do.
@@ -81,6 +86,9 @@ class Message:
     transaction_id: str | None = field(default=None, compare=False)
     check_times: int | None = field(default=None, compare=False)
     born_timestamp: int | None = field(default=None, compare=False)
+    deliver_at_ms: int | None = None
+    deliver_after_ms: int | None = None
+    delay_time_level: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic:
@@ -99,6 +107,8 @@ class Message:
             raise ConfigError(
                 f"Message.message_group must be a non-empty str or None, got {self.message_group!r}"
             )
+        if self.scheduled:
+            self._check_timing()
         object.__setattr__(self, "value", encode_bytes(self.value, "Message.value"))
         object.__setattr__(self, "key", encode_bytes(self.key, "Message.key"))
         headers = normalize_headers(self.headers)
@@ -106,6 +116,28 @@ class Message:
         for name, _ in headers:
             if name.startswith(RESERVED_PREFIX):
                 raise ConfigError(f"header {name!r}: the rmq.* header namespace is reserved")
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether it has a delivery time (``deliver_at_ms``, ``deliver_after_ms`` or
+        ``delay_time_level``)."""
+        return (
+            self.deliver_at_ms is not None
+            or self.deliver_after_ms is not None
+            or self.delay_time_level is not None
+        )
+
+    def _check_timing(self) -> None:
+        given = [name for name in _TIMING if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ConfigError(
+                f"Message: give at most one of deliver_at_ms, deliver_after_ms and "
+                f"delay_time_level, got {' and '.join(given)}"
+            )
+        name = given[0]
+        value, low = getattr(self, name), (1 if name == "delay_time_level" else 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"Message.{name} must be an int >= {low}, got {value!r}")
 
     def user_headers(self) -> Headers:
         # A list since __post_init__ (the dict form is only what a caller may pass).
@@ -123,10 +155,15 @@ class Message:
         return out
 
 
+_TIMING = ("deliver_at_ms", "deliver_after_ms", "delay_time_level")
+
+
 @dataclass(frozen=True)
 class SendResult:
-    """Where a sent record landed."""
+    """Where a sent record landed. For a timer message that is the timer topic (its timer
+    record), and ``message_id`` is its id: ``Producer.recall_message``'s handle."""
 
     topic: str
     partition: int
     offset: int
+    message_id: str | None = None

@@ -19,11 +19,14 @@ from rmq_semantics.errors import (
     RmqTimeoutError,
     UnknownPartitionError,
 )
-from rmq_semantics.message import Message, SendResult
+from rmq_semantics.message import Message, SendResult, produce_headers
 from rmq_semantics.records.headers import PRODUCER_HEADERS, RESERVED_PREFIX
 from rmq_semantics.selector import apply_selector, java_partition
+from rmq_semantics.settings import ProducerSettings, load
+from rmq_semantics.timer_writes import TimerWrite, TimerWrites
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
+    SystemTopics,
     refuse_system_destination,
     system_prefixes,
     validate_prefix,
@@ -274,6 +277,14 @@ class Producer:
     that ``select`` method such as ``SelectMessageQueueByHash()``) or
     ``sharding_key=``; it waits for the broker's acknowledgement.
 
+    A :class:`Message` with a delivery time (``deliver_at_ms``, ``deliver_after_ms`` or
+    ``delay_time_level``) is a timer message: ``send`` writes it to the timer topic, the
+    coordinator delivers it to its topic once due, and the :class:`SendResult`'s
+    ``message_id`` is what :meth:`recall_message` cancels. The keyword options
+    (``max_delay_ms``, ``delay_levels``, ``timer_partitions``; ``producer_group`` and
+    ``group_key``/``group_key_file`` under tenant isolation) are :class:`ProducerSettings`
+    (kwargs, else ``RMQ_*`` env).
+
     Neither ``send``, ``produce`` nor ``produce_batch`` writes to a system topic of
     ``topic_prefix`` (or of the default prefix): they raise :class:`SystemTopicError`, as
     ``Consumer.subscribe`` does for reading. Only the coordinator writes there, with its own
@@ -286,10 +297,34 @@ class Producer:
     #: ``cluster_id()``'s default wait (confluent-kafka's waits for ever).
     CLUSTER_ID_TIMEOUT_S = 30.0
 
-    def __init__(self, conf: dict, *, topic_prefix: str = DEFAULT_TOPIC_PREFIX) -> None:
+    def __init__(
+        self,
+        conf: dict,
+        *,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        producer_group: str | None = None,
+        max_delay_ms: int | None = None,
+        delay_levels: str | None = None,
+        timer_partitions: int | None = None,
+        group_key: str | None = None,
+        group_key_file: str | None = None,
+    ) -> None:
         self._conf = producer_defaults(conf)
         self.topic_prefix = validate_prefix(topic_prefix)
         self._system_prefixes = system_prefixes(self.topic_prefix)
+        self.settings = load(
+            ProducerSettings,
+            {
+                "max_delay_ms": max_delay_ms,
+                "delay_levels": delay_levels,
+                "timer_partitions": timer_partitions,
+                "group_key": group_key,
+                "group_key_file": group_key_file,
+            },
+        )
+        self._timers = TimerWrites(
+            self._conf, SystemTopics(self.topic_prefix), self.settings, producer_group
+        )
         self._producer = new_client(confluent_kafka.Producer, self._conf, "producer")
         self._partitions = PartitionCache(self._producer)
         self._closed = False
@@ -308,7 +343,15 @@ class Producer:
         *,
         timeout: float = SEND_TIMEOUT_S,
     ) -> SendResult:
-        """Send ``msg`` and wait for its acknowledgement; return where it landed."""
+        """Send ``msg`` and wait for its acknowledgement; return where it landed.
+
+        A timer message goes to the timer topic (its timer partition) and the result
+        carries its ``message_id``; one due further ahead than ``max_delay_ms`` raises
+        :class:`ConfigError` before anything is written."""
+        if msg.scheduled:
+            return self._write(
+                self._timer_write(msg, selector, arg, sharding_key, timeout), timeout
+            )
         waiter = DeliveryWaiter()
         self._producer.produce(
             msg.topic,
@@ -318,6 +361,39 @@ class Producer:
         )
         waiter.wait(self._producer, f"sending to {msg.topic}", timeout)
         return SendResult(msg.topic, waiter.partition, waiter.offset)
+
+    def recall_message(self, message_id: str, *, timeout: float = SEND_TIMEOUT_S) -> SendResult:
+        """Cancel the timer message ``message_id`` (a send's ``SendResult.message_id``;
+        RocketMQ 5's ``recallMessage``) and wait for the cancel record's acknowledgement;
+        return where it landed. A message already delivered is not taken back (the
+        coordinator counts the cancel as too late)."""
+        return self._write(self._timers.cancel_record(message_id), timeout)
+
+    def _timer_write(
+        self,
+        msg: Message,
+        selector: Any,
+        arg: Any,
+        sharding_key: bytes | str | None,
+        timeout: float,
+    ) -> TimerWrite:
+        """``msg``'s timer record: its real partition as ``send`` would place it (a selector
+        or sharding key reads the topic's partitions), the timer topics made on first use."""
+        partition = self._record(msg, selector, arg, sharding_key, timeout).get("partition")
+        return self._timers.timer_record(msg, partition)
+
+    def _write(self, write: TimerWrite, timeout: float) -> SendResult:
+        waiter = DeliveryWaiter()
+        self._producer.produce(
+            write.topic,
+            write.value,
+            key=write.key,
+            partition=write.partition,
+            headers=produce_headers(write.headers),
+            on_delivery=waiter,
+        )
+        waiter.wait(self._producer, f"writing to {write.topic} for {write.message_id}", timeout)
+        return SendResult(write.topic, waiter.partition, waiter.offset, write.message_id)
 
     def _record(
         self,

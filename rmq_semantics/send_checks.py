@@ -13,12 +13,17 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from rmq_semantics.clientconf import shared_conf
-from rmq_semantics.errors import KafkaOperationError, MessageSizeError, UnknownTopicError
+from rmq_semantics.errors import (
+    ConfigError,
+    KafkaOperationError,
+    MessageSizeError,
+    UnknownTopicError,
+)
 from rmq_semantics.message import Message
 from rmq_semantics.producer import METADATA_MAX_TOPICS, METADATA_TTL_S, PartitionCache
 from rmq_semantics.topics import refuse_system_destination
 
-__all__ = ["RECORD_OVERHEAD", "SendChecks"]
+__all__ = ["RECORD_OVERHEAD", "SendChecks", "refuse_scheduled"]
 
 log = logging.getLogger("rmq_semantics.transaction")
 
@@ -26,6 +31,21 @@ log = logging.getLogger("rmq_semantics.transaction")
 # (61 bytes), the record's varints and the headers the coordinator adds (rmq.promoted_from,
 # rmq.promoted_at). Generous: a message this close to the limit is refused, not discarded.
 RECORD_OVERHEAD = 256
+
+
+def refuse_scheduled(msg: Message) -> None:
+    """Raise for a transactional message with a delivery time: RocketMQ clears the delay of
+    a transactional message silently; here the rule is kept, and said."""
+    given = next(
+        f"{n}={getattr(msg, n)}"
+        for n in ("deliver_at_ms", "deliver_after_ms", "delay_time_level")
+        if getattr(msg, n) is not None
+    )
+    raise ConfigError(
+        f"the message for {msg.topic!r} has a delivery time ({given}): a transactional "
+        f"message cannot be scheduled (RocketMQ's rule: it clears the delay of a "
+        f"transactional message); send it with Producer.send, or schedule it after commit"
+    )
 
 
 def record_size(msg: Message) -> int:
@@ -68,6 +88,8 @@ class SendChecks:
     def check(self, msgs: list[Message], timeout: float) -> None:
         for msg in msgs:
             refuse_system_destination(msg.topic, self._prefix)
+            if msg.scheduled:
+                refuse_scheduled(msg)
         for msg in msgs:
             if not msg.value:
                 raise MessageSizeError(

@@ -17,6 +17,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.helptext import plain_text
 from rmq_semantics.records.half import MAX_TXN_SIZE
+from rmq_semantics.records.timer import (
+    DEFAULT_MAX_DELAY_MS,
+    DEFAULT_TIMER_PARTITIONS,
+    ROCKETMQ4_DELAY_LEVELS,
+    parse_delay_levels,
+)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -189,8 +195,11 @@ MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    """Tunables of a ``TransactionProducer`` beyond its Kafka conf: kwargs of its
-    constructor, else env ``RMQ_<NAME>`` (e.g. ``RMQ_MAX_TRANSACTION_BYTES``), else these."""
+    """Tunables of a ``TransactionProducer`` and a ``Producer`` beyond their Kafka conf:
+    kwargs of the constructor, else env ``RMQ_<NAME>`` (e.g. ``RMQ_MAX_TRANSACTION_BYTES``),
+    else these. The timer settings (``max_delay_ms``, ``delay_levels``,
+    ``timer_partitions``) are the ``Producer``'s; the transaction ones the other's; the group
+    key both's."""
 
     max_transaction_messages: int = setting(
         MAX_TRANSACTION_MESSAGES,
@@ -216,6 +225,23 @@ class ProducerSettings:
         "come to it while it is a live member of the group",
     )
 
+    max_delay_ms: int = setting(
+        DEFAULT_MAX_DELAY_MS,
+        "the furthest ahead a timer message may be scheduled (RocketMQ 5's timerMaxDelaySec, "
+        "3 days); a later one is refused at send. The coordinator's max_delay_ms must not be "
+        "lower",
+    )
+    delay_levels: str = setting(
+        ROCKETMQ4_DELAY_LEVELS,
+        "the delays of delay_time_level 1, 2, ... (RocketMQ 4's messageDelayLevel; units "
+        "s, m, h, d)",
+    )
+    timer_partitions: int = setting(
+        DEFAULT_TIMER_PARTITIONS,
+        "partitions of the timer topics when this producer creates them (on its first "
+        "scheduled send or recall); the coordinator's timer_partitions should match",
+    )
+
     group_key: str = setting(
         "",
         "this producer group's key under tenant isolation (docs/security.md): its half "
@@ -237,10 +263,21 @@ class ProducerSettings:
             "max_transaction_bytes",
             "check_threads",
             "check_timeout_ms",
+            "timer_partitions",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.max_delay_ms, bool) or not isinstance(self.max_delay_ms, int):
+            raise ConfigError(f"max_delay_ms must be an int, got {self.max_delay_ms!r}")
+        if self.max_delay_ms < 1000:
+            raise ConfigError(f"max_delay_ms must be at least 1000 (1 s), got {self.max_delay_ms}")
+        too_long = [d for d in parse_delay_levels(self.delay_levels) if d > self.max_delay_ms]
+        if too_long:
+            raise ConfigError(
+                f"delay_levels={self.delay_levels!r}: a delay of {too_long[0]} ms is over "
+                f"max_delay_ms={self.max_delay_ms}"
+            )
         if self.max_transaction_messages > MAX_TRANSACTION_MESSAGES:
             raise ConfigError(
                 f"max_transaction_messages must be at most "

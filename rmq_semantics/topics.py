@@ -20,6 +20,7 @@ from rmq_semantics.errors import (
     SystemTopicError,
 )
 from rmq_semantics.records.group_auth import MAX_TOPIC_LENGTH, encode_group
+from rmq_semantics.records.timer import max_level
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -32,6 +33,7 @@ __all__ = [
     "refuse_system_destination",
     "replication_for",
     "require_copartitioned",
+    "timer_topic_specs",
     "txn_topic_specs",
 ]
 
@@ -124,6 +126,29 @@ class SystemTopics:
         return f"{self.prefix}_retry_{group}_{level}"
 
     @property
+    def timer(self) -> str:
+        """Timer messages as producers write them (the intake of the timing wheel): the
+        user's record plus ``rmq.timer_id``, ``rmq.deliver_at`` and where to deliver it
+        (RocketMQ's ``rmq_sys_wheel_timer``)."""
+        return f"{self.prefix}_timer"
+
+    def timer_level(self, level: int) -> str:
+        """Level ``level`` (1..Lmax) of the timing wheel: holds a timer record ``2^(L-1)``
+        s from its append time (``LogAppendTime``) before the coordinator looks at it again."""
+        return f"{self.prefix}_timer_{level}"
+
+    @property
+    def timer_cancel(self) -> str:
+        """Cancels of timer messages (``recall_message``), co-partitioned with the timer
+        topics: a message's cancel is in its timer partition."""
+        return f"{self.prefix}_timer_cancel"
+
+    @property
+    def timer_group(self) -> str:
+        """The coordinators' consumer group over the timer topics."""
+        return f"{self.prefix}_timer"
+
+    @property
     def coordinator_group(self) -> str:
         """The coordinators' consumer group over the half and Op topics (its offsets are
         RocketMQ's halfOffset and opOffset)."""
@@ -188,6 +213,32 @@ def txn_topic_specs(
         topics.check: (check_partitions, {"retention.ms": str(CHECK_RETENTION_MS)}),
         topics.discard: (1, {"retention.ms": "-1"}),
     }
+
+
+def timer_topic_specs(
+    topics: SystemTopics, partitions: int, max_delay_ms: int, *, levels: bool = True
+) -> TopicSpecs:
+    """Partitions and configs of the timer topics, the same whichever process creates them
+    first (a producer creates the intake and cancel topics on its first scheduled send or
+    recall, without ``levels``; the coordinator all of them).
+
+    All have ``partitions`` partitions (co-partitioned). Records live a week, or twice
+    ``max_delay_ms`` if longer: a record is read again long before, even after an outage
+    of days. The level topics time their records by the broker (``LogAppendTime``), so the
+    append time a hold counts from never decreases along a partition.
+    """
+    retention = {"retention.ms": str(max(WEEK_MS, 2 * max_delay_ms))}
+    specs: TopicSpecs = {
+        topics.timer: (partitions, dict(retention)),
+        topics.timer_cancel: (partitions, dict(retention)),
+    }
+    if levels:
+        for level in range(1, max_level(max_delay_ms) + 1):
+            specs[topics.timer_level(level)] = (
+                partitions,
+                {**retention, "message.timestamp.type": "LogAppendTime"},
+            )
+    return specs
 
 
 def is_readable_system_topic(topic: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> bool:

@@ -159,6 +159,9 @@ def _probe_names(prefix: str) -> list[str]:
             t.lock,
             t.lock_request,
             t.lock_reply,
+            t.timer,
+            t.timer_level(1),
+            t.timer_cancel,
             t.dlq("x"),
         ]
     return [*names, "__consumer_offsets", "__transaction_state"]

@@ -109,7 +109,8 @@ def settings_page() -> str:
             ProducerSettings,
             "",
             {},
-            "keyword arguments of `TransactionProducer` and `AsyncTransactionProducer`",
+            "keyword arguments of `TransactionProducer` and `AsyncTransactionProducer`, and "
+            "(the timer settings and the group key) of `Producer` and `AsyncProducer`",
         ),
         (
             JobSettings,
@@ -351,10 +352,11 @@ def wire_page() -> str:
     from rmq_semantics.records import headers
     from rmq_semantics.records.codec import RecordType
     from rmq_semantics.records.reasons import NOT_REDRIVABLE
-    from rmq_semantics.topics import SystemTopics, txn_topic_specs
+    from rmq_semantics.records.timer import DEFAULT_MAX_DELAY_MS
+    from rmq_semantics.topics import SystemTopics, timer_topic_specs, txn_topic_specs
 
     topics = SystemTopics()
-    specs = txn_topic_specs(topics, 8, 8)
+    specs = {**txn_topic_specs(topics, 8, 8), **timer_topic_specs(topics, 8, DEFAULT_MAX_DELAY_MS)}
     out = [
         "# Wire contract",
         "",
@@ -381,7 +383,8 @@ def wire_page() -> str:
         else:
             continue
         doc = inspect.getdoc(member) or ""
-        spec = specs.get(topic)
+        # Every level topic is made alike: level 1's configs stand for all of them.
+        spec = specs.get(topics.timer_level(1) if name == "timer_level" else topic)
         where = (
             (f"{spec[0]} partitions, " + ", ".join(f"`{k}={v}`" for k, v in spec[1].items()))
             if spec
@@ -422,6 +425,7 @@ def wire_page() -> str:
         "DLQ_HEADERS",
         "RETRY_HEADERS",
         "DLQ_REASONS",
+        "TIMER_KEEPS",
     ):
         values = getattr(headers, group)
         out.append(f"- `{group}`: " + ", ".join(f"`{v}`" for v in values))
@@ -451,9 +455,9 @@ def wire_page() -> str:
         "",
         "## System records",
         "",
-        "Every record on the Op, check and lock topics is `MAGIC | type | schema version | "
-        "schemaless Avro` (`rmq_semantics/records/codec.py`): a reader resolves any older "
-        "version with Avro schema resolution.",
+        "Every record on the Op, check, lock and timer cancel topics is `MAGIC | type | "
+        "schema version | schemaless Avro` (`rmq_semantics/records/codec.py`): a reader "
+        "resolves any older version with Avro schema resolution.",
         "",
         "| type id | record | schema versions |",
         "| --- | --- | --- |",

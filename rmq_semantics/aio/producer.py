@@ -9,8 +9,9 @@ from typing import Any
 
 from rmq_semantics.aio.bridge import LoopDeliveryWaiter, new_executor, run_blocking
 from rmq_semantics.errors import IllegalStateError
-from rmq_semantics.message import Message, SendResult
+from rmq_semantics.message import Message, SendResult, produce_headers
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryPoller, Producer
+from rmq_semantics.timer_writes import TimerWrite
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 
 __all__ = ["AsyncProducer"]
@@ -26,6 +27,10 @@ class AsyncProducer:
     batches them itself; confluent-kafka's ``AIOProducer`` batched path drops per-message
     headers, this one does not). A selector or sharding key needs the topic's partitions:
     read on the executor when the cache is stale. ``flush`` and ``close`` run there too.
+
+    Timer messages and :meth:`recall_message` as the ``Producer``'s, with its keyword
+    options; their records are prepared on the executor (the first one creates the timer
+    topics).
     """
 
     def __init__(
@@ -34,8 +39,9 @@ class AsyncProducer:
         *,
         topic_prefix: str = DEFAULT_TOPIC_PREFIX,
         executor: concurrent.futures.Executor | None = None,
+        **options: Any,
     ) -> None:
-        self._sync = Producer(conf, topic_prefix=topic_prefix)
+        self._sync = Producer(conf, topic_prefix=topic_prefix, **options)
         self.topic_prefix = self._sync.topic_prefix
         self._own_executor = executor is None
         self._executor = executor or new_executor("producer", threads=2)
@@ -61,6 +67,11 @@ class AsyncProducer:
         """Send ``msg`` and wait (without blocking the loop) for its acknowledgement."""
         if self._closed:
             raise IllegalStateError("AsyncProducer is closed")
+        if msg.scheduled:
+            write = await run_blocking(
+                self._executor, self._sync._timer_write, msg, selector, arg, sharding_key, timeout
+            )
+            return await self._write(write, timeout)
         if selector is None and sharding_key is None:
             record = self._sync._record(msg, None, arg, None, timeout)  # no metadata needed
         else:
@@ -72,6 +83,29 @@ class AsyncProducer:
         self._sync._producer.produce(msg.topic, msg.value, **record, on_delivery=waiter)
         await waiter.delivered_within(f"sending to {msg.topic}", timeout)
         return SendResult(msg.topic, waiter.partition, waiter.offset)
+
+    async def recall_message(
+        self, message_id: str, *, timeout: float = SEND_TIMEOUT_S
+    ) -> SendResult:
+        """Cancel the timer message ``message_id``, as :meth:`Producer.recall_message`."""
+        if self._closed:
+            raise IllegalStateError("AsyncProducer is closed")
+        write = await run_blocking(self._executor, self._sync._timers.cancel_record, message_id)
+        return await self._write(write, timeout)
+
+    async def _write(self, write: TimerWrite, timeout: float) -> SendResult:
+        self._delivery_thread()
+        waiter = LoopDeliveryWaiter(asyncio.get_running_loop())
+        self._sync._producer.produce(
+            write.topic,
+            write.value,
+            key=write.key,
+            partition=write.partition,
+            headers=produce_headers(write.headers),
+            on_delivery=waiter,
+        )
+        await waiter.delivered_within(f"writing to {write.topic} for {write.message_id}", timeout)
+        return SendResult(write.topic, waiter.partition, waiter.offset, write.message_id)
 
     async def partitions_for(self, topic: str, timeout: float = SEND_TIMEOUT_S) -> list[int]:
         """Partition ids of ``topic`` (cached for a short while)."""

@@ -3,7 +3,7 @@
 Each record names its type and the version of the schema it was written with, so a newer
 reader resolves older records with Avro schema resolution (writer schema -> reader schema).
 Schemas live beside this module as ``<type>.v<N>.avsc``; each type's body is one frozen
-dataclass (:mod:`.txn`, :mod:`.locks`) with ``to_body()``/``from_body()``.
+dataclass (:mod:`.txn`, :mod:`.locks`, :mod:`.timer`) with ``to_body()``/``from_body()``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fastavro.validation import ValidationError, validate
 
 from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.records.locks import LockEntry, LockReply, LockRequest
+from rmq_semantics.records.timer import TimerCancel
 from rmq_semantics.records.txn import (
     CheckMarker,
     CheckRequest,
@@ -29,7 +30,15 @@ from rmq_semantics.records.txn import (
     EndRequests,
 )
 
-__all__ = ["RecordType", "SystemRecord", "decode", "decode_as", "decode_lock_state", "encode"]
+__all__ = [
+    "RecordType",
+    "SystemRecord",
+    "decode",
+    "decode_as",
+    "decode_lock_state",
+    "decode_timer_cancel",
+    "encode",
+]
 
 MAGIC = 0xA7
 
@@ -44,6 +53,7 @@ class RecordType(IntEnum):
     LOCK_REQUEST = 7
     LOCK_REPLY = 8
     LOCK_STATE = 9
+    TIMER_CANCEL = 10  # recall_message, on <prefix>_timer_cancel
 
     @property
     def stem(self) -> str:
@@ -60,6 +70,7 @@ SystemRecord = (
     | LockRequest
     | LockReply
     | LockEntry
+    | TimerCancel
 )
 R = TypeVar("R", bound=SystemRecord)
 
@@ -74,6 +85,7 @@ RECORD_CLASSES: dict[RecordType, type[SystemRecord]] = {
     RecordType.LOCK_REQUEST: LockRequest,
     RecordType.LOCK_REPLY: LockReply,
     RecordType.LOCK_STATE: LockEntry,
+    RecordType.TIMER_CANCEL: TimerCancel,
 }
 _TYPE_OF = {cls: record_type for record_type, cls in RECORD_CLASSES.items()}
 
@@ -146,6 +158,12 @@ def decode_as(record_class: type[R], data: bytes | None) -> R:
             f"a {type(record).__name__} record where a {record_class.__name__} belongs"
         )
     return record
+
+
+def decode_timer_cancel(key: bytes | None, value: bytes | None) -> TimerCancel:
+    """A record of the cancel topic: a :class:`TimerCancel` whose fields and record key
+    hold (:meth:`TimerCancel.check`); anything else raises MalformedRecordError."""
+    return decode_as(TimerCancel, value).check(key)
 
 
 # -- the lock topic ----------------------------------------------------------------------

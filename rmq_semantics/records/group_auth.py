@@ -1,5 +1,6 @@
-"""Tenant isolation on the wire: a producer group's key, the MAC it puts on its half records
-and end requests (header ``rmq.group_mac``), and the name of its own check topic.
+"""Tenant isolation on the wire: a producer group's key, the MAC it puts on its half records,
+end requests, timer records and cancel records (header ``rmq.group_mac``), and the name of
+its own check topic.
 
 Kafka cannot say which principal wrote a record of the shared half and Op topics, so a
 record's ``rmq.producer_group`` is only a claim; with tenant isolation on, the coordinator
@@ -8,7 +9,9 @@ from the coordinators' tenant key: :func:`derive_group_key`; docs/security.md). 
 half record covers what decides where and what is promoted (group, transaction id, real
 topic and partition, membership, key and value digests), not header order nor affinity, so
 a re-appended or re-driven copy still verifies; an end request's covers its Op topic,
-partition and the bytes of its value. Pure: no Kafka import.
+partition and the bytes of its value. A timer record's covers what decides what is
+delivered, where and when (:func:`timer_canonical`), so its copies on the level topics still
+verify; a cancel record's is like an end request's. Pure: no Kafka import.
 """
 
 from __future__ import annotations
@@ -26,18 +29,23 @@ __all__ = [
     "MAX_TOPIC_LENGTH",
     "MIN_GROUP_KEY_BYTES",
     "GroupKey",
+    "cancel_canonical",
     "derive_group_key",
     "encode_group",
     "half_canonical",
     "header",
     "op_canonical",
     "sign_half_headers",
+    "sign_timer_headers",
+    "timer_canonical",
 ]
 
 MIN_GROUP_KEY_BYTES = 16
 # Separate these MACs from any other use of a key; bump them if a canonical form changes.
 HALF_DOMAIN = "rmq.group-half.v1"
 OP_DOMAIN = "rmq.group-op.v1"
+TIMER_DOMAIN = "rmq.group-timer.v1"
+CANCEL_DOMAIN = "rmq.group-timer-cancel.v1"
 _DERIVE_LABEL = b"rmq.group-key.v1\x00"
 # Kafka's limit on a topic name.
 MAX_TOPIC_LENGTH = 249
@@ -96,6 +104,44 @@ def op_canonical(op_topic: str, partition: int, value: bytes | None) -> bytes:
     """The bytes an end request's MAC covers: where it is and what it says."""
     return json.dumps(
         [OP_DOMAIN, op_topic, partition, _digest(value)], separators=(",", ":")
+    ).encode()
+
+
+def timer_canonical(
+    group: str,
+    timer_id: str,
+    real_topic: str,
+    real_partition: int | None,
+    deliver_at_ms: int,
+    born_ts: int,
+    key: bytes | None,
+    value: bytes | None,
+) -> bytes:
+    """The bytes a timer record's MAC covers: what decides what is delivered, where and
+    when; not the topic or offset it is read at, so a copy the coordinator re-appends to a
+    level topic still verifies."""
+    return json.dumps(
+        [
+            TIMER_DOMAIN,
+            group,
+            timer_id,
+            real_topic,
+            real_partition,
+            deliver_at_ms,
+            born_ts,
+            _digest(key),
+            _digest(value),
+        ],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
+
+
+def cancel_canonical(cancel_topic: str, partition: int, value: bytes | None) -> bytes:
+    """The bytes a cancel record's MAC covers: where it is and what it says (its value
+    names the message id and the group)."""
+    return json.dumps(
+        [CANCEL_DOMAIN, cancel_topic, partition, _digest(value)], separators=(",", ":")
     ).encode()
 
 
@@ -158,6 +204,29 @@ def sign_half_headers(
             int(real_partition) if real_partition else None,
             size,
             index,
+            record_key,
+            value,
+        )
+    except (KeyError, ValueError, AttributeError, UnicodeDecodeError):
+        return list(headers)
+    return [*((k, v) for k, v in headers if k != H.GROUP_MAC), (H.GROUP_MAC, key.mac(canonical))]
+
+
+def sign_timer_headers(
+    key: GroupKey, headers: Headers, record_key: bytes | None, value: bytes | None
+) -> Headers:
+    """``headers`` of a timer record with its ``rmq.group_mac`` (replacing any); unchanged
+    if they lack what a signed timer record needs (the coordinator sets it aside anyway)."""
+    found = {k: v for k, v in headers if k.startswith("rmq.")}
+    try:
+        real_partition = found.get(H.REAL_PARTITION)
+        canonical = timer_canonical(
+            found[H.PRODUCER_GROUP].decode(),
+            found[H.TIMER_ID].decode(),
+            found[H.REAL_TOPIC].decode(),
+            int(real_partition) if real_partition else None,
+            int(found[H.DELIVER_AT]),
+            int(found[H.BORN_TS]),
             record_key,
             value,
         )

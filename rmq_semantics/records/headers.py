@@ -17,6 +17,7 @@ __all__ = [
     "REAPPEND_HEADERS",
     "RESERVED_PREFIX",
     "RETRY_HEADERS",
+    "TIMER_KEEPS",
     "H",
 ]
 
@@ -92,6 +93,14 @@ class H:
     DLQ_FIRST_FAILURE_TS: Final = "rmq.dlq.first_failure_ts"
     DLQ_LAST_FAILURE_TS: Final = "rmq.dlq.last_failure_ts"
     DLQ_REASON: Final = "rmq.dlq.reason"
+    # Timer messages (records/timer.py): the message id (the recall handle) and when it is
+    # due (ms), on the timer record and kept on the delivered one; when the coordinator
+    # delivered it (ms); on a record it re-appended to a level topic, the offset of the
+    # intake record it came from (same partition: the timer topics are co-partitioned).
+    TIMER_ID: Final = "rmq.timer_id"
+    DELIVER_AT: Final = "rmq.deliver_at"
+    DELIVERED_AT: Final = "rmq.delivered_at"
+    TIMER_ORIGIN: Final = "rmq.timer_origin"
 
 
 #: The only ``rmq.*`` headers a business producer writes (a ``Message``'s own fields); every
@@ -99,6 +108,9 @@ class H:
 PRODUCER_HEADERS: Final = frozenset((H.TAGS, H.KEYS, H.MESSAGE_GROUP))
 #: ``rmq.*`` headers a promoted record keeps; every other ``rmq.*`` header is stripped.
 PROMOTED_KEEPS: Final = (H.TXN_ID, H.TAGS, H.KEYS, H.MESSAGE_GROUP)
+#: ``rmq.*`` headers a delivered timer record keeps from its timer record (it also gets
+#: ``rmq.timer_id``, ``rmq.delivered_at`` and ``rmq.promoted_from``).
+TIMER_KEEPS: Final = (H.TAGS, H.KEYS, H.MESSAGE_GROUP)
 #: What the coordinator adds to a record it sets aside in the discard topic.
 DISCARD_HEADERS: Final = (
     H.HALF_PARTITION,

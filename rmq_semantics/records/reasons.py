@@ -1,6 +1,6 @@
-"""Why the coordinator set a half message aside in the discard topic: the value of its
-``rmq.discard_reason`` header and the ``reason`` label of ``rmq_discarded_total``
-(DESIGN.md, "Topics"). Pure: no Kafka import."""
+"""Why the coordinator set a half message (or a timer message) aside in the discard topic:
+the value of its ``rmq.discard_reason`` header and the ``reason`` label of
+``rmq_discarded_total`` (DESIGN.md, "Topics"). Pure: no Kafka import."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class DiscardReason(StrEnum):
     # A multi-message transaction committed with members that never arrived: never promoted
     # in part, every member read set aside.
     INCOMPLETE = "incomplete"
+    # A timer message scheduled further ahead than the coordinator's max_delay_ms.
+    TOO_FAR = "too_far"
     # Not a discard: a COMMIT that arrived after the transaction was discarded.
     LATE_COMMIT = "late_commit"
 

@@ -286,6 +286,7 @@ NOT_OP_TYPES = (
     RecordType.LOCK_REQUEST,
     RecordType.LOCK_REPLY,
     RecordType.LOCK_STATE,
+    RecordType.TIMER_CANCEL,  # issue 35: a recall written to the Op topic instead
 )
 
 

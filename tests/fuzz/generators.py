@@ -35,6 +35,7 @@ from rmq_semantics.records.locks import (
     QueueResult,
     RequestKind,
 )
+from rmq_semantics.records.timer import TimerCancel, timer_headers
 from rmq_semantics.records.txn import (
     CheckMarker,
     CheckRequest,
@@ -296,6 +297,30 @@ def _lock_state(rng: random.Random, ctx: Ctx) -> LockEntry:
     )
 
 
+def _timer_cancel(rng: random.Random, ctx: Ctx) -> TimerCancel:
+    return TimerCancel(txn_id(), pick(rng, [ctx.group, None]), ctx.now_ms)
+
+
+def valid_timer(
+    rng: random.Random, ctx: Ctx, *, group: str | None = None, due_in_ms: int | None = None
+) -> tuple[Raw, str]:
+    """A timer record as ``Producer.send`` writes it for a scheduled message; returns it
+    and its message id."""
+    msg = Message(
+        ctx.real_topic,
+        some_bytes(rng),
+        key=pick(rng, [None, b"k"]),
+        partition=pick(rng, [None, 0]),
+        tags=pick(rng, [None, "TagA"]),
+        keys=pick(rng, [None, "key-1"]),
+        message_group=pick(rng, [None, "mg"]),
+    )
+    timer_id = txn_id()
+    due = ctx.now_ms + (pick(rng, [-1000, 0, 500, 3000]) if due_in_ms is None else due_in_ms)
+    headers = list(timer_headers(msg, timer_id, due, ctx.now_ms, producer_group=group))
+    return Raw(msg.value, msg.key, [*headers], rng.randrange(ctx.partitions)), timer_id
+
+
 #: One builder of a valid record per record type (the house rule: a new type adds one).
 VALID: dict[RecordType, Callable[[random.Random, Ctx], Any]] = {
     RecordType.END_REQUEST: _end_request,
@@ -307,6 +332,7 @@ VALID: dict[RecordType, Callable[[random.Random, Ctx], Any]] = {
     RecordType.LOCK_REQUEST: _lock_request,
     RecordType.LOCK_REPLY: _lock_reply,
     RecordType.LOCK_STATE: _lock_state,
+    RecordType.TIMER_CANCEL: _timer_cancel,
 }
 MARKER_TYPES = (RecordType.DONE_MARKER, RecordType.DONE_MARKERS, RecordType.CHECK_MARKER)
 
@@ -601,6 +627,24 @@ HEADER_VALUES.update(
         H.DLQ_REASON: lambda rng, ctx: pick(rng, [_any(rng), b"raised", b"", not_utf8(rng)]),
     }
 )
+# Timer messages (issue 35): odd ids, due times and origins a forged timer record carries.
+HEADER_VALUES.update(
+    {
+        H.TIMER_ID: lambda rng, ctx: pick(
+            rng, [not_utf8(rng), b"", b"x" * 129, b"id\x00", b"a\nb", b"caf\xc3\xa9"]
+        ),
+        H.DELIVER_AT: lambda rng, ctx: pick(
+            rng, [_number_text(rng), b"", b"-1", b"99999999999999999999", b" 1"]
+        ),
+        H.DELIVERED_AT: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1"]),
+        H.TIMER_ORIGIN: lambda rng, ctx: pick(rng, [_number_text(rng), b"-1", b"", b"0"]),
+    }
+)
+#: Headers a timer record must carry (``records.timer``), and those whose odd value makes it
+#: malformed.
+REQUIRED_TIMER = (H.TIMER_ID, H.DELIVER_AT, H.REAL_TOPIC, H.BORN_TS)
+NUMERIC_TIMER = (H.DELIVER_AT, H.BORN_TS, H.REAL_PARTITION, H.TIMER_ORIGIN)
+
 #: The retry headers a concurrent consumer parses (each odd value above is refused).
 RETRY_PARSED = (
     H.RECONSUME_TIMES,

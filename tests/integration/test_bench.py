@@ -36,6 +36,9 @@ FIGURES = (
     "commit_to_visible_ms.achieved_msgs_per_s",
     "check_lateness_ms.p50",
     "check_lateness_ms.p99",
+    "timer_lateness_ms.p50",
+    "timer_lateness_ms.p99",
+    "timer_lateness_ms.scheduled_msgs_per_s",
     "threads.1.confirmed_per_s",
     "threads.1.consumed_per_s",
     "threads.1.p50_ms",
@@ -109,6 +112,8 @@ def test_quick_bench_writes_every_case_figure_plot_and_the_readme_block(broker, 
     for name in FIGURES:
         assert figures[name]["median"] > 0, name
     assert results["commit_to_visible_ms"]["offered_msgs_per_s"] == 1000
+    assert results["timer_lateness_ms"]["due_msgs_per_s"] == 1000
+    assert results["timer_lateness_ms"]["n"] == results["timer_lateness_ms"]["expected"]
 
     assert set(results["cases"]) == set(RUN_CASES)
     for case, info in results["cases"].items():

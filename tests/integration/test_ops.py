@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import confluent_kafka.admin
 import pytest
 
 from rmq_semantics import LocalTransactionState as S
@@ -50,6 +51,11 @@ def test_coordinator_process_serves_metrics_and_health_and_stops_on_sigterm(
     try:
         status = wait_for(lambda: health(coordinator, port), START_TIMEOUT_S, "/healthz to say ok")
         assert status["status"] == "ok" and status["instance_id"]
+        # No timer message was ever sent on this prefix: its timer service waits, healthy,
+        # and has created none of the 20 timer topics.
+        assert status["services"]["timers"] == "idle"
+        topics = confluent_kafka.admin.AdminClient(broker.conf()).list_topics(timeout=30).topics
+        assert not [t for t in topics if t.startswith(f"{prefix}_timer")]
         wait_for(
             lambda: (
                 (health(coordinator, port) or {}).get("owned_partitions")

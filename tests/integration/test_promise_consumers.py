@@ -1,8 +1,9 @@
 """The isolation promise on every consumer class, through the public API on a real broker:
-a pattern subscription matching the system topics (``^<prefix>.*``) while a coordinator runs
-and a transaction is pending and another was rolled back never hands the application a
-system-topic record, never shows the pending or rolled-back message, never commits (nor
-locks, for the orderly consumer) a system-topic partition. Also the consumers' own
+a pattern subscription matching the system topics (``^<prefix>.*``) while a coordinator runs,
+a transaction is pending, another was rolled back and timer messages wait on the timer
+topics never hands the application a system-topic record, never shows the pending,
+rolled-back or scheduled message, never commits (nor locks, for the orderly consumer) a
+system-topic partition. Also the consumers' own
 robustness: the push consumer's poll thread survives an exception, the asyncio iterator
 commits only what it handed out."""
 
@@ -22,13 +23,15 @@ from rmq_semantics import (
     AsyncConsumer,
     Consumer,
     Message,
+    Producer,
     TransactionListener,
     TransactionProducer,
 )
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
 from rmq_semantics.push import ConsumeConcurrentlyStatus, PushConsumer
-from rmq_semantics.topics import ensure_topics, is_system_topic
+from rmq_semantics.records.headers import H
+from rmq_semantics.topics import SystemTopics, ensure_topics, is_system_topic, timer_topic_specs
 from tests.group_protocol import GROUP_PROTOCOL, group_conf
 from tests.integration.txn_helpers import ThreadCoordinator, TopicReader, wait_for
 
@@ -86,7 +89,7 @@ class World:
         )
         assert self.system_seen() == [], self.system_seen()[:5]
         values = [v for _, v in self.snapshot()]
-        assert not [v for v in values if v.startswith((b"pending", b"rollback"))], values
+        assert not [v for v in values if v.startswith((b"pending", b"rollback", b"timer"))], values
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,14 @@ def txn_world(broker) -> Iterator[World]:
 
     # A check interval longer than the module: the pending one stays pending throughout.
     with (
-        ThreadCoordinator(conf, topic_prefix=prefix, check_interval_ms=600_000),
+        # Its timer settings are the ones the timer topics below are made with.
+        ThreadCoordinator(
+            conf,
+            topic_prefix=prefix,
+            check_interval_ms=600_000,
+            timer_partitions=2,
+            max_delay_ms=2 * 3_600_000,
+        ),
         TransactionProducer(
             conf,
             producer_group=f"pg-{prefix}",
@@ -122,7 +132,23 @@ def txn_world(broker) -> Iterator[World]:
             reader.read_until(lambda r: len(r) == 1, WAIT_S, "the commit to be promoted")
         finally:
             reader.close()
+        _schedule_on_every_timer_topic(conf, prefix, topic)
         yield World(conf, prefix, topic)
+
+
+def _schedule_on_every_timer_topic(conf: dict, prefix: str, topic: str) -> None:
+    """Records on the timer topics a pattern matches (issue 35): a timer message due in an
+    hour, a recalled one (its cancel record), and one on a level topic (written raw, as
+    the coordinator would re-append it)."""
+    topics = SystemTopics(prefix)
+    ensure_topics(conf, timer_topic_specs(topics, 2, 2 * 3_600_000), replicated=True)
+    with Producer(conf, topic_prefix=prefix, timer_partitions=2) as producer:
+        producer.send(Message(topic, b"timer-1", deliver_after_ms=3_600_000))
+        recalled = producer.send(Message(topic, b"timer-2", deliver_after_ms=3_600_000))
+        producer.recall_message(recalled.message_id)
+    raw = confluent_kafka.Producer(conf)
+    raw.produce(topics.timer_level(1), b"timer-level", headers=[(H.TIMER_ID, b"x")])
+    assert raw.flush(WAIT_S) == 0
 
 
 @pytest.fixture

@@ -30,12 +30,13 @@ from confluent_kafka.admin import (
 from coordinator.acls import Acl, Principals, acl_bindings
 from coordinator.tenancy import parse_tenants
 from rmq_semantics import LocalTransactionState as S
-from rmq_semantics import Message, RmqError, TransactionProducer
+from rmq_semantics import Message, Producer, RmqError, TransactionProducer
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.group_signing import SignedProducer
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.group_auth import derive_group_key
 from rmq_semantics.records.half import half_headers
+from rmq_semantics.records.timer import parse_timer
 from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools.admin import list_discarded, list_pending
 from rmq_semantics.topics import SystemTopics, ensure_topics
@@ -447,3 +448,24 @@ def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(is
         )
     assert sorted(m.value() for m in read_to_end(admin, topic, 1)) == values
     assert not {t.txn_id for t in list_discarded(admin, prefix)} & set(txns)
+
+
+def test_a_groups_principal_schedules_and_recalls_with_its_acls_and_key(iso: Deployment):
+    """Timer messages under isolation (issue 35): with only the ACLs `tenant acls` gives
+    group ga's principal, its Producer creates (or finds) the timer topics, writes a signed
+    timer record and a signed cancel; nothing reaches its real topic at send."""
+    with Producer(
+        iso.conf("a"), topic_prefix=iso.prefix, producer_group="ga", group_key=group_key("ga")
+    ) as producer:
+        sent = producer.send(Message(iso.ta, b"a-later", deliver_after_ms=3_600_000))
+        recalled = producer.recall_message(sent.message_id)
+    key = derive_group_key(TENANT_KEY.encode(), "ga")
+    [raw] = [
+        m
+        for m in read_to_end(iso.conf("admin"), iso.topics.timer, 8)  # the default count
+        if (m.partition(), m.offset()) == (sent.partition, sent.offset)
+    ]
+    record = parse_timer(0, raw.partition(), raw.offset(), 0, raw.key(), raw.value(), raw.headers())
+    assert record.timer_id == sent.message_id and key.verifies(record.canonical(), record.group_mac)
+    assert recalled.topic == iso.topics.timer_cancel and recalled.partition == sent.partition
+    assert b"a-later" not in promoted_values(iso, iso.ta)

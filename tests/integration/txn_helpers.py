@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Producer as RawProducer
-from confluent_kafka import TopicPartition
 
 from coordinator.server import Server
 from coordinator.settings import CoordinatorSettings
@@ -171,14 +171,33 @@ class TopicReader:
         self.consumer.close()
 
 
+_NEW_TOPIC_ERRORS = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def _high_watermark(consumer: RawConsumer, tp: TopicPartition) -> int:
+    """``tp``'s high watermark; a topic created a moment ago can answer NOT_LEADER until its
+    broker has taken the leadership the controller gave it, so that is waited out."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10)[1]
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NEW_TOPIC_ERRORS or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # the broker's own state: no event to await from here
+
+
 def read_to_end(conf: dict, topic: str, partitions: int, timeout_s: float = 60.0) -> list:
     """Every read_committed record of ``topic`` up to its last stable offset, as of now."""
     reader = TopicReader(conf, topic, partitions)
     try:
-        ends = {}
-        for p in range(partitions):
-            _, high = reader.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            ends[p] = high
+        ends = {
+            p: _high_watermark(reader.consumer, TopicPartition(topic, p)) for p in range(partitions)
+        }
 
         def done(_records: list) -> bool:
             positions = reader.consumer.position(

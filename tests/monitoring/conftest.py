@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Producer as RawProducer
 
 from rmq_semantics import LocalTransactionState as S
-from rmq_semantics import Message, TransactionProducer
+from rmq_semantics import Message, Producer, TransactionProducer
 from rmq_semantics.embedded import free_port
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.codec import encode
@@ -95,7 +95,15 @@ EVENTS = [
     ("rmq_transactions_aborted_total", {}),
     ("rmq_lock_events_total", {"event": "granted"}),
     ("rmq_lock_events_total", {"event": "taken_over"}),
+    ("rmq_timer_scheduled_total", {}),
+    ("rmq_timer_delivered_total", {}),
+    ("rmq_timer_cancelled_total", {}),
+    ("rmq_timer_discarded_total", {"reason": "malformed"}),
 ]
+# Timer messages per round and when they are due: half 1.5 s later (through level 1, then
+# the due-heap), half 0.9 s later (held in memory from the intake on, so rmq_timer_held is
+# above 0 for most of each second, whenever Prometheus scrapes).
+TIMERS_PER_ROUND, TIMER_AFTER_MS = 10, (1500, 900)
 
 
 def _listener() -> ScriptedListener:
@@ -132,13 +140,22 @@ def _forge_mismatch(conf: dict, prefix: str, result) -> None:
     assert producer.flush(10) == 0
 
 
+def _forge_timer(conf: dict, prefix: str) -> None:
+    """A record on the timer intake topic without the timer headers."""
+    producer = RawProducer(conf)
+    producer.produce(f"{prefix}_timer", b"no headers", partition=0)
+    assert producer.flush(10) == 0
+
+
 def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[], None]) -> None:
     """TRAFFIC_S seconds, one round a second: 20 commits and a rollback; every 4th round a
     message committed on its back-check and one answered UNKNOWN until check_max discards
     it; every 10th a message too large for its topic (the Kafka transaction aborts, the
     replay discards it as too_large), a forged end request (rejected as mismatch), and a
-    queue lock whose 1 s lease lapses and is taken over by another client. Then ``settle``,
-    with the producer still there to answer the last back-checks."""
+    queue lock whose 1 s lease lapses and is taken over by another client. Timer messages:
+    TIMERS_PER_ROUND every round (TIMER_AFTER_MS), one recalled every 4th round, and a timer
+    record without its headers every 10th (discarded as malformed). Then ``settle``, with
+    the producer still there to answer the last back-checks."""
     group = f"locks-{uuid.uuid4().hex[:6]}"
     with (
         TransactionProducer(
@@ -150,6 +167,7 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[
         ) as producer,
         LockClient(conf, topic_prefix=prefix, client_id="lapsing") as lapsing,
         LockClient(conf, topic_prefix=prefix, client_id="successor") as successor,
+        Producer(conf, topic_prefix=prefix) as scheduler,
     ):
         too_large = MemberWriter(
             conf, prefix, f"old-client-{uuid.uuid4().hex[:6]}", FAST["half_partitions"]
@@ -161,7 +179,12 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[
                 [Message(topic, f"commit-{n}-{i}".encode(), key=str(i)) for i in range(20)]
             )
             producer.send_message_in_transaction(Message(topic, f"rollback-{n}".encode()))
+            for i in range(TIMERS_PER_ROUND):
+                after = TIMER_AFTER_MS[i % len(TIMER_AFTER_MS)]
+                scheduler.send(Message(topic, f"timer-{n}-{i}".encode(), deliver_after_ms=after))
             if n % 4 == 0:
+                recalled = scheduler.send(Message(topic, b"recalled", deliver_after_ms=3000))
+                scheduler.recall_message(recalled.message_id or "")
                 producer.send_message_in_transaction(Message(topic, f"check-{n}".encode()))
                 producer.send_message_in_transaction(Message(topic, f"unknown-{n}".encode()))
             if n % 10 == 2:
@@ -172,6 +195,7 @@ def _traffic(conf: dict, prefix: str, topic: str, small: str, settle: Callable[[
                     Message(topic, f"check-forged-{n}".encode())
                 )
                 _forge_mismatch(conf, prefix, pending)
+                _forge_timer(conf, prefix)
                 queue = [(f"queue-{n}", 0)]
                 assert lapsing.lock(group, queue, LEASE_MS, timeout=30)[queue[0]].granted
             if n % 10 == 4:  # 2 s later: the lapsed lease is expired and taken over
@@ -210,7 +234,7 @@ def monitored_run(prometheus_binaries, broker) -> Iterator[Run]:
                 0
                 < _sample(samples, "rmq_partitions", service=s)
                 == _sample(samples, "rmq_owned_partitions", service=s)
-                for s in ("transactions", "locks")
+                for s in ("transactions", "locks", "timers")
             )
 
         wait_for(owned_all, 60, "the coordinator to own every partition")

@@ -353,3 +353,73 @@ def test_a_page_to_render_that_cannot_be_is_one_error_line_before_anything_runs(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0], err
     assert not out.exists()
+
+
+def test_the_timers_case_is_a_default_case_with_its_goal_on_the_page(monkeypatch):
+    from benchmarks import timers
+    from benchmarks.cases import CASE_RUNS, CASES, BenchContext
+
+    calls = []
+
+    def fake(conf, prefix, s):
+        calls.append((conf, prefix, s.rate))
+        late = {"samples": [20.0, 30.0, 90.0], "due_msgs_per_s": s.rate, "lead_ms": 3000}
+        return {"timer_lateness_ms": {**late, "scheduled_msgs_per_s": 1000.0, "threads": 16}}
+
+    monkeypatch.setattr(timers, "bench_timers", fake)
+    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(), Path("."))
+    assert "timers" in CASES
+    runs = aggregate([CASE_RUNS["timers"](ctx), CASE_RUNS["timers"](ctx)])
+    assert calls == [({"bootstrap.servers": "b"}, "__rmqx", 1000)] * 2
+    row = next(
+        line
+        for line in render_block({**FIXTURE, **runs}).splitlines()
+        if line.startswith("| timer messages: due → visible")
+    )
+    assert "at 1,000 due msgs/s, all scheduled with `Producer.send` from 16 threads" in row
+    assert "each at least 3,000 ms ahead |" in row
+    assert "| p50 30.0, p99 90.0, max 90.0 ms; scheduled at 1,000/s |" in row
+    assert row.endswith("| p99 ≤ 100 ms — **met** |")
+    assert "timer messages" not in render_block(FIXTURE)  # results from before the case
+
+
+def test_timer_messages_fall_due_at_the_rate_and_their_lateness_is_read_from_the_header():
+    from benchmarks.timers import DUE_HEADER, due_schedule, lateness_ms
+
+    dues = due_schedule(1_000_000, 1000, 2.0, lead_ms=3000)
+    assert len(dues) == 2000 and dues[0] == 1_003_000 and dues[-1] == 1_004_999
+    assert dues == sorted(dues) and dues[1000] == 1_004_000
+    assert lateness_ms([("k", b"x"), (DUE_HEADER, b"1003000")], 1_003_012.5) == 12.5
+    assert lateness_ms([("k", b"x")], 5.0) is None  # a warm-up message
+    assert lateness_ms([(DUE_HEADER, b"soon")], 5.0) is None
+
+
+def test_the_million_message_figures_render_as_their_own_section_with_the_goal():
+    from benchmarks.timer_memory import spread_dues
+
+    memory = {
+        "base_count": 1000,
+        "count": 1_000_000,
+        "horizon_h": 24.0,
+        "fire_count": 30000,
+        "fire_rate": 1000,
+        "rss_mib_base": 140.0,
+        "rss_mib_full": 180.5,
+        "rss_mib_firing": 210.0,
+        "schedule_s": 40.0,
+        "taken_s": 300.0,
+        "fire_lateness_ms": {"p50": 15.0, "p99": 80.0, "max": 120.0},
+        "smoke": True,
+        "taken_at": "2026-11-27T20:00:00Z",
+    }
+    block = render_block({**FIXTURE, "timer_memory": memory}).splitlines()
+    assert "### Timer messages: the coordinator's memory" in block
+    assert "| 1,000,000 scheduled over the next 24 h | 180 MiB |" in block
+    assert "| growth over the 1,000-message figure | 70 MiB: ≤ 100 MiB — **met** |" in block
+    prose = next(line for line in block if line.startswith("`make bench-timers-million`"))
+    assert "a smoke figure" in prose and "p50 15.0, p99 80.0, max 120 ms" in prose
+    worse = render_block({**FIXTURE, "timer_memory": {**memory, "rss_mib_firing": 300.0}})
+    assert "| 160 MiB: ≤ 100 MiB — **missed** |" in worse
+    assert "coordinator's memory" not in render_block(FIXTURE)
+    dues = list(spread_dues(0, 4, 1000, 5000))
+    assert dues == [1000, 2000, 3000, 4000]

@@ -285,6 +285,10 @@ def test_the_dashboard_and_the_alerts_use_only_metrics_the_coordinator_exports()
         "aborted",
         "latency",
         "lock",
+        "timer messages scheduled",
+        "timer lateness",
+        "held",
+        "timer discards",
     ):
         assert wanted in titles, wanted
     rules = [

@@ -31,10 +31,13 @@ from rmq_semantics.records.codec import (
     decode,
     decode_as,
     decode_lock_state,
+    decode_timer_cancel,
     encode,
 )
 from rmq_semantics.records.half import parse_half
+from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockEntry, LockKey, LockRequest, LockState, RequestKind
+from rmq_semantics.records.timer import parse_timer, unparsed_timer
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -129,6 +132,7 @@ def test_decoders_raise_nothing_but_malformed_record_error(rng):
         calls = [
             lambda d=data: decode(d),
             lambda d=data, k=key: decode_lock_state(k, d),
+            lambda d=data, k=key: decode_timer_cancel(k, d),
             *(lambda d=data, c=cls: decode_as(c, d) for cls in set(RECORD_CLASSES.values())),
         ]
         for call in calls:
@@ -172,6 +176,45 @@ def test_parse_half_raises_nothing_but_malformed_record_error(rng):
             escaped.append(f"{case.category}: {type(exc).__name__}: {exc}")
     assert not escaped, f"{len(escaped)} escaped, e.g. {escaped[:5]}"
     assert parsed, "no generated half record parsed at all"
+
+
+def test_parse_timer_raises_nothing_but_malformed_record_error_with_a_reason(rng):
+    """Timer records as a producer writes them, each header set to an odd value, dropped,
+    or given twice: parsed (intake or level) or malformed with where and why, and
+    ``unparsed_timer`` reads whatever was refused."""
+    ctx = gen.Ctx()
+    escaped, parsed, malformed = [], 0, 0
+    for _ in range(RECORDS):
+        raw, _ = gen.valid_timer(rng, ctx, group=gen.pick(rng, [None, ctx.group]))
+        headers = list(raw.headers or [])
+        for _ in range(rng.randrange(3)):
+            name = gen.pick(rng, sorted(gen.HEADER_VALUES))
+            how = rng.randrange(3)
+            if how == 0:
+                headers = gen.set_header(headers, name, gen.HEADER_VALUES[name](rng, ctx))
+            elif how == 1:
+                headers = [h for h in headers if h[0] != name]
+            else:
+                headers.append((name, gen.HEADER_VALUES[name](rng, ctx)))
+        level = gen.pick(rng, [0, 0, 1, 18])
+        if level and rng.random() < 0.8:
+            headers = gen.set_header(headers, H.TIMER_ORIGIN, b"7")
+        key, value = gen.pick(rng, [raw.key, None, gen.not_utf8(rng)]), raw.value
+        try:
+            record = parse_timer(level, 1, 9, ctx.now_ms, key, value, headers)
+            parsed += 1
+            assert isinstance(record.deliver_at_ms, int) and record.timer_id
+            record.delivered_headers(ctx.now_ms)
+        except MalformedRecordError as exc:
+            malformed += 1
+            where = "timer" if level == 0 else f"timer_{level}"
+            if not str(exc).startswith(f"{where}[1]@9: "):
+                escaped.append(f"no where in {exc}")
+            unparsed_timer(level, 1, 9, ctx.now_ms, key, value, headers)
+        except Exception as exc:
+            escaped.append(f"{type(exc).__name__}: {exc}")
+    assert not escaped, f"{len(escaped)} escaped, e.g. {escaped[:5]}"
+    assert parsed and malformed, (parsed, malformed)
 
 
 # -- the transaction service: never raises; good transactions decided exactly once ----------

@@ -29,6 +29,7 @@ from rmq_semantics.records.locks import (
     QueueResult,
     RequestKind,
 )
+from rmq_semantics.records.timer import TimerCancel
 from rmq_semantics.records.txn import (
     CheckMarker,
     CheckRequest,
@@ -98,6 +99,11 @@ WIRE = [
         "a704020272047067001608fe9fabfef9620c6f7264657273000000020661707000008aa0abfef962",
     ),
 ]
+# recall_message's cancel (issue 35): its v1 bytes are the contract from now on.
+TIMER_WIRE = [
+    (TimerCancel("t-1", "pg", T), "a70a0106742d310204706780a0abfef962"),
+    (TimerCancel("t-2", None, T), "a70a0106742d320080a0abfef962"),
+]
 # Check requests as v1 wrote them, before a header value could be null.
 CHECK_V1 = [
     (
@@ -160,6 +166,12 @@ def test_transactional_records_keep_their_bytes(record, wire):
     assert decode(encode(record)) == record
 
 
+@pytest.mark.parametrize("record, wire", TIMER_WIRE, ids=["with-group", "no-group"])
+def test_timer_cancels_keep_their_bytes(record, wire):
+    assert encode(record).hex() == wire
+    assert decode(bytes.fromhex(wire)) == record
+
+
 def test_a_signed_marker_keeps_its_mac_and_a_v1_marker_reads_as_unsigned():
     signed = DoneMarkers((DoneEntry(8, "x", Outcome.COMMITTED, 0),), T, b"\x01" * 32)
     assert decode(encode(signed)).mac == b"\x01" * 32
@@ -214,7 +226,7 @@ def test_every_record_type_round_trips(record):
 
 def test_every_record_type_has_a_dataclass_and_a_schema():
     assert set(RECORD_CLASSES) == set(RecordType)
-    encoded = {encode(r)[1] for r, _ in WIRE} | {encode(r)[1] for r in LOCK_RECORDS}
+    encoded = {encode(r)[1] for r, _ in WIRE + TIMER_WIRE} | {encode(r)[1] for r in LOCK_RECORDS}
     assert encoded == {t.value for t in RecordType}
 
 

@@ -78,13 +78,23 @@ def test_a_metrics_port_in_use_fails_startup_and_restores_the_handlers(own_handl
         with pytest.raises(ConfigError, match="--metrics-port"):
             server.run()
     assert all(signal.getsignal(sig) is previous for sig in HANDLED_SIGNALS)
-    assert server.health()["services"] == {"transactions": "not started", "locks": "not started"}
+    assert server.health()["services"] == {
+        "transactions": "not started",
+        "locks": "not started",
+        "timers": "not started",
+    }
 
 
-def test_health_covers_both_services():
+def test_health_covers_every_service():
     status = Server(CONF).health()
     assert status["status"] == "unhealthy"
-    assert set(status["services"]) == {"transactions", "locks"}
+    assert set(status["services"]) == {"transactions", "locks", "timers"}
+
+
+def test_the_timer_service_can_be_turned_off():
+    server = Server(CONF, timer_service=False)
+    assert server.timers is None
+    assert set(server.health()["services"]) == {"transactions", "locks"}
 
 
 def test_server_takes_settings_or_setting_kwargs_not_both():

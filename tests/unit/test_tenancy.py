@@ -19,15 +19,19 @@ from rmq_semantics import TransactionListener, TransactionProducer
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.group_signing import SignedProducer
 from rmq_semantics.message import Message
+from rmq_semantics.records.codec import encode
 from rmq_semantics.records.group_auth import (
+    cancel_canonical,
     derive_group_key,
     encode_group,
     op_canonical,
     sign_half_headers,
+    sign_timer_headers,
 )
 from rmq_semantics.records.half import half_headers, parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
+from rmq_semantics.records.timer import TimerCancel, parse_timer, timer_headers
 from rmq_semantics.topics import SystemTopics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,3 +248,40 @@ def test_a_producer_reads_its_checks_from_its_groups_topic_only_with_a_key(key, 
     )
     checks = producer._checks
     assert (checks.check_topic, checks._conf["group.id"]) == (topic, group)
+
+
+# -- timer messages (coordinator/timer_service.py) ---------------------------------------------
+def _timer(group: str, topic: str, signer: str | None, *, value: bytes = b"v"):
+
+    headers = timer_headers(Message(topic, value, key=b"k"), "id1", 2000, 1000, group)
+    if signer is not None:
+        headers = sign_timer_headers(derive_group_key(TENANT_KEY, signer), headers, b"k", value)
+    return parse_timer(0, 0, 7, 1000, b"k", value, headers)
+
+
+@pytest.mark.parametrize(
+    ("group", "topic", "signer", "verdict"),
+    [
+        ("ga", "orders-a", "ga", None),
+        ("ga", "orders-a", None, DiscardReason.FORGED),
+        ("ga", "orders-a", "gb", DiscardReason.FORGED),
+        ("nobody", "orders-a", "nobody", DiscardReason.FORGED),
+        ("ga", "orders-b", "ga", DiscardReason.NOT_ALLOWED),
+    ],
+)
+def test_a_timer_record_is_delivered_only_signed_by_its_group_into_its_allow_list(
+    group, topic, signer, verdict
+):
+    refused = guard().judge_timer(_timer(group, topic, signer))
+    assert (refused and refused[0]) == verdict
+
+
+def test_a_timer_cancel_is_trusted_only_with_its_group_mac():
+
+    value = encode(TimerCancel("id1", "ga", 1000))
+    mac = derive_group_key(TENANT_KEY, "ga").mac(cancel_canonical(TOPICS.timer_cancel, 3, value))
+    g = guard()
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [(H.GROUP_MAC, mac)]) is None
+    assert g.cancel_refusal(TOPICS.timer_cancel, 4, "ga", value, [(H.GROUP_MAC, mac)])
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [])
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "nobody", value, [(H.GROUP_MAC, mac)])
