@@ -28,9 +28,10 @@ from rmq_semantics import Message, Producer, TransactionProducer
 from rmq_semantics.embedded import free_port
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.codec import encode
+from rmq_semantics.records.timer import DEFAULT_MAX_DELAY_MS, DEFAULT_TIMER_PARTITIONS
 from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools import dashboard_plots
-from rmq_semantics.topics import ensure_topics
+from rmq_semantics.topics import SystemTopics, ensure_topics, timer_topic_specs
 from tests.integration.txn_helpers import (
     FAST,
     REPO,
@@ -214,6 +215,12 @@ def monitored_run(prometheus_binaries, broker) -> Iterator[Run]:
     topic, small = f"orders-{uuid.uuid4().hex[:8]}", f"small-{uuid.uuid4().hex[:8]}"
     conf = broker.conf()
     ensure_topics(conf, {topic: (3, {}), small: (1, {"max.message.bytes": "2000"})})
+    # The timer topics as a producer's first scheduled send and the service leave them, so
+    # the timer service (idle until they exist) owns its partitions before the run starts.
+    ensure_topics(
+        conf,
+        timer_topic_specs(SystemTopics(prefix), DEFAULT_TIMER_PARTITIONS, DEFAULT_MAX_DELAY_MS),
+    )
     port = free_port()
     coordinator = CoordinatorProcess(broker.bootstrap, None, topic_prefix=prefix, metrics_port=port)
     prometheus: PrometheusServer | None = None
