@@ -18,6 +18,10 @@ Cancels are not committed: they are read again from the window on every assignme
 cancel (undecodable, or unsigned under tenant isolation) is counted and logged with
 ``topic[partition]@offset`` and skipped, as a bad Op record is; a bad timer record goes to
 the discard topic with a reason.
+
+Over 500 lines, and whole: the loop, assignment and recovery, and the vetting of records share
+one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
+each step's transaction in :mod:`coordinator.timer_writer`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""``Producer``: a drop-in for ``confluent_kafka.Producer`` plus RocketMQ-style ``send``."""
+"""``Producer``: a drop-in for ``confluent_kafka.Producer`` plus RocketMQ-style ``send``.
+
+Over 500 lines since timer messages, and whole: the drop-in surface (``produce``, ``poll``,
+``flush`` and the transactions' pass-throughs) is one class by design; writing a timer
+record lives in :mod:`rmq_semantics.timer_writes`, its format in
+:mod:`rmq_semantics.records.timer`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""System-topic names, their configs, and creation on first use."""
+"""System-topic names, their configs, and creation on first use.
+
+Over 500 lines since the timer topics, and whole: every system topic's name and configs are
+here so that whichever process creates a topic first creates it as the others would."""
 
 from __future__ import annotations
 
