@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rmq_semantics.errors import MalformedRecordError
 from rmq_semantics.message import Headers, Message, RecordHeaders
-from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H
+from rmq_semantics.records.headers import PROMOTED_KEEPS, RESERVED_PREFIX, H, header_text
 
 __all__ = [
     "MAX_CHECK_PARTITIONS",
@@ -268,8 +268,7 @@ def unparsed_half(
     what the coordinator copies to the discard topic and names in its done marker."""
 
     def text(name: str, limit: int) -> str:
-        raw = next((v for k, v in headers or [] if k == name and isinstance(v, bytes)), b"")
-        return raw[:limit].decode(errors="replace")
+        return header_text(headers, name, limit)
 
     return HalfMessage(
         partition=partition,

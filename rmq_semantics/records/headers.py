@@ -19,6 +19,7 @@ __all__ = [
     "RETRY_HEADERS",
     "TIMER_KEEPS",
     "H",
+    "header_text",
 ]
 
 #: The header namespace the product owns; user headers may not start with it.
@@ -153,3 +154,10 @@ RETRY_HEADERS: Final = (
     H.FIRST_FAILURE_TS,
     H.RETRY_DUE_TS,
 )
+
+
+def header_text(headers: list | None, name: str, limit: int) -> str:
+    """Header ``name``'s first bytes value, at most ``limit`` bytes, as text (never raises):
+    how a refused record is read as far as it can be, for its discard copy and log line."""
+    raw = next((v for k, v in headers or [] if k == name and isinstance(v, bytes)), b"")
+    return raw[:limit].decode(errors="replace")

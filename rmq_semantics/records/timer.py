@@ -20,7 +20,7 @@ from typing import Any, Final
 from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.message import Headers, Message, RecordHeaders
 from rmq_semantics.records.group_auth import timer_canonical
-from rmq_semantics.records.headers import RESERVED_PREFIX, TIMER_KEEPS, H
+from rmq_semantics.records.headers import RESERVED_PREFIX, TIMER_KEEPS, H, header_text
 from rmq_semantics.selector import java_partition
 
 __all__ = [
@@ -346,8 +346,7 @@ def unparsed_timer(
     what the coordinator copies to the discard topic and names in its log line."""
 
     def text(name: str, limit: int) -> str:
-        raw = next((v for k, v in headers or [] if k == name and isinstance(v, bytes)), b"")
-        return raw[:limit].decode(errors="replace")
+        return header_text(headers, name, limit)
 
     return TimerRecord(
         level=level,
