@@ -61,7 +61,8 @@ class CoordinatorMetrics:
         )
         self.partitions = Gauge(
             "rmq_partitions",
-            "Partitions of the half topic (transactions) or the lock-request topic (locks)",
+            "Partitions of the half topic (transactions), the lock-request topic (locks) or "
+            "every timer topic (timers)",
             ["service"],
             registry=r,
         )

@@ -10,11 +10,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rmq_semantics.records.codec import RecordType, encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockKey, LockRequest, QueueRef, RequestKind
+from rmq_semantics.records.timer import TimerCancel, timer_partition
 from rmq_semantics.records.txn import (
     CheckMarker,
     CheckRequest,
@@ -26,6 +27,7 @@ from rmq_semantics.records.txn import (
     EndRequests,
     EndState,
 )
+from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 from tests.fuzz.generators import (
     BEYOND_LONG,
     BREAKING,
@@ -33,9 +35,11 @@ from tests.fuzz.generators import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
+    INT64_MIN,
     MARKER_TYPES,
     NUMERIC_HALF,
     REQUIRED_HALF,
+    REQUIRED_TIMER,
     RETRY_PARSED,
     V1_OUTCOMES,
     VALID,
@@ -58,6 +62,7 @@ from tests.fuzz.generators import (
     valid_half,
     valid_members,
     valid_retry,
+    valid_timer,
 )
 
 #: Topics a case writes to (the runner maps them to ``<prefix>_<topic>``).
@@ -66,6 +71,10 @@ HALF, OP, CHECK, LOCK_REQUEST = "half", "op", "check", "lock_request"
 RETRY = "retry"
 #: Groups of stale lock requests start with this: none of them may ever be HELD.
 STALE_LOCK_GROUP = "fuzz-stale-"
+#: The timer topics (issue 35): the intake, level 1 (a 1 s hold) and the cancels.
+TIMER, TIMER_LEVEL, TIMER_CANCEL = "timer", "timer_1", "timer_cancel"
+#: What the coordinator owes a timer record written by a case (``Case.timer_outcomes``).
+DELIVERED = "delivered"
 
 FollowUp = Callable[[int, int], list[tuple[str, Raw]]]
 
@@ -84,6 +93,9 @@ class Case:
     never_promoted: bool = False
     #: How many of ``records`` are bad (None: all).
     bad: int | None = None
+    #: Timer records by value: DELIVERED (to their real topic, exactly once, not before
+    #: their time) or the discard reason of their one copy in the discard topic.
+    timer_outcomes: dict[bytes, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -567,6 +579,211 @@ def lock_stale_request(rng: random.Random, ctx: Ctx) -> Case:
     )
 
 
+# -- timer records and cancels (issue 35) ----------------------------------------------------
+# A plain producer writes them straight to the timer topics. What each is owed is observable:
+# a valid one is delivered once to its real topic, a bad one is copied once to the discard
+# topic with its reason (and moves rmq_timer_discarded_total); a bad cancel moves
+# rmq_malformed_records_total of the cancel topic and changes nothing.
+#: Real topics a timer record may not be delivered to: ours (the timer topics among them)
+#: and those of the default prefix.
+def _system_targets(ctx: Ctx) -> list[str]:
+    return [*ctx.system_topics(), f"{DEFAULT_TOPIC_PREFIX}_half", f"{DEFAULT_TOPIC_PREFIX}_timer"]
+
+
+def _timer_case(name: str, topic: str, made: list[tuple[Raw, str, int]]) -> Case:
+    """``made``: (record, outcome, due ms) each; every record gets a value no other has,
+    which its delivery or its discard copy is found by."""
+    records, outcomes = [], {}
+    for raw, outcome, due in made:
+        marked = Raw(f"fuzz-timer:{txn_id()}".encode(), raw.key, raw.headers, raw.partition)
+        records.append(marked)
+        outcomes[marked.value] = (outcome, due)
+    bad = sum(1 for outcome, _ in outcomes.values() if outcome != DELIVERED)
+    return Case(name, topic, records, bad=bad, timer_outcomes=outcomes)
+
+
+def _due(raw: Raw) -> int:
+    return int(dict(raw.headers or [])[H.DELIVER_AT] or 0)
+
+
+def _other_partition(rng: random.Random, ctx: Ctx, partition: int | None) -> int:
+    return (int(partition or 0) + 1 + rng.randrange(ctx.timer_partitions - 1)) % (
+        ctx.timer_partitions
+    )
+
+
+def timer_valid_odd(rng: random.Random, ctx: Ctx) -> Case:
+    """Valid timer records, due in the past (the epoch included), now, within the second or
+    in a few seconds, some carrying forged ``rmq.*`` headers the delivery writes afresh
+    (``rmq.promoted_from``, ``rmq.delivered_at``) or drops (``rmq.txn_id``): each delivered
+    once."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group, due_in_ms=pick(rng, [-1000, 0, 1500]))
+    if rng.random() < 0.2:
+        raw.headers = set_header(raw.headers or [], H.DELIVER_AT, b"0")
+    for name in rng.sample([H.PROMOTED_FROM, H.DELIVERED_AT, H.TXN_ID], rng.randrange(3)):
+        raw.headers = set_header(raw.headers or [], name, HEADER_VALUES[name](rng, ctx))
+    return _timer_case("timer_valid_odd", TIMER, [(raw, DELIVERED, _due(raw))])
+
+
+def timer_wrong_partition(rng: random.Random, ctx: Ctx) -> Case:
+    """A valid timer record in another timer partition than its id's. The coordinator does
+    not check the placement (a partition count raised later would refuse every record
+    written before): it is delivered once; only a recall of it is not seen."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group, due_in_ms=pick(rng, [0, 600]))
+    raw.partition = _other_partition(rng, ctx, raw.partition)
+    return _timer_case("timer_wrong_partition", TIMER, [(raw, DELIVERED, _due(raw))])
+
+
+def timer_missing_header(rng: random.Random, ctx: Ctx) -> Case:
+    """A required header dropped, or given with a null value: malformed."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group)
+    name = pick(rng, REQUIRED_TIMER)
+    headers = [h for h in raw.headers or [] if h[0] != name]
+    raw.headers = headers + ([(name, None)] if rng.random() < 0.3 else [])
+    return _timer_case("timer_missing_header", TIMER, [(raw, "malformed", 0)])
+
+
+#: ``rmq.deliver_at`` (and ``rmq.born_ts``) values a plain producer may write, and what the
+#: coordinator owes each: not a decimal in 0..2^63-1 is malformed; further ahead of its birth
+#: than max_delay_ms, or a birth in the future beyond it, too far; the epoch is due at once.
+def _deliver_at_choices(ctx: Ctx, max_delay_ms: int) -> list[tuple[bytes, bytes | None, str]]:
+    far = ctx.now_ms + 10 * 24 * 3600 * 1000
+    return [
+        (b"soon", None, "malformed"),
+        (b"-5", None, "malformed"),
+        (b"1.5e3", None, "malformed"),
+        (b" 1", None, "malformed"),
+        (str(2**63).encode(), None, "malformed"),
+        (b"99999999999999999999", None, "malformed"),
+        (str(INT64_MAX).encode(), None, "too_far"),
+        (str(ctx.now_ms + max_delay_ms + 30_000).encode(), None, "too_far"),
+        (str(far).encode(), str(far).encode(), "too_far"),  # born then too: the wheel's check
+        (str(ctx.now_ms).encode(), b"0", "too_far"),  # born at the epoch, due now
+        (b"0", None, DELIVERED),
+    ]
+
+
+def timer_bad_deliver_at(rng: random.Random, ctx: Ctx) -> Case:
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group)
+    deliver_at, born, outcome = pick(rng, _deliver_at_choices(ctx, ctx.timer_max_delay_ms))
+    raw.headers = set_header(raw.headers or [], H.DELIVER_AT, deliver_at)
+    if born is not None:
+        raw.headers = set_header(raw.headers, H.BORN_TS, born)
+    due = int(deliver_at) if outcome == DELIVERED else 0
+    return _timer_case("timer_bad_deliver_at", TIMER, [(raw, outcome, due)])
+
+
+def timer_odd_id(rng: random.Random, ctx: Ctx) -> Case:
+    """An id no producer gives (empty, over 128 bytes, not printable ASCII): malformed."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group)
+    odd = pick(rng, [HEADER_VALUES[H.TIMER_ID](rng, ctx), b"i" * 129, huge_text(rng).encode()])
+    raw.headers = set_header(raw.headers or [], H.TIMER_ID, odd)
+    raw.partition = rng.randrange(ctx.timer_partitions)
+    return _timer_case("timer_odd_id", TIMER, [(raw, "malformed", 0)])
+
+
+def timer_bad_header(rng: random.Random, ctx: Ctx) -> Case:
+    """A real topic that is no topic name, a born time or real partition that is no
+    number, a ``rmq.timer_origin`` on the intake (only the coordinator writes one), or a
+    ``rmq.*`` header given twice: malformed."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group)
+    headers = raw.headers or []
+    how = rng.randrange(5)
+    if how == 0:
+        bad = pick(rng, [b"a b", b"x" * 250, b"..", b"t/1", not_utf8(rng)])
+        headers = set_header(headers, H.REAL_TOPIC, bad)
+    elif how == 1:
+        headers = set_header(headers, H.BORN_TS, HEADER_VALUES[H.BORN_TS](rng, ctx))
+    elif how == 2:
+        headers = set_header(headers, H.REAL_PARTITION, HEADER_VALUES[H.REAL_PARTITION](rng, ctx))
+    elif how == 3:
+        headers = set_header(headers, H.TIMER_ORIGIN, pick(rng, [b"0", b"7", b"-1", b""]))
+    else:
+        twice = pick(rng, [h for h in headers if h[0].startswith("rmq.")])
+        headers = [*headers, twice]
+    raw.headers = headers
+    return _timer_case("timer_bad_header", TIMER, [(raw, "malformed", 0)])
+
+
+def timer_system_topic(rng: random.Random, ctx: Ctx) -> Case:
+    """A valid timer record whose real topic is a system topic (a timer topic among them):
+    set aside as system_topic, never written there."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group, due_in_ms=0)
+    raw.headers = set_header(
+        raw.headers or [], H.REAL_TOPIC, pick(rng, _system_targets(ctx)).encode()
+    )
+    raw.headers = [h for h in raw.headers if h[0] != H.REAL_PARTITION]
+    return _timer_case("timer_system_topic", TIMER, [(raw, "system_topic", 0)])
+
+
+#: ``rmq.timer_origin`` values on a level topic and what each is owed: a decimal is an origin
+#: (a forged one is indistinguishable from the coordinator's re-append: delivered once, after
+#: the level's hold); none, or not a decimal, is malformed.
+ORIGINS = (
+    (None, "malformed"),
+    (b"", "malformed"),
+    (b"-1", "malformed"),
+    (b"x1", "malformed"),
+    (b"99999999999999999999", "malformed"),
+    (b"0", DELIVERED),
+    (str(2**62).encode(), DELIVERED),
+)
+
+
+def timer_forged_origin(rng: random.Random, ctx: Ctx) -> Case:
+    """A timer record written straight to level 1, with a forged, odd or no origin."""
+    raw, _ = valid_timer(rng, ctx, group=ctx.timer_group, due_in_ms=pick(rng, [-500, 0, 800]))
+    origin, outcome = pick(rng, ORIGINS)
+    if origin is not None:
+        raw.headers = set_header(raw.headers or [], H.TIMER_ORIGIN, origin)
+    due = _due(raw) if outcome == DELIVERED else 0
+    return _timer_case("timer_forged_origin", TIMER_LEVEL, [(raw, outcome, due)])
+
+
+def timer_cancel_garbage(rng: random.Random, ctx: Ctx) -> Case:
+    """A cancel that is no cancel: broken bytes, another record type, an odd id, an empty
+    group, a negative time, a record key that is not its id. Counted, logged, skipped."""
+    cancel = TimerCancel(txn_id(), ctx.timer_group, ctx.now_ms)
+    key: bytes | None = cancel.timer_id.encode()
+    how = rng.randrange(4)
+    if how == 0:
+        value = pick(rng, [*BREAKING, huge_length])(rng, encode(cancel))
+    elif how == 1:
+        value = valid_bytes(
+            rng, ctx, pick(rng, [t for t in RecordType if t != RecordType.TIMER_CANCEL])
+        )
+    elif how == 2:
+        odd = pick(
+            rng,
+            [
+                TimerCancel(pick(rng, ["", "i" * 129, "a\nb", "caf\u00e9"]), ctx.timer_group, 0),
+                TimerCancel(cancel.timer_id, "", ctx.now_ms),
+                TimerCancel(cancel.timer_id, ctx.timer_group, pick(rng, [-1, INT64_MIN])),
+            ],
+        )
+        value, key = encode(odd), None
+    else:
+        value, key = encode(cancel), b"not-" + cancel.timer_id.encode()
+    return Case(
+        "timer_cancel_garbage",
+        TIMER_CANCEL,
+        [Raw(value, key, partition=rng.randrange(ctx.timer_partitions))],
+    )
+
+
+def timer_cancel_other_group(rng: random.Random, ctx: Ctx) -> Case:
+    """A well-formed cancel of a pending good message naming another group (or none): a
+    cancel binds only its own group's message, so the message is still delivered once.
+    Nothing is owed a count (without tenant isolation a group is not authenticated)."""
+    timer_id = pick(rng, ctx.timer_targets) if ctx.timer_targets else txn_id()
+    group = pick(rng, [None, f"{ctx.timer_group}-other", ctx.group])
+    record = TimerCancel(timer_id, group, ctx.now_ms)
+    raw = Raw(
+        encode(record), timer_id.encode(), partition=timer_partition(timer_id, ctx.timer_partitions)
+    )
+    return Case("timer_cancel_other_group", TIMER_CANCEL, [raw], bad=0)
+
+
 CATEGORIES: tuple[Category, ...] = (
     Category("half_missing_header", HALF, half_missing_header, True),
     Category("half_bad_number", HALF, half_bad_number, True),
@@ -600,6 +817,16 @@ CATEGORIES: tuple[Category, ...] = (
     Category("lock_stale_epoch", LOCK_REQUEST, lock_stale_epoch, True),
     Category("lock_odd", LOCK_REQUEST, lock_odd, False),
     Category("lock_stale_request", LOCK_REQUEST, lock_stale_request, True),
+    Category("timer_valid_odd", TIMER, timer_valid_odd, False),
+    Category("timer_wrong_partition", TIMER, timer_wrong_partition, False),
+    Category("timer_missing_header", TIMER, timer_missing_header, True),
+    Category("timer_bad_deliver_at", TIMER, timer_bad_deliver_at, True),
+    Category("timer_odd_id", TIMER, timer_odd_id, True),
+    Category("timer_bad_header", TIMER, timer_bad_header, True),
+    Category("timer_system_topic", TIMER, timer_system_topic, True),
+    Category("timer_forged_origin", TIMER_LEVEL, timer_forged_origin, True),
+    Category("timer_cancel_garbage", TIMER_CANCEL, timer_cancel_garbage, True),
+    Category("timer_cancel_other_group", TIMER_CANCEL, timer_cancel_other_group, False),
 )
 
 
@@ -663,6 +890,13 @@ NORMAL_COUNTERS = (
     "rmq_rollbacks_total",
     "rmq_checks_issued_total",
     "rmq_transactions_aborted_total",
+    # Timer messages (issue 35): scheduled, re-appended, delivered, recalled; a cancel read
+    # after its message was delivered is a race a good producer can lose too.
+    "rmq_timer_scheduled_total",
+    "rmq_timer_reappended_total",
+    "rmq_timer_delivered_total",
+    "rmq_timer_cancelled_total",
+    "rmq_timer_cancel_too_late_total",
 )
 NORMAL_LOCK_EVENTS = (
     "requests",
@@ -691,13 +925,20 @@ def bad_input(counts: dict[str, float]) -> dict[str, float]:
 
 def counted_by_topic(counts: dict[str, float], prefix: str) -> Counter[str]:
     """Bad-input counts by the topic of the records they count: lock events for lock
-    requests, malformed half records and discards for half records, the rest for Op
+    requests, malformed half records and discards for half records, timer discards for
+    timer records, malformed cancels for the cancel topic, the rest for Op
     records (rejected and conflicting end requests, malformed Op records, and whatever new
     counter a fix adds, such as forged markers)."""
     out: Counter[str] = Counter()
     for key, value in bad_input(counts).items():
         if key.startswith("rmq_lock_events_total"):
             out[LOCK_REQUEST] += value
+        elif key.startswith("rmq_timer_discarded_total"):
+            out[TIMER] += value  # of the intake and the level topics
+        elif key == f"rmq_malformed_records_total{{topic={prefix}_{TIMER_CANCEL}}}":
+            out[TIMER_CANCEL] += value
+        elif key.startswith(f"rmq_malformed_records_total{{topic={prefix}_{TIMER}"):
+            pass  # a malformed timer record: rmq_timer_discarded_total counts it too
         elif key.startswith("rmq_discarded_total") or (
             key == f"rmq_malformed_records_total{{topic={prefix}_{HALF}}}"
         ):
@@ -712,7 +953,8 @@ def owed_by_topic(cases: Iterable[Case]) -> Counter[str]:
     out: Counter[str] = Counter()
     for case in cases:
         if BY_NAME[case.category].counted:
-            out[case.topic] += len(case.records) if case.bad is None else case.bad
+            topic = TIMER if case.topic == TIMER_LEVEL else case.topic  # one counter for both
+            out[topic] += len(case.records) if case.bad is None else case.bad
     return out
 
 

@@ -5,7 +5,11 @@ Invariants checked (:meth:`Report.violations`): the coordinator never exits (and
 code 0 on SIGTERM, without a traceback in its log); every good COMMIT (inline or answered
 on its back-check) is promoted exactly once and no ROLLBACK is; every good lock call is
 granted and released; no half record that must never be promoted is; no stale lock
-request is held; every record of a counted category moved a bad-input counter.
+request is held; every record of a counted category moved a bad-input counter. Timer
+messages (issue 35): every good one (sent through ``Producer.send``) and every valid one the
+adversary wrote is delivered to its real topic exactly once, not before its time, with one
+``rmq.promoted_from`` of the coordinator's; every bad timer record has exactly one copy in the
+discard topic with the reason it is owed and is written nowhere else.
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from rmq_semantics import LocalTransactionState, Message, TransactionListener
+from rmq_semantics import LocalTransactionState, Message, Producer, TransactionListener
 from rmq_semantics.embedded import free_port
 from rmq_semantics.errors import RmqError
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.headers import H
 from rmq_semantics.tools.coordinator_process import CoordinatorProcess
-from rmq_semantics.topics import ensure_topics
+from rmq_semantics.topics import SystemTopics, ensure_topics, timer_topic_specs
 from rmq_semantics.transaction import TransactionProducer
 from tests.fuzz.categories import (
+    DELIVERED,
     KNOWN_BAD,
+    TIMER,
+    TIMER_CANCEL,
+    TIMER_LEVEL,
     Case,
     Category,
     bad_input,
@@ -52,7 +60,14 @@ FAST = {
     "half_partitions": 4,
     "check_partitions": 2,
 }
+# The timer service on 2 partitions with an 8 s maximum delay: 4 level topics of 2 partitions.
+TIMER_SETTINGS = {"timer_partitions": 2, "max_delay_ms": 8000}
 CHUNK = 50  # bad cases written between two batches of good transactions
+# Good timer messages per chunk, through Producer.send: (deliver_after_ms, delay_time_level)
+# one of each is drawn; the longer ones are still pending when the chunk's cases are made
+# (what cancels of another group aim at).
+TIMERS_PER_CHUNK = 3
+GOOD_DELAYS = ((0, None), (400, None), (1500, None), (2500, None), (None, 1))
 HTTP_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 120.0
 # After the last record: every good transaction promoted (checks take ~2 s), and the bad
@@ -79,6 +94,13 @@ class Report:
     log_problems: list[str] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=list)
     lock_failures: list[str] = field(default_factory=list)
+    # Timer records by value: (DELIVERED or a discard reason, earliest due ms), the topic
+    # (short name) each was written to, and what became of them.
+    timers: dict[bytes, tuple[str, int]] = field(default_factory=dict)
+    timer_written_to: dict[bytes, str] = field(default_factory=dict)
+    timer_delivered: Counter = field(default_factory=Counter)
+    timer_discarded: dict[bytes, list[str]] = field(default_factory=dict)
+    timer_problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def violations(self) -> list[str]:
@@ -99,6 +121,24 @@ class Report:
             )
         out += self.forbidden[:5] + self.lock_failures[:5]
         out += self.uncounted
+        out += self.timer_violations()
+        return out
+
+    def timer_violations(self) -> list[str]:
+        wrong = []
+        for value, (outcome, _) in self.timers.items():
+            delivered = self.timer_delivered[value]
+            reasons = self.timer_discarded.get(value, [])
+            if outcome == DELIVERED and (delivered != 1 or reasons):
+                wrong.append(f"{value!r} delivered {delivered} times, discarded as {reasons}")
+            elif outcome != DELIVERED and (delivered or reasons != [outcome]):
+                wrong.append(
+                    f"{value!r} owed one discard as {outcome}: delivered {delivered} times, "
+                    f"discarded as {reasons}"
+                )
+        out = self.timer_problems[:5]
+        if wrong:
+            out.append(f"{len(wrong)} timer records not handled as owed, e.g. {wrong[:3]}")
         return out
 
     def text(self) -> str:
@@ -112,6 +152,13 @@ class Report:
             flag = f"   [known bad: {KNOWN_BAD[name]}]" if name in KNOWN_BAD else ""
             lines.append(f"  {name:32} {n:6}{flag}")
         owed = ", ".join(f"{t} {n}" for t, n in sorted(self.owed.items())) or "none"
+        if self.timers:
+            owed_discards = Counter(o for o, _ in self.timers.values() if o != DELIVERED)
+            lines.append(
+                f"timer records: {sum(o == DELIVERED for o, _ in self.timers.values())} owed a "
+                f"delivery, {sum(self.timer_delivered.values())} delivered; owed discards "
+                f"{dict(sorted(owed_discards.items()))}"
+            )
         lines.append(f"counted by the coordinator, per reason (owed a count: {owed}):")
         lines += [f"  {k:60} {v:8.0f}" for k, v in sorted(self.counts.items())]
         problems = self.violations()
@@ -233,7 +280,12 @@ class FuzzRun:
             self.report.log_path,
             "--metrics-port",
             str(self.port),
-            settings={**FAST, "topic_prefix": self.prefix, "instance_id": self.prefix},
+            settings={
+                **FAST,
+                **TIMER_SETTINGS,
+                "topic_prefix": self.prefix,
+                "instance_id": self.prefix,
+            },
             env={"PYTHONPATH": str(REPO)},
         )
         self.ctx = Ctx(
@@ -243,7 +295,14 @@ class FuzzRun:
             real_topic=f"{self.prefix}-sink",
             missing_topic=f"{self.prefix}-missing",
             lock_group=f"{self.prefix}-lg",
+            timer_partitions=TIMER_SETTINGS["timer_partitions"],
+            timer_topic=f"{self.prefix}-timed",
+            timer_group=f"{self.prefix}-tg",
+            timer_max_delay_ms=TIMER_SETTINGS["max_delay_ms"],
         )
+        # Timer topics and messages only when a timer category runs (the timer service
+        # stays idle until its intake topic exists).
+        self.timers = any(c.topic in (TIMER, TIMER_LEVEL, TIMER_CANCEL) for c in categories)
         self.cases: list[Case] = []
         self.baseline: dict[str, float] = {}
         self.latest: dict[str, float] = {}
@@ -252,6 +311,13 @@ class FuzzRun:
     def run(self) -> Report:
         started = time.monotonic()
         ensure_topics(self.conf, {self.topic: (2, {}), self.ctx.real_topic: (1, {})})
+        if self.timers:
+            specs = timer_topic_specs(
+                SystemTopics(self.prefix),
+                TIMER_SETTINGS["timer_partitions"],
+                TIMER_SETTINGS["max_delay_ms"],
+            )
+            ensure_topics(self.conf, {**specs, self.ctx.timer_topic: (1, {})})
         self.coordinator.start()
         try:
             self.coordinator.wait_ready(START_TIMEOUT_S)
@@ -266,10 +332,20 @@ class FuzzRun:
                 check_partitions=FAST["check_partitions"],
             ) as producer:
                 locks = LockClient(self.conf, topic_prefix=self.prefix)
+                timed = Producer(
+                    self.conf,
+                    topic_prefix=self.prefix,
+                    producer_group=self.ctx.timer_group,
+                    delay_levels="1s 5s",  # RocketMQ 4's table is over the 8 s maximum
+                    **TIMER_SETTINGS,
+                )
                 try:
-                    self._write(producer, locks)
+                    self._write(producer, locks, timed)
                     self._settle()
+                    if self.timers:
+                        self._settle_timers()
                 finally:
+                    timed.close()
                     locks.close()
         finally:
             self.latest = _counters(self.port) or self.latest
@@ -290,21 +366,30 @@ class FuzzRun:
         want = list(range(FAST["half_partitions"]))
         while time.monotonic() < deadline and self.coordinator.poll() is None:
             status = _health(self.port)
-            if status.get("owned_partitions") == want and (
-                status.get("owned_lock_partitions") == want
+            timers = status.get("services", {}).get("timers") == "ok" or not self.timers
+            if (
+                status.get("owned_partitions") == want
+                and status.get("owned_lock_partitions") == want
+                and timers
             ):
                 return
             time.sleep(0.2)
         raise RmqError(f"the coordinator did not take every partition; see {self.report.log_path}")
 
-    def _write(self, producer: TransactionProducer, locks: LockClient) -> None:
+    def _write(self, producer: TransactionProducer, locks: LockClient, timed: Producer) -> None:
         raw = confluent_kafka.Producer({**self.conf, "linger.ms": 5})
         goods_per_chunk = max(2, CHUNK // 5)
         written = 0
         try:
             while written < self.records and self._alive():
                 targets = self._send_good(producer, goods_per_chunk)
-                ctx = replace(self.ctx, targets=targets, now_ms=int(time.time() * 1000))
+                pending = self._send_timers(timed) if self.timers else ()
+                ctx = replace(
+                    self.ctx,
+                    targets=targets,
+                    timer_targets=pending,
+                    now_ms=int(time.time() * 1000),
+                )
                 n = min(CHUNK, self.records - written)
                 batch = [pick(self.rng, self.categories).make(self.rng, ctx) for _ in range(n)]
                 self._write_cases(raw, batch)
@@ -328,6 +413,27 @@ class FuzzRun:
         producer.flush(30)
         return tuple(targets)
 
+    def _send_timers(self, timed: Producer) -> tuple[str, ...]:
+        """Good timer messages as a user sends them; the ids of those still pending."""
+        pending = []
+        for _ in range(TIMERS_PER_CHUNK):
+            after, level = pick(self.rng, GOOD_DELAYS)
+            value = f"good-timer:{uuid.uuid4().hex}".encode()
+            # The producer reads its clock after this: its deliver_at is no earlier.
+            due = int(time.time() * 1000) + (1000 if level else after)
+            msg = Message(
+                self.ctx.timer_topic,
+                value,
+                key=value,
+                deliver_after_ms=after,
+                delay_time_level=level,
+            )
+            result = timed.send(msg)
+            self.report.timers[value] = (DELIVERED, due)
+            if (after or 0) >= 1500 and result.message_id:
+                pending.append(result.message_id)
+        return tuple(pending)
+
     def _write_cases(self, raw: confluent_kafka.Producer, batch: list[Case]) -> None:
         landed: dict[int, tuple[int, int]] = {}
 
@@ -341,6 +447,8 @@ class FuzzRun:
         for i, case in enumerate(batch):
             self.cases.append(case)
             self.report.sent[case.category] += len(case.records)
+            self.report.timers.update(case.timer_outcomes)
+            self.report.timer_written_to.update(dict.fromkeys(case.timer_outcomes, case.topic))
             for j, record in enumerate(case.records):
                 self._produce(raw, case.topic, record, delivered(i) if j == 0 else None)
         raw.flush(30)
@@ -414,6 +522,62 @@ class FuzzRun:
         ):
             time.sleep(0.5)
 
+    def _settle_timers(self) -> None:
+        """Read the timer messages' real topic and the discard topic until every timer record
+        is delivered or set aside as owed (or time is up), a little more for duplicates."""
+        report = self.report
+        discard = SystemTopics(self.prefix).discard
+        consumer = confluent_kafka.Consumer(
+            {
+                **self.conf,
+                "group.id": f"fuzz-timers-{self.prefix}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.assign([TopicPartition(self.ctx.timer_topic, 0, 0), TopicPartition(discard, 0, 0)])
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        quiet_until = None
+        try:
+            while time.monotonic() < deadline and self._alive():
+                msgs = [m for m in consumer.consume(1000, 0.2) if m.error() is None]
+                for msg in msgs:
+                    if msg.topic() == discard:
+                        self._timer_discard(msg)
+                    else:
+                        self._timer_delivery(msg)
+                if msgs:
+                    quiet_until = None
+                if not report.timer_violations():
+                    quiet_until = quiet_until or time.monotonic() + QUIET_S
+                    if time.monotonic() >= quiet_until:
+                        break
+        finally:
+            consumer.close()
+
+    def _timer_delivery(self, msg) -> None:
+        value, report = msg.value(), self.report
+        report.timer_delivered[value] += 1
+        headers = msg.headers() or []
+        origins = [v for k, v in headers if k == H.PROMOTED_FROM]
+        delivered_at = [v for k, v in headers if k == H.DELIVERED_AT]
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if len(origins) != 1 or not (origins[0] or b"").startswith(b"timer:"):
+            report.timer_problems.append(f"{where}: {H.PROMOTED_FROM} {origins}")
+        owed = report.timers.get(value)
+        if owed is not None and (len(delivered_at) != 1 or int(delivered_at[0] or b"0") < owed[1]):
+            report.timer_problems.append(
+                f"{where}: {H.DELIVERED_AT} {delivered_at}, due at {owed[1]} (before its time)"
+            )
+
+    def _timer_discard(self, msg) -> None:
+        headers = msg.headers() or []
+        topic = next((v for k, v in headers if k == H.ORIGINAL_TOPIC), None) or b""
+        if not topic.startswith(f"{self.prefix}_{TIMER}".encode()):
+            return  # a half record's
+        reason = next((v for k, v in headers if k == H.DISCARD_REASON), None) or b""
+        self.report.timer_discarded.setdefault(msg.value(), []).append(reason.decode())
+
     def _delta(self) -> dict[str, float]:
         return {k: v - self.baseline.get(k, 0.0) for k, v in self.latest.items()}
 
@@ -432,12 +596,24 @@ class FuzzRun:
             or line.startswith(("TypeError", "ValueError", "OverflowError"))
         ]
         forbidden = {c.txn_id: c.category for c in self.cases if c.never_promoted}
+        discard = SystemTopics(self.prefix).discard
         for topic in (self.ctx.real_topic, *self.ctx.system_topics()):
             for msg in _read_all(self.conf, topic):
                 txn = _txn(msg)
                 if txn in forbidden and _promoted(msg):
                     report.forbidden.append(
                         f"{forbidden[txn]} txn {txn} promoted to {msg.topic()}[{msg.partition()}]"
+                    )
+                # A bad timer record is nowhere but where it was written and the discard topic.
+                owed = report.timers.get(msg.value() or b"")
+                written = report.timer_written_to.get(msg.value() or b"")
+                if (
+                    owed is not None
+                    and owed[0] != DELIVERED
+                    and topic not in (discard, f"{self.prefix}_{written}")
+                ):
+                    report.forbidden.append(
+                        f"timer record {msg.value()!r} ({owed[0]}) written to {topic}"
                     )
         topics = AdminClient(self.conf).list_topics(timeout=10).topics
         if self.ctx.missing_topic in topics:

@@ -35,7 +35,7 @@ from rmq_semantics.records.locks import (
     QueueResult,
     RequestKind,
 )
-from rmq_semantics.records.timer import TimerCancel, timer_headers
+from rmq_semantics.records.timer import TimerCancel, timer_headers, timer_partition
 from rmq_semantics.records.txn import (
     CheckMarker,
     CheckRequest,
@@ -80,11 +80,29 @@ class Ctx:
     # (half partition, half offset, txn id) of good transactions, for forged records.
     targets: tuple[tuple[int, int, str], ...] = ()
     now_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # Timer messages (issue 35): the timer topics' partitions, the topic timer records name
+    # (one partition), the good producer's group, and its messages still pending (id).
+    timer_partitions: int = 2
+    timer_topic: str = "fuzz-timed"
+    timer_group: str = "fuzz-tg"
+    timer_max_delay_ms: int = 8000  # the coordinator's max_delay_ms
+    timer_targets: tuple[str, ...] = ()
 
     def system_topics(self) -> list[str]:
         return [
             f"{self.prefix}_{s}"
-            for s in ("half", "op", "check", "discard", "lock", "lock_request", "lock_reply")
+            for s in (
+                "half",
+                "op",
+                "check",
+                "discard",
+                "lock",
+                "lock_request",
+                "lock_reply",
+                "timer",
+                "timer_1",
+                "timer_cancel",
+            )
         ]
 
 
@@ -304,10 +322,10 @@ def _timer_cancel(rng: random.Random, ctx: Ctx) -> TimerCancel:
 def valid_timer(
     rng: random.Random, ctx: Ctx, *, group: str | None = None, due_in_ms: int | None = None
 ) -> tuple[Raw, str]:
-    """A timer record as ``Producer.send`` writes it for a scheduled message; returns it
-    and its message id."""
+    """A timer record as ``Producer.send`` writes it for a scheduled message, in the id's
+    timer partition (of ``ctx.timer_partitions``); returns it and its message id."""
     msg = Message(
-        ctx.real_topic,
+        ctx.timer_topic,
         some_bytes(rng),
         key=pick(rng, [None, b"k"]),
         partition=pick(rng, [None, 0]),
@@ -318,7 +336,8 @@ def valid_timer(
     timer_id = txn_id()
     due = ctx.now_ms + (pick(rng, [-1000, 0, 500, 3000]) if due_in_ms is None else due_in_ms)
     headers = list(timer_headers(msg, timer_id, due, ctx.now_ms, producer_group=group))
-    return Raw(msg.value, msg.key, [*headers], rng.randrange(ctx.partitions)), timer_id
+    partition = timer_partition(timer_id, ctx.timer_partitions)
+    return Raw(msg.value, msg.key, [*headers], partition), timer_id
 
 
 #: One builder of a valid record per record type (the house rule: a new type adds one).

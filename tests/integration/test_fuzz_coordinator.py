@@ -1,8 +1,11 @@
 """The fuzzer's short run through a real coordinator (issue 12; ``make fuzz`` is the long
 one): a few hundred bad records of every category on the system topics, among good
-transactions and lock calls. It asserts the invariants, so it fails until the fixes of
-issue 12 are in: the known-bad categories (``tests/fuzz/categories.py``) crash or lose
-messages today. ``python -m tests.fuzz --only NAME --records 300`` runs one alone.
+transactions, lock calls and timer messages sent through ``Producer.send`` (issue 35: forged
+timer records on the intake and a level topic, garbage cancels and cancels of another group;
+each valid timer message delivered once, each bad one discarded with its reason). It
+asserts the invariants, so it fails until the fixes of issue 12 are in: the known-bad
+categories (``tests/fuzz/categories.py``) crash or lose messages today.
+``python -m tests.fuzz --only NAME --records 300`` runs one alone.
 """
 
 from __future__ import annotations

@@ -213,7 +213,15 @@ def test_system_topic_pattern_is_refused_before_spark_reads_anything(broker, tmp
         raise AssertionError("a Spark session was requested for a refused subscription")
 
     monkeypatch.setattr(job, "build_session", no_spark)
-    for topics in ("^__rmq.*", "__rmq_half", ".*"):
+    # The timer topics too (issue 35): a scheduled message waits there until it is due.
+    for topics in (
+        "^__rmq.*",
+        "__rmq_half",
+        ".*",
+        "__rmq_timer",
+        "__rmq_timer_1",
+        "^__rmq_timer.*",
+    ):
         with pytest.raises(SystemTopicError):
             job.run_job(
                 job.JobSettings(

@@ -21,6 +21,7 @@ from dataclasses import replace
 import pytest
 
 from coordinator.lock import LockTable
+from coordinator.timer_wheel import TOO_FAR_GRACE_MS
 from rmq_semantics.check_pool import CheckJob
 from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.orderly.api import OrderlyMessage
@@ -39,13 +40,26 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockEntry, LockKey, LockRequest, LockState, RequestKind
 from rmq_semantics.records.timer import parse_timer, unparsed_timer
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.topics import is_system_topic
 from rmq_semantics.transaction import (
     LocalTransactionState,
     TransactionListener,
     TransactionProducer,
 )
 from tests.fuzz import generators as gen
-from tests.fuzz.categories import CATEGORIES, CHECK, HALF, LOCK_REQUEST, OP, cases, select
+from tests.fuzz.categories import (
+    CATEGORIES,
+    CHECK,
+    DELIVERED,
+    HALF,
+    LOCK_REQUEST,
+    OP,
+    TIMER,
+    TIMER_CANCEL,
+    TIMER_LEVEL,
+    cases,
+    select,
+)
 from tests.fuzz.sim import fuzz
 
 # Enough for thousands of records per test, within the few seconds `make test` allows.
@@ -215,6 +229,48 @@ def test_parse_timer_raises_nothing_but_malformed_record_error_with_a_reason(rng
             escaped.append(f"{type(exc).__name__}: {exc}")
     assert not escaped, f"{len(escaped)} escaped, e.g. {escaped[:5]}"
     assert parsed and malformed, (parsed, malformed)
+
+
+def test_each_timer_case_is_owed_what_the_wire_contract_says(rng):
+    """What the coordinator run expects of each forged timer record (delivered, or its
+    discard reason) agrees with the pure parser and the refusals the contract names (a
+    system real topic, a time beyond max_delay_ms); a bad cancel never decodes, a cancel of
+    another group always does. Guards the fuzzer's expectations, not the coordinator."""
+    ctx = gen.Ctx(prefix="fz", timer_targets=("t1",))
+    wrong = []
+    for category in [c for c in CATEGORIES if c.topic in (TIMER, TIMER_LEVEL, TIMER_CANCEL)]:
+        for _ in range(200):
+            case = category.make(rng, ctx)
+            for raw in case.records:
+                if category.topic == TIMER_CANCEL:
+                    try:
+                        decode_timer_cancel(raw.key, raw.value)
+                        got = DELIVERED
+                    except MalformedRecordError:
+                        got = "malformed"
+                    want = "malformed" if category.counted else DELIVERED
+                else:
+                    level = 1 if category.topic == TIMER_LEVEL else 0
+                    want = case.timer_outcomes[raw.value][0]
+                    got = _timer_verdict(ctx, level, raw)
+                if got != want:
+                    wrong.append((category.name, got, want, raw.headers))
+    assert not wrong, wrong[:3]
+
+
+def _timer_verdict(ctx: gen.Ctx, level: int, raw: gen.Raw) -> str:
+    try:
+        record = parse_timer(level, 0, 5, ctx.now_ms, raw.key, raw.value, raw.headers)
+    except MalformedRecordError:
+        return "malformed"
+    if is_system_topic(record.real_topic, ctx.prefix):
+        return "system_topic"
+    beyond = ctx.timer_max_delay_ms + TOO_FAR_GRACE_MS
+    if (level == 0 and record.exceeds(ctx.timer_max_delay_ms)) or (
+        record.deliver_at_ms - ctx.now_ms > beyond
+    ):
+        return "too_far"
+    return DELIVERED
 
 
 # -- the transaction service: never raises; good transactions decided exactly once ----------
