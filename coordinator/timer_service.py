@@ -505,6 +505,8 @@ class TimerService:
                 self._loaded(p)
             return []
         lane = self._lanes[topic]
+        if not wheel.wants(lane, offset):
+            return []  # fetched past a blocked head: read, parsed and counted on resume
         return wheel.on_record(self._incoming(msg, topic, lane, p, offset, now), now)
 
     def _loaded(self, p: int) -> None:
