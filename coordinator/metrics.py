@@ -161,7 +161,7 @@ class CoordinatorMetrics:
         )
         self.timer_held = Gauge(
             "rmq_timer_held",
-            "Timer messages held in memory, due within a second (the due-heap)",
+            "Timer messages held in memory, due within 1.25 s (the due-heap)",
             registry=r,
         )
         self.timer_lateness = Histogram(

@@ -94,6 +94,9 @@ METADATA_TIMEOUT_S = 10.0
 # and then dropped, so a low limit keeps the process's memory flat and the waste small.
 QUEUED_MAX_KBYTES = 4096
 FETCH_MAX_BYTES = 4 * 1024 * 1024
+# A crashed owner's timer partitions wait this long for the group to notice (librdkafka's
+# default of 45 s would make every message due meanwhile that late); as the lock clients'.
+SESSION_TIMEOUT_MS = 10000
 # Cancels for the last deliveries per partition, to count a cancel that came too late.
 RECENT_DELIVERIES = 10_000
 # Cancels are kept (and read back on assignment) this many maximum delays after they were
@@ -198,6 +201,7 @@ class TimerService:
                         # Range gives partition p of every timer topic to one member.
                         "group.protocol": "classic",
                         "partition.assignment.strategy": "range",
+                        "session.timeout.ms": SESSION_TIMEOUT_MS,
                         "enable.auto.commit": False,
                         "enable.partition.eof": True,
                         "isolation.level": "read_committed",
@@ -274,10 +278,18 @@ class TimerService:
         try:
             starts = self._recover(consumer, parts)
         except KafkaOperationError as exc:
-            # Assigned with no wheel: the loop's replay recovers them from committed offsets.
+            # Assigned with no wheel, all paused, at a start given (else librdkafka fetches
+            # the committed offsets itself, and one failed fetch leaves the partitions
+            # unfetched for good): the loop's replay recovers them and assigns them again.
             log.warning("timer service: %s; recovering once the loop runs", exc)
-            starts = partitions
+            starts = [
+                TopicPartition(tp.topic, tp.partition, confluent_kafka.OFFSET_BEGINNING)
+                for tp in partitions
+            ]
             self._recover_due = True
+            consumer.assign(starts)
+            consumer.pause(starts)
+            return
         consumer.assign(starts)
         consumer.pause([tp for tp in starts if tp.topic != self.topics.timer_cancel])
         log.info("assigned timer partitions %s; reading their cancels", parts)
@@ -352,6 +364,26 @@ class TimerService:
         self._recover_due = False
         try:
             starts = self._recover(consumer, parts)
+            # Assigned again, each partition at a start given: a seek fails (_STATE) on a
+            # partition librdkafka is not fetching, e.g. after its own committed-offset fetch
+            # failed, and only an assignment starts it again. The cancel partitions go on
+            # from where they are (see below); the lanes stay paused until the wheel resumes
+            # them.
+            where = {
+                (tp.topic, tp.partition): tp.offset
+                for tp in consumer.position(
+                    [tp for tp in starts if tp.topic == self.topics.timer_cancel]
+                )
+            }
+            consumer.assign(
+                [
+                    TopicPartition(tp.topic, tp.partition, at)
+                    if (at := where.get((tp.topic, tp.partition), -1)) >= 0
+                    and tp.partition in known
+                    else tp
+                    for tp in starts
+                ]
+            )
             consumer.pause([tp for tp in starts if tp.topic != self.topics.timer_cancel])
         except KafkaException as exc:
             raise KafkaOperationError.wrap("replaying timer partitions", exc.args[0]) from exc
@@ -505,6 +537,8 @@ class TimerService:
                 self._loaded(p)
             return []
         lane = self._lanes[topic]
+        if not wheel.wants(lane, offset):
+            return []  # fetched past a blocked head: read, parsed and counted on resume
         return wheel.on_record(self._incoming(msg, topic, lane, p, offset, now), now)
 
     def _loaded(self, p: int) -> None:

@@ -6,10 +6,11 @@ is *released* at its append time (LogAppendTime, non-decreasing along a partitio
 ``2^(L-1)`` s; on the intake topic at once. At release, with ``R = deliver_at - now``:
 
 - ``R <= 0``: deliver it to its real topic;
-- ``R < 1 s``: hold it in the due-heap and deliver it at its time;
-- else: append it again to level ``floor(log2(R_s)) + 1``, whose hold is at most R, so no
-  hop ever overshoots the time and each hop at least halves what is left (the arithmetic
-  is the wire contract's: :mod:`rmq_semantics.records.timer`).
+- ``R < 1.25 s``: hold it in the due-heap and deliver it at its time;
+- else: append it again to level ``floor(log2((R - 0.25 s)_s)) + 1``, whose hold is at most
+  R - 0.25 s, so no hop ever overshoots the time, even by its own delays (the lead), and
+  each hop about halves what is left (the arithmetic is the wire contract's:
+  :mod:`rmq_semantics.records.timer`).
 
 A cancelled record (its id cancelled by its own group) is dropped instead of delivered; a
 malformed or refused one is discarded with a reason. Each of these is an :class:`Action`
@@ -52,6 +53,10 @@ __all__ = [
 INTAKE = 0
 #: Records due within this long are held in memory rather than appended to a level.
 HOLD_BELOW_MS = 1000
+#: A re-append aims this far before the time: the hop's own delays (its append, the lane's
+#: resume and fetch) then end before the time, in the due-heap, not after it, where the
+#: record would be late by them (docs/benchmarks.md, timer lateness).
+HOP_LEAD_MS = 250
 # Offsets a lane may span from its lowest unfinished record to its last one taken: a raw
 # bitmap of that span (1.5 KB, 2 KB in base64) always fits OffsetTracker's 3000-byte field,
 # so a commit never drops a done offset (which would deliver that record again).
@@ -210,15 +215,22 @@ class PartitionWheel:
         return min(times) if times else None
 
     # -- records -------------------------------------------------------------------------
+    def wants(self, level: int, offset: int) -> bool:
+        """Whether the record at ``offset`` of lane ``level`` is read now: not while the lane
+        is blocked (it is read again from the head on resume), nor one read before (a seek
+        back to a blocked head re-reads nothing else). The service asks before it parses."""
+        lane = self._lanes.get(level)
+        if lane is None or lane.blocked:
+            return False
+        nxt = lane.tracker.next_offset
+        return nxt is None or offset >= nxt
+
     def on_record(self, rec: Incoming, now: int) -> list[Action]:
         """One record read from its lane: the actions it causes now (none while it waits)."""
-        lane = self._lanes.get(rec.level)
-        if lane is None or lane.blocked:
-            return []  # paused: it is read again from the head on resume
+        if not self.wants(rec.level, rec.offset):
+            return []
+        lane = self._lanes[rec.level]
         tracker = lane.tracker
-        nxt = tracker.next_offset
-        if nxt is not None and rec.offset < nxt:
-            return []  # read before (a seek back to a blocked head re-reads nothing else)
         if not tracker.accepting():
             return self._block(lane, rec.offset, 0)
         if rec.problem is None and rec.entry is not None and rec.level != INTAKE:
@@ -245,10 +257,10 @@ class PartitionWheel:
             return [self._finish(rec, Step.DROP)]
         if remaining <= 0:
             return [self._finish(rec, Step.DELIVER)]
-        if remaining < HOLD_BELOW_MS:
+        if remaining < HOLD_BELOW_MS + HOP_LEAD_MS:
             heapq.heappush(self._due, (entry.deliver_at, rec.level, rec.offset, rec))
             return []
-        level = min(level_for(remaining), self.max_level)
+        level = min(level_for(remaining - HOP_LEAD_MS), self.max_level)
         return [self._finish(rec, Step.REAPPEND, level=level)]
 
     def _finish(self, rec: Incoming, step: Step, *, level: int = 0, reason: str = "") -> Action:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coordinator.timer_wheel import (
+    HOP_LEAD_MS,
     INTAKE,
     Cancels,
     Incoming,
@@ -85,6 +86,19 @@ def test_a_message_cancelled_by_its_own_group_is_dropped_and_by_another_delivere
     [dropped] = wheel.on_record(_rec(0, T0, timer_id="mine"), T0)
     [delivered] = wheel.on_record(_rec(1, T0, timer_id="theirs"), T0)
     assert (dropped.step, delivered.step) == (Step.DROP, Step.DELIVER)
+
+
+def test_a_record_just_past_a_hold_hops_short_of_it_and_is_held_not_late():
+    """Due 2.1 s ahead: level 2 (a 2 s hold) would release it after the time once the hop's
+    own delays are added; level 1 leaves it in the due-heap with time to spare."""
+    wheel = _wheel()
+    [action] = wheel.on_record(_rec(0, T0 + 2100), T0)
+    assert (action.step, action.level) == (Step.REAPPEND, 1)
+    appended, read = T0 + 40, T0 + 1000 + 40 + HOP_LEAD_MS - 10  # the hop's delays
+    assert wheel.on_record(_rec(0, T0 + 2100, lane=1, append_ts=appended), read) == []
+    assert wheel.held == 1 and wheel.due(T0 + 2099) == []
+    [delivered] = wheel.due(T0 + 2100)
+    assert delivered.step is Step.DELIVER
 
 
 def test_a_held_record_cancelled_before_its_time_is_dropped():
