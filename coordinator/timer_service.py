@@ -19,7 +19,7 @@ cancel (undecodable, or unsigned under tenant isolation) is counted and logged w
 ``topic[partition]@offset`` and skipped, as a bad Op record is; a bad timer record goes to
 the discard topic with a reason.
 
-Over 500 lines, and whole: the loop, assignment and recovery, and the vetting of records share
+Over 500 lines because the loop, assignment and recovery, and the vetting of records share
 one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
 each step's transaction in :mod:`coordinator.timer_writer`.
 """
