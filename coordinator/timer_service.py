@@ -35,6 +35,7 @@ from collections import OrderedDict
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from tenacity import retry_if_exception
 
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import TRANSACTION_TIMEOUT_MS, KafkaTransactions, transactional_loop
@@ -64,7 +65,7 @@ from rmq_semantics.errors import (
 from rmq_semantics.records.codec import decode_timer_cancel
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.timer import TimerRecord, max_level, parse_timer, unparsed_timer
-from rmq_semantics.retry import retrying
+from rmq_semantics.retry import is_retriable, retrying
 from rmq_semantics.topics import (
     SystemTopics,
     TopicSpecs,
@@ -175,7 +176,12 @@ class TimerService:
         self._stop = stop
         if not self._wait_for_intake(stop):
             return
-        for attempt in retrying(STARTUP_DEADLINE_S, stop):
+        # The first timer message can come at any time, a broker restart too: a KRaft broker
+        # fenced while it starts refuses a topic (INVALID_REPLICATION_FACTOR), which must not
+        # stop the coordinator's other services. The transaction service created its topics
+        # with the same factor, so here the refusal is transient; it is retried.
+        policy = retrying(STARTUP_DEADLINE_S, stop).copy(retry=retry_if_exception(_transient))
+        for attempt in policy:
             with attempt:
                 ensure_topics(
                     self.conf,
@@ -623,6 +629,14 @@ class TimerService:
     def owned_partitions(self) -> list[int]:
         """Timer partitions this instance owns."""
         return sorted(self.wheels)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Retriable, or a topic refused while every broker is fenced (see ``run``)."""
+    if is_retriable(exc):
+        return True
+    err = getattr(exc, "kafka_error", None)
+    return isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_REPLICATION_FACTOR
 
 
 def _discarding(action: Action, reason: str) -> Action:
