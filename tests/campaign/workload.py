@@ -94,10 +94,12 @@ class PlannedTimer:
 
     def window(self, before_ms: int, after_ms: int) -> tuple[int, int]:
         """Bounds of the ``rmq.deliver_at`` the producer writes for a send that began at
-        ``before_ms`` and returned at ``after_ms`` (its own wall clock): exact for "at"."""
+        ``before_ms`` and returned at ``after_ms`` (its own wall clock): exact for "at". The
+        producer reads ``int(time.time() * 1000)``, which a float's rounding may put 1 ms
+        below the worker's ``time_ns`` reading of the same millisecond."""
         if self.how == "at":
             return before_ms + self.delay_ms, before_ms + self.delay_ms
-        return before_ms + self.delay_ms, after_ms + self.delay_ms
+        return before_ms - 1 + self.delay_ms, after_ms + self.delay_ms
 
 
 def plan_timer(
