@@ -3,17 +3,17 @@ visible exactly once on its topic, none before its time, none later than the hor
 lost; one recalled well before its time is never visible; a failed send at most once.
 
 Clocks. A producer's wall clock may be skewed (the clock_skew fault, clock.py), nothing
-else's, so three comparisons are made, each within one clock:
-
-- "never before its time" is the coordinator's own promise: it delivers once its clock
-  passed the record's ``rmq.deliver_at``, and stamps ``rmq.delivered_at`` from that clock
-  (unskewed), so the record's two headers are compared with each other; a consumer's
-  ``consumed`` event (an unskewed process, the same host clock) is compared with
-  ``rmq.deliver_at`` too;
-- the ``rmq.deliver_at`` the producer wrote is checked against the bounds the worker took
-  around its send on the same (maybe skewed) clock, unless that clock stepped meanwhile;
-- deadlines are on the host's monotonic clock (``mono_s``, never skewed): a coordinator
-  time becomes a monotonic one through an unskewed process's events (the runner's).
+else's. The delivered record carries the coordinator's ``rmq.delivered_at`` (its clock,
+unskewed), not ``rmq.deliver_at`` (stripped at delivery, contract "Timer flow" 4), so "never
+before its time" compares that stamp with the time the producer wrote: the worker bounds it
+by its own clock's readings around the send (``deliver_lo_ms``..``deliver_hi_ms``), and the
+coordinator compares that very number with its own clock, so a skewed producer moves the
+time, not the comparison. A send during which the producer's clock stepped (a skew switched
+on or off: wall and monotonic elapsed differ) has no trusted bounds and is not timed. A
+consumer's ``consumed`` event (an unskewed process, the same host clock) is compared with
+the bounds too. Deadlines are on the host's monotonic clock (``mono_s``, never skewed): a
+coordinator time becomes a monotonic one through an unskewed process's events (the
+runner's).
 
 Recalls: ``recall_message`` acknowledged RECALL_MARGIN_S or more before the time, with no
 cluster fault until then, must be honoured (docs/design/contract.md "Timer flow": a cancel
@@ -32,7 +32,6 @@ from tests.campaign.result import CheckResult, Violation
 __all__ = ["GRACE_S", "RECALL_MARGIN_S", "check_timers", "timer_counts", "timer_mids"]
 
 TIMER_ID = "rmq.timer_id"
-DELIVER_AT = "rmq.deliver_at"
 DELIVERED_AT = "rmq.delivered_at"
 PROMOTED_FROM = "rmq.promoted_from"
 #: A recall acknowledged this long before the time must win (the coordinator holds the
@@ -84,6 +83,18 @@ def _cutoff(history: History) -> float:
         if e["what"] == "final read":
             return e.mono_s
     return float("inf")
+
+
+def _bounds(send: Event, ack: Event | None) -> tuple[int, int, bool]:
+    """(lo, hi, timed): bounds of the time the producer wrote, on its clock, and whether
+    they hold. An acknowledged send's come from its ack; a failed one's only when exact."""
+    if ack is not None and ack["ok"] and ack.get("deliver_lo_ms") is not None:
+        lo, hi = int(ack["deliver_lo_ms"]), int(ack["deliver_hi_ms"])
+        return lo, hi, not ack.get("clock_jump")
+    if send.get("deliver_at_ms") is not None:  # "at": the time asked, exactly
+        return int(send["deliver_at_ms"]), int(send["deliver_at_ms"]), True
+    lo = int(send.get("wall_before_ms", 0)) + int(send["delay_ms"])
+    return lo, lo, False
 
 
 def _p99(values: list[int]) -> int | None:
@@ -141,68 +152,61 @@ def check_timers(
         for r in recs:
             if r["topic"] != send["topic"]:
                 report("wrong_topic", mid, f"for {send['topic']} is visible at {r.where}", [r])
-        deliver_at = delivered_at = None
+        lo, hi, timed = _bounds(send, ack)
+        delivered_at = None
         if recs:
             headers = recs[0].get("headers") or {}
-            deliver_at = _int(headers.get(DELIVER_AT))
             delivered_at = _int(headers.get(DELIVERED_AT))
-            if (
-                deliver_at is None
-                or delivered_at is None
-                or not str(headers.get(PROMOTED_FROM, "")).startswith("timer:")
-            ):
+            if delivered_at is None or not str(headers.get(PROMOTED_FROM, "")).startswith("timer:"):
                 report("bad_headers", mid, f"at {recs[0].where} lacks its timer headers", recs)
-                deliver_at = delivered_at = None
-        if deliver_at is not None and delivered_at is not None:
-            if delivered_at < deliver_at:
+                delivered_at = None
+            elif ok and ack is not None and headers.get(TIMER_ID) != ack.get("message_id"):
                 report(
-                    "early",
+                    "wrong_id",
                     mid,
-                    f"delivered at {delivered_at}, {deliver_at - delivered_at} ms before "
-                    f"its time {deliver_at}",
+                    f"at {recs[0].where} has rmq.timer_id {headers.get(TIMER_ID)}, its send "
+                    f"returned {ack.get('message_id')}",
                     recs,
                 )
-            consumed = first_consumed.get(mid)
-            if consumed is not None and consumed.wall_ms < deliver_at:
-                report(
-                    "early_consumed",
-                    mid,
-                    f"consumed by {consumed.proc} {deliver_at - consumed.wall_ms} ms before "
-                    f"its time",
-                    recs,
-                )
+        if delivered_at is not None and timed and delivered_at < lo:
+            report(
+                "early",
+                mid,
+                f"delivered at {delivered_at}, {lo - delivered_at} ms before its time {lo}",
+                recs,
+            )
+        consumed = first_consumed.get(mid)
+        if consumed is not None and timed and consumed.wall_ms < lo:
+            report(
+                "early_consumed",
+                mid,
+                f"consumed by {consumed.proc} {lo - consumed.wall_ms} ms before its time",
+                recs,
+            )
         recall = recalls.get(mid)
         if recall is not None:
             counts["recalled"] += 1
         if not ok or ack is None:
             continue  # a failed send may still land, once (the duplicate check above)
-        lo, hi = ack.get("deliver_lo_ms"), ack.get("deliver_hi_ms")
-        if deliver_at is not None and delivered_at is not None:
-            bounded = lo is not None and hi is not None and not ack.get("clock_jump")
-            if bounded and not lo <= deliver_at <= hi:
-                report(
-                    "wrong_time",
-                    mid,
-                    f"carries rmq.deliver_at {deliver_at}, not in [{lo}, {hi}] (its send)",
-                    recs,
-                )
-            # Deliverable from its time, or its send if that came later.
-            start = max(deliver_at / 1000 - offset, ack.mono_s)
-            deadline = up_deadline(start, horizon_s, down)
-            lateness.append(max(0, delivered_at - deliver_at))
-            if delivered_at / 1000 - offset > deadline:
+        if not timed:
+            counts["not timed (clock stepped)"] += 1
+        # Deliverable from its time (at the latest hi), or its send if that came later.
+        due = max(hi / 1000 - offset, ack.mono_s)
+        if delivered_at is not None and timed:
+            lateness.append(max(0, delivered_at - hi))
+            if delivered_at / 1000 - offset > up_deadline(due, horizon_s, down):
                 report(
                     "late",
                     mid,
-                    f"delivered {delivered_at / 1000 - offset - start:.1f} s after it was "
-                    f"due, past the {horizon_s:g} s horizon",
+                    f"delivered {delivered_at / 1000 - offset - due:.1f} s after it was due, "
+                    f"past the {horizon_s:g} s horizon",
                     recs,
                 )
-        due_ms = deliver_at if deliver_at is not None else hi if hi is not None else lo
-        due = max((due_ms or 0) / 1000 - offset, ack.mono_s)
         if recall is not None:
-            honoured = recall.mono_s <= due - RECALL_MARGIN_S and not overlaps(
-                down, recall.mono_s, due
+            honoured = (
+                timed
+                and recall.mono_s <= due - RECALL_MARGIN_S
+                and not overlaps(down, recall.mono_s, due)
             )
             if recs and honoured:
                 report(
@@ -230,7 +234,11 @@ def check_timers(
         + (f" (lateness p99 {p99} ms)" if p99 is not None else "")
         + "".join(
             f", {counts[k]} {k}"
-            for k in ("recall lost the race", "not due by the final read")
+            for k in (
+                "recall lost the race",
+                "not due by the final read",
+                "not timed (clock stepped)",
+            )
             if counts[k]
         )
     )
