@@ -15,7 +15,9 @@ from typing import Any
 
 from tests.campaign.consumer_checks import check_locks, check_orderly, check_push
 from tests.campaign.history import Event, History, Intent, Kind
+from tests.campaign.horizon import CLUSTER_FAULTS, cluster_fault_intervals, up_deadline
 from tests.campaign.result import CheckResult, Violation
+from tests.campaign.timer_checks import check_timers, is_timer_record, timer_counts, timer_mids
 from tests.campaign.txn_tools import (
     ToolOutputError,
     parse_discarded,
@@ -25,6 +27,7 @@ from tests.campaign.txn_tools import (
 )
 
 __all__ = [
+    "CLUSTER_FAULTS",
     "OBSERVATIONS",
     "OPEN_STATES",
     "check_coordinator_exits",
@@ -38,9 +41,11 @@ __all__ = [
     "check_push",
     "check_settled",
     "check_spark",
+    "check_timers",
     "check_worker_exits",
     "read_topics",
     "run_all",
+    "timer_counts",
 ]
 
 #: Kafka transaction states that are still open: nothing may be in one once settled.
@@ -76,9 +81,14 @@ def check_history(history: History, *, echo: bool = True) -> CheckResult:
 
 
 def _visible(history: History, topics: Iterable[str] | None) -> dict[str, list[Event]]:
+    """The transactional messages read at the end, by id: timer deliveries on the same
+    topics are check_timers' (they have no transaction)."""
     wanted = None if topics is None else set(topics)
+    timers = timer_mids(history)
     by_msg: dict[str, list[Event]] = defaultdict(list)
     for e in history.of(Kind.FINAL_READ):
+        if is_timer_record(e, timers):
+            continue
         if wanted is None or e["topic"] in wanted:
             by_msg[e.get("msg_id") or f"<no msg_id at {e.where}>"].append(e)
     return by_msg
@@ -203,36 +213,6 @@ def check_exactly_once(
     )
 
 
-#: The nemesis's cluster-lane faults (nemesis.BROKER_KINDS): while one is on, the cluster is
-#: not whole and the liveness horizon does not run (see check_liveness).
-CLUSTER_FAULTS = frozenset(
-    {
-        "broker_pause",
-        "broker_kill",
-        "all_brokers_paused",
-        "controller_kill",
-        "group_coordinator_kill",
-        "disk_full",
-        "partition",
-    }
-)
-
-
-def _cluster_fault_intervals(history: History) -> list[tuple[float, float]]:
-    """The [start, heal) periods of cluster faults, on the monotonic clock of the events
-    (a fault event is recorded at its heal: its wall-clock times map through the event's)."""
-    out = []
-    for e in history.of(Kind.FAULT):
-        if e["fault"] not in CLUSTER_FAULTS or e.get("start_ms") is None:
-            continue
-        to_mono = e.mono_s - e.wall_ms / 1000
-        end = e.get("end_ms")
-        out.append(
-            (e["start_ms"] / 1000 + to_mono, math.inf if end is None else end / 1000 + to_mono)
-        )
-    return out
-
-
 def _down_intervals(history: History) -> dict[str, list[tuple[float, float]]]:
     """Per producer group, the [down, up) periods of its group_state events."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -246,20 +226,6 @@ def _down_intervals(history: History) -> dict[str, list[tuple[float, float]]]:
     for group, since in down_since.items():
         out[group].append((since, math.inf))
     return out
-
-
-def _up_deadline(start: float, horizon_s: float, down: list[tuple[float, float]]) -> float:
-    """The moment ``horizon_s`` of up-time has passed since ``start``."""
-    t, left = start, horizon_s
-    for lo, hi in sorted(down):
-        if hi <= t:
-            continue
-        if lo > t:
-            if lo - t >= left:
-                return t + left
-            left -= lo - t
-        t = max(t, hi)
-    return t + left
 
 
 def check_liveness(history: History, *, horizon_s: float, echo: bool = True) -> CheckResult:
@@ -277,7 +243,7 @@ def check_liveness(history: History, *, horizon_s: float, echo: bool = True) -> 
         if e["answer"] in ("COMMIT", "ROLLBACK"):
             decided.setdefault(e["txn_id"], e)
     down = _down_intervals(history)
-    cluster_down = _cluster_fault_intervals(history)
+    cluster_down = cluster_fault_intervals(history)
     violations: list[Violation] = []
     unknow = [
         e
@@ -287,7 +253,7 @@ def check_liveness(history: History, *, horizon_s: float, echo: bool = True) -> 
     for send in unknow:
         txn = send["txn_id"]
         start = max(send.mono_s, local_end.get(txn, send.mono_s))
-        deadline = _up_deadline(start, horizon_s, down.get(send["group"], []) + cluster_down)
+        deadline = up_deadline(start, horizon_s, down.get(send["group"], []) + cluster_down)
         where = {"txn_id": txn, "group": send["group"], "proc": send.proc}
         answer = decided.get(txn)
         if answer is None:
@@ -492,12 +458,19 @@ def check_spark(
     echo: bool = True,
 ) -> CheckResult:
     """The Spark job's output (``rows`` with a ``msg_id``, else the spark_row events) is the
-    committed set of ``topics`` (default: all), each row once."""
+    committed set of ``topics`` (default: all) and the timer messages delivered there (the
+    final read's), each row once."""
     wanted = None if topics is None else set(topics)
     expected = {
         e["msg_id"]
         for e in history.of(Kind.COMMITTED_ROW)
         if wanted is None or e["topic"] in wanted
+    }
+    timers = timer_mids(history)
+    expected |= {
+        e["msg_id"]
+        for e in history.of(Kind.FINAL_READ)
+        if e.get("msg_id") in timers and (wanted is None or e["topic"] in wanted)
     }
     got = Counter(
         r["msg_id"]
@@ -513,7 +486,11 @@ def check_spark(
         for m in sorted(expected - got.keys())
     ]
     violations += [
-        Violation("extra", f"msg {m} in the Spark output has no committed row", {"msg_id": m})
+        Violation(
+            "extra",
+            f"msg {m} in the Spark output has no committed row (nor a timer delivery)",
+            {"msg_id": m},
+        )
         for m in sorted(got.keys() - expected)
     ]
     return _done(
@@ -568,7 +545,8 @@ def run_all(
     dead_letter_expected: Callable[[str], bool] | None = None,
     echo: bool = True,
 ) -> list[CheckResult]:
-    """Every checker whose input is there: the history ones always; ``settled`` with
+    """Every checker whose input is there: the history ones always (``timers`` when timer
+    messages were sent); ``settled`` with
     pending/discarded; ``kafka_transactions`` with find_hanging and txn_list; ``spark``
     with spark_rows or spark_row events. ``topic_prefixes`` and ``dead_letter_expected``
     go to check_kafka_transactions and check_push."""
@@ -590,6 +568,8 @@ def run_all(
                 echo=echo,
             )
         )
+    if history.of(Kind.TIMER_SEND):
+        results.append(check_timers(history, horizon_s=horizon_s, echo=echo))
     results.append(check_coordinator_exits(history, echo=echo))
     results.append(check_orderly(history, echo=echo))
     results.append(check_locks(history, echo=echo))

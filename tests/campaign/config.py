@@ -22,6 +22,13 @@ COORDINATOR_SETTINGS = {
     "lock_renew_ms": 2000,
     "half_partitions": 4,
     "check_partitions": 2,
+    # Timer messages (issue 35): every coordinator runs the timer service; two timer
+    # partitions each (a takeover moves some), and a maximum delay of 5 minutes (9 level
+    # topics, not 18) that still covers the longest timer plus a producer's clock skew.
+    # The producers take the same timer_partitions and max_delay_ms.
+    "timer_service": True,
+    "timer_partitions": 2,
+    "max_delay_ms": 300_000,
 }
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_MS = 1000
@@ -56,6 +63,8 @@ class CampaignConfig:
     consumer_lease_ms: int = 6000
     consumer_renew_ms: int = 1500
     push_max_reconsume: int = 2
+    # Timer messages: due at most this far ahead of their send (0: none are sent).
+    timer_max_s: float = 0.0
 
     @property
     def topic_pattern(self) -> str:

@@ -36,6 +36,9 @@ __all__ = [
     "spark_row",
     "status",
     "subscribe",
+    "timer_recalled",
+    "timer_send",
+    "timer_sent",
     "topic_created",
     "worker",
 ]
@@ -81,6 +84,69 @@ def send_failed(
             "txn_id": txn_id,
             "msg_ids": None if msg_ids is None else list(msg_ids),
         },
+    )
+
+
+def timer_send(
+    msg_id: str,
+    group: str,
+    topic: str,
+    how: str,
+    delay_ms: int,
+    *,
+    recall: bool,
+    wall_before_ms: int,
+    key: str | None = None,
+    level: int | None = None,
+    deliver_at_ms: int | None = None,
+) -> Draft:
+    """A timer message about to be sent: ``how`` is "at" (``deliver_at_ms`` given),
+    "after" (``deliver_after_ms`` = ``delay_ms``) or "level" (``delay_time_level``)."""
+    return Draft(
+        Kind.TIMER_SEND,
+        {
+            "msg_id": msg_id,
+            "group": group,
+            "topic": topic,
+            "key": key,
+            "how": how,
+            "delay_ms": delay_ms,
+            "level": level,
+            "deliver_at_ms": deliver_at_ms,
+            "recall": recall,
+            "wall_before_ms": wall_before_ms,
+        },
+    )
+
+
+def timer_sent(
+    msg_id: str,
+    ok: bool,
+    *,
+    message_id: str | None = None,
+    deliver_lo_ms: int | None = None,
+    deliver_hi_ms: int | None = None,
+    clock_jump: bool | None = None,
+    error: str | None = None,
+) -> Draft:
+    return Draft(
+        Kind.TIMER_SENT,
+        {
+            "msg_id": msg_id,
+            "ok": ok,
+            "message_id": message_id,
+            "deliver_lo_ms": deliver_lo_ms,
+            "deliver_hi_ms": deliver_hi_ms,
+            "clock_jump": clock_jump,
+            "error": error,
+        },
+    )
+
+
+def timer_recalled(msg_id: str, ok: bool, message_id: str, *, error: str | None = None) -> Draft:
+    return Draft(
+        Kind.TIMER_RECALLED,
+        {"msg_id": msg_id, "ok": ok, "message_id": message_id, "error": error},
     )
 
 

@@ -30,6 +30,16 @@ producer side
                     processes stopped or paused = down); the liveness horizon pauses while down
   ``committed_row`` txn_id, msg_id, topic, key?, db: the ground truth, one per message row
                     read from the local databases at the end of the run
+  ``timer_send``    msg_id, group, topic, key?, how ("at" | "after" | "level"), delay_ms,
+                    level?, deliver_at_ms? ("at": the exact time asked), recall (bool:
+                    planned), wall_before_ms: a timer message about to be sent (before
+                    ``Producer.send``: a send killed midway is still known)
+  ``timer_sent``    msg_id, ok (bool), message_id?, deliver_lo_ms?, deliver_hi_ms?,
+                    clock_jump (bool)?, error?: what the send returned; [lo, hi] bounds
+                    the ``rmq.deliver_at`` the producer wrote, in its own wall clock
+                    (clock_jump: that clock moved by more than the monotonic one meanwhile)
+  ``timer_recalled`` msg_id, ok (bool), message_id, error?: ``recall_message`` acknowledged
+                    (the event's ``mono_s``) or failed
 consumer side
   ``subscribe``     consumer ("orderly" | "push" | "spark"), group, instance, topics[], mode?
                     ("partition" | "key", orderly only), pattern? (a regex subscription:
@@ -101,6 +111,9 @@ class Kind(StrEnum):
     CHECK_ANSWERED = "check_answered"
     GROUP_STATE = "group_state"
     COMMITTED_ROW = "committed_row"
+    TIMER_SEND = "timer_send"
+    TIMER_SENT = "timer_sent"
+    TIMER_RECALLED = "timer_recalled"
     SUBSCRIBE = "subscribe"
     CONSUMED = "consumed"
     BATCH = "batch"
@@ -144,6 +157,9 @@ REQUIRED: dict[Kind, tuple[str, ...]] = {
     Kind.CHECK_ANSWERED: ("txn_id", "group", "answer"),
     Kind.GROUP_STATE: ("group", "up"),
     Kind.COMMITTED_ROW: ("txn_id", "msg_id", "topic"),
+    Kind.TIMER_SEND: ("msg_id", "group", "topic", "how", "delay_ms", "recall"),
+    Kind.TIMER_SENT: ("msg_id", "ok"),
+    Kind.TIMER_RECALLED: ("msg_id", "ok", "message_id"),
     Kind.SUBSCRIBE: ("consumer", "group", "instance", "topics"),
     Kind.CONSUMED: ("consumer", "group", "instance", "topic", "partition", "offset", "msg_id"),
     Kind.BATCH: (

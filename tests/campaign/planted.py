@@ -4,7 +4,8 @@ lock and batch fields).
 
 Two producer groups' worth of transactions on ``orders`` and ``audit``:
 t1 COMMIT, t2 ROLLBACK, t3 UNKNOW_then_COMMIT, t4 UNKNOW_then_ROLLBACK, t5 a two-message
-COMMIT over both topics, t6 a send that failed; the orderly group ``og`` (key mode) and
+COMMIT over both topics, t6 a send that failed; a timer message for ``orders`` recalled at
+once (never visible); the orderly group ``og`` (key mode) and
 the push group ``pg`` read both topics; ``og``'s queue ``og/orders/0`` passes from c1
 (epoch 1) to c2 (epoch 2) after c1's lease ran out; the Spark job wrote the four rows.
 """
@@ -64,6 +65,26 @@ def _producer() -> list[Event]:
             proc=p,
         ),
         at(ev.group_state("grp", True), 0.5, proc="harness"),
+        at(
+            ev.timer_send(
+                "m-t1", "grp", "orders", "after", 20_000, recall=True, wall_before_ms=2000
+            ),
+            2.0,
+            proc=p,
+        ),
+        at(
+            ev.timer_sent(
+                "m-t1",
+                True,
+                message_id="id-t1",
+                deliver_lo_ms=22_000,
+                deliver_hi_ms=22_010,
+                clock_jump=False,
+            ),
+            2.01,
+            proc=p,
+        ),
+        at(ev.timer_recalled("m-t1", True, "id-t1"), 2.02, proc=p),
     ] + [
         at(ev.committed_row(t, m, topic, db="p1.db"), 30.0, proc="harness")
         for t, m, topic in (

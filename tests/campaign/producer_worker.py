@@ -4,7 +4,9 @@
 Runs the seeded plan (workload.plan_ops) through the public API only: ``TransactionProducer``
 (``send_message_in_transaction``, ``send_transaction``) or ``AsyncTransactionProducer``, its
 local transactions real rows behind ``TransactionBarrier`` in its own SQLite file, its checks
-answered from the barrier row. Every step goes to its history file.
+answered from the barrier row. An operation with a timer message sends it after its
+transaction with ``Producer.send`` (``AsyncProducer``), and recalls it at once with
+``recall_message`` when the plan says so. Every step goes to its history file.
 
 SIGUSR1 ends the load: no new operation starts, those in flight finish (``drained``), and the
 producer stays up answering back-checks (the drain phase). SIGTERM shuts it down (exit 0).
@@ -27,10 +29,15 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from rmq_semantics import (
+    AsyncProducer,
     AsyncTransactionProducer,
     LocalTransactionState,
+    Producer,
     RmqError,
+    SendResult,
     TransactionProducer,
 )
 from rmq_semantics.barrier import (
@@ -45,12 +52,14 @@ from tests.campaign.history import Recorder
 from tests.campaign.workload import (
     BAD_PARTITION,
     BARRIER_TABLE,
+    DELAY_LEVELS,
     INSERT_SQL,
     NO_ROW,
     RAISE,
     SLOW,
     Op,
     PlannedFailure,
+    PlannedTimer,
     answer_for,
     barrier_reason,
     business_rows,
@@ -69,6 +78,11 @@ BARRIER_LOCK_S = 1.0
 # The async producer's operations in flight at once.
 ASYNC_CONCURRENCY = 4
 SHUTDOWN_TIMEOUT_S = 30.0
+# A timer send whose wall clock moved this much more (or less) than the monotonic one
+# meanwhile saw a clock skew step: its deliver_at bounds are not comparable (timer_sent).
+CLOCK_JUMP_MS = 500
+# What a timer send or recall may raise under the faults (its own record then says so).
+TIMER_ERRORS = (RmqError, KafkaException, RuntimeError, BufferError)
 
 
 def names(cfg: CampaignConfig, index: int) -> tuple[str, str]:
@@ -107,7 +121,8 @@ def operations(cfg: CampaignConfig, index: int) -> Iterator[Op]:
     resume = last_op(history_path(cfg, index))
     # The plan is deterministic: ops already started are skipped (a topic an earlier run
     # created stays in the plan's topics).
-    for op in plan_ops(cfg.seed, name, list(cfg.topics), cfg.keys, new):
+    plan = plan_ops(cfg.seed, name, list(cfg.topics), cfg.keys, new, timer_max_s=cfg.timer_max_s)
+    for op in plan:
         if op.n > resume:
             yield op
 
@@ -144,6 +159,102 @@ class Worker:
             "check_partitions": self.cfg.coordinator["check_partitions"],
             "instance_id": f"{self.name}-{int(time.monotonic() * 1000)}",
         }
+
+    def timer_kwargs(self) -> dict:
+        """The timer producer's options: the coordinators' timer settings (config.py)."""
+        return {
+            "topic_prefix": self.cfg.topic_prefix,
+            "producer_group": self.group,
+            "timer_partitions": self.cfg.coordinator["timer_partitions"],
+            "max_delay_ms": self.cfg.coordinator["max_delay_ms"],
+            "delay_levels": DELAY_LEVELS,
+        }
+
+    def timer_start(self, op: Op) -> tuple[PlannedTimer, Any, int, float]:
+        """The timer message of ``op`` and its timer_send event (written before the send:
+        one killed midway is still known); returns (timer, message, wall ms, monotonic)."""
+        t = op.timer
+        assert t is not None
+        wall, mono = time.time_ns() // 1_000_000, time.monotonic()
+        msg = t.message(wall, op.pad)
+        self.rec.emit(
+            ev.timer_send(
+                t.mid,
+                self.group,
+                t.topic,
+                t.how,
+                t.delay_ms,
+                recall=t.recall,
+                wall_before_ms=wall,
+                key=t.key,
+                level=t.level,
+                deliver_at_ms=msg.deliver_at_ms,
+            )
+        )
+        return t, msg, wall, mono
+
+    def timer_sent(
+        self, t: PlannedTimer, wall: int, mono: float, result: SendResult | BaseException
+    ) -> bool:
+        """Records what the send returned; True when it was acknowledged."""
+        if isinstance(result, BaseException):
+            error = f"{type(result).__name__}: {result}"[:300]
+            self.rec.emit(ev.timer_sent(t.mid, False, error=error))
+            return False
+        after_wall, after_mono = time.time_ns() // 1_000_000, time.monotonic()
+        lo, hi = t.window(wall, after_wall)
+        jump = abs((after_wall - wall) - (after_mono - mono) * 1000) > CLOCK_JUMP_MS
+        self.rec.emit(
+            ev.timer_sent(
+                t.mid,
+                True,
+                message_id=result.message_id,
+                deliver_lo_ms=lo,
+                deliver_hi_ms=hi,
+                clock_jump=jump,
+            )
+        )
+        return True
+
+    def timer_recalled(self, t: PlannedTimer, message_id: str, error: BaseException | None) -> None:
+        detail = None if error is None else f"{type(error).__name__}: {error}"[:300]
+        self.rec.emit(ev.timer_recalled(t.mid, error is None, message_id, error=detail))
+
+    def send_timer(self, producer: Producer, op: Op) -> None:
+        if op.timer is None:
+            return
+        t, msg, wall, mono = self.timer_start(op)
+        try:
+            result: SendResult | BaseException = producer.send(msg)
+        except TIMER_ERRORS as exc:
+            result = exc
+        if not self.timer_sent(t, wall, mono, result) or not t.recall:
+            return
+        assert isinstance(result, SendResult) and result.message_id is not None
+        try:
+            producer.recall_message(result.message_id)
+        except TIMER_ERRORS as exc:
+            self.timer_recalled(t, result.message_id, exc)
+        else:
+            self.timer_recalled(t, result.message_id, None)
+
+    async def send_timer_async(self, producer: AsyncProducer, op: Op) -> None:
+        if op.timer is None:
+            return
+        t, msg, wall, mono = self.timer_start(op)
+        try:
+            result: SendResult | BaseException = await producer.send(msg)
+        except TIMER_ERRORS as exc:
+            result = exc
+        if not self.timer_sent(t, wall, mono, result) or not t.recall:
+            return
+        assert isinstance(result, SendResult) and result.message_id is not None
+        try:
+            await producer.recall_message(result.message_id)
+        except TIMER_ERRORS as exc:
+            self.timer_recalled(t, result.message_id, exc)
+        else:
+            self.timer_recalled(t, result.message_id, None)
 
     def before_send(self, op: Op) -> None:
         if op.new_topic:
@@ -256,6 +367,7 @@ def run_sync(worker: Worker) -> None:
         worker.conf(), listener=SyncListener(worker), **worker.producer_kwargs()
     )
     producer.start()
+    timers = Producer(worker.conf(), **worker.timer_kwargs())
     worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="sync"))
     pause = 1.0 / worker.cfg.ops_per_s
     try:
@@ -273,11 +385,13 @@ def run_sync(worker: Worker) -> None:
                 worker.sent(op, result)
             except (RmqError, RuntimeError, BufferError) as exc:
                 worker.failed(op, exc)
+            worker.send_timer(timers, op)
             worker.drain.wait(max(0.0, pause - (time.monotonic() - started)))
         worker.rec.emit(ev.worker("drained"))
         while not worker.stop.wait(0.2):
             pass  # the check threads answer meanwhile
     finally:
+        timers.close(SHUTDOWN_TIMEOUT_S)
         producer.shutdown(SHUTDOWN_TIMEOUT_S)
         worker.rec.emit(ev.worker("stopped"))
 
@@ -330,6 +444,7 @@ async def run_async(worker: Worker) -> None:
         worker.conf(), listener=async_listener(worker), **worker.producer_kwargs()
     )
     await producer.start()
+    timers = AsyncProducer(worker.conf(), **worker.timer_kwargs())
     worker.rec.emit(ev.worker("ready", role="producer", group=worker.group, api="async"))
     pause = ASYNC_CONCURRENCY / worker.cfg.ops_per_s
 
@@ -348,6 +463,7 @@ async def run_async(worker: Worker) -> None:
                 worker.sent(op, result)
             except (RmqError, RuntimeError, BufferError) as exc:
                 worker.failed(op, exc)
+            await worker.send_timer_async(timers, op)
             with suppress(TimeoutError):
                 await asyncio.wait_for(drain.wait(), max(0.0, pause - (time.monotonic() - started)))
 
@@ -356,6 +472,7 @@ async def run_async(worker: Worker) -> None:
         worker.rec.emit(ev.worker("drained"))
         await stop.wait()  # the checks are answered on this loop meanwhile
     finally:
+        await timers.close(SHUTDOWN_TIMEOUT_S)
         await producer.shutdown(SHUTDOWN_TIMEOUT_S)
         worker.rec.emit(ev.worker("stopped"))
 

@@ -35,7 +35,7 @@ from rmq_semantics.kafka_cluster import EmbeddedCluster
 from rmq_semantics.tools.admin import list_pending
 from tests.campaign import events as ev
 from tests.campaign import final_read, gather, observe, wire
-from tests.campaign.checkers import check_worker_exits, read_topics, run_all
+from tests.campaign.checkers import check_worker_exits, read_topics, run_all, timer_counts
 from tests.campaign.clock import clock_file_env, faketime_available
 from tests.campaign.config import (
     HEARTBEAT_MS,
@@ -66,6 +66,14 @@ BROKERS_BACK_S = 120.0  # every node registered again after heal
 # check is due transaction_timeout_ms after the half, then every check_interval_ms; a
 # coordinator's takeover after a fault adds a session timeout and its recovery read.
 HORIZON_S = 60.0
+# How far ahead the producers' timer messages are due at most (tests/campaign/workload.py).
+TIMER_MAX_SHORT_S = 20.0
+TIMER_MAX_LONG_S = 90.0
+# Before the final read the runner waits until every timer message is this long past due
+# (the timer checker expects each one due that long before the read to be visible), but
+# no longer than TIMER_WAIT_MAX_S (a skewed producer's clock ahead puts its times later).
+TIMER_GRACE_S = 15.0
+TIMER_WAIT_MAX_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ def plan_config(opts: Options, bootstrap: str) -> CampaignConfig:
         consumers=consumers,
         ops_per_s=4.0 if opts.short else 6.0,
         new_topics_per_producer=1 if opts.short else 2,
+        # Short: every timer is due well before the final read; long: minutes ahead too.
+        timer_max_s=TIMER_MAX_SHORT_S if opts.short else TIMER_MAX_LONG_S,
     )
 
 
@@ -322,12 +332,29 @@ class Campaign:
         for p in self.targets.producers:
             p.stop()
 
+    def await_timers(self) -> None:
+        """Wait until every timer message sent is TIMER_GRACE_S past due (its
+        ``rmq.deliver_at`` is a time on the coordinators' clock, this one's), at most
+        TIMER_WAIT_MAX_S; the settle phase usually covered it."""
+        due = [e["deliver_hi_ms"] for e in self.history().of(Kind.TIMER_SENT) if e["ok"]]
+        if not due:
+            return
+        wait_s = (max(due) / 1000 + TIMER_GRACE_S) - time.time()
+        if wait_s > 0:
+            self.phase("timers due", wait_s=round(min(wait_s, TIMER_WAIT_MAX_S), 1))
+            time.sleep(min(wait_s, TIMER_WAIT_MAX_S))
+
     def final_reads(self, cfg: CampaignConfig) -> list[final_read.TopicRead]:
         """The workload's topics by the Java client, and txn pending/discarded."""
+        self.await_timers()
         self.phase("final read")
         expected: dict[str, int] = {}
         for row in gather.committed(self.out / "db").values():
             expected[row["topic"]] = expected.get(row["topic"], 0) + 1
+        # The timer messages sent and not recalled land there too (a count that differs
+        # only makes a topic be read again, with a longer wait).
+        for topic, n in timer_counts(self.history()).items():
+            expected[topic] = expected.get(topic, 0) + n
         # Seed 1: a topic whose create call failed (its broker killed) was created and
         # written all the same, with no `topic_created` event: the cluster's list counts.
         created = {e["topic"] for e in self.history().of(Kind.TOPIC_CREATED)}

@@ -18,13 +18,18 @@ __all__ = ["failure_line", "outcome_counts", "render_summary"]
 
 
 def outcome_counts(history: History) -> Counter[str]:
-    """Transactions by intent, then what became of the messages (rows, reads, consumers)."""
+    """Transactions by intent, then what became of the messages (rows, reads, timer
+    messages, consumers)."""
     counts: Counter[str] = Counter()
     for e in history.of(Kind.SEND):
         counts[f"txn {e['intent']}"] += 1
     counts["send failed"] = len(history.of(Kind.SEND_FAILED))
     counts["msgs committed (rows)"] = len(history.of(Kind.COMMITTED_ROW))
     counts["records read at the end"] = len(history.of(Kind.FINAL_READ))
+    if history.of(Kind.TIMER_SEND):
+        counts["timer msgs sent"] = sum(1 for e in history.of(Kind.TIMER_SENT) if e["ok"])
+        counts["timer sends failed"] = len(history.of(Kind.TIMER_SEND)) - counts["timer msgs sent"]
+        counts["timer msgs recalled"] = sum(1 for e in history.of(Kind.TIMER_RECALLED) if e["ok"])
     for e in history.of(Kind.CONSUMED):
         counts[f"consumed by {e['consumer']}"] += 1
     counts["push retries"] = len(history.of(Kind.PUSH_RETRY))

@@ -4,9 +4,11 @@ rows behind the product's TransactionBarrier, one SQLite file per producer proce
 ground truth read back from it.
 
 The plan is pure: ``plan_ops(seed, producer, topics)`` yields the same operations for the same
-seed, so a failing run replays. Which rows committed is not planned but read from the
-databases at the end (a check may win the race, a send may fail under a fault): the local
-database is the ground truth, as it is for a user.
+seed, so a failing run replays. A share of the operations also schedule a timer message
+(issue 35) through ``Producer.send``, some recalled at once; those come from a random stream
+of their own, so a seed's transactions are what they were before timers joined. Which rows
+committed is not planned but read from the databases at the end (a check may win the race,
+a send may fail under a fault): the local database is the ground truth, as it is for a user.
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ ADMIN_TIMEOUT_S = 30.0
 # A partition no workload topic has, for the sends refused at send time.
 MISSING_PARTITION = 97
 
+# Timer messages beside the transactions: the share of operations that schedule one, how
+# (weights: a time in the past, deliver_after_ms=0, a delay level, a delay, a time ahead),
+# and the share of those due 5 s or more ahead that are recalled at once after the send.
+TIMER_SHARE = 0.15
+TIMER_HOW = {"past": 2, "now": 1, "level": 3, "after": 3, "at": 2}
+TIMER_RECALL_SHARE = 0.2
+TIMER_RECALL_MIN_MS = 5000
+TIMER_PAST_MS = (1000, 30_000)  # how far in the past a "past" one is
+# The producers' delay table (RocketMQ 4's first six levels): the producer refuses a table
+# whose longest delay is over its max_delay_ms, and the campaign's is minutes.
+DELAY_LEVELS = "1s 5s 10s 30s 1m 2m"
+DELAY_LEVELS_MS = (1000, 5000, 10_000, 30_000, 60_000, 120_000)
+
 
 @dataclass(frozen=True)
 class PlannedMessage:
@@ -56,6 +71,62 @@ class PlannedMessage:
 
 
 @dataclass(frozen=True)
+class PlannedTimer:
+    """One timer message: ``how`` is "at" (``deliver_at_ms`` = the send's wall clock plus
+    ``delay_ms``, which may be negative: in the past), "after" (``deliver_after_ms`` =
+    ``delay_ms``) or "level" (``delay_time_level`` = ``level``, its delay ``delay_ms``)."""
+
+    mid: str  # <producer>-<op>-t
+    topic: str
+    key: str
+    how: str
+    delay_ms: int
+    level: int | None = None
+    recall: bool = False
+
+    def message(self, now_ms: int, pad: int) -> Message:
+        body = PlannedMessage(self.mid, self.topic, self.key).body(pad)
+        if self.how == "at":
+            return Message(self.topic, body, key=self.key, deliver_at_ms=now_ms + self.delay_ms)
+        if self.how == "level":
+            return Message(self.topic, body, key=self.key, delay_time_level=self.level)
+        return Message(self.topic, body, key=self.key, deliver_after_ms=self.delay_ms)
+
+    def window(self, before_ms: int, after_ms: int) -> tuple[int, int]:
+        """Bounds of the ``rmq.deliver_at`` the producer writes for a send that began at
+        ``before_ms`` and returned at ``after_ms`` (its own wall clock): exact for "at". The
+        producer reads ``int(time.time() * 1000)``, which a float's rounding may put 1 ms
+        below the worker's ``time_ns`` reading of the same millisecond."""
+        if self.how == "at":
+            return before_ms + self.delay_ms, before_ms + self.delay_ms
+        return before_ms - 1 + self.delay_ms, after_ms + self.delay_ms
+
+
+def plan_timer(
+    rng: random.Random, mid: str, live: list[str], keys: int, max_s: float
+) -> PlannedTimer | None:
+    """The timer message of one operation, or None (most operations have none)."""
+    if rng.random() >= TIMER_SHARE:
+        return None
+    topic, key = rng.choice(live), f"k{rng.randrange(keys)}"
+    how = rng.choices(list(TIMER_HOW), list(TIMER_HOW.values()))[0]
+    level = None
+    max_ms = max(1000, int(max_s * 1000))
+    if how == "past":
+        how, delay = "at", -rng.randint(*TIMER_PAST_MS)
+    elif how == "now":
+        how, delay = "after", 0
+    elif how == "level":
+        levels = sum(1 for d in DELAY_LEVELS_MS if d <= max_ms)
+        level = rng.randint(1, max(1, levels))
+        delay = DELAY_LEVELS_MS[level - 1]
+    else:  # "after" or "at": anywhere up to the run's longest timer delay
+        delay = rng.randint(1000, max_ms)
+    recall = delay >= TIMER_RECALL_MIN_MS and rng.random() < TIMER_RECALL_SHARE
+    return PlannedTimer(mid, topic, key, how, delay, level, recall)
+
+
+@dataclass(frozen=True)
 class Op:
     """One producer operation: a transaction of one or more messages and what its local
     transaction does."""
@@ -67,6 +138,7 @@ class Op:
     pad: int = 0
     new_topic: str | None = None  # create this topic first, then send to it
     fields: dict = field(default_factory=dict)
+    timer: PlannedTimer | None = None  # sent after the transaction, by Producer.send
 
     def to_kafka(self) -> list[Message]:
         partition = MISSING_PARTITION if self.kind == BAD_PARTITION else None
@@ -87,11 +159,20 @@ class Op:
 
 
 def plan_ops(
-    seed: int, producer: str, topics: list[str], keys: int, new_topics: list[tuple[int, str]]
+    seed: int,
+    producer: str,
+    topics: list[str],
+    keys: int,
+    new_topics: list[tuple[int, str]],
+    *,
+    timer_max_s: float = 0.0,
 ) -> Iterator[Op]:
     """The producer's operations, endless; ``new_topics`` are (op number, topic): that op
-    creates the topic and sends to it, and later ops use it like the others."""
+    creates the topic and sends to it, and later ops use it like the others. With
+    ``timer_max_s`` a share of them also schedule a timer message due at most that far
+    ahead (0: none)."""
     rng = random.Random(f"{seed}/{producer}")
+    timer_rng = random.Random(f"{seed}/{producer}/timer")
     kinds, weights = zip(*KINDS.items(), strict=True)
     live = list(topics)
     creations = dict(new_topics)
@@ -107,7 +188,12 @@ def plan_ops(
             msgs.append(PlannedMessage(f"{producer}-{n:06d}-{i}", topic, f"k{rng.randrange(keys)}"))
         if new_topic:
             kind = COMMIT  # a new topic is used at once, by a transaction that commits
-        yield Op(n, kind, multi, tuple(msgs), rng.randrange(PAD_MAX), new_topic)
+        timer = (
+            plan_timer(timer_rng, f"{producer}-{n:06d}-t", live, keys, timer_max_s)
+            if timer_max_s > 0
+            else None
+        )
+        yield Op(n, kind, multi, tuple(msgs), rng.randrange(PAD_MAX), new_topic, timer=timer)
         if new_topic:
             live.append(new_topic)
         n += 1

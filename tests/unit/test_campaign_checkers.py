@@ -77,6 +77,7 @@ def test_a_clean_history_passes_every_checker(capsys):
         "liveness",
         "settled",
         "kafka_transactions",
+        "timers",
         "coordinator_exits",
         "orderly",
         "locks",
