@@ -33,11 +33,17 @@ from benchmarks.common import percentile
 from benchmarks.machine import BUSY_FRACTION, load_sample
 from benchmarks.timers import DUE_HEADER, LEAD_MS, _collect
 from benchmarks.txn import coordinator_process
+from coordinator.settings import CoordinatorSettings
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.errors import RmqError, RmqTimeoutError
 from rmq_semantics.message import Message, produce_headers
 from rmq_semantics.records.timer import timer_headers, timer_partition
-from rmq_semantics.topics import SystemTopics, ensure_topics, topic_partition_count
+from rmq_semantics.topics import (
+    SystemTopics,
+    ensure_topics,
+    timer_topic_specs,
+    topic_partition_count,
+)
 
 __all__ = ["main", "rss_mib", "spread_dues"]
 
@@ -191,9 +197,16 @@ def measure(conf: dict, bootstrap: str, args: argparse.Namespace, log: Callable)
 
 
 def _wait_for_topics(conf: dict, prefix: str) -> None:
+    """The intake and cancel topics made as a producer's first timer send makes them (the
+    coordinator's timer service waits for the intake), then the level topics awaited."""
     topics = SystemTopics(prefix)
+    defaults = CoordinatorSettings()
+    ensure_topics(
+        conf,
+        timer_topic_specs(topics, defaults.timer_partitions, defaults.max_delay_ms, levels=False),
+    )
     deadline = time.monotonic() + 120
-    while topic_partition_count(conf, topics.timer_cancel) is None:
+    while topic_partition_count(conf, topics.timer_level(1)) is None:
         if time.monotonic() > deadline:
             raise RmqTimeoutError("the coordinator did not create the timer topics in 120 s")
         time.sleep(0.5)

@@ -362,7 +362,14 @@ class _AuthWatch:
 
 def _admin(conf: dict) -> tuple[AdminClient, _AuthWatch]:
     watch = _AuthWatch(conf.get("error_cb"))
-    admin_conf: dict[str, Any] = {**shared_conf(conf), "error_cb": watch}
+    # librdkafka's admin client is a producer underneath, for which this defaults to true: a
+    # metadata request naming a missing topic would create it on a broker that auto-creates
+    # (Kafka's default), with one partition and the broker's defaults.
+    admin_conf: dict[str, Any] = {
+        **shared_conf(conf),
+        "error_cb": watch,
+        "allow.auto.create.topics": False,
+    }
     return AdminClient(admin_conf), watch
 
 

@@ -188,3 +188,21 @@ def test_a_coordinator_refuses_to_start_on_half_and_op_topics_of_unequal_size(
     )
     server.stop()
     thread.join(10)
+
+
+def test_the_cli_reading_a_prefix_that_has_no_topics_creates_none(broker, unique, capsys):
+    """Asking for a topic's metadata by name creates it on a broker that auto-creates topics
+    (Kafka's default) when the asking client is a producer or an admin client (librdkafka's
+    ``allow.auto.create.topics`` is true for them): one partition, the broker's defaults,
+    and a coordinator then refuses timer or half topics of unequal size."""
+    from confluent_kafka.admin import AdminClient
+
+    from rmq_semantics.cli import main
+
+    prefix = unique("probe").replace("-", "")
+    args = ["--bootstrap-servers", broker.bootstrap, "--topic-prefix", prefix]
+    assert main(["txn", "pending", *args]) == 0
+    main(["timer", "list", *args])
+    capsys.readouterr()
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=30).topics
+    assert [t for t in topics if t.startswith(prefix)] == []
