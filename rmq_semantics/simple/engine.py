@@ -165,7 +165,7 @@ class PartitionEngine:
 
     ``key_of(record)`` is a record's ordering key (None: unordered); ``restored`` the leases a
     commit carried (use :meth:`restore`). Records whose offsets the tracker skips are not
-    delivered again.
+    delivered again. ``max_delivery_attempts=None``: no limit, no dead letters.
     """
 
     def __init__(
@@ -173,7 +173,7 @@ class PartitionEngine:
         topic: str,
         partition: int,
         *,
-        max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        max_delivery_attempts: int | None = DEFAULT_MAX_DELIVERY_ATTEMPTS,
         max_leased: int = DEFAULT_MAX_LEASED,
         key_of: Callable[[Any], Hashable | None] = lambda record: None,
         tracker: OffsetTracker | None = None,
@@ -183,6 +183,8 @@ class PartitionEngine:
             ("max_delivery_attempts", max_delivery_attempts),
             ("max_leased", max_leased),
         ):
+            if value is None and name == "max_delivery_attempts":
+                continue  # no limit: the orderly consumer's max_reconsume_times=-1
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         self.topic = topic
@@ -199,7 +201,10 @@ class PartitionEngine:
         self._entries: dict[int, _Entry] = {}  # offset -> record not done
         self._leased: dict[int, _Entry] = {}  # the entries with attempts >= 1
         self._queues: dict[Hashable, deque[int]] = {}  # key -> offsets, head first
-        self._ready: list[int] = []  # heap of offsets maybe deliverable (checked when popped)
+        # Heaps of offsets maybe deliverable (checked when popped): never delivered, and
+        # delivered before (these go out even while max_leased records hold leases).
+        self._fresh: list[int] = []
+        self._again: list[int] = []
         self._deadlines: list[tuple[int, int, int]] = []  # heap (visible_at, offset, attempts)
         self._owed: list[DeadLetter] = []
         self._invisible = 0
@@ -254,12 +259,12 @@ class PartitionEngine:
                 self._hide(entry, lease.visible_at_ms)
         if entry.key is None:
             if entry.state is RecordState.READY:
-                heapq.heappush(self._ready, offset)
+                self._push_ready(entry)
         else:
             queue = self._queues.setdefault(entry.key, deque())
             queue.append(offset)
             if len(queue) == 1 and entry.state is RecordState.READY:
-                heapq.heappush(self._ready, offset)
+                self._push_ready(entry)
         return True
 
     def skip(self, offset: int) -> None:
@@ -273,22 +278,21 @@ class PartitionEngine:
         """Up to ``max_records`` deliverable records, lowest offset first, each invisible
         until ``now_ms + invisible_ms``. A record delivered ``max_delivery_attempts`` times
         becomes a dead letter instead (:meth:`take_dead_letters`). While ``max_leased``
-        records hold leases, only records delivered before go out (back-pressure)."""
+        records hold leases, only records delivered before go out (back-pressure), and the
+        records never delivered are not even looked at."""
         if invisible_ms < 1:
             raise ConfigError(f"invisible duration must be >= 1 ms, got {invisible_ms!r}")
         self._expire(now_ms)
         out: list[Delivery] = []
-        held: list[int] = []  # first deliveries over the lease bound: back in the heap after
-        while len(out) < max_records and self._ready:
-            offset = heapq.heappop(self._ready)
+        while len(out) < max_records:
+            offset = self._pop_ready(fresh=len(self._leased) < self.max_leased)
+            if offset is None:
+                break
             entry = self._deliverable(offset)
             if entry is None:
                 continue
-            if entry.attempts >= self.max_delivery_attempts:
+            if self._exhausted(entry):
                 self._die(entry)
-                continue
-            if entry.attempts == 0 and len(self._leased) >= self.max_leased:
-                held.append(offset)
                 continue
             entry.attempts += 1
             self._leased[offset] = entry
@@ -296,9 +300,21 @@ class PartitionEngine:
             self._hide(entry, now_ms + invisible_ms)
             receipt = Receipt(self.topic, self.partition, offset, entry.attempts, self.session)
             out.append(Delivery(entry.record, receipt, entry.visible_at))
-        for offset in held:
-            heapq.heappush(self._ready, offset)
         return out
+
+    def _push_ready(self, entry: _Entry) -> None:
+        heapq.heappush(self._again if entry.attempts else self._fresh, entry.offset)
+
+    def _pop_ready(self, *, fresh: bool) -> int | None:
+        """The lowest offset maybe deliverable, popped; first deliveries only if ``fresh``."""
+        again, new = self._again, self._fresh if fresh else None
+        if again and (not new or again[0] < new[0]):
+            return heapq.heappop(again)
+        return heapq.heappop(new) if new else None
+
+    def _exhausted(self, entry: _Entry) -> bool:
+        limit = self.max_delivery_attempts
+        return limit is not None and entry.attempts >= limit
 
     def _deliverable(self, offset: int) -> _Entry | None:
         entry = self._entries.get(offset)
@@ -330,11 +346,11 @@ class PartitionEngine:
             ):
                 continue  # acked, extended or redelivered since: a stale heap entry
             self._invisible -= 1
-            if entry.attempts >= self.max_delivery_attempts and self._is_head(entry):
+            if self._exhausted(entry) and self._is_head(entry):
                 self._die(entry)
             else:
                 entry.move(RecordState.READY)
-                heapq.heappush(self._ready, offset)
+                self._push_ready(entry)
 
     def _is_head(self, entry: _Entry) -> bool:
         """Unordered, or its group's head (a lease restored from a forged commit may name a
@@ -410,8 +426,8 @@ class PartitionEngine:
         queue.popleft()
         if not queue:
             del self._queues[entry.key]
-        elif self._entries[queue[0]].state is RecordState.READY:
-            heapq.heappush(self._ready, queue[0])
+        elif (head := self._entries[queue[0]]).state is RecordState.READY:
+            self._push_ready(head)
 
     # -- commits ---------------------------------------------------------------------------------
     def committable(self, now_ms: int, owner: str = "") -> tuple[int, str] | None:

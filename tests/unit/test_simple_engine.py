@@ -234,3 +234,25 @@ def test_a_damaged_lease_field_is_ignored_on_restore_with_one_warning(caplog):
     assert e.offer(4, rec(), T0)
     (d,) = e.receive(1, T0, SECOND)
     assert d.delivery_attempt == 1
+
+
+def test_without_a_limit_a_record_is_delivered_again_and_again_and_never_dead_lettered():
+    e = engine(max_delivery_attempts=None)
+    fill(e, ["a", "a"])
+    now = T0
+    for attempt in range(1, 40):
+        (d,) = e.receive(5, now, SECOND)
+        assert (d.receipt.offset, d.delivery_attempt) == (0, attempt)
+        now += SECOND
+        assert e.take_dead_letters(now) == []
+
+
+def test_a_redelivery_behind_waiting_first_deliveries_goes_out_at_the_lease_bound():
+    e = engine(max_leased=1)
+    fill(e, [None] * 5)
+    (d0,) = e.receive(5, T0, SECOND)
+    e.ack(d0.receipt, T0)
+    (d1,) = e.receive(5, T0, SECOND)
+    assert d1.receipt.offset == 1
+    (again,) = e.receive(5, T0 + SECOND, SECOND)  # offsets 2..4 wait: 1 holds the lease
+    assert (again.receipt.offset, again.delivery_attempt) == (1, 2)
