@@ -256,3 +256,12 @@ def test_a_redelivery_behind_waiting_first_deliveries_goes_out_at_the_lease_boun
     assert d1.receipt.offset == 1
     (again,) = e.receive(5, T0 + SECOND, SECOND)  # offsets 2..4 wait: 1 holds the lease
     assert (again.receipt.offset, again.delivery_attempt) == (1, 2)
+
+
+def test_the_simple_consumer_settings_default_to_the_engine_s():
+    from rmq_semantics.settings import SimpleConsumerSettings
+    from rmq_semantics.simple.engine import DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_MAX_LEASED
+
+    defaults = SimpleConsumerSettings()
+    assert defaults.max_delivery_attempts == DEFAULT_MAX_DELIVERY_ATTEMPTS
+    assert defaults.max_leased == DEFAULT_MAX_LEASED

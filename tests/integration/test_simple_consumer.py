@@ -1,0 +1,141 @@
+"""SimpleConsumer (RocketMQ 5's receive / ack / change_invisible_duration) on the real broker:
+acked messages stay acked, an unacked one comes back after its invisible duration with its
+attempt counted (to another instance once the first is gone), change_invisible_duration
+extends the lease, and the DLQ after max_delivery_attempts. A plain confluent_kafka
+producer and consumer are the adversary's tools."""
+
+from __future__ import annotations
+
+import time
+
+import confluent_kafka
+import pytest
+
+from rmq_semantics.errors import ConfigError, ReceiptError
+from rmq_semantics.records.headers import H
+from rmq_semantics.simple.consumer import FilterExpression, FilterType, SimpleConsumer
+from tests.group_protocol import group_conf
+
+# A receive's wait; receive_n tries again while the group's first join is under way.
+AWAIT_S = 3.0
+JOIN_S = 60.0
+
+
+def produce(broker, topic: str, values: list[bytes], headers=None) -> None:
+    producer = confluent_kafka.Producer(broker.conf())
+    for value in values:
+        producer.produce(topic, value=value, headers=headers or [])
+    assert producer.flush(30) == 0
+
+
+def simple(broker, group: str, topic: str, prefix: str, **settings) -> SimpleConsumer:
+    settings.setdefault("await_duration", AWAIT_S)
+    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest"}))
+    return SimpleConsumer(
+        conf, group, {topic: FilterExpression("*")}, topic_prefix=prefix, **settings
+    )
+
+
+def receive_n(consumer: SimpleConsumer, n: int, invisible_s: float) -> list:
+    """``n`` messages (fewer if none come within JOIN_S)."""
+    got: list = []
+    deadline = time.monotonic() + JOIN_S
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.receive(n - len(got), invisible_s)
+    return got
+
+
+def test_received_and_acked_messages_are_not_delivered_again(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"a", b"b", b"c"])
+    with simple(broker, group, topic, prefix) as consumer:
+        got = receive_n(consumer, 3, 30)
+        assert sorted(m.body for m in got) == [b"a", b"b", b"c"]
+        assert {m.delivery_attempt for m in got} == {1}
+        for message in got:
+            consumer.ack(message)
+        with pytest.raises(ReceiptError):
+            consumer.ack(got[0])  # acked already
+    # A new instance of the group starts after the acks: only a newer message comes.
+    produce(broker, topic, [b"d"])
+    with simple(broker, group, topic, prefix) as again:
+        got = receive_n(again, 1, 30) + again.receive(10, 30)
+        assert [(m.body, m.delivery_attempt) for m in got] == [(b"d", 1)]
+
+
+def test_an_unacked_message_comes_back_after_its_invisible_duration_with_attempt_2(
+    broker, make_topic, unique
+):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"only"])
+    with simple(broker, group, topic, prefix) as consumer:
+        [first] = receive_n(consumer, 1, 1)
+        [second] = receive_n(consumer, 1, 30)
+        assert second.message_id == first.message_id
+        assert (first.delivery_attempt, second.delivery_attempt) == (1, 2)
+        with pytest.raises(ReceiptError, match="delivered again"):
+            consumer.ack(first)
+        consumer.ack(second)
+        assert consumer.counts["redelivered"] == 1
+
+
+def test_change_invisible_duration_extends_the_lease(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"slow"])
+    with simple(broker, group, topic, prefix) as consumer:
+        [message] = receive_n(consumer, 1, 1)
+        extended = consumer.change_invisible_duration(message, 60)
+        assert extended.invisible_until_ms > message.invisible_until_ms
+        # Its first deadline (1 s) passes while this waits (AWAIT_S): it does not come back...
+        assert consumer.receive(1, 30) == []
+        # ...and the receipt is still the current delivery.
+        consumer.ack(extended)
+
+
+def test_a_second_instance_takes_over_with_the_attempt_counted(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"x"])
+    with simple(broker, group, topic, prefix) as first:
+        [held] = receive_n(first, 1, 2)
+    # Closed without an ack: the lease travelled in the commit, the next owner redelivers.
+    with simple(broker, group, topic, prefix) as second:
+        [again] = receive_n(second, 1, 30)
+        assert again.message_id == held.message_id
+        assert again.delivery_attempt == 2
+        second.ack(again)
+
+
+def test_the_dlq_after_max_delivery_attempts(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"poison"], headers=[("user", b"1")])
+    with simple(broker, group, topic, prefix, max_delivery_attempts=2) as consumer:
+        attempts = [m.delivery_attempt for m in receive_n(consumer, 1, 1)]
+        attempts += [m.delivery_attempt for m in receive_n(consumer, 1, 1)]
+        assert consumer.receive(1, 1) == []  # its third delivery is the DLQ's
+        assert attempts == [1, 2]
+        assert consumer.counts["dead"] == 1
+        dlq = consumer.dlq_topic
+    reader = confluent_kafka.Consumer(
+        broker.conf(**{"group.id": unique("r"), "auto.offset.reset": "earliest"})
+    )
+    reader.subscribe([dlq])
+    try:
+        msg = None
+        for _ in range(60):
+            msg = reader.poll(0.5)
+            if msg is not None and msg.error() is None:
+                break
+        assert msg is not None and msg.value() == b"poison"
+        headers = dict(msg.headers() or [])
+        assert headers[H.DLQ_ORIGINAL_TOPIC] == topic.encode()
+        assert headers["user"] == b"1"
+    finally:
+        reader.close()
+
+
+def test_sql92_filters_and_system_topics_are_refused(broker, unique):
+    with pytest.raises(ConfigError, match="SQL92 filter expressions are not supported"):
+        FilterExpression("a > 1", FilterType.SQL)
+    prefix = unique("p")
+    with pytest.raises(ConfigError):
+        SimpleConsumer(broker.conf(), "g", {f"{prefix}_half": None}, topic_prefix=prefix)
