@@ -207,6 +207,9 @@ class SimpleConsumer:
             why="the SimpleConsumer commits its offsets and leases before each delivery",
             forced={"isolation.level": "read_committed"},
         )
+        if self._conf.get("group.protocol", "classic") == "classic":
+            # The rebalance callbacks assign and unassign incrementally.
+            self._conf["partition.assignment.strategy"] = "cooperative-sticky"
         self.s: SimpleConsumerSettings = load(SimpleConsumerSettings, settings)
         self.group = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)

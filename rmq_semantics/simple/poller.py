@@ -31,6 +31,8 @@ __all__ = ["COUNTS", "FETCH_MAX", "Poller"]
 log = logging.getLogger(__name__)
 
 FETCH_MAX = 500
+# How often a partition whose committed state could not be read is tried again.
+UNREAD_RETRY_S = 1.0
 #: The counters of ``SimpleConsumer.counts`` (docs/design/simple-consumer.md, Metrics).
 COUNTS = (
     "received",
@@ -74,6 +76,8 @@ class Poller:
         self.engines: dict[Part, PartitionEngine] = {}
         self._read_to: dict[Part, int] = {}  # the next offset each engine expects
         self._paused: set[Part] = set()
+        self._unread: set[Part] = set()  # assigned, paused: committed state not read yet
+        self._unread_retry_at = 0.0
         self._last_commit = 0.0
         self.dirty = False  # acks since the last commit
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
@@ -84,7 +88,28 @@ class Poller:
         if not partitions:
             consumer.incremental_assign([])  # else the client assigns the left-out ones
             return
-        committed = consumer.committed(partitions, timeout=self.s.operation_timeout_s)
+        try:
+            committed = consumer.committed(partitions, timeout=self.s.operation_timeout_s)
+        except KafkaException as exc:
+            # Ours now, but without their committed state: assigned paused (nothing fetched,
+            # nothing handed out), adopted by a later poll. Raising would leave the group
+            # half assigned.
+            log.warning(
+                "simple consumer %s: reading the committed offsets of %d partitions: %s "
+                "(tried again at the next poll)",
+                self.client_id,
+                len(partitions),
+                exc,
+            )
+            consumer.incremental_assign(partitions)
+            consumer.pause(partitions)
+            self._unread.update((tp.topic, tp.partition) for tp in partitions)
+            return
+        self._adopt(committed)
+        consumer.incremental_assign(committed)
+
+    def _adopt(self, committed: list) -> None:
+        """Engines for the partitions of ``committed``, restored from their commits."""
         for tp in committed:
             part = (tp.topic, tp.partition)
             self.engines[part] = PartitionEngine.restore(
@@ -97,7 +122,25 @@ class Poller:
                 key_of=self._key_of,
             )
             self._read_to.pop(part, None)
-        consumer.incremental_assign(committed)
+            self._unread.discard(part)
+
+    def _read_unadopted(self, consumer: confluent_kafka.Consumer) -> None:
+        """Adopt the partitions assigned while their committed state could not be read:
+        read it, seek there (else ``auto.offset.reset`` stands) and resume."""
+        if not self._unread or time.monotonic() < self._unread_retry_at:
+            return
+        self._unread_retry_at = time.monotonic() + UNREAD_RETRY_S
+        partitions = [TopicPartition(*part) for part in sorted(self._unread)]
+        try:
+            committed = consumer.committed(partitions, timeout=self.s.operation_timeout_s)
+        except KafkaException as exc:
+            log.warning("simple consumer %s: committed offsets again: %s", self.client_id, exc)
+            return
+        self._adopt(committed)
+        for tp in committed:
+            if tp.offset >= 0:
+                consumer.seek(tp)
+        consumer.resume(committed)
 
     def _key_of(self, msg: confluent_kafka.Message) -> bytes | None:
         return message_group_of(headers_of(msg)) if self.s.fifo else None
@@ -119,11 +162,13 @@ class Poller:
             self.engines.pop(part, None)
             self._read_to.pop(part, None)
             self._paused.discard(part)
+            self._unread.discard(part)
         consumer.incremental_unassign(partitions)
 
     # -- reading -------------------------------------------------------------------------------
     def poll(self, consumer: confluent_kafka.Consumer, timeout_s: float) -> None:
         """Read what is there (waiting up to ``timeout_s``) into the engines."""
+        self._read_unadopted(consumer)
         now = now_ms()
         for msg in consumer.consume(FETCH_MAX, timeout_s):
             if msg.error() is not None:

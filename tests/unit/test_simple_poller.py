@@ -1,0 +1,76 @@
+"""The SimpleConsumer's Kafka edge against a fake client: a partition whose committed state
+cannot be read at assignment is assigned paused (nothing fetched, nothing handed out) and
+adopted by a later poll from its committed offset."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from rmq_semantics.settings import SimpleConsumerSettings
+from rmq_semantics.simple import poller as poller_module
+from rmq_semantics.simple.poller import Poller
+from rmq_semantics.tags import TagFilter
+from rmq_semantics.topics import SystemPartitionFilter
+
+
+class FakeConsumer:
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[tuple[str, list]] = []
+
+    def committed(self, partitions, timeout):
+        assert timeout > 0
+        if self.failures:
+            self.failures -= 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return [TopicPartition(tp.topic, tp.partition, 42) for tp in partitions]
+
+    def _record(self, name, partitions):
+        self.calls.append((name, [(tp.topic, tp.partition, tp.offset) for tp in partitions]))
+
+    def incremental_assign(self, partitions):
+        self._record("assign", partitions)
+
+    def pause(self, partitions):
+        self._record("pause", partitions)
+
+    def resume(self, partitions):
+        self._record("resume", partitions)
+
+    def seek(self, tp):
+        self._record("seek", [tp])
+
+    def consume(self, n, timeout):
+        return []
+
+
+def make_poller() -> Poller:
+    return Poller(
+        SimpleConsumerSettings(),
+        group="g",
+        client_id="c",
+        dlq_topic="__rmq_dlq_g",
+        system=SystemPartitionFilter("__rmq", "test"),
+        filters={"t": TagFilter()},
+    )
+
+
+def test_a_partition_whose_commit_cannot_be_read_is_adopted_by_a_later_poll(monkeypatch):
+    monkeypatch.setattr(poller_module, "UNREAD_RETRY_S", 0.0)
+    poller, consumer = make_poller(), FakeConsumer(failures=2)
+    poller.on_assign(consumer, [TopicPartition("t", 0)])
+    assert consumer.calls == [("assign", [("t", 0, -1001)]), ("pause", [("t", 0, -1001)])]
+    assert poller.engines == {}
+    poller.poll(consumer, 0)  # fails again: still paused, no engine
+    assert poller.engines == {}
+    assert len(consumer.calls) == 2
+    poller.poll(consumer, 0)
+    assert list(poller.engines) == [("t", 0)]
+    assert consumer.calls[2:] == [("seek", [("t", 0, 42)]), ("resume", [("t", 0, 42)])]
+
+
+def test_system_topic_partitions_are_never_assigned():
+    poller, consumer = make_poller(), FakeConsumer(failures=0)
+    poller.on_assign(consumer, [TopicPartition("__rmq_half", 0), TopicPartition("t", 1)])
+    assert consumer.calls == [("assign", [("t", 1, 42)])]
+    assert list(poller.engines) == [("t", 1)]
