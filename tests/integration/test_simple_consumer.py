@@ -139,3 +139,29 @@ def test_sql92_filters_and_system_topics_are_refused(broker, unique):
     prefix = unique("p")
     with pytest.raises(ConfigError):
         SimpleConsumer(broker.conf(), "g", {f"{prefix}_half": None}, topic_prefix=prefix)
+
+
+def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    producer = confluent_kafka.Producer(broker.conf())
+    sent = [(g, i) for i in range(3) for g in ("order-1", "order-2")]
+    for g, i in sent:
+        value = f"{g}/{i}".encode()
+        producer.produce(topic, value=value, headers=[(H.MESSAGE_GROUP, g.encode())])
+    producer.produce(topic, value=b"free")  # no group: no order
+    assert producer.flush(30) == 0
+    seen: list[bytes] = []
+    with simple(broker, group, topic, prefix) as consumer:
+        batch = receive_n(consumer, 3, 30)
+        # One head per group, and the message without a group.
+        assert sorted(m.body for m in batch) == [b"free", b"order-1/0", b"order-2/0"]
+        assert consumer.receive(10, 30) == []  # the heads are invisible, nothing behind them
+        while batch:
+            for message in batch:
+                seen.append(message.body)
+                consumer.ack(message)
+            batch = consumer.receive(10, 30) if len(seen) < len(sent) + 1 else []
+    for g in ("order-1", "order-2"):
+        assert [v for v in seen if v.startswith(g.encode())] == [
+            f"{g}/{i}".encode() for i in range(3)
+        ]
