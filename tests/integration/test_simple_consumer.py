@@ -6,7 +6,12 @@ producer and consumer are the adversary's tools."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -15,6 +20,9 @@ from rmq_semantics.errors import ConfigError, ReceiptError
 from rmq_semantics.records.headers import H
 from rmq_semantics.simple.consumer import FilterExpression, FilterType, SimpleConsumer
 from tests.group_protocol import group_conf
+from tests.integration.txn_helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # A receive's wait; receive_n tries again while the group's first join is under way.
 AWAIT_S = 3.0
@@ -28,9 +36,11 @@ def produce(broker, topic: str, values: list[bytes], headers=None) -> None:
     assert producer.flush(30) == 0
 
 
-def simple(broker, group: str, topic: str, prefix: str, **settings) -> SimpleConsumer:
+def simple(
+    broker, group: str, topic: str, prefix: str, conf: dict | None = None, **settings
+) -> SimpleConsumer:
     settings.setdefault("await_duration", AWAIT_S)
-    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest"}))
+    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest", **(conf or {})}))
     return SimpleConsumer(
         conf, group, {topic: FilterExpression("*")}, topic_prefix=prefix, **settings
     )
@@ -165,3 +175,40 @@ def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic
         assert [v for v in seen if v.startswith(g.encode())] == [
             f"{g}/{i}".encode() for i in range(3)
         ]
+
+
+def test_after_a_sigkill_another_instance_gets_the_message_with_its_attempt_counted(
+    broker, make_topic, unique, tmp_path
+):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"held"])
+    result = tmp_path / "worker.jsonl"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.simple_worker",
+            *("--bootstrap", broker.bootstrap, "--group", group, "--topic", topic),
+            *("--prefix", prefix, "--result", str(result), "--invisible-s", "2"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: result.exists() and result.read_text().endswith("\n"),
+            90,
+            "the worker receiving the message",
+            details=lambda: f"worker exit code {worker.poll()}",
+        )
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(30)
+    held = json.loads(result.read_text())
+    assert held["attempt"] == 1
+    conf = {"session.timeout.ms": "6000"}
+    with simple(broker, group, topic, prefix, conf=conf) as survivor:
+        [again] = receive_n(survivor, 1, 30)
+        assert again.message_id == held["message_id"]
+        assert again.delivery_attempt == 2
+        survivor.ack(again)
