@@ -46,7 +46,7 @@ from rmq_semantics.simple.engine import (
     Receipt,
     message_group_of,
 )
-from rmq_semantics.simple.poller import Poller, now_ms
+from rmq_semantics.simple.poller import Poller, group_text, now_ms
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -155,7 +155,7 @@ def _view(delivery: Delivery) -> MessageView:
         headers=headers,
         tag=_text(headers, H.TAGS),
         keys=_text(headers, H.KEYS),
-        message_group=None if group is None else group.decode("utf-8", "replace"),
+        message_group=None if group is None else group_text(group),
         born_timestamp=int(born) if born and born.isdigit() else (timestamp or None),
         delivery_attempt=delivery.delivery_attempt,
         invisible_until_ms=delivery.invisible_until_ms,

@@ -21,6 +21,7 @@ from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.errors import KafkaOperationError, RmqTimeoutError
 from rmq_semantics.message import produce_headers
 from rmq_semantics.records.dead_letter import dlq_headers
+from rmq_semantics.records.headers import H
 from rmq_semantics.settings import SimpleConsumerSettings
 from rmq_semantics.simple.engine import DeadLetter, Delivery, PartitionEngine, message_group_of
 from rmq_semantics.tags import TagFilter
@@ -43,9 +44,18 @@ COUNTS = (
     "dead",
     "skipped",
     "commit_failures",
+    "malformed",
 )
 
 Part = tuple[str, int]
+
+
+def group_text(group: bytes) -> str | None:
+    """A message group's text, None when it is not UTF-8 (a malformed group)."""
+    try:
+        return group.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def now_ms() -> int:
@@ -143,7 +153,23 @@ class Poller:
         consumer.resume(committed)
 
     def _key_of(self, msg: confluent_kafka.Message) -> bytes | None:
-        return message_group_of(headers_of(msg)) if self.s.fifo else None
+        """The record's message group (its ordering key), None: unordered. A group that is
+        not UTF-8 is malformed: counted, logged, and the record delivered unordered."""
+        if not self.s.fifo:
+            return None
+        group = message_group_of(headers_of(msg))
+        if group is not None and group_text(group) is None:
+            self.counts["malformed"] += 1
+            log.warning(
+                "simple consumer %s: %s[%s]@%s: its %s is not UTF-8; delivered without order",
+                self.client_id,
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                H.MESSAGE_GROUP,
+            )
+            return None
+        return group
 
     def on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         partitions = self._system.release(partitions)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from rmq_semantics.records.headers import H
 from rmq_semantics.settings import SimpleConsumerSettings
 from rmq_semantics.simple import poller as poller_module
 from rmq_semantics.simple.poller import Poller
@@ -74,3 +75,39 @@ def test_system_topic_partitions_are_never_assigned():
     poller.on_assign(consumer, [TopicPartition("__rmq_half", 0), TopicPartition("t", 1)])
     assert consumer.calls == [("assign", [("t", 1, 42)])]
     assert list(poller.engines) == [("t", 1)]
+
+
+class FakeRecord:
+    def __init__(self, offset: int, headers: list) -> None:
+        self._offset, self._headers = offset, headers
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return "t"
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+    def headers(self):
+        return self._headers
+
+
+def test_a_message_group_that_is_not_utf8_is_counted_and_delivered_without_order(caplog):
+    poller, consumer = make_poller(), FakeConsumer(failures=0)
+    poller.on_assign(consumer, [TopicPartition("t", 0)])
+    records = [
+        FakeRecord(42, [(H.MESSAGE_GROUP, b"\xff\xfe")]),
+        FakeRecord(43, [(H.MESSAGE_GROUP, b"\xff\xfe")]),
+    ]
+    consumer.consume = lambda n, timeout: records
+    poller.poll(consumer, 0)
+    engine = poller.engines[("t", 0)]
+    # Both out at once: no group holds the second back.
+    assert [d.receipt.offset for d in engine.receive(10, 0, 1000)] == [42, 43]
+    assert poller.counts["malformed"] == 2
+    assert "t[0]@42" in caplog.text
