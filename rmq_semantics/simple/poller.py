@@ -45,6 +45,7 @@ COUNTS = (
     "skipped",
     "commit_failures",
     "malformed",
+    "dlq_failures",
 )
 
 Part = tuple[str, int]
@@ -88,6 +89,7 @@ class Poller:
         self._paused: set[Part] = set()
         self._unread: set[Part] = set()  # assigned, paused: committed state not read yet
         self._unread_retry_at = 0.0
+        self._owed: dict[Part, list[DeadLetter]] = {}  # dead letters the DLQ has not taken yet
         self._last_commit = 0.0
         self.dirty = False  # acks since the last commit
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
@@ -133,6 +135,7 @@ class Poller:
             )
             self._read_to.pop(part, None)
             self._unread.discard(part)
+            self._owed.pop(part, None)
 
     def _read_unadopted(self, consumer: confluent_kafka.Consumer) -> None:
         """Adopt the partitions assigned while their committed state could not be read:
@@ -189,6 +192,7 @@ class Poller:
             self._read_to.pop(part, None)
             self._paused.discard(part)
             self._unread.discard(part)
+            self._owed.pop(part, None)
         consumer.incremental_unassign(partitions)
 
     # -- reading -------------------------------------------------------------------------------
@@ -210,6 +214,7 @@ class Poller:
             if tags is not None and not tags.matches(headers_of(msg)):
                 engine.skip(offset)
                 self.counts["skipped"] += 1
+                self.dirty = True  # its offset goes with the next periodic commit
             else:
                 engine.offer(offset, msg, now)
         self._back_pressure(consumer)
@@ -266,9 +271,22 @@ class Poller:
 
     # -- dead letters --------------------------------------------------------------------------
     def _bury(self, engine: PartitionEngine, now_ms: int) -> None:
-        """Write the engine's owed dead letters to the DLQ, then make them done."""
-        for dead in engine.take_dead_letters(now_ms):
-            self._send_dead(engine, dead)
+        """Write the engine's owed dead letters to the DLQ, then make them done. One the DLQ
+        did not take stays owed (its group blocked, the commit below it) and is sent again
+        at the next receive: the engine hands each out once, so it must not be dropped."""
+        owed = self._owed.setdefault((engine.topic, engine.partition), [])
+        owed += engine.take_dead_letters(now_ms)
+        while owed:
+            dead = owed[0]
+            try:
+                self._send_dead(engine, dead)
+            except (KafkaOperationError, RmqTimeoutError, KafkaException, BufferError) as exc:
+                self.counts["dlq_failures"] += 1
+                log.warning(
+                    "simple consumer %s: %s (sent again at the next receive)", self.client_id, exc
+                )
+                return
+            owed.pop(0)
             engine.dead_lettered(dead.offset)
             self.counts["dead"] += 1
             self.dirty = True

@@ -111,3 +111,53 @@ def test_a_message_group_that_is_not_utf8_is_counted_and_delivered_without_order
     assert [d.receipt.offset for d in engine.receive(10, 0, 1000)] == [42, 43]
     assert poller.counts["malformed"] == 2
     assert "t[0]@42" in caplog.text
+
+
+class FakeProducer:
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.sent: list[bytes] = []
+        self._pending: list = []
+
+    def produce(self, topic, key, value, headers, on_delivery):
+        self._pending.append((value, on_delivery))
+
+    def flush(self, timeout):
+        for value, on_delivery in self._pending:
+            if self.failures:
+                self.failures -= 1
+                on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+            else:
+                self.sent.append(value)
+                on_delivery(None, None)
+        self._pending = []
+        return 0
+
+
+def test_a_dead_letter_the_dlq_refused_stays_owed_and_is_sent_again():
+    settings = SimpleConsumerSettings(max_delivery_attempts=1)
+    poller = Poller(
+        settings,
+        group="g",
+        client_id="c",
+        dlq_topic="__rmq_dlq_g",
+        system=SystemPartitionFilter("__rmq", "test"),
+        filters={"t": TagFilter()},
+    )
+    consumer, producer = FakeConsumer(failures=0), FakeProducer(failures=1)
+    poller.producer = producer
+    poller.on_assign(consumer, [TopicPartition("t", 0)])
+    record = FakeRecord(42, [])
+    record.key = lambda: None
+    record.value = lambda: b"poison"
+    consumer.consume = lambda n, timeout: [record]
+    poller.poll(consumer, 0)
+    consumer.consume = lambda n, timeout: []
+    engine = poller.engines[("t", 0)]
+    assert len(engine.receive(1, 0, 1000)) == 1  # its one attempt
+    engine_now = 2000  # the deadline passed: a dead letter is owed
+    poller._bury(engine, engine_now)
+    assert (producer.sent, poller.counts["dlq_failures"], poller.counts["dead"]) == ([], 1, 0)
+    poller._bury(engine, engine_now)
+    assert (producer.sent, poller.counts["dead"]) == ([b"poison"], 1)
+    assert engine.committable(engine_now)[0] == 43  # done: the commit moves past it
