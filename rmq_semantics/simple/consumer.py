@@ -11,9 +11,11 @@ commit (every receive's, one at least every ``commit_interval_ms``, the revocati
 close's). Dead letters go to ``<prefix>_dlq_<group>`` synchronously before their record is
 done.
 
-Threads: the caller's. Every call takes the one lock; ``receive`` polls in short slices and
-lets the lock go between them, so an ``ack`` from another thread waits at most one slice.
-The rebalance callbacks run inside those polls.
+Threads: the caller's, and one background thread that polls between receives (so the member
+stays in the group while the user works) and commits the acks every ``commit_interval_ms``.
+Every call takes the one lock; ``receive`` polls in short slices and lets the lock go between
+them, so an ``ack`` from another thread waits at most one slice. The rebalance callbacks run
+inside those polls.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
 # One poll slice: the longest an ack from another thread waits for the lock.
 POLL_SLICE_S = 0.05
+# The background poll's pace between receives (at most; commit_interval_ms if shorter).
+KEEP_INTERVAL_S = 0.5
 
 
 class FilterType(Enum):
@@ -222,6 +226,8 @@ class SimpleConsumer:
         self._lock = threading.RLock()
         self._consumer: confluent_kafka.Consumer | None = None
         self._closed = False
+        self._stopping = threading.Event()
+        self._keeper: threading.Thread | None = None
         self._io = Poller(
             self.s,
             group=self.group,
@@ -298,13 +304,36 @@ class SimpleConsumer:
             )
             self._consumer = new_client(confluent_kafka.Consumer, self._conf, "SimpleConsumer")
             self._subscribe()
+            self._keeper = threading.Thread(
+                target=self._keep, name=f"simple-consumer-{self.group}", daemon=True
+            )
+            self._keeper.start()
             return self
+
+    def _keep(self) -> None:
+        """Between receives: poll (the group keeps this member past ``max.poll.interval.ms``,
+        rebalances are served) and commit the acks every ``commit_interval_ms``."""
+        interval = min(KEEP_INTERVAL_S, self.s.commit_interval_ms / 1000)
+        while not self._stopping.wait(interval):
+            with self._lock:
+                consumer = self._consumer
+                if consumer is None:
+                    return
+                try:
+                    self._io.poll(consumer, 0)
+                    self._io.commit_if_due(consumer)
+                except Exception:  # the keeper must not die: log and go on
+                    log.exception("simple consumer %s: background poll", self.client_id)
 
     start = startup
 
     def close(self) -> None:
         """Commit the acks, leave the group (the revocation commits again), release the
         clients. Idempotent."""
+        self._stopping.set()
+        keeper = self._keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join(self.s.operation_timeout_s)
         with self._lock:
             if self._closed:
                 return

@@ -212,3 +212,24 @@ def test_after_a_sigkill_another_instance_gets_the_message_with_its_attempt_coun
         assert again.message_id == held["message_id"]
         assert again.delivery_attempt == 2
         survivor.ack(again)
+
+
+def test_an_ack_is_committed_without_another_receive(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"one"])
+    # A plain client reading the group's committed offset, without joining the group.
+    reader = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
+
+    def committed() -> int:
+        [tp] = reader.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
+        return tp.offset
+
+    try:
+        # The ack itself commits only commit_interval_ms after the receive's commit.
+        with simple(broker, group, topic, prefix, commit_interval_ms=2000) as consumer:
+            [message] = receive_n(consumer, 1, 60)
+            assert committed() == 0  # committed before delivery: its lease, offset 0 not done
+            consumer.ack(message)
+            wait_for(lambda: committed() == 1, 30, "the ack's commit (the background one)")
+    finally:
+        reader.close()
