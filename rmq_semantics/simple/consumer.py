@@ -454,6 +454,13 @@ class SimpleConsumer:
             self.counts["invisible_changed"] += 1
             return replace(message, invisible_until_ms=until)
 
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per assigned partition (``topic[partition]``): ``commit_offset`` (where a commit
+        now puts it), ``in_flight`` (invisible), ``leased`` (delivered, not done),
+        ``buffered``, ``groups`` (message groups with records), ``paused`` (back-pressure)."""
+        with self._lock:
+            return self._io.status()
+
     @property
     def skipped_system_partitions(self) -> int:
         return self._system.skipped_partitions

@@ -233,6 +233,22 @@ class Poller:
                     consumer.seek(TopicPartition(*part, self._read_to[part]))
                 consumer.resume([TopicPartition(*part)])
 
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per assigned partition (``topic[partition]``): where a commit now would put the
+        offset, the records invisible, leased, buffered, the message groups with records, and
+        whether back-pressure paused it."""
+        return {
+            engine.where: {
+                "commit_offset": engine.tracker.lowest_unfinished,
+                "in_flight": engine.in_flight,
+                "leased": engine.leased,
+                "buffered": engine.buffered,
+                "groups": engine.groups,
+                "paused": part in self._paused,
+            }
+            for part, engine in sorted(self.engines.items())
+        }
+
     # -- commits -------------------------------------------------------------------------------
     def commit(self, consumer: confluent_kafka.Consumer, parts: list[Part]) -> None:
         """Commit ``parts``' committable offsets and metadata, synchronously."""

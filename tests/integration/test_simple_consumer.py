@@ -166,6 +166,8 @@ def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic
         # One head per group, and the message without a group.
         assert sorted(m.body for m in batch) == [b"free", b"order-1/0", b"order-2/0"]
         assert consumer.receive(10, 30) == []  # the heads are invisible, nothing behind them
+        [status] = consumer.status().values()
+        assert (status["in_flight"], status["groups"], status["commit_offset"]) == (3, 2, 0)
         while batch:
             for message in batch:
                 seen.append(message.body)

@@ -110,6 +110,16 @@ def test_a_message_group_that_is_not_utf8_is_counted_and_delivered_without_order
     # Both out at once: no group holds the second back.
     assert [d.receipt.offset for d in engine.receive(10, 0, 1000)] == [42, 43]
     assert poller.counts["malformed"] == 2
+    assert poller.status() == {
+        "t[0]": {
+            "commit_offset": 42,
+            "in_flight": 2,
+            "leased": 2,
+            "buffered": 2,
+            "groups": 0,
+            "paused": False,
+        }
+    }
     assert "t[0]@42" in caplog.text
 
 
