@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -235,3 +236,63 @@ def test_an_ack_is_committed_without_another_receive(broker, make_topic, unique)
             wait_for(lambda: committed() == 1, 30, "the ack's commit (the background one)")
     finally:
         reader.close()
+
+
+def test_two_instances_share_the_partitions_and_keep_each_group_in_order(
+    broker, make_topic, unique
+):
+    topic, group, prefix = make_topic("simple", partitions=4), unique("g"), unique("p")
+    groups, per_group = [f"order-{g}" for g in range(8)], 5
+    total = len(groups) * per_group
+    acked: list[bytes] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def work(consumer: SimpleConsumer) -> None:
+        while not stop.is_set():
+            for message in consumer.receive(8, 2):
+                with lock:  # the ack and its record in one step: the order acks happened in
+                    try:
+                        consumer.ack(message)
+                    except ReceiptError:
+                        continue  # its partition moved: the new owner delivers it again
+                    acked.append(message.body)
+
+    with (
+        simple(broker, group, topic, prefix, await_duration=0.5) as first,
+        simple(broker, group, topic, prefix, await_duration=0.5) as second,
+    ):
+        # Both members hold partitions (their background polls join) before anything is sent.
+        wait_for(
+            lambda: (
+                first.status()
+                and second.status()
+                and len(first.status()) + len(second.status()) == 4
+            ),
+            60,
+            "the two instances sharing the 4 partitions",
+        )
+        producer = confluent_kafka.Producer(broker.conf())
+        for i in range(per_group):
+            for g in groups:  # a group's messages in one partition, as placement by group will do
+                producer.produce(
+                    topic,
+                    value=f"{g}/{i}".encode(),
+                    partition=groups.index(g) % 4,
+                    headers=[(H.MESSAGE_GROUP, g.encode())],
+                )
+        assert producer.flush(30) == 0
+        threads = [threading.Thread(target=work, args=(c,)) for c in (first, second)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: len(set(acked)) >= total, 90, "every message acked")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert first.counts["acked"] > 0 and second.counts["acked"] > 0  # both worked
+    for g in groups:
+        assert [v for v in acked if v.startswith(f"{g}/".encode())] == [
+            f"{g}/{i}".encode() for i in range(per_group)
+        ]
