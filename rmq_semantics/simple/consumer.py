@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -217,7 +218,7 @@ class SimpleConsumer:
         self.s: SimpleConsumerSettings = load(SimpleConsumerSettings, settings)
         self.group = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
-        self.client_id = client_id or f"{self.group}@{id(self):x}"
+        self.client_id = client_id or f"{self.group}@{uuid.uuid4().hex[:12]}"
         self.dlq_topic = SystemTopics(self.topic_prefix).dlq(self.group)
         self._system = SystemPartitionFilter(self.topic_prefix, f"simple consumer {self.group}")
         self._filters: dict[str, TagFilter] = {}

@@ -93,6 +93,9 @@ class Poller:
         self._last_commit = 0.0
         self.dirty = False  # acks since the last commit
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
+        # The commit metadata's owner in the tracker's "client:epoch" form (else a restore
+        # warns that another library wrote it); no lock epochs here.
+        self._owner = f"{client_id}:0"
 
     # -- rebalance (inside a poll, under the lock) ---------------------------------------------
     def on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -256,7 +259,7 @@ class Poller:
         offsets = []
         for part in parts:
             engine = self.engines.get(part)
-            state = engine.committable(now, self.client_id) if engine else None
+            state = engine.committable(now, self._owner) if engine else None
             if state is not None:
                 offsets.append(TopicPartition(*part, state[0], metadata=state[1]))
         if not offsets:

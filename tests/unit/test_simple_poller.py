@@ -171,3 +171,20 @@ def test_a_dead_letter_the_dlq_refused_stays_owed_and_is_sent_again():
     poller._bury(engine, engine_now)
     assert (producer.sent, poller.counts["dead"]) == ([b"poison"], 1)
     assert engine.committable(engine_now)[0] == 43  # done: the commit moves past it
+
+
+def test_a_partition_restored_from_the_poller_s_own_commit_logs_no_warning(caplog):
+    poller, consumer = make_poller(), FakeConsumer(failures=0)
+    poller.on_assign(consumer, [TopicPartition("t", 0)])
+    consumer.consume = lambda n, timeout: [FakeRecord(42, [])]
+    poller.poll(consumer, 0)
+    engine = poller.engines[("t", 0)]
+    engine.receive(1, 0, 1000)
+    offset, metadata = engine.committable(0, poller._owner)
+    committed = [TopicPartition("t", 0, offset, metadata=metadata)]
+    consumer.committed = lambda partitions, timeout: committed
+    caplog.clear()
+    poller.on_assign(consumer, [TopicPartition("t", 0)])  # a new owner, from that commit
+    assert "ignoring" not in caplog.text
+    assert poller.engines[("t", 0)].offer(42, FakeRecord(42, []), 0)  # its lease restored
+    assert poller.engines[("t", 0)].in_flight == 1
