@@ -14,112 +14,31 @@ again, every record is processed, each retry copy is written once, and consuming
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import operator
-import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.embedded import free_port
 from rmq_semantics.push import ConsumeConcurrentlyStatus, PushConsumer
 from rmq_semantics.topics import SystemTopics, ensure_topics
 from tests.group_protocol import group_conf
+from tests.integration.kafka_proxy import END_TXN, ProxiedKafka, RequestHold
 from tests.integration.push_helpers import committed_ends, produce_numbers, read_all
 from tests.integration.txn_helpers import wait_for
 
-END_TXN = 26  # the Kafka protocol's EndTxn api key
 LEVELS = (0.2, 0.4)
 BLOCKER = 10  # the record whose listener call is running when the proxy is armed
 
 
-class EndTxnHold:
-    """A TCP proxy to the broker: while ``armed`` it holds each EndTxn request it reads (and
-    everything after it on that connection), then drops that connection once disarmed."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.port = free_port()
-        self.armed = threading.Event()
-        self.disarmed = threading.Event()
-        self.held = 0
-        self._server = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self) -> None:
-        self.disarmed.clear()
-        self.armed.set()
-
-    def disarm(self) -> None:
-        self.armed.clear()
-        self.disarmed.set()
-
-    def close(self) -> None:
-        self.disarm()
-        self._server.close()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self._server.accept()
-                upstream = socket.create_connection(self.upstream)
-                threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
-                threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
-
-    def _up(self, client: socket.socket, upstream: socket.socket) -> None:
-        try:
-            while (size := _read(client, 4)) and (body := _read(client, int.from_bytes(size))):
-                if int.from_bytes(body[:2]) == END_TXN and self.armed.is_set():
-                    self.held += 1
-                    self.disarmed.wait()  # the coordinator "frozen": no answer, then gone
-                    return
-                upstream.sendall(size + body)
-        except OSError:
-            pass
-        finally:
-            for sock in (client, upstream):
-                sock.close()
-
-    @staticmethod
-    def _down(upstream: socket.socket, client: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := upstream.recv(65536):
-                client.sendall(data)
-        for sock in (client, upstream):
-            sock.close()
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            return b""
-        out += chunk
-    return out
-
-
-@dataclass
-class ProxiedKafka(EmbeddedKafka):
-    """A broker that advertises the proxy's port: every client connection goes through it."""
-
-    proxy_port: int = 0
-
-    def _properties(self, controller_port: int) -> dict[str, str]:
-        lines = super()._properties(controller_port)
-        lines["advertised.listeners"] = f"PLAINTEXT://127.0.0.1:{self.proxy_port}"
-        return lines
-
-
 @pytest.fixture
-def proxied(tmp_path: Path) -> Iterator[tuple[ProxiedKafka, EndTxnHold]]:
+def proxied(tmp_path: Path) -> Iterator[tuple[ProxiedKafka, RequestHold]]:
     port = free_port()
-    proxy = EndTxnHold(port)
+    proxy = RequestHold(port, END_TXN)
     kafka = ProxiedKafka(tmp_path / "kafka", port=port, proxy_port=proxy.port)
     try:
         kafka.start()
