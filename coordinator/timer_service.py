@@ -296,9 +296,16 @@ class TimerService:
             consumer.assign(starts)
             consumer.pause(starts)
             return
+        self._assign(consumer, starts)
+        log.info("assigned timer partitions %s; reading their cancels", parts)
+
+    def _assign(self, consumer: confluent_kafka.Consumer, starts: list[TopicPartition]) -> None:
+        """Assign ``starts``: the lanes paused (their wheels resume them), the cancel
+        partitions fetching. librdkafka keeps a partition's pause through a new assignment,
+        a revocation included, so the cancels are resumed each time, never assumed to be."""
         consumer.assign(starts)
         consumer.pause([tp for tp in starts if tp.topic != self.topics.timer_cancel])
-        log.info("assigned timer partitions %s; reading their cancels", parts)
+        consumer.resume([tp for tp in starts if tp.topic == self.topics.timer_cancel])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         # Between transactions: the step writes before it polls again.
@@ -363,34 +370,33 @@ class TimerService:
         if self._writer is not None:  # a re-created producer, before any read
             self._writer.txn.ensure_initialised(self._stop)
         self._sent.clear()
+        self._recover_due = False  # even with nothing left: revoked meanwhile
         parts = sorted(self._assigned)
         if not parts:
             return
         loading, known = dict(self._loading), set(self.wheels)
-        self._recover_due = False
         try:
             starts = self._recover(consumer, parts)
             # Assigned again, each partition at a start given: a seek fails (_STATE) on a
             # partition librdkafka is not fetching, e.g. after its own committed-offset fetch
             # failed, and only an assignment starts it again. The cancel partitions go on
-            # from where they are (see below); the lanes stay paused until the wheel resumes
-            # them.
+            # from where they are (see below).
             where = {
                 (tp.topic, tp.partition): tp.offset
                 for tp in consumer.position(
                     [tp for tp in starts if tp.topic == self.topics.timer_cancel]
                 )
             }
-            consumer.assign(
+            self._assign(
+                consumer,
                 [
                     TopicPartition(tp.topic, tp.partition, at)
                     if (at := where.get((tp.topic, tp.partition), -1)) >= 0
                     and tp.partition in known
                     else tp
                     for tp in starts
-                ]
+                ],
             )
-            consumer.pause([tp for tp in starts if tp.topic != self.topics.timer_cancel])
         except KafkaException as exc:
             raise KafkaOperationError.wrap("replaying timer partitions", exc.args[0]) from exc
         for p, wheel in self.wheels.items():

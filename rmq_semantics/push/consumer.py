@@ -258,6 +258,7 @@ class PushConsumer:
     def counts(self) -> dict[str, int]:
         """Messages consumed, retried, dead-lettered, skipped (tags), malformed retry
         records, timed-out calls, poll-thread errors recovered from and transactional
-        producers re-created (``producer_renewals``: a fatal error, or a call abandoned
-        past its timeout; the partitions replay from their committed offsets), since start."""
+        producers re-created (``producer_renewals``: a fatal error, a transaction whose
+        outcome is unknown, or a call abandoned past its timeout; the partitions replay from
+        their committed offsets), since start."""
         return dict(self.ledger.counts)

@@ -9,6 +9,12 @@ Two campaign faults ended consuming for good (seeds 1 and 2, issue 30):
   releasing the GIL and librdkafka waits for its main thread without a timeout: the whole
   process froze.
 
+A third (issue 35, all brokers frozen past a call's timeout): a commit timed out, and the
+abort that followed was refused while that commit was pending (_CONFLICT), on every round
+after; the consumer never committed again. A commit that timed out, or an abort that failed,
+leaves the transaction's outcome unknown: the producer is re-created, as the coordinator's
+``KafkaTransactions`` does.
+
 So every transaction runs on a helper thread the poll thread waits on for a bounded time;
 one past that bound is abandoned to its thread, and after a fatal error or an abandoned call
 the producer is re-created before anything else is called on it. The caller replays from
@@ -40,12 +46,18 @@ TXN_TIMEOUT_S = 30.0  # each transactional call's own timeout
 
 
 class Renewed(Exception):
-    """The producer was re-created (a fatal error, or a call abandoned past its timeout):
-    what the failed transaction held must be replayed from the committed offsets."""
+    """The producer was re-created (a fatal error, a transaction whose outcome is unknown, or a
+    call abandoned past its timeout): what the failed transaction held must be replayed from
+    the committed offsets."""
 
 
 class _Abandoned(Exception):
     """Raised on the helper thread once its transaction was given up: nothing more is sent."""
+
+
+class _OutcomeUnknown(Exception):
+    """Raised on the helper thread when a transaction may or may not have committed (a
+    commit timed out, or its abort failed without a fatal error): the producer is re-created."""
 
 
 class _CallThread:
@@ -146,6 +158,7 @@ class PushProducer:
             if abandoned.is_set():  # its successor has taken over: commit nothing now
                 raise _Abandoned
 
+        committing = False
         try:
             step()
             producer.begin_transaction()
@@ -161,17 +174,26 @@ class PushProducer:
                 step()
                 producer.send_offsets_to_transaction(offsets, metadata, TXN_TIMEOUT_S)
             step()
+            committing = True
             producer.commit_transaction(TXN_TIMEOUT_S)
         except KafkaException as exc:
-            if exc.args[0].fatal():
+            err = exc.args[0]
+            if err.fatal():
                 raise  # nothing more on this producer: it is re-created
+            if committing and err.retriable() and not err.txn_requires_abort():
+                # A timed-out commit goes on in the background and librdkafka refuses any
+                # other call until the same commit is called again (_CONFLICT): its outcome
+                # is unknown, and only a new epoch settles it.
+                raise _OutcomeUnknown(f"committing: {err}") from exc
             step()
             try:
                 producer.abort_transaction(TXN_TIMEOUT_S)
             except KafkaException as abort_exc:
                 if abort_exc.args[0].fatal():
                     raise abort_exc from exc  # re-created: its next begin would never return
-                log.warning("push consumer %s: abort failed (%s)", self.name, abort_exc.args[0])
+                # Timed out, or refused while an earlier call is pending (_CONFLICT, _STATE):
+                # the transaction is still open on this producer, and stays so.
+                raise _OutcomeUnknown(f"aborting after {err}: {abort_exc.args[0]}") from exc
             raise
 
     def _wait(self, future: concurrent.futures.Future, wedged_after_s: float, what: str) -> None:
@@ -189,6 +211,15 @@ class PushProducer:
             )
             self._renew(flush=False)
             raise Renewed(f"{what} did not return in {wedged_after_s:.0f} s") from None
+        except _OutcomeUnknown as exc:
+            log.warning(
+                "push consumer %s: %s: the transaction's outcome is unknown; re-creating "
+                "the transactional producer (its new epoch aborts it unless it committed)",
+                self.name,
+                exc,
+            )
+            self._renew(flush=True)
+            raise Renewed(str(exc)) from exc
         except KafkaException as exc:
             if not exc.args[0].fatal():
                 raise

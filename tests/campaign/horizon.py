@@ -7,23 +7,14 @@ from __future__ import annotations
 import math
 
 from tests.campaign.history import History, Kind
+from tests.campaign.nemesis import BROKER_KINDS
 
 __all__ = ["CLUSTER_FAULTS", "cluster_fault_intervals", "overlaps", "up_deadline"]
 
 
-#: The nemesis's cluster-lane faults (nemesis.BROKER_KINDS): while one is on, the cluster is
-#: not whole and the liveness horizon does not run (see check_liveness).
-CLUSTER_FAULTS = frozenset(
-    {
-        "broker_pause",
-        "broker_kill",
-        "all_brokers_paused",
-        "controller_kill",
-        "group_coordinator_kill",
-        "disk_full",
-        "partition",
-    }
-)
+#: The nemesis's cluster-lane faults: while one is on, the cluster is not whole and the
+#: liveness horizon does not run (see check_liveness).
+CLUSTER_FAULTS = frozenset(BROKER_KINDS)
 
 
 def cluster_fault_intervals(history: History) -> list[tuple[float, float]]:

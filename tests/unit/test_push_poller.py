@@ -16,6 +16,7 @@ from rmq_semantics.push import poller
 from rmq_semantics.push.ledger import Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
 from rmq_semantics.push.positions import rewind
+from rmq_semantics.push.retry import OutRecord
 from rmq_semantics.tags import TagFilter
 
 
@@ -269,6 +270,52 @@ def test_a_producer_whose_abort_failed_fatally_is_replaced_and_the_batch_replaye
         loop._last_commit = 0.0  # a commit every round
     # Replayed from the committed offset (7): 7 and 8 are read and processed again.
     assert [(s.topic, s.partition, s.offset) for s in consumer.sought] == [("orders", 0, 7)]
+    assert fresh.calls[0] == "init"
+    assert loop.ledger.counts["producer_renewals"] == 1
+
+
+# A retry copy owed in the failing transaction: its produce is part of it.
+OUT = OutRecord("retry_g_1", b"k", b"v", [], 1, "orders[0]@7")
+
+
+@pytest.mark.parametrize(
+    ("commit_error", "abort_error", "calls"),
+    [
+        # Timed out: librdkafka goes on with it in the background and refuses an abort
+        # until the same commit is called again, so none is tried.
+        (
+            KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True),
+            None,
+            ["init", "begin", "produce", "send_offsets", "commit"],
+        ),
+        # Abortable, but the abort itself failed without a fatal error.
+        (
+            KafkaError(KafkaError._MSG_TIMED_OUT, "record timed out", txn_requires_abort=True),
+            KafkaError(KafkaError._CONFLICT, "commit_transaction in progress", retriable=True),
+            ["init", "begin", "produce", "send_offsets", "commit", "abort"],
+        ),
+    ],
+    ids=["commit-timed-out", "abort-conflict"],
+)
+def test_a_transaction_whose_outcome_is_unknown_renews_the_producer_and_replays(
+    monkeypatch, commit_error, abort_error, calls
+):
+    """Campaign issue 35 (every broker frozen past a call's timeout): the commit timed out,
+    the abort after it failed with _CONFLICT ("a conflicting commit_transaction call is in
+    progress"), and so did every round after (4,291 times): 81 records never processed."""
+    first = FakeProducer("first", commit_error=commit_error, abort_error=abort_error)
+    fresh = FakeProducer("second")
+    loop, consumer = _open_with(monkeypatch, [first, fresh])
+    loop.ledger.put_back([(loop.ledger.parts()[0], [OUT])])
+    consumer.sought.clear()
+    loop._commit()
+    assert first.calls == calls
+    for _ in range(3):
+        loop._round()
+        loop._last_commit = 0.0
+    # Replayed from the committed offset (7) on the new producer; the first is left alone.
+    assert [(s.topic, s.partition, s.offset) for s in consumer.sought] == [("orders", 0, 7)]
+    assert first.calls == calls
     assert fresh.calls[0] == "init"
     assert loop.ledger.counts["producer_renewals"] == 1
 
