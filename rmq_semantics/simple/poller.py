@@ -122,6 +122,9 @@ class Poller:
             return
         self._adopt(committed)
         consumer.incremental_assign(committed)
+        # librdkafka keeps a partition's pause through its revocation and a later assignment
+        # to this member: one paused when it was taken away would never be read again.
+        consumer.resume(committed)
 
     def _adopt(self, committed: list) -> None:
         """Engines for the partitions of ``committed``, restored from their commits."""
