@@ -28,6 +28,7 @@ __all__ = [
     "LockLostError",
     "MalformedRecordError",
     "MessageSizeError",
+    "ReceiptError",
     "RmqError",
     "RmqTimeoutError",
     "SelectorError",
@@ -81,6 +82,14 @@ class IllegalStateError(RmqError, RuntimeError):
     """An object was used in a state that does not allow the call (closed, not started)."""
 
     code = "illegal_state"
+
+
+class ReceiptError(RmqError, RuntimeError):
+    """A SimpleConsumer's ``ack`` or ``change_invisible_duration`` named a receipt that is no
+    longer the message's current delivery (acked, past its invisible duration, delivered
+    again, or from before a rebalance): RocketMQ's INVALID_RECEIPT_HANDLE."""
+
+    code = "invalid_receipt_handle"
 
 
 class RmqTimeoutError(RmqError, TimeoutError):

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_TRANSACTION_BYTES",
     "MAX_TRANSACTION_MESSAGES",
     "ProducerSettings",
+    "SimpleConsumerSettings",
     "add_arguments",
     "add_kafka_arguments",
     "env_name",
@@ -284,3 +285,58 @@ class ProducerSettings:
                 f"{MAX_TRANSACTION_MESSAGES} (the coordinator's cap), got "
                 f"{self.max_transaction_messages}"
             )
+
+
+@dataclass(frozen=True)
+class SimpleConsumerSettings:
+    """Tunables of a ``SimpleConsumer`` beyond its Kafka conf: kwargs of the constructor,
+    else env ``RMQ_<NAME>`` (e.g. ``RMQ_MAX_DELIVERY_ATTEMPTS``), else these
+    (docs/design/simple-consumer.md)."""
+
+    await_duration: float = setting(
+        20.0,
+        "seconds a receive waits for a message when none is ready (RocketMQ's "
+        "await_duration, its long poll); then it returns an empty list",
+    )
+    # The engine's defaults (simple/engine.py; importing it here would make a cycle through
+    # rmq_semantics.orderly; tests/unit/test_simple_engine.py holds them equal).
+    max_delivery_attempts: int = setting(
+        16,
+        "deliveries of a message without an ack before it goes to <prefix>_dlq_<group> "
+        "(RocketMQ 5's maxDeliveryAttempts)",
+    )
+    max_leased: int = setting(
+        100,
+        "messages per partition delivered and not acked yet; at the bound only "
+        "redeliveries go out (their leases travel in the commit metadata, which Kafka caps "
+        "at 4096 bytes)",
+    )
+    commit_interval_ms: int = setting(
+        100,
+        "acks are committed with the next receive, or by an ack or receive this long after "
+        "the last commit; an instance that dies may see its last interval's acks redelivered",
+    )
+    fifo: bool = setting(
+        True,
+        "order the messages of one message group (rmq.message_group): one in flight per "
+        "group, the next after the ack; False delivers every message concurrently",
+    )
+    operation_timeout_s: float = setting(
+        30.0,
+        "the bound of each blocking Kafka call (offset commit, committed-offset read, dead "
+        "letter send, close)",
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fifo, bool):
+            raise ConfigError(f"fifo must be a bool, got {self.fifo!r}")
+        for name in ("max_delivery_attempts", "max_leased", "commit_interval_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("await_duration", "operation_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if self.operation_timeout_s <= 0:
+            raise ConfigError(f"operation_timeout_s must be > 0, got {self.operation_timeout_s!r}")

@@ -10,6 +10,7 @@ its ``known_bad`` text and the test holds the fix.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import queue
@@ -40,6 +41,10 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockEntry, LockKey, LockRequest, LockState, RequestKind
 from rmq_semantics.records.timer import parse_timer, unparsed_timer
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.simple.engine import PartitionEngine
+from rmq_semantics.simple.leases import Lease, decode_leases, encode_leases
+from rmq_semantics.simple.leases import compose_metadata as compose_lease_metadata
+from rmq_semantics.simple.leases import split_metadata as split_lease_metadata
 from rmq_semantics.topics import is_system_topic
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -511,4 +516,59 @@ def test_the_orderly_queue_takes_any_lock_answer_and_committed_offset(rng):
                 broken.append(f"commit allowed for epoch {epoch} in {q.phase} after {action}")
             if q.runnable(now) and q.phase is not QueuePhase.ALIGNED:
                 broken.append(f"runnable in {q.phase}")
+    assert not broken, broken[:10]
+
+
+def _lease_metadata(rng: random.Random, committed: int) -> str:
+    """A commit metadata with a lease field: valid, mutated, truncated or garbage."""
+    leases = {
+        committed + gap: Lease(gen.pick(rng, [1, 2, 16, (1 << 14) - 1]), gen.pick(rng, [0, 10**13]))
+        for gap in rng.sample(range(0, 300), rng.randrange(1, 20))
+    }
+    field = encode_leases(committed, gen.pick(rng, [0, 1_700_000_000_000]), leases)
+    kind = gen.pick(rng, ["valid", "flip", "cut", "swap", "garbage", "forged"])
+    if kind == "flip":
+        i = rng.randrange(len(field))
+        field = field[:i] + rng.choice("09azAZ-_.|=") + field[i + 1 :]
+    elif kind == "cut":
+        field = field[: rng.randrange(len(field))]
+    elif kind == "swap":
+        field = field.replace(f".{committed}.", f".{committed + 1}.", 1)
+    elif kind == "garbage":
+        field = "rmqlease1." + gen.some_text(rng)
+    elif kind == "forged":  # a well-formed field whose entries are out of every range
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+        b64 = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        field = f"rmqlease1.{committed}.0.b{b64}.{zlib.crc32(raw):08x}"
+    return compose_lease_metadata(gen.pick(rng, ["", "rmqdone1.x"]), field, "c:1")
+
+
+def test_the_lease_engine_restores_from_any_commit_metadata(rng):
+    """Any lease field (the group's commit is untrusted input): decoded or refused with a
+    ValueError; a restored engine then hands out every record, never an attempt below 1."""
+    broken = []
+    for _ in range(RECORDS // 3):
+        committed = gen.pick(rng, [0, 7, 10**12])
+        metadata = _lease_metadata(rng, committed)
+        _, field, _ = split_lease_metadata(metadata)
+        try:
+            leases = decode_leases(field, committed)
+        except ValueError:
+            leases = {}
+        except Exception as exc:  # the finding: any other exception
+            broken.append(f"{type(exc).__name__} on {metadata[:80]!r}")
+            continue
+        if any(o < committed or lease.attempts < 1 for o, lease in leases.items()):
+            broken.append(f"entry below the commit or without attempts: {metadata[:80]!r}")
+        try:
+            engine = PartitionEngine.restore("t", 0, committed, metadata)
+            for offset in range(committed, committed + 5):
+                engine.offer(offset, None, 2_000_000_000_000)
+            out = engine.receive(10, 2_000_000_000_000, 1000)
+        except Exception as exc:  # the finding: any exception
+            broken.append(f"restore: {type(exc).__name__} {exc} on {metadata[:80]!r}")
+            continue
+        dead = {d.offset for d in engine.take_dead_letters(2_000_000_000_000)}
+        if {d.receipt.offset for d in out} | dead != set(range(committed, committed + 5)):
+            broken.append(f"records held back after a restore from {metadata[:80]!r}")
     assert not broken, broken[:10]

@@ -1,0 +1,352 @@
+"""SimpleConsumer (RocketMQ 5's receive / ack / change_invisible_duration) on the real broker:
+acked messages stay acked, an unacked one comes back after its invisible duration with its
+attempt counted (to another instance once the first is gone), change_invisible_duration
+extends the lease, and the DLQ after max_delivery_attempts. A plain confluent_kafka
+producer and consumer are the adversary's tools."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import confluent_kafka
+import pytest
+
+from rmq_semantics.errors import ConfigError, ReceiptError
+from rmq_semantics.records.headers import H
+from rmq_semantics.simple.consumer import FilterExpression, FilterType, SimpleConsumer
+from tests.group_protocol import group_conf
+from tests.integration.txn_helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A receive's wait; receive_n tries again while the group's first join is under way.
+AWAIT_S = 3.0
+JOIN_S = 60.0
+
+
+def produce(broker, topic: str, values: list[bytes], headers=None) -> None:
+    producer = confluent_kafka.Producer(broker.conf())
+    for value in values:
+        producer.produce(topic, value=value, headers=headers or [])
+    assert producer.flush(30) == 0
+
+
+def simple(
+    broker,
+    group: str,
+    topic: str,
+    prefix: str,
+    conf: dict | None = None,
+    tags: str = "*",
+    **settings,
+) -> SimpleConsumer:
+    settings.setdefault("await_duration", AWAIT_S)
+    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest", **(conf or {})}))
+    return SimpleConsumer(
+        conf, group, {topic: FilterExpression(tags)}, topic_prefix=prefix, **settings
+    )
+
+
+def receive_n(consumer: SimpleConsumer, n: int, invisible_s: float) -> list:
+    """``n`` messages (fewer if none come within JOIN_S)."""
+    got: list = []
+    deadline = time.monotonic() + JOIN_S
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.receive(n - len(got), invisible_s)
+    return got
+
+
+def test_received_and_acked_messages_are_not_delivered_again(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"a", b"b", b"c"])
+    with simple(broker, group, topic, prefix) as consumer:
+        got = receive_n(consumer, 3, 30)
+        assert sorted(m.body for m in got) == [b"a", b"b", b"c"]
+        assert {m.delivery_attempt for m in got} == {1}
+        for message in got:
+            consumer.ack(message)
+        with pytest.raises(ReceiptError):
+            consumer.ack(got[0])  # acked already
+    # A new instance of the group starts after the acks: only a newer message comes.
+    produce(broker, topic, [b"d"])
+    with simple(broker, group, topic, prefix) as again:
+        got = receive_n(again, 1, 30) + again.receive(10, 30)
+        assert [(m.body, m.delivery_attempt) for m in got] == [(b"d", 1)]
+
+
+def test_an_unacked_message_comes_back_after_its_invisible_duration_with_attempt_2(
+    broker, make_topic, unique
+):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"only"])
+    with simple(broker, group, topic, prefix) as consumer:
+        [first] = receive_n(consumer, 1, 1)
+        [second] = receive_n(consumer, 1, 30)
+        assert second.message_id == first.message_id
+        assert (first.delivery_attempt, second.delivery_attempt) == (1, 2)
+        with pytest.raises(ReceiptError, match="delivered again"):
+            consumer.ack(first)
+        consumer.ack(second)
+        assert consumer.counts["redelivered"] == 1
+
+
+def test_change_invisible_duration_extends_the_lease(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"slow"])
+    with simple(broker, group, topic, prefix) as consumer:
+        [message] = receive_n(consumer, 1, 1)
+        extended = consumer.change_invisible_duration(message, 60)
+        assert extended.invisible_until_ms > message.invisible_until_ms
+        # Its first deadline (1 s) passes while this waits (AWAIT_S): it does not come back...
+        assert consumer.receive(1, 30) == []
+        # ...and the receipt is still the current delivery.
+        consumer.ack(extended)
+
+
+def test_a_second_instance_takes_over_with_the_attempt_counted(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"x"])
+    with simple(broker, group, topic, prefix) as first:
+        [held] = receive_n(first, 1, 2)
+    # Closed without an ack: the lease travelled in the commit, the next owner redelivers.
+    with simple(broker, group, topic, prefix) as second:
+        [again] = receive_n(second, 1, 30)
+        assert again.message_id == held.message_id
+        assert again.delivery_attempt == 2
+        second.ack(again)
+
+
+def test_the_dlq_after_max_delivery_attempts(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"poison"], headers=[("user", b"1")])
+    with simple(broker, group, topic, prefix, max_delivery_attempts=2) as consumer:
+        attempts = [m.delivery_attempt for m in receive_n(consumer, 1, 1)]
+        attempts += [m.delivery_attempt for m in receive_n(consumer, 1, 1)]
+        assert consumer.receive(1, 1) == []  # its third delivery is the DLQ's
+        assert attempts == [1, 2]
+        assert consumer.counts["dead"] == 1
+        dlq = consumer.dlq_topic
+    reader = confluent_kafka.Consumer(
+        broker.conf(**{"group.id": unique("r"), "auto.offset.reset": "earliest"})
+    )
+    reader.subscribe([dlq])
+    try:
+        msg = None
+        for _ in range(60):
+            msg = reader.poll(0.5)
+            if msg is not None and msg.error() is None:
+                break
+        assert msg is not None and msg.value() == b"poison"
+        headers = dict(msg.headers() or [])
+        assert headers[H.DLQ_ORIGINAL_TOPIC] == topic.encode()
+        assert headers["user"] == b"1"
+    finally:
+        reader.close()
+
+
+def test_sql92_filters_and_system_topics_are_refused(broker, unique):
+    with pytest.raises(ConfigError, match="SQL92 filter expressions are not supported"):
+        FilterExpression("a > 1", FilterType.SQL)
+    prefix = unique("p")
+    with pytest.raises(ConfigError):
+        SimpleConsumer(broker.conf(), "g", {f"{prefix}_half": None}, topic_prefix=prefix)
+
+
+def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    producer = confluent_kafka.Producer(broker.conf())
+    sent = [(g, i) for i in range(3) for g in ("order-1", "order-2")]
+    for g, i in sent:
+        value = f"{g}/{i}".encode()
+        producer.produce(topic, value=value, headers=[(H.MESSAGE_GROUP, g.encode())])
+    producer.produce(topic, value=b"free")  # no group: no order
+    assert producer.flush(30) == 0
+    seen: list[bytes] = []
+    with simple(broker, group, topic, prefix) as consumer:
+        batch = receive_n(consumer, 3, 30)
+        # One head per group, and the message without a group.
+        assert sorted(m.body for m in batch) == [b"free", b"order-1/0", b"order-2/0"]
+        assert consumer.receive(10, 30) == []  # the heads are invisible, nothing behind them
+        [status] = consumer.status().values()
+        assert (status["in_flight"], status["groups"], status["commit_offset"]) == (3, 2, 0)
+        while batch:
+            for message in batch:
+                seen.append(message.body)
+                consumer.ack(message)
+            batch = consumer.receive(10, 30) if len(seen) < len(sent) + 1 else []
+    for g in ("order-1", "order-2"):
+        assert [v for v in seen if v.startswith(g.encode())] == [
+            f"{g}/{i}".encode() for i in range(3)
+        ]
+
+
+def test_after_a_sigkill_another_instance_gets_the_message_with_its_attempt_counted_in_order(
+    broker, make_topic, unique, tmp_path
+):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"held", b"next"], headers=[(H.MESSAGE_GROUP, b"order-1")])
+    result = tmp_path / "worker.jsonl"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.simple_worker",
+            *("--bootstrap", broker.bootstrap, "--group", group, "--topic", topic),
+            *("--prefix", prefix, "--result", str(result), "--invisible-s", "2"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: result.exists() and result.read_text().endswith("\n"),
+            90,
+            "the worker receiving the message",
+            details=lambda: f"worker exit code {worker.poll()}",
+        )
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(30)
+    held = json.loads(result.read_text())
+    assert held["attempt"] == 1
+    conf = {"session.timeout.ms": "6000"}
+    with simple(broker, group, topic, prefix, conf=conf) as survivor:
+        batch: list = []
+        deadline = time.monotonic() + JOIN_S
+        while not batch and time.monotonic() < deadline:
+            batch = survivor.receive(10, 30)
+        # The held message again, attempt 2, and nothing of its group behind it yet.
+        assert [(m.message_id, m.delivery_attempt) for m in batch] == [(held["message_id"], 2)]
+        survivor.ack(batch[0])
+        [after] = receive_n(survivor, 1, 30)
+        assert (after.body, after.delivery_attempt) == (b"next", 1)
+        survivor.ack(after)
+
+
+def test_an_ack_is_committed_without_another_receive(broker, make_topic, unique):
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"one"])
+    # A plain client reading the group's committed offset, without joining the group.
+    reader = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
+
+    def committed() -> int:
+        [tp] = reader.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
+        return tp.offset
+
+    try:
+        # The ack itself commits only commit_interval_ms after the receive's commit.
+        with simple(broker, group, topic, prefix, commit_interval_ms=2000) as consumer:
+            [message] = receive_n(consumer, 1, 60)
+            assert committed() == 0  # committed before delivery: its lease, offset 0 not done
+            consumer.ack(message)
+            wait_for(lambda: committed() == 1, 30, "the ack's commit (the background one)")
+    finally:
+        reader.close()
+
+
+def test_two_instances_share_the_partitions_and_keep_each_group_in_order(
+    broker, make_topic, unique
+):
+    topic, group, prefix = make_topic("simple", partitions=4), unique("g"), unique("p")
+    groups, per_group = [f"order-{g}" for g in range(8)], 5
+    total = len(groups) * per_group
+    acked: list[bytes] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def work(consumer: SimpleConsumer) -> None:
+        while not stop.is_set():
+            for message in consumer.receive(8, 2):
+                with lock:  # the ack and its record in one step: the order acks happened in
+                    try:
+                        consumer.ack(message)
+                    except ReceiptError:
+                        continue  # its partition moved: the new owner delivers it again
+                    acked.append(message.body)
+
+    with (
+        simple(broker, group, topic, prefix, await_duration=0.5) as first,
+        simple(broker, group, topic, prefix, await_duration=0.5) as second,
+    ):
+        # Both members hold partitions (their background polls join) before anything is sent.
+        wait_for(
+            lambda: (
+                first.status()
+                and second.status()
+                and len(first.status()) + len(second.status()) == 4
+            ),
+            60,
+            "the two instances sharing the 4 partitions",
+        )
+        producer = confluent_kafka.Producer(broker.conf())
+        for i in range(per_group):
+            for g in groups:  # a group's messages in one partition, as placement by group will do
+                producer.produce(
+                    topic,
+                    value=f"{g}/{i}".encode(),
+                    partition=groups.index(g) % 4,
+                    headers=[(H.MESSAGE_GROUP, g.encode())],
+                )
+        assert producer.flush(30) == 0
+        threads = [threading.Thread(target=work, args=(c,)) for c in (first, second)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: len(set(acked)) >= total, 90, "every message acked")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert first.counts["acked"] > 0 and second.counts["acked"] > 0  # both worked
+    for g in groups:
+        assert [v for v in acked if v.startswith(f"{g}/".encode())] == [
+            f"{g}/{i}".encode() for i in range(per_group)
+        ]
+
+
+def test_a_partition_paused_by_back_pressure_is_read_again_when_it_comes_back(
+    broker, make_topic, unique
+):
+    # librdkafka keeps a Consumer.pause through a revocation and a later assignment of the
+    # partition to the same member: an instance that does not resume it never reads it again.
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    where = f"{topic}[0]"
+    # Records this group's filter skips (done at once) among the ones it keeps (in flight
+    # until acked), at random: the done offsets' bitmap does not compress, and some 12,000
+    # records fill the commit metadata (DONE_METADATA_BYTES): back-pressure pauses the
+    # partition before its end.
+    rng = random.Random(36)
+    tags = [b"mine"] + [rng.choice((b"mine", b"other")) for _ in range(13_999)]
+    producer = confluent_kafka.Producer(broker.conf(**{"linger.ms": 5}))
+    for i, tag in enumerate(tags):
+        producer.produce(topic, value=b"%d" % i, headers=[(H.TAGS, tag)])
+    assert producer.flush(30) == 0
+    with simple(broker, group, topic, prefix, tags="mine", await_duration=0.5) as consumer:
+        # Each receive reads on; the messages received are not acked.
+        held: list = []
+        deadline = time.monotonic() + JOIN_S
+        while not consumer.status().get(where, {}).get("paused"):
+            assert time.monotonic() < deadline, f"{where} never paused: {consumer.status()}"
+            held += consumer.receive(1, 60)
+        # Taken away (the revocation commits the leases) and given back to this instance.
+        consumer.unsubscribe(topic)
+        wait_for(lambda: not consumer.status(), 30, f"{where} revoked")
+        consumer.subscribe(topic, "mine")
+        # Read again from the commit: the first kept message not received yet comes.
+        got = receive_n(consumer, 1, 60)
+        held_bodies = {m.body for m in held}
+        expected = next(
+            b"%d" % i
+            for i, tag in enumerate(tags)
+            if tag == b"mine" and b"%d" % i not in held_bodies
+        )
+        assert [(m.body, m.delivery_attempt) for m in got] == [(expected, 1)], (
+            f"{where} given back: nothing read ({consumer.status()})"
+        )
