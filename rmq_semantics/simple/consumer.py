@@ -81,6 +81,9 @@ KEEP_INTERVAL_S = 0.5
 
 
 class FilterType(Enum):
+    """The kind of a :class:`FilterExpression`: ``TAG`` (the only one supported) or ``SQL``
+    (RocketMQ's SQL92 property filter, refused with a ConfigError)."""
+
     TAG = "TAG"
     SQL = "SQL92"
 
