@@ -29,6 +29,7 @@ from rmq_semantics import (
     ReceiptError,
     SimpleConsumer,
 )
+from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.records.headers import H
 from rmq_semantics.selector import java_partition
 from tests.group_protocol import group_conf
@@ -118,6 +119,48 @@ def test_change_invisible_duration_extends_the_lease(broker, make_topic, unique)
         assert consumer.receive(1, 30) == []
         # ...and the receipt is still the current delivery.
         consumer.ack(extended)
+
+
+def test_the_async_forms_receive_extend_and_ack(broker, make_topic, unique):
+    """receive_async, change_invisible_duration_async and ack_async: concurrent.futures
+    Futures (RocketMQ's Python client), awaited here from asyncio with wrap_future."""
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"kept", b"dropped"])
+    consumer = simple(broker, group, topic, prefix).startup()
+
+    async def receive(n: int, invisible_s: float) -> list:
+        got: list = []
+        deadline = time.monotonic() + JOIN_S
+        while len(got) < n and time.monotonic() < deadline:
+            got += await asyncio.wrap_future(consumer.receive_async(n - len(got), invisible_s))
+        return got
+
+    async def scenario() -> None:
+        first = {m.body: m for m in await receive(2, 1)}
+        assert set(first) == {b"kept", b"dropped"}
+        kept = await asyncio.wrap_future(
+            consumer.change_invisible_duration_async(first[b"kept"], 60)
+        )
+        assert kept.invisible_until_ms > first[b"kept"].invisible_until_ms
+        await asyncio.wrap_future(consumer.ack_async(kept))
+        # "dropped" was not acked: back after its second, attempt 2; its old receipt refused.
+        [again] = await receive(1, 30)
+        assert (again.body, again.delivery_attempt) == (b"dropped", 2)
+        with pytest.raises(ReceiptError):
+            await asyncio.wrap_future(consumer.ack_async(first[b"dropped"]))
+        await asyncio.wrap_future(consumer.ack_async(again))
+        # Both acked: nothing comes back within await_duration.
+        assert await asyncio.wrap_future(consumer.receive_async(10, 30)) == []
+
+    try:
+        with pytest.raises(ConfigError, match="max_message_num"):
+            consumer.receive_async(0, 30)  # refused at the call, not in the Future
+        asyncio.run(scenario())
+        assert consumer.counts["acked"] == 2
+    finally:
+        consumer.shutdown()
+    with pytest.raises(IllegalStateError, match="closed"):
+        consumer.receive_async(1, 30)
 
 
 def test_a_second_instance_takes_over_with_the_attempt_counted(broker, make_topic, unique):
