@@ -1,5 +1,6 @@
-"""RocketMQ semantics on Apache Kafka: transactional messages with back-check, and ordered
-consumption with queue locks. See DESIGN.md for the contract."""
+"""RocketMQ semantics on Apache Kafka: transactional messages with back-check, ordered
+consumption with queue locks, and RocketMQ 5's SimpleConsumer. See DESIGN.md for the
+contract."""
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -15,6 +16,7 @@ from rmq_semantics.errors import (
     LockLostError,
     MalformedRecordError,
     MessageSizeError,
+    ReceiptError,
     RmqError,
     RmqTimeoutError,
     SelectorError,
@@ -45,7 +47,13 @@ from rmq_semantics.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
-from rmq_semantics.settings import ProducerSettings
+from rmq_semantics.settings import ProducerSettings, SimpleConsumerSettings
+from rmq_semantics.simple.consumer import (
+    FilterExpression,
+    FilterType,
+    MessageView,
+    SimpleConsumer,
+)
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 from rmq_semantics.transaction import (
     LocalTransactionState,
@@ -75,6 +83,8 @@ __all__ = [
     "ConsumeOrderlyStatus",
     "Consumer",
     "EmbeddedKafkaError",
+    "FilterExpression",
+    "FilterType",
     "IllegalTransitionError",
     "KafkaOperationError",
     "LocalTransactionState",
@@ -85,6 +95,7 @@ __all__ = [
     "MessageListenerOrderly",
     "MessageQueueSelector",
     "MessageSizeError",
+    "MessageView",
     "OrderlyConsumer",
     "OrderlyMessage",
     "PartitionStatus",
@@ -92,12 +103,15 @@ __all__ = [
     "ProducerSettings",
     "PushConsumer",
     "PushMessage",
+    "ReceiptError",
     "RmqError",
     "RmqTimeoutError",
     "SelectMessageQueueByHash",
     "SelectMessageQueueByRandom",
     "SelectorError",
     "SendResult",
+    "SimpleConsumer",
+    "SimpleConsumerSettings",
     "SystemTopicError",
     "SystemTopics",
     "Transaction",

@@ -280,7 +280,9 @@ class Producer:
     records are partitioned with Java's murmur2 partitioner. ``send`` adds RocketMQ's
     ordered send: ``selector=`` (``(partitions, msg, arg) -> partition``, or an object with
     that ``select`` method such as ``SelectMessageQueueByHash()``) or
-    ``sharding_key=``; it waits for the broker's acknowledgement.
+    ``sharding_key=``; it waits for the broker's acknowledgement. A message with a
+    ``message_group`` and no other placement (selector, sharding key, ``partition``) is
+    placed by its group, not by its key: RocketMQ 5's FIFO message group, one partition.
 
     A :class:`Message` with a delivery time (``deliver_at_ms``, ``deliver_after_ms`` or
     ``delay_time_level``) is a timer message: ``send`` writes it to the timer topic, the
@@ -408,8 +410,13 @@ class Producer:
         sharding_key: bytes | str | None,
         timeout: float,
     ) -> dict[str, Any]:
-        """``produce``'s keywords for ``msg`` (key, headers, partition); a selector or a
-        sharding key reads the topic's partitions (metadata, cached: may block)."""
+        """``produce``'s keywords for ``msg`` (key, headers, partition); a selector, a
+        sharding key or a message group reads the topic's partitions (metadata, cached: may
+        block).
+
+        Placement, first that applies: a selector, a ``sharding_key``, ``msg.partition``,
+        ``msg.message_group`` (murmur2 of the group: one group, one partition, so a FIFO
+        consumer can keep its order whatever the record keys), else by record key."""
         if selector is not None and sharding_key is not None:
             raise ConfigError("send: pass selector= or sharding_key=, not both")
         refuse_system_destination(msg.topic, self.topic_prefix)
@@ -419,6 +426,10 @@ class Producer:
         elif sharding_key is not None:
             key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
             partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
+        elif partition is None and msg.message_group is not None:
+            partition = java_partition(
+                msg.message_group.encode(), len(self.partitions_for(msg.topic, timeout))
+            )
         record: dict[str, Any] = {"key": msg.key, "headers": msg.user_headers() + msg.rmq_headers()}
         if partition is not None:
             record["partition"] = partition

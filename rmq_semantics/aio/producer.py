@@ -25,7 +25,8 @@ class AsyncProducer:
 
     Each record is produced on the loop with its own key, headers and partition (librdkafka
     batches them itself; confluent-kafka's ``AIOProducer`` batched path drops per-message
-    headers, this one does not). A selector or sharding key needs the topic's partitions:
+    headers, this one does not). A selector, a sharding key or a message group (placed by
+    the group, as ``Producer.send``) needs the topic's partitions:
     read on the executor when the cache is stale. ``flush`` and ``close`` run there too.
 
     Timer messages and :meth:`recall_message` as the ``Producer``'s, with its keyword
@@ -72,7 +73,11 @@ class AsyncProducer:
                 self._executor, self._sync._timer_write, msg, selector, arg, sharding_key, timeout
             )
             return await self._write(write, timeout)
-        if selector is None and sharding_key is None:
+        if (
+            selector is None
+            and sharding_key is None
+            and (msg.message_group is None or msg.partition is not None)
+        ):
             record = self._sync._record(msg, None, arg, None, timeout)  # no metadata needed
         else:
             record = await run_blocking(

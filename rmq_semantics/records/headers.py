@@ -143,8 +143,9 @@ DLQ_HEADERS: Final = (
     H.DLQ_REASON,
 )
 #: ``rmq.dlq.reason`` values: the listener raised, returned SUSPEND, returned something
-#: that is not a status, or ran past ``consume_timeout_ms``.
-DLQ_REASONS: Final = ("raised", "suspended", "bad_status", "timed_out")
+#: that is not a status, or ran past ``consume_timeout_ms``; or a SimpleConsumer's message
+#: was delivered ``max_delivery_attempts`` times without an ack.
+DLQ_REASONS: Final = ("raised", "suspended", "bad_status", "timed_out", "max_attempts")
 #: What a concurrent consumer adds to a message it sends to a retry topic.
 RETRY_HEADERS: Final = (
     H.RECONSUME_TIMES,

@@ -20,6 +20,7 @@ inside those polls.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -78,9 +79,15 @@ MAX_INVISIBLE_S = 12 * 3600.0
 POLL_SLICE_S = 0.05
 # The background poll's pace between receives (at most; commit_interval_ms if shorter).
 KEEP_INTERVAL_S = 0.5
+# Threads running the *_async calls: receives wait up to await_duration each, and acks
+# queue behind them on the one lock, so a few suffice (RocketMQ's client has one pool too).
+ASYNC_THREADS = 4
 
 
 class FilterType(Enum):
+    """The kind of a :class:`FilterExpression`: ``TAG`` (the only one supported) or ``SQL``
+    (RocketMQ's SQL92 property filter, refused with a ConfigError)."""
+
     TAG = "TAG"
     SQL = "SQL92"
 
@@ -168,6 +175,31 @@ def _view(delivery: Delivery) -> MessageView:
     )
 
 
+def _receive_invisible_ms(max_message_num: Any, invisible_duration: Any) -> int:
+    """A receive's arguments checked (ConfigError), its invisible duration in ms."""
+    if isinstance(max_message_num, bool) or not isinstance(max_message_num, int):
+        raise ConfigError(f"max_message_num must be an int, got {max_message_num!r}")
+    if max_message_num < 1:
+        raise ConfigError(f"max_message_num must be >= 1, got {max_message_num}")
+    invisible_s = _seconds(invisible_duration, "invisible_duration")
+    if not MIN_INVISIBLE_S <= invisible_s <= MAX_INVISIBLE_S:
+        raise ConfigError(
+            f"invisible_duration must be within [{MIN_INVISIBLE_S:g}, "
+            f"{MAX_INVISIBLE_S:g}] seconds, got {invisible_s:g}"
+        )
+    return int(invisible_s * 1000)
+
+
+def _changed_invisible_ms(invisible_duration: Any) -> int:
+    invisible_s = _seconds(invisible_duration, "invisible_duration")
+    if not 0 <= invisible_s <= MAX_INVISIBLE_S:
+        raise ConfigError(
+            f"invisible_duration must be within [0, {MAX_INVISIBLE_S:g}] seconds, "
+            f"got {invisible_s:g}"
+        )
+    return int(invisible_s * 1000)
+
+
 def _seconds(value: Any, what: str) -> float:
     if isinstance(value, timedelta):
         return value.total_seconds()
@@ -229,6 +261,7 @@ class SimpleConsumer:
         self._closed = False
         self._stopping = threading.Event()
         self._keeper: threading.Thread | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._io = Poller(
             self.s,
             group=self.group,
@@ -339,6 +372,7 @@ class SimpleConsumer:
             if self._closed:
                 return
             self._closed = True
+            executor, self._executor = self._executor, None
             consumer, self._consumer = self._consumer, None
             if consumer is not None:
                 try:
@@ -353,6 +387,10 @@ class SimpleConsumer:
             producer, self._io.producer = self._io.producer, None
             if producer is not None:
                 producer.flush(self.s.operation_timeout_s)
+        if executor is not None:
+            # Queued calls are cancelled; running ones end at their next slice with
+            # IllegalStateError ("closed"), through their futures.
+            executor.shutdown(wait=False, cancel_futures=True)
 
     shutdown = close
 
@@ -377,17 +415,11 @@ class SimpleConsumer:
         ``invisible_duration`` seconds (1 s to 12 h) unless acked; waits up to
         ``await_duration`` for the first and returns [] if none came. The batch is committed
         (with its leases) before it is returned."""
-        if isinstance(max_message_num, bool) or not isinstance(max_message_num, int):
-            raise ConfigError(f"max_message_num must be an int, got {max_message_num!r}")
-        if max_message_num < 1:
-            raise ConfigError(f"max_message_num must be >= 1, got {max_message_num}")
-        invisible_s = _seconds(invisible_duration, "invisible_duration")
-        if not MIN_INVISIBLE_S <= invisible_s <= MAX_INVISIBLE_S:
-            raise ConfigError(
-                f"invisible_duration must be within [{MIN_INVISIBLE_S:g}, "
-                f"{MAX_INVISIBLE_S:g}] seconds, got {invisible_s:g}"
-            )
-        invisible_ms = int(invisible_s * 1000)
+        return self._receive(
+            max_message_num, _receive_invisible_ms(max_message_num, invisible_duration)
+        )
+
+    def _receive(self, max_message_num: int, invisible_ms: int) -> list[MessageView]:
         deadline = time.monotonic() + self.s.await_duration
         while True:
             with self._lock:
@@ -436,24 +468,54 @@ class SimpleConsumer:
         """Make ``message`` invisible for ``invisible_duration`` seconds from now instead
         (no attempt counted), committed before this returns; the message with its new
         deadline (the receipt stays valid). ReceiptError as :meth:`ack`."""
-        invisible_s = _seconds(invisible_duration, "invisible_duration")
-        if not 0 <= invisible_s <= MAX_INVISIBLE_S:
-            raise ConfigError(
-                f"invisible_duration must be within [0, {MAX_INVISIBLE_S:g}] seconds, "
-                f"got {invisible_s:g}"
-            )
+        return self._change(message, _changed_invisible_ms(invisible_duration))
+
+    def _change(self, message: MessageView, invisible_ms: int) -> MessageView:
         with self._lock:
             consumer = self._running()
             receipt = message.receipt_handle
             engine = self._engine_of(receipt, "change_invisible_duration of")
             try:
-                until = engine.change_invisible_duration(receipt, int(invisible_s * 1000), now_ms())
+                until = engine.change_invisible_duration(receipt, invisible_ms, now_ms())
             except ReceiptError:
                 self.counts["ack_refused"] += 1
                 raise
             self._io.commit(consumer, [(receipt.topic, receipt.partition)])
             self.counts["invisible_changed"] += 1
             return replace(message, invisible_until_ms=until)
+
+    # -- the async forms (RocketMQ's Python client: concurrent.futures.Future) -----------------
+    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            self._running()
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=ASYNC_THREADS, thread_name_prefix=f"simple-consumer-{self.group}"
+                )
+            return self._executor.submit(fn, *args)
+
+    def receive_async(
+        self, max_message_num: int, invisible_duration: float | timedelta
+    ) -> concurrent.futures.Future[list[MessageView]]:
+        """:meth:`receive` on the consumer's threads: a ``concurrent.futures.Future`` of the
+        list, done within ``await_duration`` (plus a commit). Bad arguments raise
+        ConfigError here, at the call. In asyncio code:
+        ``await asyncio.wrap_future(consumer.receive_async(32, 15))``."""
+        invisible_ms = _receive_invisible_ms(max_message_num, invisible_duration)
+        return self._submit(self._receive, max_message_num, invisible_ms)
+
+    def ack_async(self, message: MessageView) -> concurrent.futures.Future[None]:
+        """:meth:`ack` on the consumer's threads: a Future of None, or of its
+        :class:`ReceiptError`."""
+        return self._submit(self.ack, message)
+
+    def change_invisible_duration_async(
+        self, message: MessageView, invisible_duration: float | timedelta
+    ) -> concurrent.futures.Future[MessageView]:
+        """:meth:`change_invisible_duration` on the consumer's threads: a Future of the
+        message with its new deadline, done once the change is committed (each commit is
+        bounded by ``operation_timeout_s``)."""
+        return self._submit(self._change, message, _changed_invisible_ms(invisible_duration))
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per assigned partition (``topic[partition]``): ``commit_offset`` (where a commit

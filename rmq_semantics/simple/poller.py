@@ -329,6 +329,7 @@ class Poller:
                     partition=engine.partition,
                     offset=dead.offset,
                     reconsume_times=dead.attempts - 1,
+                    reason="max_attempts",
                 )
             ),
             on_delivery=lambda err, _m: errors.append(err),

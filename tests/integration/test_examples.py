@@ -151,6 +151,17 @@ def test_push_consumer_guide_example_gets_its_tags_only(broker, coordinator, tmp
     assert b"audit-1" not in values, "TagC is not in 'TagA || TagB'"
 
 
+def test_simple_consumer_guide_example_acks_each_group_in_order(broker, tmp_path):
+    lines = run_example("examples/simple_consumer.py", broker, tmp_path)
+    seen: dict[str, list[str]] = {}
+    for line in lines:
+        group, step, attempt = line.split()
+        assert attempt == "1", line
+        seen.setdefault(group, []).append(step)
+    steps = ["created", "paid", "shipped"]
+    assert seen == {"order-1": steps, "order-2": steps}, "'audit' is not 'step'"
+
+
 def test_getting_started_dropin_example_sends_and_reads(broker, coordinator, tmp_path):
     seen = consumed(run_example("examples/dropin.py", broker, tmp_path))
     assert {b"order-opened", b"order-closed"} <= {v for _, _, v in seen}, seen

@@ -6,6 +6,7 @@ producer and consumer are the adversary's tools."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import signal
@@ -18,11 +19,21 @@ from pathlib import Path
 import confluent_kafka
 import pytest
 
-from rmq_semantics.errors import ConfigError, ReceiptError
+from rmq_semantics import (
+    AsyncProducer,
+    ConfigError,
+    FilterExpression,
+    FilterType,
+    Message,
+    Producer,
+    ReceiptError,
+    SimpleConsumer,
+)
+from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.records.headers import H
-from rmq_semantics.simple.consumer import FilterExpression, FilterType, SimpleConsumer
+from rmq_semantics.selector import java_partition
 from tests.group_protocol import group_conf
-from tests.integration.txn_helpers import wait_for
+from tests.integration.txn_helpers import read_to_end, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,6 +121,48 @@ def test_change_invisible_duration_extends_the_lease(broker, make_topic, unique)
         consumer.ack(extended)
 
 
+def test_the_async_forms_receive_extend_and_ack(broker, make_topic, unique):
+    """receive_async, change_invisible_duration_async and ack_async: concurrent.futures
+    Futures (RocketMQ's Python client), awaited here from asyncio with wrap_future."""
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"kept", b"dropped"])
+    consumer = simple(broker, group, topic, prefix).startup()
+
+    async def receive(n: int, invisible_s: float) -> list:
+        got: list = []
+        deadline = time.monotonic() + JOIN_S
+        while len(got) < n and time.monotonic() < deadline:
+            got += await asyncio.wrap_future(consumer.receive_async(n - len(got), invisible_s))
+        return got
+
+    async def scenario() -> None:
+        first = {m.body: m for m in await receive(2, 1)}
+        assert set(first) == {b"kept", b"dropped"}
+        kept = await asyncio.wrap_future(
+            consumer.change_invisible_duration_async(first[b"kept"], 60)
+        )
+        assert kept.invisible_until_ms > first[b"kept"].invisible_until_ms
+        await asyncio.wrap_future(consumer.ack_async(kept))
+        # "dropped" was not acked: back after its second, attempt 2; its old receipt refused.
+        [again] = await receive(1, 30)
+        assert (again.body, again.delivery_attempt) == (b"dropped", 2)
+        with pytest.raises(ReceiptError):
+            await asyncio.wrap_future(consumer.ack_async(first[b"dropped"]))
+        await asyncio.wrap_future(consumer.ack_async(again))
+        # Both acked: nothing comes back within await_duration.
+        assert await asyncio.wrap_future(consumer.receive_async(10, 30)) == []
+
+    try:
+        with pytest.raises(ConfigError, match="max_message_num"):
+            consumer.receive_async(0, 30)  # refused at the call, not in the Future
+        asyncio.run(scenario())
+        assert consumer.counts["acked"] == 2
+    finally:
+        consumer.shutdown()
+    with pytest.raises(IllegalStateError, match="closed"):
+        consumer.receive_async(1, 30)
+
+
 def test_a_second_instance_takes_over_with_the_attempt_counted(broker, make_topic, unique):
     topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
     produce(broker, topic, [b"x"])
@@ -146,6 +199,8 @@ def test_the_dlq_after_max_delivery_attempts(broker, make_topic, unique):
         assert msg is not None and msg.value() == b"poison"
         headers = dict(msg.headers() or [])
         assert headers[H.DLQ_ORIGINAL_TOPIC] == topic.encode()
+        assert headers[H.DLQ_REASON] == b"max_attempts"
+        assert headers[H.DLQ_RECONSUME_TIMES] == b"1"
         assert headers["user"] == b"1"
     finally:
         reader.close()
@@ -350,3 +405,46 @@ def test_a_partition_paused_by_back_pressure_is_read_again_when_it_comes_back(
         assert [(m.body, m.delivery_attempt) for m in got] == [(expected, 1)], (
             f"{where} given back: nothing read ({consumer.status()})"
         )
+
+
+def test_a_message_group_is_placed_in_one_partition_unless_placed_explicitly(
+    broker, make_topic, unique
+):
+    """FIFO placement through the public producers: one message group, one partition, whatever
+    the record keys; an explicit sharding_key or partition still wins (read back with a
+    plain consumer)."""
+    partitions = 4
+    topic = make_topic("placed", partitions=partitions)
+    group = "order-7"
+    sent = []
+    with Producer(broker.conf()) as producer:
+        for i in range(8):  # eight different keys, one group
+            msg = Message(topic, f"step-{i}".encode(), key=f"line-{i}", message_group=group)
+            sent.append(producer.send(msg))
+        by_key = producer.send(
+            Message(topic, b"sharded", key="x", message_group=group), sharding_key="customer-1"
+        )
+        pinned = producer.send(Message(topic, b"pinned", message_group=group, partition=0))
+
+    async def send_async() -> list:
+        async with AsyncProducer(broker.conf()) as aio:
+            return [
+                await aio.send(Message(topic, f"async-{i}".encode(), message_group=group))
+                for i in range(3)
+            ]
+
+    sent += asyncio.run(send_async())
+    records = read_to_end(broker.conf(), topic, partitions)
+    where = {r.value(): r.partition() for r in records}
+    group_partition = java_partition(group.encode(), partitions)
+    grouped = [v for v in where if v.startswith((b"step-", b"async-"))]
+    assert len(grouped) == 11
+    assert {where[v] for v in grouped} == {group_partition}
+    assert {s.partition for s in sent} == {group_partition}
+    in_partition = [r.value() for r in records if r.partition() == group_partition]
+    assert [v for v in in_partition if v in grouped] == [
+        *(f"step-{i}".encode() for i in range(8)),
+        *(f"async-{i}".encode() for i in range(3)),
+    ]
+    assert where[b"sharded"] == by_key.partition == java_partition(b"customer-1", partitions)
+    assert where[b"pinned"] == pinned.partition == 0

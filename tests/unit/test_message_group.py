@@ -11,6 +11,7 @@ from rmq_semantics import ConfigError, Message, Producer
 from rmq_semantics.records.half import half_headers, parse_half
 from rmq_semantics.records.headers import PROMOTED_KEEPS, H
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.selector import java_partition
 
 NOWHERE = {"bootstrap.servers": "127.0.0.1:1"}
 T = 1_700_000_000_000
@@ -36,10 +37,18 @@ def test_a_message_group_must_be_a_non_empty_str(bad):
         Message("orders", b"v", message_group=bad)
 
 
+class FourPartitions:
+    """Stands in for the producer's partition cache: every topic has partitions 0..3."""
+
+    def partitions(self, topic, timeout) -> list[int]:
+        return [0, 1, 2, 3]
+
+
 def test_send_writes_the_message_group_header_beside_tags_and_keys():
     producer = Producer(NOWHERE)
     real, fake = producer._producer, DeliveringProducer()
     producer._producer = fake
+    producer._partitions = FourPartitions()  # the group places the record: metadata read
     try:
         result = producer.send(
             Message(
@@ -64,6 +73,9 @@ def test_send_writes_the_message_group_header_beside_tags_and_keys():
         (H.MESSAGE_GROUP, b"customer-7"),
     ]
     assert fake.produced[1]["headers"] == []
+    # Placed by its group, not by its key (murmur2, as Java's partitioner); no group: by key.
+    assert fake.produced[0]["partition"] == java_partition(b"customer-7", 4)
+    assert "partition" not in fake.produced[1]
 
 
 def test_a_half_record_carries_the_group_and_promotion_keeps_it():

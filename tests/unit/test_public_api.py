@@ -63,3 +63,15 @@ def test_system_records_round_trip_and_garbage_is_malformed():
     for junk in (b"", b"\x00garbage", bytes([0xA7, 2, 1]) + b"\xff\xff", bytes([0xA7, 2, 99, 0])):
         with pytest.raises(MalformedRecordError):
             decode(junk)
+
+
+def test_the_simple_consumer_is_public():
+    from rmq_semantics import errors
+    from rmq_semantics.settings import SimpleConsumerSettings
+    from rmq_semantics.simple import consumer
+
+    for name in ("SimpleConsumer", "MessageView", "FilterExpression", "FilterType"):
+        assert name in rmq_semantics.__all__
+        assert getattr(rmq_semantics, name) is getattr(consumer, name)
+    assert rmq_semantics.SimpleConsumerSettings is SimpleConsumerSettings
+    assert rmq_semantics.ReceiptError is errors.ReceiptError
