@@ -185,6 +185,16 @@ def _push(ctx: BenchContext) -> dict:
     return {k: v for k, v in run.items() if k not in ("push_runs", "push_plain_runs")}
 
 
+def _simple(ctx: BenchContext) -> dict:
+    from benchmarks.simple import bench_simple, prepare_simple
+
+    # The topics are filled once, by the first run; every run reads them with new groups.
+    kept = ctx.kept.setdefault("simple", {})
+    if "topics" not in kept:
+        kept["topics"] = prepare_simple(ctx.conf, ctx.s)
+    return bench_simple(ctx.conf, ctx.s, kept["topics"])
+
+
 def _stall(ctx: BenchContext) -> dict:
     from benchmarks.stall import bench_stall
 
@@ -241,6 +251,7 @@ CASE_RUNS: dict[str, Callable[[BenchContext], dict]] = {
     "orderly": _orderly,
     "keys": _keys,
     "push": _push,
+    "simple": _simple,
     "stall": _stall,
     "spark": _spark,
     "spark_latency": _spark_latency,

@@ -27,6 +27,7 @@ from benchmarks.page_text import (
     whole,
 )
 from benchmarks.readme_keys import keys_block, keys_rows
+from benchmarks.readme_simple import simple_note, simple_rows
 from benchmarks.readme_timers import timer_memory_block, timers_rows
 from benchmarks.summary import BEGIN as SUMMARY_BEGIN
 from benchmarks.summary import END as SUMMARY_END
@@ -326,6 +327,7 @@ def _rows(r: dict) -> list[tuple[str, str, str, str]]:
             f"{fig(g('push_ratio'), ratio, TIMES)}",
             "",
         ),
+        *simple_rows(r),
         (
             "spark",
             "Spark job on a promoted topic against a plain one",
@@ -547,6 +549,7 @@ def render_block(results: dict) -> str:
             "",
         ]
     lines += _spark_latency_note(results)
+    lines += simple_note(results)
     lines += [
         _sizing_line(results),
         "",

@@ -57,6 +57,12 @@ FIGURES = (
     "orderly_msgs_per_s",
     "orderly_ratio",
     "takeover_s",
+    "simple_unordered.plain_msgs_per_s",
+    "simple_unordered.simple_msgs_per_s",
+    "simple_unordered.ratio",
+    "simple_unordered.receive_ms.p50",
+    "simple_fifo.simple_msgs_per_s",
+    "simple_fifo.ratio",
     "spark_ratio",
     "spark_microbatch_commit_to_visible_ms.p99",
     "spark_realtime_commit_to_visible_ms.p99",
@@ -181,3 +187,40 @@ def test_the_multi_case_alone_reports_msgs_and_transactions_per_s(broker, tmp_pa
     msgs, txns = results["multi_msgs_per_s"], results["multi_txns_per_s"]
     assert msgs["median"] > 0 and txns["median"] == pytest.approx(msgs["median"] / 10)
     assert "transactions of 10 messages" in render_block(results)
+
+
+def test_the_simple_case_alone_acks_every_record_of_both_variants(broker, tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_semantics",
+            "bench",
+            "--repeat",
+            "1",
+            "--cases",
+            "simple",
+            "--count",
+            "500",
+            "--load-sample",
+            "0.1",
+            "--out",
+            str(out),
+            "--bootstrap",
+            broker.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["cases"]) == {"simple"} and results["simple_messages"] == 500
+    for variant in ("simple_unordered", "simple_fifo"):
+        figures = results[variant]
+        assert figures["simple_msgs_per_s"]["median"] > 0, variant
+        assert figures["ratio"]["median"] > 0 and figures["redelivered"]["median"] == 0, variant
+    assert results["simple_fifo"]["groups"] == 100
+    assert "records of 100 message groups (FIFO" in render_block(results)

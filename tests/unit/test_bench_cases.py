@@ -423,3 +423,50 @@ def test_the_million_message_figures_render_as_their_own_section_with_the_goal()
     assert "coordinator's memory" not in render_block(FIXTURE)
     dues = list(spread_dues(0, 4, 1000, 5000))
     assert dues == [1000, 2000, 3000, 4000]
+
+
+def test_the_simple_case_fills_its_topics_once_and_renders_both_variants(monkeypatch):
+    from benchmarks import simple
+    from benchmarks.cases import CASE_RUNS, CASES, BenchContext
+
+    prepared, runs = [], []
+
+    def fake_prepare(conf, s):
+        prepared.append(conf)
+        return {"unordered": "t-u", "fifo": "t-f"}
+
+    def fake_bench(conf, s, topics):
+        runs.append(topics)
+        variant = {
+            "plain_msgs_per_s": 1_000_000.0,
+            "simple_msgs_per_s": 40_000.0,
+            "ratio": 0.04,
+            "receive_ms": {"samples": [0.5, 0.6, 3.0]},
+            "ack_us": {"samples": [4.0, 5.0]},
+            "redelivered": 0.0,
+        }
+        return {
+            "simple_messages": 100_000,
+            "simple_batch": 32,
+            "simple_unordered": dict(variant),
+            "simple_fifo": {**variant, "simple_msgs_per_s": 36_000.0, "groups": 100},
+        }
+
+    monkeypatch.setattr(simple, "prepare_simple", fake_prepare)
+    monkeypatch.setattr(simple, "bench_simple", fake_bench)
+    ctx = BenchContext({"bootstrap.servers": "b"}, "b", "__rmqx", BenchSettings(), Path("."))
+    assert "simple" in CASES
+    figures = aggregate([CASE_RUNS["simple"](ctx), CASE_RUNS["simple"](ctx)])
+    assert len(prepared) == 1 and runs == [{"unordered": "t-u", "fifo": "t-f"}] * 2
+    assert figures["simple_unordered"]["ratio"]["median"] == 0.04
+    assert figures["simple_unordered"]["receive_ms"]["p50"]["median"] == 0.6
+    lines = render_block({**FIXTURE, **figures}).splitlines()
+    rows = [line for line in lines if line.startswith("| SimpleConsumer, `receive(32)`")]
+    assert len(rows) == 2
+    assert "100,000 records without a message group are acked" in rows[0]
+    assert "| 40,000/s against 1,000,000/s: 0.040\u00d7; one `receive(32)` p50 0.60" in rows[0]
+    assert "records of 100 message groups (FIFO" in rows[1] and "36,000/s" in rows[1]
+    note = next(line for line in lines if line.startswith("The SimpleConsumer's rows"))
+    assert "about 25 µs, the plain consumer 1.00 µs" in note
+    assert "at its p50 19 µs a record, 75% of it. An `ack` (4.00 µs at its p50)" in note
+    assert "SimpleConsumer" not in render_block(FIXTURE)  # results from before the case
