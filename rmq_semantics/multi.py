@@ -20,7 +20,14 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.records.txn import CheckRequest
 from rmq_semantics.transaction_api import Transaction
 
-__all__ = ["check_view", "half_partition_for", "listener_message", "member_headers", "record_bytes"]
+__all__ = [
+    "check_members",
+    "check_view",
+    "half_partition_for",
+    "listener_message",
+    "member_headers",
+    "record_bytes",
+]
 
 
 def listener_message(msg: Message, txn_id: str) -> Message:
@@ -42,19 +49,10 @@ def record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> in
     )
 
 
-def member_headers(
-    msgs: Sequence[Message],
-    txn_id: str,
-    producer_group: bytes,
-    born_ts: bytes,
-    *,
-    max_messages: int,
-    max_bytes: int,
-    affinity: Sequence[tuple[str, bytes]] = (),
-) -> list[Headers]:
-    """The half-record headers of every member of one transaction, in index order; raises
-    :class:`TransactionSizeError` for an empty list or one over the bounds (before anything
-    is written), :class:`ConfigError` for an item that is not a Message."""
+def check_members(msgs: Sequence[Message], *, max_messages: int) -> None:
+    """Raise :class:`TransactionSizeError` for an empty list or one of more than
+    ``max_messages``, :class:`ConfigError` for an item that is not a Message (before
+    anything is validated against the broker or written)."""
     if not msgs:
         raise TransactionSizeError("send_transaction: no messages (a transaction needs 1 or more)")
     if len(msgs) > max_messages:
@@ -67,6 +65,22 @@ def member_headers(
             raise ConfigError(
                 f"send_transaction: messages[{index}] is a {type(msg).__name__}, not a Message"
             )
+
+
+def member_headers(
+    msgs: Sequence[Message],
+    txn_id: str,
+    producer_group: bytes,
+    born_ts: bytes,
+    *,
+    max_messages: int,
+    max_bytes: int,
+    affinity: Sequence[tuple[str, bytes]] = (),
+) -> list[Headers]:
+    """The half-record headers of every member of one transaction, in index order; raises
+    as :func:`check_members`, and :class:`TransactionSizeError` for members over
+    ``max_bytes`` (before anything is written)."""
+    check_members(msgs, max_messages=max_messages)
     size = len(msgs)
     out, total = [], 0
     for index, msg in enumerate(msgs):

@@ -26,7 +26,7 @@ from rmq_semantics.errors import (
 )
 from rmq_semantics.message import Message, SendResult, produce_headers
 from rmq_semantics.records.headers import PRODUCER_HEADERS, RESERVED_PREFIX
-from rmq_semantics.selector import apply_selector, java_partition
+from rmq_semantics.selector import placement
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.timer_writes import TimerWrite, TimerWrites
 from rmq_semantics.topics import (
@@ -414,22 +414,14 @@ class Producer:
         sharding key or a message group reads the topic's partitions (metadata, cached: may
         block).
 
-        Placement, first that applies: a selector, a ``sharding_key``, ``msg.partition``,
-        ``msg.message_group`` (murmur2 of the group: one group, one partition, so a FIFO
-        consumer can keep its order whatever the record keys), else by record key."""
+        Placement: :func:`~rmq_semantics.selector.placement` (a selector, a
+        ``sharding_key``, ``msg.partition``, ``msg.message_group``, else by record key)."""
         if selector is not None and sharding_key is not None:
             raise ConfigError("send: pass selector= or sharding_key=, not both")
         refuse_system_destination(msg.topic, self.topic_prefix)
-        partition = msg.partition
-        if selector is not None:
-            partition = apply_selector(selector, self.partitions_for(msg.topic, timeout), msg, arg)
-        elif sharding_key is not None:
-            key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
-            partition = java_partition(key, len(self.partitions_for(msg.topic, timeout)))
-        elif partition is None and msg.message_group is not None:
-            partition = java_partition(
-                msg.message_group.encode(), len(self.partitions_for(msg.topic, timeout))
-            )
+        partition = placement(
+            msg, selector, arg, sharding_key, lambda: self.partitions_for(msg.topic, timeout)
+        )
         record: dict[str, Any] = {"key": msg.key, "headers": msg.user_headers() + msg.rmq_headers()}
         if partition is not None:
             record["partition"] = partition

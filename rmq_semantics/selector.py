@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rmq_semantics.errors import SelectorError
@@ -15,6 +15,8 @@ __all__ = [
     "apply_selector",
     "java_partition",
     "murmur2",
+    "placement",
+    "placement_reads_partitions",
 ]
 
 
@@ -127,3 +129,34 @@ def apply_selector(selector: Any, partitions: Sequence[int], message: Any, arg: 
             f"which has partitions 0..{len(partitions) - 1}"
         )
     return partition
+
+
+def placement_reads_partitions(message: Any, selector: Any, sharding_key: object) -> bool:
+    """Whether :func:`placement` of ``message`` needs its topic's partitions."""
+    return (
+        selector is not None
+        or sharding_key is not None
+        or (message.partition is None and message.message_group is not None)
+    )
+
+
+def placement(
+    message: Any,
+    selector: Any,
+    arg: Any,
+    sharding_key: bytes | str | None,
+    partitions: Callable[[], Sequence[int]],
+) -> int | None:
+    """The partition a producer writes ``message`` to, the first that applies: a
+    ``selector``, a ``sharding_key``, ``message.partition``, ``message.message_group``
+    (murmur2 of the group's UTF-8 bytes: one group, one partition, so a FIFO consumer can
+    keep its order whatever the record keys); None: by record key. ``partitions()`` reads
+    the topic's partitions (called only when needed: it may block)."""
+    if selector is not None:
+        return apply_selector(selector, partitions(), message, arg)
+    if sharding_key is not None:
+        key = sharding_key.encode() if isinstance(sharding_key, str) else sharding_key
+        return java_partition(key, len(partitions()))
+    if message.partition is None and message.message_group is not None:
+        return java_partition(message.message_group.encode(), len(partitions()))
+    return message.partition

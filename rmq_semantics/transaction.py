@@ -15,6 +15,7 @@ beside it (``transaction_api``, ``txn_writes``, ``multi`` and the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from rmq_semantics.errors import (
 from rmq_semantics.group_signing import group_key_of, producer_factory
 from rmq_semantics.message import Message
 from rmq_semantics.multi import (
+    check_members,
     half_partition_for,
     listener_message,
     member_headers,
@@ -53,6 +55,7 @@ from rmq_semantics.producer import (
 )
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.txn import CheckRequest
+from rmq_semantics.selector import placement, placement_reads_partitions
 from rmq_semantics.send_checks import SendChecks
 from rmq_semantics.settings import ProducerSettings, load
 from rmq_semantics.topics import (
@@ -102,6 +105,8 @@ class TransactionProducer(CheckCounters, BatchTransactions):
     never mutated. Call :meth:`start` before sending; :meth:`shutdown` (or leaving the
     ``with`` block) flushes and stops the check consumer. Idempotent. The bounds of
     :meth:`send_transaction` are :class:`ProducerSettings` (kwargs, else ``RMQ_*`` env).
+    A message with a ``message_group`` and no ``partition`` is promoted to its group's
+    partition, as ``Producer.send`` places it (the half record names it).
     """
 
     def __init__(
@@ -249,7 +254,7 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         or over the topic's ``max.message.bytes`` (:class:`MessageSizeError`).
         """
         self._require_started()
-        self._validate([msg])
+        placed = self._placed([msg])
         producer, txn_ids = self._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
             with (
@@ -260,7 +265,7 @@ class TransactionProducer(CheckCounters, BatchTransactions):
                     producer,
                     self.topics.half,
                     self.producer_group,
-                    tracing.traced_messages([msg]),
+                    tracing.traced_messages(placed),
                     txn_ids,
                     SignalledWaiter,
                     self._checks.affinity(),
@@ -319,6 +324,8 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         ROLLBACK the transaction (by member 0, or by its id if member 0 was not written, so
         what lands is dropped, not checked) and raise."""
         tracing.name_transaction(txn_id)
+        check_members(msgs, max_messages=self.settings.max_transaction_messages)
+        msgs = self._placed(msgs)
         headers = member_headers(
             tracing.traced_messages(msgs),
             txn_id,
@@ -328,8 +335,7 @@ class TransactionProducer(CheckCounters, BatchTransactions):
             max_bytes=self.settings.max_transaction_bytes,
             affinity=self._checks.affinity(),
         )
-        half_partitions = self._validate(msgs).partitions(self.topics.half, self._send_timeout_s)
-        partition = half_partition_for(txn_id, len(half_partitions))
+        partition = half_partition_for(txn_id, len(self._half_partitions_now()))
         producer = self._call_producer()
         waiters: list[SignalledWaiter] = []
         deadline = time.monotonic() + self._send_timeout_s  # for all the members together
@@ -414,6 +420,14 @@ class TransactionProducer(CheckCounters, BatchTransactions):
         checks = self.send_checks()
         checks.check(msgs, self._send_timeout_s)
         return checks.partitions
+
+    def _placed(self, msgs: list[Message]) -> list[Message]:
+        """``msgs`` validated (:meth:`_validate`) and placed as ``Producer.send`` places them
+        (:func:`~rmq_semantics.selector.placement`): one with a message group and no
+        partition gets its group's, written as ``rmq.real_partition``, since the coordinator
+        promotes a half record without one by key. May block (metadata)."""
+        partitions = self._validate(msgs)
+        return [_with_placement(m, partitions, self._send_timeout_s) for m in msgs]
 
     def send_checks(self) -> SendChecks:
         """The send-time checks, over the partition cache ``start`` made."""
@@ -527,6 +541,13 @@ class TransactionProducer(CheckCounters, BatchTransactions):
             check.txn_id, state, check.half_partition, check.half_offset, self.producer_group
         )
         self._send_end(result, state, from_check=True, check_seq=check.check_seq)
+
+
+def _with_placement(msg: Message, partitions: PartitionCache, timeout: float) -> Message:
+    if not placement_reads_partitions(msg, None, None):
+        return msg
+    partition = placement(msg, None, None, None, lambda: partitions.partitions(msg.topic, timeout))
+    return dataclasses.replace(msg, partition=partition)
 
 
 def _wait_members(

@@ -26,7 +26,6 @@ from rmq_semantics.txn_writes import (
 
 if TYPE_CHECKING:  # the producer this mixes into
     from rmq_semantics.checks import CheckResponder
-    from rmq_semantics.producer import PartitionCache
     from rmq_semantics.topics import SystemTopics
     from rmq_semantics.transaction_api import Transaction
     from rmq_semantics.unsent import UnsentHalves
@@ -47,7 +46,7 @@ class BatchTransactions:
         _send_timeout_s: float
 
         def _require_started(self) -> confluent_kafka.Producer: ...
-        def _validate(self, msgs: list[Message]) -> PartitionCache: ...
+        def _placed(self, msgs: list[Message]) -> list[Message]: ...
         def _half_partitions_now(self) -> list[int]: ...
         def _execute_local(
             self,
@@ -67,7 +66,7 @@ class BatchTransactions:
         for a system topic or a partition its topic lacks raises for the whole batch before
         any half write (a caller's mistake, not a broker failure)."""
         producer = self._require_started()
-        self._validate(msgs)
+        placed = self._placed(msgs)
         txn_ids = new_txn_ids(len(msgs))
         pending: list[tuple[str, DeliveryWaiter]] = []
         with self._unsent.sending(txn_ids):
@@ -76,7 +75,7 @@ class BatchTransactions:
                     producer,
                     self.topics.half,
                     self.producer_group,
-                    tracing.traced_messages(msgs),
+                    tracing.traced_messages(placed),
                     txn_ids,
                     DeliveryWaiter,
                     affinity=self._checks.affinity(),

@@ -11,6 +11,7 @@ from rmq_semantics.aio.bridge import LoopDeliveryWaiter, new_executor, run_block
 from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.message import Message, SendResult, produce_headers
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryPoller, Producer
+from rmq_semantics.selector import placement_reads_partitions
 from rmq_semantics.timer_writes import TimerWrite
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX
 
@@ -73,11 +74,7 @@ class AsyncProducer:
                 self._executor, self._sync._timer_write, msg, selector, arg, sharding_key, timeout
             )
             return await self._write(write, timeout)
-        if (
-            selector is None
-            and sharding_key is None
-            and (msg.message_group is None or msg.partition is not None)
-        ):
+        if not placement_reads_partitions(msg, selector, sharding_key):
             record = self._sync._record(msg, None, arg, None, timeout)  # no metadata needed
         else:
             record = await run_blocking(

@@ -28,7 +28,12 @@ from rmq_semantics.aio.bridge import (
 )
 from rmq_semantics.errors import IllegalStateError, RmqError
 from rmq_semantics.message import Message
-from rmq_semantics.multi import half_partition_for, listener_message, member_headers
+from rmq_semantics.multi import (
+    check_members,
+    half_partition_for,
+    listener_message,
+    member_headers,
+)
 from rmq_semantics.producer import SEND_TIMEOUT_S
 from rmq_semantics.transaction import TransactionProducer
 from rmq_semantics.transaction_api import (
@@ -170,7 +175,7 @@ class AsyncTransactionProducer:
         """
         loop = self._require_started()
         core = self._core
-        await self._validate([msg])
+        placed = await self._placed([msg])
         producer, txn_ids = core._call_producer(), new_txn_ids(1)
         with tracing.span("send transaction", msg.topic):
             # In flight until this coroutine has the report (a stalled loop included): the
@@ -183,7 +188,7 @@ class AsyncTransactionProducer:
                     producer,
                     core.topics.half,
                     core.producer_group,
-                    tracing.traced_messages([msg]),
+                    tracing.traced_messages(placed),
                     txn_ids,
                     functools.partial(LoopDeliveryWaiter, loop),
                     core._checks.affinity(),
@@ -236,6 +241,8 @@ class AsyncTransactionProducer:
         (named by member 0) and raise, as the synchronous producer does."""
         core = self._core
         tracing.name_transaction(txn_id)
+        check_members(msgs, max_messages=core.settings.max_transaction_messages)
+        msgs = await self._placed(msgs)
         headers = member_headers(
             tracing.traced_messages(msgs),
             txn_id,
@@ -245,7 +252,7 @@ class AsyncTransactionProducer:
             max_bytes=core.settings.max_transaction_bytes,
             affinity=core._checks.affinity(),
         )
-        half_partitions = await run_blocking(self._executor, self._half_partitions, msgs)
+        half_partitions = await run_blocking(self._executor, core._half_partitions_now)
         partition = half_partition_for(txn_id, len(half_partitions))
         producer = core._call_producer()
         waiters: list[LoopDeliveryWaiter] = []
@@ -284,20 +291,13 @@ class AsyncTransactionProducer:
             core._unsent.landed(txn_id)
         return waiters
 
-    async def _validate(self, msgs: list[Message]) -> None:
-        """The synchronous producer's checks: on the loop when they need no metadata call
-        (cached), else on the executor."""
+    async def _placed(self, msgs: list[Message]) -> list[Message]:
+        """The synchronous producer's checks and placement (``TransactionProducer._placed``):
+        on the loop when they need no metadata call (cached), else on the executor."""
         core = self._core
         if core.send_checks().cached(msgs):
-            core._validate(msgs)
-        else:
-            await run_blocking(self._executor, core._validate, msgs)
-
-    def _half_partitions(self, msgs: list[Message]) -> list[int]:
-        """Validate ``msgs`` and read the half topic's partitions (metadata: may block)."""
-        return self._core._validate(msgs).partitions(
-            self._core.topics.half, self._core._send_timeout_s
-        )
+            return core._placed(msgs)
+        return await run_blocking(self._executor, core._placed, msgs)
 
     async def _execute_local(
         self,

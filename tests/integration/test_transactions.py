@@ -3,6 +3,7 @@ exactly-once promotion, back-check, discard)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -11,10 +12,11 @@ from collections import Counter
 import pytest
 from confluent_kafka import Producer as RawProducer
 
+from rmq_semantics import AsyncTransactionProducer, Message, TransactionProducer
 from rmq_semantics import LocalTransactionState as S
-from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.txn import EndRequest, EndRequests
+from rmq_semantics.selector import java_partition
 from rmq_semantics.tools.admin import list_discarded
 from tests.integration.txn_helpers import (
     FAST,
@@ -549,3 +551,72 @@ def test_a_second_coordinator_with_the_same_instance_id_fences_the_first_which_e
         first.stop()
     counts = Counter(m.value() for m in read_to_end(conf, topic, 2))
     assert len(counts) == len(sent) and set(counts.values()) == {1}
+
+
+def test_committed_messages_of_one_message_group_land_in_its_partition(broker, make_topic, unique):
+    """FIFO placement through the transactional producers: committed messages of one message
+    group sit in the group's partition (murmur2 of the group, as Producer.send places them)
+    in send order whatever their record keys, by each send path (one, batch, multi-message,
+    asyncio); an explicit partition still wins (read back with a plain read_committed
+    consumer)."""
+    prefix = unique("fifo").replace("-", "")
+    partitions = 4
+    topic = make_topic("txgroup", partitions=partitions)
+    group = "order-7"
+    conf = broker.conf()
+    listener = ScriptedListener(lambda _v: S.COMMIT_MESSAGE, lambda _v: S.COMMIT_MESSAGE)
+
+    def grouped(name: str, i: int) -> Message:
+        return Message(topic, f"{name}-{i}".encode(), key=f"line-{i}", message_group=group)
+
+    async def send_async() -> None:
+        async with AsyncTransactionProducer(
+            conf,
+            producer_group=unique("apg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as aio:
+            for i in range(3):
+                await aio.send_message_in_transaction(grouped("async", i))
+
+    with (
+        ThreadCoordinator(conf, topic_prefix=prefix) as coordinator,
+        TransactionProducer(
+            conf,
+            producer_group=unique("pg"),
+            listener=listener,
+            topic_prefix=prefix,
+            half_partitions=FAST["half_partitions"],
+        ) as producer,
+    ):
+        for i in range(8):  # eight different keys, one group
+            producer.send_message_in_transaction(grouped("one", i))
+        producer.send_messages_in_transaction([grouped("batch", i) for i in range(3)])
+        producer.send_transaction([grouped("multi", i) for i in range(3)])
+        pinned = 1 if java_partition(group.encode(), partitions) != 1 else 2
+        producer.send_message_in_transaction(
+            Message(topic, b"pinned", key="x", message_group=group, partition=pinned)
+        )
+        asyncio.run(send_async())
+        wait_for(
+            lambda: no_pending(coordinator, FAST["half_partitions"]),
+            90,
+            "every transaction to be promoted",
+        )
+    records = read_to_end(conf, topic, partitions)
+    where = {r.value(): r.partition() for r in records}
+    group_partition = java_partition(group.encode(), partitions)
+    assert where[b"pinned"] == pinned
+    in_group = [r.value() for r in records if r.value() != b"pinned"]
+    assert len(in_group) == 17, sorted(where)
+    assert {v: where[v] for v in in_group} == dict.fromkeys(in_group, group_partition)
+    sent = {
+        f"{name}-{i}"
+        for name, n in (("one", 8), ("batch", 3), ("multi", 3), ("async", 3))
+        for i in range(n)
+    }
+    assert {v.decode() for v in in_group} == sent
+    # The group's partition holds them in promotion order: a multi-message transaction's
+    # members in index order; separate transactions as the coordinator decides them.
+    assert [v for v in in_group if v.startswith(b"multi-")] == [b"multi-0", b"multi-1", b"multi-2"]

@@ -11,6 +11,8 @@ from rmq_semantics.selector import (
     apply_selector,
     java_partition,
     murmur2,
+    placement,
+    placement_reads_partitions,
 )
 
 # Apache Kafka's UtilsTest.testMurmur2 vectors (Java's signed int results).
@@ -146,3 +148,28 @@ def test_send_with_an_out_of_range_selector_raises_selector_error(monkeypatch):
             producer.send(Message("orders", b"v"), selector=lambda *a: 0, sharding_key="k")
     finally:
         producer.close(timeout=0)
+
+
+def test_placement_precedence_selector_sharding_key_partition_group_then_key():
+    """One rule for Producer.send and the TransactionProducer: the first that applies."""
+    reads: list[str] = []
+
+    def four() -> list[int]:
+        reads.append("metadata")
+        return [0, 1, 2, 3]
+
+    grouped = Message("t", b"v", key="line-1", message_group="order-7")
+    pinned = Message("t", b"v", key="line-1", message_group="order-7", partition=3)
+    plain = Message("t", b"v", key="line-1")
+    group_p = java_partition(b"order-7", 4)
+    assert placement(grouped, None, None, None, four) == group_p
+    assert placement(grouped, lambda ps, m, a: ps[0], None, None, four) == 0
+    assert placement(grouped, None, None, "c-1", four) == java_partition(b"c-1", 4)
+    reads.clear()
+    assert placement(pinned, None, None, None, four) == 3
+    assert placement(plain, None, None, None, four) is None
+    assert reads == []  # no metadata read when nothing needs it
+    assert placement_reads_partitions(grouped, None, None)
+    assert not placement_reads_partitions(pinned, None, None)
+    assert not placement_reads_partitions(plain, None, None)
+    assert placement_reads_partitions(plain, None, b"k")
