@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -47,10 +46,12 @@ from coordinator.timer_wheel import (
     INTAKE,
     Action,
     Cancels,
+    Delivered,
     Incoming,
     PartitionWheel,
     Step,
     TimerEntry,
+    once_per_step,
 )
 from coordinator.timer_writer import TimerWriter, lane_key
 from rmq_semantics.clientconf import client_conf, shared_conf
@@ -98,7 +99,9 @@ FETCH_MAX_BYTES = 4 * 1024 * 1024
 # A crashed owner's timer partitions wait this long for the group to notice (librdkafka's
 # default of 45 s would make every message due meanwhile that late); as the lock clients'.
 SESSION_TIMEOUT_MS = 10000
-# Cancels for the last deliveries per partition, to count a cancel that came too late.
+# The last deliveries per partition: never delivered again (a broker can lose a committed
+# transaction's offsets: coordinator.timer_wheel.Delivered), and a cancel of one is counted
+# as too late.
 RECENT_DELIVERIES = 10_000
 # Cancels are kept (and read back on assignment) this many maximum delays after they were
 # written: a cancelled message is dropped unless the timer partition was left unserved
@@ -147,7 +150,7 @@ class TimerService:
             self.topics.timer_level(level): level for level in range(1, self.levels + 1)
         }
         self._loading: dict[int, int] = {}  # cancel partition -> end to read to
-        self._recent: dict[int, OrderedDict[str, None]] = {}
+        self._delivered: dict[int, Delivered] = {}
         self._sent: dict[tuple[str, int], tuple[int, str]] = {}
         self._assigned: set[int] = set()
         self._recover_due = False
@@ -318,7 +321,7 @@ class TimerService:
         self.wheels.pop(p, None)
         self.cancels.pop(p, None)
         self._loading.pop(p, None)
-        self._recent.pop(p, None)
+        self._delivered.pop(p, None)
         for key in [k for k in self._sent if k[1] == p]:
             del self._sent[key]
 
@@ -346,8 +349,10 @@ class TimerService:
             raise KafkaOperationError.wrap(f"recovering timer partitions {parts}", failed)
         for p in parts:
             cancels = self.cancels.setdefault(p, Cancels(keep_ms))
-            self.wheels[p] = PartitionWheel(p, self.levels, self.settings.max_delay_ms, cancels)
-            self._recent.setdefault(p, OrderedDict())
+            delivered = self._delivered.setdefault(p, Delivered(RECENT_DELIVERIES))
+            self.wheels[p] = PartitionWheel(
+                p, self.levels, self.settings.max_delay_ms, cancels, delivered
+            )
         for tp in committed:
             self.wheels[tp.partition].start(self._lanes[tp.topic], tp.offset, tp.metadata)
         starts = [
@@ -467,15 +472,24 @@ class TimerService:
                 offsets.append(TopicPartition(topic, p, offset, metadata=metadata))
         if not actions and sent == self._sent:
             return
-        actions = self._vet(actions)
+        actions = self._vet(once_per_step(actions))
         writer = self._writer
         if writer is None:
             raise IllegalStateError("the timer service is not running (call run())")
         writer.write(actions, offsets, consumer.consumer_group_metadata())
         self._sent = sent
         for action in actions:
-            if action.step is Step.DELIVER and isinstance(action.payload, TimerRecord):
-                self._delivered(action.payload)
+            if not isinstance(action.payload, TimerRecord):
+                continue
+            if action.step is Step.DELIVER:
+                self._note_delivered(action.payload)
+            elif action.step is Step.SKIP:
+                log.warning(
+                    "%s id=%s: delivered before by this service, not again (the broker lost "
+                    "the offsets of the transaction that delivered it)",
+                    self._where(action),
+                    action.payload.timer_id,
+                )
 
     def _vet(self, actions: list[Action]) -> list[Action]:
         """Deliveries with nowhere to go, or blamed for earlier aborts, as discards."""
@@ -505,12 +519,10 @@ class TimerService:
                 out.append(_discarding(action, str(reason)))
         return out
 
-    def _delivered(self, record: TimerRecord) -> None:
-        recent = self._recent.get(record.partition)
-        if recent is not None:
-            recent[record.timer_id] = None
-            while len(recent) > RECENT_DELIVERIES:
-                recent.popitem(last=False)
+    def _note_delivered(self, record: TimerRecord) -> None:
+        delivered = self._delivered.get(record.partition)
+        if delivered is not None:
+            delivered.add(record.timer_id, record.producer_group or "")
 
     # -- records -------------------------------------------------------------------------
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list[Action]:
@@ -620,7 +632,7 @@ class TimerService:
                 )
                 return
         self.cancels[p].add(cancel.timer_id, group, msg.timestamp()[1])
-        if cancel.timer_id in self._recent.get(p, ()):
+        if (cancel.timer_id, group) in self._delivered.get(p, ()):
             self.metrics.timer_cancel_too_late.inc()
             log.info(
                 "%s[%d]@%d id=%s: cancel after its delivery", topic, p, offset, cancel.timer_id

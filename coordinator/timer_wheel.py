@@ -13,8 +13,11 @@ is *released* at its append time (LogAppendTime, non-decreasing along a partitio
   :mod:`rmq_semantics.records.timer`).
 
 A cancelled record (its id cancelled by its own group) is dropped instead of delivered; a
-malformed or refused one is discarded with a reason. Each of these is an :class:`Action`
-the service writes in one Kafka transaction with the lanes' offsets (:meth:`offsets`).
+malformed or refused one is discarded with a reason; one whose id this service delivered
+before, in a transaction that committed, is skipped: a broker can lose the offsets of a
+committed transaction (see :class:`Delivered`), and the replay that follows reads it again.
+Each of these is an :class:`Action` the service writes in one Kafka transaction with the
+lanes' offsets (:meth:`offsets`).
 
 A lane whose next record is not released yet is *blocked*: the service pauses it, the wheel
 forgets that record and re-reads it from its offset once the time has come, so only heads
@@ -31,6 +34,7 @@ field is never truncated: nothing finished is ever redone.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -43,10 +47,12 @@ __all__ = [
     "INTAKE",
     "Action",
     "Cancels",
+    "Delivered",
     "Incoming",
     "PartitionWheel",
     "Step",
     "TimerEntry",
+    "once_per_step",
 ]
 
 #: The intake topic is lane 0; the level topics are lanes 1..max_level.
@@ -72,6 +78,7 @@ class Step(Enum):
     DELIVER = "deliver"
     REAPPEND = "reappend"
     DROP = "drop"  # cancelled by its own group
+    SKIP = "skip"  # delivered before by this service: a replay read it again
     DISCARD = "discard"  # malformed or refused: to the discard topic, with a reason
 
 
@@ -147,6 +154,35 @@ class Cancels:
         return len(self._until)
 
 
+class Delivered:
+    """The last ``keep`` ids this service delivered from one timer partition, in
+    transactions that committed. Outlives replays, not a revocation.
+
+    Kafka 4.4 was seen to acknowledge a transaction's commit during its controlled shutdown
+    and never write that commit's marker to ``__consumer_offsets``: the records were
+    committed, the offsets were aborted with the next epoch's transaction, and the replay
+    read the delivered record again (docs/operations/failure-modes.md)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._ids: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def add(self, timer_id: str, group: str) -> None:
+        self._ids[(timer_id, group)] = None
+        self._ids.move_to_end((timer_id, group))
+        while len(self._ids) > self.keep:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def before(self, entry: TimerEntry) -> bool:
+        return (entry.timer_id, entry.group) in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 @dataclass
 class _Lane:
     tracker: OffsetTracker
@@ -170,6 +206,7 @@ class PartitionWheel:
     max_level: int
     max_delay_ms: int
     cancels: Cancels
+    delivered: Delivered = field(default_factory=lambda: Delivered(0))
     ready: bool = False  # the cancel partition was read to its end
     _lanes: dict[int, _Lane] = field(default_factory=dict)
     _due: list[tuple[int, int, int, Incoming]] = field(default_factory=list)
@@ -253,6 +290,8 @@ class PartitionWheel:
         remaining = entry.deliver_at - now
         if rec.level == INTAKE and remaining > self.max_delay_ms + TOO_FAR_GRACE_MS:
             return [self._finish(rec, Step.DISCARD, reason="too_far")]
+        if self.delivered.before(entry):
+            return [self._finish(rec, Step.SKIP)]
         if self.cancels.cancelled(entry):
             return [self._finish(rec, Step.DROP)]
         if remaining <= 0:
@@ -277,6 +316,9 @@ class PartitionWheel:
         while self._due and self._due[0][0] <= now:
             _, _, _, rec = heapq.heappop(self._due)
             entry = rec.entry
+            if entry is not None and self.delivered.before(entry):
+                out.append(self._finish(rec, Step.SKIP))
+                continue
             cancelled = entry is not None and self.cancels.cancelled(entry)
             out.append(self._finish(rec, Step.DROP if cancelled else Step.DELIVER))
         return out
@@ -303,3 +345,20 @@ class PartitionWheel:
     def unfinished(self, level: int) -> int | None:
         """The lowest unfinished offset of lane ``level`` (None: unknown yet)."""
         return self._lanes[level].tracker.lowest_unfinished
+
+
+def once_per_step(actions: list[Action]) -> list[Action]:
+    """``actions`` with every delivery of an id after its first one in the step skipped:
+    two copies of one record (re-appended twice after its transaction's offsets were lost)
+    can fall due together, before :class:`Delivered` knows of either."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for action in actions:
+        entry = action.entry
+        if action.step is Step.DELIVER and entry is not None:
+            key = (entry.timer_id, entry.group)
+            if key in seen:
+                action = Action(Step.SKIP, action.lane, action.offset, entry, 0, "", action.payload)
+            seen.add(key)
+        out.append(action)
+    return out

@@ -228,9 +228,11 @@ class TimerWriter:
                 m.timer_reappended.inc()
             elif action.step is Step.DROP:
                 m.timer_cancelled.inc()
+            elif action.step is Step.SKIP:
+                m.timer_skipped.inc()
             elif action.step is Step.DISCARD:
                 m.timer_discarded.labels(action.reason).inc()
-            if action.lane == INTAKE and action.step is not Step.DISCARD:
+            if action.lane == INTAKE and action.step not in (Step.DISCARD, Step.SKIP):
                 m.timer_scheduled.inc()
             if isinstance(record, TimerRecord):
                 self.ledger.settle([lane_key(record.partition, action.lane, action.offset)])
