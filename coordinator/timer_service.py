@@ -26,6 +26,7 @@ each step's transaction in :mod:`coordinator.timer_writer`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -64,6 +65,7 @@ from rmq_semantics.errors import (
     RmqError,
 )
 from rmq_semantics.records.codec import decode_timer_cancel
+from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.timer import TimerRecord, max_level, parse_timer, unparsed_timer
 from rmq_semantics.retry import is_retriable, retrying
@@ -99,6 +101,8 @@ FETCH_MAX_BYTES = 4 * 1024 * 1024
 # A crashed owner's timer partitions wait this long for the group to notice (librdkafka's
 # default of 45 s would make every message due meanwhile that late); as the lock clients'.
 SESSION_TIMEOUT_MS = 10000
+# Reading one earlier delivery back (Delivered) waits this long for its transaction's end.
+READ_BACK_TIMEOUT_S = 10.0
 # The last deliveries per partition: never delivered again (a broker can lose a committed
 # transaction's offsets: coordinator.timer_wheel.Delivered), and a cancel of one is counted
 # as too late.
@@ -158,6 +162,7 @@ class TimerService:
         self._consumer: confluent_kafka.Consumer | None = None
         self._txn: KafkaTransactions | None = None
         self._writer: TimerWriter | None = None
+        self._reader: confluent_kafka.Consumer | None = None  # reads deliveries back
         self._stop = threading.Event()
         self.ready = threading.Event()
         # Set while no timer topic exists yet and the service waits for one (healthy).
@@ -195,7 +200,10 @@ class TimerService:
         self.partition_count = self._copartitioned()
         self._admin = AdminClient(shared_conf(self.conf))
         txn = KafkaTransactions(
-            self.conf, f"{self.topics.timer_group}-{self.instance_id}", who="timer service"
+            self.conf,
+            f"{self.topics.timer_group}-{self.instance_id}",
+            who="timer service",
+            every_delivery=True,  # where each delivery landed: see Delivered
         )
         self._txn = txn
         try:
@@ -246,6 +254,9 @@ class TimerService:
             finally:
                 self.ready.clear()
                 consumer.close()
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
         finally:
             if self._writer is not None:
                 self._writer.close()
@@ -482,7 +493,7 @@ class TimerService:
             if not isinstance(action.payload, TimerRecord):
                 continue
             if action.step is Step.DELIVER:
-                self._note_delivered(action.payload)
+                self._note_delivered(action.payload, writer)
             elif action.step is Step.SKIP:
                 log.warning(
                     "%s id=%s: delivered before by this service, not again (the broker lost "
@@ -492,10 +503,11 @@ class TimerService:
                 )
 
     def _vet(self, actions: list[Action]) -> list[Action]:
-        """Deliveries with nowhere to go, or blamed for earlier aborts, as discards."""
+        """Skips of records whose earlier delivery is not visible, as deliveries; deliveries
+        with nowhere to go, or blamed for earlier aborts, as discards."""
         decided_at = time.monotonic()
         out = []
-        for action in actions:
+        for action in map(self._confirmed_skip, actions):
             record = action.payload
             if action.step is not Step.DELIVER or not isinstance(record, TimerRecord):
                 out.append(action)
@@ -519,10 +531,78 @@ class TimerService:
                 out.append(_discarding(action, str(reason)))
         return out
 
-    def _note_delivered(self, record: TimerRecord) -> None:
+    def _confirmed_skip(self, action: Action) -> Action:
+        """``action``, or a delivery instead of a skip whose earlier delivery cannot be read
+        back: a broker that lost a commit's markers everywhere aborted it (see Delivered)."""
+        record = action.payload
+        if action.step is not Step.SKIP or not isinstance(record, TimerRecord):
+            return action
+        delivered = self._delivered.get(record.partition)
+        entry = action.entry
+        if delivered is None or entry is None or not delivered.before(entry):
+            return action  # a second copy due in the same step (once_per_step)
+        where = delivered.where(entry)
+        if where is not None and self._visible(where, record.timer_id):
+            return action
+        log.warning(
+            "%s id=%s: delivered before by this service, but that delivery (%s) is not "
+            "visible: delivered again",
+            self._where(action),
+            record.timer_id,
+            "unknown" if where is None else f"{where[0]}[{where[1]}]@{where[2]}",
+        )
+        if delivered is not None:
+            delivered.forget(record.timer_id, record.producer_group or "")
+        return Action(Step.DELIVER, action.lane, action.offset, action.entry, 0, "", record)
+
+    def _visible(self, where: tuple[str, int, int], timer_id: str) -> bool:
+        """Whether read_committed readers see the delivery of ``timer_id`` at ``where``;
+        KafkaOperationError (a replay) while its transaction is undecided or unreadable."""
+        topic, partition, offset = where
+        if self._reader is None:
+            self._reader = confluent_kafka.Consumer(
+                client_conf(
+                    self.conf,
+                    who="coordinator",
+                    internal=True,
+                    forced={
+                        "group.id": f"{self.topics.timer_group}-reader",  # never joined
+                        "enable.auto.commit": False,
+                        "enable.partition.eof": True,
+                        "isolation.level": "read_committed",
+                    },
+                )
+            )
+        reader = self._reader
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        try:
+            reader.assign([TopicPartition(topic, partition, offset)])
+            while time.monotonic() < deadline:
+                for msg in reader.consume(16, 0.2):
+                    err = msg.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        continue
+                    at = msg.offset()  # an end of partition's is the end's
+                    if err is None and at == offset:
+                        return dict(headers_of(msg)).get(H.TIMER_ID) == timer_id.encode()
+                    if at is not None and at > offset:
+                        return False  # read past it: aborted (or never there)
+        except KafkaException as exc:
+            where_ = f"reading back {topic}[{partition}]@{offset}"
+            raise KafkaOperationError.wrap(where_, exc.args[0]) from exc
+        finally:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                reader.unassign()
+        raise KafkaOperationError(
+            f"reading back {topic}[{partition}]@{offset}: undecided after "
+            f"{READ_BACK_TIMEOUT_S:.0f} s"
+        )
+
+    def _note_delivered(self, record: TimerRecord, writer: TimerWriter) -> None:
         delivered = self._delivered.get(record.partition)
         if delivered is not None:
-            delivered.add(record.timer_id, record.producer_group or "")
+            key = (record.timer_id, record.producer_group or "")
+            delivered.add(*key, writer.landed.get(key))
 
     # -- records -------------------------------------------------------------------------
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list[Action]:

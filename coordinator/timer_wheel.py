@@ -14,8 +14,9 @@ is *released* at its append time (LogAppendTime, non-decreasing along a partitio
 
 A cancelled record (its id cancelled by its own group) is dropped instead of delivered; a
 malformed or refused one is discarded with a reason; one whose id this service delivered
-before, in a transaction that committed, is skipped: a broker can lose the offsets of a
-committed transaction (see :class:`Delivered`), and the replay that follows reads it again.
+before, in a transaction that committed, is skipped once the service has read that delivery
+back (see :class:`Delivered`: a broker can lose a committed transaction's offsets, and the
+replay that follows reads the record again).
 Each of these is an :class:`Action` the service writes in one Kafka transaction with the
 lanes' offsets (:meth:`offsets`).
 
@@ -78,7 +79,7 @@ class Step(Enum):
     DELIVER = "deliver"
     REAPPEND = "reappend"
     DROP = "drop"  # cancelled by its own group
-    SKIP = "skip"  # delivered before by this service: a replay read it again
+    SKIP = "skip"  # delivered before by this service (a replay read it again): verify, skip
     DISCARD = "discard"  # malformed or refused: to the discard topic, with a reason
 
 
@@ -154,30 +155,44 @@ class Cancels:
         return len(self._until)
 
 
+#: Where a delivery landed: (topic, partition, offset); None when unknown.
+Where = tuple[str, int, int] | None
+
+
 class Delivered:
     """The last ``keep`` ids this service delivered from one timer partition, in
-    transactions that committed. Outlives replays, not a revocation.
+    transactions that committed, with where each delivery landed. Outlives replays, not a
+    revocation.
 
     Kafka 4.4 was seen to acknowledge a transaction's commit during its controlled shutdown
-    and never write that commit's marker to ``__consumer_offsets``: the records were
-    committed, the offsets were aborted with the next epoch's transaction, and the replay
-    read the delivered record again (docs/operations/failure-modes.md)."""
+    and then lose that commit's markers: on ``__consumer_offsets`` only (the delivery stays
+    committed, its offsets are aborted with the next epoch's transaction, and the replay reads
+    the record again: a duplicate unless skipped), or everywhere (the delivery is aborted too:
+    a loss if skipped). So a record read again is a :attr:`Step.SKIP`, and the service
+    delivers it after all unless it reads the earlier delivery back
+    (docs/operations/failure-modes.md)."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self._ids: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, str], Where] = OrderedDict()
 
-    def add(self, timer_id: str, group: str) -> None:
-        self._ids[(timer_id, group)] = None
+    def add(self, timer_id: str, group: str, where: Where = None) -> None:
+        self._ids[(timer_id, group)] = where
         self._ids.move_to_end((timer_id, group))
         while len(self._ids) > self.keep:
             self._ids.popitem(last=False)
+
+    def forget(self, timer_id: str, group: str) -> None:
+        self._ids.pop((timer_id, group), None)
 
     def __contains__(self, key: object) -> bool:
         return key in self._ids
 
     def before(self, entry: TimerEntry) -> bool:
         return (entry.timer_id, entry.group) in self._ids
+
+    def where(self, entry: TimerEntry) -> Where:
+        return self._ids.get((entry.timer_id, entry.group))
 
     def __len__(self) -> int:
         return len(self._ids)

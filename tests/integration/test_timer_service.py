@@ -20,8 +20,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer as RawProducer
 
+from coordinator.settings import CoordinatorSettings
+from coordinator.timer_service import TimerService
 from rmq_semantics import Producer
 from rmq_semantics.embedded import EmbeddedKafka, free_port
+from rmq_semantics.errors import KafkaOperationError
 from rmq_semantics.message import Message
 from rmq_semantics.records.codec import encode
 from rmq_semantics.records.headers import H
@@ -317,3 +320,44 @@ def test_messages_sent_through_the_producer_with_a_time_arrive_once_after_it(
     counts = Counter(m.value() for m in reader.records)
     assert set(counts) == set(due) and set(counts.values()) == {1}, counts
     assert all(reader.seen_at[v][0] >= due[v] for v in due)
+
+
+def test_a_remembered_delivery_is_read_back_visible_only_if_its_transaction_committed(
+    broker, make_topic, unique
+):
+    """The read-back behind a skip (coordinator.timer_wheel.Delivered): a broker that loses
+    a commit's markers everywhere aborts the delivery, which must then be delivered again.
+    Adversary: a plain transactional producer writing one delivery it commits, one it
+    aborts and one it leaves open."""
+    conf, topic = broker.conf(), make_topic("readback", partitions=1)
+    raw = RawProducer({**conf, "transactional.id": unique("rb"), "transaction.timeout.ms": 60000})
+    raw.init_transactions(30)
+    where = {}
+
+    def deliver(name: str, end: str) -> None:
+        def landed(err, msg):
+            where[name] = (msg.topic(), msg.partition(), msg.offset())
+
+        raw.begin_transaction()
+        raw.produce(topic, name.encode(), headers=[(H.TIMER_ID, name.encode())], on_delivery=landed)
+        raw.flush(30)
+        if end == "commit":
+            raw.commit_transaction(30)
+        elif end == "abort":
+            raw.abort_transaction(30)
+
+    deliver("committed", "commit")
+    deliver("aborted", "abort")
+    service = TimerService(conf, CoordinatorSettings(topic_prefix=_prefix(unique), **TIMER))
+    try:
+        assert service._visible(where["committed"], "committed") is True
+        assert service._visible(where["committed"], "another") is False  # not its record
+        assert service._visible(where["aborted"], "aborted") is False
+        deliver("open", "leave open")
+        with pytest.raises(KafkaOperationError, match="undecided"):
+            service._visible(where["open"], "open")
+        raw.commit_transaction(30)
+        assert service._visible(where["open"], "open") is True
+    finally:
+        if service._reader is not None:
+            service._reader.close()
