@@ -33,8 +33,8 @@ import time
 import uuid
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from tenacity import retry_if_exception
 
 from coordinator.destinations import Destinations
@@ -542,22 +542,34 @@ class TimerService:
         if delivered is None or entry is None or not delivered.before(entry):
             return action  # a second copy due in the same step (once_per_step)
         where = delivered.where(entry)
-        if where is not None and self._visible(where, record.timer_id):
+        visible = None if where is None else self._visible(where, record.timer_id)
+        if visible:
             return action
+        at = "unknown" if where is None else f"{where[0]}[{where[1]}]@{where[2]}"
+        why = (
+            "is not visible"
+            if visible is False
+            else f"is still undecided after {READ_BACK_TIMEOUT_S:.0f} s: a transaction left "
+            "open there by the broker (kafka-transactions.sh describe-producers shows it, "
+            "abort --start-offset ends it) hides it and this copy until it is aborted"
+        )
         log.warning(
-            "%s id=%s: delivered before by this service, but that delivery (%s) is not "
-            "visible: delivered again",
+            "%s id=%s: delivered before by this service, but that delivery (%s) %s: "
+            "delivered again",
             self._where(action),
             record.timer_id,
-            "unknown" if where is None else f"{where[0]}[{where[1]}]@{where[2]}",
+            at,
+            why,
         )
         if delivered is not None:
             delivered.forget(record.timer_id, record.producer_group or "")
         return Action(Step.DELIVER, action.lane, action.offset, action.entry, 0, "", record)
 
-    def _visible(self, where: tuple[str, int, int], timer_id: str) -> bool:
-        """Whether read_committed readers see the delivery of ``timer_id`` at ``where``;
-        KafkaOperationError (a replay) while its transaction is undecided or unreadable."""
+    def _visible(self, where: tuple[str, int, int], timer_id: str) -> bool | None:
+        """Whether read_committed readers see the delivery of ``timer_id`` at ``where``:
+        None while its transaction is still open after READ_BACK_TIMEOUT_S (the service's
+        own transactions are all decided by then: one still open is one the broker lost
+        the markers of); KafkaOperationError (a replay) when it cannot be read."""
         topic, partition, offset = where
         if self._reader is None:
             self._reader = confluent_kafka.Consumer(
@@ -587,16 +599,32 @@ class TimerService:
                         return dict(headers_of(msg)).get(H.TIMER_ID) == timer_id.encode()
                     if at is not None and at > offset:
                         return False  # read past it: aborted (or never there)
+                    if err is not None and self._log_end(topic, partition) <= offset:
+                        return False  # the log ends below it: the broker truncated it
         except KafkaException as exc:
             where_ = f"reading back {topic}[{partition}]@{offset}"
             raise KafkaOperationError.wrap(where_, exc.args[0]) from exc
+        except TimeoutError as exc:  # the log end not answered in time
+            raise KafkaOperationError(
+                f"reading back {topic}[{partition}]@{offset}: its log end timed out"
+            ) from exc
         finally:
             with contextlib.suppress(KafkaException, RuntimeError):
                 reader.unassign()
-        raise KafkaOperationError(
-            f"reading back {topic}[{partition}]@{offset}: undecided after "
-            f"{READ_BACK_TIMEOUT_S:.0f} s"
+        return None
+
+    def _log_end(self, topic: str, partition: int) -> int:
+        """The high watermark of ``topic[partition]`` (read_uncommitted: a read_committed
+        consumer's watermark is the last stable offset, below an open transaction)."""
+        if self._admin is None:
+            self._admin = AdminClient(shared_conf(self.conf))
+        tp = TopicPartition(topic, partition)
+        futures = self._admin.list_offsets(
+            {tp: OffsetSpec.latest()},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=METADATA_TIMEOUT_S,
         )
+        return int(futures[tp].result(timeout=METADATA_TIMEOUT_S).offset)
 
     def _note_delivered(self, record: TimerRecord, writer: TimerWriter) -> None:
         delivered = self._delivered.get(record.partition)
