@@ -29,6 +29,11 @@ from rmq_semantics.records.codec import encode
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.timer import TimerCancel, timer_headers, timer_partition
 from rmq_semantics.topics import SystemTopics, ensure_topics, timer_topic_specs
+from tests.campaign.txn_tools import (
+    find_hanging_on_brokers,
+    parse_find_hanging,
+    transactions_command,
+)
 from tests.integration.txn_helpers import (
     CoordinatorProcess,
     ThreadCoordinator,
@@ -277,7 +282,14 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(own_broker, un
         assert own_broker.stop() is True
         own_broker.start()
         reader = VisibleAt(conf, topic, 2)
-        reader.read_until(lambda r: len(r) >= total, 240, "every delivery after the restart")
+        try:
+            reader.read_until(lambda r: len(r) >= total, 150, "every delivery after the restart")
+        except AssertionError:
+            # Kafka's fault, not the product's (docs/operations/failure-modes.md): a
+            # transaction the restarted broker left open hides the rest of its partition
+            # until an operator aborts it with Kafka's own tool; then each message is there.
+            assert _abort_hanging(own_broker.bootstrap), "missing, and no hanging transaction"
+            reader.read_until(lambda r: len(r) >= total, 120, "every delivery after the abort")
         reader.settle(2.0)
         reader.close()
     records = read_to_end(conf, topic, 2)
@@ -290,6 +302,28 @@ def test_a_broker_restart_mid_stream_loses_and_duplicates_nothing(own_broker, un
         if counts[m.value()] > 1
     ]
     assert len(counts) == total and not twice, (len(counts), twice)
+
+
+def _abort_hanging(bootstrap: str) -> list[str]:
+    """What an operator does about a hanging transaction: ``kafka-transactions.sh
+    find-hanging`` (open over a minute, unknown to its coordinator), then ``abort`` each."""
+    found = parse_find_hanging(
+        find_hanging_on_brokers(bootstrap, [1], max_transaction_timeout_min=1)[1]
+    )
+    for txn in found:
+        transactions_command(
+            bootstrap,
+            [
+                "abort",
+                "--topic",
+                txn.topic,
+                "--partition",
+                str(txn.partition),
+                "--start-offset",
+                str(txn.start_offset),
+            ],
+        )
+    return [txn.where for txn in found]
 
 
 def test_messages_sent_through_the_producer_with_a_time_arrive_once_after_it(
