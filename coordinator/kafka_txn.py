@@ -141,9 +141,12 @@ class KafkaTransactions:
     """Owns one transactional producer: :meth:`init` once, then one :meth:`transaction`
     per batch. ``conf`` is the coordinator's librdkafka conf (bootstrap, security...)."""
 
-    def __init__(self, conf: dict, transactional_id: str, *, who: str) -> None:
+    def __init__(
+        self, conf: dict, transactional_id: str, *, who: str, every_delivery: bool = False
+    ) -> None:
         self.transactional_id = transactional_id
         self.who = who
+        self.every_delivery = every_delivery
         self.renewals = 0  # producers re-created (an EndTxn timed out, a fence, a wedge)
         self.abandoned = False  # left to a call that never returned (see abandon())
         self._init_due = False  # a re-created producer whose init failed
@@ -165,8 +168,8 @@ class KafkaTransactions:
                 # librdkafka's backoff grows exponentially up to this (default 1,000 ms).
                 "retry.backoff.max.ms": RETRY_BACKOFF_MAX_MS,
                 # Delivery callbacks (the transaction writer's, to find a poison record) run
-                # only for failed messages: nothing per record on the hot path.
-                "delivery.report.only.error": True,
+                # only for failed messages unless asked: nothing per record on the hot path.
+                "delivery.report.only.error": not every_delivery,
             },
         )
         self.producer = confluent_kafka.Producer(self._conf)
@@ -292,7 +295,12 @@ class KafkaTransactions:
             TXN_CALL_TIMEOUT_S,
             TRANSACTION_TIMEOUT_MS,
         )
-        successor = KafkaTransactions(self._source_conf, self.transactional_id, who=self.who)
+        successor = KafkaTransactions(
+            self._source_conf,
+            self.transactional_id,
+            who=self.who,
+            every_delivery=self.every_delivery,
+        )
         successor.renewals = self.renewals + 1
         successor._init_due = True
         return successor

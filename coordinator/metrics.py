@@ -156,6 +156,12 @@ class CoordinatorMetrics:
             "Cancels read after their message was delivered (among the last deliveries)",
             registry=r,
         )
+        self.timer_skipped = Counter(
+            "rmq_timer_skipped",
+            "Timer records read again after their delivery committed (the broker lost that "
+            "transaction's offsets), not delivered again",
+            registry=r,
+        )
         self.timer_reappended = Counter(
             "rmq_timer_reappended", "Timer records written again to a lower level", registry=r
         )

@@ -26,15 +26,15 @@ each step's transaction in :mod:`coordinator.timer_writer`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 
 import confluent_kafka
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from tenacity import retry_if_exception
 
 from coordinator.destinations import Destinations
@@ -47,10 +47,12 @@ from coordinator.timer_wheel import (
     INTAKE,
     Action,
     Cancels,
+    Delivered,
     Incoming,
     PartitionWheel,
     Step,
     TimerEntry,
+    once_per_step,
 )
 from coordinator.timer_writer import TimerWriter, lane_key
 from rmq_semantics.clientconf import client_conf, shared_conf
@@ -63,6 +65,7 @@ from rmq_semantics.errors import (
     RmqError,
 )
 from rmq_semantics.records.codec import decode_timer_cancel
+from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
 from rmq_semantics.records.timer import TimerRecord, max_level, parse_timer, unparsed_timer
 from rmq_semantics.retry import is_retriable, retrying
@@ -98,7 +101,11 @@ FETCH_MAX_BYTES = 4 * 1024 * 1024
 # A crashed owner's timer partitions wait this long for the group to notice (librdkafka's
 # default of 45 s would make every message due meanwhile that late); as the lock clients'.
 SESSION_TIMEOUT_MS = 10000
-# Cancels for the last deliveries per partition, to count a cancel that came too late.
+# Reading one earlier delivery back (Delivered) waits this long for its transaction's end.
+READ_BACK_TIMEOUT_S = 10.0
+# The last deliveries per partition: never delivered again (a broker can lose a committed
+# transaction's offsets: coordinator.timer_wheel.Delivered), and a cancel of one is counted
+# as too late.
 RECENT_DELIVERIES = 10_000
 # Cancels are kept (and read back on assignment) this many maximum delays after they were
 # written: a cancelled message is dropped unless the timer partition was left unserved
@@ -147,7 +154,7 @@ class TimerService:
             self.topics.timer_level(level): level for level in range(1, self.levels + 1)
         }
         self._loading: dict[int, int] = {}  # cancel partition -> end to read to
-        self._recent: dict[int, OrderedDict[str, None]] = {}
+        self._delivered: dict[int, Delivered] = {}
         self._sent: dict[tuple[str, int], tuple[int, str]] = {}
         self._assigned: set[int] = set()
         self._recover_due = False
@@ -155,6 +162,7 @@ class TimerService:
         self._consumer: confluent_kafka.Consumer | None = None
         self._txn: KafkaTransactions | None = None
         self._writer: TimerWriter | None = None
+        self._reader: confluent_kafka.Consumer | None = None  # reads deliveries back
         self._stop = threading.Event()
         self.ready = threading.Event()
         # Set while no timer topic exists yet and the service waits for one (healthy).
@@ -192,7 +200,10 @@ class TimerService:
         self.partition_count = self._copartitioned()
         self._admin = AdminClient(shared_conf(self.conf))
         txn = KafkaTransactions(
-            self.conf, f"{self.topics.timer_group}-{self.instance_id}", who="timer service"
+            self.conf,
+            f"{self.topics.timer_group}-{self.instance_id}",
+            who="timer service",
+            every_delivery=True,  # where each delivery landed: see Delivered
         )
         self._txn = txn
         try:
@@ -243,6 +254,9 @@ class TimerService:
             finally:
                 self.ready.clear()
                 consumer.close()
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
         finally:
             if self._writer is not None:
                 self._writer.close()
@@ -318,7 +332,7 @@ class TimerService:
         self.wheels.pop(p, None)
         self.cancels.pop(p, None)
         self._loading.pop(p, None)
-        self._recent.pop(p, None)
+        self._delivered.pop(p, None)
         for key in [k for k in self._sent if k[1] == p]:
             del self._sent[key]
 
@@ -346,8 +360,10 @@ class TimerService:
             raise KafkaOperationError.wrap(f"recovering timer partitions {parts}", failed)
         for p in parts:
             cancels = self.cancels.setdefault(p, Cancels(keep_ms))
-            self.wheels[p] = PartitionWheel(p, self.levels, self.settings.max_delay_ms, cancels)
-            self._recent.setdefault(p, OrderedDict())
+            delivered = self._delivered.setdefault(p, Delivered(RECENT_DELIVERIES))
+            self.wheels[p] = PartitionWheel(
+                p, self.levels, self.settings.max_delay_ms, cancels, delivered
+            )
         for tp in committed:
             self.wheels[tp.partition].start(self._lanes[tp.topic], tp.offset, tp.metadata)
         starts = [
@@ -467,21 +483,31 @@ class TimerService:
                 offsets.append(TopicPartition(topic, p, offset, metadata=metadata))
         if not actions and sent == self._sent:
             return
-        actions = self._vet(actions)
+        actions = self._vet(once_per_step(actions))
         writer = self._writer
         if writer is None:
             raise IllegalStateError("the timer service is not running (call run())")
         writer.write(actions, offsets, consumer.consumer_group_metadata())
         self._sent = sent
         for action in actions:
-            if action.step is Step.DELIVER and isinstance(action.payload, TimerRecord):
-                self._delivered(action.payload)
+            if not isinstance(action.payload, TimerRecord):
+                continue
+            if action.step is Step.DELIVER:
+                self._note_delivered(action.payload, writer)
+            elif action.step is Step.SKIP:
+                log.warning(
+                    "%s id=%s: delivered before by this service, not again (the broker lost "
+                    "the offsets of the transaction that delivered it)",
+                    self._where(action),
+                    action.payload.timer_id,
+                )
 
     def _vet(self, actions: list[Action]) -> list[Action]:
-        """Deliveries with nowhere to go, or blamed for earlier aborts, as discards."""
+        """Skips of records whose earlier delivery is not visible, as deliveries; deliveries
+        with nowhere to go, or blamed for earlier aborts, as discards."""
         decided_at = time.monotonic()
         out = []
-        for action in actions:
+        for action in map(self._confirmed_skip, actions):
             record = action.payload
             if action.step is not Step.DELIVER or not isinstance(record, TimerRecord):
                 out.append(action)
@@ -505,12 +531,106 @@ class TimerService:
                 out.append(_discarding(action, str(reason)))
         return out
 
-    def _delivered(self, record: TimerRecord) -> None:
-        recent = self._recent.get(record.partition)
-        if recent is not None:
-            recent[record.timer_id] = None
-            while len(recent) > RECENT_DELIVERIES:
-                recent.popitem(last=False)
+    def _confirmed_skip(self, action: Action) -> Action:
+        """``action``, or a delivery instead of a skip whose earlier delivery cannot be read
+        back: a broker that lost a commit's markers everywhere aborted it (see Delivered)."""
+        record = action.payload
+        if action.step is not Step.SKIP or not isinstance(record, TimerRecord):
+            return action
+        delivered = self._delivered.get(record.partition)
+        entry = action.entry
+        if delivered is None or entry is None or not delivered.before(entry):
+            return action  # a second copy due in the same step (once_per_step)
+        where = delivered.where(entry)
+        visible = None if where is None else self._visible(where, record.timer_id)
+        if visible:
+            return action
+        at = "unknown" if where is None else f"{where[0]}[{where[1]}]@{where[2]}"
+        why = (
+            "is not visible"
+            if visible is False
+            else f"is still undecided after {READ_BACK_TIMEOUT_S:.0f} s: a transaction left "
+            "open there by the broker (kafka-transactions.sh describe-producers shows it, "
+            "abort --start-offset ends it) hides it and this copy until it is aborted"
+        )
+        log.warning(
+            "%s id=%s: delivered before by this service, but that delivery (%s) %s: "
+            "delivered again",
+            self._where(action),
+            record.timer_id,
+            at,
+            why,
+        )
+        if delivered is not None:
+            delivered.forget(record.timer_id, record.producer_group or "")
+        return Action(Step.DELIVER, action.lane, action.offset, action.entry, 0, "", record)
+
+    def _visible(self, where: tuple[str, int, int], timer_id: str) -> bool | None:
+        """Whether read_committed readers see the delivery of ``timer_id`` at ``where``:
+        None while its transaction is still open after READ_BACK_TIMEOUT_S (the service's
+        own transactions are all decided by then: one still open is one the broker lost
+        the markers of); KafkaOperationError (a replay) when it cannot be read."""
+        topic, partition, offset = where
+        if self._reader is None:
+            self._reader = confluent_kafka.Consumer(
+                client_conf(
+                    self.conf,
+                    who="coordinator",
+                    internal=True,
+                    forced={
+                        "group.id": f"{self.topics.timer_group}-reader",  # never joined
+                        "enable.auto.commit": False,
+                        "enable.partition.eof": True,
+                        "isolation.level": "read_committed",
+                    },
+                )
+            )
+        reader = self._reader
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        try:
+            reader.assign([TopicPartition(topic, partition, offset)])
+            while time.monotonic() < deadline:
+                for msg in reader.consume(16, 0.2):
+                    err = msg.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        continue
+                    at = msg.offset()  # an end of partition's is the end's
+                    if err is None and at == offset:
+                        return dict(headers_of(msg)).get(H.TIMER_ID) == timer_id.encode()
+                    if at is not None and at > offset:
+                        return False  # read past it: aborted (or never there)
+                    if err is not None and self._log_end(topic, partition) <= offset:
+                        return False  # the log ends below it: the broker truncated it
+        except KafkaException as exc:
+            where_ = f"reading back {topic}[{partition}]@{offset}"
+            raise KafkaOperationError.wrap(where_, exc.args[0]) from exc
+        except TimeoutError as exc:  # the log end not answered in time
+            raise KafkaOperationError(
+                f"reading back {topic}[{partition}]@{offset}: its log end timed out"
+            ) from exc
+        finally:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                reader.unassign()
+        return None
+
+    def _log_end(self, topic: str, partition: int) -> int:
+        """The high watermark of ``topic[partition]`` (read_uncommitted: a read_committed
+        consumer's watermark is the last stable offset, below an open transaction)."""
+        if self._admin is None:
+            self._admin = AdminClient(shared_conf(self.conf))
+        tp = TopicPartition(topic, partition)
+        futures = self._admin.list_offsets(
+            {tp: OffsetSpec.latest()},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=METADATA_TIMEOUT_S,
+        )
+        return int(futures[tp].result(timeout=METADATA_TIMEOUT_S).offset)
+
+    def _note_delivered(self, record: TimerRecord, writer: TimerWriter) -> None:
+        delivered = self._delivered.get(record.partition)
+        if delivered is not None:
+            key = (record.timer_id, record.producer_group or "")
+            delivered.add(*key, writer.landed.get(key))
 
     # -- records -------------------------------------------------------------------------
     def _dispatch_guarded(self, msg: confluent_kafka.Message, now: int) -> list[Action]:
@@ -620,7 +740,7 @@ class TimerService:
                 )
                 return
         self.cancels[p].add(cancel.timer_id, group, msg.timestamp()[1])
-        if cancel.timer_id in self._recent.get(p, ()):
+        if (cancel.timer_id, group) in self._delivered.get(p, ()):
             self.metrics.timer_cancel_too_late.inc()
             log.info(
                 "%s[%d]@%d id=%s: cancel after its delivery", topic, p, offset, cancel.timer_id

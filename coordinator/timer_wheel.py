@@ -13,8 +13,12 @@ is *released* at its append time (LogAppendTime, non-decreasing along a partitio
   :mod:`rmq_semantics.records.timer`).
 
 A cancelled record (its id cancelled by its own group) is dropped instead of delivered; a
-malformed or refused one is discarded with a reason. Each of these is an :class:`Action`
-the service writes in one Kafka transaction with the lanes' offsets (:meth:`offsets`).
+malformed or refused one is discarded with a reason; one whose id this service delivered
+before, in a transaction that committed, is skipped once the service has read that delivery
+back (see :class:`Delivered`: a broker can lose a committed transaction's offsets, and the
+replay that follows reads the record again).
+Each of these is an :class:`Action` the service writes in one Kafka transaction with the
+lanes' offsets (:meth:`offsets`).
 
 A lane whose next record is not released yet is *blocked*: the service pauses it, the wheel
 forgets that record and re-reads it from its offset once the time has come, so only heads
@@ -31,6 +35,7 @@ field is never truncated: nothing finished is ever redone.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -43,10 +48,12 @@ __all__ = [
     "INTAKE",
     "Action",
     "Cancels",
+    "Delivered",
     "Incoming",
     "PartitionWheel",
     "Step",
     "TimerEntry",
+    "once_per_step",
 ]
 
 #: The intake topic is lane 0; the level topics are lanes 1..max_level.
@@ -72,6 +79,7 @@ class Step(Enum):
     DELIVER = "deliver"
     REAPPEND = "reappend"
     DROP = "drop"  # cancelled by its own group
+    SKIP = "skip"  # delivered before by this service (a replay read it again): verify, skip
     DISCARD = "discard"  # malformed or refused: to the discard topic, with a reason
 
 
@@ -147,6 +155,49 @@ class Cancels:
         return len(self._until)
 
 
+#: Where a delivery landed: (topic, partition, offset); None when unknown.
+Where = tuple[str, int, int] | None
+
+
+class Delivered:
+    """The last ``keep`` ids this service delivered from one timer partition, in
+    transactions that committed, with where each delivery landed. Outlives replays, not a
+    revocation.
+
+    Kafka 4.4 was seen to acknowledge a transaction's commit during its controlled shutdown
+    and then lose that commit's markers: on ``__consumer_offsets`` only (the delivery stays
+    committed, its offsets are aborted with the next epoch's transaction, and the replay reads
+    the record again: a duplicate unless skipped), or everywhere (the delivery is aborted too:
+    a loss if skipped). So a record read again is a :attr:`Step.SKIP`, and the service
+    delivers it after all unless it reads the earlier delivery back
+    (docs/operations/failure-modes.md)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._ids: OrderedDict[tuple[str, str], Where] = OrderedDict()
+
+    def add(self, timer_id: str, group: str, where: Where = None) -> None:
+        self._ids[(timer_id, group)] = where
+        self._ids.move_to_end((timer_id, group))
+        while len(self._ids) > self.keep:
+            self._ids.popitem(last=False)
+
+    def forget(self, timer_id: str, group: str) -> None:
+        self._ids.pop((timer_id, group), None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def before(self, entry: TimerEntry) -> bool:
+        return (entry.timer_id, entry.group) in self._ids
+
+    def where(self, entry: TimerEntry) -> Where:
+        return self._ids.get((entry.timer_id, entry.group))
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 @dataclass
 class _Lane:
     tracker: OffsetTracker
@@ -170,6 +221,7 @@ class PartitionWheel:
     max_level: int
     max_delay_ms: int
     cancels: Cancels
+    delivered: Delivered = field(default_factory=lambda: Delivered(0))
     ready: bool = False  # the cancel partition was read to its end
     _lanes: dict[int, _Lane] = field(default_factory=dict)
     _due: list[tuple[int, int, int, Incoming]] = field(default_factory=list)
@@ -253,6 +305,8 @@ class PartitionWheel:
         remaining = entry.deliver_at - now
         if rec.level == INTAKE and remaining > self.max_delay_ms + TOO_FAR_GRACE_MS:
             return [self._finish(rec, Step.DISCARD, reason="too_far")]
+        if self.delivered.before(entry):
+            return [self._finish(rec, Step.SKIP)]
         if self.cancels.cancelled(entry):
             return [self._finish(rec, Step.DROP)]
         if remaining <= 0:
@@ -277,6 +331,9 @@ class PartitionWheel:
         while self._due and self._due[0][0] <= now:
             _, _, _, rec = heapq.heappop(self._due)
             entry = rec.entry
+            if entry is not None and self.delivered.before(entry):
+                out.append(self._finish(rec, Step.SKIP))
+                continue
             cancelled = entry is not None and self.cancels.cancelled(entry)
             out.append(self._finish(rec, Step.DROP if cancelled else Step.DELIVER))
         return out
@@ -303,3 +360,20 @@ class PartitionWheel:
     def unfinished(self, level: int) -> int | None:
         """The lowest unfinished offset of lane ``level`` (None: unknown yet)."""
         return self._lanes[level].tracker.lowest_unfinished
+
+
+def once_per_step(actions: list[Action]) -> list[Action]:
+    """``actions`` with every delivery of an id after its first one in the step skipped:
+    two copies of one record (re-appended twice after its transaction's offsets were lost)
+    can fall due together, before :class:`Delivered` knows of either."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for action in actions:
+        entry = action.entry
+        if action.step is Step.DELIVER and entry is not None:
+            key = (entry.timer_id, entry.group)
+            if key in seen:
+                action = Action(Step.SKIP, action.lane, action.offset, entry, 0, "", action.payload)
+            seen.add(key)
+        out.append(action)
+    return out

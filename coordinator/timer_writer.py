@@ -81,6 +81,9 @@ class TimerWriter:
         self.metrics = metrics
         self.ledger = ledger
         self._failed: list[tuple[Action, KafkaError]] = []
+        # (timer id, group) of a delivered record -> where its delivery landed (topic,
+        # partition, offset), for the last write (read by the service once it returned).
+        self.landed: dict[tuple[str, str], tuple[str, int, int]] = {}
         # The commit runs on its own thread: librdkafka's send_offsets_to_transaction can
         # wait for ever for a group coordinator that left (#5456, #5511; seen here after a
         # broker restart), and a wedged call is abandoned for a new producer instead.
@@ -92,6 +95,7 @@ class TimerWriter:
         """Produce ``actions`` and commit ``offsets`` in one transaction; TransactionAborted
         (replay from the committed offsets) or FatalKafkaError otherwise."""
         self._failed = []
+        self.landed = {}
         now = _now_ms()
         txn = self.txn
         try:
@@ -187,11 +191,25 @@ class TimerWriter:
             )
 
     def _on_delivery(
-        self, action: Action, err: KafkaError | None, _msg: confluent_kafka.Message | None
+        self, action: Action, err: KafkaError | None, msg: confluent_kafka.Message | None
     ) -> None:
-        # Failed deliveries only (delivery.report.only.error), served during the commit.
+        # Served during the commit: failed records, and where each delivery landed.
         if err is not None:
             self._failed.append((action, err))
+        elif action.step is Step.DELIVER and msg is not None:
+            record, topic = action.payload, msg.topic()
+            partition, offset = msg.partition(), msg.offset()
+            if (
+                isinstance(record, TimerRecord)
+                and topic
+                and partition is not None
+                and offset is not None
+            ):
+                self.landed[(record.timer_id, record.producer_group or "")] = (
+                    topic,
+                    partition,
+                    offset,
+                )
 
     def _blame(self, action: Action, failure: BaseException | KafkaError) -> None:
         verdict = classify(failure)
@@ -228,9 +246,11 @@ class TimerWriter:
                 m.timer_reappended.inc()
             elif action.step is Step.DROP:
                 m.timer_cancelled.inc()
+            elif action.step is Step.SKIP:
+                m.timer_skipped.inc()
             elif action.step is Step.DISCARD:
                 m.timer_discarded.labels(action.reason).inc()
-            if action.lane == INTAKE and action.step is not Step.DISCARD:
+            if action.lane == INTAKE and action.step not in (Step.DISCARD, Step.SKIP):
                 m.timer_scheduled.inc()
             if isinstance(record, TimerRecord):
                 self.ledger.settle([lane_key(record.partition, action.lane, action.offset)])

@@ -7,7 +7,11 @@ offsets in one transaction (committed, or aborted and replayed).
 
 Rules: schedule a message (due in the past, within a second, seconds away, beyond the
 maximum delay), write a malformed record, cancel a message by its own group or another;
-the clock; steps (committed or aborted); a crash (a new wheel from the committed offsets);
+the clock; steps (committed or aborted); a step whose commit the broker acknowledges but
+whose markers it loses (seen on Kafka 4.4 at a controlled shutdown), on the offsets only or
+everywhere, replayed by the same service, which remembers what it delivered and reads a
+remembered delivery back before it skips a record; a crash (a new wheel from the committed offsets, nothing
+remembered; not while lost offsets are outstanding, a case no service can recover from);
 and ``drain``: time runs past every delivery time and the service steps until nothing moves.
 
 Promises checked after every step: no message delivered before its time, none twice, none
@@ -30,10 +34,12 @@ from coordinator.timer_wheel import (
     INTAKE,
     Action,
     Cancels,
+    Delivered,
     Incoming,
     PartitionWheel,
     Step,
     TimerEntry,
+    once_per_step,
 )
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.records.timer import max_level
@@ -79,6 +85,9 @@ class TimerMachine(RuleBasedStateMachine):
         self.dropped: set[str] = set()
         self.cancelled_at: dict[str, int] = {}  # by its own group, first time
         self.finished: set[tuple[int, int]] = set()  # (lane, offset) by committed txns
+        self.refinishable: set[tuple[int, int]] = set()  # finished by a txn whose offsets were lost
+        self.lost_pending = False  # a txn's offsets lost, no commit since
+        self.memory = Delivered(10_000)  # the service's: outlives replays, not a crash
         self.service = self._restart()
 
     # -- the service ---------------------------------------------------------------------
@@ -87,7 +96,7 @@ class TimerMachine(RuleBasedStateMachine):
         cancels = Cancels(2 * MAX_DELAY_MS)
         for timer_id, group, written in self.cancel_log:
             cancels.add(timer_id, group, written)
-        wheel = PartitionWheel(0, LEVELS, MAX_DELAY_MS, cancels)
+        wheel = PartitionWheel(0, LEVELS, MAX_DELAY_MS, cancels, self.memory)
         for lane in range(LEVELS + 1):
             offset, metadata = self.committed.get(lane, (-1, ""))
             wheel.start(lane, offset, metadata)
@@ -129,10 +138,19 @@ class TimerMachine(RuleBasedStateMachine):
         self._moves(service)
         return actions
 
-    def _step(self, most: int, commit: bool) -> None:
-        actions = self._read(most) + self.service.wheel.due(self.now)
+    def _step(
+        self, most: int, commit: bool, lose_offsets: bool = False, lose_all: bool = False
+    ) -> None:
+        """One step; ``lose_offsets``: the broker acknowledges its commit but loses the
+        markers on the offsets (its records stay committed); ``lose_all``: everywhere (its
+        records are aborted too). Either way the same service replays, remembering."""
+        actions = once_per_step(self._read(most) + self.service.wheel.due(self.now))
+        # The service's read-back: a skip of a remembered delivery that is not visible
+        # delivers after all (a second copy in one step stays skipped).
+        actions = [self._read_back(a) for a in actions]
         self._moves(self.service)
         offsets = self.service.wheel.offsets()
+        lose_offsets = lose_offsets or lose_all
         if not commit:
             for action in actions:
                 if action.step is Step.REAPPEND:
@@ -141,24 +159,54 @@ class TimerMachine(RuleBasedStateMachine):
             return
         for action in actions:
             key = (action.lane, action.offset)
-            assert key not in self.finished, f"lane {key[0]}@{key[1]} finished twice"
+            assert key not in self.finished or key in self.refinishable, (
+                f"lane {key[0]}@{key[1]} finished twice"
+            )
             self.finished.add(key)
+            if lose_offsets:
+                self.refinishable.add(key)
             entry = action.entry
             if action.step is Step.DELIVER:
                 assert entry is not None
-                self._deliver(entry)
+                if not lose_all:
+                    self._deliver(entry)
             elif action.step is Step.REAPPEND:
                 assert 1 <= action.level <= LEVELS
-                self._append(action.level, entry)
+                self._append(action.level, entry, visible=not lose_all)
             elif action.step is Step.DROP:
                 assert entry is not None and entry.timer_id in self.cancelled_at
-                self.dropped.add(entry.timer_id)
+                if not lose_all:
+                    self.dropped.add(entry.timer_id)
+            elif action.step is Step.SKIP:
+                assert entry is not None
+                never = f"{entry.timer_id} skipped, never delivered"
+                assert entry.timer_id in self.delivered, never
             elif entry is None:
                 assert action.reason == "malformed"
             else:
                 assert action.reason == "too_far" and entry.timer_id in self.too_far
+        for action in actions:  # after the commit, as the service notes them
+            if action.step is Step.DELIVER and action.entry is not None:
+                self.memory.add(action.entry.timer_id, action.entry.group)
+        if lose_offsets:  # the records are committed, the offsets are not: a replay
+            self.lost_pending = True
+            self.service = self._restart()
+            return
+        self.lost_pending = False
         self.committed.update(offsets)
         self._check_offsets()
+
+    def _read_back(self, action: Action) -> Action:
+        entry = action.entry
+        if (
+            action.step is Step.SKIP
+            and entry is not None
+            and self.memory.before(entry)
+            and entry.timer_id not in self.delivered
+        ):
+            self.memory.forget(entry.timer_id, entry.group)
+            return Action(Step.DELIVER, action.lane, action.offset, entry)
+        return action
 
     def _deliver(self, entry: TimerEntry) -> None:
         timer_id = entry.timer_id
@@ -219,8 +267,18 @@ class TimerMachine(RuleBasedStateMachine):
     def step(self, most: int, commit: bool) -> None:
         self._step(most, commit)
 
+    @rule(most=st.sampled_from(READ_MOST))
+    def step_whose_offsets_the_broker_loses(self, most: int) -> None:
+        self._step(most, commit=True, lose_offsets=True)
+
+    @rule(most=st.sampled_from(READ_MOST))
+    def step_whose_commit_the_broker_loses(self, most: int) -> None:
+        self._step(most, commit=True, lose_all=True)
+
+    @precondition(lambda self: not self.lost_pending)
     @rule()
     def crash(self) -> None:
+        self.memory = Delivered(10_000)
         self.service = self._restart()
 
     @rule()
@@ -280,3 +338,25 @@ def test_a_wheel_that_commits_where_it_read_is_caught(monkeypatch: pytest.Monkey
     assert "passes unfinished" in str(found.error), found.report
     assert any(s.startswith("state.schedule(") for s in found.steps), found.report
     assert len(found.steps) <= 6, found.report
+
+
+def test_a_wheel_that_forgets_what_it_delivered_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted defect: the wheel never asks what it delivered before, so a record read again
+    after its transaction's offsets were lost is delivered twice."""
+    monkeypatch.setattr(Delivered, "before", lambda self, entry: False)
+    found = find_failure(TimerMachine)
+    assert isinstance(found.error, AssertionError)
+    assert "delivered twice" in str(found.error), found.report
+    assert any(s.startswith("state.step_whose_offsets_the_broker_loses(") for s in found.steps)
+
+
+def test_a_service_that_trusts_its_memory_loses_what_the_broker_aborted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted defect: a remembered delivery is skipped without reading it back, so a
+    message whose commit the broker lost everywhere is never delivered."""
+    monkeypatch.setattr(TimerMachine, "_read_back", lambda self, action: action)
+    found = find_failure(TimerMachine)
+    assert isinstance(found.error, AssertionError)
+    assert "never delivered" in str(found.error) or "lost" in str(found.error), found.report
+    assert any(s.startswith("state.step_whose_commit_the_broker_loses(") for s in found.steps)

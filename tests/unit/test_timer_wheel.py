@@ -5,11 +5,14 @@ from __future__ import annotations
 from coordinator.timer_wheel import (
     HOP_LEAD_MS,
     INTAKE,
+    Action,
     Cancels,
+    Delivered,
     Incoming,
     PartitionWheel,
     Step,
     TimerEntry,
+    once_per_step,
 )
 from rmq_semantics.records.timer import max_level
 
@@ -134,3 +137,28 @@ def test_cancels_are_forgotten_once_the_longest_delay_has_passed():
     cancels.add("m", "g", T0)
     assert cancels.expire(T0 + 999) == 0 and len(cancels) == 1
     assert cancels.expire(T0 + 1000) == 1 and len(cancels) == 0
+
+
+def test_a_record_read_again_after_its_delivery_committed_is_skipped_not_delivered():
+    memory = Delivered(10)
+    wheel = _wheel()
+    wheel.delivered = memory
+    [first] = wheel.on_record(_rec(0, T0 - 5, timer_id="x"), T0)
+    assert first.step is Step.DELIVER
+    memory.add("x", "g")  # its transaction committed; the broker lost the offsets
+    again = _wheel()
+    again.delivered = memory
+    [skipped] = again.on_record(_rec(0, T0 - 5, timer_id="x"), T0 + 10)
+    assert (skipped.step, skipped.offset) == (Step.SKIP, 0)
+    assert again.offsets()[INTAKE][0] == 1  # its offset is finished all the same
+    # One held in the due-heap while another copy's delivery committed: skipped at its time.
+    assert again.on_record(_rec(1, T0 + 400, timer_id="y"), T0 + 10) == []
+    memory.add("y", "g")
+    [held] = again.due(T0 + 400)
+    assert (held.step, held.offset) == (Step.SKIP, 1)
+
+
+def test_two_copies_of_one_record_due_in_one_step_are_delivered_once():
+    a, b = _rec(0, T0, lane=1, timer_id="x"), _rec(0, T0, lane=2, timer_id="x")
+    actions = [Action(Step.DELIVER, r.level, r.offset, r.entry) for r in (a, b)]
+    assert [x.step for x in once_per_step(actions)] == [Step.DELIVER, Step.SKIP]
