@@ -10,9 +10,10 @@ maximum delay), write a malformed record, cancel a message by its own group or a
 the clock; steps (committed or aborted); a step whose commit the broker acknowledges but
 whose markers it loses (seen on Kafka 4.4 at a controlled shutdown), on the offsets only or
 everywhere, replayed by the same service, which remembers what it delivered and reads a
-remembered delivery back before it skips a record; a crash (a new wheel from the committed offsets, nothing
-remembered; not while lost offsets are outstanding, a case no service can recover from);
-and ``drain``: time runs past every delivery time and the service steps until nothing moves.
+remembered delivery back before it skips a record; a crash (a new wheel from the committed
+offsets, nothing remembered; not while lost offsets are outstanding, a case no service can
+recover from); and ``drain``: time runs past every delivery time and the service steps until
+nothing moves.
 
 Promises checked after every step: no message delivered before its time, none twice, none
 cancelled by its own group before its delivery; every record below a lane's committed
