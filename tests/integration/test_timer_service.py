@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer as RawProducer
 
+from coordinator import timer_service
 from coordinator.settings import CoordinatorSettings
 from coordinator.timer_service import TimerService
 from rmq_semantics import Producer
@@ -356,12 +357,13 @@ def test_messages_sent_through_the_producer_with_a_time_arrive_once_after_it(
 
 
 def test_a_remembered_delivery_is_read_back_visible_only_if_its_transaction_committed(
-    broker, make_topic, unique
+    broker, make_topic, unique, monkeypatch
 ):
     """The read-back behind a skip (coordinator.timer_wheel.Delivered): a broker that loses
     a commit's markers everywhere aborts the delivery, which must then be delivered again.
     Adversary: a plain transactional producer writing one delivery it commits, one it
     aborts and one it leaves open."""
+    monkeypatch.setattr(timer_service, "READ_BACK_TIMEOUT_S", 2.0)  # the open one's wait
     conf, topic = broker.conf(), make_topic("readback", partitions=1)
     raw = RawProducer({**conf, "transactional.id": unique("rb"), "transaction.timeout.ms": 60000})
     raw.init_transactions(30)
