@@ -184,7 +184,8 @@ docs-browser-setup:
 # Timer messages through repeated faults of a broker of the test's own (issue 35): four
 # restarts, some SIGKILL, three seeds; a few minutes. CI runs the one-restart test instead.
 test-timer-faults: setup
-	$(PY) -m pytest -m faults tests/integration/test_timer_faults.py $(TEST_ARGS)
+	$(PY) -m pytest -m faults tests/integration/test_timer_faults.py \
+		tests/integration/test_timer_paused.py $(TEST_ARGS)
 
 # The docs site as people read it (tests/site): served on 127.0.0.1 and opened in headless
 # Chromium; a reader's search for send_message_in_transaction lands on its API entry.
