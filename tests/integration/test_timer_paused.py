@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import timer_service
 from rmq_semantics.embedded import free_port
 from rmq_semantics.records.timer import timer_partition
 from rmq_semantics.topics import ensure_topics
@@ -61,9 +62,11 @@ def proxied(request, tmp_path: Path) -> Iterator[tuple[ProxiedKafka, RequestHold
 
 
 def test_timer_partitions_assigned_while_their_offsets_cannot_be_read_are_all_served(
-    proxied, unique, caplog
+    proxied, unique, caplog, monkeypatch
 ):
     _kafka, proxy = proxied
+    # The in-process coordinator gives up on the unanswered read sooner than its 20 s.
+    monkeypatch.setattr(timer_service, "COMMITTED_TIMEOUT_S", 5.0)
     caplog.set_level(logging.WARNING, logger="coordinator.timer_service")
     conf = {"bootstrap.servers": f"127.0.0.1:{proxy.port}"}
     prefix, topic = _prefix(unique), unique("paused")
