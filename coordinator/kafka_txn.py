@@ -21,7 +21,12 @@ the same way.
 Over 500 physical lines only since ``ruff format`` (one argument a line; under 500 as the
 layering test counts them), and kept whole: the producer wrapper, its commit thread and the
 loop are one protocol (a call's triage decides the loop's replay, a wedged call the thread's
-successor), used as one by both services."""
+successor), used as one by both services.
+
+Over 500 lines because one transactional producer's whole life (init, the transaction,
+its abort and timeouts, abandoning a wedged call and renewing the producer) and the loop
+both services run share that producer's state; the error triage is one function here.
+"""
 
 from __future__ import annotations
 

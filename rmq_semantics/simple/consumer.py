@@ -16,6 +16,10 @@ stays in the group while the user works) and commits the acks every ``commit_int
 Every call takes the one lock; ``receive`` polls in short slices and lets the lock go between
 them, so an ``ack`` from another thread waits at most one slice. The rebalance callbacks run
 inside those polls.
+
+Over 500 lines because the class is RocketMQ 5's SimpleConsumer surface (receive, ack,
+invisible durations, their async forms, subscriptions, lifecycle) over one lock and one
+poller; the Kafka edge is :mod:`.poller` and the decisions :mod:`.engine`.
 """
 
 from __future__ import annotations

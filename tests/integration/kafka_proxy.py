@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 
-__all__ = ["END_TXN", "OFFSET_FETCH", "ProxiedKafka", "RequestHold"]
+__all__ = ["END_TXN", "OFFSET_FETCH", "ProxiedKafka", "RequestHold", "proxied_kafka"]
 
 # The Kafka protocol's api keys.
 OFFSET_FETCH = 9
@@ -103,3 +105,19 @@ class ProxiedKafka(EmbeddedKafka):
         lines = super()._properties(controller_port)
         lines["advertised.listeners"] = f"PLAINTEXT://127.0.0.1:{self.proxy_port}"
         return lines
+
+
+@contextlib.contextmanager
+def proxied_kafka(
+    where: Path, api_key: int, *, drop: bool = False
+) -> Iterator[tuple[ProxiedKafka, RequestHold]]:
+    """A broker of its own in ``where`` behind a :class:`RequestHold` of ``api_key``."""
+    port = free_port()
+    proxy = RequestHold(port, api_key, drop=drop)
+    kafka = ProxiedKafka(where, port=port, proxy_port=proxy.port)
+    try:
+        kafka.start()
+        yield kafka, proxy
+    finally:
+        proxy.close()
+        kafka.stop()

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_semantics.embedded import free_port
 from rmq_semantics.push import ConsumeConcurrentlyStatus, PushConsumer
 from rmq_semantics.topics import SystemTopics, ensure_topics
 from tests.group_protocol import group_conf
-from tests.integration.kafka_proxy import END_TXN, ProxiedKafka, RequestHold
+from tests.integration.kafka_proxy import END_TXN, ProxiedKafka, RequestHold, proxied_kafka
 from tests.integration.push_helpers import committed_ends, produce_numbers, read_all
 from tests.integration.txn_helpers import wait_for
 
@@ -37,15 +36,8 @@ BLOCKER = 10  # the record whose listener call is running when the proxy is arme
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[ProxiedKafka, RequestHold]]:
-    port = free_port()
-    proxy = RequestHold(port, END_TXN)
-    kafka = ProxiedKafka(tmp_path / "kafka", port=port, proxy_port=proxy.port)
-    try:
-        kafka.start()
-        yield kafka, proxy
-    finally:
-        proxy.close()
-        kafka.stop()
+    with proxied_kafka(tmp_path / "kafka", END_TXN) as both:
+        yield both
 
 
 def test_a_commit_the_transaction_coordinator_does_not_answer_in_time_stalls_no_push_consumer(

@@ -26,10 +26,9 @@ from pathlib import Path
 import pytest
 
 from coordinator import timer_service
-from rmq_semantics.embedded import free_port
 from rmq_semantics.records.timer import timer_partition
 from rmq_semantics.topics import ensure_topics
-from tests.integration.kafka_proxy import OFFSET_FETCH, ProxiedKafka, RequestHold
+from tests.integration.kafka_proxy import OFFSET_FETCH, ProxiedKafka, RequestHold, proxied_kafka
 from tests.integration.test_timer_service import (
     TIMER,
     TimerSender,
@@ -50,15 +49,8 @@ def proxied(request, tmp_path: Path) -> Iterator[tuple[ProxiedKafka, RequestHold
     ``held``: nothing on that connection is answered any more, heartbeats included, so the
     member loses its partitions too before the read fails (in ``make test-timer-faults``:
     CI's minutes go to the case the campaign met)."""
-    port = free_port()
-    proxy = RequestHold(port, OFFSET_FETCH, drop=request.param == "lost")
-    kafka = ProxiedKafka(tmp_path / "kafka", port=port, proxy_port=proxy.port)
-    try:
-        kafka.start()
-        yield kafka, proxy
-    finally:
-        proxy.close()
-        kafka.stop()
+    with proxied_kafka(tmp_path / "kafka", OFFSET_FETCH, drop=request.param == "lost") as both:
+        yield both
 
 
 def test_timer_partitions_assigned_while_their_offsets_cannot_be_read_are_all_served(
