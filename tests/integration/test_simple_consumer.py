@@ -24,14 +24,18 @@ from rmq_semantics import (
     ConfigError,
     FilterExpression,
     FilterType,
+    LocalTransactionState,
     Message,
     Producer,
     ReceiptError,
     SimpleConsumer,
+    TransactionListener,
+    TransactionProducer,
 )
 from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.records.headers import H
 from rmq_semantics.selector import java_partition
+from rmq_semantics.topics import ensure_topics
 from tests.group_protocol import group_conf
 from tests.integration.txn_helpers import read_to_end, wait_for
 
@@ -448,3 +452,45 @@ def test_a_message_group_is_placed_in_one_partition_unless_placed_explicitly(
     ]
     assert where[b"sharded"] == by_key.partition == java_partition(b"customer-1", partitions)
     assert where[b"pinned"] == pinned.partition == 0
+
+
+def test_a_pattern_subscription_leaves_system_topics_out_and_keeps_its_tag_filter(
+    broker, unique
+):
+    """``^<prefix>.*`` matches the business topic and the system ones (the half topic with an
+    undecided transaction's half message, the group's DLQ): only the business topic's
+    records that pass the pattern's tag filter are handed out."""
+    prefix = unique("sp").replace("-", "")
+    topic = f"{prefix}biz"
+    ensure_topics(broker.conf(), {topic: (1, {})})
+
+    class Undecided(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, msg):
+            return LocalTransactionState.UNKNOW
+
+    with TransactionProducer(
+        broker.conf(), producer_group=unique("pg"), listener=Undecided(), topic_prefix=prefix
+    ) as txn:
+        result = txn.send_message_in_transaction(Message(topic, b"half", tags="keep"))
+        assert result.local_transaction_state is LocalTransactionState.UNKNOW
+    with Producer(broker.conf()) as producer:
+        producer.send(Message(topic, b"kept", tags="keep"))
+        producer.send(Message(topic, b"dropped", tags="other"))
+    pattern = f"^{prefix}.*"
+    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest"}))
+    consumer = SimpleConsumer(
+        conf, unique("g"), {pattern: FilterExpression("keep")}, topic_prefix=prefix
+    )
+    with consumer.startup():
+        got = receive_n(consumer, 1, 30)
+        wait_for(
+            lambda: consumer.skipped_system_partitions, 30, "the system partitions left out"
+        )
+        got += consumer.receive(10, 30)  # anything else there is comes within AWAIT_S
+        assert [(m.topic, m.body) for m in got] == [(topic, b"kept")]
+        assert [where for where in consumer.status() if not where.startswith(f"{topic}[")] == []
+        assert consumer.counts["skipped"] == 1
+        consumer.ack(got[0])
