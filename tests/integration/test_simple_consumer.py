@@ -480,7 +480,11 @@ def test_a_pattern_subscription_leaves_system_topics_out_and_keeps_its_tag_filte
     pattern = f"^{prefix}.*"
     conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest"}))
     consumer = SimpleConsumer(
-        conf, unique("g"), {pattern: FilterExpression("keep")}, topic_prefix=prefix
+        conf,
+        unique("g"),
+        {pattern: FilterExpression("keep")},
+        topic_prefix=prefix,
+        await_duration=AWAIT_S,
     )
     with consumer.startup():
         got = receive_n(consumer, 1, 30)
