@@ -168,15 +168,15 @@ class Poller:
         self._filter_of.clear()
 
     def tag_filter(self, topic: str) -> TagFilter | None:
-        """``topic``'s filter: its own entry, else the first pattern (in sorted order) that
-        matches it, as librdkafka matched it; None for a topic no entry names."""
+        """``topic``'s filter: its own entry, else the first pattern (in subscription order)
+        that matches it, as librdkafka matched it; None for a topic no entry names."""
         if topic not in self._filter_of:
             found = self._filters.get(topic)
             if found is None:
                 found = next(
                     (
                         self._filters[p]
-                        for p in sorted(self._filters)
+                        for p in self._filters
                         if p.startswith("^") and re.search(p, topic)
                     ),
                     None,
