@@ -221,7 +221,8 @@ class SimpleConsumer:
     Kafka group (equal to ``conf['group.id']`` if both are given); ``subscription`` maps
     topics to a :class:`FilterExpression` (or a tag expression string, or None for all); a
     topic starting with ``^`` is a pattern (librdkafka's), whose system topics are left out
-    (``skipped_system_partitions``) and whose filter applies to every topic it matches.
+    (``skipped_system_partitions``) and whose filter applies to every topic it matches (a
+    topic's own entry wins; among patterns, the first given).
     Settings: :class:`~rmq_semantics.settings.SimpleConsumerSettings` as kwargs, else env
     ``RMQ_<NAME>``. No network in ``__init__``: ``startup()`` (or ``start()``, or the context
     manager) joins the group; ``shutdown()``/``close()`` commits the acks and leaves it.

@@ -210,12 +210,14 @@ def test_the_dlq_after_max_delivery_attempts(broker, make_topic, unique):
         reader.close()
 
 
-def test_sql92_filters_and_system_topics_are_refused(broker, unique):
+def test_sql92_filters_system_topics_and_bad_patterns_are_refused(broker, unique):
     with pytest.raises(ConfigError, match="SQL92 filter expressions are not supported"):
         FilterExpression("a > 1", FilterType.SQL)
     prefix = unique("p")
     with pytest.raises(ConfigError):
         SimpleConsumer(broker.conf(), "g", {f"{prefix}_half": None}, topic_prefix=prefix)
+    with pytest.raises(ConfigError, match=r"subscription pattern '\^\(orders'"):
+        SimpleConsumer(broker.conf(), "g", {"^(orders": None}, topic_prefix=prefix)
 
 
 def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic, unique):
