@@ -110,23 +110,32 @@ SHORT_SEED ?= 30
 campaign-short: setup
 	$(CAMPAIGN_NS) $(PY) -m tests.campaign --short --seed $(SHORT_SEED) $(CAMPAIGN_ARGS)
 
-# The transactional and orderly suites on each Kafka release we support (the embedded jars
-# of each, resolved from Maven Central once): the pinned default and the oldest line, 3.9.
+# The transactional, orderly and SimpleConsumer suites on each Kafka release we support (the
+# embedded jars of each, resolved from Maven Central once): the pinned default and the oldest
+# line, 3.9.
 KAFKA_VERSIONS ?= 4.4.0 4.1.1 3.9.2
 test-matrix: setup
 	@for v in $(KAFKA_VERSIONS); do \
 		echo "test-matrix: Apache Kafka $$v"; \
 		RMQ_TEST_KAFKA_VERSION=$$v $(PY) -m pytest tests/integration/test_transactions.py \
-			tests/integration/test_orderly.py $(MATRIX_ARGS) || exit 1; \
+			tests/integration/test_orderly.py tests/integration/test_simple_consumer.py \
+			$(MATRIX_ARGS) || exit 1; \
 	done
 
-# The transactional, orderly and push suites on the oldest Kafka line we support (3.9), the
-# short form CI runs: the 5,000-message SIGKILL run and the OAuth/TLS wiring test are left to
-# make test-matrix, which runs all of them on every supported release.
+# The transactional, orderly and push suites on the oldest Kafka line we support (3.9), and
+# the SimpleConsumer's FIFO order across a SIGKILL, its pattern subscription, redelivery and
+# DLQ (about 35 s), the short form CI runs: the 5,000-message SIGKILL run, the OAuth/TLS
+# wiring test and the rest of the SimpleConsumer file are left to make test-matrix, which
+# runs all of them on every supported release.
 OLDEST_KAFKA ?= 3.9.2
+OLDEST_SIMPLE := $(addprefix tests/integration/test_simple_consumer.py::test_, \
+	fifo_per_group_holds_across_two_processes_and_a_sigkill \
+	a_pattern_subscription_leaves_system_topics_out_and_keeps_its_tag_filter \
+	an_unacked_message_comes_back_after_its_invisible_duration_with_attempt_2 \
+	the_dlq_after_max_delivery_attempts)
 test-oldest: setup
 	RMQ_TEST_KAFKA_VERSION=$(OLDEST_KAFKA) $(PY) -m pytest tests/integration/test_transactions.py \
-		tests/integration/test_orderly.py tests/integration/test_push.py \
+		tests/integration/test_orderly.py tests/integration/test_push.py $(OLDEST_SIMPLE) \
 		-k "not sigkill_mid_5000 and not oauth_cb" $(OLDEST_ARGS)
 
 # The user-facing consumers' suites (orderly, plain) under the KIP-848 group protocol.

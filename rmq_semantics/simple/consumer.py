@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import threading
 import time
 import uuid
@@ -218,7 +219,10 @@ class SimpleConsumer:
 
     ``conf`` is the confluent-kafka conf (``bootstrap.servers`` ...); ``consumer_group`` the
     Kafka group (equal to ``conf['group.id']`` if both are given); ``subscription`` maps
-    topics to a :class:`FilterExpression` (or a tag expression string, or None for all).
+    topics to a :class:`FilterExpression` (or a tag expression string, or None for all); a
+    topic starting with ``^`` is a pattern (librdkafka's), whose system topics are left out
+    (``skipped_system_partitions``) and whose filter applies to every topic it matches (a
+    topic's own entry wins; among patterns, the first given).
     Settings: :class:`~rmq_semantics.settings.SimpleConsumerSettings` as kwargs, else env
     ``RMQ_<NAME>``. No network in ``__init__``: ``startup()`` (or ``start()``, or the context
     manager) joins the group; ``shutdown()``/``close()`` commits the acks and leaves it.
@@ -282,6 +286,11 @@ class SimpleConsumer:
         if not isinstance(topic, str) or not topic:
             raise ConfigError(f"a subscription topic must be a non-empty str, got {topic!r}")
         refuse_system_topics([topic], self.topic_prefix)
+        if topic.startswith("^"):
+            try:
+                re.compile(topic)
+            except re.error as exc:
+                raise ConfigError(f"subscription pattern {topic!r}: {exc}") from exc
         if isinstance(expression, FilterExpression):
             text: str | None = expression.expression
         elif expression is None or isinstance(expression, str):
@@ -295,7 +304,8 @@ class SimpleConsumer:
     def subscribe(
         self, topic: str, filter_expression: FilterExpression | str | None = None
     ) -> None:
-        """Add (or replace) ``topic`` in the subscription, with its filter."""
+        """Add (or replace) ``topic`` (a name, or a ``^`` pattern) in the subscription, with
+        its filter."""
         with self._lock:
             self._set_filter(topic, filter_expression)
             if self._consumer is not None:
@@ -311,6 +321,7 @@ class SimpleConsumer:
         assert self._consumer is not None
         topics = sorted(self._filters)
         self._system.name(topics)
+        self._io.filters_changed()
         if topics:
             self._consumer.subscribe(
                 topics,

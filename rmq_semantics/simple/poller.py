@@ -11,6 +11,7 @@ SimpleConsumer's lock; the rebalance callbacks run inside its polls.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -65,7 +66,8 @@ def now_ms() -> int:
 
 class Poller:
     """The engines of one SimpleConsumer instance and their Kafka I/O (module docstring).
-    ``filters`` is the consumer's topic -> tag filter map (shared: a subscribe changes it)."""
+    ``filters`` is the consumer's topic -> tag filter map (shared: a subscribe changes it,
+    then calls :meth:`filters_changed`); a key starting with ``^`` is a pattern."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class Poller:
         self.dlq_topic = dlq_topic
         self._system = system
         self._filters = filters
+        self._filter_of: dict[str, TagFilter | None] = {}  # per topic read, patterns resolved
         self.producer: confluent_kafka.Producer | None = None
         self.engines: dict[Part, PartitionEngine] = {}
         self._read_to: dict[Part, int] = {}  # the next offset each engine expects
@@ -161,6 +164,26 @@ class Poller:
                 consumer.seek(tp)
         consumer.resume(committed)
 
+    def filters_changed(self) -> None:
+        self._filter_of.clear()
+
+    def tag_filter(self, topic: str) -> TagFilter | None:
+        """``topic``'s filter: its own entry, else the first pattern (in subscription order)
+        that matches it, as librdkafka matched it; None for a topic no entry names."""
+        if topic not in self._filter_of:
+            found = self._filters.get(topic)
+            if found is None:
+                found = next(
+                    (
+                        self._filters[p]
+                        for p in self._filters
+                        if p.startswith("^") and re.search(p, topic)
+                    ),
+                    None,
+                )
+            self._filter_of[topic] = found
+        return self._filter_of[topic]
+
     def _key_of(self, msg: confluent_kafka.Message) -> bytes | None:
         """The record's message group (its ordering key), None: unordered. A group that is
         not UTF-8 is malformed: counted, logged, and the record delivered unordered."""
@@ -216,7 +239,7 @@ class Poller:
             if engine is None or offset < self._read_to.get(part, 0):
                 continue  # revoked meanwhile, or read again after a pause: had it
             self._read_to[part] = offset + 1
-            tags = self._filters.get(part[0])
+            tags = self.tag_filter(part[0])
             if tags is not None and not tags.matches(headers_of(msg)):
                 engine.skip(offset)
                 self.counts["skipped"] += 1

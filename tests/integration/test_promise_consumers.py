@@ -1,9 +1,9 @@
 """The isolation promise on every consumer class, through the public API on a real broker:
 a pattern subscription matching the system topics (``^<prefix>.*``) while a coordinator runs,
 a transaction is pending, another was rolled back and timer messages wait on the timer
-topics never hands the application a system-topic record, never shows the pending,
-rolled-back or scheduled message, never commits (nor locks, for the orderly consumer) a
-system-topic partition. Also the consumers' own
+topics never hands the application a system-topic record (nor does the SimpleConsumer's
+receive), never shows the pending, rolled-back or scheduled message, never commits (nor
+locks, for the orderly consumer) a system-topic partition. Also the consumers' own
 robustness: the push consumer's poll thread survives an exception, the asyncio iterator
 commits only what it handed out."""
 
@@ -24,6 +24,7 @@ from rmq_semantics import (
     Consumer,
     Message,
     Producer,
+    SimpleConsumer,
     TransactionListener,
     TransactionProducer,
 )
@@ -275,6 +276,33 @@ def test_orderly_consumer_pattern_never_delivers_or_locks_system_partitions(worl
         assert [tp for tp in queues if is_system_topic(tp[0], world.prefix)] == []
     finally:
         consumer.shutdown()
+
+
+def test_simple_consumer_pattern_never_delivers_system_records(world):
+    consumer = SimpleConsumer(
+        world.group_conf(),
+        subscription={world.pattern: None},
+        topic_prefix=world.prefix,
+        await_duration=0.5,
+    )
+    stop = threading.Event()
+
+    def receive() -> None:
+        while not stop.is_set():
+            for message in consumer.receive(16, 30):
+                world.record(message.topic, message.body)
+                consumer.ack(message)
+
+    with consumer:
+        receiver = threading.Thread(target=receive, daemon=True)
+        receiver.start()
+        try:
+            world.check(consumer)
+        finally:
+            stop.set()
+            receiver.join(30)
+        topics = {where.rsplit("[", 1)[0] for where in consumer.status()}
+        assert topics == {world.topic}
 
 
 def _produce(conf: dict, topic: str, values: list[bytes]) -> None:

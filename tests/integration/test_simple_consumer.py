@@ -24,14 +24,18 @@ from rmq_semantics import (
     ConfigError,
     FilterExpression,
     FilterType,
+    LocalTransactionState,
     Message,
     Producer,
     ReceiptError,
     SimpleConsumer,
+    TransactionListener,
+    TransactionProducer,
 )
 from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.records.headers import H
 from rmq_semantics.selector import java_partition
+from rmq_semantics.topics import ensure_topics
 from tests.group_protocol import group_conf
 from tests.integration.txn_helpers import read_to_end, wait_for
 
@@ -206,12 +210,14 @@ def test_the_dlq_after_max_delivery_attempts(broker, make_topic, unique):
         reader.close()
 
 
-def test_sql92_filters_and_system_topics_are_refused(broker, unique):
+def test_sql92_filters_system_topics_and_bad_patterns_are_refused(broker, unique):
     with pytest.raises(ConfigError, match="SQL92 filter expressions are not supported"):
         FilterExpression("a > 1", FilterType.SQL)
     prefix = unique("p")
     with pytest.raises(ConfigError):
         SimpleConsumer(broker.conf(), "g", {f"{prefix}_half": None}, topic_prefix=prefix)
+    with pytest.raises(ConfigError, match=r"subscription pattern '\^\(orders'"):
+        SimpleConsumer(broker.conf(), "g", {"^(orders": None}, topic_prefix=prefix)
 
 
 def test_a_message_group_is_handed_out_one_at_a_time_in_order(broker, make_topic, unique):
@@ -448,3 +454,186 @@ def test_a_message_group_is_placed_in_one_partition_unless_placed_explicitly(
     ]
     assert where[b"sharded"] == by_key.partition == java_partition(b"customer-1", partitions)
     assert where[b"pinned"] == pinned.partition == 0
+
+
+def test_a_pattern_subscription_leaves_system_topics_out_and_keeps_its_tag_filter(broker, unique):
+    """``^<prefix>.*`` matches the business topic and the system ones (the half topic with an
+    undecided transaction's half message, the group's DLQ): only the business topic's
+    records that pass the pattern's tag filter are handed out."""
+    prefix = unique("sp").replace("-", "")
+    topic = f"{prefix}biz"
+    ensure_topics(broker.conf(), {topic: (1, {})})
+
+    class Undecided(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, msg):
+            return LocalTransactionState.UNKNOW
+
+    with TransactionProducer(
+        broker.conf(), producer_group=unique("pg"), listener=Undecided(), topic_prefix=prefix
+    ) as txn:
+        result = txn.send_message_in_transaction(Message(topic, b"half", tags="keep"))
+        assert result.local_transaction_state is LocalTransactionState.UNKNOW
+    with Producer(broker.conf()) as producer:
+        producer.send(Message(topic, b"kept", tags="keep"))
+        producer.send(Message(topic, b"dropped", tags="other"))
+    pattern = f"^{prefix}.*"
+    conf = group_conf(broker.conf(**{"auto.offset.reset": "earliest"}))
+    consumer = SimpleConsumer(
+        conf,
+        unique("g"),
+        {pattern: FilterExpression("keep")},
+        topic_prefix=prefix,
+        await_duration=AWAIT_S,
+    )
+    with consumer.startup():
+        got = receive_n(consumer, 1, 30)
+        wait_for(lambda: consumer.skipped_system_partitions, 30, "the system partitions left out")
+        got += consumer.receive(10, 30)  # anything else there is comes within AWAIT_S
+        assert [(m.topic, m.body) for m in got] == [(topic, b"kept")]
+        assert [where for where in consumer.status() if not where.startswith(f"{topic}[")] == []
+        assert consumer.counts["skipped"] == 1
+        consumer.ack(got[0])
+
+
+def _worker(broker, group: str, topic: str, prefix: str, log: Path, *extra: str):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "tests.integration.simple_worker", "--work", "--result", str(log)),
+            *("--bootstrap", broker.bootstrap, "--group", group, "--topic", topic),
+            *("--prefix", prefix, "--invisible-s", "5", *extra),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _events(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _groups_per_partition(partitions: int, per_partition: int) -> list[str]:
+    """Message group names that Producer.send places ``per_partition`` to a partition."""
+    placed: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    n = 0
+    while any(len(names) < per_partition for names in placed.values()):
+        name = f"order-{n}"
+        names = placed[java_partition(name.encode(), partitions)]
+        if len(names) < per_partition:
+            names.append(name)
+        n += 1
+    return [name for p in range(partitions) for name in placed[p]]
+
+
+def test_fifo_per_group_holds_across_two_processes_and_a_sigkill(
+    broker, make_topic, unique, tmp_path
+):
+    """Two SimpleConsumer processes share 4 partitions of 16 message groups x 25 messages;
+    one is SIGKILLed holding messages (and with acks it has not committed yet: its
+    commit_interval_ms is a minute, so its last batch's acks travel with no commit); the
+    other finishes. Per group: messages are first acked in send order, none is received
+    before every earlier one was acked, and the killed instance's last batch comes again with
+    its attempt counted."""
+    topic, group, prefix = make_topic("simple", partitions=4), unique("g"), unique("p")
+    groups, per_group = _groups_per_partition(4, 4), 25
+    victim_log, survivor_log = tmp_path / "victim.jsonl", tmp_path / "survivor.jsonl"
+    # The victim's acks go with its receives' commits only (commit_interval_ms: a minute).
+    slow_commits = ("--hold-after", "30", "--commit-interval-ms", "60000")
+    victim = _worker(broker, group, topic, prefix, victim_log, *slow_commits)
+    survivor = _worker(broker, group, topic, prefix, survivor_log)
+
+    def parts(log: Path) -> list[str]:
+        return next((e["parts"] for e in reversed(_events(log)) if e["e"] == "parts"), [])
+
+    def acked() -> set[str]:
+        logs = (victim_log, survivor_log)
+        return {e["body"] for log in logs for e in _events(log) if e["e"] == "ack"}
+
+    try:
+        # Both hold partitions before anything is sent: no rebalance until the kill.
+        wait_for(
+            lambda: (
+                parts(victim_log)
+                and parts(survivor_log)
+                and len(parts(victim_log) + parts(survivor_log)) == 4
+            ),
+            JOIN_S,
+            "the two instances sharing the 4 partitions",
+            details=lambda: f"exit codes {victim.poll()}, {survivor.poll()}",
+        )
+        with Producer(broker.conf(**{"linger.ms": 0})) as producer:
+            for i in range(per_group):
+                for g in groups:
+                    producer.send(Message(topic, f"{g}/{i}".encode(), message_group=g))
+        wait_for(
+            lambda: any(e["e"] == "holding" for e in _events(victim_log)),
+            JOIN_S,
+            "the victim holding its last batch",
+            details=lambda: f"victim exit code {victim.poll()}",
+        )
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+        wait_for(
+            lambda: len(acked()) == len(groups) * per_group,
+            JOIN_S,
+            "every message acked",
+            details=lambda: f"{len(acked())} acked; survivor exit code {survivor.poll()}",
+        )
+        survivor.send_signal(signal.SIGTERM)
+        assert survivor.wait(30) == 0
+    finally:
+        for process in (victim, survivor):
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+
+    victim_events, survivor_events = _events(victim_log), _events(survivor_log)
+    # The victim's last batch: received after its last commit (the receive's), so neither the
+    # held messages nor the ones it acked after that receive are committed as done.
+    last = max(i for i, e in enumerate(victim_events) if e["e"] == "batch")
+    last_batch = {e["body"] for e in victim_events[last:] if e["e"] == "recv"}
+    acked_late = {e["body"] for e in victim_events[last:] if e["e"] == "ack"}
+    held = last_batch - acked_late
+    assert held and acked_late
+    events = sorted(
+        [("victim", e) for e in victim_events] + [("survivor", e) for e in survivor_events],
+        key=lambda pair: pair[1]["t"],
+    )
+    for g in groups:
+        sent = [f"{g}/{i}" for i in range(per_group)]
+        mine = [(who, e) for who, e in events if e.get("body", "").startswith(f"{g}/")]
+        order = [e["body"] for _, e in mine if e["e"] == "ack"]
+        assert list(dict.fromkeys(order)) == sent, f"{g}: first acked out of send order"
+        acked_by: dict[str, str] = {}  # message -> the instance that acked it first
+        attempts: dict[str, int] = {}
+        for who, e in mine:
+            body = e["body"]
+            if e["e"] == "ack":
+                acked_by.setdefault(body, who)
+                continue
+            if e["e"] != "recv":
+                continue
+            assert e["attempt"] > attempts.get(body, 0), f"{g}: {body} attempts {e}"
+            attempts[body] = e["attempt"]
+            earlier = sent[: sent.index(body)]
+            missing = [m for m in earlier if m not in acked_by]
+            assert not missing, f"{g}: {body} received by {who} before {missing} were acked"
+            if body in acked_by:  # acked once already: only the victim's uncommitted acks
+                assert (who, acked_by[body]) == ("survivor", "victim") and body in acked_late, (
+                    f"{g}: {body} received again by {who} after {acked_by[body]} acked it"
+                )
+        # What the survivor got of the group (the victim's late acks again among it) came
+        # in send order.
+        taken = [e["body"] for who, e in mine if who == "survivor" and e["e"] == "recv"]
+        assert list(dict.fromkeys(taken)) == sorted(set(taken), key=sent.index), g
+    again: dict[str, int] = {}
+    for e in survivor_events:
+        if e["e"] == "recv" and e["body"] in last_batch:
+            again.setdefault(e["body"], e["attempt"])
+    # Every message of the victim's last batch comes again, attempt 2: the lease travelled.
+    assert again == dict.fromkeys(last_batch, 2)

@@ -78,6 +78,25 @@ def test_system_topic_partitions_are_never_assigned():
     assert list(poller.engines) == [("t", 1)]
 
 
+def test_a_topic_gets_its_own_filter_else_the_first_subscribed_pattern_matching_it():
+    own, orders, any_topic = TagFilter("a"), TagFilter("b"), TagFilter("c")
+    filters = {"orders-eu": own, "^orders-.*": orders, "^.*": any_topic}
+    poller = Poller(
+        SimpleConsumerSettings(),
+        group="g",
+        client_id="c",
+        dlq_topic="__rmq_dlq_g",
+        system=SystemPartitionFilter("__rmq", "test"),
+        filters=filters,
+    )
+    assert poller.tag_filter("orders-eu") is own
+    assert poller.tag_filter("orders-us") is orders  # the first pattern given that matches
+    assert poller.tag_filter("payments") is any_topic
+    del filters["^.*"]  # an unsubscribe: the consumer tells the poller
+    poller.filters_changed()
+    assert poller.tag_filter("payments") is None
+
+
 class FakeRecord:
     def __init__(self, offset: int, headers: list) -> None:
         self._offset, self._headers = offset, headers
