@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
@@ -25,6 +25,7 @@ from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.positions import UnreadOffsets, adopt, assign, rewind
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.push.txn import TXN_TIMEOUT_S, PushProducer, Renewed
+from rmq_semantics.simple.engine import message_group_of
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
 
@@ -49,6 +50,9 @@ COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
 # After an exception in a round the loop waits this long, doubling while they repeat.
 POLL_ERROR_BACKOFF_MIN_S = 0.1
 POLL_ERROR_BACKOFF_MAX_S = 5.0
+# A FIFO record's lease outlives its call's consume_timeout_ms by this much, so the pool's
+# timeout settles the call first (retry after the FIFO interval); the lease is the backstop.
+FIFO_LEASE_SLACK_MS = 5000
 TP = tuple[str, int]
 
 
@@ -97,6 +101,7 @@ class PollLoop:
         # Assigned, paused, their committed offsets not read yet (the read failed).
         self._unread = UnreadOffsets(name, COMMITTED_TIMEOUT_S)
         self._bp_paused: set[TP] = set()
+        self._full: set[TP] = set()  # FIFO partitions paused: their tracker is at its bound
         self._last_commit = 0.0
         # Where a replayed partition without a commit starts again: its first record read.
         self._replay_from: dict[TP, int] = {}
@@ -160,6 +165,7 @@ class PollLoop:
         records = consumer.consume(FETCH_MAX, POLL_WAIT_S)
         if records:
             self._dispatch(consumer, records)
+        self._deliver_fifo(consumer)
         if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
             self._commit()
 
@@ -234,6 +240,7 @@ class PollLoop:
             self.ledger.revoke(key)
             self._held.pop(key, None)
             self._bp_paused.discard(key)
+            self._full.discard(key)
             self._unread.discard(key)
             self._replay_from.pop(key, None)
         # Even an empty one: without a call the client unassigns the left-out ones too,
@@ -266,7 +273,7 @@ class PollLoop:
             resume = [
                 TopicPartition(*tp)
                 for tp in self._bp_paused
-                if tp not in self._held and tp not in self._unread
+                if tp not in self._held and tp not in self._unread and tp not in self._full
             ]
             self._bp_paused = set()
             if resume:
@@ -296,11 +303,15 @@ class PollLoop:
             if message is None:
                 self._hold(consumer, tp, record.offset(), first_failure or now_ms)
                 continue
+            if not part.level and not self.s.tags.matches(message.headers):
+                if self.ledger.take(part, record.offset()):  # else done before a restart
+                    self.ledger.skip(part, record.offset())
+                continue
+            if part.engine is not None and message_group_of(message.headers):
+                self.ledger.offer(part, record.offset(), message, now_ms)
+                continue  # FIFO: handed out by _deliver_fifo, its group's head only
             if not self.ledger.take(part, record.offset()):
                 continue  # done before a restart (the restored commit says so)
-            if not part.level and not self.s.tags.matches(message.headers):
-                self.ledger.skip(part, record.offset())
-                continue
             batch = pending.get(tp)
             if batch is None:
                 batch = pending[tp] = Batch(part, [], [], [], deadline)
@@ -311,6 +322,33 @@ class PollLoop:
                 self.pool.submit(pending.pop(tp))
         for batch in pending.values():
             self.pool.submit(batch)
+
+    def _deliver_fifo(self, consumer: confluent_kafka.Consumer) -> None:
+        """Hand the FIFO records due now to the pool (one per call, as many as the backlog
+        has room for); pause a partition whose engine holds as many records as its tracker
+        allows, and resume it from where reading stopped once it accepts again."""
+        deadline = time.monotonic() + self.s.consume_timeout_ms / 1000
+        room = self.s.backlog - self.ledger.in_flight
+        invisible_ms = self.s.consume_timeout_ms + FIFO_LEASE_SLACK_MS
+        for part, delivery in self.ledger.deliver(room, _now_ms(), invisible_ms):
+            message = replace(delivery.record, reconsume_times=delivery.delivery_attempt - 1)
+            offsets = [delivery.receipt.offset]
+            self.pool.submit(
+                Batch(part, [message], offsets, [None], deadline, receipt=delivery.receipt)
+            )
+        for part in self.ledger.parts():
+            if part.engine is None:
+                continue
+            accepting = self.ledger.accepting(part)
+            if not accepting and part.tp not in self._full:
+                consumer.pause([TopicPartition(*part.tp)])
+                self._full.add(part.tp)
+            elif accepting and part.tp in self._full:
+                self._full.discard(part.tp)
+                if (offset := part.tracker.next_offset) is not None:  # pause drops prefetch
+                    consumer.seek(TopicPartition(*part.tp, offset))
+                if part.tp not in self._bp_paused and part.tp not in self._unread:
+                    consumer.resume([TopicPartition(*part.tp)])
 
     def _message(
         self, record: confluent_kafka.Message, part: Part, now_ms: int

@@ -11,8 +11,7 @@ import time
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
-from rmq_semantics.orderly.offsets import OffsetTracker
-from rmq_semantics.push.ledger import Ledger, Part
+from rmq_semantics.push.ledger import Ledger
 
 __all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "assign", "rewind"]
 
@@ -85,9 +84,7 @@ def adopt(
     re-created since) without a commit to its first record read (popped from it)."""
     for tp in committed:
         level = retry_levels.get(tp.topic, 0)
-        where = f"{tp.topic}[{tp.partition}]"
-        tracker = OffsetTracker.restore(tp.offset, tp.metadata, where=where)
-        ledger.assign(Part((tp.topic, tp.partition), tracker, level))
+        ledger.assign(ledger.new_part(tp.topic, tp.partition, tp.offset, tp.metadata, level))
         if tp.offset < 0 and level:
             # A retry topic is read from its start: its records exist only for us.
             tp.offset = confluent_kafka.OFFSET_BEGINNING
