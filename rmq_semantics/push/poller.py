@@ -2,6 +2,10 @@
 producer, turns records into listener calls, holds retry partitions until their head is
 due, and writes retry copies, dead letters and offsets in one transaction per round.
 
+A FIFO record (one with a message group) goes to its partition's engine instead of a call of
+its own; each round hands out the heads of its groups that are due (retried in place, never
+copied to a retry topic).
+
 It never sleeps: a held retry partition is paused (and sought back to its head) with a
 due time the loop checks on every round; back-pressure pauses the other partitions.
 """
@@ -22,7 +26,13 @@ from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
-from rmq_semantics.push.positions import UnreadOffsets, adopt, assign, rewind
+from rmq_semantics.push.positions import (
+    UnreadOffsets,
+    adopt,
+    assign,
+    pause_full_engines,
+    rewind,
+)
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.push.txn import TXN_TIMEOUT_S, PushProducer, Renewed
 from rmq_semantics.simple.engine import message_group_of
@@ -325,8 +335,7 @@ class PollLoop:
 
     def _deliver_fifo(self, consumer: confluent_kafka.Consumer) -> None:
         """Hand the FIFO records due now to the pool (one per call, as many as the backlog
-        has room for); pause a partition whose engine holds as many records as its tracker
-        allows, and resume it from where reading stopped once it accepts again."""
+        has room for); pause the partitions whose engines are full."""
         deadline = time.monotonic() + self.s.consume_timeout_ms / 1000
         room = self.s.backlog - self.ledger.in_flight
         invisible_ms = self.s.consume_timeout_ms + FIFO_LEASE_SLACK_MS
@@ -336,19 +345,7 @@ class PollLoop:
             self.pool.submit(
                 Batch(part, [message], offsets, [None], deadline, receipt=delivery.receipt)
             )
-        for part in self.ledger.parts():
-            if part.engine is None:
-                continue
-            accepting = self.ledger.accepting(part)
-            if not accepting and part.tp not in self._full:
-                consumer.pause([TopicPartition(*part.tp)])
-                self._full.add(part.tp)
-            elif accepting and part.tp in self._full:
-                self._full.discard(part.tp)
-                if (offset := part.tracker.next_offset) is not None:  # pause drops prefetch
-                    consumer.seek(TopicPartition(*part.tp, offset))
-                if part.tp not in self._bp_paused and part.tp not in self._unread:
-                    consumer.resume([TopicPartition(*part.tp)])
+        pause_full_engines(consumer, self.ledger, self._full, self._bp_paused | self._unread.tps)
 
     def _message(
         self, record: confluent_kafka.Message, part: Part, now_ms: int
