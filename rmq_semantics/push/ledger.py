@@ -172,6 +172,14 @@ class Ledger:
                 part.first = offset
             part.engine.offer(offset, msg, now_ms)
 
+    def wait_fifo_calls(self, tps: set[TP], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until no FIFO call of the partitions ``tps`` is running
+        (revocation: finish, then commit); False on timeout."""
+        with self._room:
+            return self._room.wait_for(
+                lambda: not any(b.receipt and b.part.tp in tps for b in self._batches), timeout_s
+            )
+
     def accepting(self, part: Part) -> bool:
         """Whether ``part`` may take more records (its tracker's bound)."""
         with self._lock:

@@ -63,6 +63,10 @@ POLL_ERROR_BACKOFF_MAX_S = 5.0
 # A FIFO record's lease outlives its call's consume_timeout_ms by this much, so the pool's
 # timeout settles the call first (retry after the FIFO interval); the lease is the backstop.
 FIFO_LEASE_SLACK_MS = 5000
+# Revocation waits this long for the running FIFO calls of the partitions it takes away, so
+# their acks go with its commit; a longer call keeps its lease, the new owner waits it out.
+# Short against max.poll.interval.ms (the rebalance's own bound).
+FIFO_REVOKE_WAIT_S = 10.0
 TP = tuple[str, int]
 
 
@@ -237,6 +241,15 @@ class PollLoop:
         consumer.resume([tp for tp in committed if (tp.topic, tp.partition) not in self._bp_paused])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        stopping = self.stopping.is_set()  # then _drain waited already
+        if not stopping and not self.ledger.wait_fifo_calls(revoked, FIFO_REVOKE_WAIT_S):
+            log.warning(
+                "push consumer %s: FIFO calls still running after %.0f s at revocation; their "
+                "messages stay invisible to the next owner until their leases pass",
+                self.name,
+                FIFO_REVOKE_WAIT_S,
+            )
         self._commit()  # what is done of them is committed before another owner starts
         self._forget(consumer, partitions)
 
