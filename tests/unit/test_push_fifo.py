@@ -170,3 +170,15 @@ def test_a_partition_held_by_its_group_is_paused_at_the_trackers_bound_and_resum
     pause_full_engines(consumer, ledger, full, set())  # type: ignore[arg-type]
     assert consumer.paused == full == set()
     assert consumer.sought == [("t", 0, 5)]  # reading goes on after the last record offered
+
+
+def test_revocation_waits_for_the_fifo_calls_of_its_partitions_only():
+    ledger = _ledger()
+    part = _fill(ledger, ["a", None])
+    (batch,) = _deliver(ledger).values()
+    unordered = Batch(part, [_msg(1, None)], [1], [None], float("inf"))
+    ledger.open(unordered)
+    assert not ledger.wait_fifo_calls({("t", 0)}, 0.01)  # a@0 runs
+    assert ledger.wait_fifo_calls({("t", 1)}, 0.01)  # another partition: nothing to wait for
+    _settle(ledger, batch, SUCCESS)
+    assert ledger.wait_fifo_calls({("t", 0)}, 0.01)  # the unordered call is not waited for
