@@ -47,7 +47,7 @@ from rmq_semantics.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
-from rmq_semantics.settings import ProducerSettings, SimpleConsumerSettings
+from rmq_semantics.settings import ProducerSettings, PushConsumerSettings, SimpleConsumerSettings
 from rmq_semantics.simple.consumer import (
     FilterExpression,
     FilterType,
@@ -102,6 +102,7 @@ __all__ = [
     "Producer",
     "ProducerSettings",
     "PushConsumer",
+    "PushConsumerSettings",
     "PushMessage",
     "ReceiptError",
     "RmqError",

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_TRANSACTION_BYTES",
     "MAX_TRANSACTION_MESSAGES",
     "ProducerSettings",
+    "PushConsumerSettings",
     "SimpleConsumerSettings",
     "add_arguments",
     "add_kafka_arguments",
@@ -340,3 +341,29 @@ class SimpleConsumerSettings:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if self.operation_timeout_s <= 0:
             raise ConfigError(f"operation_timeout_s must be > 0, got {self.operation_timeout_s!r}")
+
+
+@dataclass(frozen=True)
+class PushConsumerSettings:
+    """Tunables of a ``PushConsumer`` beyond its Kafka conf and listener: kwargs of the
+    constructor, else env ``RMQ_<NAME>`` (e.g. ``RMQ_FIFO_RETRY_INTERVAL_MS``), else these
+    (docs/guides/push-consumer.md, "FIFO message groups")."""
+
+    fifo: bool = setting(
+        True,
+        "order the messages of one message group (rmq.message_group): one in flight per "
+        "group, in partition order, retried in place every fifo_retry_interval_ms; False "
+        "consumes every message concurrently, retried through the retry topics",
+    )
+    fifo_retry_interval_ms: int = setting(
+        1000,
+        "how long a FIFO message the listener failed (RECONSUME_LATER, a raise, a timeout) "
+        "waits before it is delivered again, in place, its group held behind it",
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fifo, bool):
+            raise ConfigError(f"fifo must be a bool, got {self.fifo!r}")
+        value = self.fifo_retry_interval_ms
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"fifo_retry_interval_ms must be an int >= 1, got {value!r}")

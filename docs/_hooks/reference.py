@@ -94,7 +94,12 @@ def _cli_actions(parser: argparse.ArgumentParser, *path: str) -> dict[str, argpa
 def settings_page() -> str:
     from coordinator.settings import CoordinatorSettings
     from rmq_semantics.cli import build_parser
-    from rmq_semantics.settings import ProducerSettings, SimpleConsumerSettings, env_name
+    from rmq_semantics.settings import (
+        ProducerSettings,
+        PushConsumerSettings,
+        SimpleConsumerSettings,
+        env_name,
+    )
     from spark.settings import JobSettings
 
     parser = build_parser()
@@ -111,6 +116,12 @@ def settings_page() -> str:
             {},
             "keyword arguments of `TransactionProducer` and `AsyncTransactionProducer`, and "
             "(the timer settings and the group key) of `Producer` and `AsyncProducer`",
+        ),
+        (
+            PushConsumerSettings,
+            "",
+            {},
+            "keyword arguments of `PushConsumer`",
         ),
         (
             SimpleConsumerSettings,
@@ -606,6 +617,7 @@ API_GROUPS = [
             "ConsumeConcurrentlyStatus",
             "ConsumeConcurrentlyContext",
             "PushMessage",
+            "PushConsumerSettings",
         ),
     ),
     (

@@ -19,6 +19,7 @@ from rmq_semantics.push.ledger import Ledger
 from rmq_semantics.push.poller import TRANSACTION_TIMEOUT_MS, PollLoop, PollSettings
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS, check_delay_levels
+from rmq_semantics.settings import PushConsumerSettings, load
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -78,6 +79,14 @@ class PushConsumer:
     reconsumes it goes to ``<prefix>_dlq_<group>``. Offsets are committed below the lowest
     unfinished record, in the same Kafka transaction as the retry copies and dead letters.
 
+    FIFO (``fifo``, on by default): a message with a ``message_group`` is consumed in order
+    within its group: one call at a time per group, one message per call, in partition
+    order, groups in parallel. RECONSUME_LATER (or a raise, a timeout) retries it in place
+    after ``fifo_retry_interval_ms``, never through a retry topic, its group waiting behind
+    it; after ``max_reconsume_times`` reconsumes it goes to the DLQ and the group goes on.
+    ``fifo=False`` consumes every message as above. Settings:
+    :class:`~rmq_semantics.settings.PushConsumerSettings` as kwargs, else env ``RMQ_<NAME>``.
+
     ``subscribe(topics, tags=None)``, ``start()``, ``shutdown()`` (idempotent, bounded); a
     context manager. No network in ``__init__``.
     """
@@ -94,7 +103,13 @@ class PushConsumer:
         consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
         topic_prefix: str = DEFAULT_TOPIC_PREFIX,
         client_id: str | None = None,
+        fifo: bool | None = None,
+        fifo_retry_interval_ms: int | None = None,
     ) -> None:
+        self.settings: PushConsumerSettings = load(
+            PushConsumerSettings,
+            {"fifo": fifo, "fifo_retry_interval_ms": fifo_retry_interval_ms},
+        )
         self._conf = push_consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -128,6 +143,8 @@ class PushConsumer:
             dlq_topic=self.dlq_topic,
             delay_levels=self.delay_levels,
             max_reconsume_times=self.max_reconsume_times,
+            fifo=self.settings.fifo,
+            fifo_retry_interval_ms=self.settings.fifo_retry_interval_ms,
         )
 
     # -- public API ------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 producer, turns records into listener calls, holds retry partitions until their head is
 due, and writes retry copies, dead letters and offsets in one transaction per round.
 
+A FIFO record (one with a message group) goes to its partition's engine instead of a call of
+its own; each round hands out the heads of its groups that are due (retried in place, never
+copied to a retry topic).
+
 It never sleeps: a held retry partition is paused (and sought back to its head) with a
 due time the loop checks on every round; back-pressure pauses the other partitions.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
@@ -22,9 +26,16 @@ from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
-from rmq_semantics.push.positions import UnreadOffsets, adopt, assign, rewind
+from rmq_semantics.push.positions import (
+    UnreadOffsets,
+    adopt,
+    assign,
+    pause_full_engines,
+    rewind,
+)
 from rmq_semantics.push.retry import born_of, read_retry
 from rmq_semantics.push.txn import TXN_TIMEOUT_S, PushProducer, Renewed
+from rmq_semantics.simple.engine import message_group_of
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemPartitionFilter
 
@@ -49,6 +60,13 @@ COMMITTED_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000 + 20
 # After an exception in a round the loop waits this long, doubling while they repeat.
 POLL_ERROR_BACKOFF_MIN_S = 0.1
 POLL_ERROR_BACKOFF_MAX_S = 5.0
+# A FIFO record's lease outlives its call's consume_timeout_ms by this much, so the pool's
+# timeout settles the call first (retry after the FIFO interval); the lease is the backstop.
+FIFO_LEASE_SLACK_MS = 5000
+# Revocation waits this long for the running FIFO calls of the partitions it takes away, so
+# their acks go with its commit; a longer call keeps its lease, the new owner waits it out.
+# Short against max.poll.interval.ms (the rebalance's own bound).
+FIFO_REVOKE_WAIT_S = 10.0
 TP = tuple[str, int]
 
 
@@ -97,6 +115,7 @@ class PollLoop:
         # Assigned, paused, their committed offsets not read yet (the read failed).
         self._unread = UnreadOffsets(name, COMMITTED_TIMEOUT_S)
         self._bp_paused: set[TP] = set()
+        self._full: set[TP] = set()  # FIFO partitions paused: their tracker is at its bound
         self._last_commit = 0.0
         # Where a replayed partition without a commit starts again: its first record read.
         self._replay_from: dict[TP, int] = {}
@@ -160,6 +179,7 @@ class PollLoop:
         records = consumer.consume(FETCH_MAX, POLL_WAIT_S)
         if records:
             self._dispatch(consumer, records)
+        self._deliver_fifo(consumer)
         if time.monotonic() - self._last_commit >= COMMIT_INTERVAL_S:
             self._commit()
 
@@ -221,6 +241,15 @@ class PollLoop:
         consumer.resume([tp for tp in committed if (tp.topic, tp.partition) not in self._bp_paused])
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        stopping = self.stopping.is_set()  # then _drain waited already
+        if not stopping and not self.ledger.wait_fifo_calls(revoked, FIFO_REVOKE_WAIT_S):
+            log.warning(
+                "push consumer %s: FIFO calls still running after %.0f s at revocation; their "
+                "messages stay invisible to the next owner until their leases pass",
+                self.name,
+                FIFO_REVOKE_WAIT_S,
+            )
         self._commit()  # what is done of them is committed before another owner starts
         self._forget(consumer, partitions)
 
@@ -234,6 +263,7 @@ class PollLoop:
             self.ledger.revoke(key)
             self._held.pop(key, None)
             self._bp_paused.discard(key)
+            self._full.discard(key)
             self._unread.discard(key)
             self._replay_from.pop(key, None)
         # Even an empty one: without a call the client unassigns the left-out ones too,
@@ -266,7 +296,7 @@ class PollLoop:
             resume = [
                 TopicPartition(*tp)
                 for tp in self._bp_paused
-                if tp not in self._held and tp not in self._unread
+                if tp not in self._held and tp not in self._unread and tp not in self._full
             ]
             self._bp_paused = set()
             if resume:
@@ -296,11 +326,15 @@ class PollLoop:
             if message is None:
                 self._hold(consumer, tp, record.offset(), first_failure or now_ms)
                 continue
+            if not part.level and not self.s.tags.matches(message.headers):
+                if self.ledger.take(part, record.offset()):  # else done before a restart
+                    self.ledger.skip(part, record.offset())
+                continue
+            if part.engine is not None and message_group_of(message.headers):
+                self.ledger.offer(part, record.offset(), message, now_ms)
+                continue  # FIFO: handed out by _deliver_fifo, its group's head only
             if not self.ledger.take(part, record.offset()):
                 continue  # done before a restart (the restored commit says so)
-            if not part.level and not self.s.tags.matches(message.headers):
-                self.ledger.skip(part, record.offset())
-                continue
             batch = pending.get(tp)
             if batch is None:
                 batch = pending[tp] = Batch(part, [], [], [], deadline)
@@ -311,6 +345,20 @@ class PollLoop:
                 self.pool.submit(pending.pop(tp))
         for batch in pending.values():
             self.pool.submit(batch)
+
+    def _deliver_fifo(self, consumer: confluent_kafka.Consumer) -> None:
+        """Hand the FIFO records due now to the pool (one per call, as many as the backlog
+        has room for); pause the partitions whose engines are full."""
+        deadline = time.monotonic() + self.s.consume_timeout_ms / 1000
+        room = self.s.backlog - self.ledger.in_flight
+        invisible_ms = self.s.consume_timeout_ms + FIFO_LEASE_SLACK_MS
+        for part, delivery in self.ledger.deliver(room, _now_ms(), invisible_ms):
+            message = replace(delivery.record, reconsume_times=delivery.delivery_attempt - 1)
+            offsets = [delivery.receipt.offset]
+            self.pool.submit(
+                Batch(part, [message], offsets, [None], deadline, receipt=delivery.receipt)
+            )
+        pause_full_engines(consumer, self.ledger, self._full, self._bp_paused | self._unread.tps)
 
     def _message(
         self, record: confluent_kafka.Message, part: Part, now_ms: int

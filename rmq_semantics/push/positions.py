@@ -11,10 +11,17 @@ import time
 import confluent_kafka
 from confluent_kafka import KafkaException, TopicPartition
 
-from rmq_semantics.orderly.offsets import OffsetTracker
-from rmq_semantics.push.ledger import Ledger, Part
+from rmq_semantics.push.ledger import Ledger
 
-__all__ = ["UNREAD_RETRY_MAX_S", "UNREAD_RETRY_MIN_S", "UnreadOffsets", "adopt", "assign", "rewind"]
+__all__ = [
+    "UNREAD_RETRY_MAX_S",
+    "UNREAD_RETRY_MIN_S",
+    "UnreadOffsets",
+    "adopt",
+    "assign",
+    "pause_full_engines",
+    "rewind",
+]
 
 log = logging.getLogger("rmq_semantics.push.poller")
 
@@ -85,9 +92,7 @@ def adopt(
     re-created since) without a commit to its first record read (popped from it)."""
     for tp in committed:
         level = retry_levels.get(tp.topic, 0)
-        where = f"{tp.topic}[{tp.partition}]"
-        tracker = OffsetTracker.restore(tp.offset, tp.metadata, where=where)
-        ledger.assign(Part((tp.topic, tp.partition), tracker, level))
+        ledger.assign(ledger.new_part(tp.topic, tp.partition, tp.offset, tp.metadata, level))
         if tp.offset < 0 and level:
             # A retry topic is read from its start: its records exist only for us.
             tp.offset = confluent_kafka.OFFSET_BEGINNING
@@ -143,3 +148,25 @@ def rewind(
                 offset,
                 exc.args[0],
             )
+
+
+def pause_full_engines(
+    consumer: confluent_kafka.Consumer, ledger: Ledger, full: set[TP], held: set[TP]
+) -> None:
+    """Pause a partition whose FIFO engine holds as many records as its tracker allows (a
+    group held by its retries while later records pile up; added to ``full``); once it
+    accepts again, seek it to where reading stopped (a pause drops the prefetched records)
+    and resume it unless ``held`` (paused for another reason)."""
+    for part in ledger.parts():
+        if part.engine is None:
+            continue
+        accepting = ledger.accepting(part)
+        if not accepting and part.tp not in full:
+            consumer.pause([TopicPartition(*part.tp)])
+            full.add(part.tp)
+        elif accepting and part.tp in full:
+            full.discard(part.tp)
+            if (offset := part.tracker.next_offset) is not None:
+                consumer.seek(TopicPartition(*part.tp, offset))
+            if part.tp not in held:
+                consumer.resume([TopicPartition(*part.tp)])

@@ -1,0 +1,256 @@
+"""PushConsumer FIFO message groups on the real broker: a group's messages one at a time in
+send order while other groups go on, RECONSUME_LATER retried in place (never through a retry
+topic), the DLQ after max_reconsume_times with the group going on, a message without a group
+still retried through the retry topics, ``fifo=False`` as before, and a new instance going on
+with a group where the last one left it, at once after a rebalance."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import confluent_kafka
+
+from rmq_semantics.push import PushConsumer
+from rmq_semantics.records.headers import H
+from tests.group_protocol import group_conf
+from tests.integration.push_helpers import LATER, LEVELS, SUCCESS, committed_ends, read_all
+from tests.integration.txn_helpers import wait_for
+
+RETRY_MS = 200  # the FIFO retry interval of these tests
+
+
+def send(broker, topic: str, messages: list[tuple[str | None, int]], partition: int = 0) -> None:
+    """(group or None, n) in this order, to ``partition``; the value is ``n``."""
+    producer = confluent_kafka.Producer(broker.conf())
+    for group, n in messages:
+        headers = [(H.MESSAGE_GROUP, group.encode())] if group else []
+        producer.produce(topic, value=str(n).encode(), partition=partition, headers=headers)
+    assert producer.flush(10) == 0
+
+
+def start(
+    broker, unique, topic: str, listener, *, group=None, prefix=None, **kwargs
+) -> tuple[PushConsumer, str, str]:
+    """A started PushConsumer (of a new group and prefix unless given), and those two."""
+    group, prefix = group or unique("fifo-g"), prefix or unique("__rmqf")
+    kwargs = {
+        "max_workers": 8,
+        "max_reconsume_times": 2,
+        "delay_levels": LEVELS,
+        "fifo_retry_interval_ms": RETRY_MS,
+        **kwargs,
+    }
+    conf = group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest"}))
+    consumer = PushConsumer(conf, listener=listener, topic_prefix=prefix, **kwargs)
+    consumer.subscribe([topic])
+    consumer.start()
+    return consumer, group, prefix
+
+
+class Seen:
+    """The listener's deliveries, (group, n, reconsume_times) in call order, and the most
+    calls of one group ever running at once."""
+
+    def __init__(self, decide) -> None:
+        self.decide = decide  # (group, n, reconsume_times) -> status
+        self.calls: list[tuple[str | None, int, int]] = []
+        self.running: dict[str | None, int] = defaultdict(int)
+        self.most_at_once: dict[str | None, int] = defaultdict(int)
+        self.lock = threading.Lock()
+
+    def __call__(self, msgs, context):
+        (m,) = msgs
+        group = m.header(H.MESSAGE_GROUP)
+        key = group.decode() if group else None
+        with self.lock:
+            self.calls.append((key, int(m.value), m.reconsume_times))
+            self.running[key] += 1
+            self.most_at_once[key] = max(self.most_at_once[key], self.running[key])
+        try:
+            return self.decide(key, int(m.value), m.reconsume_times)
+        finally:
+            with self.lock:
+                self.running[key] -= 1
+
+    def of(self, group: str | None) -> list[tuple[int, int]]:
+        with self.lock:
+            return [(n, times) for g, n, times in self.calls if g == group]
+
+
+def test_two_interleaved_groups_each_in_send_order_one_at_a_time_while_the_other_goes_on(
+    broker, make_topic, unique
+):
+    topic = make_topic("fifo")
+    send(broker, topic, [(g, n) for n in range(6) for g in ("a", "b")])
+    b_finished = threading.Event()
+    a_first_saw_b_finished: list[bool] = []
+
+    def decide(group, n, times):
+        if (group, n) == ("a", 0):  # group a's head is held until group b is through
+            a_first_saw_b_finished.append(b_finished.wait(20))
+        if (group, n) == ("b", 5):
+            b_finished.set()
+        return SUCCESS
+
+    seen = Seen(decide)
+    consumer, group, _ = start(broker, unique, topic, seen)
+    try:
+        wait_for(lambda: len(seen.of("a")) == 6, 30, "group a consumed")
+    finally:
+        consumer.shutdown()
+    assert a_first_saw_b_finished == [True]  # b went on while a's head was in flight
+    assert seen.of("a") == [(n, 0) for n in range(6)]
+    assert seen.of("b") == [(n, 0) for n in range(6)]
+    assert dict(seen.most_at_once) == {"a": 1, "b": 1}
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends == {0: 12}
+
+
+def test_reconsume_later_is_retried_in_place_and_a_message_without_a_group_takes_a_retry_topic(
+    broker, make_topic, unique
+):
+    topic = make_topic("fifo")
+    send(broker, topic, [("a", 0), (None, 100), ("a", 1), ("a", 2)])
+
+    def decide(group, n, times):
+        return LATER if n in (0, 100) and times < (2 if n == 0 else 1) else SUCCESS
+
+    seen = Seen(decide)
+    consumer, group, prefix = start(broker, unique, topic, seen)
+    try:
+        wait_for(lambda: len(seen.of("a")) == 5 and len(seen.of(None)) == 2, 30, "consumed")
+        wait_for(lambda: consumer.counts["consumed"] == 4, 10, "acked")
+    finally:
+        consumer.shutdown()
+    assert seen.of("a") == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)]
+    assert seen.of(None) == [(100, 0), (100, 1)]
+    retried = [
+        r
+        for level in range(1, len(LEVELS) + 1)
+        for r in read_all(broker.conf(), f"{prefix}_retry_{group}_{level}")
+    ]
+    assert [int(r.value()) for r in retried] == [100]  # the FIFO record never went there
+    assert read_all(broker.conf(), f"{prefix}_dlq_{group}") == []
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends == {0: 4}
+
+
+def test_a_fifo_message_out_of_reconsumes_goes_to_the_dlq_and_its_group_goes_on(
+    broker, make_topic, unique
+):
+    topic = make_topic("fifo")
+    send(broker, topic, [("a", 0), ("a", 1)])
+
+    def decide(group, n, times):
+        if n == 0:
+            raise ValueError("message 0 always fails")
+        return SUCCESS
+
+    seen = Seen(decide)
+    consumer, group, prefix = start(broker, unique, topic, seen)
+    try:
+        wait_for(lambda: len(seen.of("a")) == 4, 30, "a consumed")
+        wait_for(lambda: consumer.counts["consumed"] == 1, 10, "acked")
+    finally:
+        consumer.shutdown()
+    assert seen.of("a") == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    (dead,) = read_all(broker.conf(), f"{prefix}_dlq_{group}")
+    headers = {k: v for k, v in dead.headers() or ()}
+    assert dead.value() == b"0"
+    assert headers[H.DLQ_ORIGINAL_TOPIC] == topic.encode()
+    assert headers[H.DLQ_ORIGINAL_OFFSET] == b"0"
+    assert headers[H.DLQ_RECONSUME_TIMES] == b"2"
+    assert headers[H.DLQ_EXCEPTION] == b"ValueError"
+    assert headers[H.MESSAGE_GROUP] == b"a"
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends == {0: 2}
+
+
+def test_fifo_false_consumes_a_group_concurrently_through_the_retry_topics(
+    broker, make_topic, unique
+):
+    topic = make_topic("fifo")
+    send(broker, topic, [("a", 0), ("a", 1)])
+
+    def decide(group, n, times):
+        return LATER if n == 0 and times == 0 else SUCCESS
+
+    seen = Seen(decide)
+    consumer, group, prefix = start(broker, unique, topic, seen, fifo=False)
+    try:
+        wait_for(lambda: len(seen.of("a")) == 3, 30, "a consumed")
+    finally:
+        consumer.shutdown()
+    assert seen.of("a") == [(0, 0), (1, 0), (0, 1)]  # 1 overtook 0's retry
+    (copy,) = read_all(broker.conf(), f"{prefix}_retry_{group}_1")
+    assert copy.value() == b"0"
+
+
+def test_a_new_instance_goes_on_with_a_group_where_the_last_one_left_it(broker, make_topic, unique):
+    topic = make_topic("fifo")
+    send(broker, topic, [("a", 0), ("a", 1)])
+    seen = Seen(lambda group, n, times: LATER)
+    consumer, group, prefix = start(
+        broker, unique, topic, seen, fifo_retry_interval_ms=2000, max_reconsume_times=5
+    )
+    try:
+        wait_for(lambda: consumer.counts["retried"] >= 1, 30, "a retry")
+    finally:
+        consumer.shutdown()  # commits the lease: its attempts, invisible for the interval
+    tries = len(seen.of("a"))
+    assert seen.of("a") == [(0, n) for n in range(tries)]
+    again = Seen(lambda group, n, times: SUCCESS)
+    conf = group_conf(broker.conf(**{"group.id": group, "auto.offset.reset": "earliest"}))
+    second = PushConsumer(conf, listener=again, topic_prefix=prefix)
+    second.subscribe([topic])
+    second.start()
+    try:
+        wait_for(lambda: second.counts["consumed"] == 2, 30, "a consumed by the second")
+    finally:
+        second.shutdown()
+    assert again.of("a") == [(0, tries), (1, 0)]  # its attempts counted, the group in order
+
+
+def test_a_rebalance_lets_the_calls_in_flight_finish_and_the_new_owner_goes_on_at_once(
+    broker, make_topic, unique
+):
+    topic = make_topic("fifo", 3)
+    for partition, group_name in enumerate("abc"):
+        send(broker, topic, [(group_name, 0), (group_name, 1)], partition)
+    second_called = threading.Event()
+
+    def decide(group, n, times):  # the first instance's calls run while the second joins
+        second_called.wait(6)
+        return SUCCESS
+
+    def second_listener(msgs, context):
+        second_called.set()
+        return seen(msgs, context)
+
+    seen = Seen(decide)
+    # Leases far longer than the test: a message in flight at the revocation and not finished
+    # by it would come back on the new owner only after one.
+    # One retry topic of one partition: of the four partitions the second instance takes two,
+    # so at least one of the topic's.
+    kwargs = {"consume_timeout_ms": 60_000, "delay_levels": (0.2,)}
+    first, group, prefix = start(broker, unique, topic, seen, **kwargs)
+    second = None
+    try:
+        wait_for(lambda: len(seen.calls) == 3, 30, "the three heads in flight")
+        second, _, _ = start(
+            broker, unique, topic, second_listener, group=group, prefix=prefix, **kwargs
+        )
+        wait_for(
+            lambda: first.counts["consumed"] + second.counts["consumed"] == 6,
+            30,
+            "every message consumed once",
+        )
+    finally:
+        first.shutdown()
+        if second is not None:
+            second.shutdown()
+    assert second.counts["consumed"] >= 1  # a partition moved to it
+    for group_name in "abc":
+        assert seen.of(group_name) == [(0, 0), (1, 0)]
+    assert dict(seen.most_at_once) == {"a": 1, "b": 1, "c": 1}
