@@ -114,7 +114,7 @@ class Producer(_Client):
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exec_type: object, value: object, traceback: object) -> None:
         self.shutdown()
 
     def set_group(self, group_name: str) -> None:
@@ -314,7 +314,7 @@ class PushConsumer(_Client):
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exec_type: object, value: object, traceback: object) -> None:
         self.shutdown()
 
     def set_message_model(self, model: MessageModel) -> None:

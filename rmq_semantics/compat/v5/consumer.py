@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from enum import Enum
@@ -33,6 +34,8 @@ __all__ = ["ConsumeResult", "MessageListener", "PushConsumer", "SimpleConsumer"]
 # A group new to Kafka starts at the oldest retained record, as RocketMQ's broker starts a
 # new group at a queue's first message while that is still in memory.
 NEW_GROUP_START = {"auto.offset.reset": "earliest"}
+# RocketMQ's ClientType numbers, the consumers' client_type defaults (accepted, not used).
+PUSH_CONSUMER, SIMPLE_CONSUMER = 2, 3
 # RocketMQ 5's push consumer: 17 attempts, i.e. 16 redeliveries, then the DLQ.
 MAX_RECONSUME_TIMES = 16
 
@@ -62,7 +65,39 @@ def _view_of(message: Message) -> MessageView:
     return message.view
 
 
-class SimpleConsumer:
+class _Consumer:
+    """What RocketMQ's two consumers share: their group, configuration and topics."""
+
+    _config: ClientConfiguration
+    _group: str
+    _client_id: str
+
+    @property
+    def consumer_group(self) -> str:
+        return self._group
+
+    @property
+    def client_configuration(self) -> ClientConfiguration:
+        return self._config
+
+    @property
+    def client_id(self) -> str:
+        return self._client_id
+
+    @property
+    def topics(self) -> list[str]:
+        """The subscribed topics."""
+        return sorted(self._config.local(t) for t in self._topic_names())
+
+    def _topic_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def is_lite_consumer(self) -> bool:
+        """Always False: lite topics have no counterpart here."""
+        return False
+
+
+class SimpleConsumer(_Consumer):
     """RocketMQ 5's ``SimpleConsumer``: ``receive(max_message_num, invisible_duration)``
     (seconds), ``ack``, ``change_invisible_duration`` and their ``_async`` forms. Extra
     keyword arguments are the product's ``SimpleConsumerSettings`` (e.g.
@@ -74,7 +109,7 @@ class SimpleConsumer:
         consumer_group: str,
         subscription: Mapping[str, FilterExpression | str | None] | None = None,
         await_duration: float = 20,
-        client_type: Any = None,
+        client_type: int = SIMPLE_CONSUMER,
         tls_enable: bool = False,
         **settings: Any,
     ) -> None:
@@ -82,7 +117,9 @@ class SimpleConsumer:
             raise ConfigError("await_duration should not be None")
         self._config = client_configuration
         self._group = _group(consumer_group)
+        self._client_id = f"{consumer_group}@{uuid.uuid4().hex[:12]}"
         self._await_duration = await_duration
+        self._subscribed = {client_configuration.resource(t) for t in subscription or {}}
         self._inner = ProductSimpleConsumer(
             client_configuration.conf(tls=tls_enable, **NEW_GROUP_START),
             client_configuration.resource(consumer_group),
@@ -91,6 +128,7 @@ class SimpleConsumer:
                 for topic, expression in (subscription or {}).items()
             },
             topic_prefix=client_configuration.topic_prefix,
+            client_id=self._client_id,
             await_duration=await_duration,
             **settings,
         )
@@ -99,9 +137,8 @@ class SimpleConsumer:
     def __str__(self) -> str:
         return f"SIMPLE_CONSUMER:{self._group}"
 
-    @property
-    def consumer_group(self) -> str:
-        return self._group
+    def _topic_names(self) -> list[str]:
+        return sorted(self._subscribed)
 
     @property
     def is_running(self) -> bool:
@@ -126,9 +163,11 @@ class SimpleConsumer:
         """Add ``topic`` (or change its filter)."""
         expression = None if filter_expression is None else filter_expression.expression
         self._inner.subscribe(self._config.resource(topic), ProductFilter(expression or "*"))
+        self._subscribed.add(self._config.resource(topic))
 
     def unsubscribe(self, topic: str) -> None:
         self._inner.unsubscribe(self._config.resource(topic))
+        self._subscribed.discard(self._config.resource(topic))
 
     def _message(self, view: MessageView) -> Message:
         return Message.received(
@@ -190,7 +229,7 @@ class MessageListener(metaclass=abc.ABCMeta):
         """Process ``message``; return ``ConsumeResult.SUCCESS`` or ``FAILURE``."""
 
 
-class PushConsumer:
+class PushConsumer(_Consumer):
     """RocketMQ 5's ``PushConsumer``: ``message_listener.consume(message)`` on
     ``consumption_thread_count`` threads; ``FAILURE`` (or a raise) redelivers the message
     with RocketMQ's backoff, up to 16 times, then it goes to the group's DLQ topic.
@@ -210,7 +249,7 @@ class PushConsumer:
         max_cache_message_size: int = 64 * 1024 * 1024,
         consumption_thread_count: int = DEFAULT_PUSH_WORKERS,
         tls_enable: bool = False,
-        client_type: Any = None,
+        client_type: int = PUSH_CONSUMER,
         *,
         fifo: bool = False,
         max_reconsume_times: int = MAX_RECONSUME_TIMES,
@@ -221,10 +260,11 @@ class PushConsumer:
             raise ConfigError("subscription should not be empty: {topic: FilterExpression()}")
         self._config = client_configuration
         self._group = _group(consumer_group)
+        self._client_id = f"{consumer_group}@{uuid.uuid4().hex[:12]}"
         self._listener = message_listener
         self._tls = tls_enable
         self._threads = consumption_thread_count
-        self.fifo = fifo
+        self._fifo = fifo
         self._max_reconsume_times = max_reconsume_times
         self._filters = TopicFilters()
         for topic, expression in subscription.items():
@@ -232,12 +272,19 @@ class PushConsumer:
         self._inner: ProductPushConsumer | OrderlyConsumer | None = None
         self._lock = threading.Lock()
 
+    #: RocketMQ's attempts of a message (the first and 16 redeliveries), the default here.
+    DEFAULT_CONSUME_ATTEMPTS = MAX_RECONSUME_TIMES + 1
+
     def __str__(self) -> str:
         return f"PUSH_CONSUMER:{self._group}"
 
     @property
-    def consumer_group(self) -> str:
-        return self._group
+    def fifo(self) -> bool:
+        """Whether the group is consumed in message-group order."""
+        return self._fifo
+
+    def _topic_names(self) -> list[str]:
+        return self._filters.topics
 
     @property
     def is_running(self) -> bool:
@@ -297,7 +344,7 @@ class PushConsumer:
             conf = self._config.conf(tls=self._tls, **NEW_GROUP_START)
             conf["group.id"] = self._config.resource(self._group)
             inner: ProductPushConsumer | OrderlyConsumer
-            if self.fifo:
+            if self._fifo:
                 inner = OrderlyConsumer(
                     conf,
                     listener=self._orderly,
@@ -305,6 +352,7 @@ class PushConsumer:
                     max_workers=self._threads,
                     max_reconsume_times=self._max_reconsume_times,
                     topic_prefix=self._config.topic_prefix,
+                    client_id=self._client_id,
                 )
             else:
                 inner = ProductPushConsumer(
@@ -313,6 +361,7 @@ class PushConsumer:
                     max_workers=self._threads,
                     max_reconsume_times=self._max_reconsume_times,
                     topic_prefix=self._config.topic_prefix,
+                    client_id=self._client_id,
                 )
             inner.subscribe(self._filters.topics, tags=self._filters.common())
             inner.start()

@@ -177,6 +177,9 @@ class Producer:
     ``delay_levels``, ``timer_partitions``).
     """
 
+    #: RocketMQ's send attempts; here each send is bounded by ``request_timeout`` times this.
+    DEFAULT_MAX_SEND_ATTEMPTS = SEND_ATTEMPTS
+
     def __init__(
         self,
         client_configuration: ClientConfiguration,
@@ -204,7 +207,7 @@ class Producer:
         self._group_key_file = group_key_file
         self._settings = settings
         self.send_timeout_s = client_configuration.request_timeout * SEND_ATTEMPTS
-        self.client_id = f"rmq5-producer@{uuid.uuid4().hex[:12]}"
+        self._client_id = f"rmq5-producer@{uuid.uuid4().hex[:12]}"
         self._lock = threading.Lock()
         self._producer: ProductProducer | None = None
         self._transactional: dict[str, TransactionProducer] = {}
@@ -214,6 +217,10 @@ class Producer:
 
     def __str__(self) -> str:
         return f"PRODUCER client_id:{self.client_id}"
+
+    @property
+    def client_id(self) -> str:
+        return self._client_id
 
     @property
     def is_running(self) -> bool:
