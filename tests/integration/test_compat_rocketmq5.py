@@ -287,3 +287,47 @@ def test_push_consumer_consumes_acks_and_redelivers_a_failure(broker, make_topic
         (b"fail-once", 1),
         (b"fail-once", 2),
     ]
+
+
+class GroupOrder(MessageListener):
+    """Records each group's consumption order; fails ``1-2``'s first delivery."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes, int]] = []
+        self.lock = threading.Lock()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        with self.lock:
+            self.calls.append((message.message_group, message.body, message.delivery_attempt))
+        if message.body == b"1-2" and message.delivery_attempt == 1:
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+def test_a_fifo_push_consumer_holds_a_group_behind_its_failed_message(
+    broker, make_topic, unique, config, coordinator
+):
+    topic, group = make_topic("fifo-push", partitions=2), unique("fifo-push")
+    producer = Producer(config, (topic,))
+    producer.startup()
+    for i in range(1, 5):
+        for message_group in ("1", "2"):
+            msg = Message()
+            msg.topic = topic
+            msg.body = f"{message_group}-{i}".encode()
+            msg.message_group = message_group
+            producer.send(msg)
+    producer.shutdown()
+
+    listener = GroupOrder()
+    consumer = PushConsumer(config, group, listener, {topic: FilterExpression()}, fifo=True)
+    consumer.startup()
+    try:
+        wait_for(lambda: len(listener.calls) >= 9, WAIT_S, "every message and the retry")
+        wait_for(lambda: committed_to_end(broker, group, topic, 2), WAIT_S, "the acks committed")
+    finally:
+        consumer.shutdown()
+    one = [(body, attempt) for g, body, attempt in listener.calls if g == "1"]
+    two = [body for g, body, _ in listener.calls if g == "2"]
+    assert one == [(b"1-1", 1), (b"1-2", 1), (b"1-2", 2), (b"1-3", 1), (b"1-4", 1)]
+    assert two == [b"2-1", b"2-2", b"2-3", b"2-4"]
