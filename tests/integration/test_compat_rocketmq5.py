@@ -331,3 +331,37 @@ def test_a_fifo_push_consumer_holds_a_group_behind_its_failed_message(
     two = [body for g, body, _ in listener.calls if g == "2"]
     assert one == [(b"1-1", 1), (b"1-2", 1), (b"1-2", 2), (b"1-3", 1), (b"1-4", 1)]
     assert two == [b"2-1", b"2-2", b"2-3", b"2-4"]
+
+
+def test_a_back_check_goes_to_another_producer_of_the_topic_not_of_another_topic(
+    broker, make_topic, config, coordinator
+):
+    """RocketMQ 5 has no producer group: the check of a transaction whose producer is gone
+    goes to a producer that declared the message's topic, never to one of another topic."""
+    topic, other_topic = make_topic("orphan"), make_topic("elsewhere")
+    gone = Producer(config, (topic,), checker=CommitOnCheck())
+    gone.startup()
+    msg = Message()
+    msg.topic = topic
+    msg.body = b"orphan"
+    gone.send(msg, gone.begin_transaction())
+    gone.shutdown()  # before any check: it never answers
+
+    heir, stranger = CommitOnCheck(), CommitOnCheck()
+    producers = [
+        Producer(config, (topic,), checker=heir),
+        Producer(config, (other_topic,), checker=stranger),
+    ]
+    reader = TopicReader(broker.conf(), topic, 1)
+    try:
+        for producer in producers:
+            producer.startup()
+        records = reader.read_until(lambda r: len(r) >= 1, WAIT_S, "the orphan committed")
+        records = reader.settle(2.0)
+    finally:
+        reader.close()
+        for producer in producers:
+            producer.shutdown()
+    assert [r.value() for r in records] == [b"orphan"]
+    assert [m.body for m in heir.checked] == [b"orphan"]
+    assert stranger.checked == []
