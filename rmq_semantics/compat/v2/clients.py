@@ -206,7 +206,8 @@ class _Callbacks(TransactionListener):
 
     def execute_local_transaction(self, msg: Any, arg: Any) -> LocalTransactionState:
         local_execute, user_args = arg
-        return _state(local_execute(ReceivedMessage(in_transaction(msg)), user_args), "local")
+        answer = local_execute(ReceivedMessage(in_transaction(msg)), user_args)
+        return _state(answer, "local_execute")
 
     def check_local_transaction(self, msg: Any) -> LocalTransactionState:
         return _state(self.checker(ReceivedMessage(in_transaction(msg))), "checker_callback")

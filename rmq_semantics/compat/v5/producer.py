@@ -46,9 +46,10 @@ SEND_ATTEMPTS = 3
 # Threads of send_async and recall_message_async (their sends wait on one Kafka producer).
 ASYNC_THREADS = 4
 
-_STATES = {
-    TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
-    TransactionResolution.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE,
+# By number: the real package's resolutions are protobuf ints.
+_STATES: dict[int, LocalTransactionState] = {
+    TransactionResolution.COMMIT.value: LocalTransactionState.COMMIT_MESSAGE,
+    TransactionResolution.ROLLBACK.value: LocalTransactionState.ROLLBACK_MESSAGE,
 }
 
 
@@ -99,7 +100,7 @@ class _CheckerListener(TransactionListener):
                 answer,
             )
             return LocalTransactionState.UNKNOW
-        return _STATES.get(int(answer), LocalTransactionState.UNKNOW)  # type: ignore[call-overload]  # IntEnum keys take ints
+        return _STATES.get(int(answer), LocalTransactionState.UNKNOW)
 
 
 class Transaction:
