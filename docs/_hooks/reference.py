@@ -646,7 +646,9 @@ def api_page() -> str:
         GENERATED,
         "Everything `from rmq_semantics import ...` offers (`rmq_semantics.__all__`), from "
         "the docstrings. The errors are on [their own page](errors.md) too; the "
-        "transaction barrier is `rmq_semantics.barrier` (below).",
+        "transaction barrier is `rmq_semantics.barrier` (below), and RocketMQ's own Python "
+        "client APIs are `rmq_semantics.compat.rocketmq` and "
+        "`rmq_semantics.compat.rocketmq_client` (below).",
         "",
     ]
     groups = [
@@ -667,6 +669,20 @@ def api_page() -> str:
 
     for name in barrier.__all__:
         out += [f"::: rmq_semantics.barrier.{name}", ""]
+    from rmq_semantics.compat import rocketmq, rocketmq_client
+
+    for title, module in (
+        ("RocketMQ 5 Python client API", rocketmq),
+        ("RocketMQ 2.x Python client API", rocketmq_client),
+    ):
+        out += [
+            f"## {title}: `{module.__name__}`",
+            "",
+            "What differs from the original: [migrating](../guides/migrating.md).",
+            "",
+        ]
+        for name in module.__all__:
+            out += [f"::: {module.__name__}.{name}", ""]
     return "\n".join(out)
 
 

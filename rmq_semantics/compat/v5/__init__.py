@@ -1,0 +1,1 @@
+"""The RocketMQ 5 client API's parts; :mod:`rmq_semantics.compat.rocketmq` is its face."""
