@@ -439,17 +439,18 @@ class Campaign:
                 if r.get("mid") and simple_dead_letter_expected(r["mid"])
             ),
         }
+        groups = {
+            f"{cfg.topic_prefix}_dlq_{spec.group}": spec
+            for spec in cfg.consumers
+            if spec.role in planned
+        }
+        want = {topic: planned[spec.role] for topic, spec in groups.items()}
+        dlq = final_read.read_topics(cfg.bootstrap, list(groups), self.out / "final" / "dlq", want)
+        self.note_read_errors([r for r in dlq if want[r.topic] or r.exit_code == 0])
         drafts = []
-        for spec in cfg.consumers:
-            if spec.role not in planned:
-                continue
-            topic = f"{cfg.topic_prefix}_dlq_{spec.group}"
-            want = planned[spec.role]
-            dlq = final_read.read_topics(
-                cfg.bootstrap, [topic], self.out / "final" / "dlq", {topic: want}
-            )
-            self.note_read_errors([r for r in dlq if want or r.exit_code == 0])
-            drafts += gather.dead_letter_drafts(spec.group, dlq, spec.role)
+        for read in dlq:
+            spec = groups[read.topic]
+            drafts += gather.dead_letter_drafts(spec.group, [read], spec.role)
         return drafts
 
     def stop_coordinators(self, cfg: CampaignConfig) -> None:
