@@ -8,6 +8,7 @@ from tests.campaign.history import Event, Kind, at
 from tests.campaign.planted import clean_events, history_of, simple_dead_letter, simple_event
 from tests.campaign.result import CheckResult, Status
 from tests.campaign.simple_checks import check_simple, simple_unsettled
+from tests.campaign.summary import outcome_counts
 from tests.campaign.workload import (
     SIMPLE_ACK,
     SIMPLE_ONCE,
@@ -166,3 +167,10 @@ def test_the_workload_plan_mixes_groups_and_fates():
     fates = [simple_fate(m, 1) for m in mids]
     assert {SIMPLE_POISON, SIMPLE_ONCE, SIMPLE_ACK} <= set(fates)
     assert all(simple_fate(m, 2) != SIMPLE_ONCE for m in mids)  # only the first delivery
+
+
+def test_the_summary_counts_the_simple_events():
+    counts = outcome_counts(history_of(clean_events()))
+    assert counts["simple received"] == 6
+    assert counts["simple ack_ok"] == 3
+    assert counts["simple changed"] == 1
