@@ -8,11 +8,12 @@ in place). Times: ``mono_s`` orders events (one host); a kill is compared by wal
 worker's events (neither runs under a skewed clock).
 
 What may excuse a redelivery the promise would otherwise forbid is a *disruption* of an
-instance: the nemesis killed it, or its ``counts['commit_failures']`` rose (status events,
-every second). A delivery counts when its commit succeeds; the worker writes it once
-``receive`` returned, so a kill between the two, or a commit that failed after it landed,
-leaves an attempt no event shows (the design's counting rule: over-counting is the safe
-direction).
+instance: the nemesis killed it, its ``counts['commit_failures']`` rose (status events,
+every second), or its group session timed out (a ``note`` "session lost": the partitions
+go without a commit, so the acks not committed yet go with them). A delivery counts when
+its commit succeeds; the worker writes it once ``receive`` returned, so a kill between the
+two, or a commit that failed after it landed, leaves an attempt no event shows (the
+design's counting rule: over-counting is the safe direction).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from tests.campaign.history import Event, History, Kind
 from tests.campaign.result import CheckResult, Violation
 
-__all__ = ["check_simple", "simple_unsettled"]
+__all__ = ["SESSION_LOST", "check_simple", "simple_unsettled"]
 
 Record = tuple[str, int, int]  # topic, partition, offset
 MESSAGE_GROUP = "rmq.message_group"
@@ -35,6 +36,7 @@ ACK_SLACK_MS = 1000
 # An unseen delivery (a first attempt above 1) has its cause this long before at most: the
 # lease's deadline, a rebalance after a kill, a group coordinator moving under a fault.
 UNSEEN_WINDOW_MS = 60_000
+SESSION_LOST = "session lost"  # the worker's note (simple_worker.py)
 
 
 def _record(e: Event) -> Record:
@@ -81,7 +83,8 @@ def _groups(history: History) -> dict[str, _Group]:
 
 class _Disruptions:
     """When each instance was killed (wall ms) and when its commits failed (the wall-ms
-    span between the two status snapshots its ``commit_failures`` count rose between)."""
+    span between the two status snapshots its ``commit_failures`` count rose between) or
+    its session was lost."""
 
     def __init__(self, history: History) -> None:
         self.kills: dict[str, list[int]] = defaultdict(list)
@@ -101,6 +104,9 @@ class _Disruptions:
             elif before is None and n > 0:  # a restarted incarnation's first snapshot
                 self.failures[who].append((e.wall_ms - 2_000, e.wall_ms))
             last[who] = (e.wall_ms, n)
+        for e in history.of(Kind.NOTE):
+            if e["what"] == SESSION_LOST:
+                self.failures[e.proc].append((e.wall_ms, e.wall_ms))
 
     def killed(self, who: Iterable[str], lo_ms: int, hi_ms: int) -> bool:
         return any(lo_ms <= k <= hi_ms for w in who for k in self.kills.get(w, ()))
@@ -115,7 +121,8 @@ class _Disruptions:
 
 def _lost_ack_excused(g: _Group, d: _Disruptions, ack: Event, later_ms: int) -> bool:
     """Rule 2's exception: the acking instance was killed within its last commit interval
-    after the ack, or its commits failed between the ack and ``later_ms``."""
+    after the ack, or its commits failed or its session was lost between the ack and
+    ``later_ms``."""
     who, at = [ack["instance"]], ack.wall_ms
     return d.killed(who, at, at + g.commit_interval_ms + ACK_SLACK_MS) or d.commits_failed(
         who, at, later_ms

@@ -8,7 +8,8 @@ ack: a poison message, dead-lettered after ``max_delivery_attempts``; change the
 duration, then ack), each call written to the history as a ``simple`` event once it returned
 (received with the ``delivery_attempt`` and the message group, ack_ok, ack_refused, changed,
 change_refused). One thread, so an instance's events are in the order of its calls. Its
-public ``counts`` go to the history every second (``status``).
+public ``counts`` go to the history every second (``status``), and each time its group
+session timed out (librdkafka's SESSTMOUT line) a ``note`` "session lost".
 
 SIGTERM shuts the consumer down cleanly (exit 0); the nemesis SIGKILLs it like the others.
 """
@@ -28,6 +29,7 @@ from rmq_semantics import MessageView, ReceiptError, RmqError, SimpleConsumer
 from tests.campaign import events as ev
 from tests.campaign.config import HEARTBEAT_MS, CampaignConfig
 from tests.campaign.history import Recorder
+from tests.campaign.simple_checks import SESSION_LOST
 from tests.campaign.workload import (
     SIMPLE_CHANGE,
     SIMPLE_ONCE,
@@ -45,6 +47,19 @@ STATUS_EVERY_S = 1.0
 
 def history_path(cfg: CampaignConfig, instance: int) -> Path:
     return Path(cfg.out_dir) / "history" / f"{ROLE}-{instance}.jsonl"
+
+
+class SessionLost(logging.Handler):
+    """librdkafka's SESSTMOUT line (the group session timed out: the partitions go without
+    a commit) as a ``note`` event ``session lost`` of this instance."""
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__(logging.WARNING)
+        self.rec = rec
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "SESSTMOUT" in record.getMessage():
+            self.rec.emit(ev.note(SESSION_LOST))
 
 
 class SimpleWorker:
@@ -121,6 +136,7 @@ class SimpleWorker:
             max_delivery_attempts=self.cfg.simple_max_attempts,
             commit_interval_ms=COMMIT_INTERVAL_MS,
         )
+        logging.getLogger("rmq_semantics.librdkafka").addHandler(SessionLost(self.rec))
         consumer.startup()
         self.rec.emit(ev.subscribe(ROLE, self.group, self.name, topics, settings=self.settings()))
         self.rec.emit(ev.worker("ready", role=ROLE, group=self.group))

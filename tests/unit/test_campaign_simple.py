@@ -7,7 +7,7 @@ from tests.campaign import events as ev
 from tests.campaign.history import Event, Kind, at
 from tests.campaign.planted import clean_events, history_of, simple_dead_letter, simple_event
 from tests.campaign.result import CheckResult, Status
-from tests.campaign.simple_checks import check_simple, simple_unsettled
+from tests.campaign.simple_checks import SESSION_LOST, check_simple, simple_unsettled
 from tests.campaign.summary import outcome_counts
 from tests.campaign.workload import (
     SIMPLE_ACK,
@@ -75,6 +75,18 @@ def test_a_commit_failure_after_the_ack_excuses_its_loss():
     ]
     result = _check(*failed, drop=lambda e: e.kind is Kind.FAULT and e["fault"] == "consumer_kill")
     assert result.status is Status.PASS, [str(v) for v in result.violations]
+
+
+def test_a_session_lost_after_the_ack_excuses_its_loss():
+    lost = at(ev.note(SESSION_LOST), 9.0, proc="s0")
+    result = _check(lost, drop=lambda e: e.kind is Kind.FAULT and e["fault"] == "consumer_kill")
+    assert result.status is Status.PASS, [str(v) for v in result.violations]
+    lost_before_the_ack = at(ev.note(SESSION_LOST), 5.29, proc="s0")
+    result = _check(
+        lost_before_the_ack,
+        drop=lambda e: e.kind is Kind.FAULT and e["fault"] == "consumer_kill",
+    )
+    _fails_with(result, "acked_came_back", "orders[0]@2")
 
 
 # 3. FIFO per message group.
