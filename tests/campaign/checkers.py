@@ -17,6 +17,7 @@ from tests.campaign.consumer_checks import check_locks, check_orderly, check_pus
 from tests.campaign.history import Event, History, Intent, Kind
 from tests.campaign.horizon import CLUSTER_FAULTS, cluster_fault_intervals, up_deadline
 from tests.campaign.result import CheckResult, Violation
+from tests.campaign.simple_checks import check_simple
 from tests.campaign.timer_checks import check_timers, is_timer_record, timer_counts, timer_mids
 from tests.campaign.txn_tools import (
     ToolOutputError,
@@ -40,6 +41,7 @@ __all__ = [
     "check_orderly",
     "check_push",
     "check_settled",
+    "check_simple",
     "check_spark",
     "check_timers",
     "check_worker_exits",
@@ -546,7 +548,7 @@ def run_all(
     echo: bool = True,
 ) -> list[CheckResult]:
     """Every checker whose input is there: the history ones always (``timers`` when timer
-    messages were sent); ``settled`` with
+    messages were sent, ``simple`` when a SimpleConsumer group subscribed); ``settled`` with
     pending/discarded; ``kafka_transactions`` with find_hanging and txn_list; ``spark``
     with spark_rows or spark_row events. ``topic_prefixes`` and ``dead_letter_expected``
     go to check_kafka_transactions and check_push."""
@@ -574,6 +576,8 @@ def run_all(
     results.append(check_orderly(history, echo=echo))
     results.append(check_locks(history, echo=echo))
     results.append(check_push(history, dead_letter_expected=dead_letter_expected, echo=echo))
+    if any(e["consumer"] == "simple" for e in history.of(Kind.SUBSCRIBE)):
+        results.append(check_simple(history, echo=echo))
     if spark_rows is not None or history.of(Kind.SPARK_ROW):
         results.append(check_spark(history, spark_rows, topics=topics, echo=echo))
     results.append(check_faults_took_effect(history, minimums, echo=echo))

@@ -38,7 +38,7 @@ HEARTBEAT_MS = 1000
 class ConsumerSpec:
     """``count`` processes of one consumer class in one group."""
 
-    role: str  # "push", "orderly-partition" or "orderly-key"
+    role: str  # "push", "orderly-partition", "orderly-key" or "simple"
     group: str
     count: int
 
@@ -63,6 +63,11 @@ class CampaignConfig:
     consumer_lease_ms: int = 6000
     consumer_renew_ms: int = 1500
     push_max_reconsume: int = 2
+    # The SimpleConsumer group (issue 36): few attempts and a short invisible duration, so
+    # the messages its worker leaves unacked come back, and the poison ones reach the DLQ,
+    # within seconds.
+    simple_max_attempts: int = 3
+    simple_invisible_s: float = 2.0
     # Timer messages: due at most this far ahead of their send (0: none are sent).
     timer_max_s: float = 0.0
 

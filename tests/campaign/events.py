@@ -11,7 +11,10 @@ from collections.abc import Mapping, Sequence
 
 from tests.campaign.history import Draft, Intent, Kind
 
+SIMPLE_EVENTS = ("received", "ack_ok", "ack_refused", "changed", "change_refused")
+
 __all__ = [
+    "SIMPLE_EVENTS",
     "batch",
     "check_answered",
     "committed_row",
@@ -33,6 +36,7 @@ __all__ = [
     "send",
     "send_failed",
     "sent",
+    "simple",
     "spark_row",
     "status",
     "subscribe",
@@ -193,9 +197,11 @@ def subscribe(
     *,
     mode: str | None = None,
     pattern: str | None = None,
+    settings: Mapping[str, object] | None = None,
 ) -> Draft:
     """``pattern``: a regex subscription (librdkafka's ``^...``); the group's topics are
-    then every final-read topic it matches, besides ``topics``."""
+    then every final-read topic it matches, besides ``topics``. ``settings``: what a
+    checker needs of the consumer's (the SimpleConsumer's attempts and intervals)."""
     if mode not in (None, "partition", "key"):
         raise ValueError(f"mode must be 'partition' or 'key', got {mode!r}")
     return Draft(
@@ -207,6 +213,7 @@ def subscribe(
             "topics": list(topics),
             "mode": mode,
             "pattern": pattern,
+            "settings": None if settings is None else dict(settings),
         },
     )
 
@@ -235,6 +242,37 @@ def consumed(
             "msg_id": msg_id,
             "key": key,
             "result": result,
+        },
+    )
+
+
+def simple(
+    event: str,
+    group: str,
+    instance: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    msg_id: str,
+    *,
+    message_group: str | None = None,
+    attempt: int | None = None,
+) -> Draft:
+    """One SimpleConsumer call on one message (history.py lists the events)."""
+    if event not in SIMPLE_EVENTS:
+        raise ValueError(f"a simple event is one of {SIMPLE_EVENTS}, got {event!r}")
+    return Draft(
+        Kind.SIMPLE,
+        {
+            "event": event,
+            "group": group,
+            "instance": instance,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "msg_id": msg_id,
+            "message_group": message_group,
+            "attempt": attempt,
         },
     )
 

@@ -67,16 +67,18 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def dead_letter_drafts(group: str, reads: Iterable[TopicRead]) -> list[Draft]:
-    """The push group's DLQ records as dlq events at their original coordinates (the
-    dead letter's rmq.dlq.original_* headers)."""
+def dead_letter_drafts(
+    group: str, reads: Iterable[TopicRead], consumer: str = "push"
+) -> list[Draft]:
+    """A push (or SimpleConsumer) group's DLQ records as dlq events at their original
+    coordinates (the dead letter's rmq.dlq.original_* headers)."""
     out = []
     for read in reads:
         for r in read.records:
             topic, partition, offset = (r["headers"].get(h) for h in DLQ_ORIGINAL)
             out.append(
                 ev.dlq(
-                    "push",
+                    consumer,
                     group,
                     r.get("mid") or f"{read.topic}[{r['partition']}]@{r['offset']}",
                     topic=topic,

@@ -41,9 +41,17 @@ producer side
   ``timer_recalled`` msg_id, ok (bool), message_id, error?: ``recall_message`` acknowledged
                     (the event's ``mono_s``) or failed
 consumer side
-  ``subscribe``     consumer ("orderly" | "push" | "spark"), group, instance, topics[], mode?
-                    ("partition" | "key", orderly only), pattern? (a regex subscription:
-                    the group's topics are then every final-read topic it matches, too)
+  ``subscribe``     consumer ("orderly" | "push" | "spark" | "simple"), group, instance,
+                    topics[], mode? ("partition" | "key", orderly only), pattern? (a regex
+                    subscription: the group's topics are then every final-read topic it
+                    matches, too), settings{}? (simple: max_attempts, invisible_ms,
+                    commit_interval_ms)
+  ``simple``        event ("received" | "ack_ok" | "ack_refused" | "changed" |
+                    "change_refused"), group, instance (the worker process's name), topic,
+                    partition, offset, msg_id, message_group?, attempt? (received: the
+                    ``delivery_attempt``): one SimpleConsumer call on one message, written
+                    after the call returned; one thread per instance, so its events are in
+                    the order of its calls
   ``consumed``      consumer, group, instance, topic, partition, offset, key?, msg_id,
                     result? ("SUCCESS" default | "RECONSUME_LATER" | "SUSPEND"); key is the
                     ordering key (the rmq.message_group header, else the record key)
@@ -134,6 +142,7 @@ class Kind(StrEnum):
     TOPIC_CREATED = "topic_created"
     SENT = "sent"
     ORDERLY_EVENT = "orderly_event"
+    SIMPLE = "simple"
     STATUS = "status"
     NOTE = "note"
 
@@ -188,6 +197,7 @@ REQUIRED: dict[Kind, tuple[str, ...]] = {
     Kind.TOPIC_CREATED: ("topic",),
     Kind.SENT: ("txn_id", "group", "state"),
     Kind.ORDERLY_EVENT: ("event", "instance", "group"),
+    Kind.SIMPLE: ("event", "group", "instance", "topic", "partition", "offset", "msg_id"),
     Kind.STATUS: ("instance",),
     Kind.NOTE: ("what",),
 }

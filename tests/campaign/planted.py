@@ -8,6 +8,10 @@ COMMIT over both topics, t6 a send that failed; a timer message for ``orders`` r
 once (never visible); the orderly group ``og`` (key mode) and
 the push group ``pg`` read both topics; ``og``'s queue ``og/orders/0`` passes from c1
 (epoch 1) to c2 (epoch 2) after c1's lease ran out; the Spark job wrote the four rows.
+The SimpleConsumer group ``sg`` (instances s0 and s1, 3 attempts at most) reads ``orders``,
+whose m1 and m3 are of message group g1 (as its events say): m1 acked; m5a (no group) never
+acked, delivered 3 times, dead-lettered (twice: a copy); m3 acked by s0, which the nemesis
+killed 50 ms later (the ack lost), then received again by s1 with attempt 2 and acked.
 """
 
 from __future__ import annotations
@@ -15,7 +19,15 @@ from __future__ import annotations
 from tests.campaign import events as ev
 from tests.campaign.history import Event, History, at
 
-__all__ = ["HORIZON_S", "MINIMUMS", "clean_events", "history_of"]
+__all__ = [
+    "HORIZON_S",
+    "MINIMUMS",
+    "SIMPLE_SETTINGS",
+    "clean_events",
+    "history_of",
+    "simple_dead_letter",
+    "simple_event",
+]
 
 HORIZON_S = 10.0
 MINIMUMS = {
@@ -258,6 +270,53 @@ def _push() -> list[Event]:
     ]
 
 
+SIMPLE_SETTINGS = {"max_attempts": 3, "invisible_ms": 2000, "commit_interval_ms": 100}
+
+
+def simple_event(event: str, who: str, offset: int, t: float, attempt: int | None = None) -> Event:
+    """One ``simple`` event of group sg on orders[0] (m1, m5a, m3 at offsets 0, 1, 2)."""
+    mid, group = {0: ("m1", "g1"), 1: ("m5a", None), 2: ("m3", "g1")}[offset]
+    return at(
+        ev.simple(event, "sg", who, "orders", 0, offset, mid, message_group=group, attempt=attempt),
+        t,
+        proc=who,
+    )
+
+
+def simple_dead_letter(offset: int, t: float, reason: str = "max_attempts") -> Event:
+    mid = {0: "m1", 1: "m5a", 2: "m3"}[offset]
+    return at(
+        ev.dlq("simple", "sg", mid, topic="orders", partition=0, offset=offset, reason=reason),
+        t,
+        proc="harness",
+    )
+
+
+def _simple() -> list[Event]:
+    return [
+        at(
+            ev.subscribe("simple", "sg", "s0", ["orders"], settings=SIMPLE_SETTINGS), 0.7, proc="s0"
+        ),
+        at(
+            ev.subscribe("simple", "sg", "s1", ["orders"], settings=SIMPLE_SETTINGS), 0.7, proc="s1"
+        ),
+        simple_event("received", "s0", 0, 5.0, 1),
+        simple_event("received", "s0", 1, 5.0, 1),
+        simple_event("ack_ok", "s0", 0, 5.1),
+        simple_event("received", "s0", 2, 5.2, 1),
+        simple_event("changed", "s0", 2, 5.25),
+        simple_event("ack_ok", "s0", 2, 5.3),
+        at(ev.fault("consumer_kill", "s0", 5350, end_ms=7350, seed=42), 5.35, proc="harness"),
+        simple_event("received", "s1", 1, 8.0, 2),
+        simple_event("received", "s1", 2, 12.0, 2),
+        simple_event("ack_ok", "s1", 2, 12.1),
+        simple_event("received", "s1", 1, 12.0, 3),
+        at(ev.status("s1", counts={"commit_failures": 0, "acked": 1}), 13.0, proc="s1"),
+        simple_dead_letter(1, 31.5),
+        simple_dead_letter(1, 31.6),
+    ]
+
+
 def _cluster() -> list[Event]:
     n = "harness"
     return [
@@ -282,7 +341,7 @@ def _cluster() -> list[Event]:
 
 def clean_events() -> list[Event]:
     """A fresh list each call: tests add or drop events to plant a violation."""
-    return _producer() + _final() + _orderly() + _push() + _cluster()
+    return _producer() + _final() + _orderly() + _push() + _simple() + _cluster()
 
 
 def history_of(events: list[Event]) -> History:

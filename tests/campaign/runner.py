@@ -47,10 +47,15 @@ from tests.campaign.history import History, Kind, Recorder, load
 from tests.campaign.processes import Coordinator, Targets, WorkerProcess
 from tests.campaign.producer_worker import names as producer_names
 from tests.campaign.result import CheckResult, Violation
+from tests.campaign.simple_checks import simple_unsettled
 from tests.campaign.smoke import pick_nemesis
 from tests.campaign.spark_lane import SparkLane
 from tests.campaign.summary import render_summary
-from tests.campaign.workload import create_topics, push_dead_letter_expected
+from tests.campaign.workload import (
+    create_topics,
+    push_dead_letter_expected,
+    simple_dead_letter_expected,
+)
 
 log = logging.getLogger("campaign")
 
@@ -60,6 +65,9 @@ READY_TIMEOUT_S = 120.0  # a worker's imports, group join and topic creation
 SETTLE_TIMEOUT_S = 180.0  # drain: every transaction decided
 DRAIN_TIMEOUT_S = 90.0  # a producer's operations in flight end (a send times out in 30)
 CATCH_UP_TIMEOUT_S = 120.0  # consumers process what the final read saw
+# A SimpleConsumer's poison message is dead-lettered at the next receive after its last
+# delivery's invisible duration: this long for that receive and the DLQ's acks=all write.
+SIMPLE_DEAD_WAIT_MS = 3000
 POLL_S = 2.0
 BROKERS_BACK_S = 120.0  # every node registered again after heal
 # An UNKNOW transaction is decided within this much up-time of its producer group: a
@@ -94,6 +102,7 @@ def plan_config(opts: Options, bootstrap: str) -> CampaignConfig:
         ConsumerSpec("push", f"{run_id}-push", 1),
         ConsumerSpec("orderly-partition", f"{run_id}-orderly", 2),
         ConsumerSpec("orderly-key", f"{run_id}-keyed", 1),
+        ConsumerSpec("simple", f"{run_id}-simple", 2),
     )
     return CampaignConfig(
         seed=opts.seed,
@@ -188,20 +197,15 @@ class Campaign:
         for spec in cfg.consumers:
             for i in range(spec.count):
                 name = f"{spec.role}-{i}"
+                args = ["--config", str(config_file), "--group", spec.group, "--instance", str(i)]
+                module = "tests.campaign.simple_worker"
+                if spec.role != "simple":
+                    module, args = "tests.campaign.consumer_worker", [*args, "--role", spec.role]
                 targets.consumers.append(
                     WorkerProcess(
                         name,
-                        "tests.campaign.consumer_worker",
-                        [
-                            "--config",
-                            str(config_file),
-                            "--role",
-                            spec.role,
-                            "--group",
-                            spec.group,
-                            "--instance",
-                            str(i),
-                        ],
+                        module,
+                        args,
                         self.out / "logs" / f"{name}.log",
                         spec.role,
                     ).start()
@@ -387,17 +391,33 @@ class Campaign:
         assert self.targets is not None
         self.phase("consumers catch up")
         wanted = {r["mid"] for read in reads for r in read.records if r.get("mid")}
+        # The SimpleConsumer group reads the first topics only (its subscription is by name).
+        wanted_simple = {
+            r["mid"] for read in reads if read.topic in cfg.topics for r in read.records
+        } & wanted
+        simple = [s.group for s in cfg.consumers if s.role == "simple"]
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         missing: dict[str, int] = {}
         while time.monotonic() < deadline:
-            done: dict[str, set] = {s.group: set() for s in cfg.consumers}
-            for e in self.history().of(Kind.CONSUMED):
+            history = self.history()
+            done: dict[str, set] = {s.group: set() for s in cfg.consumers if s.group not in simple}
+            for e in history.of(Kind.CONSUMED):
                 last_try = e.get(
                     "reconsume_times", 0
                 ) >= cfg.push_max_reconsume and push_dead_letter_expected(e["msg_id"])
                 if e.get("result", "SUCCESS") == "SUCCESS" or last_try:
                     done.setdefault(e["group"], set()).add(e["msg_id"])
             missing = {g: len(wanted - mids) for g, mids in done.items() if wanted - mids}
+            for group in simple:
+                left = simple_unsettled(
+                    history,
+                    group,
+                    wanted_simple,
+                    wait_dead_ms=int(cfg.simple_invisible_s * 1000) + SIMPLE_DEAD_WAIT_MS,
+                    now_ms=time.time_ns() // 1_000_000,
+                )
+                if left:
+                    missing[group] = len(left)
             if not missing:
                 break
             time.sleep(POLL_S)
@@ -407,19 +427,30 @@ class Campaign:
             c.stop()
 
     def dead_letters(self, cfg: CampaignConfig, reads: list[final_read.TopicRead]) -> list:
-        """The push groups' DLQ topics by the Java client, as dlq events."""
+        """The push and SimpleConsumer groups' DLQ topics by the Java client, as dlq events."""
         visible = {r["mid"] for read in reads for r in read.records if r.get("mid")}
-        planned = sum(1 for m in visible if push_dead_letter_expected(m))
+        planned = {
+            "push": sum(1 for m in visible if push_dead_letter_expected(m)),
+            "simple": sum(
+                1
+                for read in reads
+                if read.topic in cfg.topics
+                for r in read.records
+                if r.get("mid") and simple_dead_letter_expected(r["mid"])
+            ),
+        }
+        groups = {
+            f"{cfg.topic_prefix}_dlq_{spec.group}": spec
+            for spec in cfg.consumers
+            if spec.role in planned
+        }
+        want = {topic: planned[spec.role] for topic, spec in groups.items()}
+        dlq = final_read.read_topics(cfg.bootstrap, list(groups), self.out / "final" / "dlq", want)
+        self.note_read_errors([r for r in dlq if want[r.topic] or r.exit_code == 0])
         drafts = []
-        for spec in cfg.consumers:
-            if spec.role != "push":
-                continue
-            topic = f"{cfg.topic_prefix}_dlq_{spec.group}"
-            dlq = final_read.read_topics(
-                cfg.bootstrap, [topic], self.out / "final" / "dlq", {topic: planned}
-            )
-            self.note_read_errors([r for r in dlq if planned or r.exit_code == 0])
-            drafts += gather.dead_letter_drafts(spec.group, dlq)
+        for read in dlq:
+            spec = groups[read.topic]
+            drafts += gather.dead_letter_drafts(spec.group, [read], spec.role)
         return drafts
 
     def stop_coordinators(self, cfg: CampaignConfig) -> None:

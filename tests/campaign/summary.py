@@ -32,6 +32,8 @@ def outcome_counts(history: History) -> Counter[str]:
         counts["timer msgs recalled"] = sum(1 for e in history.of(Kind.TIMER_RECALLED) if e["ok"])
     for e in history.of(Kind.CONSUMED):
         counts[f"consumed by {e['consumer']}"] += 1
+    for e in history.of(Kind.SIMPLE):  # the SimpleConsumer's: received, ack_ok, ...
+        counts[f"simple {e['event']}"] += 1
     counts["push retries"] = len(history.of(Kind.PUSH_RETRY))
     counts["dead letters"] = len(history.of(Kind.DLQ))
     if history.of(Kind.SPARK_ROW):

@@ -64,6 +64,10 @@ class PlannedMessage:
     topic: str
     key: str
 
+    @property
+    def message_group(self) -> str | None:
+        return message_group_of(self.mid)
+
     def body(self, pad: int) -> bytes:
         return json.dumps(
             {"mid": self.mid, "key": self.key, "pad": "x" * pad}, separators=(",", ":")
@@ -143,7 +147,13 @@ class Op:
     def to_kafka(self) -> list[Message]:
         partition = MISSING_PARTITION if self.kind == BAD_PARTITION else None
         return [
-            Message(m.topic, m.body(self.pad), key=m.key, partition=partition)
+            Message(
+                m.topic,
+                m.body(self.pad),
+                key=m.key,
+                partition=partition,
+                message_group=m.message_group,
+            )
             for m in self.messages
         ]
 
@@ -353,3 +363,35 @@ def push_dead_letter_expected(mid: str) -> bool:
 def orderly_suspends(mid: str, reconsume_times: int) -> bool:
     """The orderly listeners suspend 1 in 25 messages once (retried in place)."""
     return reconsume_times == 0 and _bucket(mid, "orderly-once", 25) == 0
+
+
+# -- the SimpleConsumer lane (issue 36) --------------------------------------------------------
+# Three in four transactional messages carry a message group (placed by it, ordered by it);
+# the rest none. Drawn from the message id, not the plan's random stream: a seed's
+# transactions stay what they were.
+MESSAGE_GROUPS = 5
+SIMPLE_POISON = "poison"  # never acked: dead-lettered after max_delivery_attempts
+SIMPLE_ONCE = "once"  # its first delivery not acked: back after its invisible duration
+SIMPLE_CHANGE = "change"  # change_invisible_duration first, then acked
+SIMPLE_ACK = "ack"
+
+
+def message_group_of(mid: str) -> str | None:
+    """The message group of a planned message (None for one in four)."""
+    bucket = _bucket(mid, "message-group", 4 * MESSAGE_GROUPS)
+    return None if bucket < MESSAGE_GROUPS else f"g{bucket % MESSAGE_GROUPS}"
+
+
+def simple_fate(mid: str, attempt: int) -> str:
+    """What the SimpleConsumer worker does with a delivery: 1 in 30 messages is never
+    acked, 1 in 8 not at its first delivery, 1 in 10 has its invisible duration changed
+    before the ack."""
+    if _bucket(mid, "simple-poison", 30) == 0:
+        return SIMPLE_POISON
+    if attempt <= 1 and _bucket(mid, "simple-once", 8) == 0:
+        return SIMPLE_ONCE
+    return SIMPLE_CHANGE if _bucket(mid, "simple-change", 10) == 0 else SIMPLE_ACK
+
+
+def simple_dead_letter_expected(mid: str) -> bool:
+    return simple_fate(mid, 1) == SIMPLE_POISON

@@ -80,6 +80,7 @@ def test_a_clean_history_passes_every_checker(capsys):
         "timers",
         "coordinator_exits",
         "orderly",
+        "simple",
         "locks",
         "push",
         "spark",
