@@ -8,7 +8,8 @@ The producer sample runs as a script (its ten synchronous sends), then its order
 transactional senders are called from it (the transactional one sleeps for ever after
 sending, so it is stopped once the coordinator's back-check, which the sample answers
 COMMIT, has made its messages visible); the consumer sample then prints every message, and
-each of the thirty arrives once, with the sample's body and property."""
+each of the thirty arrives once, with the sample's body and property. An orderly
+``PushConsumer`` consumes the messages of one sharding key in order."""
 
 from __future__ import annotations
 
@@ -18,11 +19,20 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
-from rmq_semantics.compat.rocketmq_client import SendStatus
+from rmq_semantics.compat.rocketmq_client import (
+    ConsumeStatus,
+    Message,
+    Producer,
+    PushConsumer,
+    ReceivedMessage,
+    SendStatus,
+)
 from tests.integration.txn_helpers import REPO, ThreadCoordinator, TopicReader, wait_for
 from tests.rocketmq_packages import v2_source
 
@@ -156,3 +166,43 @@ def test_the_2x_samples_send_and_consume_every_message_once(broker, make_topic, 
     assert len(ids.findall(printed)) == 30
     assert len(set(ids.findall(printed))) == 30  # each message once
     assert printed.count("b'message body'") == printed.count("b'test'") == 30
+
+
+def test_an_orderly_2x_push_consumer_consumes_a_sharding_key_in_order_retrying_in_place(
+    broker, make_topic, unique
+):
+    prefix = f"rmq2{uuid.uuid4().hex[:8]}"
+    topic = make_topic("Orderly", partitions=2)
+    producer = Producer(unique("gid"), topic_prefix=prefix)
+    producer.set_name_server_address(broker.bootstrap)
+    producer.start()
+    for i in range(5):
+        for key in ("a", "b"):
+            msg = Message(topic)
+            msg.set_body(f"{key}-{i}")
+            assert producer.send_orderly_with_sharding_key(msg, key).status == SendStatus.OK
+    producer.shutdown()
+
+    calls: list[tuple[bytes, int]] = []
+    lock = threading.Lock()
+
+    def callback(msg: ReceivedMessage) -> ConsumeStatus:
+        with lock:
+            calls.append((msg.body, msg.reconsume_times))
+        if msg.body == b"a-1" and msg.reconsume_times == 0:
+            return ConsumeStatus.RECONSUME_LATER
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(unique("orderly"), orderly=True, topic_prefix=prefix)
+    consumer.set_name_server_address(broker.bootstrap)
+    consumer.subscribe(topic, callback)
+    with ThreadCoordinator(broker.conf(), topic_prefix=prefix):  # the queue locks
+        consumer.start()
+        try:
+            wait_for(lambda: len(calls) >= 11, WAIT_S, "every message and the retry")
+        finally:
+            consumer.shutdown()
+    a = [(body, times) for body, times in calls if body.startswith(b"a")]
+    b = [body for body, _ in calls if body.startswith(b"b")]
+    assert a == [(b"a-0", 0), (b"a-1", 0), (b"a-1", 1), (b"a-2", 0), (b"a-3", 0), (b"a-4", 0)]
+    assert b == [b"b-0", b"b-1", b"b-2", b"b-3", b"b-4"]

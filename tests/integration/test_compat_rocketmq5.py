@@ -31,6 +31,7 @@ from rmq_semantics.compat.rocketmq import (
     TransactionResolution,
 )
 from rmq_semantics.records.headers import H
+from rmq_semantics.topics import SystemTopics
 from tests.integration.txn_helpers import ThreadCoordinator, TopicReader, wait_for
 
 pytestmark = pytest.mark.integration
@@ -304,10 +305,24 @@ class GroupOrder(MessageListener):
         return ConsumeResult.SUCCESS
 
 
-def test_a_fifo_push_consumer_holds_a_group_behind_its_failed_message(
-    broker, make_topic, unique, config, coordinator
+def retry_copies(broker, prefix: str, group: str) -> int:
+    """How many offsets the push consumer of ``group`` used on its first retry topic (its
+    one partition): copies of messages it redelivers later, transaction markers with them."""
+    consumer = RawConsumer({**broker.conf(), "group.id": group})
+    try:
+        retry = TopicPartition(SystemTopics(prefix).retry(group, 1), 0)
+        return consumer.get_watermark_offsets(retry, timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def test_a_push_consumer_holds_a_message_group_behind_its_failure_with_no_fifo_flag(
+    broker, make_topic, unique, config, prefix
 ):
-    topic, group = make_topic("fifo-push", partitions=2), unique("fifo-push")
+    """As a RocketMQ 5 client consumes what a FIFO group hands it: no flag, each group in
+    order, a FAILURE retried in place; ``fifo=False`` (ours) redelivers it via a retry topic."""
+    topic = make_topic("fifo-push", partitions=2)
+    group, concurrent_group = unique("fifo-push"), unique("fifo-off")
     producer = Producer(config, (topic,))
     producer.startup()
     for i in range(1, 5):
@@ -319,18 +334,30 @@ def test_a_fifo_push_consumer_holds_a_group_behind_its_failed_message(
             producer.send(msg)
     producer.shutdown()
 
-    listener = GroupOrder()
-    consumer = PushConsumer(config, group, listener, {topic: FilterExpression()}, fifo=True)
-    consumer.startup()
+    listener, concurrent_listener = GroupOrder(), GroupOrder()
+    consumers = [
+        PushConsumer(config, group, listener, {topic: FilterExpression()}),
+        PushConsumer(
+            config, concurrent_group, concurrent_listener, {topic: FilterExpression()}, fifo=False
+        ),
+    ]
+    assert [c.fifo for c in consumers] == [True, False]
+    for consumer in consumers:
+        consumer.startup()
     try:
-        wait_for(lambda: len(listener.calls) >= 9, WAIT_S, "every message and the retry")
-        wait_for(lambda: committed_to_end(broker, group, topic, 2), WAIT_S, "the acks committed")
+        for name, calls in ((group, listener.calls), (concurrent_group, concurrent_listener.calls)):
+            wait_for(lambda calls=calls: len(calls) >= 9, WAIT_S, f"{name}: all and the retry")
+            wait_for(lambda name=name: committed_to_end(broker, name, topic, 2), WAIT_S, "acks")
     finally:
-        consumer.shutdown()
+        for consumer in consumers:
+            consumer.shutdown()
     one = [(body, attempt) for g, body, attempt in listener.calls if g == "1"]
     two = [body for g, body, _ in listener.calls if g == "2"]
     assert one == [(b"1-1", 1), (b"1-2", 1), (b"1-2", 2), (b"1-3", 1), (b"1-4", 1)]
     assert two == [b"2-1", b"2-2", b"2-3", b"2-4"]
+    assert retry_copies(broker, prefix, group) == 0  # retried in place
+    assert retry_copies(broker, prefix, concurrent_group) > 0
+    assert sorted(concurrent_listener.calls) == sorted(listener.calls)
 
 
 def test_a_back_check_goes_to_another_producer_of_the_topic_not_of_another_topic(

@@ -203,6 +203,28 @@ def test_a_5x_producer_refuses_sends_before_startup_and_transactions_without_a_c
         transaction.commit()
 
 
+class Listener(v5.MessageListener):
+    def consume(self, message: v5.Message) -> v5.ConsumeResult:
+        return v5.ConsumeResult.SUCCESS
+
+
+def test_a_5x_push_consumer_orders_message_groups_with_no_flag_and_fifo_false_opts_out(
+    monkeypatch,
+):
+    config = v5.ClientConfiguration("a:1", v5.Credentials())
+
+    def consumer(**kwargs: object) -> v5.PushConsumer:
+        return v5.PushConsumer(config, "g", Listener(), {"orders": None}, **kwargs)
+
+    monkeypatch.delenv("RMQ_FIFO", raising=False)
+    assert consumer().fifo is True  # as RocketMQ 5: the client needs no flag
+    assert consumer(fifo=False).fifo is False
+    monkeypatch.setenv("RMQ_FIFO", "false")  # the product's setting, env included
+    assert consumer().fifo is False
+    with pytest.raises(ConfigError, match="fifo"):
+        consumer(fifo="maybe")
+
+
 def test_per_topic_tag_filters_over_one_consumer():
     filters = TopicFilters()
     filters.add("a", "TagA")

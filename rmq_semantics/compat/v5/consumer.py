@@ -1,7 +1,7 @@
 """RocketMQ 5's consumers: ``SimpleConsumer`` over the product's ``SimpleConsumer``, and
 ``PushConsumer`` (a ``MessageListener`` returning ``ConsumeResult``) over the product's
-``PushConsumer``, or its ``OrderlyConsumer`` in key order for a FIFO group (``fifo=True``:
-RocketMQ sets that on the group at the server, Kafka has no such place)."""
+``PushConsumer``, which consumes the messages of a ``message_group`` in order by itself (a
+RocketMQ 5 client does so for what the server's FIFO group hands it; no flag is needed)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from rmq_semantics.compat.v5.model import (
     filter_expression,
 )
 from rmq_semantics.errors import ConfigError, IllegalStateError
-from rmq_semantics.orderly import ConsumeOrderlyStatus, OrderlyConsumer
 from rmq_semantics.push import ConsumeConcurrentlyStatus
 from rmq_semantics.push import PushConsumer as ProductPushConsumer
 from rmq_semantics.push.consumer import DEFAULT_PUSH_WORKERS
+from rmq_semantics.settings import PushConsumerSettings, load
 from rmq_semantics.simple.consumer import FilterExpression as ProductFilter
 from rmq_semantics.simple.consumer import MessageView
 from rmq_semantics.simple.consumer import SimpleConsumer as ProductSimpleConsumer
@@ -232,12 +232,15 @@ class MessageListener(metaclass=abc.ABCMeta):
 class PushConsumer(_Consumer):
     """RocketMQ 5's ``PushConsumer``: ``message_listener.consume(message)`` on
     ``consumption_thread_count`` threads; ``FAILURE`` (or a raise) redelivers the message
-    with RocketMQ's backoff, up to 16 times, then it goes to the group's DLQ topic.
+    with RocketMQ's backoff, up to 16 times, then it goes to the group's DLQ topic. A message
+    with a ``message_group`` is consumed in order within its group, one at a time; its
+    ``FAILURE`` retries it in place (``fifo_retry_interval_ms`` of the product's
+    ``PushConsumerSettings``, 1 s), the group held behind it, then the DLQ.
 
-    Keyword-only, the product's: ``fifo`` (a FIFO group: one message of a
-    ``message_group`` at a time, in order; RocketMQ sets this on the group at the server) and
-    ``max_reconsume_times``. ``max_cache_message_count`` / ``_size`` and ``client_type`` are
-    accepted and not used (the product bounds its queue by ``consumption_thread_count``)."""
+    Keyword-only, the product's: ``fifo=False`` (every message concurrently, message groups
+    too; env ``RMQ_FIFO``) and ``max_reconsume_times``. ``max_cache_message_count`` /
+    ``_size`` and ``client_type`` are accepted and not used (the product bounds its queue by
+    ``consumption_thread_count``)."""
 
     def __init__(
         self,
@@ -251,7 +254,7 @@ class PushConsumer(_Consumer):
         tls_enable: bool = False,
         client_type: int = PUSH_CONSUMER,
         *,
-        fifo: bool = False,
+        fifo: bool | None = None,
         max_reconsume_times: int = MAX_RECONSUME_TIMES,
     ) -> None:
         if not message_listener or not callable(getattr(message_listener, "consume", None)):
@@ -264,12 +267,12 @@ class PushConsumer(_Consumer):
         self._listener = message_listener
         self._tls = tls_enable
         self._threads = consumption_thread_count
-        self._fifo = fifo
+        self._settings = load(PushConsumerSettings, {"fifo": fifo})
         self._max_reconsume_times = max_reconsume_times
         self._filters = TopicFilters()
         for topic, expression in subscription.items():
             self._filters.add(client_configuration.resource(topic), filter_expression(expression))
-        self._inner: ProductPushConsumer | OrderlyConsumer | None = None
+        self._inner: ProductPushConsumer | None = None
         self._lock = threading.Lock()
 
     #: RocketMQ's attempts of a message (the first and 16 redeliveries), the default here.
@@ -280,8 +283,8 @@ class PushConsumer(_Consumer):
 
     @property
     def fifo(self) -> bool:
-        """Whether the group is consumed in message-group order."""
-        return self._fifo
+        """Whether messages with a ``message_group`` are consumed in order per group."""
+        return self._settings.fifo
 
     def _topic_names(self) -> list[str]:
         return self._filters.topics
@@ -326,15 +329,10 @@ class PushConsumer(_Consumer):
                 return False
         return True
 
-    def _concurrently(self, msgs: list[Any], context: Any) -> ConsumeConcurrentlyStatus:
+    def _consume(self, msgs: list[Any], context: Any) -> ConsumeConcurrentlyStatus:
         if self._consumed(msgs):
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         return ConsumeConcurrentlyStatus.RECONSUME_LATER
-
-    def _orderly(self, msgs: list[Any], context: Any) -> ConsumeOrderlyStatus:
-        if self._consumed(msgs):
-            return ConsumeOrderlyStatus.SUCCESS
-        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 
     def startup(self) -> None:
         """Join the group and consume in the background."""
@@ -343,26 +341,16 @@ class PushConsumer(_Consumer):
                 return
             conf = self._config.conf(tls=self._tls, **NEW_GROUP_START)
             conf["group.id"] = self._config.resource(self._group)
-            inner: ProductPushConsumer | OrderlyConsumer
-            if self._fifo:
-                inner = OrderlyConsumer(
-                    conf,
-                    listener=self._orderly,
-                    ordering="key",
-                    max_workers=self._threads,
-                    max_reconsume_times=self._max_reconsume_times,
-                    topic_prefix=self._config.topic_prefix,
-                    client_id=self._client_id,
-                )
-            else:
-                inner = ProductPushConsumer(
-                    conf,
-                    listener=self._concurrently,
-                    max_workers=self._threads,
-                    max_reconsume_times=self._max_reconsume_times,
-                    topic_prefix=self._config.topic_prefix,
-                    client_id=self._client_id,
-                )
+            inner = ProductPushConsumer(
+                conf,
+                listener=self._consume,
+                max_workers=self._threads,
+                max_reconsume_times=self._max_reconsume_times,
+                topic_prefix=self._config.topic_prefix,
+                client_id=self._client_id,
+                fifo=self._settings.fifo,
+                fifo_retry_interval_ms=self._settings.fifo_retry_interval_ms,
+            )
             inner.subscribe(self._filters.topics, tags=self._filters.common())
             inner.start()
             self._inner = inner
