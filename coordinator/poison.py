@@ -31,6 +31,7 @@ from enum import Enum
 from confluent_kafka import KafkaError, KafkaException
 
 from rmq_semantics.records.reasons import DiscardReason
+from rmq_semantics.retry import RETRIABLE_CODES
 
 __all__ = [
     "Blame",
@@ -70,23 +71,11 @@ _PERMANENT: dict[int, DiscardReason] = {
     KafkaError.RECORD_LIST_TOO_LARGE: DiscardReason.TOO_LARGE,
 }
 # The cluster, not the record: a delivery report carries no retriable flag, so by code.
-_TRANSIENT = frozenset(
+_TRANSIENT = RETRIABLE_CODES | frozenset(
     {
         KafkaError._MSG_TIMED_OUT,
-        KafkaError._TIMED_OUT,
         KafkaError._TIMED_OUT_QUEUE,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
         KafkaError._QUEUE_FULL,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NOT_ENOUGH_REPLICAS,
-        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.NETWORK_EXCEPTION,
-        KafkaError.KAFKA_STORAGE_ERROR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.NOT_COORDINATOR,
         KafkaError.CONCURRENT_TRANSACTIONS,
     }
 )

@@ -122,7 +122,12 @@ class KafkaOperationError(RmqError, RuntimeError):
 
     @property
     def retriable(self) -> bool:  # type: ignore[override]  # a property for a class attribute
-        return bool(self.kafka_error is not None and self.kafka_error.retriable())
+        if self.kafka_error is None:
+            return False
+        # Here, not at the top: the pure cores import this module and no Kafka client.
+        from rmq_semantics.retry import retriable_kafka_error
+
+        return retriable_kafka_error(self.kafka_error)
 
     @classmethod
     def wrap(cls, what: str, error: KafkaError) -> KafkaOperationError:

@@ -24,6 +24,7 @@ from rmq_semantics.errors import (
 )
 from rmq_semantics.records.group_auth import MAX_TOPIC_LENGTH, encode_group
 from rmq_semantics.records.timer import max_level
+from rmq_semantics.retry import retriable_kafka_error
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -551,6 +552,6 @@ def topic_partition_count(conf: dict, topic: str) -> int | None:
         if meta.error is None or meta.partitions:
             return len(meta.partitions)
         # e.g. LEADER_NOT_AVAILABLE: the topic exists, its partitions are being set up.
-        if not meta.error.retriable() or time.monotonic() >= deadline:
+        if not retriable_kafka_error(meta.error) or time.monotonic() >= deadline:
             return None
         time.sleep(METADATA_POLL_S)

@@ -44,6 +44,7 @@ from rmq_semantics.records.timer import (
     timer_partition,
     valid_timer_id,
 )
+from rmq_semantics.retry import retriable_kafka_error
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics, list_topics
 
 __all__ = [
@@ -220,7 +221,7 @@ def _scan(consumer: confluent_kafka.Consumer, tps: list[TopicPartition]) -> Iter
                     yield msg
                 elif err.code() == KafkaError._PARTITION_EOF:
                     waiting.discard((msg.topic(), msg.partition()))
-                elif err.fatal() or not err.retriable():
+                elif not retriable_kafka_error(err):
                     raise KafkaOperationError.wrap(f"reading {msg.topic()}[{msg.partition()}]", err)
     finally:
         consumer.unassign()

@@ -1,5 +1,6 @@
 """A TCP proxy in front of one broker that holds requests of one Kafka API while armed: the
-adversary for a broker that does not answer (a frozen transaction or group coordinator)."""
+adversary for a broker that does not answer (a frozen transaction or group coordinator), or,
+for OffsetFetch, one that answers with an error (a group coordinator still loading)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,45 @@ from pathlib import Path
 
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 
-__all__ = ["END_TXN", "OFFSET_FETCH", "ProxiedKafka", "RequestHold", "proxied_kafka"]
+__all__ = [
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "END_TXN",
+    "OFFSET_FETCH",
+    "ProxiedKafka",
+    "RequestHold",
+    "proxied_kafka",
+]
 
 # The Kafka protocol's api keys.
 OFFSET_FETCH = 9
 END_TXN = 26
+# The Kafka protocol's error code of a group coordinator still loading __consumer_offsets.
+COORDINATOR_LOAD_IN_PROGRESS = 14
 
 
 class RequestHold:
     """Forwards every connection to the broker; while ``armed`` it holds each request of
     ``api_key`` it reads (and everything after it on that connection), then drops that
     connection once disarmed. With ``drop``, it loses each such request instead and goes on
-    forwarding the rest: that request alone is never answered."""
+    forwarding the rest: that request alone is never answered. With ``error_code`` (an
+    OffsetFetch hold only), it answers each such request itself with that group-level error
+    and goes on forwarding the rest."""
 
-    def __init__(self, upstream_port: int, api_key: int, *, drop: bool = False) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        api_key: int,
+        *,
+        drop: bool = False,
+        error_code: int | None = None,
+    ) -> None:
+        if error_code is not None and api_key != OFFSET_FETCH:
+            raise ValueError("only an OffsetFetch can be answered with an error here")
         self.upstream = ("127.0.0.1", upstream_port)
         self.api_key = api_key
         self.drop = drop
+        self.error_code = error_code
+        self.versions: set[int] = set()  # of the requests held (or answered)
         self.port = free_port()
         self.armed = threading.Event()
         self.disarmed = threading.Event()
@@ -57,13 +80,26 @@ class RequestHold:
                 except OSError:  # the broker is down: so is the connection through us
                     client.close()
                     continue
-                threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
-                threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
+                # Answers of ours and the broker's go out whole, one at a time.
+                sending = threading.Lock()
+                threading.Thread(
+                    target=self._up, args=(client, upstream, sending), daemon=True
+                ).start()
+                threading.Thread(
+                    target=self._down, args=(upstream, client, sending), daemon=True
+                ).start()
 
-    def _up(self, client: socket.socket, upstream: socket.socket) -> None:
+    def _up(self, client: socket.socket, upstream: socket.socket, sending: threading.Lock) -> None:
         try:
             while (size := _read(client, 4)) and (body := _read(client, int.from_bytes(size))):
                 if int.from_bytes(body[:2]) == self.api_key and self.armed.is_set():
+                    self.versions.add(int.from_bytes(body[2:4]))
+                    if self.error_code is not None:
+                        answer = _offset_fetch_error(body, self.error_code)
+                        with sending:
+                            client.sendall(len(answer).to_bytes(4) + answer)
+                        self.held += 1
+                        continue
                     self.held += 1
                     if self.drop:
                         continue
@@ -77,12 +113,59 @@ class RequestHold:
                 sock.close()
 
     @staticmethod
-    def _down(upstream: socket.socket, client: socket.socket) -> None:
+    def _down(upstream: socket.socket, client: socket.socket, sending: threading.Lock) -> None:
         with contextlib.suppress(OSError):
-            while data := upstream.recv(65536):
-                client.sendall(data)
+            while (size := _read(upstream, 4)) and (body := _read(upstream, int.from_bytes(size))):
+                with sending:
+                    client.sendall(size + body)
         for sock in (client, upstream):
             sock.close()
+
+
+def _offset_fetch_error(request: bytes, error_code: int) -> bytes:
+    """An OffsetFetch response to ``request`` (its header and body) with ``error_code`` for
+    the whole request (v2-v7) or its one group (v8+), and no partitions."""
+    version, correlation = int.from_bytes(request[2:4]), request[4:8]
+    code = error_code.to_bytes(2)
+    throttle = bytes(4) if version >= 3 else b""
+    if version < 2:
+        raise ValueError(f"OffsetFetch v{version} has no request-level error code")
+    if version < 6:
+        return correlation + throttle + bytes(4) + code  # no topics
+    if version < 8:  # flexible: tagged fields after the header, each struct and the body
+        return correlation + b"\0" + throttle + b"\1" + code + b"\0"
+    # The header: client id (int16 length), tagged fields; then the body's groups array.
+    at = 10 + max(0, int.from_bytes(request[8:10], signed=True))
+    at = _skip_tags(request, at)
+    groups, at = _uvarint(request, at)
+    if groups != 2:  # one group, as librdkafka asks
+        raise ValueError(f"an OffsetFetch of {groups - 1} groups")
+    length, at = _uvarint(request, at)
+    group = request[at : at + length - 1]
+    group_field = (len(group) + 1).to_bytes(1) + group if len(group) < 127 else b""
+    if not group_field:
+        raise ValueError("a group id too long for this proxy")
+    return correlation + b"\0" + throttle + b"\2" + group_field + b"\1" + code + b"\0\0"
+
+
+def _uvarint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def _skip_tags(data: bytes, at: int) -> int:
+    count, at = _uvarint(data, at)
+    for _ in range(count):
+        _tag, at = _uvarint(data, at)
+        size, at = _uvarint(data, at)
+        at += size
+    return at
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
@@ -109,11 +192,11 @@ class ProxiedKafka(EmbeddedKafka):
 
 @contextlib.contextmanager
 def proxied_kafka(
-    where: Path, api_key: int, *, drop: bool = False
+    where: Path, api_key: int, *, drop: bool = False, error_code: int | None = None
 ) -> Iterator[tuple[ProxiedKafka, RequestHold]]:
     """A broker of its own in ``where`` behind a :class:`RequestHold` of ``api_key``."""
     port = free_port()
-    proxy = RequestHold(port, api_key, drop=drop)
+    proxy = RequestHold(port, api_key, drop=drop, error_code=error_code)
     kafka = ProxiedKafka(where, port=port, proxy_port=proxy.port)
     try:
         kafka.start()
