@@ -4,10 +4,13 @@ once, 1 % always), the records a listener saw, and readers of the retry and DLQ 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
@@ -17,6 +20,7 @@ from rmq_semantics.records.headers import H
 
 SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
+ROOT = Path(__file__).resolve().parents[2]
 LEVELS = (0.2, 0.4, 0.6)  # short delay levels, seconds
 MAX_RECONSUME = 2
 
@@ -182,3 +186,57 @@ def jsonl(path) -> list[dict]:
         except ValueError:  # a line being written right now
             break
     return out
+
+
+class PushWorker:
+    """tests/integration/push_worker.py in a subprocess (``args`` added to its command
+    line), and what it wrote."""
+
+    def __init__(
+        self,
+        broker,
+        tmp_path: Path,
+        name: str,
+        *,
+        prefix: str,
+        group: str,
+        topic: str,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        self.path = tmp_path / f"{name}.jsonl"
+        self.path.touch()
+        self._stderr = open(tmp_path / f"{name}.stderr", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.push_worker",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                prefix,
+                "--group",
+                group,
+                "--topic",
+                topic,
+                "--result",
+                str(self.path),
+                *args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
+
+    def lines(self) -> list[dict]:
+        return jsonl(self.path)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._stderr.close()

@@ -2,6 +2,8 @@
 
 Each delivery appends one JSON line ``{"n", "reconsume", "outcome"}`` to ``--result``
 before the listener returns (the policy of push_helpers.outcome, 1 ms of work each).
+``--hang-on N``: the call of message N writes its line (outcome ``HANG``) and never returns,
+as a listener stuck when its process dies.
 SIGTERM shuts the consumer down cleanly and exits 0.
 """
 
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     for flag in ("--bootstrap-servers", "--topic-prefix", "--group", "--topic", "--result"):
         parser.add_argument(flag, required=True)
+    parser.add_argument("--hang-on", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,
@@ -36,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     def listener(msgs, context):
         m = msgs[0]
         n = int(m.value)
+        if n == args.hang_on:
+            with lock:
+                hang = {"n": n, "reconsume": m.reconsume_times, "outcome": "HANG"}
+                out.write(json.dumps(hang) + "\n")
+            threading.Event().wait()
         time.sleep(0.001)  # simulated work
         try:
             result = outcome(n, m.reconsume_times)

@@ -13,11 +13,8 @@ import operator
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -30,19 +27,18 @@ from tests.group_protocol import group_conf
 from tests.integration.push_helpers import (
     LEVELS,
     MAX_RECONSUME,
+    PushWorker,
     Recorder,
     committed_ends,
     fails_always,
     fails_once,
     headers_of,
-    jsonl,
     produce_numbers,
     raises,
     read_all,
 )
 from tests.integration.txn_helpers import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("RMQ_TEST_PUSH_N", "2000"))
 PARTITIONS = 4
 # A retry copy's delay while its partition moves to another member and back.
@@ -216,50 +212,6 @@ def test_a_call_past_consume_timeout_is_reconsumed_later(broker, make_topic, uni
 
 
 # -- SIGKILL mid-run ----------------------------------------------------------------------------
-class PushWorker:
-    """tests/integration/push_worker.py in a subprocess, and what it wrote."""
-
-    def __init__(
-        self, broker, tmp_path: Path, name: str, *, prefix: str, group: str, topic: str
-    ) -> None:
-        self.path = tmp_path / f"{name}.jsonl"
-        self.path.touch()
-        self._stderr = open(tmp_path / f"{name}.stderr", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.integration.push_worker",
-                "--bootstrap-servers",
-                broker.bootstrap,
-                "--topic-prefix",
-                prefix,
-                "--group",
-                group,
-                "--topic",
-                topic,
-                "--result",
-                str(self.path),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-        )
-
-    def lines(self) -> list[dict]:
-        return jsonl(self.path)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._stderr.close()
-
-
 def test_sigkill_mid_run_loses_nothing_and_writes_each_retry_once(
     broker, make_topic, unique, tmp_path
 ):

@@ -10,11 +10,19 @@ import threading
 from collections import defaultdict
 
 import confluent_kafka
+from confluent_kafka import TopicPartition
 
 from rmq_semantics.push import PushConsumer
 from rmq_semantics.records.headers import H
 from tests.group_protocol import group_conf
-from tests.integration.push_helpers import LATER, LEVELS, SUCCESS, committed_ends, read_all
+from tests.integration.push_helpers import (
+    LATER,
+    LEVELS,
+    SUCCESS,
+    PushWorker,
+    committed_ends,
+    read_all,
+)
 from tests.integration.txn_helpers import wait_for
 
 RETRY_MS = 200  # the FIFO retry interval of these tests
@@ -254,3 +262,39 @@ def test_a_rebalance_lets_the_calls_in_flight_finish_and_the_new_owner_goes_on_a
     for group_name in "abc":
         assert seen.of(group_name) == [(0, 0), (1, 0)]
     assert dict(seen.most_at_once) == {"a": 1, "b": 1, "c": 1}
+
+
+def lease_committed(broker, group: str, topic: str) -> bool:
+    """Whether ``group``'s commit on ``topic[0]`` carries a FIFO lease."""
+    reader = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
+    try:
+        (tp,) = reader.committed([TopicPartition(topic, 0)], timeout=10)
+        return "rmqlease1." in (tp.metadata or "")
+    finally:
+        reader.close()
+
+
+def test_a_message_held_by_a_killed_instance_comes_back_long_before_its_consume_timeout(
+    broker, make_topic, unique, tmp_path
+):
+    """The killed instance's call would have run up to consume_timeout_ms (15 min by
+    default): its lease must not hold the group that long on the next owner."""
+    topic, group, prefix = make_topic("fifo"), unique("fifo-g"), unique("__rmqf")
+    send(broker, topic, [("a", 0), ("a", 1)])
+    worker = PushWorker(
+        broker, tmp_path, "hung", prefix=prefix, group=group, topic=topic, args=("--hang-on", "0")
+    )
+    try:
+        wait_for(lambda: [line["n"] for line in worker.lines()] == [0], 60, "a/0 in its call")
+        wait_for(lambda: lease_committed(broker, group, topic), 30, "its lease committed")
+        worker.proc.kill()
+        worker.proc.wait(10)
+    finally:
+        worker.stop()
+    seen = Seen(lambda group, n, times: SUCCESS)
+    second, _, _ = start(broker, unique, topic, seen, group=group, prefix=prefix)
+    try:
+        wait_for(lambda: second.counts["consumed"] == 2, 60, "the group consumed by the next")
+    finally:
+        second.shutdown()
+    assert seen.of("a") == [(0, 1), (1, 0)]  # the lost call counted, the group in order
