@@ -38,6 +38,11 @@ TP = tuple[str, int]
 # The lease field's deadlines are relative to a reference time; kept while it is younger
 # than this, so a commit's metadata changes only when a lease does (the field holds 74 h).
 LEASE_REF_MAX_AGE_MS = 3600 * 1000
+# The deadlines a commit writes for FIFO calls in flight are capped this far ahead, renewed
+# at half, while the calls' own leases run to their consume timeout: a message held by an
+# instance that died comes back this soon on the next owner, not after consume_timeout_ms
+# (15 min by default), and the running calls never time out here for a slow poll round.
+FIFO_COMMITTED_LEASE_MS = 10_000
 
 
 @dataclass(eq=False)
@@ -55,6 +60,7 @@ class Part:
     # shares ``tracker``, so the committed offset never passes an unfinished record of either.
     engine: PartitionEngine | None = None
     lease_ref_ms: int = 0
+    leases_visible_by: int = 0  # the cap of the deadlines its commits write (FIFO)
     first_failures: dict[int, int] = field(default_factory=dict)  # FIFO offset -> first ms
 
 
@@ -354,7 +360,11 @@ class Ledger:
                 else:  # the tracker's fields plus the leases of the FIFO records
                     if now_ms - part.lease_ref_ms > LEASE_REF_MAX_AGE_MS:
                         part.lease_ref_ms = now_ms
-                    now = part.engine.committable(part.lease_ref_ms)
+                    if part.leases_visible_by - now_ms < FIFO_COMMITTED_LEASE_MS // 2:
+                        part.leases_visible_by = now_ms + FIFO_COMMITTED_LEASE_MS
+                    now = part.engine.committable(
+                        part.lease_ref_ms, visible_by=part.leases_visible_by
+                    )
                 if now is not None and now != part.committed:
                     offsets[part] = now
             return copies, offsets

@@ -430,14 +430,18 @@ class PartitionEngine:
             self._push_ready(head)
 
     # -- commits ---------------------------------------------------------------------------------
-    def committable(self, now_ms: int, owner: str = "") -> tuple[int, str] | None:
+    def committable(
+        self, now_ms: int, owner: str = "", visible_by: int | None = None
+    ) -> tuple[int, str] | None:
         """(offset, metadata) to commit: the lowest record not done, the done ones above it
-        and the leases (deadlines relative to ``now_ms``). None before any offset is known."""
+        and the leases (deadlines relative to ``now_ms``). None before any offset is known.
+        ``visible_by`` caps the deadlines written (not this engine's own): a next owner then
+        waits at most until then for a record handed out here."""
         done = self.tracker.committable("")
         if done is None:
             return None
         low, done_field = done[0], split_done(done[1])[0]
-        leases = {o: Lease(e.attempts, _visible_at(e)) for o, e in self._leased.items()}
+        leases = {o: Lease(e.attempts, _visible_at(e, visible_by)) for o, e in self._leased.items()}
         # Leases restored and not read yet travel on; those below the reading position named
         # offsets that never came (compacted, aborted): forgotten.
         read_to = self.tracker.next_offset or low
@@ -478,5 +482,7 @@ class PartitionEngine:
         return len(self._queues)
 
 
-def _visible_at(entry: _Entry) -> int:
-    return entry.visible_at if entry.state is RecordState.INVISIBLE else 0
+def _visible_at(entry: _Entry, cap: int | None = None) -> int:
+    if entry.state is not RecordState.INVISIBLE:
+        return 0
+    return entry.visible_at if cap is None else min(entry.visible_at, cap)
