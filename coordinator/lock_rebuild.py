@@ -1,5 +1,13 @@
 """The takeover of lock-service partitions: their lock tables read back from the compacted
-lock topic (the Kafka side of :class:`coordinator.lock.LockTable`)."""
+lock topic (the Kafka side of :class:`coordinator.lock.LockTable`).
+
+A read_committed reader reports a partition's end at its last stable offset, before any
+transaction still open there. At a takeover that can be the previous owner's grants:
+committed, their markers not yet written (the fault campaign, seed 30: a table rebuilt
+before them handed queues out again with lower epochs). So, as for half/op partitions
+(:mod:`coordinator.takeover`), a partition's read ends only at an end at or past the high
+watermark its first end came with: every transaction open there by then has ended.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
 
 from coordinator.lock import LockTable
-from rmq_semantics.consumed import partition_of
+from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
 from rmq_semantics.records.codec import decode_lock_state
 
@@ -35,9 +43,11 @@ def read_tables(
     count: Callable[[str], None],
 ) -> tuple[dict[int, LockTable], int]:
     """Read the lock topic's ``parts`` to their end into one table each; returns the tables
-    and how many records were loaded. Malformed records are counted and skipped."""
+    and how many records were loaded. Malformed records are counted and skipped. An end
+    before a transaction open at the takeover is waited past (counted ``takeover_waited``)."""
     tables = {p: LockTable() for p in parts}
     eof: set[int] = set()
+    ends: dict[int, int] = {}  # the high watermark each partition's first end came with
     reader.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in parts])
     loaded = 0
     try:
@@ -55,7 +65,8 @@ def read_tables(
             deadline = time.monotonic() + REBUILD_STALL_S
             if (err := msg.error()) is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    eof.add(partition_of(msg))
+                    if _at_end(reader, topic, msg, ends, count):
+                        eof.add(partition_of(msg))
                     continue
                 raise KafkaOperationError.wrap(f"reading {topic}", err)
             if msg.value() is None:
@@ -73,3 +84,29 @@ def read_tables(
     finally:
         reader.unassign()
     return tables, loaded
+
+
+def _at_end(
+    reader: confluent_kafka.Consumer,
+    topic: str,
+    msg: confluent_kafka.Message,
+    ends: dict[int, int],
+    count: Callable[[str], None],
+) -> bool:
+    """Whether this partition end (at the last stable offset) is at or past the high
+    watermark of the partition's first end (librdkafka's cached one, as the txn service)."""
+    part, offset = partition_of(msg), offset_of(msg)
+    if part not in ends:
+        high = reader.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+        ends[part] = high[1] if high and high[1] >= 0 else offset
+        if offset < ends[part]:
+            count("takeover_waited")
+            log.info(
+                "%s[%d]: the lock table's read waits for a transaction open at the takeover "
+                "(read up to %d of %d): the previous owner's grants may be behind it",
+                topic,
+                part,
+                offset,
+                ends[part],
+            )
+    return offset >= ends[part]

@@ -15,7 +15,8 @@ committed, are invisible to the clients (who read replies ``read_committed``).
 
 Takeover of a partition: wait for stable committed offsets (librdkafka asks for them when
 ``isolation.level=read_committed``; a zombie's pending transaction resolves first), read
-the lock topic partition to its end, then resume consuming requests. Held leases are
+the lock topic partition to its end, past every transaction open there at the takeover
+(:mod:`coordinator.lock_rebuild`), then resume consuming requests. Held leases are
 extended to a full lease from the takeover (see :meth:`LockTable.restore`).
 
 
