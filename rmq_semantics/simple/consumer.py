@@ -8,8 +8,8 @@ batch from the engines and **commits before it hands the batch out** (offsets, d
 and leases in one synchronous offset commit), so a delivery's attempt and deadline outlive
 the instance; a failed commit hands out nothing. Acks are in memory and travel with the next
 commit (every receive's, one at least every ``commit_interval_ms``, the revocation's and
-close's). Dead letters go to ``<prefix>_dlq_<group>`` synchronously before their record is
-done.
+close's); ``ack_async``'s future resolves once such a commit landed. Dead letters go to
+``<prefix>_dlq_<group>`` synchronously before their record is done.
 
 Threads: the caller's, and one background thread that polls between receives (so the member
 stays in the group while the user works) and commits the acks every ``commit_interval_ms``.
@@ -213,6 +213,21 @@ def _seconds(value: Any, what: str) -> float:
     return float(value)
 
 
+def _closed_before(
+    task: concurrent.futures.Future[None],
+    durable: concurrent.futures.Future[None],
+    message: MessageView,
+) -> None:
+    """``durable`` fails when close() cancelled its ack before it ran."""
+    if task.cancelled():
+        durable.set_exception(
+            IllegalStateError(
+                f"ack of {message.receipt_handle.where}: the consumer closed before the ack "
+                "was made; the message will be delivered again"
+            )
+        )
+
+
 class SimpleConsumer:
     """RocketMQ 5's ``SimpleConsumer`` (see the module docstring and
     docs/design/simple-consumer.md).
@@ -399,6 +414,7 @@ class SimpleConsumer:
                 except (KafkaException, RuntimeError) as exc:
                     log.warning("simple consumer %s: closing: %s", self.client_id, exc)
             self._io.engines.clear()
+            self._io.acks.lose_all("the consumer closed")
             producer, self._io.producer = self._io.producer, None
             if producer is not None:
                 producer.flush(self.s.operation_timeout_s)
@@ -461,9 +477,15 @@ class SimpleConsumer:
         return engine
 
     def ack(self, message: MessageView) -> None:
-        """``message`` was consumed: it is done (durable with the next commit).
+        """``message`` was consumed: it is done, in memory at once (microseconds, no round
+        trip), durable with the next offset commit (within ``commit_interval_ms`` while
+        commits succeed; an instance that dies or loses its partitions before then has the
+        message delivered again). To know when it is durable, use :meth:`ack_async`.
         ReceiptError when its delivery is no longer current (its invisible duration passed,
         it was acked, or its partition moved)."""
+        self._ack(message, None)
+
+    def _ack(self, message: MessageView, durable: concurrent.futures.Future[None] | None) -> None:
         with self._lock:
             consumer = self._running()
             receipt = message.receipt_handle
@@ -474,8 +496,18 @@ class SimpleConsumer:
                 self.counts["ack_refused"] += 1
                 raise
             self.counts["acked"] += 1
+            if durable is not None:  # before the commit below, which may carry it
+                self._io.wait_for_commit(
+                    (receipt.topic, receipt.partition), receipt.offset, durable
+                )
             self._io.dirty = True
             self._io.commit_if_due(consumer)
+
+    def _ack_durable(self, message: MessageView, durable: concurrent.futures.Future[None]) -> None:
+        try:
+            self._ack(message, durable)
+        except Exception as exc:  # refused, or closed: the future must end either way
+            durable.set_exception(exc)
 
     def change_invisible_duration(
         self, message: MessageView, invisible_duration: float | timedelta
@@ -520,9 +552,21 @@ class SimpleConsumer:
         return self._submit(self._receive, max_message_num, invisible_ms)
 
     def ack_async(self, message: MessageView) -> concurrent.futures.Future[None]:
-        """:meth:`ack` on the consumer's threads: a Future of None, or of its
-        :class:`ReceiptError`."""
-        return self._submit(self.ack, message)
+        """:meth:`ack` on the consumer's threads, and a Future that resolves (to None) only
+        once an offset commit carrying the ack landed: the message is then never delivered
+        to the group again, whatever happens to this instance. It fails with
+        :class:`ReceiptError` when the ack is refused (as :meth:`ack`), or when the
+        partition is revoked or lost, or the consumer closed, before such a commit (the
+        message will be delivered again); with ``RmqTimeoutError`` when no commit carried
+        it within ``commit_interval_ms + operation_timeout_s`` (commits failing: the ack
+        stays in memory and may still go with a later one). It resolves on the thread that
+        committed, under the consumer's lock: keep done-callbacks short. Cannot be
+        cancelled (the ack may be made already)."""
+        durable: concurrent.futures.Future[None] = concurrent.futures.Future()
+        durable.set_running_or_notify_cancel()  # ours to end: a cancel could not undo the ack
+        task = self._submit(self._ack_durable, message, durable)
+        task.add_done_callback(lambda done: _closed_before(done, durable, message))
+        return durable
 
     def change_invisible_duration_async(
         self, message: MessageView, invisible_duration: float | timedelta

@@ -4,8 +4,10 @@ One :class:`~.engine.PartitionEngine` per partition the group assigned, restored
 committed offset and metadata (done records skipped, leases kept, so attempts and deadlines
 outlive an instance); records read go into them; a batch is committed (offsets, done bitmap,
 leases: one synchronous offset commit) before it is handed out; dead letters are sent to the
-DLQ (idempotent, acks=all, waited for) before their record is done. Used under the
-SimpleConsumer's lock; the rebalance callbacks run inside its polls.
+DLQ (idempotent, acks=all, waited for) before their record is done. ``ack_async``'s futures
+wait in :attr:`Poller.acks` (:mod:`.acks`): each commit that lands resolves those it carried,
+a revocation without one or a lost partition fails them. Used under the SimpleConsumer's lock;
+the rebalance callbacks run inside its polls.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import confluent_kafka
@@ -24,6 +27,7 @@ from rmq_semantics.message import produce_headers
 from rmq_semantics.records.dead_letter import dlq_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.settings import SimpleConsumerSettings
+from rmq_semantics.simple.acks import AckWaiters, done_in_commit
 from rmq_semantics.simple.engine import DeadLetter, Delivery, PartitionEngine, message_group_of
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import SystemPartitionFilter
@@ -95,6 +99,7 @@ class Poller:
         self._owed: dict[Part, list[DeadLetter]] = {}  # dead letters the DLQ has not taken yet
         self._last_commit = 0.0
         self.dirty = False  # acks since the last commit
+        self.acks = AckWaiters()  # ack_async's futures, until a commit carries their ack
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
         # The commit metadata's owner in the tracker's "client:epoch" form (else a restore
         # warns that another library wrote it); no lock epochs here.
@@ -209,14 +214,16 @@ class Poller:
             self.commit(consumer, [(tp.topic, tp.partition) for tp in partitions])
         except KafkaOperationError as exc:
             log.warning("simple consumer %s: commit on revocation: %s", self.client_id, exc)
-        self._forget(consumer, partitions)
+        self._forget(consumer, partitions, "its partition was revoked")
 
     def on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
-        self._forget(consumer, self._system.release(partitions))  # not ours: no commit
+        # Not ours: no commit.
+        self._forget(consumer, self._system.release(partitions), "its partition was lost")
 
-    def _forget(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
+    def _forget(self, consumer: confluent_kafka.Consumer, partitions: list, why: str) -> None:
         for tp in partitions:
             part = (tp.topic, tp.partition)
+            self.acks.lost(part, why)  # those a commit carried were resolved by it
             self.engines.pop(part, None)
             self._read_to.pop(part, None)
             self._paused.discard(part)
@@ -296,6 +303,7 @@ class Poller:
             self.counts["commit_failures"] += 1
             raise KafkaOperationError(f"offset commit of group {self.group}: {exc}") from exc
         failed = [tp for tp in results or [] if tp.error is not None]
+        self._resolve_acks(offsets, {(tp.topic, tp.partition) for tp in failed})
         if failed:
             self.counts["commit_failures"] += 1
             raise KafkaOperationError(
@@ -305,6 +313,19 @@ class Poller:
         self._last_commit = time.monotonic()
         self.dirty = False
 
+    def _resolve_acks(self, offsets: list[TopicPartition], failed: set[Part]) -> None:
+        """Resolve the ack futures that the commit of ``offsets`` (but ``failed``) carried."""
+        for tp in offsets:
+            part = (tp.topic, tp.partition)
+            if part not in failed and self.acks.waiting(part):
+                self.acks.committed(part, done_in_commit(tp.offset, tp.metadata))
+
+    def wait_for_commit(self, part: Part, offset: int, future: Future[None]) -> None:
+        """Resolve ``future`` once a commit carrying the ack of ``part``@``offset`` lands; fail
+        it when the partition goes first, or after the commit path's bounds."""
+        deadline = self.s.commit_interval_ms / 1000 + self.s.operation_timeout_s
+        self.acks.add(part, offset, future, time.monotonic() + deadline)
+
     def commit_if_due(self, consumer: confluent_kafka.Consumer) -> None:
         if self.dirty and (
             time.monotonic() - self._last_commit >= self.s.commit_interval_ms / 1000
@@ -313,6 +334,12 @@ class Poller:
                 self.commit(consumer, list(self.engines))
             except KafkaOperationError as exc:
                 log.warning("simple consumer %s: %s (acks go with the next)", self.client_id, exc)
+        if len(self.acks):
+            self.acks.expire(
+                time.monotonic(),
+                f"commit_interval_ms + operation_timeout_s ({self.s.commit_interval_ms} ms + "
+                f"{self.s.operation_timeout_s:g} s)",
+            )
 
     # -- dead letters --------------------------------------------------------------------------
     def _bury(self, engine: PartitionEngine, now_ms: int) -> None:

@@ -312,6 +312,36 @@ def test_an_ack_is_committed_without_another_receive(broker, make_topic, unique)
         reader.close()
 
 
+def test_ack_async_resolves_once_a_commit_carrying_the_ack_landed(broker, make_topic, unique):
+    """ack_async's future resolves only once an offset commit carrying the ack landed: a plain
+    client then sees the group's committed offset past the message, so no later owner
+    delivers it again. One made just before close() resolves with close's commit."""
+    topic, group, prefix = make_topic("simple"), unique("g"), unique("p")
+    produce(broker, topic, [b"one", b"two"])
+    reader = confluent_kafka.Consumer(broker.conf(**{"group.id": group}))
+
+    def committed() -> int:
+        [tp] = reader.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
+        return tp.offset
+
+    try:
+        # The acks commit only commit_interval_ms after the receive's commit.
+        consumer = simple(broker, group, topic, prefix, commit_interval_ms=2000).startup()
+        try:
+            first, second = receive_n(consumer, 2, 60)
+            assert (first.offset, second.offset) == (0, 1)
+            assert consumer.ack_async(first).result(timeout=30) is None
+            assert committed() == 1  # durable: the committed offset passed it
+            last = consumer.ack_async(second)
+            wait_for(lambda: consumer.counts["acked"] == 2, 30, "the second ack made")
+        finally:
+            consumer.close()
+        assert last.result(timeout=30) is None
+        assert committed() == 2
+    finally:
+        reader.close()
+
+
 def test_two_instances_share_the_partitions_and_keep_each_group_in_order(
     broker, make_topic, unique
 ):

@@ -1,11 +1,16 @@
 """The SimpleConsumer's Kafka edge against a fake client: a partition whose committed state
 cannot be read at assignment is assigned paused (nothing fetched, nothing handed out) and
-adopted by a later poll from its committed offset."""
+adopted by a later poll from its committed offset; ack_async's futures resolve with the commit
+that carried their ack, and fail when the partition goes before one."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from rmq_semantics.errors import KafkaOperationError, ReceiptError
 from rmq_semantics.records.headers import H
 from rmq_semantics.settings import SimpleConsumerSettings
 from rmq_semantics.simple import poller as poller_module
@@ -208,3 +213,70 @@ def test_a_partition_restored_from_the_poller_s_own_commit_logs_no_warning(caplo
     assert "ignoring" not in caplog.text
     assert poller.engines[("t", 0)].offer(42, FakeRecord(42, []), 0)  # its lease restored
     assert poller.engines[("t", 0)].in_flight == 1
+
+
+class CommittingConsumer(FakeConsumer):
+    """Commits land, or fail with a KafkaException while ``commit_failures`` lasts."""
+
+    def __init__(self) -> None:
+        super().__init__(failures=0)
+        self.commit_failures = 0
+        self.commits: list[list[tuple[str, int, int]]] = []
+
+    def commit(self, offsets, asynchronous):
+        assert asynchronous is False
+        if self.commit_failures:
+            self.commit_failures -= 1
+            raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+        return offsets
+
+    def incremental_unassign(self, partitions):
+        self._record("unassign", partitions)
+
+
+def acked_with_future(poller, consumer) -> Future:
+    """Records 42 and 43 of t[0] received; 43 acked, its future waiting for a commit."""
+    poller.on_assign(consumer, [TopicPartition("t", 0)])
+    consumer.consume = lambda n, timeout: [FakeRecord(42, []), FakeRecord(43, [])]
+    poller.poll(consumer, 0)
+    engine = poller.engines[("t", 0)]
+    receipts = [d.receipt for d in engine.receive(2, 0, 60_000)]
+    engine.ack(receipts[1], 1)
+    future: Future = Future()
+    poller.wait_for_commit(("t", 0), 43, future)
+    return future
+
+
+def test_an_ack_future_resolves_with_the_commit_that_carried_it_not_before():
+    poller, consumer = make_poller(), CommittingConsumer()
+    future = acked_with_future(poller, consumer)
+    assert not future.done()
+    consumer.commit_failures = 1
+    with pytest.raises(KafkaOperationError):
+        poller.commit(consumer, [("t", 0)])
+    assert not future.done()  # the failed commit did not carry it
+    poller.commit(consumer, [("t", 0)])
+    assert consumer.commits == [[("t", 0, 42)]]  # 42 not acked: 43 is in the done field
+    assert future.result(0) is None
+
+
+@pytest.mark.parametrize("how", ["revoked", "lost"])
+def test_an_ack_future_fails_when_its_partition_goes_before_a_commit_carried_it(how):
+    poller, consumer = make_poller(), CommittingConsumer()
+    future = acked_with_future(poller, consumer)
+    consumer.commit_failures = 1  # the revocation's commit fails; a lost partition has none
+    getattr(poller, f"on_{'revoke' if how == 'revoked' else 'lost'}")(
+        consumer, [TopicPartition("t", 0)]
+    )
+    with pytest.raises(ReceiptError, match=rf"t\[0\]@43: its partition was {how} .* again"):
+        future.result(0)
+    assert consumer.commits == []
+
+
+def test_an_ack_future_resolves_with_the_commit_on_revocation():
+    poller, consumer = make_poller(), CommittingConsumer()
+    future = acked_with_future(poller, consumer)
+    poller.on_revoke(consumer, [TopicPartition("t", 0)])
+    assert future.result(0) is None
+    assert consumer.commits == [[("t", 0, 42)]]

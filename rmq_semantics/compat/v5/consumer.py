@@ -197,7 +197,9 @@ class SimpleConsumer(_Consumer):
         self._inner.ack(_view_of(message))
 
     def ack_async(self, message: Message) -> Future[None]:
-        """``ack`` in the background (a Future; RocketMQ's returns None)."""
+        """``ack`` in the background: a Future (RocketMQ's returns None) that resolves only
+        once an offset commit carrying the ack landed, and fails with ReceiptError when the
+        ack is refused or its partition goes first (the message will be delivered again)."""
         return self._inner.ack_async(_view_of(message))
 
     def change_invisible_duration(self, message: Message, invisible_duration: float) -> None:
