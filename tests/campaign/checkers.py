@@ -2,8 +2,8 @@
 its own line (``echo=False`` to keep quiet).
 
 The transactional promise lives here; the consumers' (orderly, locks, push) in
-consumer_checks.py, re-exported. The harness calls :func:`run_all` or the checkers one by
-one, then ``summary.render_summary``.
+consumer_checks.py, the push FIFO groups' in push_fifo_checks.py, re-exported. The harness
+calls :func:`run_all` or the checkers one by one, then ``summary.render_summary``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from tests.campaign.consumer_checks import check_locks, check_orderly, check_push
 from tests.campaign.history import Event, History, Intent, Kind
 from tests.campaign.horizon import CLUSTER_FAULTS, cluster_fault_intervals, up_deadline
+from tests.campaign.push_fifo_checks import check_push_fifo
 from tests.campaign.result import CheckResult, Violation
 from tests.campaign.simple_checks import check_simple
 from tests.campaign.timer_checks import check_timers, is_timer_record, timer_counts, timer_mids
@@ -40,6 +41,7 @@ __all__ = [
     "check_locks",
     "check_orderly",
     "check_push",
+    "check_push_fifo",
     "check_settled",
     "check_simple",
     "check_spark",
@@ -545,13 +547,15 @@ def run_all(
     spark_rows: Iterable[Mapping[str, Any]] | None = None,
     topics: Iterable[str] | None = None,
     dead_letter_expected: Callable[[str], bool] | None = None,
+    push_max_reconsume_times: int | None = None,
     echo: bool = True,
 ) -> list[CheckResult]:
     """Every checker whose input is there: the history ones always (``timers`` when timer
     messages were sent, ``simple`` when a SimpleConsumer group subscribed); ``settled`` with
     pending/discarded; ``kafka_transactions`` with find_hanging and txn_list; ``spark``
     with spark_rows or spark_row events. ``topic_prefixes`` and ``dead_letter_expected``
-    go to check_kafka_transactions and check_push."""
+    go to check_kafka_transactions and check_push, ``push_max_reconsume_times`` to
+    check_push_fifo."""
     topics = None if topics is None else list(topics)
     results = [
         check_history(history, echo=echo),
@@ -576,6 +580,9 @@ def run_all(
     results.append(check_orderly(history, echo=echo))
     results.append(check_locks(history, echo=echo))
     results.append(check_push(history, dead_letter_expected=dead_letter_expected, echo=echo))
+    results.append(
+        check_push_fifo(history, max_reconsume_times=push_max_reconsume_times, echo=echo)
+    )
     if any(e["consumer"] == "simple" for e in history.of(Kind.SUBSCRIBE)):
         results.append(check_simple(history, echo=echo))
     if spark_rows is not None or history.of(Kind.SPARK_ROW):

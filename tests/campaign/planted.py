@@ -12,12 +12,16 @@ The SimpleConsumer group ``sg`` (instances s0 and s1, 3 attempts at most) reads 
 whose m1 and m3 are of message group g1 (as its events say): m1 acked; m5a (no group) never
 acked, delivered 3 times, dead-lettered (twice: a copy); m3 acked by s0, which the nemesis
 killed 50 ms later (the ack lost), then received again by s1 with attempt 2 and acked.
+
+Kept apart (``push_fifo_events``): message group g1 of ``fifo[0]`` for the push group
+``pg``: @0 fails once then succeeds, @1 fails three times and is dead-lettered, @2 then
+succeeds; @3 (no group) fails and succeeds through the retry topic.
 """
 
 from __future__ import annotations
 
 from tests.campaign import events as ev
-from tests.campaign.history import Event, History, at
+from tests.campaign.history import Draft, Event, History, Kind, at
 
 __all__ = [
     "HORIZON_S",
@@ -25,6 +29,8 @@ __all__ = [
     "SIMPLE_SETTINGS",
     "clean_events",
     "history_of",
+    "push_call",
+    "push_fifo_events",
     "simple_dead_letter",
     "simple_event",
 ]
@@ -267,6 +273,51 @@ def _push() -> list[Event]:
             proc=w,
         ),
         at(ev.consumed("push", "pg", w, "audit", 0, 0, "m5b"), 5.2, proc=w),
+    ]
+
+
+def push_call(
+    offset: int,
+    t: float,
+    result: str,
+    times: int,
+    *,
+    who: str = "push-1",
+    retry_topic: str | None = None,
+) -> Event:
+    """One push call of group pg on fifo[0] (m10..m13 at offsets 0..3; only @3 has no
+    message group), as consumer_worker.py records it."""
+    draft = ev.consumed("push", "pg", who, "fifo", 0, offset, f"m1{offset}", result=result)
+    fields = {**draft.fields, "reconsume_times": times, "retry_topic": retry_topic}
+    return at(Draft(Kind.CONSUMED, fields), t, proc=who)
+
+
+def push_fifo_events() -> list[Event]:
+    """The FIFO lane of the module's docstring, its final read and dead letter."""
+    ok, later = "SUCCESS", "RECONSUME_LATER"
+    return [
+        at(
+            ev.final_read(
+                "fifo",
+                0,
+                o,
+                msg_id=f"m1{o}",
+                headers={} if o == 3 else {"rmq.message_group": "g1"},
+            ),
+            31.0,
+            proc="final-reader",
+        )
+        for o in range(4)
+    ] + [
+        push_call(0, 20.0, later, 0),
+        push_call(3, 20.5, later, 0),
+        push_call(0, 21.0, ok, 1),
+        push_call(1, 21.1, later, 0),
+        push_call(3, 22.0, ok, 1, retry_topic="%RETRY%pg"),
+        push_call(1, 22.1, later, 1),
+        push_call(1, 23.1, later, 2),
+        push_call(2, 23.2, ok, 0),
+        at(ev.dlq("push", "pg", "m11", topic="fifo", partition=0, offset=1), 31.5, proc="final"),
     ]
 
 

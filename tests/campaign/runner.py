@@ -586,6 +586,7 @@ class Campaign:
             topic_prefixes=[f"{cfg.run_id}-", cfg.topic_prefix],
             topics=read_topics(history),
             dead_letter_expected=push_dead_letter_expected,
+            push_max_reconsume_times=cfg.push_max_reconsume,
             spark_rows=[] if self.spark is not None and not history.of(Kind.SPARK_ROW) else None,
         )
         results.append(check_worker_exits(history))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from tests.campaign.history import Event, History, Kind
 from tests.campaign.result import CheckResult, Violation
 
-__all__ = ["SESSION_LOST", "check_simple", "simple_unsettled"]
+__all__ = ["SESSION_LOST", "Disruptions", "check_simple", "record_at", "simple_unsettled", "where"]
 
 Record = tuple[str, int, int]  # topic, partition, offset
 MESSAGE_GROUP = "rmq.message_group"
@@ -39,11 +39,11 @@ UNSEEN_WINDOW_MS = 60_000
 SESSION_LOST = "session lost"  # the worker's note (simple_worker.py)
 
 
-def _record(e: Event) -> Record:
+def record_at(e: Event) -> Record:
     return (e["topic"], int(e["partition"]), int(e["offset"]))
 
 
-def _where(rec: Record) -> str:
+def where(rec: Record) -> str:
     return f"{rec[0]}[{rec[1]}]@{rec[2]}"
 
 
@@ -74,30 +74,37 @@ def _groups(history: History) -> dict[str, _Group]:
     for e in history.of(Kind.SIMPLE):
         g = groups.setdefault(e["group"], _Group(e["group"]))
         g.instances.add(e["instance"])
-        g.events[_record(e)].append(e)
+        g.events[record_at(e)].append(e)
     for e in history.of(Kind.DLQ):
         if e["consumer"] == "simple" and e["group"] in groups and e.get("offset") is not None:
-            groups[e["group"]].dead[_record(e)].append(e)
+            groups[e["group"]].dead[record_at(e)].append(e)
     return groups
 
 
-class _Disruptions:
+class Disruptions:
     """When each instance was killed (wall ms) and when its commits failed (the wall-ms
     span between the two status snapshots its ``commit_failures`` count rose between) or
-    its session was lost."""
+    its session was lost. ``faults`` and ``counters``: the fault kinds and status counts
+    that disrupt (the push checker adds pauses and producer re-creations)."""
 
-    def __init__(self, history: History) -> None:
+    def __init__(
+        self,
+        history: History,
+        *,
+        faults: tuple[str, ...] = ("consumer_kill",),
+        counters: tuple[str, ...] = ("commit_failures",),
+    ) -> None:
         self.kills: dict[str, list[int]] = defaultdict(list)
         for e in history.of(Kind.FAULT):
-            if e["fault"] == "consumer_kill":
+            if e["fault"] in faults:
                 self.kills[str(e["target"])].append(int(e["start_ms"]))
         self.failures: dict[str, list[tuple[int, int]]] = defaultdict(list)
         last: dict[str, tuple[int, int]] = {}
         for e in history.of(Kind.STATUS):
             counts = e.get("counts")
-            if not isinstance(counts, dict) or "commit_failures" not in counts:
+            if not isinstance(counts, dict) or not any(c in counts for c in counters):
                 continue
-            who, n = e["instance"], int(counts["commit_failures"])
+            who, n = e["instance"], sum(int(counts.get(c, 0)) for c in counters)
             before = last.get(who)
             if before is not None and n > before[1]:
                 self.failures[who].append((before[0], e.wall_ms))
@@ -119,7 +126,7 @@ class _Disruptions:
         return self.killed(who, lo_ms, hi_ms) or self.commits_failed(who, lo_ms, hi_ms)
 
 
-def _lost_ack_excused(g: _Group, d: _Disruptions, ack: Event, later_ms: int) -> bool:
+def _lost_ack_excused(g: _Group, d: Disruptions, ack: Event, later_ms: int) -> bool:
     """Rule 2's exception: the acking instance was killed within its last commit interval
     after the ack, or its commits failed or its session was lost between the ack and
     ``later_ms``."""
@@ -139,15 +146,15 @@ def _delivered(g: _Group, expected: dict[Record, Event]) -> list[Violation]:
             out.append(
                 Violation(
                     "undelivered",
-                    f"group {g.name}: {_where(rec)} (msg {final.get('msg_id')}) was neither "
+                    f"group {g.name}: {where(rec)} (msg {final.get('msg_id')}) was neither "
                     f"acked nor dead-lettered ({len(seen)} deliveries seen)",
-                    {"group": g.name, "record": _where(rec)},
+                    {"group": g.name, "record": where(rec)},
                 )
             )
     return out
 
 
-def _acked_came_back(g: _Group, d: _Disruptions) -> tuple[list[Violation], int]:
+def _acked_came_back(g: _Group, d: Disruptions) -> tuple[list[Violation], int]:
     """2. Nothing acked is received again, except an ack its instance lost by dying within
     its commit interval (or whose commits failed)."""
     out, excused = [], 0
@@ -165,11 +172,11 @@ def _acked_came_back(g: _Group, d: _Disruptions) -> tuple[list[Violation], int]:
                 out.append(
                     Violation(
                         "acked_came_back",
-                        f"group {g.name}: {_where(rec)} acked by {a['instance']} at "
+                        f"group {g.name}: {where(rec)} acked by {a['instance']} at "
                         f"{a.wall_ms} was received again by {e['instance']} at {e.wall_ms} "
                         f"(attempt {e.get('attempt')}); its instance was not killed within "
                         f"{g.commit_interval_ms} ms of the ack",
-                        {"group": g.name, "record": _where(rec)},
+                        {"group": g.name, "record": where(rec)},
                     )
                 )
                 acks = []
@@ -221,14 +228,14 @@ def _fifo(g: _Group, expected: dict[Record, Event]) -> tuple[list[Violation], in
                             f"@{rec[2]} received by {e['instance']} (attempt "
                             f"{e.get('attempt')}) while @{blocking[2]} before it was "
                             "neither acked nor dead-lettered",
-                            {"group": g.name, "record": _where(rec), "before": _where(blocking)},
+                            {"group": g.name, "record": where(rec), "before": where(blocking)},
                         )
                     )
                     break
     return out, len(lanes)
 
 
-def _attempts(g: _Group, d: _Disruptions) -> list[Violation]:
+def _attempts(g: _Group, d: Disruptions) -> list[Violation]:
     """4. Per message the attempts seen strictly increase, start at 1 unless an instance
     was disrupted just before, and never exceed max_attempts."""
     out = []
@@ -255,8 +262,8 @@ def _attempts(g: _Group, d: _Disruptions) -> list[Violation]:
                 out.append(
                     Violation(
                         "attempts",
-                        f"group {g.name}: {_where(rec)} received by {e['instance']}: {why}",
-                        {"group": g.name, "record": _where(rec)},
+                        f"group {g.name}: {where(rec)} received by {e['instance']}: {why}",
+                        {"group": g.name, "record": where(rec)},
                     )
                 )
             last = max(last, n)
@@ -264,7 +271,7 @@ def _attempts(g: _Group, d: _Disruptions) -> list[Violation]:
 
 
 def _dead_letters(
-    g: _Group, d: _Disruptions, expected: dict[Record, Event]
+    g: _Group, d: Disruptions, expected: dict[Record, Event]
 ) -> tuple[list[Violation], int]:
     """5. Each dead letter (deduped by origin) is a message of the group's topics, with
     reason max_attempts, delivered max_attempts times, or whose last lease was lost with a
@@ -298,8 +305,8 @@ def _dead_letters(
             out.append(
                 Violation(
                     "dead_letter",
-                    f"group {g.name}: dead letter of {_where(rec)}: {why}",
-                    {"group": g.name, "record": _where(rec)},
+                    f"group {g.name}: dead letter of {where(rec)}: {why}",
+                    {"group": g.name, "record": where(rec)},
                 )
             )
     return out, copies
@@ -307,8 +314,8 @@ def _dead_letters(
 
 def check_simple(history: History, *, echo: bool = True) -> CheckResult:
     """The SimpleConsumer's five promises for every group subscribed (``simple``)."""
-    d = _Disruptions(history)
-    final = {_record(e): e for e in history.of(Kind.FINAL_READ)}
+    d = Disruptions(history)
+    final = {record_at(e): e for e in history.of(Kind.FINAL_READ)}
     violations: list[Violation] = []
     parts = []
     for g in _groups(history).values():

@@ -83,6 +83,7 @@ def test_a_clean_history_passes_every_checker(capsys):
         "simple",
         "locks",
         "push",
+        "push_fifo",
         "spark",
         "faults_took_effect",
     }
