@@ -46,6 +46,7 @@ def on_files(files: Any, config: Any) -> Any:
         "reference/wire.md": wire_page(),
         "reference/metrics.md": metrics_page(),
         "reference/api.md": api_page(),
+        "reference/compat.md": compat_page(),
     }
     for source, page in ROOT_PAGES.items():
         pages[page] = root_page(source, page)
@@ -646,9 +647,9 @@ def api_page() -> str:
         GENERATED,
         "Everything `from rmq_semantics import ...` offers (`rmq_semantics.__all__`), from "
         "the docstrings. The errors are on [their own page](errors.md) too; the "
-        "transaction barrier is `rmq_semantics.barrier` (below), and RocketMQ's own Python "
-        "client APIs are `rmq_semantics.compat.rocketmq` and "
-        "`rmq_semantics.compat.rocketmq_client` (below).",
+        "transaction barrier is `rmq_semantics.barrier` (below); RocketMQ's own Python "
+        "client APIs (`rmq_semantics.compat.rocketmq`, `rmq_semantics.compat.rocketmq_client`) "
+        "have [their own page](compat.md).",
         "",
     ]
     groups = [
@@ -669,18 +670,29 @@ def api_page() -> str:
 
     for name in barrier.__all__:
         out += [f"::: rmq_semantics.barrier.{name}", ""]
+    return "\n".join(out)
+
+
+def compat_page() -> str:
+    """RocketMQ's Python client APIs on a page of their own: their names (``send_message_in_
+    transaction``, ``Producer``...) repeat the product's, and on the API page they crowded
+    its entries out of the search results."""
     from rmq_semantics.compat import rocketmq, rocketmq_client
 
+    out = [
+        "# RocketMQ client APIs",
+        "",
+        GENERATED,
+        "Code written for RocketMQ's official Python clients runs on Kafka with its import "
+        "changed to these modules. What differs from the originals: "
+        "[migrating](../guides/migrating.md).",
+        "",
+    ]
     for title, module in (
         ("RocketMQ 5 Python client API", rocketmq),
         ("RocketMQ 2.x Python client API", rocketmq_client),
     ):
-        out += [
-            f"## {title}: `{module.__name__}`",
-            "",
-            "What differs from the original: [migrating](../guides/migrating.md).",
-            "",
-        ]
+        out += [f"## {title}: `{module.__name__}`", ""]
         for name in module.__all__:
             out += [f"::: {module.__name__}.{name}", ""]
     return "\n".join(out)
