@@ -164,8 +164,12 @@ def test_concurrent_async_transactions_with_async_sqlite_and_checks_promote_once
         INLINE[KINDS[i % 4]] for i in range(CONCURRENT)
     ]
     assert len({r.transaction_id for r in results}) == CONCURRENT
+    # Every transaction left undecided was asked about. One decided inline may be asked too
+    # when its commit or rollback reached the coordinator after the transaction timeout
+    # (1.5 s here, 1,000 at once on a busy machine): RocketMQ asks then as well, and the
+    # answer comes from the same barrier row, so the promoted set below is the promise.
     checked = set(listener.checked)
-    assert checked == {f"order-{i}".encode() for i in range(CONCURRENT) if i % 4 >= 2}
+    assert checked >= {f"order-{i}".encode() for i in range(CONCURRENT) if i % 4 >= 2}
     promoted = Counter(m.value() for m in read_to_end(conf, topic, 3))
     assert set(promoted) == {
         f"order-{i}".encode() for i in range(CONCURRENT) if KINDS[i % 4] in ROW_WRITTEN
