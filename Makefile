@@ -39,9 +39,10 @@ check: $(VENV)/.installed
 # check, the unit tests included), then the set-up and every other suite (fuzz, integration,
 # the docs' examples, barrier, monitoring) without tests/unit, so no test runs twice.
 # TEST_ARGS adds pytest arguments to that second run (e.g. -k NAME or -x). CI runs it as the
-# README's quick start writes it (.ci/run).
+# README's quick start writes it (.ci/run). The 30 slowest tests are listed at the end: the
+# issues' CI shares are read from there.
 test: check setup
-	$(PY) -m pytest --ignore=tests/unit $(TEST_ARGS)
+	$(PY) -m pytest --ignore=tests/unit --durations=30 $(TEST_ARGS)
 
 # The bench's full run (BENCH_ARGS adds e.g. --cases threads,latency or --repeat 3), then the
 # docs' benchmarks page (its rendered block) and the README's summary from its results. The bench is the checkout's
