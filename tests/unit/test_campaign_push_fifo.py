@@ -76,6 +76,11 @@ def test_a_reconsume_count_that_does_not_grow_after_a_failure_fails():
     _fails_with(result, "fifo_reconsume_times", "fifo[0]@1", "reconsume_times 1 after 1")
 
 
+def test_a_count_that_did_not_grow_seconds_later_is_a_replay_from_the_commit():
+    result = _check(push_call(1, 26.5, LATER, 1), drop=_call(1, 23.1))
+    assert result.status is Status.PASS, [str(v) for v in result.violations]
+
+
 def test_a_producer_renewal_excuses_a_count_restored_from_the_commit():
     result = _check(
         _renewal(22.5, 0), _renewal(23.0, 1), push_call(1, 23.1, LATER, 1), drop=_call(1, 23.1)
