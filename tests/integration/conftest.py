@@ -1,0 +1,27 @@
+"""The integration suites' own session fixtures (the plain broker is tests/conftest.py's)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rmq_semantics.embedded import EmbeddedKafka, free_port
+from tests.integration.tenancy_helpers import USERS
+
+
+@pytest.fixture(scope="session")
+def secured_broker() -> Iterator[tuple[EmbeddedKafka, Path]]:
+    """One SASL broker with Kafka's ACL authorizer for every tenancy file: (broker, a folder
+    for the tenants files). Each deployment on it has a topic prefix of its own."""
+    data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-tenancy-kafka-"))
+    broker = EmbeddedKafka(data_dir / "kafka", port=free_port(), sasl_users=USERS, acls=True)
+    try:
+        broker.start()
+        yield broker, data_dir
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
