@@ -1,6 +1,8 @@
 """A TCP proxy in front of one broker that holds requests of one Kafka API while armed: the
 adversary for a broker that does not answer (a frozen transaction or group coordinator), or,
-for OffsetFetch, one that answers with an error (a group coordinator still loading)."""
+for OffsetFetch, one that answers with an error (a group coordinator still loading), or for
+OffsetCommit, one that refuses every partition of a commit (librdkafka retries a commit
+whose connection dropped, so only an error answer makes it fail)."""
 
 from __future__ import annotations
 
@@ -16,16 +18,21 @@ from rmq_semantics.embedded import EmbeddedKafka, free_port
 __all__ = [
     "COORDINATOR_LOAD_IN_PROGRESS",
     "END_TXN",
+    "OFFSET_COMMIT",
     "OFFSET_FETCH",
+    "OFFSET_METADATA_TOO_LARGE",
     "ProxiedKafka",
     "RequestHold",
     "proxied_kafka",
 ]
 
 # The Kafka protocol's api keys.
+OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
 END_TXN = 26
-# The Kafka protocol's error code of a group coordinator still loading __consumer_offsets.
+# The Kafka protocol's error codes: a commit's metadata over offset.metadata.max.bytes; a
+# group coordinator still loading __consumer_offsets.
+OFFSET_METADATA_TOO_LARGE = 12
 COORDINATOR_LOAD_IN_PROGRESS = 14
 
 
@@ -35,7 +42,7 @@ class RequestHold:
     connection once disarmed. With ``drop``, it loses each such request instead and goes on
     forwarding the rest: that request alone is never answered. With ``error_code`` (an
     OffsetFetch hold only), it answers each such request itself with that group-level error
-    and goes on forwarding the rest."""
+    and goes on forwarding the rest; an OffsetCommit hold answers each partition with it."""
 
     def __init__(
         self,
@@ -45,8 +52,8 @@ class RequestHold:
         drop: bool = False,
         error_code: int | None = None,
     ) -> None:
-        if error_code is not None and api_key != OFFSET_FETCH:
-            raise ValueError("only an OffsetFetch can be answered with an error here")
+        if error_code is not None and api_key not in _ERROR_ANSWERS:
+            raise ValueError("only an OffsetFetch or OffsetCommit is answered with an error here")
         self.upstream = ("127.0.0.1", upstream_port)
         self.api_key = api_key
         self.drop = drop
@@ -95,7 +102,7 @@ class RequestHold:
                 if int.from_bytes(body[:2]) == self.api_key and self.armed.is_set():
                     self.versions.add(int.from_bytes(body[2:4]))
                     if self.error_code is not None:
-                        answer = _offset_fetch_error(body, self.error_code)
+                        answer = _ERROR_ANSWERS[self.api_key](body, self.error_code)
                         with sending:
                             client.sendall(len(answer).to_bytes(4) + answer)
                         self.held += 1
@@ -146,6 +153,51 @@ def _offset_fetch_error(request: bytes, error_code: int) -> bytes:
     if not group_field:
         raise ValueError("a group id too long for this proxy")
     return correlation + b"\0" + throttle + b"\2" + group_field + b"\1" + code + b"\0\0"
+
+
+def _offset_commit_error(request: bytes, error_code: int) -> bytes:
+    """An OffsetCommit response (v8+, flexible) to ``request`` with ``error_code`` for each
+    partition it names."""
+    version, correlation = int.from_bytes(request[2:4]), request[4:8]
+    if version < 8:
+        raise ValueError(f"OffsetCommit v{version}: only the flexible versions (8+) here")
+    at = _skip_tags(request, 10 + max(0, int.from_bytes(request[8:10], signed=True)))
+    at = _skip_string(request, at)  # group id
+    at += 4  # generation
+    at = _skip_string(request, at)  # member id
+    at = _skip_string(request, at)  # group instance id
+    topics, at = _uvarint(request, at)
+    out = correlation + b"\0" + bytes(4) + _uvarint_bytes(topics)
+    for _ in range(topics - 1):
+        length, at = _uvarint(request, at)
+        name, at = request[at : at + length - 1], at + length - 1
+        partitions, at = _uvarint(request, at)
+        out += _uvarint_bytes(length) + name + _uvarint_bytes(partitions)
+        for _ in range(partitions - 1):
+            out += request[at : at + 4] + error_code.to_bytes(2) + b"\0"
+            at += 4 + 8 + 4  # index, offset, leader epoch
+            at = _skip_tags(request, _skip_string(request, at))  # metadata
+        out += b"\0"
+        at = _skip_tags(request, at)
+    return out + b"\0"
+
+
+def _skip_string(data: bytes, at: int) -> int:
+    """Past a compact (nullable) string."""
+    length, at = _uvarint(data, at)
+    return at + max(0, length - 1)
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_ERROR_ANSWERS = {OFFSET_FETCH: _offset_fetch_error, OFFSET_COMMIT: _offset_commit_error}
 
 
 def _uvarint(data: bytes, at: int) -> tuple[int, int]:

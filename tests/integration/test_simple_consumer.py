@@ -37,6 +37,11 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import ensure_topics
 from tests.group_protocol import group_conf
+from tests.integration.kafka_proxy import (
+    OFFSET_COMMIT,
+    OFFSET_METADATA_TOO_LARGE,
+    proxied_kafka,
+)
 from tests.integration.txn_helpers import read_to_end, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -667,3 +672,43 @@ def test_fifo_per_group_holds_across_two_processes_and_a_sigkill(
             again.setdefault(e["body"], e["attempt"])
     # Every message of the victim's last batch comes again, attempt 2: the lease travelled.
     assert again == dict.fromkeys(last_batch, 2)
+
+
+# -- commits that fail (issue 45) ---------------------------------------------------------------
+def test_a_message_whose_delivering_commits_failed_is_never_dead_lettered_undelivered(
+    tmp_path, unique
+):
+    """A receive commits before it hands out: while the group coordinator refuses every offset
+    commit, nothing is delivered, and no attempt is spent, so more failed rounds than
+    ``max_delivery_attempts`` leave the message for its first real delivery, not the DLQ."""
+    with proxied_kafka(tmp_path / "kafka", OFFSET_COMMIT, error_code=OFFSET_METADATA_TOO_LARGE) as (
+        kafka,
+        hold,
+    ):
+        conf = {**kafka.client_conf(), "auto.offset.reset": "earliest"}
+        topic, group, prefix = unique("simple"), unique("g"), unique("p")
+        ensure_topics(conf, {topic: (1, {})})
+        consumer = SimpleConsumer(
+            group_conf(conf),
+            group,
+            {topic: FilterExpression("*")},
+            topic_prefix=prefix,
+            await_duration=AWAIT_S,
+            max_delivery_attempts=2,
+        )
+        with consumer:
+            consumer.receive(1, 1)
+            wait_for(consumer.status, JOIN_S, "the partition to be assigned")
+            producer = confluent_kafka.Producer(kafka.client_conf())
+            producer.produce(topic, value=b"never-delivered-yet")
+            assert producer.flush(30) == 0
+            hold.arm()
+            # Each receive tries again for AWAIT_S: past the 1 s invisible duration and
+            # max_delivery_attempts of refused commits.
+            for _ in range(3):
+                assert consumer.receive(1, 1) == [], "handed out without its commit"
+            assert hold.held > 2, f"{hold.held} commits refused"
+            assert consumer.counts["dead"] == 0, "dead-lettered, never delivered"
+            hold.disarm()
+            got = receive_n(consumer, 1, 30)
+            assert [(m.body, m.delivery_attempt) for m in got] == [(b"never-delivered-yet", 1)]
