@@ -193,6 +193,8 @@ def kafka_conf_from_args(args: argparse.Namespace) -> dict:
 #: transaction is decided, and sets a larger one aside as malformed): the wire's one constant.
 MAX_TRANSACTION_MESSAGES = MAX_TXN_SIZE
 MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
+# The SimpleConsumer engine's MAX_LEASED (simple/engine.py; a unit test holds them equal).
+SIMPLE_MAX_LEASED = 128
 
 
 @dataclass(frozen=True)
@@ -308,7 +310,7 @@ class SimpleConsumerSettings:
     )
     max_leased: int = setting(
         100,
-        "messages per partition delivered and not acked yet; at the bound only "
+        "messages per partition delivered and not acked yet, at most 128; at the bound only "
         "redeliveries go out (their leases travel in the commit metadata, which Kafka caps "
         "at 4096 bytes)",
     )
@@ -335,6 +337,12 @@ class SimpleConsumerSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_leased > SIMPLE_MAX_LEASED:
+            raise ConfigError(
+                f"max_leased must be at most {SIMPLE_MAX_LEASED} (the leases travel in the "
+                f"offset commit's metadata, which Kafka caps at 4096 bytes), got "
+                f"{self.max_leased!r}"
+            )
         for name in ("await_duration", "operation_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

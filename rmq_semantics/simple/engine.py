@@ -51,6 +51,8 @@ __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
     "DEFAULT_MAX_LEASED",
     "DONE_METADATA_BYTES",
+    "MAX_LEASED",
+    "MAX_OWNER_CHARS",
     "TRANSITIONS",
     "DeadLetter",
     "Delivery",
@@ -68,8 +70,14 @@ DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
 #: Records per partition delivered at least once and not done: at most 9 bytes each in the
 #: lease field (1.2 KB base64), beside the done field and the owner within Kafka's 4096.
 DEFAULT_MAX_LEASED = 100
+#: The most ``max_leased`` may be: that many worst-case leases (12 characters each), the
+#: done field and an owner of MAX_OWNER_CHARS fit Kafka's default offset.metadata.max.bytes
+#: (4096); past it every commit would fail with OFFSET_METADATA_TOO_LARGE.
+MAX_LEASED = 128
 #: The done field's bound when a lease field sits beside it (the tracker's default is 3000).
 DONE_METADATA_BYTES = 2000
+#: The commit metadata's owner (the client id) is cut to this many characters.
+MAX_OWNER_CHARS = 255
 
 _sessions = itertools.count(1)  # tells the receipts of two engines of one partition apart
 
@@ -187,6 +195,11 @@ class PartitionEngine:
                 continue  # no limit: the orderly consumer's max_reconsume_times=-1
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if max_leased > MAX_LEASED:
+            raise ConfigError(
+                f"max_leased must be at most {MAX_LEASED} (the leases travel in the offset "
+                f"commit's metadata, which Kafka caps at 4096 bytes), got {max_leased!r}"
+            )
         self.topic = topic
         self.partition = partition
         self.where = f"{topic}[{partition}]"
@@ -301,6 +314,26 @@ class PartitionEngine:
             receipt = Receipt(self.topic, self.partition, offset, entry.attempts, self.session)
             out.append(Delivery(entry.record, receipt, entry.visible_at))
         return out
+
+    def withdraw(self, delivery: Delivery) -> None:
+        """``delivery`` was never handed out (the commit carrying it failed): its attempt is
+        not counted and its record is deliverable again at once. A delivery that is no
+        longer current (the partition moved, the record was acked) is left alone."""
+        entry = self._entries.get(delivery.receipt.offset)
+        if (
+            delivery.receipt.session != self.session
+            or entry is None
+            or entry.state is not RecordState.INVISIBLE
+            or entry.attempts != delivery.receipt.attempt
+        ):
+            return
+        entry.attempts -= 1
+        if not entry.attempts:
+            del self._leased[entry.offset]
+        self._invisible -= 1
+        entry.visible_at = 0  # its deadline in the heap is stale now
+        entry.move(RecordState.READY)
+        self._push_ready(entry)
 
     def _push_ready(self, entry: _Entry) -> None:
         heapq.heappush(self._again if entry.attempts else self._fresh, entry.offset)

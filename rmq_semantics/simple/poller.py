@@ -28,7 +28,13 @@ from rmq_semantics.records.dead_letter import dlq_headers
 from rmq_semantics.records.headers import H
 from rmq_semantics.settings import SimpleConsumerSettings
 from rmq_semantics.simple.acks import AckWaiters, done_in_commit
-from rmq_semantics.simple.engine import DeadLetter, Delivery, PartitionEngine, message_group_of
+from rmq_semantics.simple.engine import (
+    MAX_OWNER_CHARS,
+    DeadLetter,
+    Delivery,
+    PartitionEngine,
+    message_group_of,
+)
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import SystemPartitionFilter
 
@@ -103,7 +109,7 @@ class Poller:
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
         # The commit metadata's owner in the tracker's "client:epoch" form (else a restore
         # warns that another library wrote it); no lock epochs here.
-        self._owner = f"{client_id}:0"
+        self._owner = f"{client_id[:MAX_OWNER_CHARS]}:0"
 
     # -- rebalance (inside a poll, under the lock) ---------------------------------------------
     def on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -408,8 +414,12 @@ class Poller:
         try:
             self.commit(consumer, list(self.engines))
         except KafkaOperationError as exc:
-            # Nothing handed out: the batch stays invisible (attempt counted) until its
-            # deadline, or the partition was lost and its engine went with it.
+            # Nothing handed out, so no attempt spent: a message must not reach the DLQ on
+            # commits that failed (its partition may have been lost meanwhile: then no engine).
+            for delivery in batch:
+                owner = self.engines.get((delivery.receipt.topic, delivery.receipt.partition))
+                if owner is not None:
+                    owner.withdraw(delivery)
             log.warning(
                 "simple consumer %s: %s; %d messages held back", self.client_id, exc, len(batch)
             )

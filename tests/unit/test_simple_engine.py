@@ -12,6 +12,9 @@ from rmq_semantics.orderly.offsets import DONE_FIELD_PREFIX
 from rmq_semantics.records.headers import H
 from rmq_semantics.simple.engine import (
     DEFAULT_MAX_LEASED,
+    DONE_METADATA_BYTES,
+    MAX_LEASED,
+    MAX_OWNER_CHARS,
     TRANSITIONS,
     PartitionEngine,
     RecordState,
@@ -204,12 +207,40 @@ def test_the_lease_field_round_trips_and_sits_between_done_field_and_owner():
 
 
 def test_the_worst_case_lease_field_fits_beside_the_done_field_in_kafkas_4096():
-    worst = {
-        i * (1 << 20): Lease((1 << 14) - 1, T0 + (1 << 28) - 1) for i in range(DEFAULT_MAX_LEASED)
-    }
-    field = encode_leases(0, T0, worst)
-    assert len(field) <= 4 * DEFAULT_MAX_LEASED * MAX_ENTRY_BYTES // 3 + 64
-    assert len(field) + 2000 + 2 + 100 < 4096
+    worst = {i * (1 << 20): Lease((1 << 14) - 1, T0 + (1 << 28) - 1) for i in range(MAX_LEASED)}
+    field = encode_leases((1 << 62) - 1, T0, {(1 << 62) - 1 + o: v for o, v in worst.items()})
+    assert len(field) <= 4 * MAX_LEASED * MAX_ENTRY_BYTES // 3 + 64
+    owner = "c" * MAX_OWNER_CHARS + ":0"
+    assert len(compose_metadata("d" * DONE_METADATA_BYTES, field, owner)) <= 4096
+    with pytest.raises(ConfigError, match="at most 128"):
+        engine(max_leased=MAX_LEASED + 1)
+
+
+def test_a_withdrawn_delivery_spends_no_attempt_and_is_deliverable_again_at_once():
+    e = engine(max_delivery_attempts=2)
+    fill(e, ["a", "a", None])
+    batch = e.receive(5, T0, 30 * SECOND)
+    assert offsets(batch) == [0, 2]
+    for delivery in batch:  # the commit carrying the batch failed
+        e.withdraw(delivery)
+    assert e.in_flight == 0 and e.leased == 0
+    assert split_metadata(e.committable(T0)[1])[1] == ""  # no lease written
+    for now in (T0, T0 + SECOND, T0 + 2 * SECOND):  # more rounds than max attempts
+        again = e.receive(5, now, 30 * SECOND)
+        assert [(d.receipt.offset, d.delivery_attempt) for d in again] == [(0, 1), (2, 1)]
+        for delivery in again:
+            e.withdraw(delivery)
+    assert e.take_dead_letters(T0 + 60 * SECOND) == []
+    # A redelivery withdrawn keeps the attempts of the deliveries that were handed out.
+    e = engine()
+    fill(e, [None])
+    (first,) = e.receive(5, T0, SECOND)
+    (second,) = e.receive(5, T0 + SECOND, SECOND)
+    assert second.delivery_attempt == 2
+    e.withdraw(second)
+    e.withdraw(first)  # not current: left alone
+    (third,) = e.receive(5, T0 + SECOND, SECOND)
+    assert (third.receipt.offset, third.delivery_attempt) == (0, 2)
 
 
 @pytest.mark.parametrize(
@@ -259,9 +290,13 @@ def test_a_redelivery_behind_waiting_first_deliveries_goes_out_at_the_lease_boun
 
 
 def test_the_simple_consumer_settings_default_to_the_engine_s():
-    from rmq_semantics.settings import SimpleConsumerSettings
-    from rmq_semantics.simple.engine import DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_MAX_LEASED
+    from rmq_semantics.settings import SIMPLE_MAX_LEASED, SimpleConsumerSettings
+    from rmq_semantics.simple.engine import DEFAULT_MAX_DELIVERY_ATTEMPTS
 
     defaults = SimpleConsumerSettings()
     assert defaults.max_delivery_attempts == DEFAULT_MAX_DELIVERY_ATTEMPTS
     assert defaults.max_leased == DEFAULT_MAX_LEASED
+    assert SIMPLE_MAX_LEASED == MAX_LEASED
+    assert SimpleConsumerSettings(max_leased=MAX_LEASED).max_leased == MAX_LEASED
+    with pytest.raises(ConfigError, match=r"max_leased must be at most 128 .* got 500"):
+        SimpleConsumerSettings(max_leased=500)
