@@ -100,20 +100,17 @@ def main() -> int:
     for name in ("--bootstrap", "--group", "--topic", "--prefix", "--result"):
         parser.add_argument(name, required=True)
     parser.add_argument("--invisible-s", type=float, default=2.0)
-    parser.add_argument("--session-timeout-ms", default="6000")
+    parser.add_argument("--session-timeout-ms", default="6000", help="'' for the default")
     parser.add_argument("--hold-s", type=float, default=120.0)
     parser.add_argument("--work", action="store_true")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--hold-after", type=int, default=None)
     parser.add_argument("--commit-interval-ms", type=int, default=100)
     args = parser.parse_args()
-    conf = group_conf(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": args.session_timeout_ms,
-        }
-    )
+    conf = {"bootstrap.servers": args.bootstrap, "auto.offset.reset": "earliest"}
+    if args.session_timeout_ms:
+        conf["session.timeout.ms"] = args.session_timeout_ms
+    conf = group_conf(conf)
     consumer = SimpleConsumer(
         conf,
         args.group,

@@ -36,7 +36,7 @@ from rmq_semantics.errors import IllegalStateError
 from rmq_semantics.records.headers import H
 from rmq_semantics.selector import java_partition
 from rmq_semantics.topics import ensure_topics
-from tests.group_protocol import group_conf
+from tests.group_protocol import GROUP_PROTOCOL, group_conf
 from tests.integration.kafka_proxy import (
     OFFSET_COMMIT,
     OFFSET_METADATA_TOO_LARGE,
@@ -712,3 +712,63 @@ def test_a_message_whose_delivering_commits_failed_is_never_dead_lettered_undeli
             hold.disarm()
             got = receive_n(consumer, 1, 30)
             assert [(m.body, m.delivery_attempt) for m in got] == [(b"never-delivered-yet", 1)]
+
+
+# -- a dead instance (issue 45) -----------------------------------------------------------------
+#: With the classic protocol, a SIGKILLed instance's partitions reach a live instance of the
+#: group within this long by default (docs/guides/simple-consumer.md, "A dead instance").
+DEAD_INSTANCE_BOUND_S = 15.0
+
+
+@pytest.mark.skipif(GROUP_PROTOCOL != "classic", reason="the broker's session timeout bounds it")
+def test_a_sigkilled_instance_s_partitions_are_served_again_within_the_bound_by_default(
+    broker, make_topic, unique, tmp_path
+):
+    """Both instances with the SimpleConsumer's defaults (no session.timeout.ms given): a
+    survivor that joined before the kill gets the dead instance's partition, and a message
+    sent after the kill, within the bound, not after the group's 45 s session timeout."""
+    topic, group, prefix = make_topic("simple", partitions=2), unique("g"), unique("p")
+    result = tmp_path / "worker.jsonl"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "tests.integration.simple_worker", "--session-timeout-ms", ""),
+            *("--bootstrap", broker.bootstrap, "--group", group, "--topic", topic),
+            *("--prefix", prefix, "--result", str(result), "--invisible-s", "1"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        with simple(broker, group, topic, prefix) as survivor:
+            # The survivor joins; the worker holds one partition, then gets its message.
+            wait_for(
+                lambda: survivor.receive(1, 1) == [] and len(survivor.status()) == 1,
+                JOIN_S,
+                "the two instances to share the partitions",
+            )
+            [mine] = survivor.status()  # "topic[p]": the worker holds the other one
+            held_partition = 1 - int(mine.rsplit("[", 1)[1].rstrip("]"))
+            producer = confluent_kafka.Producer(broker.conf())
+            producer.produce(topic, value=b"held", partition=held_partition)
+            assert producer.flush(30) == 0
+            wait_for(
+                lambda: result.exists() and result.read_text().endswith("\n"),
+                JOIN_S,
+                "the worker receiving the message",
+                details=lambda: f"worker exit code {worker.poll()}",
+            )
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(30)
+            killed = time.monotonic()
+            got: list = []
+            while not got and time.monotonic() - killed < DEAD_INSTANCE_BOUND_S:
+                got = survivor.receive(1, 30)
+            assert [(m.body, m.delivery_attempt) for m in got] == [(b"held", 2)], (
+                f"nothing of the dead instance's partition within {DEAD_INSTANCE_BOUND_S} s"
+            )
+            survivor.ack(got[0])
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(30)
