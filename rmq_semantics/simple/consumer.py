@@ -82,6 +82,9 @@ MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
 # One poll slice: the longest an ack from another thread waits for the lock.
 POLL_SLICE_S = 0.05
+# The classic protocol's session timeout unless conf sets one: with a 3 s heartbeat, a dead
+# instance's partitions reach a live instance within 15 s (docs/guides/simple-consumer.md).
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
 # The background poll's pace between receives (at most; commit_interval_ms if shorter).
 KEEP_INTERVAL_S = 0.5
 # Threads running the *_async calls: receives wait up to await_duration each, and acks
@@ -270,6 +273,9 @@ class SimpleConsumer:
         if self._conf.get("group.protocol", "classic") == "classic":
             # The rebalance callbacks assign and unassign incrementally.
             self._conf["partition.assignment.strategy"] = "cooperative-sticky"
+            # A dead instance holds its partitions until its session times out: 10 s, not
+            # librdkafka's 45 s (the keeper thread heartbeats between receives).
+            self._conf.setdefault("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)
         self.s: SimpleConsumerSettings = load(SimpleConsumerSettings, settings)
         self.group = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
