@@ -32,7 +32,7 @@ from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.embedded import EmbeddedKafka
 from rmq_semantics.records.codec import encode
-from rmq_semantics.records.group_auth import derive_group_key
+from rmq_semantics.records.group_auth import derive_consumer_group_key, derive_group_key
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools.admin import list_discarded, list_pending
@@ -128,11 +128,7 @@ def group_key(group: str) -> str:
 
 def consumer_key(group: str) -> str:
     """Consumer group ``group``'s key (its orderly consumers sign their lock requests)."""
-    import hashlib
-    import hmac
-
-    label = b"rmq.consumer-group-key.v1\x00" + group.encode()
-    return hmac.new(TENANT_KEY.encode(), label, hashlib.sha256).hexdigest()
+    return derive_consumer_group_key(TENANT_KEY.encode(), group).text()
 
 
 # Values A's listener decides by: anything else is UNKNOW inline and COMMIT when checked.
