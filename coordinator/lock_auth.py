@@ -56,7 +56,7 @@ class LockGuard:
         """None if ``request`` (read at ``topic``[``partition``]) was signed by the
         consumer group it names, else why it is not decided."""
         if request.mac is None:
-            return f"unsigned (no mac) where consumer group {request.group!r}'s is needed"
+            return f"no mac, and consumer group {request.group!r} must sign its requests"
         if not lock_request_verifies(self._key(request.group), topic, partition, request):
             return f"no valid mac of consumer group {request.group!r}"
         return None
