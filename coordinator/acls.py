@@ -21,7 +21,7 @@ from pathlib import Path
 
 from coordinator.tenancy import Tenant, parse_tenants
 from rmq_semantics.errors import ConfigError
-from rmq_semantics.records.group_auth import derive_group_key
+from rmq_semantics.records.group_auth import derive_consumer_group_key, derive_group_key
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
 __all__ = [
@@ -229,7 +229,12 @@ def _cmd_key(args: argparse.Namespace) -> int:
         raw = Path(args.tenant_key_file).read_bytes().strip()
     if not raw:
         raise ConfigError("no tenant key: set env RMQ_TENANT_KEY or --tenant-key-file")
-    key = derive_group_key(raw, args.group)
+    if (args.group is None) == (args.consumer_group is None):
+        raise ConfigError("tenant key: give --group (a producer group) or --consumer-group")
+    if args.consumer_group is not None:  # its orderly consumers' consumer_group_key
+        key = derive_consumer_group_key(raw, args.consumer_group)
+    else:
+        key = derive_group_key(raw, args.group)
     print(key.text())  # the group's producers' group_key (their secret alone)
     return 0
 
@@ -247,8 +252,14 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     acls.add_argument("--markdown", action="store_true", help="a table instead of commands")
     acls.set_defaults(func=_cmd_acls)
     key = tenant_sub.add_parser(
-        "key", help="a producer group's key, derived from the tenant key (env RMQ_TENANT_KEY)"
+        "key",
+        help="a producer or consumer group's key, derived from the tenant key (env RMQ_TENANT_KEY)",
     )
-    key.add_argument("--group", required=True)
+    key.add_argument("--group", default=None, help="a producer group: its group_key")
+    key.add_argument(
+        "--consumer-group",
+        default=None,
+        help="an orderly consumer group: its consumer_group_key (signs its lock requests)",
+    )
     key.add_argument("--tenant-key-file", default=None)
     key.set_defaults(func=_cmd_key)

@@ -1,8 +1,9 @@
 """Answering one batch of lock requests: each record decoded and checked (malformed, invalid,
-set aside as poison, stale), each queue decided against its partition's lock table, and one
-reply per request. No Kafka I/O: :class:`coordinator.lock_service.LockService` writes what
-:func:`answer` returns (state changes, replies, offsets) in one transaction, and keeps the
-staged tables only once it committed."""
+set aside as poison, unauthenticated under tenant isolation, stale), each queue decided
+against its partition's lock table, and one reply per request. No Kafka I/O:
+:class:`coordinator.lock_service.LockService` writes what :func:`answer` returns (state
+changes, replies, offsets) in one transaction, and keeps the staged tables only once it
+committed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from coordinator.lock import (
     lock_request_problem,
     stale_lock_request,
 )
+from coordinator.lock_auth import UNAUTHENTICATED, LockGuard
 from rmq_semantics.consumed import offset_of, partition_of
 from rmq_semantics.errors import ConfigError, MalformedRecordError
 from rmq_semantics.records.codec import decode_as
@@ -56,9 +58,12 @@ def answer(
     poison: RequestPoison,
     now_ms: int,
     count: Callable[[str], None],
+    guard: LockGuard | None = None,
 ) -> Answered:
     """Decide ``batch`` (records of the request topic) against ``tables``, which get an empty
-    table for a partition seen first; ``count(event)`` counts each outcome."""
+    table for a partition seen first; ``count(event)`` counts each outcome. Under tenant
+    isolation (``guard``) a request its consumer group did not sign changes nothing: each
+    of its queues is refused as ``unauthenticated``."""
     out = Answered()
     for msg in batch:
         p = partition_of(msg)
@@ -72,7 +77,10 @@ def answer(
         if request is None:
             continue
         count("requests")
-        if _stale(msg, request, lease(request), now_ms):
+        if guard is not None and _unauthenticated(msg, request, guard):
+            count(UNAUTHENTICATED)
+            results = tuple(QueueResult.refused(ref, UNAUTHENTICATED) for ref in request.queues)
+        elif _stale(msg, request, lease(request), now_ms):
             count("stale")
             results = tuple(QueueResult.refused(ref, "stale") for ref in request.queues)
         else:
@@ -114,6 +122,24 @@ def _request(msg: confluent_kafka.Message, count: Callable[[str], None]) -> Lock
         )
         return None
     return request
+
+
+def _unauthenticated(msg: confluent_kafka.Message, request: LockRequest, guard: LockGuard) -> bool:
+    """Whether ``request`` lacks its consumer group's valid MAC (logged if so)."""
+    refused = guard.refusal(msg.topic() or "", partition_of(msg), request)
+    if refused is None:
+        return False
+    log.warning(
+        "%s[%d]@%d %s request %.64s of %s refused as unauthenticated: %s",
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        request.kind.value,
+        request.request_id,
+        request.client_id,
+        refused,
+    )
+    return True
 
 
 def _appended_ms(msg: confluent_kafka.Message) -> int | None:

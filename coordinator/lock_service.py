@@ -48,6 +48,7 @@ from coordinator.lock import (
     LockTable,
     RequestPoison,
 )
+from coordinator.lock_auth import lock_guard
 from coordinator.lock_clients import (
     LockClients,
     lock_coordinator_group,
@@ -119,6 +120,7 @@ class LockService:
         self._in_flight: set[int] = set()  # partitions of the batch being processed
         self._poison = RequestPoison(settings.replay_max)  # survives replays
         self._lease = LeaseCeiling(settings.lock_lease_ms)
+        self._guard = lock_guard(settings)  # tenant isolation: requests signed per group
         self._request_partitions = 0
         self._reply_partitions = 0
         self._c: LockClients | None = None
@@ -336,6 +338,7 @@ class LockService:
             self._poison,
             _now_ms(),
             self._count,
+            self._guard,
         )
         offsets = [
             TopicPartition(self.topics.lock_request, p, off + 1)

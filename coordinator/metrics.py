@@ -35,7 +35,15 @@ REJECT_REASONS = (
     "unauthenticated",
 )
 CHECK_ANSWERS = ("commit", "rollback", "unknown")
-LOCK_EVENTS = ("granted", "renewed", "taken_over", "released", "held_by_other", "stale")
+LOCK_EVENTS = (
+    "granted",
+    "renewed",
+    "taken_over",
+    "released",
+    "held_by_other",
+    "stale",
+    "unauthenticated",
+)
 SERVICES = ("transactions", "locks", "timers")
 
 

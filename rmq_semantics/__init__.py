@@ -47,7 +47,12 @@ from rmq_semantics.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
-from rmq_semantics.settings import ProducerSettings, PushConsumerSettings, SimpleConsumerSettings
+from rmq_semantics.settings import (
+    OrderlyConsumerSettings,
+    ProducerSettings,
+    PushConsumerSettings,
+    SimpleConsumerSettings,
+)
 from rmq_semantics.simple.consumer import (
     FilterExpression,
     FilterType,
@@ -97,6 +102,7 @@ __all__ = [
     "MessageSizeError",
     "MessageView",
     "OrderlyConsumer",
+    "OrderlyConsumerSettings",
     "OrderlyMessage",
     "PartitionStatus",
     "Producer",

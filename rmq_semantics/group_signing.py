@@ -17,23 +17,34 @@ from rmq_semantics.records.group_auth import (
     sign_half_headers,
 )
 from rmq_semantics.records.headers import H
-from rmq_semantics.settings import ProducerSettings
+from rmq_semantics.settings import OrderlyConsumerSettings, ProducerSettings
 from rmq_semantics.topics import SystemTopics
 
-__all__ = ["SignedProducer", "group_key_of", "producer_factory"]
+__all__ = ["SignedProducer", "consumer_group_key_of", "group_key_of", "producer_factory"]
 
 
 def group_key_of(settings: ProducerSettings) -> GroupKey | None:
     """The group key the settings give (``group_key`` or ``group_key_file``), or None."""
-    if settings.group_key:
-        return GroupKey(settings.group_key.encode())
-    if settings.group_key_file:
-        path = Path(settings.group_key_file)
+    return _key(settings.group_key, settings.group_key_file, "group_key_file")
+
+
+def consumer_group_key_of(settings: OrderlyConsumerSettings) -> GroupKey | None:
+    """The consumer group key the settings give (``consumer_group_key`` or its file)."""
+    return _key(
+        settings.consumer_group_key, settings.consumer_group_key_file, "consumer_group_key_file"
+    )
+
+
+def _key(key: str, key_file: str, file_setting: str) -> GroupKey | None:
+    if key:
+        return GroupKey(key.encode())
+    if key_file:
+        path = Path(key_file)
         try:
             data = path.read_bytes()
         except OSError as exc:
             raise ConfigError(
-                f"group_key_file={str(path)!r}: cannot read it ({exc.strerror or exc})"
+                f"{file_setting}={str(path)!r}: cannot read it ({exc.strerror or exc})"
             ) from exc
         return GroupKey(data.strip())
     return None

@@ -8,6 +8,9 @@ one partition (no consumer group) from its end when it first connects, reads it
 ``read_committed`` (a reply is visible only if the coordinator's transaction that
 persisted the decision committed) and keeps only replies to its own pending request ids.
 
+Under tenant isolation the client signs every request with its consumer group's key
+(``group_key``); the coordinators decide no request without it (docs/security.md).
+
 The client never trusts a lease for longer than :data:`CLIENT_LEASE_FRACTION` of it,
 counted from when the request was *sent*: the coordinator starts the lease later, when it
 processes the request, so the client's view always ends first (RocketMQ: 30 s client
@@ -34,6 +37,7 @@ from rmq_semantics.errors import (
     MalformedRecordError,
 )
 from rmq_semantics.records.codec import decode_as, encode
+from rmq_semantics.records.group_auth import GroupKey, sign_lock_request
 from rmq_semantics.records.locks import (
     MAX_ID_CHARS,
     MAX_REPLY_BYTES,
@@ -64,6 +68,10 @@ CONNECT_TIMEOUT_S = 10.0
 POLL_SLICE_S = 0.05
 # A request id: uuid4().hex.
 REQUEST_ID_CHARS = 32
+# An unsigned request is written as schema v2, which coordinators of before v3 read too.
+UNSIGNED_VERSION = 2
+# The reason of a queue the coordinators refused for want of the group's valid MAC.
+UNAUTHENTICATED = "unauthenticated"
 
 TP = tuple[str, int]
 
@@ -125,15 +133,23 @@ class LockClient:
 
     ``conf`` holds ``bootstrap.servers`` and security settings (copied, never mutated);
     ``client_id`` identifies this consumer instance to the coordinator (a restart must use
-    a new one: default random; at most :data:`MAX_ID_CHARS` characters). Safe to call from
-    several threads. No network in ``__init__``; the first call connects. A call for more
-    queues than one request's reply may hold goes as several requests.
+    a new one: default random; at most :data:`MAX_ID_CHARS` characters). ``group_key``
+    (under tenant isolation) is the key of the consumer group it locks for: every request
+    is signed with it. Safe to call from several threads. No network in ``__init__``; the
+    first call connects. A call for more queues than one request's reply may hold goes as
+    several requests.
     """
 
     def __init__(
-        self, conf: dict, topic_prefix: str = DEFAULT_TOPIC_PREFIX, client_id: str | None = None
+        self,
+        conf: dict,
+        topic_prefix: str = DEFAULT_TOPIC_PREFIX,
+        client_id: str | None = None,
+        *,
+        group_key: GroupKey | None = None,
     ) -> None:
         self.topics = SystemTopics(topic_prefix)
+        self._group_key = group_key
         self.client_id = client_id or f"lockclient-{uuid.uuid4().hex[:12]}"
         if (problem := _id_problem("client_id", self.client_id)) is not None:
             raise problem
@@ -248,6 +264,17 @@ class LockClient:
                             lease_ms,
                             int(r.lease_ms * CLIENT_LEASE_FRACTION),
                         )
+                elif r.reason == UNAUTHENTICATED:
+                    out[tp] = LockGrant(False, -1, 0.0)
+                    self._warn_once(
+                        UNAUTHENTICATED,
+                        "lock %s refused as unauthenticated: the coordinators run tenant "
+                        "isolation and this client %s; give it consumer group %r's key "
+                        "(consumer_group_key, docs/security.md)",
+                        LockKey(group, *tp),
+                        "has no key" if self._group_key is None else "has another group's key",
+                        group,
+                    )
                 elif r.reason == "stale":
                     # Answered within our wait, so the request was not old: the clock it
                     # was timed by (this host's, or the broker's) is behind the coordinator's.
@@ -347,9 +374,13 @@ class LockClient:
                     int(time.time() * 1000),
                     int(timeout * 1000),
                 )
+                if self._group_key is not None:
+                    request = sign_lock_request(
+                        self._group_key, self.topics.lock_request, p, request
+                    )
                 producer.produce(
                     self.topics.lock_request,
-                    encode(request),
+                    encode(request, None if request.mac else UNSIGNED_VERSION),
                     key=refs[0].key(group).record_key(),
                     partition=p,
                 )

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_TRANSACTION_BYTES",
     "MAX_TRANSACTION_MESSAGES",
+    "OrderlyConsumerSettings",
     "ProducerSettings",
     "PushConsumerSettings",
     "SimpleConsumerSettings",
@@ -287,6 +288,33 @@ class ProducerSettings:
                 f"max_transaction_messages must be at most "
                 f"{MAX_TRANSACTION_MESSAGES} (the coordinator's cap), got "
                 f"{self.max_transaction_messages}"
+            )
+
+
+@dataclass(frozen=True)
+class OrderlyConsumerSettings:
+    """Settings of an ``OrderlyConsumer`` (both orderings) beyond its Kafka conf and the
+    constructor's tuning arguments: kwargs of the constructor, else env ``RMQ_<NAME>``
+    (``RMQ_CONSUMER_GROUP_KEY``), else these. Named apart from a producer's ``group_key``:
+    one process may run a producer group and a consumer group, each with its own key."""
+
+    consumer_group_key: str = setting(
+        "",
+        "this consumer group's key under tenant isolation (docs/security.md), from "
+        "`rmq-semantics tenant key --consumer-group G`: its queue-lock requests are signed "
+        "with it, and the coordinators decide no unsigned one; empty: isolation off",
+        secret=True,
+    )
+    consumer_group_key_file: str = setting(
+        "",
+        "a file holding consumer_group_key (surrounding whitespace stripped), e.g. a "
+        "mounted secret",
+    )
+
+    def __post_init__(self) -> None:
+        if self.consumer_group_key and self.consumer_group_key_file:
+            raise ConfigError(
+                "consumer_group_key and consumer_group_key_file: give one of them, not both"
             )
 
 

@@ -96,6 +96,7 @@ def settings_page() -> str:
     from coordinator.settings import CoordinatorSettings
     from rmq_semantics.cli import build_parser
     from rmq_semantics.settings import (
+        OrderlyConsumerSettings,
         ProducerSettings,
         PushConsumerSettings,
         SimpleConsumerSettings,
@@ -117,6 +118,12 @@ def settings_page() -> str:
             {},
             "keyword arguments of `TransactionProducer` and `AsyncTransactionProducer`, and "
             "(the timer settings and the group key) of `Producer` and `AsyncProducer`",
+        ),
+        (
+            OrderlyConsumerSettings,
+            "",
+            {},
+            "keyword arguments of `OrderlyConsumer`",
         ),
         (
             PushConsumerSettings,

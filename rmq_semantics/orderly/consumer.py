@@ -13,6 +13,7 @@ import confluent_kafka
 
 from rmq_semantics.clientconf import new_client, self_committing_conf
 from rmq_semantics.errors import ConfigError, IllegalStateError
+from rmq_semantics.group_signing import consumer_group_key_of
 from rmq_semantics.lock_client import CLIENT_LEASE_FRACTION, LockClient
 from rmq_semantics.orderly.api import (
     MessageListenerOrderly,
@@ -29,6 +30,7 @@ from rmq_semantics.orderly.poller import DEFAULT_MAX_QUEUED_BYTES, PollThread
 from rmq_semantics.orderly.rebalance import Rebalance
 from rmq_semantics.orderly.runtime import QueueRegistry
 from rmq_semantics.orderly.worker import Worker
+from rmq_semantics.settings import OrderlyConsumerSettings, load
 from rmq_semantics.tags import TagFilter
 from rmq_semantics.topics import (
     DEFAULT_TOPIC_PREFIX,
@@ -88,7 +90,10 @@ class OrderlyConsumer:
     times (-1: forever, RocketMQ's orderly default) it goes to ``<topic_prefix>_dlq_<group>``
     and the queue moves on. Locks are leased for ``lock_lease_ms`` and renewed every
     ``lock_renew_ms``. ``client_id`` names this instance at the lock service (default
-    random; never reuse one across processes).
+    random; never reuse one across processes). Under tenant isolation
+    ``consumer_group_key`` (or ``consumer_group_key_file``; env ``RMQ_CONSUMER_GROUP_KEY``,
+    :class:`~rmq_semantics.settings.OrderlyConsumerSettings`) is the group's key: its lock
+    requests are signed with it.
 
     ``ordering="key"`` (RocketMQ 5's message groups): within the partitions whose lock this
     consumer holds, records of one ordering key (the ``rmq.message_group`` header, else the
@@ -125,7 +130,16 @@ class OrderlyConsumer:
         max_workers: int | None = None,
         consume_timeout_ms: int = DEFAULT_CONSUME_TIMEOUT_MS,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        consumer_group_key: str | None = None,
+        consumer_group_key_file: str | None = None,
     ) -> None:
+        self.settings = load(
+            OrderlyConsumerSettings,
+            {
+                "consumer_group_key": consumer_group_key,
+                "consumer_group_key_file": consumer_group_key_file,
+            },
+        )
         self._conf = consumer_conf(conf)
         self.group: str = str(self._conf["group.id"])
         self.topic_prefix = validate_prefix(topic_prefix)
@@ -171,7 +185,12 @@ class OrderlyConsumer:
         self._shutdown_lock = threading.Lock()
         self._shut = False
         # The parts, wired here; the Kafka consumer itself is created by start().
-        self._lock_client = LockClient(self._conf, self.topic_prefix, self.client_id)
+        self._lock_client = LockClient(
+            self._conf,
+            self.topic_prefix,
+            self.client_id,
+            group_key=consumer_group_key_of(self.settings),
+        )
         self._queues = QueueRegistry()
         self._calls = ConsumerCalls()
         self._commits = Commits(

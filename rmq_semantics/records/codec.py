@@ -96,7 +96,7 @@ CURRENT_VERSION = {t: 1 for t in RecordType} | {
     RecordType.DONE_MARKERS: 2,
     RecordType.CHECK_MARKER: 2,  # v2: mac
     RecordType.CHECK_REQUEST: 2,  # v2: a header value may be null
-    RecordType.LOCK_REQUEST: 2,  # v2: wait_ms
+    RecordType.LOCK_REQUEST: 3,  # v2: wait_ms; v3: mac (the consumer group's, or null)
 }
 _PREFIX = {t: bytes((MAGIC, t, CURRENT_VERSION[t])) for t in RecordType}
 
@@ -113,15 +113,22 @@ def schema(record_type: RecordType, version: int) -> Any:
     return fastavro.parse_schema(json.loads(text))
 
 
-def encode(record: SystemRecord) -> bytes:
+def encode(record: SystemRecord, version: int | None = None) -> bytes:
+    """``record`` in its type's current schema version, or in an older ``version`` (for
+    readers of before; the fields that version lacks are left out)."""
     record_type = _TYPE_OF.get(type(record))
     if record_type is None:
         raise ConfigError(f"encode: {type(record).__name__} is not a system record type")
+    current = CURRENT_VERSION[record_type]
+    if version is None or version == current:
+        prefix, writer = _PREFIX[record_type], schema(record_type, current)
+    elif 1 <= version < current:
+        prefix, writer = bytes((MAGIC, record_type, version)), schema(record_type, version)
+    else:
+        raise ConfigError(f"encode: {record_type.name} has versions 1..{current}, not {version}")
     out = io.BytesIO()
-    out.write(_PREFIX[record_type])
-    fastavro.schemaless_writer(
-        out, schema(record_type, CURRENT_VERSION[record_type]), record.to_body()
-    )
+    out.write(prefix)
+    fastavro.schemaless_writer(out, writer, record.to_body())
     return out.getvalue()
 
 

@@ -11,7 +11,9 @@ topic and partition, membership, key and value digests), not header order nor af
 a re-appended or re-driven copy still verifies; an end request's covers its Op topic,
 partition and the bytes of its value. A timer record's covers what decides what is
 delivered, where and when (:func:`timer_canonical`), so its copies on the level topics still
-verify; a cancel record's is like an end request's. Pure: no Kafka import.
+verify; a cancel record's is like an end request's. A consumer group's key (its own
+derivation, :func:`derive_consumer_group_key`: producer and consumer groups are separate
+name spaces) signs its lock requests (:func:`sign_lock_request`). Pure: no Kafka import.
 """
 
 from __future__ import annotations
@@ -20,22 +22,27 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.message import Headers
 from rmq_semantics.records.headers import H
+from rmq_semantics.records.locks import LockRequest
 
 __all__ = [
     "MAX_TOPIC_LENGTH",
     "MIN_GROUP_KEY_BYTES",
     "GroupKey",
     "cancel_canonical",
+    "derive_consumer_group_key",
     "derive_group_key",
     "encode_group",
     "half_canonical",
     "header",
+    "lock_request_verifies",
     "op_canonical",
     "sign_half_headers",
+    "sign_lock_request",
     "sign_timer_headers",
     "timer_canonical",
 ]
@@ -47,6 +54,8 @@ OP_DOMAIN = "rmq.group-op.v1"
 TIMER_DOMAIN = "rmq.group-timer.v1"
 CANCEL_DOMAIN = "rmq.group-timer-cancel.v1"
 _DERIVE_LABEL = b"rmq.group-key.v1\x00"
+# A consumer group named like a producer group is another team's: another key.
+_CONSUMER_DERIVE_LABEL = b"rmq.consumer-group-key.v1\x00"
 # Kafka's limit on a topic name.
 MAX_TOPIC_LENGTH = 249
 # Kept as they are in a group's topic name: Kafka accepts them and none is the escape or
@@ -178,13 +187,37 @@ class GroupKey:
 def derive_group_key(tenant_key: bytes, group: str) -> GroupKey:
     """``group``'s key from the coordinators' tenant key (an HMAC of the group's name): the
     coordinators hold one secret, each group's producers only their own key."""
+    return _derive(tenant_key, _DERIVE_LABEL, group)
+
+
+def derive_consumer_group_key(tenant_key: bytes, group: str) -> GroupKey:
+    """Consumer group ``group``'s key (its orderly consumers sign their lock requests with
+    it), derived like a producer group's under a label of its own."""
+    return _derive(tenant_key, _CONSUMER_DERIVE_LABEL, group)
+
+
+def _derive(tenant_key: bytes, label: bytes, group: str) -> GroupKey:
     if len(tenant_key) < MIN_GROUP_KEY_BYTES:
         raise ConfigError(
             f"the tenant key must be at least {MIN_GROUP_KEY_BYTES} bytes, got "
             f"{len(tenant_key)}; generate one with `openssl rand -base64 32`"
         )
-    raw = hmac.new(tenant_key, _DERIVE_LABEL + group.encode(), hashlib.sha256).hexdigest()
+    raw = hmac.new(
+        tenant_key, label + group.encode(errors="surrogatepass"), hashlib.sha256
+    ).hexdigest()
     return GroupKey(raw.encode())
+
+
+def sign_lock_request(
+    key: GroupKey, topic: str, partition: int, request: LockRequest
+) -> LockRequest:
+    """``request`` with its consumer group's MAC, for request ``topic``[``partition``]."""
+    return replace(request, mac=key.mac(request.canonical(topic, partition)))
+
+
+def lock_request_verifies(key: GroupKey, topic: str, partition: int, request: LockRequest) -> bool:
+    """Whether ``request``, read at ``topic``[``partition``], carries ``key``'s MAC."""
+    return key.verifies(request.canonical(topic, partition), request.mac)
 
 
 def sign_half_headers(

@@ -3,7 +3,8 @@ the persisted lock state with its lifecycle. Pure: no Kafka import.
 
 - ``<prefix>_lock_request``: :class:`LockRequest`, one per (client call, request
   partition). :meth:`LockKey.request_partition` is the one routing rule: a request only
-  carries keys of its own partition, and its record key is the first of them.
+  carries keys of its own partition, and its record key is the first of them. Under tenant
+  isolation it carries its consumer group's MAC over :meth:`LockRequest.canonical`.
 - ``<prefix>_lock``: :class:`LockEntry`, compacted, record key :meth:`LockKey.record_key`,
   same partition as the requests for that key.
 - ``<prefix>_lock_reply``: :class:`LockReply`, record key = client id, written to the reply
@@ -12,6 +13,7 @@ the persisted lock state with its lifecycle. Pure: no Kafka import.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from typing import Any
@@ -20,6 +22,7 @@ from rmq_semantics.errors import ConfigError, IllegalTransitionError
 from rmq_semantics.selector import java_partition
 
 __all__ = [
+    "LOCK_DOMAIN",
     "MAX_ID_CHARS",
     "MAX_REPLY_BYTES",
     "LockEntry",
@@ -45,6 +48,9 @@ MAX_ID_CHARS = 255
 MAX_REPLY_BYTES = 900 * 1024
 # Per queue result: the fixed Avro fields (granted, reason, epoch, lease, expiry) at most.
 RESULT_OVERHEAD = 64
+#: Separates a lock request's MAC from any other use of a consumer group's key; bump it if
+#: :meth:`LockRequest.canonical` changes.
+LOCK_DOMAIN = "rmq.consumer-lock.v1"
 
 
 def reply_bound(client_id: str, request_id: str, topics: Any) -> int:
@@ -190,7 +196,8 @@ class QueueRef:
 class LockRequest:
     """A batch lock or unlock (RocketMQ's ``LockBatchRequestBody``). ``wait_ms`` is how long
     the client waits for the reply (0: not said, as in schema v1); a lock request older
-    than that is refused, since its client no longer listens for the grant."""
+    than that is refused, since its client no longer listens for the grant. ``mac``
+    (schema v3; None: unsigned) is the consumer group's HMAC over :meth:`canonical`."""
 
     kind: RequestKind
     request_id: str
@@ -201,6 +208,26 @@ class LockRequest:
     lease_ms: int = 0
     sent_at_ms: int = 0
     wait_ms: int = 0
+    mac: bytes | None = None
+
+    def canonical(self, topic: str, partition: int) -> bytes:
+        """The bytes its MAC covers: every field but the MAC, and the request topic and
+        partition it is written to (ASCII JSON: any group name encodes)."""
+        fields = [
+            LOCK_DOMAIN,
+            topic,
+            partition,
+            self.kind.value,
+            self.request_id,
+            self.client_id,
+            self.group,
+            self.reply_partition,
+            [[q.topic, q.partition, q.epoch] for q in self.queues],
+            self.lease_ms,
+            self.sent_at_ms,
+            self.wait_ms,
+        ]
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     def to_body(self) -> Body:
         return {
@@ -215,6 +242,7 @@ class LockRequest:
             "lease_ms": self.lease_ms,
             "sent_at_ms": self.sent_at_ms,
             "wait_ms": self.wait_ms,
+            "mac": self.mac,
         }
 
     @classmethod
@@ -229,6 +257,7 @@ class LockRequest:
             body["lease_ms"],
             body["sent_at_ms"],
             body.get("wait_ms", 0),
+            body.get("mac"),
         )
 
 

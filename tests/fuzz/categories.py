@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rmq_semantics.records.codec import RecordType, encode
+from rmq_semantics.records.group_auth import derive_consumer_group_key, sign_lock_request
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockKey, LockRequest, QueueRef, RequestKind
 from rmq_semantics.records.timer import TimerCancel, timer_partition
@@ -579,6 +580,36 @@ def lock_stale_request(rng: random.Random, ctx: Ctx) -> Case:
     )
 
 
+#: The fuzzer's own tenant key: a lock request signed under it for another group than it
+#: names is a forgery a coordinator with another key cannot tell from any other.
+FUZZ_TENANT_KEY = b"the fuzzer's tenant key, not the coordinator's"
+
+
+def lock_unsigned_or_forged(rng: random.Random, ctx: Ctx) -> Case:
+    """A lock or unlock request of a fresh group without its group's MAC (issue 44): none
+    (v3, or a client of before's v1/v2), garbage, or the MAC of another group's key. Without
+    tenant isolation it is decided like any other, so nothing is owed a count; under it each
+    queue is refused as unauthenticated (tests/unit/test_fuzz.py)."""
+    group = f"fuzz-mac-{rng.randrange(10**6)}"
+    request = _request(rng, ctx, group, kind=pick(rng, list(RequestKind)))
+    p = _routed(request.queues[0].key(group), ctx)
+    other = derive_consumer_group_key(FUZZ_TENANT_KEY, pick(rng, ["fuzz-lock", group + "x"]))
+    mac = pick(
+        rng,
+        [
+            lambda: None,
+            lambda: b"",
+            lambda: some_bytes(rng),
+            lambda: b"\x00" * 32,
+            lambda: sign_lock_request(other, f"{ctx.prefix}_lock_request", p, request).mac,
+            lambda: huge_text(rng).encode()[:100_000],
+        ],
+    )()
+    version = pick(rng, [1, 2, 3]) if mac is None else 3
+    raw = Raw(encode(replace(request, mac=mac), version), _lock(request, p).key, partition=p)
+    return Case("lock_unsigned_or_forged", LOCK_REQUEST, [raw], bad=0)
+
+
 # -- timer records and cancels (issue 35) ----------------------------------------------------
 # A plain producer writes them straight to the timer topics. What each is owed is observable:
 # a valid one is delivered once to its real topic, a bad one is copied once to the discard
@@ -817,6 +848,7 @@ CATEGORIES: tuple[Category, ...] = (
     Category("lock_stale_epoch", LOCK_REQUEST, lock_stale_epoch, True),
     Category("lock_odd", LOCK_REQUEST, lock_odd, False),
     Category("lock_stale_request", LOCK_REQUEST, lock_stale_request, True),
+    Category("lock_unsigned_or_forged", LOCK_REQUEST, lock_unsigned_or_forged, False),
     Category("timer_valid_odd", TIMER, timer_valid_odd, False),
     Category("timer_wrong_partition", TIMER, timer_wrong_partition, False),
     Category("timer_missing_header", TIMER, timer_missing_header, True),

@@ -285,6 +285,9 @@ def _lock_request(rng: random.Random, ctx: Ctx) -> LockRequest:
         (QueueRef(key.topic, key.partition),),
         30_000,
         ctx.now_ms,
+        pick(rng, [0, 5000]),
+        # v3: a MAC (here never one a coordinator verifies: no fuzzer holds a tenant key).
+        pick(rng, [None, some_bytes(rng)]),
     )
 
 

@@ -26,13 +26,13 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from coordinator.acls import Acl, Principals, acl_bindings
+from coordinator.acls import Acl, Consumer, Principals, acl_bindings
 from coordinator.tenancy import parse_tenants
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.embedded import EmbeddedKafka
 from rmq_semantics.records.codec import encode
-from rmq_semantics.records.group_auth import derive_group_key
+from rmq_semantics.records.group_auth import derive_consumer_group_key, derive_group_key
 from rmq_semantics.records.half import half_headers
 from rmq_semantics.records.txn import EndRequest, EndState
 from rmq_semantics.tools.admin import list_discarded, list_pending
@@ -44,7 +44,15 @@ from tests.integration.txn_helpers import (
     read_to_end,
 )
 
-USERS = {"admin": "admin-secret", "coord": "coord-secret", "a": "a-secret", "b": "b-secret"}
+USERS = {
+    "admin": "admin-secret",
+    "coord": "coord-secret",
+    "a": "a-secret",
+    "b": "b-secret",
+    # Orderly consumer groups' principals (test_tenancy_locks.py): ``ca`` and ``cb``.
+    "ca": "ca-secret",
+    "cb": "cb-secret",
+}
 MARKER_KEY = "a-marker-key-for-the-tenancy-tests-0123456789"
 TENANT_KEY = "the-tenant-key-of-the-tenancy-tests-0123456789"
 # A transaction is decided within a few check intervals (FAST: 2.5 s) once its group answers.
@@ -118,14 +126,22 @@ def group_key(group: str) -> str:
     return derive_group_key(TENANT_KEY.encode(), group).text()
 
 
+def consumer_key(group: str) -> str:
+    """Consumer group ``group``'s key (its orderly consumers sign their lock requests)."""
+    return derive_consumer_group_key(TENANT_KEY.encode(), group).text()
+
+
 # Values A's listener decides by: anything else is UNKNOW inline and COMMIT when checked.
 A_INLINE = {b"a-commits": S.COMMIT_MESSAGE}
 A_CHECKS = {b"a-rolls-back": S.ROLLBACK_MESSAGE}
 
 
 @contextlib.contextmanager
-def deployment(broker: EmbeddedKafka, data_dir: Path) -> Iterator[Deployment]:
-    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer."""
+def deployment(
+    broker: EmbeddedKafka, data_dir: Path, consumers: dict[str, dict] | None = None
+) -> Iterator[Deployment]:
+    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer;
+    ``consumers`` is the tenants file's ``consumers`` section (their ACLs too)."""
     prefix = f"iso{uuid.uuid4().hex[:6]}"
     ta, tb = f"ta-{prefix}", f"tb-{prefix}"
     spec = {
@@ -134,12 +150,18 @@ def deployment(broker: EmbeddedKafka, data_dir: Path) -> Iterator[Deployment]:
             "ga": {"principal": "User:a", "topics": [ta]},
             "gb": {"principal": "User:b", "topics": [tb]},
         },
+        "consumers": consumers or {},
     }
     tenants_file = data_dir / f"tenants-{prefix}.json"
     tenants_file.write_text(json.dumps(spec))
     ensure_topics(user_conf(broker, "admin"), {ta: (1, {}), tb: (1, {})})
+    groups = tuple(
+        Consumer(g, c["principal"], tuple(c.get("topics", ())), bool(c.get("orderly")))
+        for g, c in (consumers or {}).items()
+    )
     apply_acls(
-        broker, acl_bindings(parse_tenants(spec, prefix), Principals("User:coord"), prefix=prefix)
+        broker,
+        acl_bindings(parse_tenants(spec, prefix), Principals("User:coord"), groups, prefix=prefix),
     )
     listener = ScriptedListener(
         lambda v: A_INLINE.get(v, S.UNKNOW), lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE)

@@ -226,7 +226,8 @@ def test_version_1_lock_requests_still_read_with_no_wait():
     fastavro.schemaless_writer(out, schema(RecordType.LOCK_REQUEST, 1), v1)
     assert decode(out.getvalue()) == lock_request(T0, wait_ms=0)
     fresh = lock_request(T0, wait_ms=2500)
-    assert encode(fresh)[2] == 2 and decode_as(LockRequest, encode(fresh)) == fresh
+    assert encode(fresh)[2] == 3 and decode_as(LockRequest, encode(fresh)) == fresh
+    assert decode_as(LockRequest, encode(fresh, 2)) == fresh  # v2: all but a MAC
 
 
 def test_the_lock_client_names_its_wait_in_the_request():

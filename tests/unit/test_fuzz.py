@@ -17,11 +17,14 @@ import queue
 import random
 import threading
 import zlib
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 
-from coordinator.lock import LockTable
+from coordinator.lock import LeaseCeiling, LockTable, RequestPoison
+from coordinator.lock_auth import LockGuard
+from coordinator.lock_requests import Partitions, answer
 from coordinator.timer_wheel import TOO_FAR_GRACE_MS
 from rmq_semantics.check_pool import CheckJob
 from rmq_semantics.errors import ConfigError, MalformedRecordError
@@ -36,6 +39,7 @@ from rmq_semantics.records.codec import (
     decode_timer_cancel,
     encode,
 )
+from rmq_semantics.records.group_auth import derive_consumer_group_key, sign_lock_request
 from rmq_semantics.records.half import parse_half
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.locks import LockEntry, LockKey, LockRequest, LockState, RequestKind
@@ -65,8 +69,11 @@ from tests.fuzz.categories import (
     cases,
     select,
 )
+from tests.fuzz.sim import Message as SimMessage
 from tests.fuzz.sim import fuzz
 
+# The lock service's tenant key in the isolation test (the fuzzer's forgeries use another).
+FUZZ_ISOLATION_KEY = b"the coordinators' tenant key of the fuzz test"
 # Enough for thousands of records per test, within the few seconds `make test` allows.
 RECORDS = 3000
 
@@ -434,6 +441,54 @@ def test_the_lock_table_decides_any_request_and_keeps_its_rules(rng):
             epochs[entry.key] = table.get(entry.key).epoch
     assert not broken, broken[:10]
     assert any(isinstance(e, LockEntry) for t in tables.values() for e in t), "nothing granted"
+
+
+def test_under_isolation_no_lock_request_without_its_groups_mac_changes_a_lock(rng):
+    """Requests of every lock category (unsigned, of before v3, garbage MACs, MACs under
+    another key or group) decided by the lock service's own code under tenant isolation,
+    between signed requests of one group: only the signed group's locks ever change, and
+    every unsigned request that is answered is refused as unauthenticated (issue 44)."""
+    n = 4
+    ctx = gen.Ctx(partitions=n)
+    guard = LockGuard(FUZZ_ISOLATION_KEY)
+    key = derive_consumer_group_key(FUZZ_ISOLATION_KEY, "fuzz-signed")
+    tables: dict[int, LockTable] = {}
+    counts: Counter[str] = Counter()
+    locks = [c for c in CATEGORIES if c.topic == LOCK_REQUEST]
+    batch, signed = [], 0
+    for case in cases(rng, ctx, locks, RECORDS // 3):
+        records = list(case.records)
+        if rng.random() < 0.2:
+            request = replace(gen.VALID[RecordType.LOCK_REQUEST](rng, ctx), group="fuzz-signed")
+            p = request.queues[0].key(request.group).request_partition(n)
+            request = sign_lock_request(key, "fuzz_lock_request", p, request)
+            records.append(gen.Raw(encode(request), partition=p))
+            signed += 1
+        for raw in records:
+            p = raw.partition if raw.partition is not None else 0
+            batch.append(SimMessage("fuzz_lock_request", p, len(batch), raw, ctx.now_ms))
+    answered = answer(
+        batch,
+        tables,
+        Partitions(n, n),
+        LeaseCeiling(60_000),
+        RequestPoison(3),
+        ctx.now_ms,
+        lambda event: counts.update([event]),
+        guard,
+    )
+    changed = {e.key.group for t in answered.staged.values() for e in t}
+    assert changed <= {"fuzz-signed"}, sorted(changed)[:10]
+    assert changed, "no signed request was granted"
+    refused = [
+        reply
+        for _, reply in answered.replies
+        if any(r.reason == "unauthenticated" for r in reply.results)
+    ]
+    # Refused requests naming no existing reply partition are counted, not answered.
+    assert counts["unauthenticated"] >= len(refused) > 0
+    assert all(r.reason == "unauthenticated" for reply in refused for r in reply.results)
+    assert counts["requests"] >= signed + counts["unauthenticated"]
 
 
 def test_a_lock_state_at_the_largest_epoch_is_refused_as_malformed_or_still_encodes():
