@@ -8,6 +8,11 @@ and a unit test keeps the two equal.
 Every ACL a producer or consumer principal gets is LITERAL: a prefixed ``__rmq_check_ga``
 would also match ``__rmq_check_gab``, and a prefixed ``__rmq_`` would cover ``__rmq_keys``.
 Only the coordinators (and Spark's own consumer groups) get prefixed ones.
+
+librdkafka asks for the coordinator of a consumer's ``group.id`` even when the consumer only
+``assign()``s (confluent-kafka refuses a consumer without one): such a reader's group gets
+a literal DESCRIBE, which FindCoordinator needs, and nothing else (no READ: nobody joins it
+or commits to it).
 """
 
 from __future__ import annotations
@@ -116,6 +121,8 @@ def acl_bindings(
                 Acl(role, c.principal, TOPIC, t.lock_request, LITERAL, rw),
                 Acl(role, c.principal, TOPIC, t.lock_reply, LITERAL, ("READ", "DESCRIBE")),
                 Acl(role, c.principal, TOPIC, t.dlq(c.group), LITERAL, rw),
+                # The lock client's reply reader: assign() only (see the module's doc).
+                Acl(role, c.principal, GROUP, f"{prefix}_lock_client", LITERAL, ("DESCRIBE",)),
             ]
     role, who = "coordinator", principals.coordinator
     out += [
@@ -129,6 +136,10 @@ def acl_bindings(
         ),
         Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("READ", "DESCRIBE")),
         Acl(role, who, GROUP, f"{prefix}_lock_coordinator", LITERAL, ("READ",)),
+        # The assign-only readers of the keys, lock and (read-back) delivery records.
+        Acl(role, who, GROUP, f"{t.keys}-reader", LITERAL, ("DESCRIBE",)),
+        Acl(role, who, GROUP, f"{prefix}_lock_coordinator-reader", LITERAL, ("DESCRIBE",)),
+        Acl(role, who, GROUP, f"{t.timer_group}-reader", LITERAL, ("DESCRIBE",)),
         Acl(role, who, TXN_ID, f"{t.coordinator_group}-", PREFIXED, rw),
         Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw),
     ]
