@@ -136,12 +136,14 @@ def acl_bindings(
         ),
         Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("READ", "DESCRIBE")),
         Acl(role, who, GROUP, f"{prefix}_lock_coordinator", LITERAL, ("READ",)),
+        Acl(role, who, GROUP, t.timer_group, LITERAL, ("READ",)),
         # The assign-only readers of the keys, lock and (read-back) delivery records.
         Acl(role, who, GROUP, f"{t.keys}-reader", LITERAL, ("DESCRIBE",)),
         Acl(role, who, GROUP, f"{prefix}_lock_coordinator-reader", LITERAL, ("DESCRIBE",)),
         Acl(role, who, GROUP, f"{t.timer_group}-reader", LITERAL, ("DESCRIBE",)),
         Acl(role, who, TXN_ID, f"{t.coordinator_group}-", PREFIXED, rw),
         Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw),
+        Acl(role, who, TXN_ID, f"{t.timer_group}-", PREFIXED, rw),
     ]
     # The coordinators write a group's real topics only as its allow-list says.
     real = sorted({rt for tenant in tenants.values() for rt in _real_topics(tenant)})
