@@ -5,9 +5,24 @@ for a group where that group could not write itself. ``rmq-semantics tenant acls
 them as ``kafka-acls.sh`` commands; the docs' table is rendered by :func:`markdown_table`
 and a unit test keeps the two equal.
 
-Every ACL a producer or consumer principal gets is LITERAL: a prefixed ``__rmq_check_ga``
-would also match ``__rmq_check_gab``, and a prefixed ``__rmq_`` would cover ``__rmq_keys``.
-Only the coordinators (and Spark's own consumer groups) get prefixed ones.
+Every ACL a producer or consumer principal gets on a topic or a group is LITERAL: a
+prefixed ``__rmq_check_ga`` would also match ``__rmq_check_gab``, and a prefixed ``__rmq_``
+would cover ``__rmq_keys``. Only the coordinators, the operators and Spark's own consumer
+groups get prefixed ones, and a push consumer group its transactional ids
+``<prefix>_push_<group>@<instance>``: prefixed ``<prefix>_push_<group>@``, a name that ends
+at its group because a push group's name may not hold ``@``.
+
+A consumer group says what it runs (``kind`` in the tenants file's ``consumers``), and gets
+what that class touches: ``plain`` (``Consumer``) its topics and group; ``orderly``
+(``OrderlyConsumer``) also the lock request and reply topics and its DLQ; ``push``
+(``PushConsumer``) also its retry topics, DLQ and transactional ids; ``simple``
+(``SimpleConsumer``) also its DLQ. The operators read every DLQ and re-drive into its
+group's topics (``dlq redrive``).
+
+librdkafka asks for the coordinator of a consumer's ``group.id`` even when the consumer only
+``assign()``s (confluent-kafka refuses a consumer without one): such a reader's group gets
+a literal DESCRIBE, which FindCoordinator needs, and nothing else (no READ: nobody joins it
+or commits to it).
 """
 
 from __future__ import annotations
@@ -19,8 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from coordinator.lock_clients import lock_coordinator_group
 from coordinator.tenancy import Tenant, parse_tenants
 from rmq_semantics.errors import ConfigError
+from rmq_semantics.push.retry import DEFAULT_DELAY_LEVELS
 from rmq_semantics.records.group_auth import derive_consumer_group_key, derive_group_key
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, SystemTopics
 
@@ -30,12 +47,17 @@ __all__ = [
     "acl_bindings",
     "kafka_acls_commands",
     "markdown_table",
+    "parse_consumers",
     "register_cli",
 ]
 
 LITERAL, PREFIXED = "literal", "prefixed"
 TOPIC, GROUP, TXN_ID = "topic", "group", "transactional-id"
 ROLES = ("producer group", "consumer group", "coordinator", "Spark job", "operators' CLI")
+#: What a consumer group runs: ``Consumer``, ``OrderlyConsumer``, ``PushConsumer``,
+#: ``SimpleConsumer``.
+KINDS = ("plain", "orderly", "push", "simple")
+WITH_DLQ = ("orderly", "push", "simple")
 
 
 @dataclass(frozen=True, order=True)
@@ -52,12 +74,31 @@ class Acl:
 
 @dataclass(frozen=True)
 class Consumer:
-    """A consumer group of the deployment: its principal and the real topics it reads."""
+    """A consumer group of the deployment: its principal, the real topics it reads, what it
+    runs (one of :data:`KINDS`) and, for a push group, how many retry levels (its
+    ``delay_levels``) it has."""
 
     group: str
     principal: str
     topics: tuple[str, ...]
-    orderly: bool = False
+    kind: str = "plain"
+    retry_levels: int = len(DEFAULT_DELAY_LEVELS)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(
+                f"consumer group {self.group!r}: kind {self.kind!r} is none of {', '.join(KINDS)}"
+            )
+        if self.kind == "push" and "@" in self.group:
+            # Its transactional ids' prefixed ACL ends at the '@' after the group's name.
+            raise ConfigError(
+                f"push consumer group {self.group!r}: a name with '@' cannot be isolated "
+                "(its transactional ids are <prefix>_push_<group>@<instance>)"
+            )
+        if isinstance(self.retry_levels, bool) or not isinstance(self.retry_levels, int):
+            raise ConfigError(f"consumer group {self.group!r}: retry_levels must be an int")
+        if self.retry_levels < 1:
+            raise ConfigError(f"consumer group {self.group!r}: retry_levels must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -105,19 +146,9 @@ def acl_bindings(
             for name, pattern in _real_topics(tenant)
         ]
     for c in consumers:
-        role = "consumer group"
-        out += [
-            Acl(role, c.principal, TOPIC, topic, LITERAL, ("READ", "DESCRIBE"))
-            for topic in c.topics
-        ]
-        out.append(Acl(role, c.principal, GROUP, c.group, LITERAL, ("READ",)))
-        if c.orderly:
-            out += [
-                Acl(role, c.principal, TOPIC, t.lock_request, LITERAL, rw),
-                Acl(role, c.principal, TOPIC, t.lock_reply, LITERAL, ("READ", "DESCRIBE")),
-                Acl(role, c.principal, TOPIC, t.dlq(c.group), LITERAL, rw),
-            ]
+        out += _consumer_acls(c, t)
     role, who = "coordinator", principals.coordinator
+    locks = lock_coordinator_group(prefix)
     out += [
         Acl(
             role,
@@ -128,9 +159,15 @@ def acl_bindings(
             ("READ", "WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS"),
         ),
         Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("READ", "DESCRIBE")),
-        Acl(role, who, GROUP, f"{prefix}_lock_coordinator", LITERAL, ("READ",)),
+        Acl(role, who, GROUP, locks, LITERAL, ("READ",)),
+        Acl(role, who, GROUP, t.timer_group, LITERAL, ("READ",)),
+        # The assign-only readers of the keys, lock and (read-back) delivery records.
+        Acl(role, who, GROUP, f"{t.keys}-reader", LITERAL, ("DESCRIBE",)),
+        Acl(role, who, GROUP, f"{locks}-reader", LITERAL, ("DESCRIBE",)),
+        Acl(role, who, GROUP, f"{t.timer_group}-reader", LITERAL, ("DESCRIBE",)),
         Acl(role, who, TXN_ID, f"{t.coordinator_group}-", PREFIXED, rw),
-        Acl(role, who, TXN_ID, f"{prefix}_lock_coordinator-", PREFIXED, rw),
+        Acl(role, who, TXN_ID, f"{locks}-", PREFIXED, rw),
+        Acl(role, who, TXN_ID, f"{t.timer_group}-", PREFIXED, rw),
     ]
     # The coordinators write a group's real topics only as its allow-list says.
     real = sorted({rt for tenant in tenants.values() for rt in _real_topics(tenant)})
@@ -153,8 +190,42 @@ def acl_bindings(
         out += [
             Acl(role, who, TOPIC, t.half, LITERAL, ("WRITE",)),
             Acl(role, who, GROUP, t.coordinator_group, LITERAL, ("DESCRIBE",)),
+            # The assign-only reader of txn discarded/redrive and dlq list/redrive.
+            Acl(role, who, GROUP, f"{prefix}_admin", LITERAL, ("DESCRIBE",)),
             Acl(role, who, TXN_ID, f"{prefix}_txn_redrive_", PREFIXED, rw),
         ]
+        # dlq list and redrive: a group's dead letters go back to the topics it reads.
+        for c in consumers:
+            if c.kind in WITH_DLQ:
+                out += [
+                    Acl(role, who, TOPIC, t.dlq(c.group), LITERAL, ("READ", "DESCRIBE")),
+                    Acl(role, who, TXN_ID, f"{prefix}_dlq_redrive_{c.group}", LITERAL, rw),
+                    *(Acl(role, who, TOPIC, topic, LITERAL, rw) for topic in c.topics),
+                ]
+    return out
+
+
+def _consumer_acls(c: Consumer, t: SystemTopics) -> list[Acl]:
+    """What a consumer group's principal needs for the class its kind names."""
+    role, who, rw = "consumer group", c.principal, ("WRITE", "DESCRIBE")
+    out = [Acl(role, who, TOPIC, topic, LITERAL, ("READ", "DESCRIBE")) for topic in c.topics]
+    out.append(Acl(role, who, GROUP, c.group, LITERAL, ("READ",)))
+    if c.kind == "orderly":
+        out += [
+            Acl(role, who, TOPIC, t.lock_request, LITERAL, rw),
+            Acl(role, who, TOPIC, t.lock_reply, LITERAL, ("READ", "DESCRIBE")),
+            # The lock client's assign-only reply reader.
+            Acl(role, who, GROUP, f"{t.prefix}_lock_client", LITERAL, ("DESCRIBE",)),
+        ]
+    if c.kind == "push":
+        out += [
+            Acl(role, who, TOPIC, t.retry(c.group, level), LITERAL, ("READ", *rw, "CREATE"))
+            for level in range(1, c.retry_levels + 1)
+        ]
+        out.append(Acl(role, who, TXN_ID, f"{t.prefix}_push_{c.group}@", PREFIXED, rw))
+    if c.kind in WITH_DLQ:
+        # CREATE: the consumer creates its DLQ (at start, or at its first dead letter).
+        out.append(Acl(role, who, TOPIC, t.dlq(c.group), LITERAL, (*rw, "CREATE")))
     return out
 
 
@@ -195,19 +266,37 @@ def load_deployment(path: str, prefix: str) -> tuple[dict[str, Tenant], tuple[Co
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--tenants-file {path}: cannot read it as JSON ({exc})") from exc
     tenants = parse_tenants(data, prefix, f"--tenants-file {path}")
+    try:
+        consumers = parse_consumers(data.get("consumers") or {})
+    except ConfigError as exc:
+        raise ConfigError(f"--tenants-file {path}: {exc}") from None
+    return tenants, consumers
+
+
+def parse_consumers(section: Mapping) -> tuple[Consumer, ...]:
+    """The tenants file's ``consumers``: group -> ``principal``, ``topics``, ``kind`` (one
+    of :data:`KINDS`, default ``plain``; ``"orderly": true`` is ``kind: orderly``) and, for
+    a push group, ``retry_levels`` (default: the PushConsumer's default delay levels)."""
     consumers = []
-    for group, spec in (data.get("consumers") or {}).items():
+    for group, spec in section.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("principal"), str):
-            raise ConfigError(f"--tenants-file {path}: consumer group {group!r} needs a principal")
+            raise ConfigError(f"consumer group {group!r} needs a principal")
+        topics = spec.get("topics", [])
+        if not isinstance(topics, list) or not all(isinstance(x, str) for x in topics):
+            raise ConfigError(f"consumer group {group!r}: topics must be a list of names")
+        kind = spec.get("kind", "orderly" if spec.get("orderly") else "plain")
+        if "orderly" in spec and bool(spec["orderly"]) != (kind == "orderly"):
+            raise ConfigError(f"consumer group {group!r}: 'orderly' contradicts kind {kind!r}")
         consumers.append(
             Consumer(
                 group,
                 spec["principal"],
-                tuple(spec.get("topics", ())),
-                bool(spec.get("orderly", False)),
+                tuple(topics),
+                kind,
+                spec.get("retry_levels", len(DEFAULT_DELAY_LEVELS)),
             )
         )
-    return tenants, tuple(consumers)
+    return tuple(consumers)
 
 
 def _cmd_acls(args: argparse.Namespace) -> int:

@@ -113,8 +113,11 @@ class EmbeddedKafka:
     ``sasl_users`` (user -> password) makes the bootstrap listener SASL_PLAINTEXT with the
     PLAIN mechanism for these users; the controller listener stays plaintext on loopback, and
     the broker talks to itself (transaction markers) on the SASL listener as the first user.
-    ``acls`` turns on Kafka's ACL authorizer: the first SASL user is a super user, and a
-    resource without ACLs stays open to everyone (tests deny what they need to).
+    ``acls`` turns on Kafka's ACL authorizer as Kafka ships it: the first SASL user is the
+    only super user (the controller listener is SASL then too, so the broker's own requests
+    to its controller authenticate as that user), and a resource without ACLs is closed to
+    everyone else (``allow.everyone.if.no.acl.found=false``): tests grant what they need.
+    The broker logs each denial in ``authorizer.log`` of the data dir.
     """
 
     data_dir: Path
@@ -315,12 +318,21 @@ class EmbeddedKafka:
                 f'username="{admin_user}" password="{admin_password}" {users};'
             )
             if self.acls:
-                # ANONYMOUS: the broker's own requests to its controller (plaintext listener).
+                # Kafka's own default: a resource without ACLs is closed to all but the
+                # super user. The controller listener authenticates as that user too, so no
+                # unauthenticated (ANONYMOUS) principal needs to be a super user.
                 lines["authorizer.class.name"] = (
                     "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
                 )
-                lines["super.users"] = f"User:{admin_user};User:ANONYMOUS"
-                lines["allow.everyone.if.no.acl.found"] = "true"
+                lines["super.users"] = f"User:{admin_user}"
+                lines["allow.everyone.if.no.acl.found"] = "false"
+                lines["listener.security.protocol.map"] = (
+                    "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+                )
+                lines["sasl.mechanism.controller.protocol"] = "PLAIN"
+                lines["listener.name.controller.plain.sasl.jaas.config"] = lines[
+                    "listener.name.sasl_plaintext.plain.sasl.jaas.config"
+                ]
         return lines
 
     def _format_storage(self, java: str, classpath: str, props: Path) -> None:

@@ -8,7 +8,9 @@ conftest.py); each deployment has a prefix of its own."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -26,8 +29,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from coordinator.acls import Acl, Consumer, Principals, acl_bindings
-from coordinator.tenancy import parse_tenants
+from coordinator.acls import Acl, Principals, acl_bindings, load_deployment
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, TransactionProducer
 from rmq_semantics.embedded import EmbeddedKafka
@@ -42,17 +44,25 @@ from tests.integration.txn_helpers import (
     ScriptedListener,
     ThreadCoordinator,
     read_to_end,
+    wait_for,
 )
 
+# The consumer groups' (c-*), operators' and Spark's principals serve
+# test_tenancy_principals.py: every class under the ACLs generated for its role.
 USERS = {
     "admin": "admin-secret",
     "coord": "coord-secret",
     "a": "a-secret",
     "b": "b-secret",
-    # Orderly consumer groups' principals (test_tenancy_locks.py): ``ca`` and ``cb``.
+    **{user: f"{user}-secret" for user in ("c-orderly", "c-push", "c-simple", "c-plain")},
+    # Orderly consumer groups' principals of test_tenancy_locks.py: ``cb`` attacks ``ca``.
     "ca": "ca-secret",
     "cb": "cb-secret",
+    "ops": "ops-secret",
+    "spark": "spark-secret",
 }
+#: The principals whose requests may be denied: the adversaries (``cb``: test_tenancy_locks.py).
+ADVERSARIES = frozenset({"User:b", "User:cb"})
 MARKER_KEY = "a-marker-key-for-the-tenancy-tests-0123456789"
 TENANT_KEY = "the-tenant-key-of-the-tenancy-tests-0123456789"
 # A transaction is decided within a few check intervals (FAST: 2.5 s) once its group answers.
@@ -98,6 +108,22 @@ def apply_acls(broker: EmbeddedKafka, acls: list[Acl]) -> None:
     ]
     for future in admin.create_acls(bindings).values():
         future.result(ACL_TIMEOUT_S)
+    # Created once the controller has them; the broker's authorizer applies them a moment
+    # later, and until then (allow.everyone.if.no.acl.found=false) refuses what they allow.
+    everything = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    wait_for(
+        lambda: set(bindings) <= set(admin.describe_acls(everything).result(ACL_TIMEOUT_S)),
+        ACL_TIMEOUT_S,
+        "the broker to apply the ACLs",
+    )
 
 
 @dataclass
@@ -138,31 +164,38 @@ A_CHECKS = {b"a-rolls-back": S.ROLLBACK_MESSAGE}
 
 @contextlib.contextmanager
 def deployment(
-    broker: EmbeddedKafka, data_dir: Path, consumers: dict[str, dict] | None = None
+    broker: EmbeddedKafka,
+    data_dir: Path,
+    *,
+    a_topics: tuple[str, ...] = (),
+    consumers: dict | None = None,
+    principals: Principals | None = None,
 ) -> Iterator[Deployment]:
-    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer;
-    ``consumers`` is the tenants file's ``consumers`` section (their ACLs too)."""
+    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer.
+    ``a_topics`` are more real topics of ``ga`` (``{prefix}`` in a name is replaced, as in
+    ``consumers``, the tenants file's section, and Spark's topics in ``principals``); the
+    ACLs are what ``tenant acls`` prints for that file and ``principals`` (default: the
+    coordinator's alone)."""
     prefix = f"iso{uuid.uuid4().hex[:6]}"
     ta, tb = f"ta-{prefix}", f"tb-{prefix}"
-    spec = {
+    more = [t.format(prefix=prefix) for t in a_topics]
+    spec: dict = {
         "version": 1,
         "groups": {
-            "ga": {"principal": "User:a", "topics": [ta]},
+            "ga": {"principal": "User:a", "topics": [ta, *more]},
             "gb": {"principal": "User:b", "topics": [tb]},
         },
-        "consumers": consumers or {},
     }
+    if consumers:
+        spec["consumers"] = json.loads(json.dumps(consumers).replace("{prefix}", prefix))
     tenants_file = data_dir / f"tenants-{prefix}.json"
     tenants_file.write_text(json.dumps(spec))
-    ensure_topics(user_conf(broker, "admin"), {ta: (1, {}), tb: (1, {})})
-    groups = tuple(
-        Consumer(g, c["principal"], tuple(c.get("topics", ())), bool(c.get("orderly")))
-        for g, c in (consumers or {}).items()
-    )
-    apply_acls(
-        broker,
-        acl_bindings(parse_tenants(spec, prefix), Principals("User:coord"), groups, prefix=prefix),
-    )
+    ensure_topics(user_conf(broker, "admin"), {t: (1, {}) for t in (ta, tb, *more)})
+    tenants, groups = load_deployment(str(tenants_file), prefix)
+    principals = principals or Principals("User:coord")
+    spark_topics = tuple(t.format(prefix=prefix) for t in principals.spark_topics)
+    principals = dataclasses.replace(principals, spark_topics=spark_topics)
+    apply_acls(broker, acl_bindings(tenants, principals, groups, prefix))
     listener = ScriptedListener(
         lambda v: A_INLINE.get(v, S.UNKNOW), lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE)
     )
@@ -277,3 +310,15 @@ def end_request(txn: str, group: str, partition: int, offset: int, state: EndSta
     return encode(
         EndRequest(txn, group, partition, offset, state, False, 0, int(time.time() * 1000))
     )
+
+
+def denied_principals(broker: EmbeddedKafka) -> dict[str, list[str]]:
+    """Principal -> the broker's authorizer log lines that denied it something (the broker
+    writes them to ``authorizer.log``; rmq_semantics/kafka/log4j2.properties)."""
+    out: dict[str, list[str]] = {}
+    path = broker.data_dir / "authorizer.log"
+    for line in path.read_text().splitlines() if path.exists() else ():
+        found = re.search(r"Principal = (\S+) is Denied", line)
+        if found:
+            out.setdefault(found.group(1), []).append(line)
+    return out

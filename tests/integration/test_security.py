@@ -51,17 +51,40 @@ CLI_TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def sasl_broker() -> Iterator[EmbeddedKafka]:
     """A second embedded broker whose only client listener is SASL_PLAINTEXT/PLAIN, with
-    ACLs enforced (admin is a super user; a resource without ACLs is open to everyone)."""
+    ACLs enforced as Kafka ships them (admin is the super user; a resource without ACLs is
+    closed): ``alice`` runs everything, so she may do anything to every topic, group and
+    transactional id (an explicit DENY still wins, see deny_write)."""
     data_dir = Path(tempfile.mkdtemp(prefix="rmq-test-sasl-kafka-"))
     broker = EmbeddedKafka(
         data_dir, port=free_port(), sasl_users={"admin": "admin-secret", USER: PASSWORD}, acls=True
     )
     try:
         broker.start()
+        allow_all(broker, USER)
         yield broker
     finally:
         broker.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def allow_all(broker: EmbeddedKafka, user: str) -> None:
+    admin = AdminClient(broker.client_conf())
+    futures = admin.create_acls(
+        [
+            AclBinding(
+                kind,
+                "*",
+                ResourcePatternType.LITERAL,
+                f"User:{user}",
+                "*",
+                AclOperation.ALL,
+                AclPermissionType.ALLOW,
+            )
+            for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+        ]
+    )
+    for future in futures.values():
+        future.result(CLI_TIMEOUT_S)
 
 
 def sasl_conf(broker: EmbeddedKafka, password: str = PASSWORD) -> dict:

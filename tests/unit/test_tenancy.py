@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.acls import Principals, acl_bindings, load_deployment, markdown_table
+from coordinator.acls import (
+    Principals,
+    acl_bindings,
+    load_deployment,
+    markdown_table,
+    parse_consumers,
+)
 from coordinator.settings import CoordinatorSettings
 from coordinator.tenancy import AllowList, TenantGuard, parse_tenants
 from rmq_semantics import TransactionListener, TransactionProducer
@@ -221,6 +227,78 @@ def test_producer_principals_get_only_literal_acls_and_never_the_keys_topic():
     }
     assert writes == {"orders-a", "orders-b", "b."}  # the allow-list, nothing more
     assert json.dumps([a.name for a in acls])  # plain strings throughout
+
+
+def _acls_of(acls, principal: str) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    return {(a.resource, a.name, a.pattern, a.operations) for a in acls if a.principal == principal}
+
+
+def test_each_consumer_kind_gets_what_its_class_touches_and_nothing_more():
+    consumers = parse_consumers(
+        {
+            "plain": {"principal": "User:p", "topics": ["t"]},
+            "ord": {"principal": "User:o", "topics": ["t"], "orderly": True},
+            "push": {"principal": "User:u", "topics": ["t"], "kind": "push", "retry_levels": 2},
+            "simple": {"principal": "User:s", "topics": ["t"], "kind": "simple"},
+        }
+    )
+    acls = acl_bindings(TENANTS, Principals("User:c", "User:ops"), consumers)
+    own = {("topic", "t", "literal", ("READ", "DESCRIBE"))}
+    assert _acls_of(acls, "User:p") == own | {("group", "plain", "literal", ("READ",))}
+    assert _acls_of(acls, "User:o") == own | {
+        ("group", "ord", "literal", ("READ",)),
+        ("topic", "__rmq_lock_request", "literal", ("WRITE", "DESCRIBE")),
+        ("topic", "__rmq_lock_reply", "literal", ("READ", "DESCRIBE")),
+        ("group", "__rmq_lock_client", "literal", ("DESCRIBE",)),
+        ("topic", "__rmq_dlq_ord", "literal", ("WRITE", "DESCRIBE", "CREATE")),
+    }
+    retry = ("READ", "WRITE", "DESCRIBE", "CREATE")
+    assert _acls_of(acls, "User:u") == own | {
+        ("group", "push", "literal", ("READ",)),
+        ("topic", "__rmq_retry_push_1", "literal", retry),
+        ("topic", "__rmq_retry_push_2", "literal", retry),
+        ("transactional-id", "__rmq_push_push@", "prefixed", ("WRITE", "DESCRIBE")),
+        ("topic", "__rmq_dlq_push", "literal", ("WRITE", "DESCRIBE", "CREATE")),
+    }
+    assert _acls_of(acls, "User:s") == own | {
+        ("group", "simple", "literal", ("READ",)),
+        ("topic", "__rmq_dlq_simple", "literal", ("WRITE", "DESCRIBE", "CREATE")),
+    }
+    ops = _acls_of(acls, "User:ops")
+    for group in ("ord", "push", "simple"):
+        assert ("topic", f"__rmq_dlq_{group}", "literal", ("READ", "DESCRIBE")) in ops
+        redrive = ("transactional-id", f"__rmq_dlq_redrive_{group}", "literal")
+        assert (*redrive, ("WRITE", "DESCRIBE")) in ops
+    assert ("topic", "t", "literal", ("WRITE", "DESCRIBE")) in ops  # dlq redrive's target
+    assert not any("plain" in name for _, name, _, _ in ops)  # no DLQ: nothing to re-drive
+
+
+def test_the_default_retry_levels_are_the_push_consumers_default_delay_levels():
+    from rmq_semantics.push import DEFAULT_DELAY_LEVELS
+
+    [push] = parse_consumers({"g": {"principal": "User:u", "topics": [], "kind": "push"}})
+    assert push.retry_levels == len(DEFAULT_DELAY_LEVELS)
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ({"principal": "User:u", "kind": "pull"}, "kind 'pull' is none of"),
+        ({"principal": "User:u", "kind": "push", "orderly": True}, "contradicts"),
+        ({"principal": "User:u", "kind": "push", "retry_levels": 0}, "retry_levels"),
+        ({"principal": "User:u", "topics": "t"}, "list of names"),
+        ({"topics": ["t"]}, "needs a principal"),
+    ],
+)
+def test_a_wrong_consumer_group_is_one_config_error(spec, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_consumers({"g": spec})
+
+
+def test_a_push_group_whose_name_holds_the_terminator_is_refused():
+    # __rmq_push_g@ would also match the transactional ids of group "g@x".
+    with pytest.raises(ConfigError, match="'@'"):
+        parse_consumers({"g@x": {"principal": "User:u", "kind": "push"}})
 
 
 # -- the producer's check topic ---------------------------------------------------------------
