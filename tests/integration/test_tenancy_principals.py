@@ -35,6 +35,7 @@ from tests.integration.tenancy_helpers import (
     DECIDED_WITHIN_S,
     USERS,
     Deployment,
+    consumer_key,
     denied_principals,
     deployment,
     discard_reasons,
@@ -185,6 +186,7 @@ def test_an_orderly_consumer_holds_its_locks_consumes_in_order_and_dead_letters(
         listener=listener,
         max_reconsume_times=0,
         topic_prefix=full.prefix,
+        consumer_group_key=consumer_key("gco"),  # its lock requests are signed (item 5)
     )
     consumer.subscribe([topic(full, ORDERLY)])
     consumer.start()
