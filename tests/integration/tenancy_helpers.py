@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,8 +124,13 @@ A_CHECKS = {b"a-rolls-back": S.ROLLBACK_MESSAGE}
 
 
 @contextlib.contextmanager
-def deployment(broker: EmbeddedKafka, data_dir: Path) -> Iterator[Deployment]:
-    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer."""
+def deployment(
+    broker: EmbeddedKafka,
+    data_dir: Path,
+    before_start: Callable[[Deployment], None] | None = None,
+) -> Iterator[Deployment]:
+    """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer;
+    ``before_start`` runs once the ACLs are in place, before either has started."""
     prefix = f"iso{uuid.uuid4().hex[:6]}"
     ta, tb = f"ta-{prefix}", f"tb-{prefix}"
     spec = {
@@ -144,24 +149,26 @@ def deployment(broker: EmbeddedKafka, data_dir: Path) -> Iterator[Deployment]:
     listener = ScriptedListener(
         lambda v: A_INLINE.get(v, S.UNKNOW), lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE)
     )
-    with (
-        ThreadCoordinator(
-            user_conf(broker, "coord"),
-            topic_prefix=prefix,
-            marker_key=MARKER_KEY,
-            tenants_file=str(tenants_file),
-            tenant_key=TENANT_KEY,
-        ) as coordinator,
-        TransactionProducer(
-            user_conf(broker, "a"),
-            producer_group="ga",
-            listener=listener,
-            topic_prefix=prefix,
-            group_key=group_key("ga"),
-            **SIZES,
-        ) as a,
-    ):
-        yield Deployment(broker, prefix, ta, tb, tenants_file, coordinator, a, listener)
+    coordinator = ThreadCoordinator(
+        user_conf(broker, "coord"),
+        topic_prefix=prefix,
+        marker_key=MARKER_KEY,
+        tenants_file=str(tenants_file),
+        tenant_key=TENANT_KEY,
+    )
+    a = TransactionProducer(
+        user_conf(broker, "a"),
+        producer_group="ga",
+        listener=listener,
+        topic_prefix=prefix,
+        group_key=group_key("ga"),
+        **SIZES,
+    )
+    dep = Deployment(broker, prefix, ta, tb, tenants_file, coordinator, a, listener)
+    if before_start is not None:
+        before_start(dep)
+    with coordinator, a:
+        yield dep
 
 
 def delivered(producer: confluent_kafka.Producer, topic: str, value: bytes | None, **kw):
@@ -187,14 +194,22 @@ def discard_reasons(iso: Deployment) -> dict[str, str]:
 
 
 def forged_half(
-    iso: Deployment, producer: confluent_kafka.Producer, group: str, topic: str, value: bytes
+    iso: Deployment,
+    producer: confluent_kafka.Producer,
+    group: str,
+    topic: str,
+    value: bytes,
+    partition: int | None = None,
+    txn: str | None = None,
 ) -> tuple[str, int, int]:
-    """A half record naming ``group`` and ``topic``, as ``producer`` writes it: (txn, p, o)."""
-    txn = uuid.uuid4().hex
+    """A half record naming ``group`` and ``topic``, as ``producer`` writes it (to half
+    ``partition``, by default any): (txn, p, o)."""
+    txn = txn or uuid.uuid4().hex
     headers = half_headers(
         Message(topic, value), txn, group.encode(), str(int(time.time() * 1000)).encode()
     )
-    err, msg = delivered(producer, iso.topics.half, value, headers=headers)
+    where = {} if partition is None else {"partition": partition}
+    err, msg = delivered(producer, iso.topics.half, value, headers=headers, **where)
     assert err is None, err
     return txn, msg.partition(), msg.offset()
 
