@@ -205,7 +205,10 @@ def test_a_commit_for_a_half_set_aside_as_forged_is_rejected_as_unauthenticated(
     # COMMITs before it were read.
     own, p2, o2 = forged_half(iso, signed_b, "gb", iso.tb, b"b-after-its-late-commits", p)
     assert p2 == p
-    delivered(signed_b, iso.topics.op, end_request(own, "gb", p, o2, EndState.COMMIT), partition=p)
+    err, _ = delivered(
+        signed_b, iso.topics.op, end_request(own, "gb", p, o2, EndState.COMMIT), partition=p
+    )
+    assert err is None, err
     wait_for(
         lambda: b"b-after-its-late-commits" in promoted_values(iso, iso.tb),
         DECIDED_WITHIN_S,
@@ -247,13 +250,16 @@ def test_a_flood_of_bs_rollbacks_by_id_does_not_make_the_coordinator_forget_as(i
         )
         signed_b.poll(0)
     own, _, o = forged_half(iso, signed_b, "gb", iso.tb, b"b-after-its-flood", p)
-    delivered(signed_b, iso.topics.op, end_request(own, "gb", p, o, EndState.COMMIT), partition=p)
+    err, _ = delivered(
+        signed_b, iso.topics.op, end_request(own, "gb", p, o, EndState.COMMIT), partition=p
+    )
+    assert err is None, err
     wait_for(
         lambda: b"b-after-its-flood" in promoted_values(iso, iso.tb),
         DECIDED_WITHIN_S,
         "B's flood to be read (its transaction after it promoted)",
     )
-    _, _, _ = forged_half(iso, signed_a, "ga", iso.ta, b"a-reported-failed", p, txn=txn)
+    forged_half(iso, signed_a, "ga", iso.ta, b"a-reported-failed", p, txn=txn)  # lands late
     wait_for(lambda: iso.decided(txn), DECIDED_WITHIN_S, "A's late half to be decided")
     assert b"a-reported-failed" not in promoted_values(iso, iso.ta)
     assert b"a-reported-failed" not in iso.a_listener.checked
@@ -281,7 +287,13 @@ def test_a_record_forged_before_the_first_coordinator_ran_is_never_promoted(secu
         wait_for(lambda: iso.decided(*forged), DECIDED_WITHIN_S, "the forged record decided")
         assert b"b-as-ga-before-any-coordinator" not in promoted_values(iso, iso.ta)
         assert discard_reasons(iso).get(forged[0]) == "forged"
-        assert metric(iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated")
+        wait_for(
+            lambda: metric(
+                iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated"
+            ),
+            DECIDED_WITHIN_S,
+            "the forged COMMIT to be rejected as unauthenticated",
+        )
 
 
 def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(iso):
