@@ -20,9 +20,9 @@ coordinators starting together both write, read back from the start and agree.
   (``earlier``), written once after that start's watermarks. Decided at that start from
   this topic or, when it holds nothing, from the one trace an older release left that a
   producer cannot write: committed offsets of the coordinators' group (the README's ACLs).
-- ``tenancy``: the half and Op partitions' ends when tenant isolation was first turned on;
-  records below them were written before, unsigned by their groups, and are trusted as
-  such (coordinator/tenancy.py).
+- ``tenancy``: the half and Op partitions' ends when tenant isolation was first turned on
+  after coordinators ran without it (else 0: a fresh install); records below them were
+  written before, unsigned by their groups, and are trusted as such (coordinator/tenancy.py).
 """
 
 from __future__ import annotations
@@ -163,27 +163,44 @@ def tenancy_watermarks(
     conf: dict, settings: CoordinatorSettings, instance_id: str
 ) -> dict[str, dict[int, int]]:
     """Per half and Op partition (``{"half": {p: offset}, "op": ...}``), the offset below
-    which records were written before tenant isolation was on: the partitions' ends at the
-    first start with it (recorded then; the first record wins), so pending transactions of
-    before are resolved, not set aside as forged. A partition added since has none."""
+    which records were written before tenant isolation was on, recorded at the first start
+    with it (the first record wins): the partitions' ends if coordinators ran here without
+    isolation, so pending transactions of before are resolved, not set aside as forged;
+    else 0 (a fresh install: a record written before any coordinator ran is a tenant's, and
+    trusted unsigned it could be a forgery). A partition added since has none."""
     topics = SystemTopics(settings.topic_prefix)
     store = _KeysTopic(conf, topics.keys, instance_id)
     try:
-        record = _first(store.read(), TENANCY)
+        records = store.read()
+        record = _first(records, TENANCY)
         if record is None:
+            # An isolated start writes this record before any other of its own, and commits
+            # nothing before it: an earlier record or committed progress is a coordinator's
+            # that ran without isolation (producers can write neither, docs/security.md).
+            earlier = bool(records) or store.had_coordinator(
+                topics.coordinator_group, {topics.half, topics.op}
+            )
             ends = {
                 name: store.end_offsets(topic, list(range(topic_partition_count(conf, topic) or 0)))
                 for name, topic in (("half", topics.half), ("op", topics.op))
             }
-            store.write(
-                [(TENANCY, {t: {str(p): o for p, o in e.items()} for t, e in ends.items()})]
-            )
+            marks = {
+                t: {str(p): o if earlier else 0 for p, o in e.items()} for t, e in ends.items()
+            }
+            store.write([(TENANCY, marks)])
             record = _first(store.read(), TENANCY)
             if record is None:
                 raise KafkaOperationError(
                     f"the tenancy watermarks written to {topics.keys} were not read back"
                 )
-            log.info("tenant isolation on: records below %s are trusted unsigned", record)
+            if earlier:
+                log.info("tenant isolation on: records below %s are trusted unsigned", record)
+            else:
+                log.info(
+                    "tenant isolation on from the first coordinator start: no record is "
+                    "trusted unsigned (%s)",
+                    record,
+                )
     finally:
         store.close()
     return {t: {int(p): o for p, o in record[t].items()} for t in ("half", "op")}

@@ -7,6 +7,13 @@ Pure, like :mod:`coordinator.state`: a pending half record with that id is rolle
 once; otherwise the request is remembered (bounded, ``ROLLBACK_IDS_KEEP_MS``) and the half
 record is rolled back when it arrives, never checked. First decision wins as for any end
 request: a transaction already decided is not touched.
+
+Remembered per producer group (issue 44): a group's requests never drop or replace another
+group's. Each group keeps its newest ``ROLLBACK_IDS_MAX`` per partition; past
+``ROLLBACK_IDS_TOTAL`` in all, the oldest of the group holding the most is dropped, so a
+group holding no more than that total divided among the groups remembered never loses one
+to another's flood. Under tenant isolation a group is one of the tenants file (an end
+request of another is rejected unsigned), so the memory is bounded by configuration too.
 """
 
 from __future__ import annotations
@@ -22,50 +29,102 @@ if TYPE_CHECKING:  # the state this mixes into
     from coordinator.members import Assemblies
     from rmq_semantics.records.half import HalfMessage
 
-__all__ = ["ROLLBACK_IDS_KEEP_MS", "ROLLBACK_IDS_MAX", "RollbackByIdSteps", "RollbackIds"]
+__all__ = [
+    "ROLLBACK_IDS_KEEP_MS",
+    "ROLLBACK_IDS_MAX",
+    "ROLLBACK_IDS_TOTAL",
+    "RollbackByIdSteps",
+    "RollbackIds",
+]
 
 # A half record landing this long after its producer's ROLLBACK was read is checked as any
 # other (librdkafka gave up on it before the ROLLBACK was sent: a later landing means a
 # broker held an appended record that long). Kept while remembered: its op offset.
 ROLLBACK_IDS_KEEP_MS = 15 * 60 * 1000
-# Remembered per partition at most (the oldest is dropped, counted: forged ones cost this).
+# Remembered per group and partition at most (its oldest is dropped, counted), as many as a
+# producer keeps of its failed half writes (rmq_semantics/unsent.py).
 ROLLBACK_IDS_MAX = 10_000
+# Remembered per partition in all (about 0.5 KB each, 20 MB): four groups' floods at once.
+ROLLBACK_IDS_TOTAL = 4 * ROLLBACK_IDS_MAX
+
+_Key = tuple[str, str]  # (producer group, transaction id)
+
+
+class _Sizes:
+    """The groups by how many requests each holds, so the largest is found at once (sizes
+    move by one at a time)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, dict[str, None]] = {}
+        self._max = 0
+
+    def moved(self, group: str, old: int, new: int) -> None:
+        if old:
+            bucket = self._groups[old]
+            del bucket[group]
+            if not bucket:
+                del self._groups[old]
+        if new:
+            self._groups.setdefault(new, {})[group] = None
+            self._max = max(self._max, new)
+        while self._max and self._max not in self._groups:
+            self._max -= 1
+
+    def largest(self) -> str:
+        return next(iter(self._groups[self._max]))
 
 
 class RollbackIds:
-    """ROLLBACKs by id waiting for their half record, in the order read (so the first one
-    holds the lowest op offset, which stays uncommitted while it waits)."""
+    """ROLLBACKs by id waiting for their half record, by producer group and transaction id,
+    in the order read (so the first one holds the lowest op offset, which stays uncommitted
+    while it waits)."""
 
-    def __init__(self) -> None:
-        self._waiting: OrderedDict[str, EndRequest] = OrderedDict()
+    def __init__(self, per_group: int = ROLLBACK_IDS_MAX, total: int = ROLLBACK_IDS_TOTAL) -> None:
+        self._per_group, self._total = per_group, total
+        self._waiting: OrderedDict[_Key, EndRequest] = OrderedDict()
+        self._groups: dict[str, OrderedDict[str, None]] = {}  # each group's ids, oldest first
+        self._sizes = _Sizes()
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def __contains__(self, txn_id: str) -> bool:
-        return txn_id in self._waiting
+    def __contains__(self, key: _Key) -> bool:
+        return key in self._waiting
+
+    def sizes(self) -> dict[str, int]:
+        """How many each group has remembered."""
+        return {group: len(ids) for group, ids in self._groups.items()}
 
     def remember(self, request: EndRequest) -> int:
         """Wait for ``request``'s half record; returns how many older ones were dropped."""
-        self._waiting.pop(request.txn_id, None)
-        self._waiting[request.txn_id] = request
+        group = request.producer_group
+        self._drop((group, request.txn_id))
+        self._waiting[(group, request.txn_id)] = request
+        ids = self._groups.setdefault(group, OrderedDict())
+        ids[request.txn_id] = None
+        self._sizes.moved(group, len(ids) - 1, len(ids))
         dropped = 0
-        while len(self._waiting) > ROLLBACK_IDS_MAX:
-            self._waiting.popitem(last=False)
+        if len(ids) > self._per_group:
+            self._drop((group, next(iter(ids))))
+            dropped += 1
+        while len(self._waiting) > self._total:
+            largest = self._sizes.largest()
+            self._drop((largest, next(iter(self._groups[largest]))))
             dropped += 1
         return dropped
 
-    def take(self, txn_id: str) -> EndRequest | None:
-        return self._waiting.pop(txn_id, None)
+    def take(self, group: str, txn_id: str) -> EndRequest | None:
+        """``group``'s ROLLBACK of ``txn_id``, forgotten, if it was remembered."""
+        return self._drop((group, txn_id))
 
     def expire(self, now_ms: int) -> int:
         """Forget those read ``ROLLBACK_IDS_KEEP_MS`` ago; returns how many."""
         expired = 0
         while self._waiting:
-            oldest = next(iter(self._waiting.values()))
+            key, oldest = next(iter(self._waiting.items()))
             if now_ms - oldest.received_ms < ROLLBACK_IDS_KEEP_MS:
                 break
-            self._waiting.popitem(last=False)
+            self._drop(key)
             expired += 1
         return expired
 
@@ -73,6 +132,17 @@ class RollbackIds:
         """The op offset a restart must replay from to remember them all again."""
         # Read in op order: the first one holds the lowest op offset.
         return next(iter(self._waiting.values())).op_offset if self._waiting else None
+
+    def _drop(self, key: _Key) -> EndRequest | None:
+        request = self._waiting.pop(key, None)
+        if request is not None:
+            group, txn_id = key
+            ids = self._groups[group]
+            del ids[txn_id]
+            self._sizes.moved(group, len(ids) + 1, len(ids))
+            if not ids:
+                del self._groups[group]
+        return request
 
 
 class RollbackByIdSteps:
@@ -117,7 +187,7 @@ class RollbackByIdSteps:
         """A half record just made pending at ``offset`` whose ROLLBACK by id came first."""
         if self.recovering or not len(self.rolled_back_ids):
             return []
-        request = self.rolled_back_ids.take(half.txn_id)
+        request = self.rolled_back_ids.take(half.producer_group, half.txn_id)
         return [] if request is None else self._roll_back_by_id(offset, request)
 
     def _roll_back_by_id(self, offset: int, request: EndRequest) -> list[Action]:

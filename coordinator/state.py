@@ -33,6 +33,7 @@ from coordinator.actions import (
     transition,
 )
 from coordinator.copies import Copies, CopySteps
+from coordinator.discards import Discards, Gone
 from coordinator.horizon import Carried, Horizon, ReappendSteps, Recent
 from coordinator.members import Assemblies
 from coordinator.rollback_ids import RollbackByIdSteps, RollbackIds
@@ -56,6 +57,7 @@ __all__ = [
 
 # How many decided offsets per partition are remembered for classifying late decisions.
 RECENT_OUTCOMES = 10_000
+FORGED_HALF = "the half record at that offset was set aside as forged: no group signed it"
 
 
 _OUTCOMES = {state.value: state for state in TxnState}
@@ -102,10 +104,9 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
     outcomes: OrderedDict[int, TxnState] = field(  # bounded on every insert (recovery too)
         default_factory=lambda: Recent(RECENT_OUTCOMES)
     )
-    # Discarded half offset -> the last op offset read before the discard (its done marker's
-    # when read back): a COMMIT after it is late; one before it caused the discard or was
-    # read again by a replay (bounded like ``outcomes``).
-    discarded_at: dict[int, int] = field(default_factory=dict)
+    # Discarded half offsets: what an end request read after the discard is (bounded like
+    # ``outcomes``).
+    discards: Discards = field(default_factory=Discards)
     # Rejected end requests with the reason, for the I/O layer to log and then clear.
     rejections: list[tuple[EndRequest, str]] = field(default_factory=list)
     # Check markers read before their half record (op and half are consumed side by side).
@@ -162,6 +163,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 self.on_check_marker(*self.early_markers.pop(offset))
             if carried is None:  # a first arrival whose producer reported it failed
                 arrived += self._rolled_back_on_arrival(offset, half)
+        elif offset in self.decided:  # read again after its done marker (a restart)
+            self.discards.learn(offset, half, None)
         # Only requests for this offset can have become applicable (a scan of every
         # deferred request per half record was quadratic when ends overtake halves).
         return [*self._drain_deferred(now_ms, only=offset), *arrived]
@@ -200,6 +203,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             self.pending[offset] = Pending(half, now_ms, poison=reason, detail=detail)
             heapq.heappush(self._schedule, (now_ms, offset))
             heapq.heappush(self._pending_heap, offset)
+        else:  # read again after its done marker (a restart): who wrote it, why set aside
+            self.discards.learn(offset, half, reason)
         return self._drain_deferred(now_ms, only=offset)
 
     def set_aside(self, action: Finish | IssueCheck, reason: DiscardReason, detail: str) -> Discard:
@@ -212,7 +217,7 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             offset = half.offset
             self.decided[offset] = (self.decided.get(offset, (None,))[0], TxnState.DISCARDED)
             self.outcomes[offset] = TxnState.DISCARDED
-            self._discarded(offset, self.op_position - 1)
+            self.discards.note(offset, self.op_position - 1, half, reason)
         return Discard(action.half, reason, getattr(action, "checks_answered", 0), detail, members)
 
     def on_done_marker(self, op_offset: int, half_offset: int, outcome: TxnState) -> None:
@@ -221,13 +226,15 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         anchor = self.assemblies.anchor(half_offset)
         if anchor is not None:  # every member is done in the same Kafka transaction
             self._drop_unit(anchor)
-        self.pending.pop(half_offset, None)
+        entry = self.pending.pop(half_offset, None)
         self.early_markers.pop(half_offset, None)
         if half_offset >= low:
             self._decide(half_offset, op_offset, outcome)
         self.outcomes[half_offset] = outcome
         if outcome is TxnState.DISCARDED:
-            self._discarded(half_offset, op_offset)
+            self.discards.note(
+                half_offset, op_offset, *((entry.half, entry.poison) if entry else (None, None))
+            )
 
     def on_op_marker(self, op_offset: int, record: SystemRecord) -> bool:
         """A done or check marker read back from Op (the coordinator's own records);
@@ -362,30 +369,29 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
             request = followed
         offset = request.half_offset
         entry = self.pending.get(offset)
-        if entry is not None and entry.poison is not None:
+        poison = entry.poison if entry is not None else None
+        if poison is not None:
             entry = None  # waiting to be set aside: as good as malformed
         if entry is None:
-            if offset in self.malformed_half:
+            if poison is DiscardReason.FORGED or self.discards.forged(offset):
+                self.counters["rejected_unauthenticated"] += 1
+                self.rejections.append((request, FORGED_HALF))
+            elif offset in self.malformed_half:
                 self.counters["rejected_not_half"] += 1
                 self.rejections.append((request, "the half record at that offset is malformed"))
             elif request.state == "UNKNOWN":
                 self.counters["late_unknown"] += 1
             else:
                 outcome = self.decided.get(offset, (None, None))[1] or self.outcomes.get(offset)
+                gone = self.discards.after(offset, request) or Gone(-1)
+                # Late only for the transaction discarded, its record read (not only its
+                # done marker, after a restart): else a conflicting decision below.
                 if (
                     outcome is TxnState.DISCARDED
                     and request.state == "COMMIT"
-                    and (request.op_offset > self.discarded_at.get(offset, -1))
+                    and gone.txn_id is not None
                 ):
-                    return [
-                        LateCommit(
-                            self.partition,
-                            offset,
-                            request.txn_id,
-                            request.producer_group,
-                            request.op_offset,
-                        )
-                    ]
+                    return self._late_commit(offset, request, gone)
                 same = (outcome is TxnState.COMMITTED and request.state == "COMMIT") or (
                     outcome is TxnState.ROLLED_BACK and request.state == "ROLLBACK"
                 )
@@ -432,6 +438,19 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
                 entry.checks_answered,
                 entry.answered_seq,
                 entry.next_check_ts,
+            )
+        ]
+
+    def _late_commit(self, offset: int, request: EndRequest, gone: Gone) -> list[Action]:
+        """A COMMIT read after the discard of ``gone``: noted if it is its transaction's."""
+        why = gone.mismatch(request)
+        if why is not None:
+            self.counters["rejected_mismatch"] += 1
+            self.rejections.append((request, why))
+            return []
+        return [
+            LateCommit(
+                self.partition, offset, request.txn_id, request.producer_group, request.op_offset
             )
         ]
 
@@ -488,13 +507,8 @@ class PartitionState(ReappendSteps, WaitSteps, RollbackByIdSteps, CopySteps):
         entry, members = self._resolve(offset, TxnState.DISCARDED)
         self._close_unread(members, (TxnState.DISCARDED, reason, detail))
         for half in members or (entry.half,):
-            self._discarded(half.offset, self.op_position - 1)
+            self.discards.note(half.offset, self.op_position - 1, half, reason)
         return Discard(entry.half, reason, entry.checks_answered, detail, members)
-
-    def _discarded(self, offset: int, op_boundary: int) -> None:
-        self.discarded_at[offset] = min(op_boundary, self.discarded_at.get(offset, op_boundary))
-        while len(self.discarded_at) > RECENT_OUTCOMES:
-            del self.discarded_at[next(iter(self.discarded_at))]
 
     def due(self, now_ms: int) -> list[Action]:
         """Checks (and retention discards) whose time has come. None while recovering."""

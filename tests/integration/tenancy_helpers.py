@@ -13,7 +13,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,12 +170,14 @@ def deployment(
     a_topics: tuple[str, ...] = (),
     consumers: dict | None = None,
     principals: Principals | None = None,
+    before_start: Callable[[Deployment], None] | None = None,
 ) -> Iterator[Deployment]:
     """Two tenants on a prefix of their own, their ACLs, a coordinator and A's producer.
     ``a_topics`` are more real topics of ``ga`` (``{prefix}`` in a name is replaced, as in
     ``consumers``, the tenants file's section, and Spark's topics in ``principals``); the
     ACLs are what ``tenant acls`` prints for that file and ``principals`` (default: the
-    coordinator's alone)."""
+    coordinator's alone). ``before_start`` runs once the ACLs are in place, before the
+    coordinator and A's producer start."""
     prefix = f"iso{uuid.uuid4().hex[:6]}"
     ta, tb = f"ta-{prefix}", f"tb-{prefix}"
     more = [t.format(prefix=prefix) for t in a_topics]
@@ -199,24 +201,26 @@ def deployment(
     listener = ScriptedListener(
         lambda v: A_INLINE.get(v, S.UNKNOW), lambda v: A_CHECKS.get(v, S.COMMIT_MESSAGE)
     )
-    with (
-        ThreadCoordinator(
-            user_conf(broker, "coord"),
-            topic_prefix=prefix,
-            marker_key=MARKER_KEY,
-            tenants_file=str(tenants_file),
-            tenant_key=TENANT_KEY,
-        ) as coordinator,
-        TransactionProducer(
-            user_conf(broker, "a"),
-            producer_group="ga",
-            listener=listener,
-            topic_prefix=prefix,
-            group_key=group_key("ga"),
-            **SIZES,
-        ) as a,
-    ):
-        yield Deployment(broker, prefix, ta, tb, tenants_file, coordinator, a, listener)
+    coordinator = ThreadCoordinator(
+        user_conf(broker, "coord"),
+        topic_prefix=prefix,
+        marker_key=MARKER_KEY,
+        tenants_file=str(tenants_file),
+        tenant_key=TENANT_KEY,
+    )
+    a = TransactionProducer(
+        user_conf(broker, "a"),
+        producer_group="ga",
+        listener=listener,
+        topic_prefix=prefix,
+        group_key=group_key("ga"),
+        **SIZES,
+    )
+    dep = Deployment(broker, prefix, ta, tb, tenants_file, coordinator, a, listener)
+    if before_start is not None:
+        before_start(dep)
+    with coordinator, a:
+        yield dep
 
 
 def delivered(producer: confluent_kafka.Producer, topic: str, value: bytes | None, **kw):
@@ -242,14 +246,22 @@ def discard_reasons(iso: Deployment) -> dict[str, str]:
 
 
 def forged_half(
-    iso: Deployment, producer: confluent_kafka.Producer, group: str, topic: str, value: bytes
+    iso: Deployment,
+    producer: confluent_kafka.Producer,
+    group: str,
+    topic: str,
+    value: bytes,
+    partition: int | None = None,
+    txn: str | None = None,
 ) -> tuple[str, int, int]:
-    """A half record naming ``group`` and ``topic``, as ``producer`` writes it: (txn, p, o)."""
-    txn = uuid.uuid4().hex
+    """A half record naming ``group`` and ``topic``, as ``producer`` writes it (to half
+    ``partition``, by default any): (txn, p, o)."""
+    txn = txn or uuid.uuid4().hex
     headers = half_headers(
         Message(topic, value), txn, group.encode(), str(int(time.time() * 1000)).encode()
     )
-    err, msg = delivered(producer, iso.topics.half, value, headers=headers)
+    where = {} if partition is None else {"partition": partition}
+    err, msg = delivered(producer, iso.topics.half, value, headers=headers, **where)
     assert err is None, err
     return txn, msg.partition(), msg.offset()
 

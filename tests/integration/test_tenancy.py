@@ -15,6 +15,8 @@ import confluent_kafka
 import pytest
 from confluent_kafka import KafkaError
 
+from coordinator.rollback_ids import ROLLBACK_IDS_MAX
+from coordinator.txn_service import system_topic_specs
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, Producer, RmqError, TransactionProducer
 from rmq_semantics.group_signing import SignedProducer
@@ -182,7 +184,118 @@ def test_b_cannot_read_the_marker_key_nor_the_coordinators_topics(iso):
     assert MARKER_KEY not in repr(iso.a.settings)
 
 
+def test_a_commit_for_a_half_set_aside_as_forged_is_rejected_as_unauthenticated(iso):
+    """B writes a half record claiming ga, waits for it to be set aside, then commits it: in
+    ga's name unsigned, and as gb with its own key. Neither is noted as a late commit."""
+    plain_b = confluent_kafka.Producer(iso.conf("b"))
+    signed_b = SignedProducer(
+        iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"), topics=iso.topics
+    )
+    txn, p, o = forged_half(iso, plain_b, "ga", iso.ta, b"b-as-ga-committed-late")
+    wait_for(
+        lambda: discard_reasons(iso).get(txn) == "forged", DECIDED_WITHIN_S, "the forged discard"
+    )
+    before = metric(iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated")
+    for producer, group in ((plain_b, "ga"), (signed_b, "gb")):
+        err, _ = delivered(
+            producer, iso.topics.op, end_request(txn, group, p, o, EndState.COMMIT), partition=p
+        )
+        assert err is None, err
+    # Then a transaction of B's own on the same Op partition: once it is promoted, both
+    # COMMITs before it were read.
+    own, p2, o2 = forged_half(iso, signed_b, "gb", iso.tb, b"b-after-its-late-commits", p)
+    assert p2 == p
+    err, _ = delivered(
+        signed_b, iso.topics.op, end_request(own, "gb", p, o2, EndState.COMMIT), partition=p
+    )
+    assert err is None, err
+    wait_for(
+        lambda: b"b-after-its-late-commits" in promoted_values(iso, iso.tb),
+        DECIDED_WITHIN_S,
+        "B's own transaction to be promoted",
+    )
+    [listed] = [t for t in list_discarded(iso.conf("admin"), iso.prefix) if t.txn_id == txn]
+    assert listed.status == "forged"
+    wait_for(
+        lambda: (
+            metric(iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated")
+            >= before + 2
+        ),
+        DECIDED_WITHIN_S,
+        "both COMMITs to be rejected as unauthenticated",
+    )
+
+
+def test_a_flood_of_bs_rollbacks_by_id_does_not_make_the_coordinator_forget_as(iso):
+    """A's half write was reported failed, so its producer sent a ROLLBACK by transaction id;
+    B then floods the same Op partition with ROLLBACKs by made-up ids (as gb, signed). A's
+    half record lands after all that: it is rolled back on arrival, never checked (A's
+    checker would commit it) nor promoted."""
+    signed_a = SignedProducer(
+        iso.conf("a"), key=derive_group_key(TENANT_KEY.encode(), "ga"), topics=iso.topics
+    )
+    signed_b = SignedProducer(
+        iso.conf("b"), key=derive_group_key(TENANT_KEY.encode(), "gb"), topics=iso.topics
+    )
+    p, txn = 1, uuid.uuid4().hex
+    err, _ = delivered(
+        signed_a, iso.topics.op, end_request(txn, "ga", p, -1, EndState.ROLLBACK), partition=p
+    )
+    assert err is None, err
+    for _ in range(ROLLBACK_IDS_MAX + 1):
+        signed_b.produce(
+            iso.topics.op,
+            end_request(uuid.uuid4().hex, "gb", p, -1, EndState.ROLLBACK),
+            partition=p,
+        )
+        signed_b.poll(0)
+    own, _, o = forged_half(iso, signed_b, "gb", iso.tb, b"b-after-its-flood", p)
+    err, _ = delivered(
+        signed_b, iso.topics.op, end_request(own, "gb", p, o, EndState.COMMIT), partition=p
+    )
+    assert err is None, err
+    wait_for(
+        lambda: b"b-after-its-flood" in promoted_values(iso, iso.tb),
+        DECIDED_WITHIN_S,
+        "B's flood to be read (its transaction after it promoted)",
+    )
+    forged_half(iso, signed_a, "ga", iso.ta, b"a-reported-failed", p, txn=txn)  # lands late
+    wait_for(lambda: iso.decided(txn), DECIDED_WITHIN_S, "A's late half to be decided")
+    assert b"a-reported-failed" not in promoted_values(iso, iso.ta)
+    assert b"a-reported-failed" not in iso.a_listener.checked
+
+
 # -- upgrade -------------------------------------------------------------------------------
+def test_a_record_forged_before_the_first_coordinator_ran_is_never_promoted(secured_broker):
+    """A fresh install whose system topics were created first (docs/operations/
+    kafka-security.md): B writes a half record claiming ga and its COMMIT, unsigned, before
+    any coordinator ran. The first coordinator, isolated from its start, trusts neither."""
+    forged: list[str] = []
+
+    def forge(iso: Deployment) -> None:
+        settings = iso.coordinator.server.settings
+        ensure_topics(iso.conf("admin"), system_topic_specs(settings))
+        plain_b = confluent_kafka.Producer(iso.conf("b"))
+        txn, p, o = forged_half(iso, plain_b, "ga", iso.ta, b"b-as-ga-before-any-coordinator")
+        err, _ = delivered(
+            plain_b, iso.topics.op, end_request(txn, "ga", p, o, EndState.COMMIT), partition=p
+        )
+        assert err is None, err
+        forged.append(txn)
+
+    with deployment(*secured_broker, before_start=forge) as iso:
+        wait_for(lambda: iso.decided(*forged), DECIDED_WITHIN_S, "the forged record decided")
+        assert b"b-as-ga-before-any-coordinator" not in promoted_values(iso, iso.ta)
+        assert discard_reasons(iso).get(forged[0]) == "forged"
+        wait_for(
+            lambda: metric(
+                iso.coordinator, "rmq_rejected_requests_total", reason="unauthenticated"
+            ),
+            DECIDED_WITHIN_S,
+            "the forged COMMIT to be rejected as unauthenticated",
+        )
+
+
 def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(iso):
     """Transactions left pending by unsigned producers on the shared check topic are decided
     once their producers and the coordinators have switched to isolation (docs/security.md,

@@ -11,7 +11,7 @@ import pytest
 
 from coordinator import marker_keys
 from coordinator.marker_auth import MarkerKey
-from coordinator.marker_keys import KINDS, _parse, load_verifier
+from coordinator.marker_keys import KINDS, _parse, load_verifier, tenancy_watermarks
 from coordinator.settings import CoordinatorSettings
 from tests.fuzz import generators as gen
 
@@ -96,6 +96,27 @@ def test_watermarks_of_the_release_before_history_mean_an_earlier_coordinator(ke
     ]
     assert load_verifier({}, SETTINGS, KEY, "c1").watermarks == {0: 5, 1: 3}
     assert _history(keys.records) == [True]
+
+
+# -- the tenancy watermarks ---------------------------------------------------------------
+def test_isolation_from_a_fresh_install_trusts_no_unsigned_record(keys):
+    """Half and Op hold records (a tenant's forgeries) but no coordinator ever ran: every
+    tenancy watermark is 0, and later starts keep that."""
+    assert tenancy_watermarks({}, SETTINGS, "c1") == {"half": {0: 0, 1: 0}, "op": {0: 0, 1: 0}}
+    keys.committed = True  # its own progress, by a later start
+    assert tenancy_watermarks({}, SETTINGS, "c2") == {"half": {0: 0, 1: 0}, "op": {0: 0, 1: 0}}
+
+
+@pytest.mark.parametrize("trace", ["keys", "committed"])
+def test_isolation_after_coordinators_ran_without_it_trusts_what_was_there(keys, trace):
+    """The switch from a deployment without isolation: its coordinators left records in the
+    keys topic, or (a release before the keys topic) committed progress."""
+    if trace == "keys":
+        load_verifier({}, SETTINGS, KEY, "old")  # a coordinator without a tenants file
+    else:
+        keys.committed = True
+    ends = {0: 7, 1: 3}
+    assert tenancy_watermarks({}, SETTINGS, "c1") == {"half": ends, "op": ends}
 
 
 # -- the fuzzer's keys records ------------------------------------------------------------

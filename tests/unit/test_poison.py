@@ -33,7 +33,7 @@ from rmq_semantics.records.codec import decode
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import NOT_REDRIVABLE, DiscardReason
-from rmq_semantics.records.txn import DoneMarkers
+from rmq_semantics.records.txn import DoneEntry, DoneMarkers, Outcome
 from rmq_semantics.topics import SystemTopics
 
 K, R = FailureKind, DiscardReason
@@ -227,6 +227,62 @@ def test_a_commit_after_check_max_is_a_late_commit_and_discards_carry_their_reas
     [discard] = st.on_end_request(EndRequest(1, "t0", "pg", 0, "UNKNOWN", True, 1, T0), T0)
     assert discard.reason == "check_max" and "1 checks answered UNKNOWN" in discard.detail
     assert st.on_end_request(end(2, 0, "COMMIT"), T0) == [LateCommit(0, 0, "t0", "pg", 2)]
+
+
+def test_an_end_request_for_a_half_set_aside_as_forged_is_unauthenticated_never_late():
+    """No group signed a forged record: whoever commits it, before or after its discard, is
+    rejected as unauthenticated (issue 44), never noted as a late commit."""
+    st = live()
+    st.on_poison_half(4, half(4), R.FORGED, T0, "no valid rmq.group_mac")
+    assert st.on_end_request(end(1, 4, "COMMIT"), T0) == []  # still waiting to be set aside
+    [discard] = st.due(T0)
+    assert discard.reason is R.FORGED
+    intruder = EndRequest(9, "t4", "gb", 4, "COMMIT", False, 0, T0)
+    assert st.on_end_request(end(8, 4, "COMMIT"), T0) == []
+    assert st.on_end_request(intruder, T0) == []
+    assert st.counters["rejected_unauthenticated"] == 3
+    assert [reason for _, reason in st.rejections] == [
+        "the half record at that offset was set aside as forged: no group signed it"
+    ] * 3
+
+
+def test_a_late_commit_of_another_transaction_or_group_is_a_mismatch_not_noted():
+    st = live()
+    st.on_half(0, half(0), T0)
+    st.due(T0 + 6000)
+    st.on_end_request(EndRequest(1, "t0", "pg", 0, "UNKNOWN", True, 1, T0), T0)  # check_max
+    assert st.on_end_request(EndRequest(2, "t0", "gb", 0, "COMMIT", False, 0, T0), T0) == []
+    assert st.on_end_request(EndRequest(3, "t9", "pg", 0, "COMMIT", False, 0, T0), T0) == []
+    assert st.counters["rejected_mismatch"] == 2
+    assert st.on_end_request(end(4, 0, "COMMIT"), T0) == [LateCommit(0, 0, "t0", "pg", 4)]
+
+
+def test_a_discard_known_only_from_its_done_marker_notes_no_late_commit():
+    """After a restart that re-read the done marker but not the record (below the committed
+    half offset), who wrote the record is unknown: a COMMIT is a conflicting decision."""
+    st = PartitionState(0, 6000, 60000, 1)
+    st.start_at(6, 0)
+    st.on_op_marker(0, DoneMarkers((DoneEntry(5, "t5", Outcome.DISCARDED, 1),), T0))
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    assert st.on_end_request(end(1, 5, "COMMIT"), T0) == []
+    assert st.counters["conflicting_decisions"] == 1
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_a_discard_whose_record_is_read_again_after_its_done_marker_is_judged_by_it(forged):
+    st = PartitionState(0, 6000, 60000, 1)
+    st.start_at(5, 0)  # the record at 5 is read again
+    st.on_op_marker(0, DoneMarkers((DoneEntry(5, "t5", Outcome.DISCARDED, 1),), T0))
+    if forged:
+        st.on_poison_half(5, half(5), R.FORGED, T0)
+    else:
+        st.on_half(5, half(5), T0)
+    st.on_eof("half", T0)
+    st.on_eof("op", T0)
+    late = st.on_end_request(end(1, 5, "COMMIT"), T0)
+    assert late == ([] if forged else [LateCommit(0, 5, "t5", "pg", 1)])
+    assert st.counters["rejected_unauthenticated"] == forged
 
 
 # -- vetting a batch -----------------------------------------------------------------------
