@@ -24,6 +24,7 @@ from rmq_semantics.clientconf import new_client
 from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
+from rmq_semantics.push.fifo_hold import ReplayHold, fifo_revoke_wait_s, wait_at_revocation
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.positions import (
@@ -63,14 +64,6 @@ POLL_ERROR_BACKOFF_MAX_S = 5.0
 # A FIFO record's lease outlives its call's consume_timeout_ms by this much, so the pool's
 # timeout settles the call first (retry after the FIFO interval); the lease is the backstop.
 FIFO_LEASE_SLACK_MS = 5000
-# Revocation waits for the running FIFO calls of the partitions it takes away, so their acks
-# go with its commit and the next owner starts a group only after its call ended (RocketMQ's
-# old owner keeps its queue lock until its consumption ends). Bounded by what the group
-# protocol allows a revocation (max.poll.interval.ms: the rebalance timeout of both
-# protocols), less this margin for the commit and the rejoin; a call running past it keeps
-# its group by a lease written to the call's own deadline.
-FIFO_REVOKE_MARGIN_S = 15.0
-MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default max.poll.interval.ms
 TP = tuple[str, int]
 
 
@@ -91,13 +84,6 @@ class PollSettings:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def fifo_revoke_wait_s(consumer_conf: dict) -> float:
-    """How long a revocation waits for its partitions' FIFO calls (see FIFO_REVOKE_MARGIN_S):
-    max.poll.interval.ms less the margin, at least half of it."""
-    poll_s = int(consumer_conf.get("max.poll.interval.ms", MAX_POLL_INTERVAL_MS)) / 1000
-    return max(poll_s / 2, poll_s - FIFO_REVOKE_MARGIN_S)
 
 
 class PollLoop:
@@ -130,9 +116,7 @@ class PollLoop:
         self._last_commit = 0.0
         # Where a replayed partition without a commit starts again: its first record read.
         self._replay_from: dict[TP, int] = {}
-        # Replayed partitions (a producer renewal) paused until their FIFO calls end: their
-        # groups are not dispatched again while a call of them runs.
-        self._replay_waiting: set[TP] = set()
+        self._replay_waiting = ReplayHold(ledger)  # replayed, paused while FIFO calls run
         self._revoke_wait_s = fifo_revoke_wait_s(settings.consumer_conf)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -188,7 +172,8 @@ class PollLoop:
         now = time.monotonic()
         for batch in self.ledger.expired(now):
             self.pool.expire(batch)
-        self._replayed_calls_ended()
+        if ended := self._replay_waiting.released():
+            self._unread.again(ended)
         self._read_unassigned(consumer)
         self._resume_due()
         self._back_pressure(consumer)
@@ -259,32 +244,11 @@ class PollLoop:
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if not self.stopping.is_set():  # else _drain waited already
-            self._wait_fifo_calls(revoked)
+            wait_at_revocation(
+                self.ledger, lambda b: self.pool.expire(b), revoked, self._revoke_wait_s, self.name
+            )
         self._commit()  # what is done of them is committed before another owner starts
         self._forget(consumer, partitions)
-
-    def _wait_fifo_calls(self, revoked: set[TP]) -> None:
-        """Wait for the FIFO calls of the partitions ``revoked`` (a call past its consume
-        timeout settled as timed out), up to the revocation's bound; then the leases of the
-        calls still running are committed to their own deadlines."""
-        end = time.monotonic() + self._revoke_wait_s
-        while running := self.ledger.fifo_calls(revoked):
-            now = time.monotonic()
-            for batch in self.ledger.expired(now):
-                self.pool.expire(batch)
-            if now >= end:
-                self.ledger.uncap(revoked)
-                log.warning(
-                    "push consumer %s: %d FIFO calls still running after %.0f s at revocation "
-                    "(max.poll.interval.ms bounds the wait); their messages stay invisible to "
-                    "the next owner until their consume timeout",
-                    self.name,
-                    len(running),
-                    self._revoke_wait_s,
-                )
-                return
-            first_due = min(b.deadline for b in running)
-            self.ledger.wait_fifo_calls(revoked, max(0.01, min(end, first_due) - now))
 
     def _on_lost(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         self._forget(consumer, partitions)  # someone else may own them: no commit
@@ -508,17 +472,5 @@ class PollLoop:
                 self._replay_from.setdefault(part.tp, part.first)
         if tps := [TopicPartition(*part.tp) for part in parts]:
             consumer.pause(tps)
-            # A partition with a FIFO call running is read again once that call ended: its
-            # restored lease would hand the group out again while the call runs.
-            running = {b.part.tp for b in self.ledger.fifo_calls({p.tp for p in parts})}
-            self._replay_waiting |= running
-            self._unread.again([tp for tp in tps if (tp.topic, tp.partition) not in running])
-
-    def _replayed_calls_ended(self) -> None:
-        """Read the committed offsets of the replayed partitions whose FIFO calls ended."""
-        if not self._replay_waiting:
-            return
-        running = {b.part.tp for b in self.ledger.fifo_calls(self._replay_waiting)}
-        if ended := self._replay_waiting - running:
-            self._replay_waiting = running
-            self._unread.again([TopicPartition(*tp) for tp in ended])
+            # One with a FIFO call running is read again once that call ended (fifo_hold.py).
+            self._unread.again(self._replay_waiting.hold(tps))

@@ -19,6 +19,7 @@ from rmq_semantics.push.api import (
     ConsumeConcurrentlyStatus,
     PushMessage,
 )
+from rmq_semantics.push.fifo_hold import FIFO_REVOKE_MARGIN_S, fifo_revoke_wait_s
 from rmq_semantics.push.ledger import FIFO_COMMITTED_LEASE_MS, Batch, Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
 from rmq_semantics.push.positions import rewind
@@ -451,8 +452,8 @@ def _ack_later(loop: PollLoop, batch: Batch, after_s: float) -> threading.Thread
 
 
 def test_the_revocation_bound_is_max_poll_interval_less_its_margin():
-    assert poller.fifo_revoke_wait_s({}) == 300 - poller.FIFO_REVOKE_MARGIN_S
-    assert poller.fifo_revoke_wait_s({"max.poll.interval.ms": "20000"}) == 10.0
+    assert fifo_revoke_wait_s({}) == 300 - FIFO_REVOKE_MARGIN_S
+    assert fifo_revoke_wait_s({"max.poll.interval.ms": "20000"}) == 10.0
 
 
 def test_a_revocation_waits_for_a_running_fifo_call_and_commits_its_ack(monkeypatch):
