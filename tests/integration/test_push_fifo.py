@@ -302,6 +302,8 @@ def test_a_message_held_by_a_killed_instance_comes_back_long_before_its_consume_
 
 
 # -- a slow call keeps its group (issue 45) --------------------------------------------------
+# Here, not in test_push.py: this file runs in `make test` only (test-oldest and
+# test-group-protocol run test_push.py too), so these 30 s tests cost CI their time once.
 SLOW_S = 30.0  # the slow listener's call: longer than the 10 s the committed lease runs ahead
 
 
