@@ -39,9 +39,11 @@ TP = tuple[str, int]
 # than this, so a commit's metadata changes only when a lease does (the field holds 74 h).
 LEASE_REF_MAX_AGE_MS = 3600 * 1000
 # The deadlines a commit writes for FIFO calls in flight are capped this far ahead, renewed
-# at half, while the calls' own leases run to their consume timeout: a message held by an
-# instance that died comes back this soon on the next owner, not after consume_timeout_ms
-# (15 min by default), and the running calls never time out here for a slow poll round.
+# at half while the instance lives, while the calls' own leases run to their consume timeout:
+# a message held by an instance that died comes back this soon on the next owner, not after
+# consume_timeout_ms (15 min by default), and the running calls never time out here for a
+# slow poll round. A live instance keeps its calls' groups: renewed while they run, waited
+# for at revocation (poller.py), never dispatched again across a producer renewal.
 FIFO_COMMITTED_LEASE_MS = 10_000
 
 
@@ -61,6 +63,9 @@ class Part:
     engine: PartitionEngine | None = None
     lease_ref_ms: int = 0
     leases_visible_by: int = 0  # the cap of the deadlines its commits write (FIFO)
+    # Revoked while FIFO calls still ran past the revocation's wait: its last commit writes
+    # their leases to their own deadlines, so the next owner waits for this live instance.
+    uncapped: bool = False
     first_failures: dict[int, int] = field(default_factory=dict)  # FIFO offset -> first ms
 
 
@@ -178,6 +183,12 @@ class Ledger:
                 part.first = offset
             part.engine.offer(offset, msg, now_ms)
 
+    def fifo_calls(self, tps: set[TP]) -> list[Batch]:
+        """The FIFO calls of the partitions ``tps`` still running (of a partition revoked or
+        replayed since too: their listener has not returned)."""
+        with self._lock:
+            return [b for b in self._batches if b.receipt and b.part.tp in tps]
+
     def wait_fifo_calls(self, tps: set[TP], timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until no FIFO call of the partitions ``tps`` is running
         (revocation: finish, then commit); False on timeout."""
@@ -185,6 +196,14 @@ class Ledger:
             return self._room.wait_for(
                 lambda: not any(b.receipt and b.part.tp in tps for b in self._batches), timeout_s
             )
+
+    def uncap(self, tps: set[TP]) -> None:
+        """The next commit of the partitions ``tps`` writes the leases of their calls in
+        flight to those calls' own deadlines (a revocation that could not wait them out)."""
+        with self._lock:
+            for tp in tps:
+                if (part := self._parts.get(tp)) is not None:
+                    part.uncapped = True
 
     def accepting(self, part: Part) -> bool:
         """Whether ``part`` may take more records (its tracker's bound)."""
@@ -362,9 +381,8 @@ class Ledger:
                         part.lease_ref_ms = now_ms
                     if part.leases_visible_by - now_ms < FIFO_COMMITTED_LEASE_MS // 2:
                         part.leases_visible_by = now_ms + FIFO_COMMITTED_LEASE_MS
-                    now = part.engine.committable(
-                        part.lease_ref_ms, visible_by=part.leases_visible_by
-                    )
+                    cap = None if part.uncapped else part.leases_visible_by
+                    now = part.engine.committable(part.lease_ref_ms, visible_by=cap)
                 if now is not None and now != part.committed:
                     offsets[part] = now
             return copies, offsets

@@ -24,6 +24,7 @@ from rmq_semantics.clientconf import new_client
 from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.orderly.runtime import COMMIT_TIMEOUT_S, event
 from rmq_semantics.push.api import PushMessage
+from rmq_semantics.push.fifo_hold import ReplayHold, fifo_revoke_wait_s, wait_at_revocation
 from rmq_semantics.push.ledger import Batch, Ledger, Part
 from rmq_semantics.push.pool import ListenerPool
 from rmq_semantics.push.positions import (
@@ -63,10 +64,6 @@ POLL_ERROR_BACKOFF_MAX_S = 5.0
 # A FIFO record's lease outlives its call's consume_timeout_ms by this much, so the pool's
 # timeout settles the call first (retry after the FIFO interval); the lease is the backstop.
 FIFO_LEASE_SLACK_MS = 5000
-# Revocation waits this long for the running FIFO calls of the partitions it takes away, so
-# their acks go with its commit; a longer call keeps its lease, the new owner waits it out.
-# Short against max.poll.interval.ms (the rebalance's own bound).
-FIFO_REVOKE_WAIT_S = 10.0
 TP = tuple[str, int]
 
 
@@ -119,6 +116,8 @@ class PollLoop:
         self._last_commit = 0.0
         # Where a replayed partition without a commit starts again: its first record read.
         self._replay_from: dict[TP, int] = {}
+        self._replay_waiting = ReplayHold(ledger)  # replayed, paused while FIFO calls run
+        self._revoke_wait_s = fifo_revoke_wait_s(settings.consumer_conf)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -173,6 +172,8 @@ class PollLoop:
         now = time.monotonic()
         for batch in self.ledger.expired(now):
             self.pool.expire(batch)
+        if ended := self._replay_waiting.released():
+            self._unread.again(ended)
         self._read_unassigned(consumer)
         self._resume_due()
         self._back_pressure(consumer)
@@ -242,13 +243,9 @@ class PollLoop:
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
-        stopping = self.stopping.is_set()  # then _drain waited already
-        if not stopping and not self.ledger.wait_fifo_calls(revoked, FIFO_REVOKE_WAIT_S):
-            log.warning(
-                "push consumer %s: FIFO calls still running after %.0f s at revocation; their "
-                "messages stay invisible to the next owner until their leases pass",
-                self.name,
-                FIFO_REVOKE_WAIT_S,
+        if not self.stopping.is_set():  # else _drain waited already
+            wait_at_revocation(
+                self.ledger, lambda b: self.pool.expire(b), revoked, self._revoke_wait_s, self.name
             )
         self._commit()  # what is done of them is committed before another owner starts
         self._forget(consumer, partitions)
@@ -266,6 +263,7 @@ class PollLoop:
             self._full.discard(key)
             self._unread.discard(key)
             self._replay_from.pop(key, None)
+            self._replay_waiting.discard(key)
         # Even an empty one: without a call the client unassigns the left-out ones too,
         # which it refuses (they are not in the assignment).
         consumer.incremental_unassign(partitions)
@@ -296,7 +294,10 @@ class PollLoop:
             resume = [
                 TopicPartition(*tp)
                 for tp in self._bp_paused
-                if tp not in self._held and tp not in self._unread and tp not in self._full
+                if tp not in self._held
+                and tp not in self._unread
+                and tp not in self._full
+                and tp not in self._replay_waiting
             ]
             self._bp_paused = set()
             if resume:
@@ -471,4 +472,5 @@ class PollLoop:
                 self._replay_from.setdefault(part.tp, part.first)
         if tps := [TopicPartition(*part.tp) for part in parts]:
             consumer.pause(tps)
-            self._unread.again(tps)
+            # One with a FIFO call running is read again once that call ended (fifo_hold.py).
+            self._unread.again(self._replay_waiting.hold(tps))

@@ -4,7 +4,8 @@
 Subscribes by the pattern of every workload topic (those created mid-run too) through the
 public classes (``PushConsumer``, ``OrderlyConsumer`` in partition or key mode) and records
 every record its listener processes: class, instance, topic, partition, offset, key,
-message id, reconsume count (``consumed`` events, history.py). Push calls that fail add a
+message id, reconsume count (``consumed`` events, history.py; a push call's events carry its
+start, ``start_mono_s``, and are recorded at its end). Push calls that fail add a
 ``push_retry`` per message. Orderly calls add the lock epoch the batch runs under
 (``context.lock_epoch``); each orderly call is a ``batch`` (queue ``group/topic/partition``
 as the lock service names it, its start and end, the lease left then by
@@ -177,6 +178,7 @@ class ConsumerWorker:
 
     # -- push ----------------------------------------------------------------------------
     def push_listener(self, msgs: list, context: Any) -> ConsumeConcurrentlyStatus:
+        started = time.monotonic()  # the call's start; its events' own times are its end
         status = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         for msg in msgs:
             fields = record_of(msg)
@@ -194,6 +196,7 @@ class ConsumerWorker:
                 **draft.fields,
                 reconsume_times=msg.reconsume_times,
                 retry_topic=getattr(msg, "retry_topic", None),
+                start_mono_s=started,
             )
             if fail:
                 status = ConsumeConcurrentlyStatus.RECONSUME_LATER

@@ -54,7 +54,9 @@ consumer side
                     the order of its calls
   ``consumed``      consumer, group, instance, topic, partition, offset, key?, msg_id,
                     result? ("SUCCESS" default | "RECONSUME_LATER" | "SUSPEND"); key is the
-                    ordering key (the rmq.message_group header, else the record key)
+                    ordering key (the rmq.message_group header, else the record key); a
+                    push call's add reconsume_times, retry_topic? and start_mono_s (the
+                    call's start; the event is recorded at its end)
   ``batch``         queue ("group/topic/partition"), instance, epoch, lease_granted_ms,
                     lease_valid_until_ms, start_ms, end_ms, offsets[], committed (bool),
                     commit_ms?

@@ -284,11 +284,18 @@ def push_call(
     *,
     who: str = "push-1",
     retry_topic: str | None = None,
+    start: float | None = None,
 ) -> Event:
     """One push call of group pg on fifo[0] (m10..m13 at offsets 0..3; only @3 has no
-    message group), as consumer_worker.py records it."""
+    message group), as consumer_worker.py records it: ending at ``t``, started at ``start``
+    (default: 50 ms before)."""
     draft = ev.consumed("push", "pg", who, "fifo", 0, offset, f"m1{offset}", result=result)
-    fields = {**draft.fields, "reconsume_times": times, "retry_topic": retry_topic}
+    fields = {
+        **draft.fields,
+        "reconsume_times": times,
+        "retry_topic": retry_topic,
+        "start_mono_s": t - 0.05 if start is None else start,
+    }
     return at(Draft(Kind.CONSUMED, fields), t, proc=who)
 
 

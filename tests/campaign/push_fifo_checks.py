@@ -5,20 +5,28 @@ groups"), over the push workers' ``consumed`` events, the final read (each recor
 Per push group, a message group's records in one partition (offset order) form a lane:
 
 1. a record of a lane is called only when every earlier record of it was consumed with
-   SUCCESS or was dead-lettered after its last attempt; an earlier record whose last call
-   before failed although it had succeeded once is excused by a disruption of the group
-   since that success (an instance killed or paused, a transactional producer re-created:
-   the ack not committed yet is replayed, the lease committed up to 10 s);
+   SUCCESS (a call that ended before this one started) or was dead-lettered after its last
+   attempt; an earlier record whose last call before failed although it had succeeded once
+   is excused by a disruption of the group since that success (an instance killed or
+   paused, a transactional producer re-created: the ack not committed yet is replayed, the
+   lease committed up to 10 s);
 2. a FIFO record is retried in place, never on a retry topic;
 3. within one instance's life (process and pid) a record's ``reconsume_times`` strictly
    increase after a failed call, unless the group was disrupted between the two calls or
    the second came over ``REPLAY_GAP_MS`` later (a replay restores the committed count);
    a call after a SUCCESS is a replay of an ack not committed yet (a transaction aborted
    under a rebalance: no event marks it), so any count may follow it; never over
-   ``max_reconsume_times``.
+   ``max_reconsume_times``;
+4. no two calls of one lane run at once (each call's start, ``start_mono_s``, against the
+   other's end, its event's ``mono_s``), unless the earlier call's instance was frozen or
+   killed during it, or a fault that can end a live member's session (a network partition,
+   every broker paused) overlapped it: then the next owner goes on once the 10 s lease
+   lapsed, as RocketMQ's does once the broker's lock expired. A live slow call keeps its
+   group across a rebalance and a producer renewal (issue 45).
 
 Times are ``mono_s`` (one host), a disruption's wall ms against the worker's, as
-simple_checks.py, whose ``Disruptions`` this reuses.
+simple_checks.py, whose ``Disruptions`` this reuses. A call logged without
+``start_mono_s`` (histories before issue 45) started when it ended.
 """
 
 from __future__ import annotations
@@ -43,6 +51,21 @@ MESSAGE_GROUP = "rmq.message_group"
 # the push consumer's counts).
 DISRUPTING_FAULTS = ("consumer_kill", "consumer_pause")
 DISRUPTING_COUNTS = ("producer_renewals",)
+# What lets a lane's next call start while one still runs (rule 4): the calling process's
+# faults (its target), and the cluster faults that can end a live member's session (any).
+OVERLAP_PROCESS_FAULTS = ("consumer_kill", "consumer_pause")
+OVERLAP_CLUSTER_FAULTS = ("partition", "all_brokers_paused")
+
+
+def _start_s(call: Event) -> float:
+    """When a call started (``mono_s``): its ``start_mono_s``, else its end."""
+    start = call.get("start_mono_s")
+    return call.mono_s if start is None else float(start)
+
+
+def _start_ms(call: Event) -> int:
+    """When a call started, in the worker's wall ms."""
+    return call.wall_ms - round((call.mono_s - _start_s(call)) * 1000)
 
 
 @dataclass
@@ -83,7 +106,7 @@ def _lanes(g: _PushGroup, final: dict[Record, Event]) -> dict[tuple[str, int, st
 def _blocked(g: _PushGroup, d: Disruptions, rec: Record, call: Event) -> str | None:
     """Why ``rec`` (earlier in its lane) should have held ``call`` back, or None."""
     calls = g.calls.get(rec, [])
-    before = [e for e in calls if e.mono_s <= call.mono_s]
+    before = [e for e in calls if e.mono_s <= _start_s(call)]  # ended before it started
     last_try = max((int(e.get("reconsume_times") or 0) for e in calls), default=0)
     if rec in g.dead and any(int(e.get("reconsume_times") or 0) >= last_try for e in before):
         return None  # its last attempt was made: dead-lettered before the group went on
@@ -170,6 +193,44 @@ def _counts(g: _PushGroup, d: Disruptions, lanes: dict, most: int | None) -> lis
     return out
 
 
+def _overlap_excused(history: History, first: Event) -> bool:
+    """Whether a fault while ``first`` ran let its lane go on without it (rule 4)."""
+    lo, hi = _start_ms(first), first.wall_ms
+    for f in history.of(Kind.FAULT):
+        start, end = int(f["start_ms"]), int(f.get("end_ms") or f["start_ms"])
+        if start > hi or end < lo:
+            continue
+        if f["fault"] in OVERLAP_CLUSTER_FAULTS:
+            return True
+        if f["fault"] in OVERLAP_PROCESS_FAULTS and f["target"] in (first.proc, first["instance"]):
+            return True
+    return False
+
+
+def _overlaps(g: _PushGroup, history: History, lanes: dict) -> list[Violation]:
+    """4. No call of a lane starts while another call of it still runs."""
+    out = []
+    for (topic, partition, group), recs in lanes.items():
+        calls = sorted((c for r in recs for c in g.calls.get(r, ())), key=_start_s)
+        for i, first in enumerate(calls):
+            for later in calls[i + 1 :]:
+                if _start_s(later) >= first.mono_s:
+                    break  # sorted by start: none after it starts before ``first`` ended
+                if _overlap_excused(history, first):
+                    break
+                out.append(
+                    Violation(
+                        "fifo_overlap",
+                        f"group {g.name}: message group {group!r} of {topic}[{partition}]: "
+                        f"@{later['offset']} called by {later['instance']} at "
+                        f"{_start_ms(later)} while the call of @{first['offset']} by "
+                        f"{first['instance']} ran ({_start_ms(first)} to {first.wall_ms})",
+                        {"group": g.name, "record": where(record_at(later))},
+                    )
+                )
+    return out
+
+
 def check_push_fifo(
     history: History, *, max_reconsume_times: int | None = None, echo: bool = True
 ) -> CheckResult:
@@ -182,7 +243,7 @@ def check_push_fifo(
     for g in _push_groups(history).values():
         lanes = _lanes(g, final)
         violations += _order(g, d, lanes) + _in_place(g, lanes, retries)
-        violations += _counts(g, d, lanes, max_reconsume_times)
+        violations += _counts(g, d, lanes, max_reconsume_times) + _overlaps(g, history, lanes)
         n_fifo = sum(len(recs) for recs in lanes.values())
         calls = sum(len(g.calls.get(r, ())) for recs in lanes.values() for r in recs)
         parts.append(f"{n_fifo} FIFO records in {len(lanes)} lanes, {calls} calls")

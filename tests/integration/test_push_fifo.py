@@ -7,6 +7,7 @@ with a group where the last one left it, at once after a rebalance."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import confluent_kafka
@@ -298,3 +299,121 @@ def test_a_message_held_by_a_killed_instance_comes_back_long_before_its_consume_
     finally:
         second.shutdown()
     assert seen.of("a") == [(0, 1), (1, 0)]  # the lost call counted, the group in order
+
+
+# -- a slow call keeps its group (issue 45) --------------------------------------------------
+# Here, not in test_push.py: this file runs in `make test` only (test-oldest and
+# test-group-protocol run test_push.py too), so these 30 s tests cost CI their time once.
+SLOW_S = 30.0  # the slow listener's call: longer than the 10 s the committed lease runs ahead
+
+
+class Timed:
+    """Each call's (instance, group, n, reconsume_times, start, end), ``time.monotonic`` of
+    this process: a call is logged when it starts and its end filled in when it returns.
+    ``slow(name, group, n, times)`` says which calls take ``SLOW_S``."""
+
+    def __init__(self, slow) -> None:
+        self.slow = slow
+        self.calls: list[list] = []
+        self.lock = threading.Lock()
+
+    def listener(self, name: str):
+        def call(msgs, context):
+            (m,) = msgs
+            group, n = m.header(H.MESSAGE_GROUP).decode(), int(m.value)
+            row = [name, group, n, m.reconsume_times, time.monotonic(), None]
+            with self.lock:
+                self.calls.append(row)
+            if self.slow(name, group, n, m.reconsume_times):
+                threading.Event().wait(SLOW_S)  # the listener's work
+            row[5] = time.monotonic()
+            return SUCCESS
+
+        return call
+
+    def started(self, group: str, n: int) -> bool:
+        with self.lock:
+            return any(c[1:3] == [group, n] for c in self.calls)
+
+    def ended(self) -> list[list]:
+        with self.lock:
+            return [c for c in self.calls if c[5] is not None]
+
+    def overlaps(self) -> list[str]:
+        """Two calls of one message group running at once (each call's start and end), and
+        a group's next message started before its head's first call ended."""
+        calls = sorted(self.ended(), key=lambda c: c[4])
+        out = []
+        for i, a in enumerate(calls):
+            for b in calls[i + 1 :]:
+                if a[1] == b[1] and b[4] < a[5]:
+                    out.append(f"{b[0]}'s {b[1]}/{b[2]} started while {a[0]}'s {a[1]}/{a[2]} ran")
+        for group in {c[1] for c in calls}:
+            firsts = {n: next(c for c in calls if c[1:3] == [group, n]) for n in (0, 1)}
+            if firsts[1][4] < firsts[0][5]:
+                out.append(f"{group}/1 started before {group}/0's first call ended")
+        return out
+
+
+def test_a_slow_fifo_call_keeps_its_group_while_a_second_instance_joins(broker, make_topic, unique):
+    """A 30 s call of a group's head on the first instance; a second instance joins and
+    takes one of the two partitions: the revocation waits for the call (RocketMQ's old owner
+    keeps its queue lock until its consumption ends), so the head is never called twice at
+    once and the group's next message starts only after it."""
+    topic = make_topic("fifo-slow", 3)
+    for partition, group_name in enumerate("abc"):
+        send(broker, topic, [(group_name, 0), (group_name, 1)], partition)
+    timed = Timed(lambda name, group, n, times: name == "first" and n == 0)
+    # One retry topic of one partition: of the four partitions the second instance takes two,
+    # so at least one of the topic's.
+    kwargs = {"delay_levels": (0.2,)}
+    first, group, prefix = start(broker, unique, topic, timed.listener("first"), **kwargs)
+    second = None
+    try:
+        wait_for(lambda: all(timed.started(g, 0) for g in "abc"), 30, "the three heads called")
+        second, _, _ = start(
+            broker, unique, topic, timed.listener("second"), group=group, prefix=prefix, **kwargs
+        )
+        wait_for(
+            lambda: first.counts["consumed"] + second.counts["consumed"] >= 6,
+            3 * SLOW_S,
+            "every group's next message consumed",
+        )
+    finally:
+        first.shutdown()
+        if second is not None:
+            second.shutdown()
+    assert not (overlaps := timed.overlaps()), overlaps
+    assert any(c[0] == "second" for c in timed.ended())  # a partition moved to it
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends == {0: 2, 1: 2, 2: 2}
+
+
+def test_a_slow_fifo_call_keeps_its_group_across_a_producer_renewal(broker, make_topic, unique):
+    """A 30 s call of a group's head while the consumer's transactional producer is fenced
+    and re-created (its partitions replay from their commits): the group is not dispatched
+    again until that call ends."""
+    topic = make_topic("fifo-renewed")
+    send(broker, topic, [("a", 0), ("a", 1)])
+    timed = Timed(lambda name, group, n, times: n == 0 and times == 0)
+    client_id = unique("fifo-client")
+    consumer, group, prefix = start(
+        broker, unique, topic, timed.listener("only"), client_id=client_id
+    )
+    try:
+        wait_for(lambda: timed.started("a", 0), 30, "a/0 in its call")
+        wait_for(lambda: lease_committed(broker, group, topic), 30, "its lease committed")
+        # A newer instance of the same transactional.id fences the consumer's producer: its
+        # next commit (the lease's renewal) fails and the producer is re-created.
+        fencer = confluent_kafka.Producer(
+            broker.conf(**{"transactional.id": f"{prefix}_push_{client_id}"})
+        )
+        fencer.init_transactions(30)
+        wait_for(lambda: consumer.counts["producer_renewals"] >= 1, 30, "the producer renewed")
+        wait_for(lambda: timed.started("a", 1), 3 * SLOW_S, "a/1 called")
+        wait_for(lambda: consumer.counts["consumed"] >= 2, 30, "a/1 acked")
+    finally:
+        consumer.shutdown()
+    assert not (overlaps := timed.overlaps()), overlaps
+    committed, ends = committed_ends(broker.conf(), group, topic)
+    assert committed == ends == {0: 2}

@@ -64,6 +64,38 @@ def test_a_replay_after_a_kill_may_call_an_acked_record_again():
     assert result.status is Status.PASS, [str(v) for v in result.violations]
 
 
+def test_a_record_called_while_the_call_before_it_still_ran_fails():
+    """Issue 45: the head's SUCCESS call ended (21.0) after its group's next call started
+    (20.9); comparing the calls' ends alone (21.0 before 21.1) saw nothing."""
+    result = _check(
+        push_call(0, 21.0, OK, 1, start=20.6),
+        push_call(1, 21.1, LATER, 0, start=20.9),
+        drop=lambda e: _call(0, 21.0)(e) or _call(1, 21.1)(e),
+    )
+    _fails_with(result, "fifo", "@1 called by push-1", "@0 before it was neither")
+    _fails_with(result, "fifo_overlap", "@1 called by push-1 at 20900", "@0 by push-1 ran")
+
+
+# 4. No two calls of a lane at once.
+def test_two_calls_of_one_record_at_once_fail():
+    """Issue 45: a 30 s call of the head on one instance, and its redelivery on the next
+    owner (the lease lapsed after 10 s) acked while the first still ran."""
+    result = _check(push_call(0, 21.0, OK, 1, start=15.0, who="push-2"), drop=_call(0, 21.0))
+    _fails_with(result, "fifo_overlap", "@0 called by push-1 at 19950", "@0 by push-2 ran")
+
+
+def test_an_overlap_after_the_calling_instance_was_paused_is_excused():
+    pause = at(ev.fault("consumer_pause", "push-2", 16_000, end_ms=19_000), 16.0, proc="harness")
+    result = _check(pause, push_call(0, 21.0, OK, 1, start=15.0, who="push-2"), drop=_call(0, 21.0))
+    assert result.status is Status.PASS, [str(v) for v in result.violations]
+
+
+def test_an_overlap_while_another_instance_was_paused_fails():
+    pause = at(ev.fault("consumer_pause", "push-1", 16_000, end_ms=19_000), 16.0, proc="harness")
+    result = _check(pause, push_call(0, 21.0, OK, 1, start=15.0, who="push-2"), drop=_call(0, 21.0))
+    _fails_with(result, "fifo_overlap", "@0 by push-2 ran")
+
+
 # 2. Retried in place.
 def test_a_fifo_record_on_a_retry_topic_fails():
     result = _check(push_call(1, 22.1, LATER, 1, retry_topic="%RETRY%pg"), drop=_call(1, 22.1))

@@ -6,6 +6,7 @@ librdkafka keeping a pause across a rebalance."""
 from __future__ import annotations
 
 import threading
+import time
 
 import confluent_kafka
 import pytest
@@ -13,10 +14,18 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from rmq_semantics.orderly.offsets import OffsetTracker
 from rmq_semantics.push import poller
-from rmq_semantics.push.ledger import Ledger, Part
+from rmq_semantics.push.api import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    PushMessage,
+)
+from rmq_semantics.push.fifo_hold import FIFO_REVOKE_MARGIN_S, fifo_revoke_wait_s
+from rmq_semantics.push.ledger import FIFO_COMMITTED_LEASE_MS, Batch, Ledger, Part
 from rmq_semantics.push.poller import PollLoop, PollSettings
 from rmq_semantics.push.positions import rewind
 from rmq_semantics.push.retry import OutRecord
+from rmq_semantics.records.headers import H
+from rmq_semantics.simple.engine import PartitionEngine
 from rmq_semantics.tags import TagFilter
 
 
@@ -385,3 +394,115 @@ def test_a_held_retry_partition_revoked_and_assigned_again_is_read_again(monkeyp
     loop._on_assign(consumer, [retry])  # type: ignore[arg-type]
     loop._round()
     assert ("retry_1", 0) not in consumer.paused, "assigned again, but never resumed"
+
+
+# -- a live slow FIFO call keeps its group (issue 45) ----------------------------------------
+class ExpiringPool:
+    """The pool's poll-thread side: a call past its deadline is settled as failed."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def expire(self, batch: Batch) -> None:
+        context = ConsumeConcurrentlyContext(*batch.part.tp, 1)
+        self.ledger.settle(batch, ConsumeConcurrentlyStatus.RECONSUME_LATER, context, None)
+
+
+FIFO_MSG = PushMessage("orders", 0, 7, b"k", b"v", ((H.MESSAGE_GROUP, b"g"),), 0, 0)
+
+
+def _fifo_call(
+    monkeypatch: pytest.MonkeyPatch, producers: list[FakeProducer], deadline_s: float = 60.0
+) -> tuple[PollLoop, FakeConsumer, Batch]:
+    """A FIFO loop opened on fakes, orders[0] assigned at committed offset 7, and the call of
+    its record at 7 (message group g) running, ``deadline_s`` from its consume timeout."""
+    consumer = FakeConsumer(failures=0)
+    made = iter(producers)
+
+    def new_client(cls: type, conf: dict, who: str) -> object:
+        return consumer if cls is confluent_kafka.Consumer else next(made)
+
+    monkeypatch.setattr(poller, "new_client", new_client)
+    loop = _loop()
+    loop.ledger.fifo = True
+    loop.pool = ExpiringPool(loop.ledger)  # type: ignore[assignment]
+    loop._open()
+    loop._on_assign(consumer, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    part = loop.ledger.part(("orders", 0))
+    assert part is not None and part.engine is not None
+    now_ms = int(time.time() * 1000)
+    loop.ledger.offer(part, 7, FIFO_MSG, now_ms)
+    ((_, delivery),) = loop.ledger.deliver(1, now_ms, 15 * 60 * 1000)
+    batch = Batch(
+        part, [FIFO_MSG], [7], [None], time.monotonic() + deadline_s, receipt=delivery.receipt
+    )
+    loop.ledger.open(batch)
+    return loop, consumer, batch
+
+
+def _ack_later(loop: PollLoop, batch: Batch, after_s: float) -> threading.Thread:
+    def ack() -> None:
+        time.sleep(after_s)  # the listener's work
+        context = ConsumeConcurrentlyContext(*batch.part.tp, 1)
+        loop.ledger.settle(batch, ConsumeConcurrentlyStatus.CONSUME_SUCCESS, context, None)
+
+    thread = threading.Thread(target=ack, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_revocation_bound_is_max_poll_interval_less_its_margin():
+    assert fifo_revoke_wait_s({}) == 300 - FIFO_REVOKE_MARGIN_S
+    assert fifo_revoke_wait_s({"max.poll.interval.ms": "20000"}) == 10.0
+
+
+def test_a_revocation_waits_for_a_running_fifo_call_and_commits_its_ack(monkeypatch):
+    producer = FakeProducer("first")
+    loop, consumer, batch = _fifo_call(monkeypatch, [producer])
+    acker = _ack_later(loop, batch, 0.3)
+    loop._on_revoke(consumer, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    acker.join(5)
+    ((tp,),) = [producer.sent]
+    assert (tp.topic, tp.partition, tp.offset) == ("orders", 0, 8)  # the ack went with it
+    assert "rmqlease1." not in (tp.metadata or "")
+
+
+def test_a_fifo_call_running_past_the_revocation_bound_keeps_its_group_to_its_deadline(
+    monkeypatch,
+):
+    producer = FakeProducer("first")
+    loop, consumer, _batch = _fifo_call(monkeypatch, [producer])
+    loop._revoke_wait_s = 0.1
+    loop._on_revoke(consumer, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    ((tp,),) = [producer.sent]
+    now_ms = int(time.time() * 1000)
+    engine = PartitionEngine.restore("orders", 0, tp.offset, tp.metadata)
+    engine.offer(7, FIFO_MSG, now_ms)
+    # The next owner waits for the call's own lease (15 min), not the 10 s cap.
+    assert (engine.next_deadline() or 0) > now_ms + 10 * FIFO_COMMITTED_LEASE_MS
+
+
+def test_a_revocation_stops_waiting_for_a_fifo_call_past_its_consume_timeout(monkeypatch):
+    producer = FakeProducer("first")
+    loop, consumer, batch = _fifo_call(monkeypatch, [producer], deadline_s=0.2)
+    loop._on_revoke(consumer, [TopicPartition("orders", 0)])  # type: ignore[arg-type]
+    assert batch.settled  # timed out: retried after the FIFO interval, committed so
+    assert loop.ledger.counts["retried"] == 1
+
+
+def test_a_producer_renewal_reads_a_partition_again_only_once_its_fifo_call_ended(monkeypatch):
+    fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+    loop, consumer, batch = _fifo_call(
+        monkeypatch, [FakeProducer("first", commit_error=fatal), FakeProducer("second")]
+    )
+    loop._commit()  # fails fatally: the producer is re-created, the partition replayed
+    assert loop.ledger.counts["producer_renewals"] == 1
+    for _ in range(3):
+        loop._round()
+    # Not adopted again while the call runs: its restored lease would hand it out again.
+    assert loop.ledger.part(("orders", 0)) is None
+    assert ("orders", 0) in consumer.paused
+    _ack_later(loop, batch, 0).join(5)  # its outcome is ignored (the partition replays)
+    loop._round()
+    assert loop.ledger.part(("orders", 0)) is not None
+    assert ("orders", 0) not in consumer.paused
