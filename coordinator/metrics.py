@@ -45,6 +45,8 @@ LOCK_EVENTS = (
     "unauthenticated",
 )
 SERVICES = ("transactions", "locks", "timers")
+# Why the timer service waits instead of serving (coordinator/timer_service.py).
+TIMER_BLOCKED = ("topic_partitions",)
 
 
 class CoordinatorMetrics:
@@ -190,6 +192,19 @@ class CoordinatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.timer_blocked = Gauge(
+            "rmq_timer_blocked",
+            "1 while the timer service cannot serve for this reason (its topics' partition "
+            "counts differ) and waits; transactions and locks go on",
+            ["reason"],
+            registry=r,
+        )
+        self.timer_topic_problems = Counter(
+            "rmq_timer_topic_problems",
+            "Times the timer service found its topics unusable (each new state once)",
+            ["reason"],
+            registry=r,
+        )
         self.lock_events = Counter(
             "rmq_lock_events", "Queue-lock grants/expiries/denials", ["event"], registry=r
         )
@@ -199,6 +214,8 @@ class CoordinatorMetrics:
             (self.checks_answered, CHECK_ANSWERS),
             (self.lock_events, LOCK_EVENTS),
             (self.timer_discarded, [str(d) for d in DiscardReason]),
+            (self.timer_blocked, TIMER_BLOCKED),
+            (self.timer_topic_problems, TIMER_BLOCKED),
         ):
             for value in values:
                 family.labels(value)

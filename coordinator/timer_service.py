@@ -58,7 +58,6 @@ from coordinator.timer_writer import TimerWriter, lane_key
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.errors import (
-    ConfigError,
     FatalKafkaError,
     IllegalStateError,
     KafkaOperationError,
@@ -111,15 +110,19 @@ RECENT_DELIVERIES = 10_000
 # written: a cancelled message is dropped unless the timer partition was left unserved
 # for longer than the rest of that window.
 CANCEL_KEEP_DELAYS = 2
+# How often a blocked service (timer topics of unequal partition counts) looks again.
+TOPICS_RECHECK_S = 2.0
+TOPIC_PARTITIONS = "topic_partitions"  # the rmq_timer_blocked reason
 
 
-def timer_specs(settings: CoordinatorSettings) -> TopicSpecs:
-    """The timer topics, and the discard topic the service writes (the same spec as the
-    transaction service's)."""
+def timer_specs(settings: CoordinatorSettings, partitions: int | None = None) -> TopicSpecs:
+    """The timer topics (``partitions`` each, else ``timer_partitions``), and the discard
+    topic the service writes (the same spec as the transaction service's)."""
     topics = SystemTopics(settings.topic_prefix)
     discard = txn_topic_specs(topics, settings.half_partitions, settings.check_partitions)
+    count = settings.timer_partitions if partitions is None else partitions
     return {
-        **timer_topic_specs(topics, settings.timer_partitions, settings.max_delay_ms),
+        **timer_topic_specs(topics, count, settings.max_delay_ms),
         topics.discard: discard[topics.discard],
     }
 
@@ -167,6 +170,9 @@ class TimerService:
         self.ready = threading.Event()
         # Set while no timer topic exists yet and the service waits for one (healthy).
         self.idle = threading.Event()
+        # Set while the timer topics cannot be served (see _usable_topics).
+        self.blocked = threading.Event()
+        self._problem: str | None = None
 
     def lane_topic(self, lane: int) -> str:
         return self.topics.timer if lane == INTAKE else self.topics.timer_level(lane)
@@ -184,20 +190,10 @@ class TimerService:
         self._stop = stop
         if not self._wait_for_intake(stop):
             return
-        # The first timer message can come at any time, a broker restart too: a KRaft broker
-        # fenced while it starts refuses a topic (INVALID_REPLICATION_FACTOR), which must not
-        # stop the coordinator's other services. The transaction service created its topics
-        # with the same factor, so here the refusal is transient; it is retried.
-        policy = retrying(STARTUP_DEADLINE_S, stop).copy(retry=retry_if_exception(_transient))
-        for attempt in policy:
-            with attempt:
-                ensure_topics(
-                    self.conf,
-                    timer_specs(self.settings),
-                    replicated=True,
-                    replication_factor=self.settings.system_replication_factor,
-                )
-        self.partition_count = self._copartitioned()
+        count = self._usable_topics(stop)
+        if count is None:
+            return
+        self.partition_count = count
         self._admin = AdminClient(shared_conf(self.conf))
         txn = KafkaTransactions(
             self.conf,
@@ -279,17 +275,69 @@ class TimerService:
         finally:
             self.idle.clear()
 
-    def _copartitioned(self) -> int:
-        """The partition count every timer topic shares; else one ConfigError naming them."""
-        meta = list_topics(self.conf).topics
+    def _usable_topics(self, stop: threading.Event) -> int | None:
+        """The partition count every timer topic shares, the missing ones created with the
+        intake's count. Producers may create the intake and cancel topics (a tenant too):
+        while the counts differ the service is blocked, says so once (log, metric, /healthz)
+        and looks again every TOPICS_RECHECK_S; the other services go on. None: stopped."""
+        # The first timer message can come at any time, a broker restart too: a KRaft broker
+        # fenced while it starts refuses a topic (INVALID_REPLICATION_FACTOR), which must not
+        # stop the coordinator's other services. The transaction service created its topics
+        # with the same factor, so here the refusal is transient; it is retried.
+        policy = retrying(STARTUP_DEADLINE_S, stop).copy(retry=retry_if_exception(_transient))
+        while not stop.is_set():
+            for attempt in policy:
+                with attempt:
+                    counts = self._created_counts()
+            problem = _copartitioning_problem(counts, self.topics.timer)
+            self._report_topics(problem)
+            if problem is None:
+                return counts[self.topics.timer]
+            stop.wait(TOPICS_RECHECK_S)
+        return None
+
+    def _created_counts(self) -> dict[str, int]:
+        """Each timer topic's partition count (0: none), after creating the missing ones
+        with the intake's count (else the coordinator's ``timer_partitions``)."""
         names = [*self._lanes, self.topics.timer_cancel]
+        meta = list_topics(self.conf).topics
         counts = {t: len(meta[t].partitions) if t in meta else 0 for t in names}
-        if len(set(counts.values())) != 1 or not counts[self.topics.timer]:
-            raise ConfigError(
-                f"the timer topics must have the same partition count, got {counts}: add "
-                "partitions to the smaller ones (kafka-topics --alter --partitions) first"
+        partitions = counts[self.topics.timer] or None
+        if counts[self.topics.timer_cancel] not in (0, counts[self.topics.timer]):
+            return counts  # none made while the producers' two differ: the fix stays small
+        specs = timer_specs(self.settings, partitions)
+        missing = {t: spec for t, spec in specs.items() if t not in meta}
+        if missing:
+            ensure_topics(
+                self.conf,
+                missing,
+                replicated=True,
+                replication_factor=self.settings.system_replication_factor,
             )
-        return counts[self.topics.timer]
+            meta = list_topics(self.conf).topics
+        return {t: len(meta[t].partitions) if t in meta else 0 for t in names}
+
+    def _report_topics(self, problem: str | None) -> None:
+        """The blocked state for ``problem`` (None: cleared); logged once per change."""
+        gauge = self.metrics.timer_blocked.labels(TOPIC_PARTITIONS)
+        if problem is None:
+            if self.blocked.is_set():
+                log.info("timer service: the timer topics are co-partitioned now; starting")
+            self.blocked.clear()
+            gauge.set(0)
+            self._problem = None
+            return
+        if problem != self._problem:
+            log.error(
+                "timer service blocked: %s; transactions and queue locks go on, timer messages "
+                "wait (looked at again every %.0f s)",
+                problem,
+                TOPICS_RECHECK_S,
+            )
+            self.metrics.timer_topic_problems.labels(TOPIC_PARTITIONS).inc()
+            self._problem = problem
+        gauge.set(1)
+        self.blocked.set()
 
     # -- ownership -----------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -755,6 +803,17 @@ class TimerService:
     def owned_partitions(self) -> list[int]:
         """Timer partitions this instance owns."""
         return sorted(self.wheels)
+
+
+def _copartitioning_problem(counts: dict[str, int], intake: str) -> str | None:
+    """Why timer topics of these partition counts cannot be served, or None."""
+    if len(set(counts.values())) == 1 and counts[intake]:
+        return None
+    found = {t: n for t, n in counts.items() if n}  # the levels wait for the other two
+    return (
+        f"the timer topics must have the same partition count, got {found}: add partitions "
+        "to the smaller ones (kafka-topics --alter --partitions)"
+    )
 
 
 def _transient(exc: BaseException) -> bool:

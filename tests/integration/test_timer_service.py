@@ -449,12 +449,14 @@ def test_unequal_timer_topics_made_by_a_tenant_block_only_the_timer_service(
         )
         assert coordinator.server.health()["services"]["timers"] == "blocked"
         assert coordinator.server.health()["status"] == "ok"
-        assert metric(coordinator, "rmq_timer_blocked_total", reason="topic_partitions") == 1
+        assert metric(coordinator, "rmq_timer_topic_problems_total", reason="topic_partitions") == 1
 
         admin.create_partitions([NewPartitions(topics.timer, 2)])[topics.timer].result(30)
         wait_for(
-            lambda: metric(coordinator, "rmq_timer_blocked", reason="topic_partitions") == 0
-            and coordinator.server.health()["services"]["timers"] == "ok",
+            lambda: (
+                metric(coordinator, "rmq_timer_blocked", reason="topic_partitions") == 0
+                and coordinator.server.health()["services"]["timers"] == "ok"
+            ),
             60,
             "the timer service to start once the topics are fixed",
         )
