@@ -370,3 +370,51 @@ def test_a_groups_principal_schedules_and_recalls_with_its_acls_and_key(iso: Dep
     assert record.timer_id == sent.message_id and key.verifies(record.canonical(), record.group_mac)
     assert recalled.topic == iso.topics.timer_cancel and recalled.partition == sent.partition
     assert b"a-later" not in promoted_values(iso, iso.ta)
+
+
+def test_timer_messages_of_before_the_switch_are_delivered_once_after_it(iso):
+    """A timer message scheduled unsigned before isolation was turned on (and moved onto a
+    level by a coordinator of before) is delivered once after the switch; one recalled
+    before the switch never (issue 44, item 8): the timer and cancel topics get upgrade
+    watermarks as the half and Op topics do, and a re-append of a record of before is signed."""
+    admin, prefix = iso.conf("admin"), f"ut{uuid.uuid4().hex[:6]}"
+    topic = f"tt-{prefix}"
+    ensure_topics(admin, {topic: (1, {})})
+    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
+    tenants = iso.tenants_file.with_name(f"{prefix}.json")
+    tenants.write_text(json.dumps(spec))
+    timers = {"max_delay_ms": 60_000, "timer_partitions": 1}
+    with Producer(admin, topic_prefix=prefix, producer_group="gu", timer_partitions=1) as producer:
+        with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY, **timers) as old:
+            kept = producer.send(Message(topic, b"kept", deliver_after_ms=20_000))
+            recalled = producer.send(Message(topic, b"recalled", deliver_after_ms=20_000))
+            wait_for(
+                lambda: metric(old, "rmq_timer_reappended_total") == 2,
+                30,
+                "both to wait on a level topic",
+            )
+        producer.recall_message(recalled.message_id)  # unsigned, before the switch
+    assert kept.message_id
+    with ThreadCoordinator(
+        admin,
+        topic_prefix=prefix,
+        marker_key=MARKER_KEY,
+        tenants_file=str(tenants),
+        tenant_key=TENANT_KEY,
+        **timers,
+    ) as new:
+        wait_for(
+            lambda: (
+                metric(new, "rmq_timer_cancelled_total") == 1
+                and metric(new, "rmq_timer_delivered_total") == 1
+            ),
+            60,
+            "the message of before delivered and the recalled one dropped",
+            details=lambda: str([m.value() for m in read_to_end(admin, topic, 1)]),
+        )
+        rejected = metric(new, "rmq_rejected_requests_total", reason="unauthenticated")
+    assert [m.value() for m in read_to_end(admin, topic, 1)] == [b"kept"]
+    assert not [
+        m for m in read_to_end(admin, iso.topics.discard, 1) if m.value() in (b"kept", b"recalled")
+    ]
+    assert rejected == 0
