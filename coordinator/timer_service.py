@@ -39,6 +39,7 @@ from tenacity import retry_if_exception
 
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import TRANSACTION_TIMEOUT_MS, KafkaTransactions, transactional_loop
+from coordinator.marker_keys import tenancy_watermarks
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.poison import PoisonLedger
 from coordinator.settings import CoordinatorSettings
@@ -194,6 +195,12 @@ class TimerService:
         if count is None:
             return
         self.partition_count = count
+        if self.guard is not None:  # records of before isolation: trusted below these
+            for attempt in retrying(STARTUP_DEADLINE_S, stop):
+                with attempt:
+                    self.guard.watermarks(
+                        tenancy_watermarks(self.conf, self.settings, self.instance_id)
+                    )
         self._admin = AdminClient(shared_conf(self.conf))
         txn = KafkaTransactions(
             self.conf,
@@ -204,7 +211,14 @@ class TimerService:
         self._txn = txn
         try:
             txn.init(stop)
-            self._writer = TimerWriter(txn, self.topics, self.lane_topic, self.metrics, self.ledger)
+            self._writer = TimerWriter(
+                txn,
+                self.topics,
+                self.lane_topic,
+                self.metrics,
+                self.ledger,
+                resign=None if self.guard is None else self.guard.resign_timer,
+            )
             consumer = confluent_kafka.Consumer(
                 client_conf(
                     self.conf,
@@ -780,7 +794,9 @@ class TimerService:
             return
         group = cancel.producer_group or ""
         if self.guard is not None:
-            refused = self.guard.cancel_refusal(topic, p, group, msg.value(), headers_of(msg))
+            refused = self.guard.cancel_refusal(
+                topic, p, group, msg.value(), headers_of(msg), offset=offset
+            )
             if refused is not None:
                 self.metrics.rejected.labels("unauthenticated").inc()
                 log.warning(

@@ -144,6 +144,8 @@ def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
         if record is not None:
             for name, typ in types[record["kind"]].items():
                 assert type(record[name]) is typ, (json.loads(data or b"null"), name)
+            if record["kind"] == "tenancy":  # the timer topics' watermarks, when present
+                assert all(type(v) is dict for k, v in record.items() if k.startswith("timer"))
 
 
 @pytest.mark.parametrize(
@@ -156,4 +158,17 @@ def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
     ],
 )
 def test_only_well_formed_history_records_are_read(value, ok):
+    assert (_parse(value) is not None) is ok
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{"0":3}}', True),  # before issue 44
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer":{"0":2},"timer_4":{}}', True),
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer_cancel":{"0":"2"}}', False),
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer":[]}', False),
+    ],
+)
+def test_tenancy_records_with_and_without_timer_watermarks_are_read(value, ok):
     assert (_parse(value) is not None) is ok
