@@ -47,6 +47,8 @@ LOCK_EVENTS = (
 SERVICES = ("transactions", "locks", "timers")
 # Why the timer service waits instead of serving (coordinator/timer_service.py).
 TIMER_BLOCKED = ("topic_partitions",)
+# Why a cancel record is not held (coordinator/timer_service.py).
+CANCEL_REFUSALS = ("over_bound", "future")
 
 
 class CoordinatorMetrics:
@@ -192,6 +194,18 @@ class CoordinatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.timer_cancels_held = Gauge(
+            "rmq_timer_cancels_held",
+            "Cancels (recalls) held in memory, at most timer_cancels_max per timer partition",
+            registry=r,
+        )
+        self.timer_cancels_refused = Counter(
+            "rmq_timer_cancels_refused",
+            "Cancel records not held: past timer_cancels_max in their window (over_bound; the "
+            "producer's recall_message raised) or written ahead of this clock (future)",
+            ["reason"],
+            registry=r,
+        )
         self.timer_blocked = Gauge(
             "rmq_timer_blocked",
             "1 while the timer service cannot serve for this reason (its topics' partition "
@@ -216,6 +230,7 @@ class CoordinatorMetrics:
             (self.timer_discarded, [str(d) for d in DiscardReason]),
             (self.timer_blocked, TIMER_BLOCKED),
             (self.timer_topic_problems, TIMER_BLOCKED),
+            (self.timer_cancels_refused, CANCEL_REFUSALS),
         ):
             for value in values:
                 family.labels(value)

@@ -67,7 +67,14 @@ from rmq_semantics.errors import (
 from rmq_semantics.records.codec import decode_timer_cancel
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
-from rmq_semantics.records.timer import TimerRecord, max_level, parse_timer, unparsed_timer
+from rmq_semantics.records.timer import (
+    CANCEL_KEEP_DELAYS,
+    TimerRecord,
+    cancel_window_start,
+    max_level,
+    parse_timer,
+    unparsed_timer,
+)
 from rmq_semantics.retry import is_retriable, retrying
 from rmq_semantics.topics import (
     SystemTopics,
@@ -107,10 +114,13 @@ READ_BACK_TIMEOUT_S = 10.0
 # transaction's offsets: coordinator.timer_wheel.Delivered), and a cancel of one is counted
 # as too late.
 RECENT_DELIVERIES = 10_000
-# Cancels are kept (and read back on assignment) this many maximum delays after they were
-# written: a cancelled message is dropped unless the timer partition was left unserved
-# for longer than the rest of that window.
-CANCEL_KEEP_DELAYS = 2
+# A cancel written further ahead of this clock than this is not held: its window would
+# be one no producer in step with the cluster's clocks counts (a forged timestamp).
+CANCEL_AHEAD_MS = 300_000
+# Windows' first offsets remembered (one look-up per window step and cancel partition).
+WINDOWS_KEPT = 4096
+# A refused cancel is logged at the first and then every this many per partition.
+REFUSALS_LOGGED_EVERY = 1000
 # How often a blocked service (timer topics of unequal partition counts) looks again.
 TOPICS_RECHECK_S = 2.0
 TOPIC_PARTITIONS = "topic_partitions"  # the rmq_timer_blocked reason
@@ -158,6 +168,8 @@ class TimerService:
             self.topics.timer_level(level): level for level in range(1, self.levels + 1)
         }
         self._loading: dict[int, int] = {}  # cancel partition -> end to read to
+        self._window_firsts: dict[tuple[int, int], int] = {}  # (partition, start) -> offset
+        self._refused: dict[int, int] = {}  # cancel partition -> cancels not held
         self._delivered: dict[int, Delivered] = {}
         self._sent: dict[tuple[str, int], tuple[int, str]] = {}
         self._assigned: set[int] = set()
@@ -506,6 +518,7 @@ class TimerService:
         self._move_lanes(consumer, now)
         self._write(consumer, actions)
         self.metrics.timer_held.set(sum(w.held for w in self.wheels.values()))
+        self.metrics.timer_cancels_held.set(sum(len(c) for c in self.cancels.values()))
 
     def _wait_s(self) -> float:
         """The poll's wait: short enough for the next held record or released lane."""
@@ -803,12 +816,59 @@ class TimerService:
                     "%s[%d]@%d id=%s rejected: %s", topic, p, offset, cancel.timer_id, refused
                 )
                 return
-        self.cancels[p].add(cancel.timer_id, group, msg.timestamp()[1])
         if (cancel.timer_id, group) in self._delivered.get(p, ()):
-            self.metrics.timer_cancel_too_late.inc()
+            self.metrics.timer_cancel_too_late.inc()  # nothing to hold it for
             log.info(
                 "%s[%d]@%d id=%s: cancel after its delivery", topic, p, offset, cancel.timer_id
             )
+            return
+        written = msg.timestamp()[1]
+        refused = self._cancel_refusal(p, offset, written)
+        if refused is not None:
+            self.metrics.timer_cancels_refused.labels(refused).inc()
+            count = self._refused[p] = self._refused.get(p, 0) + 1
+            if count == 1 or count % REFUSALS_LOGGED_EVERY == 0:  # a flood logs a few lines
+                log.warning(
+                    "%s[%d]@%d id=%s not held (%s): over timer_cancels_max=%d in its window, "
+                    "or written ahead of this clock; %d refused on this partition so far",
+                    topic,
+                    p,
+                    offset,
+                    cancel.timer_id,
+                    refused,
+                    self.settings.timer_cancels_max,
+                    count,
+                )
+            return
+        self.cancels[p].add(cancel.timer_id, group, written)
+
+    def _cancel_refusal(self, p: int, offset: int, written: int) -> str | None:
+        """Why the cancel record at ``offset`` of cancel partition ``p`` is not held, or
+        None: the producer's recall_message counts the same (TimerWrites.cancel_refusal)."""
+        if written > _now_ms() + CANCEL_AHEAD_MS:
+            return "future"
+        start = cancel_window_start(written, self.settings.max_delay_ms)
+        first = self._window_firsts.get((p, start))
+        if first is None:
+            where = f"looking up {self.topics.timer_cancel}[{p}] at {start}"
+            if self._consumer is None:
+                raise IllegalStateError("the timer service is not running (call run())")
+            try:
+                [tp] = self._consumer.offsets_for_times(
+                    [TopicPartition(self.topics.timer_cancel, p, start)],
+                    timeout=METADATA_TIMEOUT_S,
+                )
+            except KafkaException as exc:  # a replay
+                raise KafkaOperationError.wrap(where, exc.args[0]) from exc
+            if tp.error is not None:
+                raise KafkaOperationError.wrap(where, tp.error)
+            if tp.offset < 0:  # none at or after it yet: this one is the first
+                return None
+            first = tp.offset
+            self._window_firsts[(p, start)] = first
+            while len(self._window_firsts) > WINDOWS_KEPT:
+                del self._window_firsts[next(iter(self._window_firsts))]
+        return "over_bound" if offset - first >= self.settings.timer_cancels_max else None
 
     def _where(self, action: Action) -> str:
         record = action.payload

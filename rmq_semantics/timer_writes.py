@@ -12,6 +12,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from confluent_kafka.admin import AdminClient
+
 from rmq_semantics.errors import ConfigError
 from rmq_semantics.group_signing import group_key_of
 from rmq_semantics.message import Headers, Message, encode_bytes
@@ -20,6 +22,7 @@ from rmq_semantics.records.group_auth import GroupKey, cancel_canonical, sign_ti
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.timer import (
     TimerCancel,
+    cancel_window_start,
     parse_delay_levels,
     timer_headers,
     timer_partition,
@@ -28,7 +31,9 @@ from rmq_semantics.records.timer import (
 from rmq_semantics.settings import ProducerSettings
 from rmq_semantics.topics import (
     SystemTopics,
+    admin_client,
     ensure_topics,
+    offset_for_time,
     require_copartitioned,
     timer_topic_specs,
 )
@@ -46,6 +51,9 @@ class TimerWrite:
     value: bytes | None
     headers: Headers
     message_id: str
+    #: The record's timestamp (ms; None: the producer's clock at send). A cancel names it:
+    #: its window (``cancel_window_start``) counts from it.
+    timestamp: int | None = None
 
 
 def deliver_at(msg: Message, now_ms: int, delay_levels_ms: tuple[int, ...]) -> int:
@@ -100,6 +108,7 @@ class TimerWrites:
         # Read on first use: a producer that never schedules needs no key file.
         self._key: GroupKey | None = None
         self._key_read = False
+        self._admin: AdminClient | None = None  # for recalls' counts, made on the first
 
     def timer_record(
         self, msg: Message, real_partition: int | None, now_ms: int | None = None
@@ -145,7 +154,29 @@ class TimerWrites:
         headers: Headers = []
         if key is not None:
             headers = [(H.GROUP_MAC, key.mac(cancel_canonical(topic, partition, value)))]
-        return TimerWrite(topic, partition, message_id.encode(), value, headers, message_id)
+        return TimerWrite(topic, partition, message_id.encode(), value, headers, message_id, now)
+
+    def cancel_refusal(self, write: TimerWrite, offset: int) -> str | None:
+        """Why the coordinators do not hold the cancel ``write`` that landed at ``offset``,
+        or None: the count they apply (``timer_cancels_max``), from the same log."""
+        if write.timestamp is None:
+            raise ConfigError(f"{write.topic}: a cancel record without its timestamp")
+        start = cancel_window_start(write.timestamp, self.settings.max_delay_ms)
+        with self._lock:
+            if self._admin is None:
+                self._admin = admin_client(self._conf)
+            admin = self._admin
+        first = offset_for_time(admin, write.topic, write.partition, start)
+        counted, bound = offset - first, self.settings.timer_cancels_max
+        if counted < bound:
+            return None
+        return (
+            f"recall of {write.message_id} refused: {write.topic}[{write.partition}] holds "
+            f"{counted} cancel records before it written since {start} (epoch ms), "
+            f"timer_cancels_max={bound} (the coordinators' bound on what they hold): the "
+            "message will be delivered at its time; recall later, or ask the operator to "
+            "raise timer_cancels_max on the coordinators and producers"
+        )
 
     def _group_key(self) -> GroupKey | None:
         with self._lock:

@@ -446,7 +446,12 @@ def test_a_flood_of_signed_cancels_of_made_up_ids_is_bounded_and_a_recall_past_i
             **timers,
         ) as coordinator,
         Producer(
-            admin, topic_prefix=prefix, producer_group="gu", group_key=group_key("gu"), **timers
+            admin,
+            topic_prefix=prefix,
+            producer_group="gu",
+            group_key=group_key("gu"),
+            delay_levels="1s 5s",  # within max_delay_ms
+            **timers,
         ) as producer,
     ):
         producer.send(Message(topic, b"due-soon", deliver_after_ms=0))
