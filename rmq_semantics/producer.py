@@ -381,9 +381,12 @@ class Producer:
         Raises :class:`TimerRecallRefused` when the cancel landed past the coordinators'
         bound on its timer partition's cancels (``timer_cancels_max``, the same on both
         sides): they do not hold it and the message is delivered at its time."""
+        deadline = time.monotonic() + timeout
         write = self._timers.cancel_record(message_id)
         result = self._write(write, timeout)
-        refused = self._timers.cancel_refusal(write, result.offset)
+        refused = self._timers.cancel_refusal(
+            write, result.offset, max(0.1, deadline - time.monotonic())
+        )
         if refused is not None:
             raise TimerRecallRefused(refused)
         return result

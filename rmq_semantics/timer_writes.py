@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
-from rmq_semantics.errors import ConfigError
+from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.group_signing import group_key_of
 from rmq_semantics.message import Headers, Message, encode_bytes
 from rmq_semantics.records.codec import encode
@@ -28,6 +28,7 @@ from rmq_semantics.records.timer import (
     timer_partition,
     valid_timer_id,
 )
+from rmq_semantics.retry import retrying
 from rmq_semantics.settings import ProducerSettings
 from rmq_semantics.topics import (
     SystemTopics,
@@ -156,9 +157,11 @@ class TimerWrites:
             headers = [(H.GROUP_MAC, key.mac(cancel_canonical(topic, partition, value)))]
         return TimerWrite(topic, partition, message_id.encode(), value, headers, message_id, now)
 
-    def cancel_refusal(self, write: TimerWrite, offset: int) -> str | None:
+    def cancel_refusal(self, write: TimerWrite, offset: int, timeout: float) -> str | None:
         """Why the coordinators do not hold the cancel ``write`` that landed at ``offset``,
-        or None: the count they apply (``timer_cancels_max``), from the same log."""
+        or None: the count they apply (``timer_cancels_max``), from the same log. A look-up
+        that keeps failing for ``timeout`` is a KafkaOperationError saying the cancel was
+        written but not checked."""
         if write.timestamp is None:
             raise ConfigError(f"{write.topic}: a cancel record without its timestamp")
         start = cancel_window_start(write.timestamp, self.settings.max_delay_ms)
@@ -166,7 +169,16 @@ class TimerWrites:
             if self._admin is None:
                 self._admin = admin_client(self._conf)
             admin = self._admin
-        first = offset_for_time(admin, write.topic, write.partition, start)
+        where = f"{write.topic}[{write.partition}]@{offset}"
+        try:
+            for attempt in retrying(timeout):
+                with attempt:
+                    first = offset_for_time(admin, write.topic, write.partition, start)
+        except KafkaOperationError as exc:
+            raise KafkaOperationError(
+                f"the cancel of {write.message_id} was written at {where}, but whether the "
+                f"coordinators hold it (timer_cancels_max) could not be checked: {exc}"
+            ) from exc
         counted, bound = offset - first, self.settings.timer_cancels_max
         if counted < bound:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from typing import Any
 
 from rmq_semantics.aio.bridge import LoopDeliveryWaiter, new_executor, run_blocking
@@ -93,10 +94,15 @@ class AsyncProducer:
         (:class:`TimerRecallRefused` past the coordinators' bound)."""
         if self._closed:
             raise IllegalStateError("AsyncProducer is closed")
+        deadline = time.monotonic() + timeout
         write = await run_blocking(self._executor, self._sync._timers.cancel_record, message_id)
         result = await self._write(write, timeout)
         refused = await run_blocking(
-            self._executor, self._sync._timers.cancel_refusal, write, result.offset
+            self._executor,
+            self._sync._timers.cancel_refusal,
+            write,
+            result.offset,
+            max(0.1, deadline - time.monotonic()),
         )
         if refused is not None:
             raise TimerRecallRefused(refused)
