@@ -17,10 +17,15 @@ whose head is not released stays paused, so memory holds heads and the due-heap 
 Cancels are not committed: they are read again from the window on every assignment. A bad
 cancel (undecodable, or unsigned under tenant isolation) is counted and logged with
 ``topic[partition]@offset`` and skipped, as a bad Op record is; a bad timer record goes to
-the discard topic with a reason.
+the discard topic with a reason. At most ``timer_cancels_max`` cancels per partition and
+window are held, counted from offsets as the producer's ``recall_message`` counts them (one
+past it raised ``TimerRecallRefused`` there), and none of an id already delivered.
 
-Over 500 lines because the loop, assignment and recovery, and the vetting of records share
-one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
+Timer topics of unequal partition counts block this service only: it says so (log, metric,
+/healthz) and looks again until an operator has fixed them (``_usable_topics``).
+
+Over 500 lines because the loop, assignment and recovery, the topics' start-up checks and
+the vetting of records and cancels share one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
 each step's transaction in :mod:`coordinator.timer_writer`.
 """
 
