@@ -439,9 +439,11 @@ def test_unequal_timer_topics_made_by_a_tenant_block_only_the_timer_service(
             consumer.subscribe([orderly_topic])
             consumer.start()
             wait_for(lambda: consumed == [b"in-order"], 60, "the orderly consumer's lock")
-        TopicReader(conf, txn_topic, 1).read_until(
+        promoted = TopicReader(conf, txn_topic, 1)
+        promoted.read_until(
             lambda r: [m.value() for m in r] == [b"committed"], 60, "the promoted message"
         )
+        promoted.consumer.close()
         wait_for(
             lambda: metric(coordinator, "rmq_timer_blocked", reason="topic_partitions") == 1,
             30,
@@ -462,7 +464,7 @@ def test_unequal_timer_topics_made_by_a_tenant_block_only_the_timer_service(
         )
         with Producer(conf, topic_prefix=prefix) as timers:
             timers.send(Message(timer_topic, b"due", deliver_after_ms=0))
-        TopicReader(conf, timer_topic, 1).read_until(
-            lambda r: [m.value() for m in r] == [b"due"], 60, "the timer message"
-        )
+        due = TopicReader(conf, timer_topic, 1)
+        due.read_until(lambda r: [m.value() for m in r] == [b"due"], 60, "the timer message")
+        due.consumer.close()
     assert coordinator.exit_code == 0
