@@ -25,8 +25,9 @@ Timer topics of unequal partition counts block this service only: it says so (lo
 /healthz) and looks again until an operator has fixed them (``_usable_topics``).
 
 Over 500 lines because the loop, assignment and recovery, the topics' start-up checks and
-the vetting of records and cancels share one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
-each step's transaction in :mod:`coordinator.timer_writer`.
+the vetting of records and cancels share one consumer and the wheels; the decisions already
+live in :mod:`coordinator.timer_wheel` and each step's transaction in
+:mod:`coordinator.timer_writer`.
 """
 
 from __future__ import annotations
@@ -827,7 +828,9 @@ class TimerService:
                 "%s[%d]@%d id=%s: cancel after its delivery", topic, p, offset, cancel.timer_id
             )
             return
-        written = msg.timestamp()[1]
+        # Its body's time, which the producer counted from too (the record's own timestamp
+        # is the broker's on a cancel topic made with LogAppendTime).
+        written = cancel.ts
         refused = self._cancel_refusal(p, offset, written)
         if refused is not None:
             self.metrics.timer_cancels_refused.labels(refused).inc()

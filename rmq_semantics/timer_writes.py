@@ -52,8 +52,8 @@ class TimerWrite:
     value: bytes | None
     headers: Headers
     message_id: str
-    #: The record's timestamp (ms; None: the producer's clock at send). A cancel names it:
-    #: its window (``cancel_window_start``) counts from it.
+    #: The record's timestamp (ms; None: the producer's clock at send). A cancel's is its
+    #: body's ``ts``, from which its window (``cancel_window_start``) is counted.
     timestamp: int | None = None
 
 
