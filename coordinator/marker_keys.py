@@ -23,6 +23,8 @@ coordinators starting together both write, read back from the start and agree.
 - ``tenancy``: the half and Op partitions' ends when tenant isolation was first turned on
   after coordinators ran without it (else 0: a fresh install); records below them were
   written before, unsigned by their groups, and are trusted as such (coordinator/tenancy.py).
+  Since issue 44 also the timer topics' (``timer``, ``timer_cancel``, ``timer_<L>``; a
+  record without them: none trusted unsigned there).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from coordinator.marker_auth import MarkerKey, MarkerVerifier
 from coordinator.settings import CoordinatorSettings
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.errors import ConfigError, KafkaOperationError
+from rmq_semantics.records.timer import max_level
 from rmq_semantics.topics import ADMIN_TIMEOUT_S, SystemTopics, topic_partition_count
 
 __all__ = [
@@ -162,7 +165,8 @@ def load_verifier(
 def tenancy_watermarks(
     conf: dict, settings: CoordinatorSettings, instance_id: str
 ) -> dict[str, dict[int, int]]:
-    """Per half and Op partition (``{"half": {p: offset}, "op": ...}``), the offset below
+    """Per half, Op and timer partition (``{"half": {p: offset}, "op": ..., "timer": ...,
+    "timer_cancel": ..., "timer_<L>": ...}``; the timer ones since issue 44), the offset below
     which records were written before tenant isolation was on, recorded at the first start
     with it (the first record wins): the partitions' ends if coordinators ran here without
     isolation, so pending transactions of before are resolved, not set aside as forged;
@@ -182,11 +186,17 @@ def tenancy_watermarks(
             )
             ends = {
                 name: store.end_offsets(topic, list(range(topic_partition_count(conf, topic) or 0)))
-                for name, topic in (("half", topics.half), ("op", topics.op))
+                for name, topic in (
+                    ("half", topics.half),
+                    ("op", topics.op),
+                    *_timer_topics(topics, settings.max_delay_ms),
+                )
             }
             marks = {
                 t: {str(p): o if earlier else 0 for p, o in e.items()} for t, e in ends.items()
             }
+            # A timer topic not made yet: no field (none of its records is trusted unsigned).
+            marks = {t: e for t, e in marks.items() if e or t in ("half", "op")}
             store.write([(TENANCY, marks)])
             record = _first(store.read(), TENANCY)
             if record is None:
@@ -203,7 +213,21 @@ def tenancy_watermarks(
                 )
     finally:
         store.close()
-    return {t: {int(p): o for p, o in record[t].items()} for t in ("half", "op")}
+    return {t: {int(p): o for p, o in m.items()} for t, m in _marks(record).items()}
+
+
+def _timer_topics(topics: SystemTopics, max_delay_ms: int) -> list[tuple[str, str]]:
+    """(name in the tenancy record, topic) of every timer topic: intake, cancel, levels."""
+    levels = [topics.timer_level(level) for level in range(1, max_level(max_delay_ms) + 1)]
+    return [
+        (t.removeprefix(f"{topics.prefix}_"), t)
+        for t in (topics.timer, topics.timer_cancel, *levels)
+    ]
+
+
+def _marks(record: dict) -> dict[str, dict]:
+    """The watermarks of a tenancy record: half and Op always, timer topics when present."""
+    return {t: v for t, v in record.items() if t in ("half", "op") or t.startswith("timer")}
 
 
 # -- the records -------------------------------------------------------------------------
@@ -245,7 +269,7 @@ def _parse(value: bytes | None) -> dict | None:
             and all(
                 isinstance(p, str) and p.isdigit() and type(o) is int for p, o in record[t].items()
             )
-            for t in ("half", "op")
+            for t in {"half", "op", *_marks(record)}
         )
     else:
         valid = (

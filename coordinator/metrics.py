@@ -45,6 +45,10 @@ LOCK_EVENTS = (
     "unauthenticated",
 )
 SERVICES = ("transactions", "locks", "timers")
+# Why the timer service waits instead of serving (coordinator/timer_service.py).
+TIMER_BLOCKED = ("topic_partitions",)
+# Why a cancel record is not held (coordinator/timer_service.py).
+CANCEL_REFUSALS = ("over_bound", "future")
 
 
 class CoordinatorMetrics:
@@ -190,6 +194,31 @@ class CoordinatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.timer_cancels_held = Gauge(
+            "rmq_timer_cancels_held",
+            "Cancels (recalls) held in memory, at most timer_cancels_max per timer partition",
+            registry=r,
+        )
+        self.timer_cancels_refused = Counter(
+            "rmq_timer_cancels_refused",
+            "Cancel records not held: past timer_cancels_max in their window (over_bound; the "
+            "producer's recall_message raised) or written ahead of this clock (future)",
+            ["reason"],
+            registry=r,
+        )
+        self.timer_blocked = Gauge(
+            "rmq_timer_blocked",
+            "1 while the timer service cannot serve for this reason (its topics' partition "
+            "counts differ) and waits; transactions and locks go on",
+            ["reason"],
+            registry=r,
+        )
+        self.timer_topic_problems = Counter(
+            "rmq_timer_topic_problems",
+            "Times the timer service found its topics unusable (each new state once)",
+            ["reason"],
+            registry=r,
+        )
         self.lock_events = Counter(
             "rmq_lock_events", "Queue-lock grants/expiries/denials", ["event"], registry=r
         )
@@ -199,6 +228,9 @@ class CoordinatorMetrics:
             (self.checks_answered, CHECK_ANSWERS),
             (self.lock_events, LOCK_EVENTS),
             (self.timer_discarded, [str(d) for d in DiscardReason]),
+            (self.timer_blocked, TIMER_BLOCKED),
+            (self.timer_topic_problems, TIMER_BLOCKED),
+            (self.timer_cancels_refused, CANCEL_REFUSALS),
         ):
             for value in values:
                 family.labels(value)

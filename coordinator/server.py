@@ -189,7 +189,11 @@ class Server:
         thread.start()
 
     def _service_status(
-        self, name: str, ready: threading.Event, idle: threading.Event | None = None
+        self,
+        name: str,
+        ready: threading.Event,
+        idle: threading.Event | None = None,
+        blocked: threading.Event | None = None,
     ) -> str:
         thread = self._threads.get(name)
         if thread is None:
@@ -198,6 +202,8 @@ class Server:
             return "stopped"
         if idle is not None and idle.is_set():
             return "idle"
+        if blocked is not None and blocked.is_set():
+            return "blocked"
         return "ok" if ready.is_set() else "starting"
 
     def health(self) -> dict:
@@ -208,10 +214,12 @@ class Server:
         }
         if self.timers is not None:
             services["timers"] = self._service_status(
-                "rmq-timers", self.timers.ready, self.timers.idle
+                "rmq-timers", self.timers.ready, self.timers.idle, self.timers.blocked
             )
-        # An idle timer service (no timer topic yet) is healthy: nothing is scheduled.
-        ok = all(s in ("ok", "idle") for s in services.values()) and not self._errors
+        # An idle timer service (no timer topic yet) is healthy: nothing is scheduled. A
+        # blocked one (its topics unusable) too: a restart would not help and would stop the
+        # others; rmq_timer_blocked says it.
+        ok = all(s in ("ok", "idle", "blocked") for s in services.values()) and not self._errors
         return {
             "status": "ok" if ok else "unhealthy",
             "services": services,

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 from coordinator.marker_auth import MIN_KEY_BYTES
 from rmq_semantics.errors import ConfigError
-from rmq_semantics.records.timer import DEFAULT_MAX_DELAY_MS, DEFAULT_TIMER_PARTITIONS
+from rmq_semantics.records.timer import (
+    DEFAULT_MAX_DELAY_MS,
+    DEFAULT_TIMER_CANCELS_MAX,
+    DEFAULT_TIMER_PARTITIONS,
+)
 from rmq_semantics.settings import setting
 from rmq_semantics.topics import DEFAULT_TOPIC_PREFIX, validate_prefix
 
@@ -62,6 +66,12 @@ class CoordinatorSettings:
         DEFAULT_MAX_DELAY_MS,
         "longest delay of a timer message, as RocketMQ 5's timerMaxDelaySec (3 days): a "
         "message scheduled further ahead is discarded as too_far; sets the number of levels",
+    )
+    timer_cancels_max: int = setting(
+        DEFAULT_TIMER_CANCELS_MAX,
+        "cancel records (recalls) held per timer partition, counted over about two "
+        "max_delay_ms; one past it is refused (its message is delivered) and the producer's "
+        "recall_message raises: give producers the same value",
     )
     lock_lease_ms: int = setting(60000, "queue-lock lease granted to an orderly consumer")
     lock_renew_ms: int = setting(20000, "how often an orderly consumer renews its locks")
@@ -131,6 +141,7 @@ class CoordinatorSettings:
             "check_partitions",
             "timer_partitions",
             "max_delay_ms",
+            "timer_cancels_max",
         ):
             positive(name)
         if not isinstance(self.timer_service, bool):

@@ -31,6 +31,7 @@ from rmq_semantics.records.group_auth import (
     header,
     op_canonical,
     sign_half_headers,
+    sign_timer_headers,
 )
 from rmq_semantics.records.half import HalfMessage
 from rmq_semantics.records.headers import H
@@ -195,6 +196,12 @@ class TenantGuard:
         """Where records written before isolation was on end (read at startup)."""
         self._half_marks = dict(marks.get("half", {}))
         self._op_marks = dict(marks.get("op", {}))
+        # By timer topic name without the prefix: "timer", "timer_cancel", "timer_<L>".
+        self._timer_marks = {t: dict(m) for t, m in marks.items() if t.startswith("timer")}
+
+    def _timer_legacy(self, name: str, partition: int, offset: int) -> bool:
+        """Whether a timer topic's record was written before isolation was on."""
+        return offset < self._timer_marks.get(name, {}).get(partition, 0)
 
     def topic_specs(
         self,
@@ -296,7 +303,9 @@ class TenantGuard:
         key = self._keys.get(group) if group else None
         if group is None or key is None:
             return DiscardReason.FORGED, f"producer group {group!r} is not in the tenants file"
-        if not key.verifies(record.canonical(), record.group_mac):
+        lane = "timer" if record.level == 0 else f"timer_{record.level}"
+        legacy = self._timer_legacy(lane, record.partition, record.offset)
+        if not legacy and not key.verifies(record.canonical(), record.group_mac):
             return DiscardReason.FORGED, f"no valid {H.GROUP_MAC} of producer group {group!r}"
         refusal = self.allow.refusal(group, record.real_topic)
         return None if refusal is None else (DiscardReason.NOT_ALLOWED, refusal)
@@ -308,17 +317,29 @@ class TenantGuard:
         group: str,
         value: bytes | None,
         headers: Iterable[tuple[str, bytes | None]] | None,
+        *,
+        offset: int | None = None,
     ) -> str | None:
-        """None if a cancel record at ``topic[partition]`` naming ``group`` was written by
-        that group, else why it is not trusted."""
+        """None if a cancel record at ``topic[partition]`` (at ``offset``) naming ``group``
+        was written by that group, or before isolation was on; else why it is not trusted."""
         key = self._keys.get(group)
         if key is None:
             return f"producer group {group!r} is not in the tenants file"
+        if offset is not None and self._timer_legacy("timer_cancel", partition, offset):
+            return None
         if not key.verifies(
             cancel_canonical(topic, partition, value), header(headers, H.GROUP_MAC)
         ):
             return f"no valid {H.GROUP_MAC} of producer group {group!r}"
         return None
+
+    def resign_timer(self, record: TimerRecord, headers: list) -> list:
+        """Headers of timer ``record`` re-appended to a level, signed with its group's key:
+        a record of before the switch, trusted below its watermark, stays trusted above."""
+        key = self._keys.get(record.producer_group or "")
+        return (
+            headers if key is None else sign_timer_headers(key, headers, record.key, record.value)
+        )
 
     def resign(self, half: HalfMessage, headers: list) -> list:
         """Headers of ``half`` written again by the coordinator (a re-append), signed with

@@ -17,11 +17,17 @@ whose head is not released stays paused, so memory holds heads and the due-heap 
 Cancels are not committed: they are read again from the window on every assignment. A bad
 cancel (undecodable, or unsigned under tenant isolation) is counted and logged with
 ``topic[partition]@offset`` and skipped, as a bad Op record is; a bad timer record goes to
-the discard topic with a reason.
+the discard topic with a reason. At most ``timer_cancels_max`` cancels per partition and
+window are held, counted from offsets as the producer's ``recall_message`` counts them (one
+past it raised ``TimerRecallRefused`` there), and none of an id already delivered.
 
-Over 500 lines because the loop, assignment and recovery, and the vetting of records share
-one consumer and the wheels; the decisions already live in :mod:`coordinator.timer_wheel` and
-each step's transaction in :mod:`coordinator.timer_writer`.
+Timer topics of unequal partition counts block this service only: it says so (log, metric,
+/healthz) and looks again until an operator has fixed them (``_usable_topics``).
+
+Over 500 lines because the loop, assignment and recovery, the topics' start-up checks and
+the vetting of records and cancels share one consumer and the wheels; the decisions already
+live in :mod:`coordinator.timer_wheel` and each step's transaction in
+:mod:`coordinator.timer_writer`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from tenacity import retry_if_exception
 
 from coordinator.destinations import Destinations
 from coordinator.kafka_txn import TRANSACTION_TIMEOUT_MS, KafkaTransactions, transactional_loop
+from coordinator.marker_keys import tenancy_watermarks
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.poison import PoisonLedger
 from coordinator.settings import CoordinatorSettings
@@ -58,7 +65,6 @@ from coordinator.timer_writer import TimerWriter, lane_key
 from rmq_semantics.clientconf import client_conf, shared_conf
 from rmq_semantics.consumed import headers_of, offset_of, partition_of, topic_of
 from rmq_semantics.errors import (
-    ConfigError,
     FatalKafkaError,
     IllegalStateError,
     KafkaOperationError,
@@ -67,7 +73,14 @@ from rmq_semantics.errors import (
 from rmq_semantics.records.codec import decode_timer_cancel
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.reasons import DiscardReason
-from rmq_semantics.records.timer import TimerRecord, max_level, parse_timer, unparsed_timer
+from rmq_semantics.records.timer import (
+    CANCEL_KEEP_DELAYS,
+    TimerRecord,
+    cancel_window_start,
+    max_level,
+    parse_timer,
+    unparsed_timer,
+)
 from rmq_semantics.retry import is_retriable, retrying
 from rmq_semantics.topics import (
     SystemTopics,
@@ -107,19 +120,26 @@ READ_BACK_TIMEOUT_S = 10.0
 # transaction's offsets: coordinator.timer_wheel.Delivered), and a cancel of one is counted
 # as too late.
 RECENT_DELIVERIES = 10_000
-# Cancels are kept (and read back on assignment) this many maximum delays after they were
-# written: a cancelled message is dropped unless the timer partition was left unserved
-# for longer than the rest of that window.
-CANCEL_KEEP_DELAYS = 2
+# A cancel written further ahead of this clock than this is not held: its window would
+# be one no producer in step with the cluster's clocks counts (a forged timestamp).
+CANCEL_AHEAD_MS = 300_000
+# Windows' first offsets remembered (one look-up per window step and cancel partition).
+WINDOWS_KEPT = 4096
+# A refused cancel is logged at the first and then every this many per partition.
+REFUSALS_LOGGED_EVERY = 1000
+# How often a blocked service (timer topics of unequal partition counts) looks again.
+TOPICS_RECHECK_S = 2.0
+TOPIC_PARTITIONS = "topic_partitions"  # the rmq_timer_blocked reason
 
 
-def timer_specs(settings: CoordinatorSettings) -> TopicSpecs:
-    """The timer topics, and the discard topic the service writes (the same spec as the
-    transaction service's)."""
+def timer_specs(settings: CoordinatorSettings, partitions: int | None = None) -> TopicSpecs:
+    """The timer topics (``partitions`` each, else ``timer_partitions``), and the discard
+    topic the service writes (the same spec as the transaction service's)."""
     topics = SystemTopics(settings.topic_prefix)
     discard = txn_topic_specs(topics, settings.half_partitions, settings.check_partitions)
+    count = settings.timer_partitions if partitions is None else partitions
     return {
-        **timer_topic_specs(topics, settings.timer_partitions, settings.max_delay_ms),
+        **timer_topic_specs(topics, count, settings.max_delay_ms),
         topics.discard: discard[topics.discard],
     }
 
@@ -154,6 +174,8 @@ class TimerService:
             self.topics.timer_level(level): level for level in range(1, self.levels + 1)
         }
         self._loading: dict[int, int] = {}  # cancel partition -> end to read to
+        self._window_firsts: dict[tuple[int, int], int] = {}  # (partition, start) -> offset
+        self._refused: dict[int, int] = {}  # cancel partition -> cancels not held
         self._delivered: dict[int, Delivered] = {}
         self._sent: dict[tuple[str, int], tuple[int, str]] = {}
         self._assigned: set[int] = set()
@@ -167,6 +189,9 @@ class TimerService:
         self.ready = threading.Event()
         # Set while no timer topic exists yet and the service waits for one (healthy).
         self.idle = threading.Event()
+        # Set while the timer topics cannot be served (see _usable_topics).
+        self.blocked = threading.Event()
+        self._problem: str | None = None
 
     def lane_topic(self, lane: int) -> str:
         return self.topics.timer if lane == INTAKE else self.topics.timer_level(lane)
@@ -184,20 +209,16 @@ class TimerService:
         self._stop = stop
         if not self._wait_for_intake(stop):
             return
-        # The first timer message can come at any time, a broker restart too: a KRaft broker
-        # fenced while it starts refuses a topic (INVALID_REPLICATION_FACTOR), which must not
-        # stop the coordinator's other services. The transaction service created its topics
-        # with the same factor, so here the refusal is transient; it is retried.
-        policy = retrying(STARTUP_DEADLINE_S, stop).copy(retry=retry_if_exception(_transient))
-        for attempt in policy:
-            with attempt:
-                ensure_topics(
-                    self.conf,
-                    timer_specs(self.settings),
-                    replicated=True,
-                    replication_factor=self.settings.system_replication_factor,
-                )
-        self.partition_count = self._copartitioned()
+        count = self._usable_topics(stop)
+        if count is None:
+            return
+        self.partition_count = count
+        if self.guard is not None:  # records of before isolation: trusted below these
+            for attempt in retrying(STARTUP_DEADLINE_S, stop):
+                with attempt:
+                    self.guard.watermarks(
+                        tenancy_watermarks(self.conf, self.settings, self.instance_id)
+                    )
         self._admin = AdminClient(shared_conf(self.conf))
         txn = KafkaTransactions(
             self.conf,
@@ -208,7 +229,14 @@ class TimerService:
         self._txn = txn
         try:
             txn.init(stop)
-            self._writer = TimerWriter(txn, self.topics, self.lane_topic, self.metrics, self.ledger)
+            self._writer = TimerWriter(
+                txn,
+                self.topics,
+                self.lane_topic,
+                self.metrics,
+                self.ledger,
+                resign=None if self.guard is None else self.guard.resign_timer,
+            )
             consumer = confluent_kafka.Consumer(
                 client_conf(
                     self.conf,
@@ -279,17 +307,69 @@ class TimerService:
         finally:
             self.idle.clear()
 
-    def _copartitioned(self) -> int:
-        """The partition count every timer topic shares; else one ConfigError naming them."""
-        meta = list_topics(self.conf).topics
+    def _usable_topics(self, stop: threading.Event) -> int | None:
+        """The partition count every timer topic shares, the missing ones created with the
+        intake's count. Producers may create the intake and cancel topics (a tenant too):
+        while the counts differ the service is blocked, says so once (log, metric, /healthz)
+        and looks again every TOPICS_RECHECK_S; the other services go on. None: stopped."""
+        # The first timer message can come at any time, a broker restart too: a KRaft broker
+        # fenced while it starts refuses a topic (INVALID_REPLICATION_FACTOR), which must not
+        # stop the coordinator's other services. The transaction service created its topics
+        # with the same factor, so here the refusal is transient; it is retried.
+        policy = retrying(STARTUP_DEADLINE_S, stop).copy(retry=retry_if_exception(_transient))
+        while not stop.is_set():
+            for attempt in policy:
+                with attempt:
+                    counts = self._created_counts()
+            problem = _copartitioning_problem(counts, self.topics.timer)
+            self._report_topics(problem)
+            if problem is None:
+                return counts[self.topics.timer]
+            stop.wait(TOPICS_RECHECK_S)
+        return None
+
+    def _created_counts(self) -> dict[str, int]:
+        """Each timer topic's partition count (0: none), after creating the missing ones
+        with the intake's count (else the coordinator's ``timer_partitions``)."""
         names = [*self._lanes, self.topics.timer_cancel]
+        meta = list_topics(self.conf).topics
         counts = {t: len(meta[t].partitions) if t in meta else 0 for t in names}
-        if len(set(counts.values())) != 1 or not counts[self.topics.timer]:
-            raise ConfigError(
-                f"the timer topics must have the same partition count, got {counts}: add "
-                "partitions to the smaller ones (kafka-topics --alter --partitions) first"
+        partitions = counts[self.topics.timer] or None
+        if counts[self.topics.timer_cancel] not in (0, counts[self.topics.timer]):
+            return counts  # none made while the producers' two differ: the fix stays small
+        specs = timer_specs(self.settings, partitions)
+        missing = {t: spec for t, spec in specs.items() if t not in meta}
+        if missing:
+            ensure_topics(
+                self.conf,
+                missing,
+                replicated=True,
+                replication_factor=self.settings.system_replication_factor,
             )
-        return counts[self.topics.timer]
+            meta = list_topics(self.conf).topics
+        return {t: len(meta[t].partitions) if t in meta else 0 for t in names}
+
+    def _report_topics(self, problem: str | None) -> None:
+        """The blocked state for ``problem`` (None: cleared); logged once per change."""
+        gauge = self.metrics.timer_blocked.labels(TOPIC_PARTITIONS)
+        if problem is None:
+            if self.blocked.is_set():
+                log.info("timer service: the timer topics are co-partitioned now; starting")
+            self.blocked.clear()
+            gauge.set(0)
+            self._problem = None
+            return
+        if problem != self._problem:
+            log.error(
+                "timer service blocked: %s; transactions and queue locks go on, timer messages "
+                "wait (looked at again every %.0f s)",
+                problem,
+                TOPICS_RECHECK_S,
+            )
+            self.metrics.timer_topic_problems.labels(TOPIC_PARTITIONS).inc()
+            self._problem = problem
+        gauge.set(1)
+        self.blocked.set()
 
     # -- ownership -----------------------------------------------------------------------
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list) -> None:
@@ -444,6 +524,7 @@ class TimerService:
         self._move_lanes(consumer, now)
         self._write(consumer, actions)
         self.metrics.timer_held.set(sum(w.held for w in self.wheels.values()))
+        self.metrics.timer_cancels_held.set(sum(len(c) for c in self.cancels.values()))
 
     def _wait_s(self) -> float:
         """The poll's wait: short enough for the next held record or released lane."""
@@ -732,19 +813,70 @@ class TimerService:
             return
         group = cancel.producer_group or ""
         if self.guard is not None:
-            refused = self.guard.cancel_refusal(topic, p, group, msg.value(), headers_of(msg))
+            refused = self.guard.cancel_refusal(
+                topic, p, group, msg.value(), headers_of(msg), offset=offset
+            )
             if refused is not None:
                 self.metrics.rejected.labels("unauthenticated").inc()
                 log.warning(
                     "%s[%d]@%d id=%s rejected: %s", topic, p, offset, cancel.timer_id, refused
                 )
                 return
-        self.cancels[p].add(cancel.timer_id, group, msg.timestamp()[1])
         if (cancel.timer_id, group) in self._delivered.get(p, ()):
-            self.metrics.timer_cancel_too_late.inc()
+            self.metrics.timer_cancel_too_late.inc()  # nothing to hold it for
             log.info(
                 "%s[%d]@%d id=%s: cancel after its delivery", topic, p, offset, cancel.timer_id
             )
+            return
+        # Its body's time, which the producer counted from too (the record's own timestamp
+        # is the broker's on a cancel topic made with LogAppendTime).
+        written = cancel.ts
+        refused = self._cancel_refusal(p, offset, written)
+        if refused is not None:
+            self.metrics.timer_cancels_refused.labels(refused).inc()
+            count = self._refused[p] = self._refused.get(p, 0) + 1
+            if count == 1 or count % REFUSALS_LOGGED_EVERY == 0:  # a flood logs a few lines
+                log.warning(
+                    "%s[%d]@%d id=%s not held (%s): over timer_cancels_max=%d in its window, "
+                    "or written ahead of this clock; %d refused on this partition so far",
+                    topic,
+                    p,
+                    offset,
+                    cancel.timer_id,
+                    refused,
+                    self.settings.timer_cancels_max,
+                    count,
+                )
+            return
+        self.cancels[p].add(cancel.timer_id, group, written)
+
+    def _cancel_refusal(self, p: int, offset: int, written: int) -> str | None:
+        """Why the cancel record at ``offset`` of cancel partition ``p`` is not held, or
+        None: the producer's recall_message counts the same (TimerWrites.cancel_refusal)."""
+        if written > _now_ms() + CANCEL_AHEAD_MS:
+            return "future"
+        start = cancel_window_start(written, self.settings.max_delay_ms)
+        first = self._window_firsts.get((p, start))
+        if first is None:
+            where = f"looking up {self.topics.timer_cancel}[{p}] at {start}"
+            if self._consumer is None:
+                raise IllegalStateError("the timer service is not running (call run())")
+            try:
+                [tp] = self._consumer.offsets_for_times(
+                    [TopicPartition(self.topics.timer_cancel, p, start)],
+                    timeout=METADATA_TIMEOUT_S,
+                )
+            except KafkaException as exc:  # a replay
+                raise KafkaOperationError.wrap(where, exc.args[0]) from exc
+            if tp.error is not None:
+                raise KafkaOperationError.wrap(where, tp.error)
+            if tp.offset < 0:  # none at or after it yet: this one is the first
+                return None
+            first = tp.offset
+            self._window_firsts[(p, start)] = first
+            while len(self._window_firsts) > WINDOWS_KEPT:
+                del self._window_firsts[next(iter(self._window_firsts))]
+        return "over_bound" if offset - first >= self.settings.timer_cancels_max else None
 
     def _where(self, action: Action) -> str:
         record = action.payload
@@ -755,6 +887,17 @@ class TimerService:
     def owned_partitions(self) -> list[int]:
         """Timer partitions this instance owns."""
         return sorted(self.wheels)
+
+
+def _copartitioning_problem(counts: dict[str, int], intake: str) -> str | None:
+    """Why timer topics of these partition counts cannot be served, or None."""
+    if len(set(counts.values())) == 1 and counts[intake]:
+        return None
+    found = {t: n for t, n in counts.items() if n}  # the levels wait for the other two
+    return (
+        f"the timer topics must have the same partition count, got {found}: add partitions "
+        "to the smaller ones (kafka-topics --alter --partitions)"
+    )
 
 
 def _transient(exc: BaseException) -> bool:

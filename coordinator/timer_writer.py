@@ -74,8 +74,12 @@ class TimerWriter:
         lane_topic: Callable[[int], str],
         metrics: CoordinatorMetrics,
         ledger: PoisonLedger,
+        *,
+        resign: Callable[[TimerRecord, list], list] | None = None,
     ) -> None:
         self.txn = txn
+        # Under tenant isolation: a re-append is signed for its group (TenantGuard).
+        self.resign = resign
         self.topics = topics
         self.lane_topic = lane_topic
         self.metrics = metrics
@@ -161,12 +165,15 @@ class TimerWriter:
                 partition=-1 if record.real_partition is None else record.real_partition,
             )
         elif action.step is Step.REAPPEND:
+            again = record.reappended_headers()
+            if self.resign is not None:
+                again = self.resign(record, again)
             producer.produce(
                 self.topics.timer_level(action.level),
                 record.value,
                 key=record.key,
                 partition=record.partition,
-                headers=produce_headers(record.reappended_headers()),
+                headers=produce_headers(again),
                 on_delivery=report,
             )
         elif action.step is Step.DISCARD:

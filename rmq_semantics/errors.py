@@ -34,6 +34,7 @@ __all__ = [
     "SelectorError",
     "SparkJobError",
     "SystemTopicError",
+    "TimerRecallRefused",
     "TransactionAborted",
     "TransactionSizeError",
     "UnknownPartitionError",
@@ -234,3 +235,11 @@ class TransactionSizeError(RmqError, ValueError):
     ``max_transaction_bytes``; raised before anything is written."""
 
     code = "transaction_size"
+
+
+class TimerRecallRefused(RmqError, RuntimeError):
+    """``recall_message`` wrote its cancel past the coordinators' bound on the cancels of
+    its timer partition (``timer_cancels_max``): the coordinators do not hold it, and the
+    message is delivered at its time. The message says how many there were."""
+
+    code = "timer_recall_refused"

@@ -22,6 +22,7 @@ from rmq_semantics.errors import (
     IllegalStateError,
     KafkaOperationError,
     RmqTimeoutError,
+    TimerRecallRefused,
     UnknownPartitionError,
 )
 from rmq_semantics.message import Message, SendResult, produce_headers
@@ -288,9 +289,9 @@ class Producer:
     ``delay_time_level``) is a timer message: ``send`` writes it to the timer topic, the
     coordinator delivers it to its topic once due, and the :class:`SendResult`'s
     ``message_id`` is what :meth:`recall_message` cancels. The keyword options
-    (``max_delay_ms``, ``delay_levels``, ``timer_partitions``; ``producer_group`` and
-    ``group_key``/``group_key_file`` under tenant isolation) are :class:`ProducerSettings`
-    (kwargs, else ``RMQ_*`` env).
+    (``max_delay_ms``, ``delay_levels``, ``timer_partitions``, ``timer_cancels_max``;
+    ``producer_group`` and ``group_key``/``group_key_file`` under tenant isolation) are
+    :class:`ProducerSettings` (kwargs, else ``RMQ_*`` env).
 
     Neither ``send``, ``produce`` nor ``produce_batch`` writes to a system topic of
     ``topic_prefix`` (or of the default prefix): they raise :class:`SystemTopicError`, as
@@ -313,6 +314,7 @@ class Producer:
         max_delay_ms: int | None = None,
         delay_levels: str | None = None,
         timer_partitions: int | None = None,
+        timer_cancels_max: int | None = None,
         group_key: str | None = None,
         group_key_file: str | None = None,
     ) -> None:
@@ -325,6 +327,7 @@ class Producer:
                 "max_delay_ms": max_delay_ms,
                 "delay_levels": delay_levels,
                 "timer_partitions": timer_partitions,
+                "timer_cancels_max": timer_cancels_max,
                 "group_key": group_key,
                 "group_key_file": group_key_file,
             },
@@ -373,8 +376,20 @@ class Producer:
         """Cancel the timer message ``message_id`` (a send's ``SendResult.message_id``;
         RocketMQ 5's ``recallMessage``) and wait for the cancel record's acknowledgement;
         return where it landed. A message already delivered is not taken back (the
-        coordinator counts the cancel as too late)."""
-        return self._write(self._timers.cancel_record(message_id), timeout)
+        coordinator counts the cancel as too late).
+
+        Raises :class:`TimerRecallRefused` when the cancel landed past the coordinators'
+        bound on its timer partition's cancels (``timer_cancels_max``, the same on both
+        sides): they do not hold it and the message is delivered at its time."""
+        deadline = time.monotonic() + timeout
+        write = self._timers.cancel_record(message_id)
+        result = self._write(write, timeout)
+        refused = self._timers.cancel_refusal(
+            write, result.offset, max(0.1, deadline - time.monotonic())
+        )
+        if refused is not None:
+            raise TimerRecallRefused(refused)
+        return result
 
     def _timer_write(
         self,
@@ -397,6 +412,7 @@ class Producer:
             key=write.key,
             partition=write.partition,
             headers=produce_headers(write.headers),
+            timestamp=write.timestamp or 0,
             on_delivery=waiter,
         )
         waiter.wait(self._producer, f"writing to {write.topic} for {write.message_id}", timeout)

@@ -19,6 +19,7 @@ from rmq_semantics.helptext import plain_text
 from rmq_semantics.records.half import MAX_TXN_SIZE
 from rmq_semantics.records.timer import (
     DEFAULT_MAX_DELAY_MS,
+    DEFAULT_TIMER_CANCELS_MAX,
     DEFAULT_TIMER_PARTITIONS,
     ROCKETMQ4_DELAY_LEVELS,
     parse_delay_levels,
@@ -246,6 +247,11 @@ class ProducerSettings:
         "partitions of the timer topics when this producer creates them (on its first "
         "scheduled send or recall); the coordinator's timer_partitions should match",
     )
+    timer_cancels_max: int = setting(
+        DEFAULT_TIMER_CANCELS_MAX,
+        "the coordinators' timer_cancels_max (give the same value): recall_message raises "
+        "TimerRecallRefused for a cancel past it, which the coordinators do not hold",
+    )
 
     group_key: str = setting(
         "",
@@ -269,6 +275,7 @@ class ProducerSettings:
             "check_threads",
             "check_timeout_ms",
             "timer_partitions",
+            "timer_cancels_max",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -12,7 +12,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from rmq_semantics.errors import ConfigError
+from confluent_kafka.admin import AdminClient
+
+from rmq_semantics.errors import ConfigError, KafkaOperationError
 from rmq_semantics.group_signing import group_key_of
 from rmq_semantics.message import Headers, Message, encode_bytes
 from rmq_semantics.records.codec import encode
@@ -20,15 +22,19 @@ from rmq_semantics.records.group_auth import GroupKey, cancel_canonical, sign_ti
 from rmq_semantics.records.headers import H
 from rmq_semantics.records.timer import (
     TimerCancel,
+    cancel_window_start,
     parse_delay_levels,
     timer_headers,
     timer_partition,
     valid_timer_id,
 )
+from rmq_semantics.retry import retrying
 from rmq_semantics.settings import ProducerSettings
 from rmq_semantics.topics import (
     SystemTopics,
+    admin_client,
     ensure_topics,
+    offset_for_time,
     require_copartitioned,
     timer_topic_specs,
 )
@@ -46,6 +52,9 @@ class TimerWrite:
     value: bytes | None
     headers: Headers
     message_id: str
+    #: The record's timestamp (ms; None: the producer's clock at send). A cancel's is its
+    #: body's ``ts``, from which its window (``cancel_window_start``) is counted.
+    timestamp: int | None = None
 
 
 def deliver_at(msg: Message, now_ms: int, delay_levels_ms: tuple[int, ...]) -> int:
@@ -100,6 +109,7 @@ class TimerWrites:
         # Read on first use: a producer that never schedules needs no key file.
         self._key: GroupKey | None = None
         self._key_read = False
+        self._admin: AdminClient | None = None  # for recalls' counts, made on the first
 
     def timer_record(
         self, msg: Message, real_partition: int | None, now_ms: int | None = None
@@ -145,7 +155,40 @@ class TimerWrites:
         headers: Headers = []
         if key is not None:
             headers = [(H.GROUP_MAC, key.mac(cancel_canonical(topic, partition, value)))]
-        return TimerWrite(topic, partition, message_id.encode(), value, headers, message_id)
+        return TimerWrite(topic, partition, message_id.encode(), value, headers, message_id, now)
+
+    def cancel_refusal(self, write: TimerWrite, offset: int, timeout: float) -> str | None:
+        """Why the coordinators do not hold the cancel ``write`` that landed at ``offset``,
+        or None: the count they apply (``timer_cancels_max``), from the same log. A look-up
+        that keeps failing for ``timeout`` is a KafkaOperationError saying the cancel was
+        written but not checked."""
+        if write.timestamp is None:
+            raise ConfigError(f"{write.topic}: a cancel record without its timestamp")
+        start = cancel_window_start(write.timestamp, self.settings.max_delay_ms)
+        with self._lock:
+            if self._admin is None:
+                self._admin = admin_client(self._conf)
+            admin = self._admin
+        where = f"{write.topic}[{write.partition}]@{offset}"
+        try:
+            for attempt in retrying(timeout):
+                with attempt:
+                    first = offset_for_time(admin, write.topic, write.partition, start)
+        except KafkaOperationError as exc:
+            raise KafkaOperationError(
+                f"the cancel of {write.message_id} was written at {where}, but whether the "
+                f"coordinators hold it (timer_cancels_max) could not be checked: {exc}"
+            ) from exc
+        counted, bound = offset - first, self.settings.timer_cancels_max
+        if counted < bound:
+            return None
+        return (
+            f"recall of {write.message_id} refused: {write.topic}[{write.partition}] holds "
+            f"{counted} cancel records before it written since {start} (epoch ms), "
+            f"timer_cancels_max={bound} (the coordinators' bound on what they hold): the "
+            "message will be delivered at its time; recall later, or ask the operator to "
+            "raise timer_cancels_max on the coordinators and producers"
+        )
 
     def _group_key(self) -> GroupKey | None:
         with self._lock:

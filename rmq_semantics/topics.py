@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 
 from rmq_semantics.clientconf import shared_conf
 from rmq_semantics.errors import (
@@ -30,10 +30,12 @@ __all__ = [
     "DEFAULT_TOPIC_PREFIX",
     "SystemPartitionFilter",
     "SystemTopics",
+    "admin_client",
     "ensure_topics",
     "is_readable_system_topic",
     "is_system_topic",
     "list_topics",
+    "offset_for_time",
     "refuse_system_destination",
     "replication_for",
     "require_copartitioned",
@@ -535,6 +537,32 @@ def require_copartitioned(conf: dict, first: str, second: str) -> int:
             f"{max(counts)}) before starting"
         )
     return counts[0]
+
+
+def admin_client(conf: dict) -> AdminClient:
+    """An admin client of ``conf`` that never creates a topic by asking for it."""
+    return _admin(conf)[0]
+
+
+def offset_for_time(admin: AdminClient, topic: str, partition: int, ts_ms: int) -> int:
+    """The first offset of ``topic[partition]`` whose record timestamp is at or after
+    ``ts_ms`` (Kafka's ListOffsets by time; its log end if none is)."""
+    tp = TopicPartition(topic, partition)
+    try:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.for_timestamp(ts_ms)}, request_timeout=ADMIN_TIMEOUT_S
+        )
+        offset = futures[tp].result(timeout=ADMIN_TIMEOUT_S).offset
+        if offset < 0:  # nothing written at or after it
+            futures = admin.list_offsets({tp: OffsetSpec.latest()}, request_timeout=ADMIN_TIMEOUT_S)
+            offset = futures[tp].result(timeout=ADMIN_TIMEOUT_S).offset
+    except KafkaException as exc:
+        raise KafkaOperationError.wrap(
+            f"looking up {topic}[{partition}] by time", exc.args[0]
+        ) from exc
+    except TimeoutError as exc:
+        raise KafkaOperationError(f"looking up {topic}[{partition}] by time: timed out") from exc
+    return int(offset)
 
 
 def topic_partition_count(conf: dict, topic: str) -> int | None:

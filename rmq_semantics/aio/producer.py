@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from typing import Any
 
 from rmq_semantics.aio.bridge import LoopDeliveryWaiter, new_executor, run_blocking
-from rmq_semantics.errors import IllegalStateError
+from rmq_semantics.errors import IllegalStateError, TimerRecallRefused
 from rmq_semantics.message import Message, SendResult, produce_headers
 from rmq_semantics.producer import SEND_TIMEOUT_S, DeliveryPoller, Producer
 from rmq_semantics.selector import placement_reads_partitions
@@ -89,11 +90,23 @@ class AsyncProducer:
     async def recall_message(
         self, message_id: str, *, timeout: float = SEND_TIMEOUT_S
     ) -> SendResult:
-        """Cancel the timer message ``message_id``, as :meth:`Producer.recall_message`."""
+        """Cancel the timer message ``message_id``, as :meth:`Producer.recall_message`
+        (:class:`TimerRecallRefused` past the coordinators' bound)."""
         if self._closed:
             raise IllegalStateError("AsyncProducer is closed")
+        deadline = time.monotonic() + timeout
         write = await run_blocking(self._executor, self._sync._timers.cancel_record, message_id)
-        return await self._write(write, timeout)
+        result = await self._write(write, timeout)
+        refused = await run_blocking(
+            self._executor,
+            self._sync._timers.cancel_refusal,
+            write,
+            result.offset,
+            max(0.1, deadline - time.monotonic()),
+        )
+        if refused is not None:
+            raise TimerRecallRefused(refused)
+        return result
 
     async def _write(self, write: TimerWrite, timeout: float) -> SendResult:
         self._delivery_thread()
@@ -104,6 +117,7 @@ class AsyncProducer:
             key=write.key,
             partition=write.partition,
             headers=produce_headers(write.headers),
+            timestamp=write.timestamp or 0,
             on_delivery=waiter,
         )
         await waiter.delivered_within(f"writing to {write.topic} for {write.message_id}", timeout)

@@ -24,13 +24,16 @@ from rmq_semantics.records.headers import RESERVED_PREFIX, TIMER_KEEPS, H, heade
 from rmq_semantics.selector import java_partition
 
 __all__ = [
+    "CANCEL_KEEP_DELAYS",
     "DEFAULT_MAX_DELAY_MS",
+    "DEFAULT_TIMER_CANCELS_MAX",
     "DEFAULT_TIMER_PARTITIONS",
     "MAX_TIMER_ID_LENGTH",
     "ROCKETMQ4_DELAY_LEVELS",
     "ROCKETMQ4_DELAY_LEVELS_MS",
     "TimerCancel",
     "TimerRecord",
+    "cancel_window_start",
     "delivered_headers",
     "format_delay_levels",
     "hold_ms",
@@ -48,6 +51,15 @@ __all__ = [
 DEFAULT_MAX_DELAY_MS: Final = 3 * 24 * 3600 * 1000
 #: Partitions of every timer topic (intake, levels, cancel) when one creates them.
 DEFAULT_TIMER_PARTITIONS: Final = 8
+#: Cancel records a coordinator accepts per timer partition within a cancel window
+#: (:func:`cancel_window_start`); the producer and the coordinators apply the same bound.
+DEFAULT_TIMER_CANCELS_MAX: Final = 100_000
+#: A cancel is kept this many maximum delays after it was written: its message is due
+#: within one, the second covers a timer partition left unserved meanwhile.
+CANCEL_KEEP_DELAYS: Final = 2
+# Windows start at whole steps of this fraction of their length: one offset look-up per
+# step and partition, whoever counts (a producer once, a coordinator per step it reads).
+_WINDOW_STEPS = 64
 #: RocketMQ 4's ``messageDelayLevel`` (its broker's default): ``delay_time_level=k`` is the
 #: k-th (1-based).
 ROCKETMQ4_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -365,6 +377,17 @@ def unparsed_timer(
         headers=list(headers or []),
         origin_offset=offset,
     )
+
+
+def cancel_window_start(written_ts: int, max_delay_ms: int) -> int:
+    """Where the window of a cancel record written at ``written_ts`` starts: the cancel
+    records of its timer partition from the first one written at or after this time up to
+    it are counted against ``timer_cancels_max`` (about ``CANCEL_KEEP_DELAYS`` maximum
+    delays; its start rounded down to a 64th of that). Producer and coordinator agree: both
+    count offsets of the same log."""
+    keep = CANCEL_KEEP_DELAYS * max_delay_ms
+    step = max(1000, keep // _WINDOW_STEPS)
+    return written_ts - written_ts % step - keep
 
 
 # -- the cancel record --------------------------------------------------------------------

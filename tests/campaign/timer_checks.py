@@ -120,6 +120,9 @@ def check_timers(
         sends.setdefault(e["msg_id"], e)
     acks = {e["msg_id"]: e for e in history.of(Kind.TIMER_SENT)}
     recalls = {e["msg_id"]: e for e in history.of(Kind.TIMER_RECALLED) if e["ok"]}
+    # A recall that raised may have written its cancel (one that landed, then could not be
+    # checked against timer_cancels_max, says so): its message may be dropped, not lost.
+    tried = {e["msg_id"] for e in history.of(Kind.TIMER_RECALLED) if not e["ok"]}
     mids = set(sends)
     seen: dict[str, list[Event]] = defaultdict(list)
     for e in history.of(Kind.FINAL_READ):
@@ -218,7 +221,9 @@ def check_timers(
             elif recs:
                 counts["recall lost the race"] += 1
         elif not recs:
-            if due <= cutoff - grace_s:
+            if mid in tried:
+                counts["recall failed, not visible"] += 1
+            elif due <= cutoff - grace_s:
                 report("lost", mid, f"(for {send['topic']}, sent by {send.proc}) is not visible")
             else:
                 counts["not due by the final read"] += 1

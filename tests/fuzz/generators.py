@@ -522,7 +522,8 @@ KEYS_RECORDS: dict[str, Callable[[random.Random], bytes]] = {
         "tenancy",
         **{
             t: {str(p): rng.randrange(10**9) for p in range(rng.randrange(4))}
-            for t in ("half", "op")
+            # The timer topics' since issue 44 (absent from records written before).
+            for t in ("half", "op", *(("timer", "timer_cancel", "timer_3") * rng.randrange(2)))
         },
     ),
 }

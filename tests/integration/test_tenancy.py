@@ -8,6 +8,7 @@ tests/integration/tenancy_helpers.py."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -19,12 +20,15 @@ from coordinator.rollback_ids import ROLLBACK_IDS_MAX
 from coordinator.txn_service import system_topic_specs
 from rmq_semantics import LocalTransactionState as S
 from rmq_semantics import Message, Producer, RmqError, TransactionProducer
+from rmq_semantics.errors import TimerRecallRefused
 from rmq_semantics.group_signing import SignedProducer
-from rmq_semantics.records.group_auth import derive_group_key
-from rmq_semantics.records.timer import parse_timer
+from rmq_semantics.records.codec import encode
+from rmq_semantics.records.group_auth import cancel_canonical, derive_group_key
+from rmq_semantics.records.headers import H
+from rmq_semantics.records.timer import TimerCancel, parse_timer
 from rmq_semantics.records.txn import EndState
 from rmq_semantics.tools.admin import list_discarded, list_pending
-from rmq_semantics.topics import ensure_topics
+from rmq_semantics.topics import SystemTopics, ensure_topics
 from tests.integration.tenancy_helpers import (
     DECIDED_WITHIN_S,
     MARKER_KEY,
@@ -370,3 +374,127 @@ def test_a_groups_principal_schedules_and_recalls_with_its_acls_and_key(iso: Dep
     assert record.timer_id == sent.message_id and key.verifies(record.canonical(), record.group_mac)
     assert recalled.topic == iso.topics.timer_cancel and recalled.partition == sent.partition
     assert b"a-later" not in promoted_values(iso, iso.ta)
+
+
+def test_timer_messages_of_before_the_switch_are_delivered_once_after_it(iso):
+    """A timer message scheduled unsigned before isolation was turned on (and moved onto a
+    level by a coordinator of before) is delivered once after the switch; one recalled
+    before the switch never (issue 44, item 8): the timer and cancel topics get upgrade
+    watermarks as the half and Op topics do, and a re-append of a record of before is signed."""
+    admin, prefix = iso.conf("admin"), f"ut{uuid.uuid4().hex[:6]}"
+    topic = f"tt-{prefix}"
+    ensure_topics(admin, {topic: (1, {})})
+    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
+    tenants = iso.tenants_file.with_name(f"{prefix}.json")
+    tenants.write_text(json.dumps(spec))
+    timers = {"max_delay_ms": 60_000, "timer_partitions": 1}
+    with Producer(admin, topic_prefix=prefix, producer_group="gu", timer_partitions=1) as producer:
+        with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY, **timers) as old:
+            kept = producer.send(Message(topic, b"kept", deliver_after_ms=20_000))
+            recalled = producer.send(Message(topic, b"recalled", deliver_after_ms=20_000))
+            wait_for(
+                lambda: metric(old, "rmq_timer_reappended_total") == 2,
+                30,
+                "both to wait on a level topic",
+            )
+        producer.recall_message(recalled.message_id)  # unsigned, before the switch
+    assert kept.message_id
+    with ThreadCoordinator(
+        admin,
+        topic_prefix=prefix,
+        marker_key=MARKER_KEY,
+        tenants_file=str(tenants),
+        tenant_key=TENANT_KEY,
+        **timers,
+    ) as new:
+        wait_for(
+            lambda: (
+                metric(new, "rmq_timer_cancelled_total") == 1
+                and metric(new, "rmq_timer_delivered_total") == 1
+            ),
+            60,
+            "the message of before delivered and the recalled one dropped",
+            details=lambda: str([m.value() for m in read_to_end(admin, topic, 1)]),
+        )
+        rejected = metric(new, "rmq_rejected_requests_total", reason="unauthenticated")
+    assert [m.value() for m in read_to_end(admin, topic, 1)] == [b"kept"]
+    assert not [
+        m for m in read_to_end(admin, iso.topics.discard, 1) if m.value() in (b"kept", b"recalled")
+    ]
+    assert rejected == 0
+
+
+def test_a_flood_of_signed_cancels_of_made_up_ids_is_bounded_and_a_recall_past_it_refused(iso):
+    """Issue 44, item 9: a tenant signs cancels of ids it never scheduled (the product's own
+    codec and its group key); the coordinator holds at most ``timer_cancels_max`` per timer
+    partition (the gauge), forgets a recall of a delivered message, and a legitimate recall
+    past the bound is refused at ``recall_message``: its message is then delivered."""
+    admin, prefix = iso.conf("admin"), f"fl{uuid.uuid4().hex[:6]}"
+    topic, bound = f"tf-{prefix}", 50
+    ensure_topics(admin, {topic: (1, {})})
+    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
+    tenants = iso.tenants_file.with_name(f"{prefix}.json")
+    tenants.write_text(json.dumps(spec))
+    timers = {"max_delay_ms": 60_000, "timer_partitions": 1, "timer_cancels_max": bound}
+    with (
+        ThreadCoordinator(
+            admin,
+            topic_prefix=prefix,
+            marker_key=MARKER_KEY,
+            tenants_file=str(tenants),
+            tenant_key=TENANT_KEY,
+            **timers,
+        ) as coordinator,
+        Producer(
+            admin,
+            topic_prefix=prefix,
+            producer_group="gu",
+            group_key=group_key("gu"),
+            delay_levels="1s 5s",  # within max_delay_ms
+            **timers,
+        ) as producer,
+    ):
+        producer.send(Message(topic, b"due-soon", deliver_after_ms=0))
+        recalled = producer.send(Message(topic, b"recalled", deliver_after_ms=4000))
+        producer.recall_message(recalled.message_id)
+        wait_for(lambda: metric(coordinator, "rmq_timer_delivered_total") == 1, 60, "due-soon")
+        delivered = [m for m in read_to_end(admin, topic, 1) if m.value() == b"due-soon"]
+        producer.recall_message(dict(delivered[0].headers())["rmq.timer_id"].decode())
+        key, cancels = (
+            derive_group_key(TENANT_KEY.encode(), "gu"),
+            SystemTopics(prefix).timer_cancel,
+        )
+        flood = confluent_kafka.Producer({**admin, "linger.ms": 5})
+        for _ in range(4 * bound):
+            made_up = uuid.uuid4().hex
+            value = encode(TimerCancel(made_up, "gu", int(time.time() * 1000)))
+            mac = key.mac(cancel_canonical(cancels, 0, value))
+            flood.produce(
+                cancels, value, key=made_up.encode(), partition=0, headers=[(H.GROUP_MAC, mac)]
+            )
+        assert flood.flush(30) == 0
+        over = 4 * bound + 2 - bound  # the early recall and the too late one come first
+        wait_for(
+            lambda: (
+                metric(coordinator, "rmq_timer_cancels_refused_total", reason="over_bound") == over
+            ),
+            60,
+            "the flood read",
+        )
+        # The early recall, and the flood's first ones; not the recall of a delivered message.
+        wait_for(lambda: metric(coordinator, "rmq_timer_cancels_held") == bound - 1, 10, "gauge")
+        late = producer.send(Message(topic, b"late", deliver_after_ms=3000))
+        with pytest.raises(TimerRecallRefused, match="timer_cancels_max=50"):
+            producer.recall_message(late.message_id)
+        wait_for(lambda: metric(coordinator, "rmq_timer_delivered_total") == 2, 60, "late")
+        wait_for(
+            lambda: (
+                metric(coordinator, "rmq_timer_cancels_refused_total", reason="over_bound")
+                == over + 1
+            ),
+            10,
+            "the refused recall counted",
+        )
+    values = [m.value() for m in read_to_end(admin, topic, 1)]
+    assert values == [b"due-soon", b"late"]  # the recalled one never: its time has passed
+    assert metric(coordinator, "rmq_timer_cancelled_total") == 1

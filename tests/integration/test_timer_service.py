@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from coordinator import timer_service
 from coordinator.settings import CoordinatorSettings
 from coordinator.timer_service import TimerService
-from rmq_semantics import Producer
+from rmq_semantics import ConsumeOrderlyStatus, OrderlyConsumer, Producer, TransactionProducer
+from rmq_semantics import LocalTransactionState as S
 from rmq_semantics.embedded import EmbeddedKafka, free_port
 from rmq_semantics.message import Message
 from rmq_semantics.records.codec import encode
@@ -35,8 +37,10 @@ from tests.campaign.txn_tools import (
     parse_find_hanging,
     transactions_command,
 )
+from tests.group_protocol import group_conf
 from tests.integration.txn_helpers import (
     CoordinatorProcess,
+    ScriptedListener,
     ThreadCoordinator,
     TopicReader,
     metric,
@@ -397,3 +401,70 @@ def test_a_remembered_delivery_is_read_back_visible_only_if_its_transaction_comm
     finally:
         if service._reader is not None:
             service._reader.close()
+
+
+def test_unequal_timer_topics_made_by_a_tenant_block_only_the_timer_service(
+    broker, make_topic, unique
+):
+    """A tenant may create the timer topics (producers have CREATE on them): with unequal
+    partition counts the timer service says so (one error line, the metric, /healthz) and
+    waits, while transactions are promoted and queue locks granted; once the operator adds
+    the missing partitions it starts by itself, no restart (issue 44, item 3)."""
+    prefix = _prefix(unique)
+    txn_topic, orderly_topic, timer_topic = (make_topic(s) for s in ("txn", "orderly", "later"))
+    conf, topics = broker.conf(), SystemTopics(prefix)
+    admin = AdminClient(conf)
+    made = admin.create_topics([NewTopic(topics.timer, 1), NewTopic(topics.timer_cancel, 2)])
+    for future in made.values():
+        future.result(30)
+    commit = ScriptedListener(lambda v: S.COMMIT_MESSAGE, lambda v: S.COMMIT_MESSAGE)
+    consumed: list[bytes] = []
+
+    def orderly(msgs, _context):
+        consumed.extend(m.value for m in msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    with ThreadCoordinator(conf, topic_prefix=prefix, **TIMER) as coordinator:
+        with TransactionProducer(
+            conf, producer_group="pg-blocked", listener=commit, topic_prefix=prefix
+        ) as producer:
+            producer.send_message_in_transaction(Message(txn_topic, b"committed"))
+        with Producer(conf) as plain:
+            plain.send(Message(orderly_topic, b"in-order"))
+        with OrderlyConsumer(
+            group_conf(conf | {"group.id": unique("og"), "auto.offset.reset": "earliest"}),
+            listener=orderly,
+            topic_prefix=prefix,
+        ) as consumer:
+            consumer.subscribe([orderly_topic])
+            consumer.start()
+            wait_for(lambda: consumed == [b"in-order"], 60, "the orderly consumer's lock")
+        promoted = TopicReader(conf, txn_topic, 1)
+        promoted.read_until(
+            lambda r: [m.value() for m in r] == [b"committed"], 60, "the promoted message"
+        )
+        promoted.consumer.close()
+        wait_for(
+            lambda: metric(coordinator, "rmq_timer_blocked", reason="topic_partitions") == 1,
+            30,
+            "the timer service to report its topics",
+        )
+        assert coordinator.server.health()["services"]["timers"] == "blocked"
+        assert coordinator.server.health()["status"] == "ok"
+        assert metric(coordinator, "rmq_timer_topic_problems_total", reason="topic_partitions") == 1
+
+        admin.create_partitions([NewPartitions(topics.timer, 2)])[topics.timer].result(30)
+        wait_for(
+            lambda: (
+                metric(coordinator, "rmq_timer_blocked", reason="topic_partitions") == 0
+                and coordinator.server.health()["services"]["timers"] == "ok"
+            ),
+            60,
+            "the timer service to start once the topics are fixed",
+        )
+        with Producer(conf, topic_prefix=prefix) as timers:
+            timers.send(Message(timer_topic, b"due", deliver_after_ms=0))
+        due = TopicReader(conf, timer_topic, 1)
+        due.read_until(lambda r: [m.value() for m in r] == [b"due"], 60, "the timer message")
+        due.consumer.close()
+    assert coordinator.exit_code == 0

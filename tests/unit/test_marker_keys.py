@@ -51,7 +51,10 @@ class FakeKeysTopic:
 @pytest.fixture
 def keys(monkeypatch: pytest.MonkeyPatch) -> type[FakeKeysTopic]:
     monkeypatch.setattr(marker_keys, "_KeysTopic", FakeKeysTopic)
-    monkeypatch.setattr(marker_keys, "topic_partition_count", lambda conf, topic: 2)
+    # No timer topic yet (a prefix that never scheduled a message): see the timer tests.
+    monkeypatch.setattr(
+        marker_keys, "topic_partition_count", lambda conf, topic: None if "_timer" in topic else 2
+    )
     FakeKeysTopic.records, FakeKeysTopic.ends, FakeKeysTopic.committed = [], {0: 7, 1: 3}, False
     return FakeKeysTopic
 
@@ -119,6 +122,25 @@ def test_isolation_after_coordinators_ran_without_it_trusts_what_was_there(keys,
     assert tenancy_watermarks({}, SETTINGS, "c1") == {"half": ends, "op": ends}
 
 
+@pytest.mark.parametrize("earlier", [True, False])
+def test_the_timer_topics_that_exist_at_the_switch_get_watermarks_too(keys, monkeypatch, earlier):
+    """Issue 44, item 8: every timer topic there (intake, cancel, levels) is recorded as the
+    half and Op topics are: its ends after coordinators ran without isolation, else 0."""
+    monkeypatch.setattr(marker_keys, "topic_partition_count", lambda conf, topic: 2)
+    keys.committed = earlier
+    marks = tenancy_watermarks({}, SETTINGS, "c1")
+    ends = {0: 7, 1: 3} if earlier else {0: 0, 1: 0}
+    levels = {f"timer_{level}" for level in range(1, 19)}  # 3 days
+    assert set(marks) == {"half", "op", "timer", "timer_cancel", *levels}
+    assert marks["timer"] == marks["timer_cancel"] == marks["timer_18"] == ends
+    assert tenancy_watermarks({}, SETTINGS, "c2") == marks  # the first record wins
+
+
+def test_a_tenancy_record_of_before_issue_44_has_no_timer_watermarks(keys):
+    keys.records = [{"v": 1, "kind": "tenancy", "half": {"0": 4}, "op": {}}]
+    assert tenancy_watermarks({}, SETTINGS, "c1") == {"half": {0: 4}, "op": {}}
+
+
 # -- the fuzzer's keys records ------------------------------------------------------------
 def test_every_keys_record_kind_has_a_generator_and_is_read():
     assert set(gen.KEYS_RECORDS) == set(KINDS), "a keys record kind without a generator"
@@ -144,6 +166,8 @@ def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
         if record is not None:
             for name, typ in types[record["kind"]].items():
                 assert type(record[name]) is typ, (json.loads(data or b"null"), name)
+            if record["kind"] == "tenancy":  # the timer topics' watermarks, when present
+                assert all(type(v) is dict for k, v in record.items() if k.startswith("timer"))
 
 
 @pytest.mark.parametrize(
@@ -156,4 +180,17 @@ def test_mutated_keys_records_are_skipped_or_well_typed_never_raise():
     ],
 )
 def test_only_well_formed_history_records_are_read(value, ok):
+    assert (_parse(value) is not None) is ok
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{"0":3}}', True),  # before issue 44
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer":{"0":2},"timer_4":{}}', True),
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer_cancel":{"0":"2"}}', False),
+        (b'{"v":1,"kind":"tenancy","half":{},"op":{},"timer":[]}', False),
+    ],
+)
+def test_tenancy_records_with_and_without_timer_watermarks_are_read(value, ok):
     assert (_parse(value) is not None) is ok

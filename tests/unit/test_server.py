@@ -91,6 +91,27 @@ def test_health_covers_every_service():
     assert set(status["services"]) == {"transactions", "locks", "timers"}
 
 
+def test_a_blocked_timer_service_leaves_the_coordinator_healthy():
+    """Issue 44, item 3: timer topics a tenant made unusable stop timer messages only; a
+    restart would not help, so /healthz stays ok and says which service is blocked."""
+    server, done = Server(CONF), threading.Event()
+    for name, ready in (
+        ("rmq-transactions", server.transactions.ready),
+        ("rmq-locks", server.locks.ready),
+        ("rmq-timers", threading.Event()),
+    ):
+        server._threads[name] = threading.Thread(target=done.wait, args=(30,), daemon=True)
+        server._threads[name].start()
+        ready.set()
+    assert server.timers is not None
+    server.timers.blocked.set()
+    try:
+        status = server.health()
+        assert status["status"] == "ok" and status["services"]["timers"] == "blocked"
+    finally:
+        done.set()
+
+
 def test_the_timer_service_can_be_turned_off():
     server = Server(CONF, timer_service=False)
     assert server.timers is None

@@ -363,3 +363,30 @@ def test_a_timer_cancel_is_trusted_only_with_its_group_mac():
     assert g.cancel_refusal(TOPICS.timer_cancel, 4, "ga", value, [(H.GROUP_MAC, mac)])
     assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [])
     assert g.cancel_refusal(TOPICS.timer_cancel, 3, "nobody", value, [(H.GROUP_MAC, mac)])
+
+
+def test_timer_records_and_cancels_of_before_isolation_are_trusted_unsigned_below_the_marks():
+    """Issue 44, item 8: the timer topics' upgrade watermarks, as the half topic's."""
+    marks = {"timer": {0: 8}, "timer_2": {0: 3}, "timer_cancel": {3: 5}}
+    g = guard(marks)
+    assert g.judge_timer(_timer("ga", "orders-a", None)) is None  # intake 0@7 < 8
+    assert g.judge_timer(_timer("ga", "orders-b", None))[0] is DiscardReason.NOT_ALLOWED
+    assert g.judge_timer(_timer("nobody", "orders-a", None))[0] is DiscardReason.FORGED
+    assert guard({"timer": {0: 7}}).judge_timer(_timer("ga", "orders-a", None))
+    assert guard({"timer": {1: 8}}).judge_timer(_timer("ga", "orders-a", None))
+    value = encode(TimerCancel("id1", "ga", 1000))
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [], offset=4) is None
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [], offset=5)
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "ga", value, [])  # no offset: no trust
+    assert g.cancel_refusal(TOPICS.timer_cancel, 3, "nobody", value, [], offset=0)
+
+
+def test_a_timer_record_of_before_is_signed_for_its_group_when_re_appended():
+    legacy = _timer("ga", "orders-a", None)
+    headers = guard().resign_timer(legacy, legacy.reappended_headers())
+    again = parse_timer(2, 0, 50, 1000, legacy.key, legacy.value, headers)
+    assert guard().judge_timer(again) is None  # above every watermark, and signed
+    signed = _timer("ga", "orders-a", "ga")
+    assert dict(guard().resign_timer(signed, list(signed.headers)))[H.GROUP_MAC] == (
+        signed.group_mac
+    )

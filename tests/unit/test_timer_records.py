@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import TopicPartition
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rmq_semantics.errors import ConfigError, MalformedRecordError, SystemTopicError
 from rmq_semantics.message import Message
@@ -22,6 +24,7 @@ from rmq_semantics.records.timer import (
     DEFAULT_MAX_DELAY_MS,
     ROCKETMQ4_DELAY_LEVELS_MS,
     TimerCancel,
+    cancel_window_start,
     format_delay_levels,
     hold_ms,
     level_for,
@@ -331,3 +334,16 @@ def test_the_spark_guard_refuses_timer_topics_and_patterns_that_reach_them(topic
 def test_the_spark_jobs_java_probe_names_the_timer_topics():
     probes = set(_probe_names("acme"))
     assert set(_timer_topics("acme")[:2]) <= probes and "acme_timer_cancel" in probes
+
+
+@given(
+    st.integers(0, 2**45),
+    st.integers(0, 10**7),
+    st.integers(1000, 30 * 86_400_000),
+)
+def test_a_cancels_window_spans_two_maximum_delays_and_moves_in_64_steps(ts, later, max_delay):
+    """The window a producer and the coordinators count a cancel in (issue 44, item 9)."""
+    keep = 2 * max_delay
+    start = cancel_window_start(ts, max_delay)
+    assert ts - keep - max(1000, keep // 64) < start <= ts - keep
+    assert cancel_window_start(ts + later, max_delay) >= start  # never moves back

@@ -14,6 +14,7 @@ from rmq_semantics.records.headers import H
 from rmq_semantics.records.timer import (
     DEFAULT_MAX_DELAY_MS,
     ROCKETMQ4_DELAY_LEVELS_MS,
+    cancel_window_start,
     parse_timer,
     timer_partition,
 )
@@ -226,3 +227,23 @@ def test_the_drop_in_refuses_the_timer_headers(name):
     pass for the coordinator's (rmq.delivered_at) or confuse a reader."""
     with Producer(CONF) as producer, pytest.raises(ConfigError, match="reserved"):
         producer.produce("orders", b"v", headers=[(name, b"1")])
+
+
+def test_a_recall_is_refused_exactly_past_timer_cancels_max_in_its_window(monkeypatch):
+    """Issue 44, item 9: the producer counts its cancel's predecessors in the window from
+    the first offset at or after the window's start (Kafka's look-up by time, faked here)."""
+    asked: list[tuple[str, int, int]] = []
+
+    def first_at(admin, topic, partition, ts):
+        asked.append((topic, partition, ts))
+        return 100
+
+    monkeypatch.setattr("rmq_semantics.timer_writes.offset_for_time", first_at)
+    monkeypatch.setattr("rmq_semantics.timer_writes.admin_client", lambda conf: object())
+    writes = _writes(timer_cancels_max=5, max_delay_ms=60_000, delay_levels="1s")
+    cancel = writes.cancel_record("f" * 32, now_ms=T)
+    assert cancel.timestamp == T == decode_timer_cancel(cancel.key, cancel.value).ts
+    assert writes.cancel_refusal(cancel, 104, 1.0) is None  # 4 before it
+    refused = writes.cancel_refusal(cancel, 105, 1.0)
+    assert refused is not None and "timer_cancels_max=5" in refused and "5 cancel" in refused
+    assert set(asked) == {(cancel.topic, cancel.partition, cancel_window_start(T, 60_000))}
