@@ -98,7 +98,10 @@ test-cluster: setup
 # CAMPAIGN_ARGS adds e.g. --duration 600); every seed runs, the target fails if one did.
 SEEDS ?= 1
 CAMPAIGN_NS := $(PY) -m tests.campaign.namespaces
+# The final read's kafka-tools jars, resolved before the namespaces (no DNS in there).
+CAMPAIGN_JARS := $(PY) -c "from tests.campaign.txn_tools import kafka_tools_classpath as k; k()"
 campaign: setup
+	@$(CAMPAIGN_JARS)
 	@failed=""; for s in $(SEEDS); do \
 		$(CAMPAIGN_NS) $(PY) -m tests.campaign --seed $$s $(CAMPAIGN_ARGS) \
 			|| failed="$$failed $$s"; \
@@ -109,6 +112,7 @@ campaign: setup
 # kind once, its own namespaced cluster; about 5 minutes.
 SHORT_SEED ?= 30
 campaign-short: setup
+	@$(CAMPAIGN_JARS)
 	$(CAMPAIGN_NS) $(PY) -m tests.campaign --short --seed $(SHORT_SEED) $(CAMPAIGN_ARGS)
 
 # The transactional, orderly and SimpleConsumer suites on each Kafka release we support (the
