@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -64,6 +65,18 @@ pytestmark = pytest.mark.integration
 def iso(secured_broker) -> Iterator[Deployment]:
     with deployment(*secured_broker) as dep:
         yield dep
+
+
+def side_tenant(iso: Deployment, stem: str) -> tuple[str, str, Path]:
+    """A prefix of its own beside ``iso``'s, whose one producer group ``gu`` (the admin's
+    principal) has one real topic: (prefix, topic, its tenants file)."""
+    prefix = f"{stem}{uuid.uuid4().hex[:6]}"
+    topic = f"t{stem}-{prefix}"
+    ensure_topics(iso.conf("admin"), {topic: (1, {})})
+    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
+    tenants = iso.tenants_file.with_name(f"{prefix}.json")
+    tenants.write_text(json.dumps(spec))
+    return prefix, topic, tenants
 
 
 # -- Must show ---------------------------------------------------------------------------
@@ -304,12 +317,8 @@ def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(is
     """Transactions left pending by unsigned producers on the shared check topic are decided
     once their producers and the coordinators have switched to isolation (docs/security.md,
     "Upgrading"): unsigned records of before are below the watermarks the switch records."""
-    admin, prefix = iso.conf("admin"), f"up{uuid.uuid4().hex[:6]}"
-    topic = f"tu-{prefix}"
-    ensure_topics(admin, {topic: (1, {})})
-    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
-    tenants = iso.tenants_file.with_name(f"{prefix}.json")
-    tenants.write_text(json.dumps(spec))
+    admin = iso.conf("admin")
+    prefix, topic, tenants = side_tenant(iso, "up")
     values = [b"before-1", b"before-2"]
     old = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.UNKNOW)
     with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY) as coordinator:
@@ -381,12 +390,8 @@ def test_timer_messages_of_before_the_switch_are_delivered_once_after_it(iso):
     level by a coordinator of before) is delivered once after the switch; one recalled
     before the switch never (issue 44, item 8): the timer and cancel topics get upgrade
     watermarks as the half and Op topics do, and a re-append of a record of before is signed."""
-    admin, prefix = iso.conf("admin"), f"ut{uuid.uuid4().hex[:6]}"
-    topic = f"tt-{prefix}"
-    ensure_topics(admin, {topic: (1, {})})
-    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
-    tenants = iso.tenants_file.with_name(f"{prefix}.json")
-    tenants.write_text(json.dumps(spec))
+    admin = iso.conf("admin")
+    prefix, topic, tenants = side_tenant(iso, "ut")
     timers = {"max_delay_ms": 60_000, "timer_partitions": 1}
     with Producer(admin, topic_prefix=prefix, producer_group="gu", timer_partitions=1) as producer:
         with ThreadCoordinator(admin, topic_prefix=prefix, marker_key=MARKER_KEY, **timers) as old:
@@ -429,12 +434,9 @@ def test_a_flood_of_signed_cancels_of_made_up_ids_is_bounded_and_a_recall_past_i
     codec and its group key); the coordinator holds at most ``timer_cancels_max`` per timer
     partition (the gauge), forgets a recall of a delivered message, and a legitimate recall
     past the bound is refused at ``recall_message``: its message is then delivered."""
-    admin, prefix = iso.conf("admin"), f"fl{uuid.uuid4().hex[:6]}"
-    topic, bound = f"tf-{prefix}", 50
-    ensure_topics(admin, {topic: (1, {})})
-    spec = {"version": 1, "groups": {"gu": {"principal": "User:admin", "topics": [topic]}}}
-    tenants = iso.tenants_file.with_name(f"{prefix}.json")
-    tenants.write_text(json.dumps(spec))
+    admin = iso.conf("admin")
+    prefix, topic, tenants = side_tenant(iso, "fl")
+    bound = 50
     timers = {"max_delay_ms": 60_000, "timer_partitions": 1, "timer_cancels_max": bound}
     with (
         ThreadCoordinator(
