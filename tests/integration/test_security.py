@@ -318,31 +318,5 @@ def test_coordinator_with_security_on_and_no_marker_key_refuses_to_start(
     assert "RMQ_MARKER_KEY" in lines[0] and "--marker-key-file" in lines[0]
 
 
-@pytest.mark.spark
-def test_spark_source_reads_promoted_records_with_the_translated_credentials(
-    sasl_broker, unique, tmp_path
-):
-    pytest.importorskip("pyspark")
-    from confluent_kafka import Producer as RawProducer
-
-    from spark.job import JobSettings, run_job, spark_kafka_options
-
-    conf = sasl_conf(sasl_broker)
-    topic = unique("secure-spark")
-    ensure_topics(conf, {topic: (1, {})})
-    producer = RawProducer(conf)
-    for i in range(3):
-        producer.produce(topic, f"v{i}".encode(), headers=[("rmq.promoted_from", b"0:0")])
-    assert producer.flush(30) == 0
-    result = run_job(
-        JobSettings(
-            bootstrap_servers=sasl_broker.bootstrap,
-            topics=topic,
-            output=tmp_path / "out",
-            available_now=True,
-            kafka_options=spark_kafka_options(conf),
-            spark_master="local[1]",
-        ),
-        timeout_s=240,
-    )
-    assert result.rows_written == 3
+# The Spark job under SASL credentials: test_tenancy_principals.py runs it under its own
+# principal with least-privilege ACLs, on promoted records.
