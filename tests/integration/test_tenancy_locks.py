@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from rmq_semantics import ConsumeOrderlyStatus, OrderlyConsumer
-from rmq_semantics.errors import MalformedRecordError
+from rmq_semantics.errors import KafkaOperationError, MalformedRecordError
 from rmq_semantics.lock_client import LockClient
 from rmq_semantics.records.codec import decode_as, encode
 from rmq_semantics.records.group_auth import GroupKey, sign_lock_request
@@ -345,3 +345,18 @@ def test_a_key_ordered_consumer_signs_with_its_groups_key(locks: Locks):
         b.subscribe([topic])
         b.start()
         wait_for(lambda: recorder.has(b"keyed"), CONSUMED_WITHIN_S, "B to consume 'keyed'")
+
+
+def test_a_principal_without_the_lock_topics_acls_is_told_so_not_that_they_do_not_exist(
+    locks: Locks,
+):
+    """A principal the lock topics' ACLs leave out (``b``: a producer group's, no orderly
+    consumer group) gets one error naming the authorization, not a missing lock service."""
+    with (
+        LockClient(locks.iso.conf("b"), topic_prefix=locks.iso.prefix, client_id="b") as b,
+        pytest.raises(KafkaOperationError) as refused,
+    ):
+        b.lock("gb", [(locks.topic, 0)], 60_000, timeout=CONSUMED_WITHIN_S)
+    text = str(refused.value)
+    assert "not authorized" in text and locks.iso.topics.lock_request in text, text
+    assert "does not exist" not in text, text
