@@ -166,6 +166,27 @@ class LockClient:
         self._warned: set[str] = set()  # warnings given once per client
 
     # -- connection ------------------------------------------------------------------------
+    def _unusable(self, producer: confluent_kafka.Producer, topic: str) -> KafkaOperationError:
+        """Why lock topic ``topic`` cannot be used. A listing of all topics leaves out those
+        the principal may not describe, so only a request naming it tells "not authorized"
+        from "not there"."""
+        try:
+            error = producer.list_topics(topic, timeout=CONNECT_TIMEOUT_S).topics[topic].error
+        except (KafkaException, KeyError):
+            error = None
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            return KafkaOperationError(
+                f"not authorized to use {topic}: an orderly consumer's principal needs WRITE, "
+                f"DESCRIBE on {self.topics.lock_request} and READ, DESCRIBE on "
+                f"{self.topics.lock_reply} (`rmq-semantics tenant acls` prints them)",
+                error,
+            )
+        return KafkaOperationError(
+            f"{topic} does not exist yet: is the coordinator's lock service "
+            f"running with topic_prefix={self.topics.prefix!r}?",
+            KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+        )
+
     def _connect(self) -> None:
         with self._connect_lock:
             if self._closed:
@@ -173,7 +194,14 @@ class LockClient:
             if self._consumer is not None:
                 return
             producer = confluent_kafka.Producer(
-                {**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": LINGER_MS}
+                {
+                    **self._conf,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": LINGER_MS,
+                    # Its metadata requests name the lock topics: never create them.
+                    "allow.auto.create.topics": False,
+                }
             )
             counts = {}
             try:
@@ -183,11 +211,7 @@ class LockClient:
             for topic in (self.topics.lock_request, self.topics.lock_reply):
                 tmeta = meta.topics.get(topic)
                 if tmeta is None or tmeta.error is not None or not tmeta.partitions:
-                    raise KafkaOperationError(
-                        f"{topic} does not exist yet: is the coordinator's lock service "
-                        f"running with topic_prefix={self.topics.prefix!r}?",
-                        KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
-                    )
+                    raise self._unusable(producer, topic)
                 counts[topic] = len(tmeta.partitions)
             reply_partition = java_partition(
                 self.client_id.encode(), counts[self.topics.lock_reply]
