@@ -26,7 +26,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from rmq_semantics.errors import (
@@ -46,6 +45,7 @@ from rmq_semantics.simple.leases import (
     encode_leases,
     split_metadata,
 )
+from rmq_semantics.simple.record_state import RecordState, transition
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
@@ -53,14 +53,11 @@ __all__ = [
     "DONE_METADATA_BYTES",
     "MAX_LEASED",
     "MAX_OWNER_CHARS",
-    "TRANSITIONS",
     "DeadLetter",
     "Delivery",
     "PartitionEngine",
     "Receipt",
-    "RecordState",
     "message_group_of",
-    "transition",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,28 +77,6 @@ DONE_METADATA_BYTES = 2000
 MAX_OWNER_CHARS = 255
 
 _sessions = itertools.count(1)  # tells the receipts of two engines of one partition apart
-
-
-class RecordState(Enum):
-    READY = "ready"
-    INVISIBLE = "invisible"
-    DYING = "dying"
-    DONE = "done"
-
-
-TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
-    RecordState.READY: frozenset({RecordState.INVISIBLE, RecordState.DYING}),
-    RecordState.INVISIBLE: frozenset({RecordState.DONE, RecordState.READY, RecordState.DYING}),
-    RecordState.DYING: frozenset({RecordState.DONE}),
-    RecordState.DONE: frozenset(),
-}
-
-
-def transition(current: RecordState, target: RecordState) -> RecordState:
-    """``target`` if the table allows the move from ``current``, else IllegalTransitionError."""
-    if target not in TRANSITIONS[current]:
-        raise IllegalTransitionError(f"a record cannot go from {current.value} to {target.value}")
-    return target
 
 
 def message_group_of(headers: Any) -> bytes | None:

@@ -49,6 +49,7 @@ PURE_CORES = [
     "rmq_semantics.orderly.offsets",
     "rmq_semantics.orderly.keys",
     "rmq_semantics.simple.engine",
+    "rmq_semantics.simple.record_state",
     "rmq_semantics.simple.leases",
     "rmq_semantics.multi",
     "rmq_semantics.transaction_api",

@@ -15,9 +15,7 @@ from rmq_semantics.simple.engine import (
     DONE_METADATA_BYTES,
     MAX_LEASED,
     MAX_OWNER_CHARS,
-    TRANSITIONS,
     PartitionEngine,
-    RecordState,
     message_group_of,
 )
 from rmq_semantics.simple.leases import (
@@ -29,6 +27,7 @@ from rmq_semantics.simple.leases import (
     encode_leases,
     split_metadata,
 )
+from rmq_semantics.simple.record_state import TRANSITIONS, RecordState
 
 T0 = 1_700_000_000_000
 SECOND = 1000
