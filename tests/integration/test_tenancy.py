@@ -79,6 +79,18 @@ def side_tenant(iso: Deployment, stem: str) -> tuple[str, str, Path]:
     return prefix, topic, tenants
 
 
+def isolated_coordinator(admin: dict, prefix: str, tenants: Path, **settings) -> ThreadCoordinator:
+    """A coordinator of ``side_tenant``'s prefix with isolation on (its tenants file)."""
+    return ThreadCoordinator(
+        admin,
+        topic_prefix=prefix,
+        marker_key=MARKER_KEY,
+        tenants_file=str(tenants),
+        tenant_key=TENANT_KEY,
+        **settings,
+    )
+
+
 # -- Must show ---------------------------------------------------------------------------
 def test_b_cannot_read_a_check_requests(iso):
     result = iso.a.send_message_in_transaction(Message(iso.ta, b"a-checked-secretly"))
@@ -337,13 +349,7 @@ def test_pending_transactions_of_before_the_switch_are_resolved_once_after_it(is
         assert metric(coordinator, "rmq_rejected_requests_total", reason="unauthenticated") == 0
     new = ScriptedListener(lambda v: S.UNKNOW, lambda v: S.COMMIT_MESSAGE)
     with (
-        ThreadCoordinator(
-            admin,
-            topic_prefix=prefix,
-            marker_key=MARKER_KEY,
-            tenants_file=str(tenants),
-            tenant_key=TENANT_KEY,
-        ) as coordinator,
+        isolated_coordinator(admin, prefix, tenants) as coordinator,
         TransactionProducer(
             admin,
             producer_group="gu",
@@ -404,14 +410,7 @@ def test_timer_messages_of_before_the_switch_are_delivered_once_after_it(iso):
             )
         producer.recall_message(recalled.message_id)  # unsigned, before the switch
     assert kept.message_id
-    with ThreadCoordinator(
-        admin,
-        topic_prefix=prefix,
-        marker_key=MARKER_KEY,
-        tenants_file=str(tenants),
-        tenant_key=TENANT_KEY,
-        **timers,
-    ) as new:
+    with isolated_coordinator(admin, prefix, tenants, **timers) as new:
         wait_for(
             lambda: (
                 metric(new, "rmq_timer_cancelled_total") == 1
@@ -439,14 +438,7 @@ def test_a_flood_of_signed_cancels_of_made_up_ids_is_bounded_and_a_recall_past_i
     bound = 50
     timers = {"max_delay_ms": 60_000, "timer_partitions": 1, "timer_cancels_max": bound}
     with (
-        ThreadCoordinator(
-            admin,
-            topic_prefix=prefix,
-            marker_key=MARKER_KEY,
-            tenants_file=str(tenants),
-            tenant_key=TENANT_KEY,
-            **timers,
-        ) as coordinator,
+        isolated_coordinator(admin, prefix, tenants, **timers) as coordinator,
         Producer(
             admin,
             topic_prefix=prefix,
